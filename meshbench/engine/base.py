@@ -1,0 +1,78 @@
+"""The contract between the scheduler and an engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+SAMPLING_CONTRACT = "greedy:argmax:lowest-id-wins-ties"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHandle:
+    """Who to prefill: the id, its epoch, and how many positions to preallocate."""
+
+    session_id: str
+    epoch: int
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeItem:
+    """One session's share of a decode batch: feed ``token`` at ``position``."""
+
+    session_id: str
+    epoch: int
+    position: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """The engine's answer for one session: the next token, or a cache miss.
+
+    ``margin`` is the top-1 minus top-2 logit of the step, so a divergence between two
+    runs can be told apart as a near-tie (kernel variance) or a real difference.
+    """
+
+    session_id: str
+    token: int | None
+    margin: float = float("nan")
+    cache_miss: bool = False
+
+
+@runtime_checkable
+class BatchEngine(Protocol):
+    @property
+    def recipe_fingerprint(self) -> str: ...
+
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+
+    @property
+    def weight_bytes(self) -> int: ...
+
+    @property
+    def scratch_bytes_per_session(self) -> int: ...
+
+    @property
+    def kv_bytes_in_use(self) -> int: ...
+
+    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult: ...
+
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]: ...
+
+    def release(self, session_id: str) -> None: ...
+
+
+def greedy_step(session_id: str, logits: np.ndarray) -> StepResult:
+    """Greedy sampling: argmax, lowest id on a tie (np.argmax returns the first maximum)."""
+    tok = int(np.argmax(logits))
+    if logits.shape[-1] > 1:
+        top2 = np.partition(logits, -2)[-2:]
+        margin = float(top2[1] - top2[0])
+    else:
+        margin = float("inf")
+    return StepResult(session_id, tok, margin)

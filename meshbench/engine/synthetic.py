@@ -1,0 +1,122 @@
+"""KvBatchEngine: the numpy dense Llama plus the hot KV state manager as a BatchEngine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Sequence
+
+from meshbench.engine.base import SAMPLING_CONTRACT, DecodeItem, SessionHandle, StepResult, greedy_step
+from meshbench.errors import MeshbenchError
+from meshbench.kv import CacheMiss, HotKvStateManager
+from meshbench.model import llama
+from meshbench.model.config import ModelConfig
+from meshbench.model.weights import Weights
+
+
+class KvBatchEngine:
+    """Runs prefill and batched decode of the numpy model over per-session KV.
+
+    KV pressure is resolved by evicting least-recently-used sessions; an evicted
+    session's next decode returns a cache miss, never a recomputation.
+    """
+
+    kind = "synthetic"
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: Weights,
+        kv_budget_bytes: int,
+        layer_range: tuple[int, int] | None = None,
+        weights_source: str = "seed",
+    ) -> None:
+        if layer_range is not None and tuple(layer_range) != (0, cfg.n_layers):
+            raise MeshbenchError(
+                f"KvBatchEngine needs the full model: layer_range {tuple(layer_range)} is a partial shard "
+                f"of layers [0, {cfg.n_layers}); batching runs only where one node holds every layer"
+            )
+        self.cfg = cfg
+        self.weights = weights
+        self.weights_source = weights_source
+        self.kv = HotKvStateManager(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, kv_budget_bytes)
+        self._epochs: dict[str, int] = {}
+        self._fingerprint: str | None = None
+
+    # --- figures the scheduler budgets against -----------------------------------
+    @property
+    def recipe_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            recipe = {
+                "engine": "numpy-dense-llama",
+                "weights_sha256": self.weights.sha256(),
+                "config": self.cfg.to_dict(),
+                "sampling": SAMPLING_CONTRACT,
+            }
+            self._fingerprint = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+        return self._fingerprint
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv.bytes_per_token
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.weights.nbytes
+
+    @property
+    def scratch_bytes_per_session(self) -> int:
+        # One decode row's activations: residual, norm, q/k/v, attention out (~6 x dim),
+        # gate/up (2 x ffn), logits (vocab) and one layer's scores over the full context.
+        c = self.cfg
+        elems = 6 * c.dim + 2 * c.ffn_dim + c.vocab_size + c.n_heads * c.context_length
+        return elems * c.itemsize
+
+    @property
+    def kv_bytes_in_use(self) -> int:
+        return self.kv.total_bytes
+
+    # --- work ------------------------------------------------------------------
+    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
+        if not prompt_tokens:
+            raise MeshbenchError(f"session {session.session_id}: empty prompt")
+        if session.capacity > self.cfg.context_length:
+            raise MeshbenchError(
+                f"session {session.session_id}: {session.capacity} positions exceed the model's "
+                f"context_length {self.cfg.context_length}"
+            )
+        self._check_tokens(prompt_tokens)
+        slot = self.kv.open(session.session_id, session.epoch, session.capacity)
+        r = self.kv.reserve(session.session_id, session.epoch, len(prompt_tokens), evict=True)
+        assert r.fits, f"prompt of {len(prompt_tokens)} tokens cannot fit the KV budget alone: {r}"
+        logits = llama.prefill(self.cfg, self.weights, slot, prompt_tokens)
+        self.kv.commit(session.session_id, session.epoch, len(prompt_tokens))
+        return greedy_step(session.session_id, logits)
+
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
+        self._check_tokens([it.token for it in items])
+        slots = {}
+        for it in items:
+            got = self.kv.lookup(it.session_id, it.epoch)
+            if isinstance(got, CacheMiss) or got.length != it.position:
+                continue
+            if self.kv.reserve(it.session_id, it.epoch, 1, evict=True).fits:
+                slots[it.session_id] = got
+        # A later reservation may have evicted an earlier batch member: it misses too.
+        live = [it for it in items if it.session_id in slots and self.kv.contains(it.session_id, it.epoch)]
+        results = {it.session_id: StepResult(it.session_id, None, cache_miss=True) for it in items}
+        if live:
+            logits = llama.decode(self.cfg, self.weights, [slots[it.session_id] for it in live],
+                                  [it.token for it in live])  # (B, vocab)
+            for it, row in zip(live, logits):
+                self.kv.commit(it.session_id, it.epoch, 1)
+                results[it.session_id] = greedy_step(it.session_id, row)
+        return [results[it.session_id] for it in items]
+
+    def release(self, session_id: str) -> None:
+        self.kv.release(session_id)
+
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        bad = [t for t in tokens if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise MeshbenchError(f"token id {bad[0]} is outside the vocabulary [0, {self.cfg.vocab_size})")

@@ -1,0 +1,1 @@
+"""The synthetic engine's numpy reference model: a KV-cached dense Llama."""

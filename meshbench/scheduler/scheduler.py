@@ -1,0 +1,303 @@
+"""ContinuousBatchScheduler: bounded admission and decode-first continuous batching.
+
+The whole policy is ``run_tick``: decode first (one ``decode_batch`` call for every
+decoding session, at most max_batch_size, least-recently-decoded first), then bounded
+prefill (first-in-first-out within max_prefill_tokens_per_tick), then releases.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from meshbench.engine.base import BatchEngine, DecodeItem, SessionHandle
+from meshbench.errors import MeshbenchError
+from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason, NodeBudget
+from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
+from meshbench.scheduler.telemetry import SchedulerTelemetry, TickRecord
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    session_id: str
+    cancelled: bool
+    detail: str  # "cancelled", "unknown session", "already finished: COMPLETED", ...
+
+
+class ContinuousBatchScheduler:
+    def __init__(
+        self,
+        engine: BatchEngine,
+        budget: NodeBudget,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.engine = engine
+        self.budget = budget
+        self.clock = clock
+        self.scratch_per_session = engine.scratch_bytes_per_session
+        self.active_cap = budget.effective_active_cap(self.scratch_per_session)
+        self.kv_bytes_per_token = engine.kv_bytes_per_token
+        self._lock = threading.RLock()
+        self._sessions: dict[str, Session] = {}  # every session ever accepted, by id
+        self._seq = 0
+        self._epochs: Counter[str] = Counter()
+        self._ticks: list[TickRecord] = []
+        self._rejected: Counter[str] = Counter()
+        self._failed_by_cause: Counter[str] = Counter()
+        self._prefill_tokens = 0
+        self._decode_tokens = 0
+        self._first_tick_ns: int | None = None
+        self._last_tick_end_ns: int | None = None
+
+    # --- admission --------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> AdmissionDecision:
+        """Admit, queue or refuse; a refusal changes no state."""
+        with self._lock:
+            live = [s for s in self._sessions.values() if s.status is not SessionStatus.FINISHED]
+            active = sum(s.holds_slot for s in live)
+            queued = sum(s.status is SessionStatus.QUEUED for s in live)
+            kv_needed = request.total_tokens * self.kv_bytes_per_token
+            decision = dict(
+                session_id=request.session_id,
+                kv_needed_bytes=kv_needed, kv_budget_bytes=self.budget.kv_bytes,
+                scratch_needed_bytes=self.scratch_per_session, scratch_budget_bytes=self.budget.scratch_bytes,
+                active_sessions=active, active_cap=self.active_cap,
+                queue_depth=queued, max_queue_depth=self.budget.max_queue_depth,
+            )
+            if any(s.session_id == request.session_id for s in live):
+                reason = AdmissionReason.REJECTED_DUPLICATE
+            elif kv_needed > self.budget.kv_bytes:
+                reason = AdmissionReason.REJECTED_KV_BUDGET
+            elif self.scratch_per_session > self.budget.scratch_bytes:
+                reason = AdmissionReason.REJECTED_SCRATCH_BUDGET
+            # NOTE: a free slot is taken only when nobody is queued, so a new arrival never
+            # overtakes a queued one (first come, first served).
+            elif active < self.active_cap and queued == 0:
+                reason = AdmissionReason.ADMITTED
+            elif queued < self.budget.max_queue_depth:
+                reason = AdmissionReason.QUEUED
+            else:
+                reason = AdmissionReason.REJECTED_QUEUE_FULL  # the backpressure signal
+            if reason.accepted:
+                self._epochs[request.session_id] += 1
+                self._sessions[request.session_id] = Session(
+                    request, self._seq, self._epochs[request.session_id], self.clock(),
+                    status=SessionStatus.ADMITTED if reason is AdmissionReason.ADMITTED else SessionStatus.QUEUED,
+                )
+                self._seq += 1
+            else:
+                self._rejected[reason.value] += 1
+            return AdmissionDecision(reason=reason, **decision)
+
+    def cancel(self, session_id: str) -> CancelResult:
+        """End a queued or active session as CANCELLED and free its KV and slot now."""
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None:
+                return CancelResult(session_id, False, "unknown session")
+            if s.status is SessionStatus.FINISHED:
+                return CancelResult(session_id, False, f"already finished: {s.done_reason.value}")
+            self._end(s, DoneReason.CANCELLED)
+            self._promote()
+            return CancelResult(session_id, True, "cancelled")
+
+    # --- the policy ---------------------------------------------------------------
+    def run_tick(self) -> TickRecord:
+        with self._lock:
+            t0 = self.clock()
+            if self._first_tick_ns is None:
+                self._first_tick_ns = t0
+            tick = len(self._ticks)
+            engine_ns = 0
+
+            # 1. Decode first: every running session has its first token and is unfinished.
+            running = [s for s in self._by_seq() if s.status is SessionStatus.RUNNING]
+            # NOTE: when more sessions decode than a batch holds, the least recently decoded
+            # go first, so none starves; arrival order breaks ties.
+            chosen = sorted(running, key=lambda s: (s.last_decode_tick, s.seq))[: self.budget.max_batch_size]
+            chosen.sort(key=lambda s: s.seq)
+            decoded = 0
+            if chosen:
+                items = [DecodeItem(s.session_id, s.epoch, s.position, s.tokens[-1]) for s in chosen]
+                e0 = self.clock()
+                try:
+                    results = self.engine.decode_batch(items)
+                except Exception as exc:  # an engine fault ends the sessions in the call, not the node
+                    results = None
+                    for s in chosen:
+                        self._fail(s, "decode_batch", exc)
+                engine_ns += self.clock() - e0
+                if results is not None:
+                    assert len(results) == len(chosen), (len(results), len(chosen))
+                    now = self.clock()
+                    for s, r in zip(chosen, results):
+                        assert r.session_id == s.session_id, (r.session_id, s.session_id)
+                        s.last_decode_tick = tick
+                        if r.cache_miss:
+                            self._end(s, DoneReason.CACHE_MISS)
+                        else:
+                            s.add_token(r.token, r.margin, now)
+                            decoded += 1
+                self._decode_tokens += decoded
+
+            # 2. Then bounded prefill, first in first out; the first one always runs.
+            prefilled: list[Session] = []
+            spent = 0
+            for s in [s for s in self._by_seq() if s.status is SessionStatus.ADMITTED]:
+                n = s.prompt_len
+                if prefilled and spent + n > self.budget.max_prefill_tokens_per_tick:
+                    break  # NOTE: no reordering: a smaller prompt behind it waits too
+                handle = SessionHandle(s.session_id, s.epoch, s.request.total_tokens)
+                e0 = self.clock()
+                try:
+                    r = self.engine.prefill(handle, s.request.prompt_tokens)
+                except Exception as exc:
+                    engine_ns += self.clock() - e0
+                    self._fail(s, "prefill", exc)
+                    continue
+                engine_ns += self.clock() - e0
+                s.status = SessionStatus.RUNNING
+                s.add_token(r.token, r.margin, self.clock())
+                prefilled.append(s)
+                spent += n
+                self._prefill_tokens += n
+
+            # 3. End of tick: finished sessions free their KV and slot for the next tick.
+            finished = [s for s in self._by_seq() if s.status is SessionStatus.RUNNING and s.has_all_tokens]
+            for s in finished:
+                self._end(s, DoneReason.COMPLETED)
+            self._promote()
+
+            live = [s for s in self._sessions.values() if s.status is not SessionStatus.FINISHED]
+            t1 = self.clock()
+            self._last_tick_end_ns = t1
+            rec = TickRecord(
+                tick=tick,
+                decode_batch=len(chosen),
+                decode_sessions=tuple(s.session_id for s in chosen),
+                decode_tokens=decoded,
+                prefill_tokens=spent,
+                prefill_sessions=tuple(s.session_id for s in prefilled),
+                kv_bytes=self.engine.kv_bytes_in_use,
+                stored_tokens=sum(s.prompt_len + len(s.tokens) - 1 for s in live if s.status is SessionStatus.RUNNING),
+                active=sum(s.holds_slot for s in live),
+                queued=sum(s.status is SessionStatus.QUEUED for s in live),
+                completed=tuple(s.session_id for s in finished),
+                tick_ns=t1 - t0,
+                engine_ns=engine_ns,
+            )
+            self._ticks.append(rec)
+            return rec
+
+    def run_to_completion(self, max_ticks: int | None = None) -> list[TickRecord]:
+        """Tick until no session is waiting or running.
+
+        Bounded: every productive tick prefills or decodes at least one token, so the
+        pending work bounds the ticks; a tick that does nothing while work is pending, or
+        running past ``max_ticks``, is a misconfiguration and raises MeshbenchError.
+        """
+        with self._lock:
+            pending = [s for s in self._sessions.values() if s.status is not SessionStatus.FINISHED]
+            bound = max_ticks if max_ticks is not None else sum(s.request.max_new_tokens for s in pending) + 1
+            start = len(self._ticks)
+            while self.has_work():
+                if len(self._ticks) - start >= bound:
+                    raise MeshbenchError(f"scheduler did not finish within {bound} ticks")
+                live_before = self._live_count()
+                rec = self.run_tick()
+                progressed = rec.decode_batch or rec.prefill_sessions or self._live_count() < live_before
+                if not progressed:
+                    raise MeshbenchError(
+                        f"scheduler cannot make progress: {self._live_count()} sessions wait but no slot can "
+                        f"hold them (effective active cap {self.active_cap}: max_active_sessions "
+                        f"{self.budget.max_active_sessions}, scratch {self.budget.scratch_bytes} bytes / "
+                        f"{self.scratch_per_session} per session)"
+                    )
+            return self._ticks[start:]
+
+    # --- read-outs ----------------------------------------------------------------
+    def has_work(self) -> bool:
+        with self._lock:
+            return self._live_count() > 0
+
+    def sessions(self) -> list[Session]:
+        with self._lock:
+            return self._by_seq()
+
+    def ticks(self) -> list[TickRecord]:
+        with self._lock:
+            return list(self._ticks)
+
+    def telemetry(self) -> SchedulerTelemetry:
+        with self._lock:
+            live = [s for s in self._sessions.values() if s.status is not SessionStatus.FINISHED]
+            done = Counter(s.done_reason.value for s in self._sessions.values() if s.done_reason)
+            active = sum(s.holds_slot for s in live)
+            batches = [t.decode_batch for t in self._ticks if t.decode_batch]
+            kv = self.engine.kv_bytes_in_use
+            scratch = active * self.scratch_per_session
+            elapsed = 0.0
+            if self._first_tick_ns is not None and self._last_tick_end_ns is not None:
+                elapsed = (self._last_tick_end_ns - self._first_tick_ns) / 1e9
+            return SchedulerTelemetry(
+                active_sessions=active,
+                running_sessions=sum(s.status is SessionStatus.RUNNING for s in live),
+                queue_depth=sum(s.status is SessionStatus.QUEUED for s in live),
+                effective_active_cap=self.active_cap,
+                batch_occupancy_last=self._ticks[-1].decode_batch if self._ticks else 0,
+                batch_occupancy_avg=sum(batches) / len(batches) if batches else 0.0,
+                batch_occupancy_max=max(batches, default=0),
+                kv_bytes=kv,
+                kv_budget_bytes=self.budget.kv_bytes,
+                kv_pressure=kv / self.budget.kv_bytes,
+                scratch_bytes=scratch,
+                scratch_budget_bytes=self.budget.scratch_bytes,
+                scratch_pressure=scratch / self.budget.scratch_bytes,
+                weight_bytes=self.engine.weight_bytes,
+                weight_budget_bytes=self.budget.weight_bytes,
+                prefill_tokens=self._prefill_tokens,
+                decode_tokens=self._decode_tokens,
+                prefill_tokens_per_s=self._prefill_tokens / elapsed if elapsed > 0 else 0.0,
+                decode_tokens_per_s=self._decode_tokens / elapsed if elapsed > 0 else 0.0,
+                ticks=len(self._ticks),
+                rejected_admissions=sum(self._rejected.values()),
+                rejected_by_reason=dict(sorted(self._rejected.items())),
+                cache_misses=done.get(DoneReason.CACHE_MISS.value, 0),
+                completed=done.get(DoneReason.COMPLETED.value, 0),
+                cancelled=done.get(DoneReason.CANCELLED.value, 0),
+                failed=done.get(DoneReason.FAILED.value, 0),
+                failed_by_cause=dict(sorted(self._failed_by_cause.items())),
+            )
+
+    # --- internals ----------------------------------------------------------------
+    def _by_seq(self) -> list[Session]:
+        return sorted(self._sessions.values(), key=lambda s: s.seq)
+
+    def _live_count(self) -> int:
+        return sum(s.status is not SessionStatus.FINISHED for s in self._sessions.values())
+
+    def _promote(self) -> None:
+        """Hand free slots to queued sessions, oldest first."""
+        active = sum(s.holds_slot for s in self._sessions.values())
+        for s in self._by_seq():
+            if active >= self.active_cap:
+                break
+            if s.status is SessionStatus.QUEUED:
+                s.status = SessionStatus.ADMITTED
+                active += 1
+
+    def _end(self, s: Session, reason: DoneReason, error: str | None = None) -> None:
+        had_kv = s.status is SessionStatus.RUNNING or reason is DoneReason.FAILED
+        s.finish(reason, error)
+        if had_kv:
+            try:
+                self.engine.release(s.session_id)
+            except Exception as exc:  # a release fault must not take the node down either
+                self._failed_by_cause[f"release: {type(exc).__name__}"] += 1
+
+    def _fail(self, s: Session, where: str, exc: Exception) -> None:
+        self._failed_by_cause[f"{where}: {type(exc).__name__}"] += 1
+        self._end(s, DoneReason.FAILED, f"{where}: {type(exc).__name__}: {exc}")

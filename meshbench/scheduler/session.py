@@ -1,0 +1,90 @@
+"""A generation request and the lifecycle of the session that serves it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from meshbench.errors import MeshbenchError
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    session_id: str
+    prompt_tokens: tuple[int, ...]
+    max_new_tokens: int
+
+    def __post_init__(self) -> None:
+        if not self.session_id:
+            raise MeshbenchError("request: session_id must be a non-empty string")
+        if len(self.prompt_tokens) == 0:
+            raise MeshbenchError(f"request {self.session_id}: prompt_tokens must not be empty")
+        if self.max_new_tokens < 1:
+            raise MeshbenchError(f"request {self.session_id}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus every new token: what the session must be able to hold."""
+        return len(self.prompt_tokens) + self.max_new_tokens
+
+
+class SessionStatus(str, enum.Enum):
+    QUEUED = "QUEUED"  # accepted, waiting for a slot
+    ADMITTED = "ADMITTED"  # holds a slot, waiting for its prefill
+    RUNNING = "RUNNING"  # prefilled, decoding
+    FINISHED = "FINISHED"
+
+
+class DoneReason(str, enum.Enum):
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    CACHE_MISS = "CACHE_MISS"
+
+
+@dataclass(slots=True)
+class Session:
+    request: GenerationRequest
+    seq: int  # arrival order: the FIFO key and the batch order
+    epoch: int
+    submit_ns: int
+    status: SessionStatus = SessionStatus.QUEUED
+    tokens: list[int] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    token_ns: list[int] = field(default_factory=list)
+    last_decode_tick: int = -1
+    done_reason: DoneReason | None = None
+    error: str | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.request.session_id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_tokens)
+
+    @property
+    def position(self) -> int:
+        """Position of the next input token (the last generated one)."""
+        return self.prompt_len + len(self.tokens) - 1
+
+    @property
+    def has_all_tokens(self) -> bool:
+        return len(self.tokens) >= self.request.max_new_tokens
+
+    @property
+    def holds_slot(self) -> bool:
+        return self.status in (SessionStatus.ADMITTED, SessionStatus.RUNNING)
+
+    def add_token(self, token: int, margin: float, now_ns: int) -> None:
+        assert self.status is SessionStatus.RUNNING and not self.has_all_tokens, (self.session_id, self.status)
+        self.tokens.append(token)
+        self.margins.append(margin)
+        self.token_ns.append(now_ns)
+
+    def finish(self, reason: DoneReason, error: str | None = None) -> None:
+        assert self.status is not SessionStatus.FINISHED, f"session {self.session_id} ended twice"
+        self.status = SessionStatus.FINISHED
+        self.done_reason = reason
+        self.error = error

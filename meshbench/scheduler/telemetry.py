@@ -1,0 +1,65 @@
+"""What a node reports upward about its scheduler, and what one tick did."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TickRecord:
+    """One tick, raw: every derived sweep figure is recomputed from these."""
+
+    tick: int
+    decode_batch: int  # sessions in this tick's decode_batch call (0: no call)
+    decode_sessions: tuple[str, ...]
+    decode_tokens: int  # tokens the decode batch produced (a cache miss produces none)
+    prefill_tokens: int
+    prefill_sessions: tuple[str, ...]
+    kv_bytes: int  # KV held at the end of the tick, after its releases
+    stored_tokens: int  # positions held by live sessions at the end of the tick
+    active: int
+    queued: int
+    completed: tuple[str, ...]  # sessions that got all their tokens this tick
+    tick_ns: int
+    engine_ns: int
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["decode_sessions"] = list(self.decode_sessions)
+        d["prefill_sessions"] = list(self.prefill_sessions)
+        d["completed"] = list(self.completed)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerTelemetry:
+    active_sessions: int
+    running_sessions: int
+    queue_depth: int
+    effective_active_cap: int
+    batch_occupancy_last: int
+    batch_occupancy_avg: float  # over ticks that ran a decode batch
+    batch_occupancy_max: int
+    kv_bytes: int
+    kv_budget_bytes: int
+    kv_pressure: float
+    scratch_bytes: int
+    scratch_budget_bytes: int
+    scratch_pressure: float
+    weight_bytes: int
+    weight_budget_bytes: int
+    prefill_tokens: int
+    decode_tokens: int
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    ticks: int
+    rejected_admissions: int
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    cache_misses: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    failed_by_cause: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
