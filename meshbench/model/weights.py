@@ -88,8 +88,10 @@ def init_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
     """Seeded weights scaled so greedy decoding wanders over many tokens.
 
     Projections are N(0, 1/in) so activations keep unit scale through the residual
-    stream; the output projection is N(0, 4/dim) so logits spread by a few units and
-    the argmax changes with context instead of locking onto one token.
+    stream. Two deliberate exceptions, measured to keep greedy streams from settling
+    on one repeated token: the query projection is N(0, 9/dim), so attention scores
+    spread by a few units and the context (not only the last token) moves the argmax;
+    the output projection is N(0, 4/dim), so logits spread by a few units.
     """
     rng = np.random.default_rng(seed)
     dt = cfg.np_dtype
@@ -107,7 +109,7 @@ def init_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
         layers.append(
             LayerWeights(
                 attn_norm=norm_w(d),
-                wq=normal((d, d), d**-0.5),
+                wq=normal((d, d), 3.0 * d**-0.5),
                 wk=normal((kv, d), d**-0.5),
                 wv=normal((kv, d), d**-0.5),
                 wo=normal((d, d), d**-0.5),

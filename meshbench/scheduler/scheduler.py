@@ -116,8 +116,9 @@ class ContinuousBatchScheduler:
             # 1. Decode first: every running session has its first token and is unfinished.
             running = [s for s in self._by_seq() if s.status is SessionStatus.RUNNING]
             # NOTE: when more sessions decode than a batch holds, the least recently decoded
-            # go first, so none starves; arrival order breaks ties.
-            chosen = sorted(running, key=lambda s: (s.last_decode_tick, s.seq))[: self.budget.max_batch_size]
+            # go first, so none starves; then the one with fewer tokens, then arrival order.
+            chosen = sorted(running, key=lambda s: (s.last_decode_tick, len(s.tokens), s.seq))
+            chosen = chosen[: self.budget.max_batch_size]
             chosen.sort(key=lambda s: s.seq)
             decoded = 0
             if chosen:

@@ -1,0 +1,53 @@
+"""Small factories for tests: engines, budgets, schedulers, requests."""
+
+from __future__ import annotations
+
+import functools
+
+from meshbench.engine.synthetic import KvBatchEngine
+from meshbench.model.config import ModelConfig, preset
+from meshbench.model.weights import Weights, init_weights
+from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+from meshbench.scheduler.session import GenerationRequest
+
+BIG = 1 << 30
+
+
+@functools.lru_cache(maxsize=None)
+def weights(name: str = "dgr-012", seed: int = 0) -> tuple[ModelConfig, Weights]:
+    cfg = preset(name)
+    return cfg, init_weights(cfg, seed)
+
+
+def engine(kv_bytes: int = BIG, name: str = "dgr-012") -> KvBatchEngine:
+    cfg, w = weights(name)
+    return KvBatchEngine(cfg, w, kv_bytes)
+
+
+def budget(**overrides) -> NodeBudget:
+    values = dict(
+        weight_bytes=BIG, kv_bytes=BIG, scratch_bytes=BIG, max_active_sessions=8, max_queue_depth=8,
+        max_batch_size=8, max_prefill_tokens_per_tick=4,
+    )
+    values.update(overrides)
+    return NodeBudget(**values)
+
+
+def scheduler(engine_=None, clock=None, **overrides) -> ContinuousBatchScheduler:
+    b = budget(**overrides)
+    e = engine_ if engine_ is not None else engine(b.kv_bytes)
+    return ContinuousBatchScheduler(e, b, clock) if clock else ContinuousBatchScheduler(e, b)
+
+
+def request(sid: str, prompt=(1, 2, 3, 4), new: int = 8) -> GenerationRequest:
+    return GenerationRequest(sid, tuple(prompt), new)
+
+
+def reference_tokens(req: GenerationRequest) -> list[int]:
+    """The session run alone, one decode at a time: the serial reference."""
+    s = scheduler(max_active_sessions=1, max_batch_size=1)
+    s.submit(req)
+    s.run_to_completion()
+    (sess,) = s.sessions()
+    return sess.tokens
