@@ -207,22 +207,28 @@ def run_level(
 
 
 def find_divergence(reference: ConcurrencyResult, other: ConcurrencyResult) -> dict | None:
-    """The first token where ``other`` differs from ``reference``, session by session.
+    """The first token where ``other`` differs from ``reference``, session by session."""
+    return first_divergence(
+        reference.concurrency, {s.session_id: (s.tokens, s.margins) for s in reference.sessions},
+        other.concurrency, [(s.session_id, s.tokens) for s in other.sessions],
+    )
+
+
+def first_divergence(ref_level: int, ref: dict, level: int, sessions: Sequence) -> dict | None:
+    """``ref`` maps session id to (tokens, margins); ``sessions`` is [(session id, tokens)].
 
     A session that ended early (cache miss, failure) is compared on the tokens it has.
     """
-    ref = {s.session_id: s for s in reference.sessions}
-    for s in other.sessions:
-        r = ref.get(s.session_id)
-        if r is None:
+    for sid, tokens in sessions:
+        if sid not in ref:
             continue
-        for i, (a, b) in enumerate(zip(r.tokens, s.tokens)):
+        ref_tokens, ref_margins = ref[sid]
+        for i, (a, b) in enumerate(zip(ref_tokens, tokens)):
             if a != b:
                 return {
-                    "session_id": s.session_id, "token_index": i,
-                    "reference_concurrency": reference.concurrency, "concurrency": other.concurrency,
-                    "reference_token": a, "token": b,
-                    "reference_margin": r.margins[i] if i < len(r.margins) else None,
+                    "session_id": sid, "token_index": i, "reference_concurrency": ref_level,
+                    "concurrency": level, "reference_token": a, "token": b,
+                    "reference_margin": ref_margins[i] if i < len(ref_margins) else None,
                 }
     return None
 
@@ -265,7 +271,7 @@ def run_concurrency_sweep(
     for c in ordered:
         b = level_budget(budget, c, workload.sessions)
         engine = engine_factory(b)  # a fresh KV manager per level
-        requests = workload.requests(engine_vocab(engine))
+        requests = workload.requests(engine.vocab_size)
         cb = (lambda rec, c=c: on_tick(c, rec)) if on_tick else None
         results.append(run_level(c, requests, b, engine, clock, cb))
     reference = results[0]
@@ -283,9 +289,3 @@ def run_concurrency_sweep(
         reference_concurrency=reference.concurrency,
     )
 
-
-def engine_vocab(engine: BatchEngine) -> int:
-    vocab = getattr(engine, "vocab_size", None)
-    if vocab is None:
-        vocab = engine.cfg.vocab_size  # type: ignore[attr-defined]
-    return int(vocab)

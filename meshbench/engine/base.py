@@ -49,6 +49,9 @@ class BatchEngine(Protocol):
     def recipe_fingerprint(self) -> str: ...
 
     @property
+    def vocab_size(self) -> int: ...
+
+    @property
     def kv_bytes_per_token(self) -> int: ...
 
     @property

@@ -57,6 +57,10 @@ class KvBatchEngine:
         return self._fingerprint
 
     @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
     def kv_bytes_per_token(self) -> int:
         return self.kv.bytes_per_token
 

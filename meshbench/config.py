@@ -1,0 +1,146 @@
+"""Run configs: embedded defaults <- a YAML file <- command-line flags.
+
+The merged mapping is validated against schemas/config.schema.json, then turned into
+typed settings. Every problem is a MeshbenchError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from meshbench import validation
+from meshbench.errors import MeshbenchError
+from meshbench.sweep import Workload
+
+# The DGR-012 run: 8 sessions, 4-token prompts, 8 new tokens, levels 1/2/4/8, budgets
+# sized so KV never evicts (the corruption check is then unambiguous).
+DEFAULTS: dict = {
+    "story": "DGR-012",
+    "title": "Continuous batching and bounded admission",
+    "levels": [1, 2, 4, 8],
+    "engine": {
+        "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
+        "flash_attn": False, "kv_unified": False,
+    },
+    "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0},
+    "budget": {
+        "weight_bytes": 1 << 30,
+        "kv_bytes": 1 << 24,
+        "scratch_bytes": 1 << 26,
+        "max_active_sessions": 8,
+        "max_queue_depth": 8,
+        "max_batch_size": 8,
+        "max_prefill_tokens_per_tick": 4,
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    kind: str
+    preset: str
+    model: str | None
+    seed: int
+    device: str
+    threads: int | None
+    flash_attn: bool = False
+    kv_unified: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    story: str
+    title: str
+    levels: tuple[int, ...]
+    engine: EngineSpec
+    workload: Workload
+    budget: dict  # NodeBudget fields; max_active_sessions/max_batch_size are set per level by a sweep
+    source: str  # where the config came from, for messages and the results echo
+
+    def to_dict(self) -> dict:
+        return {
+            "story": self.story, "title": self.title, "levels": list(self.levels),
+            "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": dict(self.budget),
+        }
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise MeshbenchError(f"config {p}: no such file")
+    if p.is_dir():
+        raise MeshbenchError(f"config {p}: is a directory, expected a YAML file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise MeshbenchError(f"config {p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except UnicodeDecodeError:
+        raise MeshbenchError(f"config {p}: not a text file") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise MeshbenchError(f"config {p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _per_session(value, n: int, field: str, source: str) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,) * n
+    if len(value) != n:
+        raise MeshbenchError(f"{source}: workload.{field} has {len(value)} entries for {n} sessions")
+    return tuple(value)
+
+
+def load(path: str | Path | None = None, overrides: dict | None = None) -> RunConfig:
+    """Defaults, then the file at ``path``, then ``overrides`` (a nested mapping of flags)."""
+    source = str(path) if path else "defaults"
+    data = merge(DEFAULTS, read_yaml(path)) if path else copy.deepcopy(DEFAULTS)
+    file_errors = validation.errors(data, "config.schema.json")
+    if file_errors:
+        raise MeshbenchError(f"config {source}: {file_errors[0]}")
+    data = merge(data, overrides or {})
+    flag_errors = validation.errors(data, "config.schema.json")
+    if flag_errors:
+        raise MeshbenchError(f"flags: {flag_errors[0]}")
+    if source == "defaults" and overrides:
+        source = "defaults+flags"
+    elif overrides:
+        source = f"{source}+flags"
+    wl = data["workload"]
+    n = wl["sessions"]
+    workload = Workload(
+        _per_session(wl["prompt_tokens"], n, "prompt_tokens", source),
+        _per_session(wl["new_tokens"], n, "new_tokens", source),
+        wl["seed"],
+    )
+    eng = data["engine"]
+    if eng["kind"] == "gguf" and not eng.get("model"):
+        raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path)")
+    return RunConfig(
+        story=data["story"], title=data["title"], levels=tuple(data["levels"]),
+        engine=EngineSpec(**eng), workload=workload, budget=dict(data["budget"]), source=source,
+    )
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    d = cfg.to_dict()
+    return yaml.safe_dump(d, sort_keys=False)

@@ -1,0 +1,60 @@
+"""The machine and code a result was measured on."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the meshbench checkout, or (None, None) outside a git work tree."""
+    where = cwd or Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def llama_cpp_version() -> str | None:
+    try:
+        import llama_cpp  # noqa: PLC0415 - optional dependency
+
+        return str(llama_cpp.__version__)
+    except Exception:  # not installed, or its native library failed to load
+        return None
+
+
+def environment() -> dict:
+    commit, dirty = git_state()
+    import os
+
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "llama_cpp": llama_cpp_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "argv0": Path(sys.argv[0]).name if sys.argv else None,
+    }

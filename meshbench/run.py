@@ -1,0 +1,55 @@
+"""One sweep from a RunConfig to a results dict: what `sweep` and `verify --rerun` share."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from meshbench import envinfo, results
+from meshbench.config import RunConfig, EngineSpec
+from meshbench.engine import factory
+from meshbench.errors import MeshbenchError
+from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.telemetry import TickRecord
+from meshbench.sweep import Workload, run_concurrency_sweep, validate_levels
+
+
+def prepare(cfg: RunConfig) -> factory.EngineSetup:
+    """Check the config against the model before any work, then load the engine."""
+    validate_levels(cfg.levels, cfg.workload.sessions)
+    NodeBudget(**cfg.budget)  # field-named errors now, not mid-sweep
+    longest = max(p + n for p, n in zip(cfg.workload.prompt_tokens, cfg.workload.new_tokens))
+    setup = factory.setup(cfg.engine, longest, max(cfg.levels))
+    if longest > setup.context_length:
+        raise MeshbenchError(
+            f"workload: a session needs {longest} positions (prompt + new tokens) but the model's context "
+            f"length is {setup.context_length}"
+        )
+    return setup
+
+
+def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
+              setup: factory.EngineSetup | None = None) -> dict:
+    setup = setup or prepare(cfg)
+    sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, NodeBudget(**cfg.budget), setup.make,
+                                  on_tick=on_tick)
+    data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
+    classify = getattr(setup, "classify_divergence", None)
+    if data["first_divergence"] is not None and classify is not None:
+        data["first_divergence"]["classification"] = classify(cfg, data)
+    return data
+
+
+def config_from_results(data: dict) -> RunConfig:
+    """The RunConfig a bundle recorded (its config echo)."""
+    c = data["config"]
+    w = c["workload"]
+    return RunConfig(
+        story=c["story"], title=c.get("title", ""), levels=tuple(c["levels"]), engine=EngineSpec(**c["engine"]),
+        workload=Workload(tuple(w["prompt_tokens"]), tuple(w["new_tokens"]), w["seed"]), budget=dict(c["budget"]),
+        source="results.json",
+    )
+
+
+def rerun_results(data: dict) -> dict:
+    cfg = config_from_results(data)
+    return run_sweep(cfg, data["command"])
