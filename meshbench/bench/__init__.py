@@ -1,0 +1,1 @@
+"""Benchmarks: commands that print figures, never timed tests."""
