@@ -22,8 +22,8 @@ from meshbench import __version__
 from meshbench.errors import MeshbenchError
 
 # Piped output keeps full-width tables instead of rich's 80-column fallback.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
 
 
 class MeshbenchGroup(TyperGroup):
