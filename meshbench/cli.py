@@ -335,6 +335,64 @@ def bench_engine(
     out.print(t)
 
 
+@bench_app.command("gguf")
+def bench_gguf(
+    model: Annotated[Path, typer.Option("--model", help="A GGUF file (e.g. make-tiny --preset bench --type q8_0).")],
+    batches: Annotated[str, typer.Option("--batches", help="Batch sizes, e.g. 1,2,4,8.")] = "1,2,4,8",
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1)] = 16,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Timed decode steps per batch size.")] = 32,
+    threads: ThreadsOpt = None,
+    seed: SeedOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Decode tokens/s of the GGUF engine driven by the scheduler vs a raw llama_decode loop."""
+    from meshbench.bench import gguf_bench  # noqa: PLC0415
+    from meshbench.engine.factory import check_model_path  # noqa: PLC0415
+
+    res = gguf_bench.run(check_model_path(str(model)), int_list(batches, "--batches"), prompt_tokens, steps,
+                         threads, seed or 0, progress=lambda msg: err.print(msg))
+    if as_json:
+        sys.stdout.write(json.dumps(res, indent=1) + "\n")
+        return
+    t = Table(title=f"GGUF engine through the scheduler vs raw llama_decode: {model}")
+    for h in ("batch", "scheduler tok/s", "raw tok/s", "ratio", "raw step ms"):
+        t.add_column(h, justify="right")
+    for b in res["batches"]:
+        t.add_row(str(b["batch"]), f"{b['scheduler_tokens_per_s']:.1f}", f"{b['raw_tokens_per_s']:.1f}",
+                  f"{b['ratio']:.3f}", f"{b['raw_step_ms']:.2f}")
+    out.print(t)
+
+
+model_app = typer.Typer(help="Model files: make the tiny GGUF models tests and evidence use.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("make-tiny")
+def make_tiny(
+    out_path: Annotated[Path, typer.Argument(help="The .gguf file to write.")],
+    preset: Annotated[str, typer.Option("--preset", help="dgr-012 | bench")] = "dgr-012",
+    qtype: Annotated[str, typer.Option("--type", help="f32 | f16 | q8_0 | q4_0")] = "f32",
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Weight seed (the synthetic engine's).")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a llama-architecture GGUF holding exactly the synthetic engine's deterministic weights."""
+    from meshbench import gguf_io  # noqa: PLC0415
+    from meshbench.model.config import preset as get_preset  # noqa: PLC0415
+    from meshbench.model.weights import init_weights  # noqa: PLC0415
+
+    cfg = get_preset(preset)
+    if qtype not in gguf_io.TYPES:
+        raise MeshbenchError(f"--type must be one of {', '.join(gguf_io.TYPES)}, got {qtype!r}")
+    if out_path.is_dir():
+        raise MeshbenchError(f"{out_path}: is a directory, expected a file path")
+    if out_path.exists() and not force:
+        raise MeshbenchError(f"{out_path}: exists; pass --force to overwrite it")
+    if not out_path.parent.is_dir():
+        raise MeshbenchError(f"{out_path}: directory {out_path.parent} does not exist")
+    size = gguf_io.write(out_path, cfg, init_weights(cfg, seed), qtype)
+    err.print(f"wrote {out_path}: preset {preset}, {qtype}, seed {seed}, {cfg.n_params} parameters, {size} bytes")
+
+
 def main() -> None:
     app()
 

@@ -24,7 +24,7 @@ DEFAULTS: dict = {
     "levels": [1, 2, 4, 8],
     "engine": {
         "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
-        "flash_attn": False, "kv_unified": False,
+        "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
     },
     "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0},
     "budget": {
@@ -49,6 +49,8 @@ class EngineSpec:
     threads: int | None
     flash_attn: bool = False
     kv_unified: bool = False
+    kv_type: str = "f16"
+    make_model: dict | None = None  # {preset, type, seed}: generate ``model`` when it is missing
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -18,7 +18,7 @@ def prepare(cfg: RunConfig) -> factory.EngineSetup:
     validate_levels(cfg.levels, cfg.workload.sessions)
     NodeBudget(**cfg.budget)  # field-named errors now, not mid-sweep
     longest = max(p + n for p, n in zip(cfg.workload.prompt_tokens, cfg.workload.new_tokens))
-    setup = factory.setup(cfg.engine, longest, max(cfg.levels))
+    setup = factory.setup(cfg.engine, longest, max(cfg.levels), max(cfg.workload.prompt_tokens))
     if longest > setup.context_length:
         raise MeshbenchError(
             f"workload: a session needs {longest} positions (prompt + new tokens) but the model's context "

@@ -20,6 +20,8 @@ class EngineSetup:
     info: dict  # what results.json records about the engine
     vocab_size: int
     context_length: int
+    resource: object = None  # what must stay alive while engines run (a loaded model)
+    classify_divergence: Callable[[object, dict], str] | None = None
 
 
 def file_sha256(path: Path) -> str:
@@ -39,14 +41,27 @@ def check_model_path(model: str) -> Path:
     return p
 
 
-def setup(spec: EngineSpec, max_total_tokens: int, max_sessions: int) -> EngineSetup:
+def ensure_model(spec: EngineSpec) -> None:
+    """Generate the model a config names when it is missing and the config says how (make_model)."""
+    if spec.model and spec.make_model and not Path(spec.model).exists():
+        from meshbench import gguf_io  # noqa: PLC0415
+        from meshbench.model.weights import init_weights  # noqa: PLC0415
+
+        recipe = spec.make_model
+        cfg = preset(recipe.get("preset", "dgr-012"))
+        Path(spec.model).parent.mkdir(parents=True, exist_ok=True)
+        gguf_io.write(Path(spec.model), cfg, init_weights(cfg, recipe.get("seed", 0)), recipe.get("type", "q8_0"))
+
+
+def setup(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512) -> EngineSetup:
     """Prepare the engine once (weights, model file); ``make`` then builds one per level."""
+    ensure_model(spec)
     if spec.kind == "synthetic":
         return _synthetic(spec)
     if spec.kind == "gguf":
         from meshbench.engine.gguf_engine import setup_gguf  # noqa: PLC0415 - optional dependency
 
-        return setup_gguf(spec, max_total_tokens, max_sessions)
+        return setup_gguf(spec, max_total_tokens, max_sessions, max_prompt)
     raise MeshbenchError(f"engine.kind must be synthetic or gguf, got {spec.kind!r}")
 
 

@@ -1,0 +1,94 @@
+"""`meshbench bench gguf`: the GGUF engine through the scheduler against a raw llama_decode loop.
+
+Both sides decode the same batches on fresh contexts of the same model: B sessions,
+each prefilled alone, then ``steps`` decode steps of all B. The raw loop fills the
+llama_batch, calls llama_decode and takes each row's argmax, with no scheduler. The
+scheduler side is ContinuousBatchScheduler driving GgufEngine; only its full-batch
+decode ticks are timed (tick_ns, so the scheduler's own work is inside the timing).
+Figures are medians of per-step times over two interleaved rounds of each side.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from meshbench.engine.gguf_engine import GgufEngine, LoadedModel
+from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+from meshbench.scheduler.session import GenerationRequest
+
+
+def _prompts(b: int, prompt: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(0, vocab, prompt)] for _ in range(b)]
+
+
+def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None, seed: int) -> list[int]:
+    e = GgufEngine(model, b, prompt + steps + 4, threads)
+    L, ctx, batch = e.L, e.ctx, e.batch
+    prompts = _prompts(b, prompt, model.vocab_size, seed)
+    last = []
+    for s, p in enumerate(prompts):  # prefill each alone, logits on the last token only
+        batch.n_tokens = len(p)
+        for i, t in enumerate(p):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, i, 1, i == len(p) - 1
+            batch.seq_id[i][0] = s
+        assert L.llama_decode(ctx, batch) == 0
+        last.append(int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), (model.vocab_size,)))))
+    batch.n_tokens = b
+    for s in range(b):
+        batch.n_seq_id[s], batch.seq_id[s][0], batch.logits[s] = 1, s, 1
+    times = []
+    for step in range(steps + 1):
+        t0 = time.perf_counter_ns()
+        for s in range(b):
+            batch.token[s], batch.pos[s] = last[s], prompt + step
+        assert L.llama_decode(ctx, batch) == 0
+        last = [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, s), (model.vocab_size,))))
+                for s in range(b)]
+        times.append(time.perf_counter_ns() - t0)
+    e.close()
+    return times[1:]  # the first step is a warm-up
+
+
+def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None,
+                      seed: int) -> list[int]:
+    e = GgufEngine(model, b, prompt + steps + 4, threads)
+    budget = NodeBudget(weight_bytes=1 << 40, kv_bytes=1 << 40, scratch_bytes=1 << 40, max_active_sessions=b,
+                        max_queue_depth=0, max_batch_size=b, max_prefill_tokens_per_tick=prompt)
+    sched = ContinuousBatchScheduler(e, budget)
+    for i, p in enumerate(_prompts(b, prompt, model.vocab_size, seed)):
+        sched.submit(GenerationRequest(f"s{i}", tuple(p), steps + 2))
+    timed = []
+    while sched.has_work():
+        rec = sched.run_tick()
+        if rec.decode_batch == b and not rec.prefill_sessions and not rec.completed:
+            timed.append(rec.tick_ns)
+    e.close()
+    return timed[1:]  # the first full-batch tick is the warm-up, as on the raw side
+
+
+def run(model_path: Path, batches: list[int], prompt: int, steps: int, threads: int | None, seed: int,
+        progress: Callable[[str], None] = lambda msg: None) -> dict:
+    model = LoadedModel(model_path, "cpu", verbose=False)
+    rows = []
+    for b in batches:
+        progress(f"batch {b}")
+        raw, sch = [], []
+        # Interleaved rounds (raw, scheduler, scheduler, raw) so drift hits both sides alike.
+        for first, second in ((raw, sch), (sch, raw)):
+            for out in (first, second):
+                fn = raw_step_ns if out is raw else scheduler_step_ns
+                out += fn(model, b, prompt, steps, threads, seed)
+        raw_ms, sch_ms = float(np.median(raw)) / 1e6, float(np.median(sch)) / 1e6
+        rows.append({"batch": b, "scheduler_tokens_per_s": b / sch_ms * 1e3, "raw_tokens_per_s": b / raw_ms * 1e3,
+                     "ratio": raw_ms / sch_ms, "raw_step_ms": raw_ms, "scheduler_step_ms": sch_ms,
+                     "samples": len(raw)})
+    info = {"model": str(model_path), "model_sha256": model.sha256, "weight_bytes": model.weight_bytes,
+            "prompt_tokens": prompt, "steps": steps, "threads": threads, "batches": rows}
+    model.close()
+    return info

@@ -1,0 +1,133 @@
+"""GGUF files of the synthetic model: write them (make-tiny) and read their weights back.
+
+The file holds exactly the synthetic engine's deterministic weights in llama.cpp's
+``llama`` architecture, so the numpy engine and llama.cpp run the same numbers.
+Facts this relies on (measured here): llama.cpp needs the hyperparameters below and a
+tokenizer model; ``tokenizer.ggml.model = "none"`` with a vocab_size works when token
+ids are fed directly (llama_tokenize on such a vocab aborts the process: never call it).
+Quantized rows must be a multiple of 32 values.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from meshbench.errors import EngineUnavailable, MeshbenchError
+from meshbench.model.config import ModelConfig
+from meshbench.model.weights import Weights
+
+TYPES = ("f32", "f16", "q8_0", "q4_0")
+ARCH = "llama"
+
+
+def _gguf():
+    try:
+        import gguf  # noqa: PLC0415 - optional extra
+
+        return gguf
+    except ImportError:
+        raise EngineUnavailable("the gguf package is not installed: pip install 'meshbench[gguf]'") from None
+
+
+def write(path: Path, cfg: ModelConfig, weights: Weights, qtype: str = "f32", name: str = "meshbench-tiny") -> int:
+    """Write a llama-architecture GGUF atomically; returns its size in bytes."""
+    gguf = _gguf()
+    if qtype not in TYPES:
+        raise MeshbenchError(f"--type must be one of {', '.join(TYPES)}, got {qtype!r}")
+    Q = gguf.GGMLQuantizationType
+    tensor_type = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[qtype]
+    if qtype in ("q8_0", "q4_0"):
+        bad = sorted({a.shape[1] for _, a in weights.named_tensors() if a.ndim == 2 and a.shape[1] % 32})
+        if bad:
+            raise MeshbenchError(f"--type {qtype}: rows of {bad[0]} values are not a multiple of 32")
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        w = gguf.GGUFWriter(tmp, ARCH)
+        w.add_name(name)
+        w.add_context_length(cfg.context_length)
+        w.add_embedding_length(cfg.dim)
+        w.add_block_count(cfg.n_layers)
+        w.add_feed_forward_length(cfg.ffn_dim)
+        w.add_head_count(cfg.n_heads)
+        w.add_head_count_kv(cfg.n_kv_heads)
+        w.add_layer_norm_rms_eps(cfg.norm_eps)
+        w.add_rope_freq_base(cfg.rope_theta)
+        w.add_rope_dimension_count(cfg.head_dim)
+        w.add_vocab_size(cfg.vocab_size)
+        w.add_tokenizer_model("none")
+        w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}[qtype])
+        for tname, arr in weights.named_tensors():
+            a = np.ascontiguousarray(arr, dtype=np.float32)
+            if a.ndim == 1 or qtype == "f32":
+                w.add_tensor(tname, a)  # norms stay F32, as llama.cpp's converters keep them
+            elif qtype == "f16":
+                w.add_tensor(tname, a.astype(np.float16))
+            else:
+                w.add_tensor(tname, gguf.quants.quantize(a, tensor_type), raw_dtype=tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        if default is not None:
+            return default
+        raise MeshbenchError(f"model: GGUF metadata {key} is missing")
+    return f.contents()
+
+
+def read_weights(path: Path) -> tuple[ModelConfig, Weights]:
+    """The config and float32 weights of a llama-architecture GGUF (F32, F16, Q8_0, Q4_0)."""
+    gguf = _gguf()
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, struct errors, ... on a bad file
+        raise MeshbenchError(f"model {path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    arch = _field(reader, "general.architecture")
+    if arch != ARCH:
+        raise MeshbenchError(f"model {path}: architecture {arch!r} is not supported (only {ARCH!r})")
+    p = f"{ARCH}."
+    n_heads = int(_field(reader, p + "attention.head_count"))
+    dim = int(_field(reader, p + "embedding_length"))
+    tensors = {}
+    Q = gguf.GGMLQuantizationType
+    for t in reader.tensors:
+        if t.tensor_type not in (Q.F32, Q.F16, Q.Q8_0, Q.Q4_0):
+            raise MeshbenchError(f"model {path}: tensor {t.name} has type {t.tensor_type.name}, not supported")
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # GGUF ne0 is the innermost (in) axis
+        tensors[t.name] = np.asarray(data, dtype=np.float32).reshape(shape)
+    vocab = tensors["token_embd.weight"].shape[0] if "token_embd.weight" in tensors else None
+    cfg = ModelConfig(
+        vocab_size=int(_field(reader, p + "vocab_size", vocab)),
+        dim=dim,
+        n_layers=int(_field(reader, p + "block_count")),
+        n_heads=n_heads,
+        n_kv_heads=int(_field(reader, p + "attention.head_count_kv", n_heads)),
+        ffn_dim=int(_field(reader, p + "feed_forward_length")),
+        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
+        norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
+        dtype="float32",
+        context_length=int(_field(reader, p + "context_length")),
+    )
+    try:
+        return cfg, Weights.from_named(cfg, tensors)
+    except KeyError as e:
+        raise MeshbenchError(f"model {path}: tensor {e.args[0]} is missing") from None
+    except ValueError as e:
+        raise MeshbenchError(f"model {path}: tensor shapes do not match the metadata ({e})") from None
