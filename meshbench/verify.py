@@ -146,6 +146,7 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
 def deterministic_view(data: dict) -> dict:
     """Every field a rerun must reproduce exactly; wall-clock and environment excluded."""
     out = {"engine.recipe_fingerprint": data["engine"]["recipe_fingerprint"],
+           "engine.model_sha256": data["engine"].get("model_sha256"),
            "corruption_free": data["corruption_free"], "saturation_concurrency": data["saturation_concurrency"]}
     for i, lv in enumerate(data["levels"]):
         at = f"levels[{i}]"
