@@ -45,8 +45,9 @@ class MeshbenchGroup(TyperGroup):
             typer.echo(f"error: {e}", err=True)
             rv = 2
         except (KeyboardInterrupt, typer.Abort):
-            typer.echo("interrupted: nothing was written", err=True)
             rv = 130
+        if rv == 130:  # typer turns Ctrl-C into exit code 130
+            typer.echo("interrupted: nothing was written", err=True)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -73,7 +74,7 @@ def _root(
 
 
 # --- flag parsing -----------------------------------------------------------------------
-def int_list(value: str, flag: str, minimum: int = 1) -> list[int]:
+def int_list(value: str, flag: str, minimum: int = 1, unique: bool = False) -> list[int]:
     if value is None or not value.strip():
         raise MeshbenchError(f"{flag}: empty; expected comma-separated integers such as 1,2,4,8")
     items = []
@@ -87,6 +88,8 @@ def int_list(value: str, flag: str, minimum: int = 1) -> list[int]:
             raise MeshbenchError(f"{flag}: {part!r} is not an integer") from None
         if n < minimum:
             raise MeshbenchError(f"{flag}: {n} is below the minimum {minimum}")
+        if unique and n in items:
+            raise MeshbenchError(f"{flag}: {n} appears twice in {value!r}")
         items.append(n)
     return items
 
@@ -166,7 +169,7 @@ def sweep(
     from meshbench import bundle, config as config_mod, run  # noqa: PLC0415
 
     overrides = _drop_none({
-        "levels": int_list(levels, "--levels") if levels is not None else None,
+        "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
         "engine": _engine_overrides(engine, preset, model, device, threads, seed),
         "workload": {"sessions": sessions, "prompt_tokens": per_session(prompt_tokens, "--prompt-tokens"),
                      "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed},
@@ -318,7 +321,7 @@ def bench_engine(
     """Time batched decode of the numpy engine against a loop of single-session decodes and this machine's floor."""
     from meshbench.bench import engine_bench  # noqa: PLC0415
 
-    res = engine_bench.run(preset, int_list(batches, "--batches"), context, repeats, seed or 0,
+    res = engine_bench.run(preset, int_list(batches, "--batches", unique=True), context, repeats, seed or 0,
                            progress=lambda msg: err.print(msg))
     if as_json:
         sys.stdout.write(json.dumps(res, indent=1) + "\n")
@@ -349,7 +352,7 @@ def bench_gguf(
     from meshbench.bench import gguf_bench  # noqa: PLC0415
     from meshbench.engine.factory import check_model_path  # noqa: PLC0415
 
-    res = gguf_bench.run(check_model_path(str(model)), int_list(batches, "--batches"), prompt_tokens, steps,
+    res = gguf_bench.run(check_model_path(str(model)), int_list(batches, "--batches", unique=True), prompt_tokens, steps,
                          threads, seed or 0, progress=lambda msg: err.print(msg))
     if as_json:
         sys.stdout.write(json.dumps(res, indent=1) + "\n")

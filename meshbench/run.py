@@ -24,7 +24,25 @@ def prepare(cfg: RunConfig) -> factory.EngineSetup:
             f"workload: a session needs {longest} positions (prompt + new tokens) but the model's context "
             f"length is {setup.context_length}"
         )
+    check_budget_fits_one_session(cfg, setup, longest)
     return setup
+
+
+def check_budget_fits_one_session(cfg: RunConfig, setup: factory.EngineSetup, longest: int) -> None:
+    """A budget that cannot hold even one session would refuse everything: say which one."""
+    bpt = setup.info["kv_bytes_per_token"]
+    need = longest * bpt
+    if cfg.budget["kv_bytes"] < need:
+        raise MeshbenchError(
+            f"budget.kv_bytes {cfg.budget['kv_bytes']} cannot hold a single session: the longest needs {need} "
+            f"bytes ({longest} tokens x {bpt} bytes per token)"
+        )
+    scratch = setup.info["scratch_bytes_per_session"]
+    if cfg.budget["scratch_bytes"] < scratch:
+        raise MeshbenchError(
+            f"budget.scratch_bytes {cfg.budget['scratch_bytes']} cannot hold a single session's scratch of "
+            f"{scratch} bytes"
+        )
 
 
 def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,

@@ -235,11 +235,13 @@ class GgufEngine:
             raise RuntimeError(f"no free llama.cpp sequence for {session.session_id} ({self.n_seq_max} in use)")
         seq = free[0]  # the lowest free id keeps live sessions on consecutive ids
         n = len(prompt_tokens)
+        # Own the sequence before decoding: if llama_decode fails, release() still clears its cells.
+        self._seq[session.session_id] = seq
+        self._stored[session.session_id] = 0
+        self._epoch[session.session_id] = session.epoch
         self._fill([(t, seq, p, p == n - 1) for p, t in enumerate(prompt_tokens)])
         self._decode()
-        self._seq[session.session_id] = seq
         self._stored[session.session_id] = n
-        self._epoch[session.session_id] = session.epoch
         return greedy_step(session.session_id, self._logits(-1))
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
