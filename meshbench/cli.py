@@ -338,6 +338,29 @@ def bench_engine(
     out.print(t)
 
 
+@bench_app.command("layouts")
+def bench_layouts(
+    batches: Annotated[str, typer.Option("--batches", help="Activation rows, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
+    as_json: JsonOpt = False,
+) -> None:
+    """Time matmul layouts for a large float32 weight times a few rows (the choice behind linear())."""
+    from meshbench.bench import layouts  # noqa: PLC0415
+
+    res = layouts.run(int_list(batches, "--batches", unique=True))
+    if as_json:
+        sys.stdout.write(json.dumps(res, indent=1) + "\n")
+        return
+    names = list(res["batches"][0]["ms"])
+    t = Table(title=f"{res['weights']} float32 weights of {res['shape'][0]} x {res['shape'][1]} "
+                    f"({res['bytes'] / 1e6:.0f} MB): ms per pass, best of 5")
+    t.add_column("rows", justify="right")
+    for n in names:
+        t.add_column(n, justify="right")
+    for b in res["batches"]:
+        t.add_row(str(b["batch"]), *[f"{b['ms'][n]:.2f}" for n in names])
+    out.print(t)
+
+
 @bench_app.command("gguf")
 def bench_gguf(
     model: Annotated[Path, typer.Option("--model", help="A GGUF file (e.g. make-tiny --preset bench --type q8_0).")],
@@ -363,6 +386,31 @@ def bench_gguf(
     for b in res["batches"]:
         t.add_row(str(b["batch"]), f"{b['scheduler_tokens_per_s']:.1f}", f"{b['raw_tokens_per_s']:.1f}",
                   f"{b['ratio']:.3f}", f"{b['raw_step_ms']:.2f}")
+    out.print(t)
+
+
+@bench_app.command("invariance")
+def bench_invariance(
+    model: Annotated[Path, typer.Option("--model", help="A GGUF file.")],
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Decode steps compared.")] = 16,
+    threads: ThreadsOpt = None,
+    seed: SeedOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare llama.cpp's logits at batch 8 and batch 1, per context configuration."""
+    from meshbench.bench import invariance  # noqa: PLC0415
+    from meshbench.engine.factory import check_model_path  # noqa: PLC0415
+
+    res = invariance.run(check_model_path(str(model)), steps, threads, seed or 0, progress=lambda m: err.print(m))
+    if as_json:
+        sys.stdout.write(json.dumps(res, indent=1) + "\n")
+        return
+    t = Table(title=f"batch 8 vs batch 1 logits: {model} ({res['steps']} steps, prompts up to 600 tokens)")
+    for h in ("config", "tokens identical", "logits bitwise identical", "max |logit diff|"):
+        t.add_column(h, justify="right")
+    for r in res["configs"]:
+        t.add_row(r["config"], str(r["tokens_identical"]), str(r["bitwise_identical"]),
+                  f"{r['max_abs_logit_diff']:.3g}")
     out.print(t)
 
 
