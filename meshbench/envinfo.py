@@ -26,8 +26,10 @@ def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
-                                capture_output=True, text=True, timeout=10, check=True).stdout
+        # Dirty means the code differs from the commit; rewriting evidence bundles does not count.
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                 ":(exclude)evidence"], cwd=where, capture_output=True, text=True, timeout=10,
+                                check=True).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
         return None, None
