@@ -13,8 +13,8 @@ from pathlib import Path
 from meshbench import __version__, validation
 from meshbench.config import RunConfig
 from meshbench.errors import MeshbenchError
-from meshbench.sweep import SATURATION_MARGIN, ConcurrencySweep, level_budget
 from meshbench.scheduler.budget import NodeBudget
+from meshbench.sweep import SATURATION_MARGIN, ConcurrencySweep, level_budget
 
 SCHEMA_VERSION = 1
 SCHEMA = "results.schema.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from meshbench import envinfo, results
-from meshbench.config import RunConfig, EngineSpec
+from meshbench.config import EngineSpec, RunConfig
 from meshbench.engine import factory
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget

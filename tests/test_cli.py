@@ -1,6 +1,5 @@
 """The CLI through Typer's CliRunner: exit codes, output, bundles, verify and tampering."""
 
-import copy
 import json
 import shutil
 from pathlib import Path

@@ -1,7 +1,6 @@
 """The GGUF engine on llama.cpp: tiny models made here, parity, batch invariance, one decode per tick."""
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ from meshbench.cli import app  # noqa: E402
 from meshbench.engine.base import DecodeItem, SessionHandle  # noqa: E402
 from meshbench.engine.gguf_engine import GgufEngine, LoadedModel  # noqa: E402
 from meshbench.engine.synthetic import KvBatchEngine  # noqa: E402
-from meshbench.errors import MeshbenchError  # noqa: E402
 
 runner = CliRunner()
 PARITY_ATOL = 1e-4  # measured here: 6.2e-6 on the F32 model with an F32 KV cache, flash attention off
@@ -46,7 +44,7 @@ def loaded(models):
 
 def _run(engine, prompts: dict, steps: int, batched: bool = True):
     """Prefill each prompt alone, then decode all sessions together (or one at a time)."""
-    toks, logits = {}, {sid: [] for sid in prompts}
+    toks = {}
     for sid, p in prompts.items():
         toks[sid] = [engine.prefill(SessionHandle(sid, 0, len(p) + steps + 1), p).token]
     for step in range(steps):

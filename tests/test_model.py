@@ -1,9 +1,9 @@
 """The numpy dense Llama: cached decode, batched decode, golden stream, conventions."""
 
+import factories as f
 import numpy as np
 import pytest
 
-import factories as f
 from meshbench.engine.base import DecodeItem, SessionHandle
 from meshbench.kv import HotKvStateManager
 from meshbench.model import llama

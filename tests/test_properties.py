@@ -7,10 +7,10 @@ CI runs a modest number of examples; a larger run is documented in README.md:
 import functools
 import os
 
+import factories as f
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import factories as f
 from meshbench.scheduler.session import DoneReason, GenerationRequest
 
 settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,7 +1,5 @@
 """Engine faults, cancellation, Ctrl-C, and concurrent callers."""
 
-import json
-import os
 import random
 import signal
 import subprocess
@@ -9,9 +7,8 @@ import sys
 import threading
 import time
 
-import pytest
-
 import factories as f
+
 from meshbench import bundle, results
 from meshbench.config import load
 from meshbench.scheduler.budget import AdmissionReason

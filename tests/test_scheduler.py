@@ -2,14 +2,12 @@
 
 import itertools
 
+import factories as f
 import pytest
 
-import factories as f
-from meshbench.engine.base import DecodeItem, StepResult
+from meshbench.engine.base import StepResult
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionReason as R
-from meshbench.scheduler.budget import NodeBudget
-from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import DoneReason
 
 BPT = 1536

@@ -1,6 +1,7 @@
 """The concurrency sweep: the DGR-012 table exactly, saturation, corruption detection."""
 
 import factories as f
+
 from meshbench.engine.base import StepResult
 from meshbench.sweep import Workload, run_concurrency_sweep, saturation_level, summarize_ticks, token_digest
 

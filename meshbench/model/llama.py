@@ -87,6 +87,18 @@ def _attend(cfg: ModelConfig, q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos
     return out.transpose(2, 0, 1, 3).reshape(T, cfg.dim)  # (T, dim)
 
 
+def _qkv(cfg: ModelConfig, lw, h: np.ndarray, pos: np.ndarray):
+    """Project normed activations h: (N, dim) at positions (N,) to rotated q and k, and v.
+
+    Returns q: (N, n_heads, hd), k: (N, n_kv, hd), v: (N, n_kv, hd).
+    """
+    n = h.shape[0]
+    q = rope(linear(lw.wq, h).reshape(n, cfg.n_heads, cfg.head_dim), pos, cfg.rope_theta)
+    k = rope(linear(lw.wk, h).reshape(n, cfg.n_kv_heads, cfg.head_dim), pos, cfg.rope_theta)
+    v = linear(lw.wv, h).reshape(n, cfg.n_kv_heads, cfg.head_dim)
+    return q, k, v
+
+
 def _ffn(lw, x: np.ndarray) -> np.ndarray:
     # x: (N, dim) -> (N, dim)
     return linear(lw.w_down, silu(linear(lw.w_gate, x)) * linear(lw.w_up, x))
@@ -102,10 +114,7 @@ def prefill(cfg: ModelConfig, w: Weights, slot: KvSlot, tokens: Sequence[int]) -
     pos = np.arange(start, start + T)  # (T,)
     x = w.tok_embd[np.asarray(tokens)]  # (T, dim)
     for li, lw in enumerate(w.layers):
-        h = rms_norm(x, lw.attn_norm, cfg.norm_eps)  # (T, dim)
-        q = rope(linear(lw.wq, h).reshape(T, cfg.n_heads, cfg.head_dim), pos, cfg.rope_theta)
-        k = rope(linear(lw.wk, h).reshape(T, cfg.n_kv_heads, cfg.head_dim), pos, cfg.rope_theta)
-        v = linear(lw.wv, h).reshape(T, cfg.n_kv_heads, cfg.head_dim)  # (T, n_kv, hd)
+        q, k, v = _qkv(cfg, lw, rms_norm(x, lw.attn_norm, cfg.norm_eps), pos)  # (T, heads, hd)
         slot.k[li, start : start + T] = k
         slot.v[li, start : start + T] = v
         a = _attend(cfg, q, slot.k[li, : start + T], slot.v[li, : start + T], pos)  # (T, dim)
@@ -126,10 +135,7 @@ def decode(cfg: ModelConfig, w: Weights, slots: Sequence[KvSlot], tokens: Sequen
     pos = np.array([s.length for s in slots])  # (B,)
     x = w.tok_embd[np.asarray(tokens)]  # (B, dim)
     for li, lw in enumerate(w.layers):
-        h = rms_norm(x, lw.attn_norm, cfg.norm_eps)  # (B, dim)
-        q = rope(linear(lw.wq, h).reshape(B, cfg.n_heads, cfg.head_dim), pos, cfg.rope_theta)
-        k = rope(linear(lw.wk, h).reshape(B, cfg.n_kv_heads, cfg.head_dim), pos, cfg.rope_theta)
-        v = linear(lw.wv, h).reshape(B, cfg.n_kv_heads, cfg.head_dim)  # (B, n_kv, hd)
+        q, k, v = _qkv(cfg, lw, rms_norm(x, lw.attn_norm, cfg.norm_eps), pos)  # (B, heads, hd)
         a = np.empty((B, cfg.dim), dtype=x.dtype)  # (B, dim)
         for b, s in enumerate(slots):
             p = pos[b]

@@ -1,0 +1,77 @@
+"""What every meshbench command shares: the consoles, flag parsing and option types."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from meshbench.errors import MeshbenchError
+
+# Piped output keeps full-width tables instead of rich's 80-column fallback.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
+
+
+def int_list(value: str, flag: str, minimum: int = 1, unique: bool = False) -> list[int]:
+    if value is None or not value.strip():
+        raise MeshbenchError(f"{flag}: empty; expected comma-separated integers such as 1,2,4,8")
+    items = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            raise MeshbenchError(f"{flag}: empty entry in {value!r}")
+        try:
+            n = int(part)
+        except ValueError:
+            raise MeshbenchError(f"{flag}: {part!r} is not an integer") from None
+        if n < minimum:
+            raise MeshbenchError(f"{flag}: {n} is below the minimum {minimum}")
+        if unique and n in items:
+            raise MeshbenchError(f"{flag}: {n} appears twice in {value!r}")
+        items.append(n)
+    return items
+
+
+def per_session(value: str | None, flag: str):
+    if value is None:
+        return None
+    items = int_list(value, flag)
+    return items[0] if len(items) == 1 else items
+
+
+def drop_none(d: dict) -> dict:
+    out_ = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            v = drop_none(v)
+            if v:
+                out_[k] = v
+        elif v is not None:
+            out_[k] = v
+    return out_
+
+
+def command_line() -> str:
+    return " ".join(shlex.quote(a) for a in ["meshbench", *sys.argv[1:]])
+
+
+# --- sweep ------------------------------------------------------------------------------
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML run config (see configs/).")]
+EngineOpt = Annotated[Optional[str], typer.Option("--engine", help="synthetic | gguf")]
+PresetOpt = Annotated[Optional[str], typer.Option("--preset", help="Synthetic model preset: dgr-012 | bench.")]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help="A GGUF file (gguf engine, or synthetic "
+                                                                 "engine reading its weights).")]
+DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | auto")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="Engine threads (gguf engine).")]
+SessionsOpt = Annotated[Optional[int], typer.Option("--sessions", min=1, help="Number of sessions.")]
+PromptOpt = Annotated[Optional[str], typer.Option("--prompt-tokens",
+                                                  help="Prompt length: one number, or one per session (4,8,...).")]
+NewOpt = Annotated[Optional[str], typer.Option("--new-tokens", help="New tokens: one number, or one per session.")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed of the prompts and of synthetic weights.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout and nothing else.")]
+
