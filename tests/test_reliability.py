@@ -131,7 +131,9 @@ def test_sigint_to_a_real_sweep_process(tmp_path):
     cmd = [sys.executable, "-m", "meshbench.cli", "sweep", "--preset", "bench", "--sessions", "8",
            "--prompt-tokens", "64", "--new-tokens", "64", "--out", str(out)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
+    # The sweep runs for tens of seconds; 5 s puts the signal well past start-up, inside it.
+    time.sleep(5.0)
+    assert p.poll() is None, "the sweep ended before it could be interrupted"
     p.send_signal(signal.SIGINT)
     try:
         _, stderr = p.communicate(timeout=60)
