@@ -77,7 +77,9 @@ def test_duplicate_submission_is_rejected_while_live_and_allowed_after():
     assert s.submit(f.request("a")).reason is R.REJECTED_DUPLICATE
     s.run_to_completion()
     assert s.submit(f.request("a", new=1)).reason is R.ADMITTED  # finished: a new epoch
-    assert [x.epoch for x in s.sessions()] == [2]
+    s.run_to_completion()
+    assert [(x.epoch, x.done_reason) for x in s.sessions()] == [(1, DoneReason.COMPLETED), (2, DoneReason.COMPLETED)]
+    assert s.telemetry().completed == 2  # the first epoch is still counted
 
 
 def test_weight_budget_is_reported_in_telemetry():

@@ -41,7 +41,10 @@ class ContinuousBatchScheduler:
         self.active_cap = budget.effective_active_cap(self.scratch_per_session)
         self.kv_bytes_per_token = engine.kv_bytes_per_token
         self._lock = threading.RLock()
-        self._sessions: dict[str, Session] = {}  # every session ever accepted, by id
+        self._live: dict[str, Session] = {}  # queued, admitted or running; insertion order is arrival order
+        self._done: list[Session] = []  # every ended session (a resubmitted id appears once per epoch)
+        self._last_done: dict[str, Session] = {}  # the latest ended session of each id
+        self._done_counts: Counter[str] = Counter()  # by DoneReason value
         self._seq = 0
         self._epochs: Counter[str] = Counter()
         self._ticks: list[TickRecord] = []
@@ -56,9 +59,8 @@ class ContinuousBatchScheduler:
     def submit(self, request: GenerationRequest) -> AdmissionDecision:
         """Admit, queue or refuse; a refusal changes no state."""
         with self._lock:
-            live = [s for s in self._sessions.values() if s.status is not SessionStatus.FINISHED]
-            active = sum(s.holds_slot for s in live)
-            queued = sum(s.status is SessionStatus.QUEUED for s in live)
+            active = sum(s.holds_slot for s in self._live.values())
+            queued = len(self._live) - active
             kv_needed = request.total_tokens * self.kv_bytes_per_token
             decision = dict(
                 session_id=request.session_id,
@@ -67,7 +69,7 @@ class ContinuousBatchScheduler:
                 active_sessions=active, active_cap=self.active_cap,
                 queue_depth=queued, max_queue_depth=self.budget.max_queue_depth,
             )
-            if any(s.session_id == request.session_id for s in live):
+            if request.session_id in self._live:
                 reason = AdmissionReason.REJECTED_DUPLICATE
             elif kv_needed > self.budget.kv_bytes:
                 reason = AdmissionReason.REJECTED_KV_BUDGET
@@ -83,7 +85,7 @@ class ContinuousBatchScheduler:
                 reason = AdmissionReason.REJECTED_QUEUE_FULL  # the backpressure signal
             if reason.accepted:
                 self._epochs[request.session_id] += 1
-                self._sessions[request.session_id] = Session(
+                self._live[request.session_id] = Session(
                     request, self._seq, self._epochs[request.session_id], self.clock(),
                     status=SessionStatus.ADMITTED if reason is AdmissionReason.ADMITTED else SessionStatus.QUEUED,
                 )
@@ -95,11 +97,12 @@ class ContinuousBatchScheduler:
     def cancel(self, session_id: str) -> CancelResult:
         """End a queued or active session as CANCELLED and free its KV and slot now."""
         with self._lock:
-            s = self._sessions.get(session_id)
+            s = self._live.get(session_id)
             if s is None:
-                return CancelResult(session_id, False, "unknown session")
-            if s.status is SessionStatus.FINISHED:
-                return CancelResult(session_id, False, f"already finished: {s.done_reason.value}")
+                ended = self._last_done.get(session_id)
+                if ended is None:
+                    return CancelResult(session_id, False, "unknown session")
+                return CancelResult(session_id, False, f"already finished: {ended.done_reason.value}")
             self._end(s, DoneReason.CANCELLED)
             self._promote()
             return CancelResult(session_id, True, "cancelled")
@@ -114,7 +117,7 @@ class ContinuousBatchScheduler:
             engine_ns = 0
 
             # 1. Decode first: every running session has its first token and is unfinished.
-            running = [s for s in self._by_seq() if s.status is SessionStatus.RUNNING]
+            running = [s for s in self._live.values() if s.status is SessionStatus.RUNNING]
             # NOTE: when more sessions decode than a batch holds, the least recently decoded
             # go first, so none starves; then the one with fewer tokens, then arrival order.
             chosen = sorted(running, key=lambda s: (s.last_decode_tick, len(s.tokens), s.seq))
@@ -147,7 +150,7 @@ class ContinuousBatchScheduler:
             # 2. Then bounded prefill, first in first out; the first one always runs.
             prefilled: list[Session] = []
             spent = 0
-            for s in [s for s in self._by_seq() if s.status is SessionStatus.ADMITTED]:
+            for s in [s for s in self._live.values() if s.status is SessionStatus.ADMITTED]:
                 n = s.prompt_len
                 if prefilled and spent + n > self.budget.max_prefill_tokens_per_tick:
                     break  # NOTE: no reordering: a smaller prompt behind it waits too
@@ -167,12 +170,12 @@ class ContinuousBatchScheduler:
                 self._prefill_tokens += n
 
             # 3. End of tick: finished sessions free their KV and slot for the next tick.
-            finished = [s for s in self._by_seq() if s.status is SessionStatus.RUNNING and s.has_all_tokens]
+            finished = [s for s in self._live.values() if s.status is SessionStatus.RUNNING and s.has_all_tokens]
             for s in finished:
                 self._end(s, DoneReason.COMPLETED)
             self._promote()
 
-            live = [s for s in self._sessions.values() if s.status is not SessionStatus.FINISHED]
+            live = list(self._live.values())
             t1 = self.clock()
             self._last_tick_end_ns = t1
             rec = TickRecord(
@@ -201,8 +204,8 @@ class ContinuousBatchScheduler:
         running past ``max_ticks``, is a misconfiguration and raises MeshbenchError.
         """
         with self._lock:
-            pending = [s for s in self._sessions.values() if s.status is not SessionStatus.FINISHED]
-            bound = max_ticks if max_ticks is not None else sum(s.request.max_new_tokens for s in pending) + 1
+            pending = sum(s.request.max_new_tokens for s in self._live.values())
+            bound = max_ticks if max_ticks is not None else pending + 1
             start = len(self._ticks)
             while self.has_work():
                 if len(self._ticks) - start >= bound:
@@ -225,8 +228,9 @@ class ContinuousBatchScheduler:
             return self._live_count() > 0
 
     def sessions(self) -> list[Session]:
+        """Every session accepted so far, ended or not, in arrival order."""
         with self._lock:
-            return self._by_seq()
+            return sorted([*self._done, *self._live.values()], key=lambda s: s.seq)
 
     def ticks(self) -> list[TickRecord]:
         with self._lock:
@@ -234,8 +238,8 @@ class ContinuousBatchScheduler:
 
     def telemetry(self) -> SchedulerTelemetry:
         with self._lock:
-            live = [s for s in self._sessions.values() if s.status is not SessionStatus.FINISHED]
-            done = Counter(s.done_reason.value for s in self._sessions.values() if s.done_reason)
+            live = list(self._live.values())
+            done = self._done_counts
             active = sum(s.holds_slot for s in live)
             batches = [t.decode_batch for t in self._ticks if t.decode_batch]
             kv = self.engine.kv_bytes_in_use
@@ -274,16 +278,13 @@ class ContinuousBatchScheduler:
             )
 
     # --- internals ----------------------------------------------------------------
-    def _by_seq(self) -> list[Session]:
-        return sorted(self._sessions.values(), key=lambda s: s.seq)
-
     def _live_count(self) -> int:
-        return sum(s.status is not SessionStatus.FINISHED for s in self._sessions.values())
+        return len(self._live)
 
     def _promote(self) -> None:
         """Hand free slots to queued sessions, oldest first."""
-        active = sum(s.holds_slot for s in self._sessions.values())
-        for s in self._by_seq():
+        active = sum(s.holds_slot for s in self._live.values())
+        for s in self._live.values():
             if active >= self.active_cap:
                 break
             if s.status is SessionStatus.QUEUED:
@@ -293,6 +294,10 @@ class ContinuousBatchScheduler:
     def _end(self, s: Session, reason: DoneReason, error: str | None = None) -> None:
         had_kv = s.status is SessionStatus.RUNNING or reason is DoneReason.FAILED
         s.finish(reason, error)
+        del self._live[s.session_id]
+        self._done.append(s)
+        self._last_done[s.session_id] = s
+        self._done_counts[reason.value] += 1
         if had_kv:
             try:
                 self.engine.release(s.session_id)
