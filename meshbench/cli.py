@@ -130,13 +130,9 @@ def sweep(
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick},
     })
     cfg = config_mod.load(config, overrides)
-    if verbose:
-        import os  # noqa: PLC0415
-
-        os.environ["MESHBENCH_VERBOSE"] = "1"
     if out_dir is not None:
         bundle.check_destination(out_dir, force)
-    setup = run.prepare(cfg)
+    setup = run.prepare(cfg, verbose)
     total = sum(cfg.workload.new_tokens)
     with Progress(TextColumn("[bold]level {task.fields[level]:>3}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("tokens"), TimeElapsedColumn(), console=err, transient=False) as progress:

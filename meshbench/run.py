@@ -13,12 +13,12 @@ from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import Workload, run_concurrency_sweep, validate_levels
 
 
-def prepare(cfg: RunConfig) -> factory.EngineSetup:
+def prepare(cfg: RunConfig, verbose: bool = False) -> factory.EngineSetup:
     """Check the config against the model before any work, then load the engine."""
     validate_levels(cfg.levels, cfg.workload.sessions)
     NodeBudget(**cfg.budget)  # field-named errors now, not mid-sweep
     longest = max(p + n for p, n in zip(cfg.workload.prompt_tokens, cfg.workload.new_tokens))
-    setup = factory.setup(cfg.engine, longest, max(cfg.levels), max(cfg.workload.prompt_tokens))
+    setup = factory.setup(cfg.engine, longest, max(cfg.levels), max(cfg.workload.prompt_tokens), verbose)
     if longest > setup.context_length:
         raise MeshbenchError(
             f"workload: a session needs {longest} positions (prompt + new tokens) but the model's context "

@@ -7,6 +7,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from meshbench.errors import MeshbenchError
+
 SAMPLING_CONTRACT = "greedy:argmax:lowest-id-wins-ties"
 
 
@@ -68,6 +70,13 @@ class BatchEngine(Protocol):
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]: ...
 
     def release(self, session_id: str) -> None: ...
+
+
+def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:
+    """Refuse a token id outside the vocabulary before any engine reads it."""
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise MeshbenchError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
 
 def greedy_step(session_id: str, logits: np.ndarray) -> StepResult:

@@ -53,7 +53,8 @@ def ensure_model(spec: EngineSpec) -> None:
         gguf_io.write(Path(spec.model), cfg, init_weights(cfg, recipe.get("seed", 0)), recipe.get("type", "q8_0"))
 
 
-def setup(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512) -> EngineSetup:
+def setup(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512,
+          verbose: bool = False) -> EngineSetup:
     """Prepare the engine once (weights, model file); ``make`` then builds one per level."""
     ensure_model(spec)
     if spec.kind == "synthetic":
@@ -61,7 +62,7 @@ def setup(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt
     if spec.kind == "gguf":
         from meshbench.engine.gguf_engine import setup_gguf  # noqa: PLC0415 - optional dependency
 
-        return setup_gguf(spec, max_total_tokens, max_sessions, max_prompt)
+        return setup_gguf(spec, max_total_tokens, max_sessions, max_prompt, verbose)
     raise MeshbenchError(f"engine.kind must be synthetic or gguf, got {spec.kind!r}")
 
 

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from meshbench.config import EngineSpec
-from meshbench.engine.base import SAMPLING_CONTRACT, DecodeItem, SessionHandle, StepResult, greedy_step
+from meshbench.engine.base import SAMPLING_CONTRACT, DecodeItem, SessionHandle, StepResult, check_token_ids, greedy_step
 from meshbench.engine.factory import EngineSetup, check_model_path, file_sha256
 from meshbench.errors import EngineUnavailable, MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
@@ -216,13 +216,9 @@ class GgufEngine:
             raise RuntimeError(f"llama_get_logits_ith({i}) returned NULL")
         return np.ctypeslib.as_array(ptr, shape=(self.model.vocab_size,)).copy()  # (vocab,)
 
-    def _check_tokens(self, tokens: Sequence[int]) -> None:
-        bad = [t for t in tokens if not 0 <= t < self.model.vocab_size]
-        if bad:
-            raise MeshbenchError(f"token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})")
 
     def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
-        self._check_tokens(prompt_tokens)
+        check_token_ids(prompt_tokens, self.model.vocab_size)
         if len(prompt_tokens) > self.n_batch:
             raise MeshbenchError(f"session {session.session_id}: prompt of {len(prompt_tokens)} tokens exceeds "
                                  f"the batch of {self.n_batch}")
@@ -245,7 +241,7 @@ class GgufEngine:
         return greedy_step(session.session_id, self._logits(-1))
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
-        self._check_tokens([it.token for it in items])
+        check_token_ids([it.token for it in items], self.model.vocab_size)
         live = [it for it in items
                 if self._epoch.get(it.session_id) == it.epoch and self._stored.get(it.session_id) == it.position]
         # llama.cpp groups consecutive increasing sequence ids: put the batch in seq-id order.
@@ -279,11 +275,11 @@ class GgufEngine:
             pass
 
 
-def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512) -> EngineSetup:
+def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512,
+               verbose: bool = False) -> EngineSetup:
     if not spec.model:
         raise MeshbenchError("engine gguf needs --model PATH (a .gguf file; make one with meshbench model make-tiny)")
     path = check_model_path(spec.model)
-    verbose = os.environ.get("MESHBENCH_VERBOSE") == "1"
     model = LoadedModel(path, spec.device, verbose)
     kv_type = spec.kv_type
 

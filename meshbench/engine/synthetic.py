@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Sequence
 
-from meshbench.engine.base import SAMPLING_CONTRACT, DecodeItem, SessionHandle, StepResult, greedy_step
+from meshbench.engine.base import SAMPLING_CONTRACT, DecodeItem, SessionHandle, StepResult, check_token_ids, greedy_step
 from meshbench.errors import MeshbenchError
 from meshbench.kv import CacheMiss, HotKvStateManager
 from meshbench.model import llama
@@ -40,7 +40,6 @@ class KvBatchEngine:
         self.weights = weights
         self.weights_source = weights_source
         self.kv = HotKvStateManager(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, kv_budget_bytes)
-        self._epochs: dict[str, int] = {}
         self._fingerprint: str | None = None
 
     # --- figures the scheduler budgets against -----------------------------------
@@ -89,7 +88,7 @@ class KvBatchEngine:
                 f"session {session.session_id}: {session.capacity} positions exceed the model's "
                 f"context_length {self.cfg.context_length}"
             )
-        self._check_tokens(prompt_tokens)
+        check_token_ids(prompt_tokens, self.cfg.vocab_size)
         slot = self.kv.open(session.session_id, session.epoch, session.capacity)
         r = self.kv.reserve(session.session_id, session.epoch, len(prompt_tokens), evict=True)
         assert r.fits, f"prompt of {len(prompt_tokens)} tokens cannot fit the KV budget alone: {r}"
@@ -98,7 +97,7 @@ class KvBatchEngine:
         return greedy_step(session.session_id, logits)
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
-        self._check_tokens([it.token for it in items])
+        check_token_ids([it.token for it in items], self.cfg.vocab_size)
         slots = {}
         for it in items:
             got = self.kv.lookup(it.session_id, it.epoch)
@@ -120,7 +119,3 @@ class KvBatchEngine:
     def release(self, session_id: str) -> None:
         self.kv.release(session_id)
 
-    def _check_tokens(self, tokens: Sequence[int]) -> None:
-        bad = [t for t in tokens if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise MeshbenchError(f"token id {bad[0]} is outside the vocabulary [0, {self.cfg.vocab_size})")
