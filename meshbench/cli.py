@@ -6,14 +6,12 @@ stderr naming the problem, nothing written); 130 interrupted.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from typer.core import TyperGroup
 
 from meshbench import __version__
@@ -35,7 +33,9 @@ from meshbench.cli_common import (
     err,
     int_list,
     out,
-    per_session,
+    print_json,
+    table,
+    workload_overrides,
 )
 from meshbench.errors import MeshbenchError
 
@@ -125,8 +125,7 @@ def sweep(
     overrides = drop_none({
         "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
         "engine": _engine_overrides(engine, preset, model, device, threads, seed),
-        "workload": {"sessions": sessions, "prompt_tokens": per_session(prompt_tokens, "--prompt-tokens"),
-                     "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed},
+        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed),
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick},
     })
     cfg = config_mod.load(config, overrides)
@@ -148,7 +147,7 @@ def sweep(
         written = bundle.write(out_dir, data, force)
         err.print(f"wrote {out_dir}: {', '.join(written)}")
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=1) + "\n")
+        print_json(data)
         return
     _print_sweep(data)
 
@@ -156,9 +155,8 @@ def sweep(
 def _print_sweep(data: dict) -> None:
     from meshbench import report  # noqa: PLC0415
 
-    t = Table(title=f"{data['story']}: {data['engine']['kind']} engine, {data['workload']['sessions']} sessions")
-    for h in ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "ITL p50 ms"):
-        t.add_column(h, justify="right")
+    t = table(f"{data['story']}: {data['engine']['kind']} engine, {data['workload']['sessions']} sessions",
+              ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "ITL p50 ms"))
     for row, lv in zip(report.table_rows(data), data["levels"]):
         itl = lv["wall"]["itl_ms"]["p50"]
         t.add_row(*row, f"{lv['wall']['tokens_per_s']:.1f}", "-" if itl is None else f"{itl:.2f}")
@@ -199,8 +197,7 @@ def admit(
 
     overrides = drop_none({
         "engine": _engine_overrides(engine, preset, model, None, None, seed),
-        "workload": {"sessions": sessions, "prompt_tokens": per_session(prompt_tokens, "--prompt-tokens"),
-                     "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed},
+        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed),
         "budget": {"kv_bytes": kv_bytes, "scratch_bytes": scratch_bytes, "weight_bytes": weight_bytes,
                    "max_active_sessions": max_active, "max_queue_depth": max_queue_depth,
                    "max_batch_size": max_batch_size},
@@ -208,13 +205,12 @@ def admit(
     cfg = config_mod.load(config, overrides)
     report_ = admission.run(cfg, burst)
     if as_json:
-        sys.stdout.write(json.dumps(report_, indent=1) + "\n")
+        print_json(report_)
         return
-    t = Table(title=f"admission on a node with {report_['effective_active_cap']} active slots, "
-                    f"queue depth {cfg.budget['max_queue_depth']}")
-    for h in ("session", "decision", "KV needed", "KV budget", "scratch needed", "scratch budget", "active",
-              "queued"):
-        t.add_column(h, justify="right")
+    t = table(f"admission on a node with {report_['effective_active_cap']} active slots, "
+                    f"queue depth {cfg.budget['max_queue_depth']}",
+              ("session", "decision", "KV needed", "KV budget", "scratch needed", "scratch budget", "active",
+              "queued"))
     for d in report_["decisions"]:
         color = "green" if d["reason"] == "ADMITTED" else "yellow" if d["reason"] == "QUEUED" else "red"
         t.add_row(d["session_id"], f"[{color}]{d['reason']}[/]", str(d["kv_needed_bytes"]),

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from meshbench.cli_common import JsonOpt, SeedOpt, ThreadsOpt, err, int_list, out
+from meshbench.cli_common import JsonOpt, SeedOpt, ThreadsOpt, err, int_list, out, print_json, table
 from meshbench.errors import MeshbenchError
 
 bench_app = typer.Typer(help="Benchmarks: commands that print figures.", no_args_is_help=True)
@@ -31,13 +28,12 @@ def bench_engine(
     res = engine_bench.run(preset, int_list(batches, "--batches", unique=True), context, repeats, seed or 0,
                            progress=lambda msg: err.print(msg))
     if as_json:
-        sys.stdout.write(json.dumps(res, indent=1) + "\n")
+        print_json(res)
         return
-    t = Table(title=f"engine benchmark: preset {preset}, {res['threads']} BLAS threads; bandwidth "
-                    f"{res['bandwidth_gb_s']:.1f} GB/s, peak {res['peak_gflop_s']:.1f} GFLOP/s")
-    for h in ("batch", "step ms", "tokens/s", "loop step ms", "loop tokens/s", "floor ms", "step/floor",
-              "vs batch 1"):
-        t.add_column(h, justify="right")
+    t = table(f"engine benchmark: preset {preset}, {res['threads']} BLAS threads; bandwidth "
+                    f"{res['bandwidth_gb_s']:.1f} GB/s, peak {res['peak_gflop_s']:.1f} GFLOP/s",
+              ("batch", "step ms", "tokens/s", "loop step ms", "loop tokens/s", "floor ms", "step/floor",
+              "vs batch 1"))
     for b in res["batches"]:
         t.add_row(str(b["batch"]), f"{b['step_ms']:.2f}", f"{b['tokens_per_s']:.1f}", f"{b['loop_step_ms']:.2f}",
                   f"{b['loop_tokens_per_s']:.1f}", f"{b['floor_ms']:.2f}", f"{b['step_over_floor']:.2f}",
@@ -55,14 +51,11 @@ def bench_layouts(
 
     res = layouts.run(int_list(batches, "--batches", unique=True))
     if as_json:
-        sys.stdout.write(json.dumps(res, indent=1) + "\n")
+        print_json(res)
         return
     names = list(res["batches"][0]["ms"])
-    t = Table(title=f"{res['weights']} float32 weights of {res['shape'][0]} x {res['shape'][1]} "
-                    f"({res['bytes'] / 1e6:.0f} MB): ms per pass, best of 5")
-    t.add_column("rows", justify="right")
-    for n in names:
-        t.add_column(n, justify="right")
+    t = table(f"{res['weights']} float32 weights of {res['shape'][0]} x {res['shape'][1]} "
+              f"({res['bytes'] / 1e6:.0f} MB): ms per pass, best of 5", ("rows", *names))
     for b in res["batches"]:
         t.add_row(str(b["batch"]), *[f"{b['ms'][n]:.2f}" for n in names])
     out.print(t)
@@ -85,11 +78,10 @@ def bench_gguf(
     res = gguf_bench.run(check_model_path(str(model)), int_list(batches, "--batches", unique=True), prompt_tokens,
                          steps, threads, seed or 0, progress=lambda msg: err.print(msg))
     if as_json:
-        sys.stdout.write(json.dumps(res, indent=1) + "\n")
+        print_json(res)
         return
-    t = Table(title=f"GGUF engine through the scheduler vs raw llama_decode: {model}")
-    for h in ("batch", "scheduler tok/s", "raw tok/s", "ratio", "raw step ms"):
-        t.add_column(h, justify="right")
+    t = table(f"GGUF engine through the scheduler vs raw llama_decode: {model}",
+              ("batch", "scheduler tok/s", "raw tok/s", "ratio", "raw step ms"))
     for b in res["batches"]:
         t.add_row(str(b["batch"]), f"{b['scheduler_tokens_per_s']:.1f}", f"{b['raw_tokens_per_s']:.1f}",
                   f"{b['ratio']:.3f}", f"{b['raw_step_ms']:.2f}")
@@ -110,11 +102,10 @@ def bench_invariance(
 
     res = invariance.run(check_model_path(str(model)), steps, threads, seed or 0, progress=lambda m: err.print(m))
     if as_json:
-        sys.stdout.write(json.dumps(res, indent=1) + "\n")
+        print_json(res)
         return
-    t = Table(title=f"batch 8 vs batch 1 logits: {model} ({res['steps']} steps, prompts up to 600 tokens)")
-    for h in ("config", "tokens identical", "logits bitwise identical", "max |logit diff|"):
-        t.add_column(h, justify="right")
+    t = table(f"batch 8 vs batch 1 logits: {model} ({res['steps']} steps, prompts up to 600 tokens)",
+              ("config", "tokens identical", "logits bitwise identical", "max |logit diff|"))
     for r in res["configs"]:
         t.add_row(r["config"], str(r["tokens_identical"]), str(r["bitwise_identical"]),
                   f"{r['max_abs_logit_diff']:.3g}")

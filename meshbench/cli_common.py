@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from meshbench.errors import MeshbenchError
 
@@ -75,3 +77,20 @@ NewOpt = Annotated[Optional[str], typer.Option("--new-tokens", help="New tokens:
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", min=0, help="Seed of the prompts and of synthetic weights.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout and nothing else.")]
 
+
+
+def print_json(data: dict) -> None:
+    """--json: the document on stdout and nothing else."""
+    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+
+
+def table(title: str, headers: tuple[str, ...]) -> Table:
+    t = Table(title=title)
+    for h in headers:
+        t.add_column(h, justify="right")
+    return t
+
+
+def workload_overrides(sessions, prompt_tokens, new_tokens, seed) -> dict:
+    return {"sessions": sessions, "prompt_tokens": per_session(prompt_tokens, "--prompt-tokens"),
+            "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed}

@@ -45,3 +45,13 @@ def test_bench_gguf_and_invariance(tmp_path):
     inv = _json("bench", "invariance", "--model", m, "--threads", "2", "--steps", "4", "--json")
     default = next(c for c in inv["configs"] if c["config"] == "default")
     assert default["bitwise_identical"] and default["tokens_identical"]
+
+
+def test_bench_tables_print_without_json():
+    r = runner.invoke(app, ["bench", "layouts", "--batches", "1"])
+    assert r.exit_code == 0, r.output
+    assert "meshbench linear()" in r.stdout and "ms per pass" in r.stdout
+    r = runner.invoke(app, ["bench", "engine", "--preset", "dgr-012", "--batches", "1,2", "--repeats", "1",
+                            "--context", "4"])
+    assert r.exit_code == 0, r.output
+    assert "step/floor" in r.stdout
