@@ -51,9 +51,8 @@ def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord],
     sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, NodeBudget(**cfg.budget), setup.make,
                                   on_tick=on_tick)
     data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
-    classify = getattr(setup, "classify_divergence", None)
-    if data["first_divergence"] is not None and classify is not None:
-        data["first_divergence"]["classification"] = classify(cfg, data)
+    if data["first_divergence"] is not None and setup.classify_divergence is not None:
+        data["first_divergence"]["classification"] = setup.classify_divergence(cfg, data)
     return data
 
 

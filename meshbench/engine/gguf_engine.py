@@ -242,8 +242,9 @@ class GgufEngine:
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
         check_token_ids([it.token for it in items], self.model.vocab_size)
-        live = [it for it in items
-                if self._epoch.get(it.session_id) == it.epoch and self._stored.get(it.session_id) == it.position]
+        live = [it for it in items if self._epoch.get(it.session_id) == it.epoch]
+        for it in live:  # a live sequence at another position is a scheduler bug, not a miss to hide
+            assert self._stored[it.session_id] == it.position, (it.session_id, self._stored[it.session_id])
         # llama.cpp groups consecutive increasing sequence ids: put the batch in seq-id order.
         live.sort(key=lambda it: self._seq[it.session_id])
         results = {it.session_id: StepResult(it.session_id, None, cache_miss=True) for it in items}

@@ -101,8 +101,10 @@ class KvBatchEngine:
         slots = {}
         for it in items:
             got = self.kv.lookup(it.session_id, it.epoch)
-            if isinstance(got, CacheMiss) or got.length != it.position:
+            if isinstance(got, CacheMiss):
                 continue
+            # A resident cache at another position is a scheduler bug, not a miss to hide.
+            assert got.length == it.position, (it.session_id, got.length, it.position)
             if self.kv.reserve(it.session_id, it.epoch, 1, evict=True).fits:
                 slots[it.session_id] = got
         # A later reservation may have evicted an earlier batch member: it misses too.
