@@ -19,7 +19,9 @@ from meshbench.engine.gguf_engine import GgufEngine, LoadedModel  # noqa: E402
 from meshbench.engine.synthetic import KvBatchEngine  # noqa: E402
 
 runner = CliRunner()
-PARITY_ATOL = 1e-4  # measured here: 6.2e-6 on the F32 model with an F32 KV cache, flash attention off
+# Logit tolerance per llama.cpp KV type, on the F32 model with flash attention off.
+# Measured here (the test prints it with -s): 6.2e-6 with an F32 KV cache, 5.5e-3 with F16.
+PARITY_ATOL = {"f32": 1e-4, "f16": 2e-2}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,8 @@ def test_llama_cpp_reproduces_the_golden_stream_on_the_f32_model(loaded):
     assert toks["g"] == GOLDEN_DGR012
 
 
-def test_cross_engine_parity_on_f32_weights(loaded, models, monkeypatch):
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_cross_engine_parity_on_f32_weights(loaded, models, monkeypatch, kv_type):
     import meshbench.engine.gguf_engine as ge
     import meshbench.engine.synthetic as se
 
@@ -90,11 +93,13 @@ def test_cross_engine_parity_on_f32_weights(loaded, models, monkeypatch):
     monkeypatch.setattr(se, "greedy_step", capture("numpy", se.greedy_step))
     cfg, w = gguf_io.read_weights(models["f32"])
     prompts = {"a": [1, 2, 3, 4], "b": [9], "c": [5, 6, 7, 8, 9, 10, 11]}
-    t_gguf = _run(GgufEngine(loaded["f32"], 4, 64, threads=2, kv_type="f32"), prompts, 10)
+    t_gguf = _run(GgufEngine(loaded["f32"], 4, 64, threads=2, kv_type=kv_type), prompts, 10)
     t_numpy = _run(KvBatchEngine(cfg, w, 1 << 30), prompts, 10)
     assert t_gguf == t_numpy
     dev = max(float(np.max(np.abs(a - b))) for a, b in zip(seen["gguf"], seen["numpy"]))
-    assert dev < PARITY_ATOL, f"llama.cpp and numpy logits differ by {dev:.3e} (tolerance {PARITY_ATOL})"
+    print(f"\nparity, F32 weights, {kv_type} KV cache: max |logit diff| llama.cpp vs numpy = {dev:.3g}")
+    tol = PARITY_ATOL[kv_type]
+    assert dev < tol, f"llama.cpp and numpy logits differ by {dev:.3e} (tolerance {tol})"
 
 
 def test_cross_engine_sweeps_give_identical_tokens_on_dgr012(models):
