@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from meshbench.config import RunConfig
 from meshbench.engine import factory
+from meshbench.run import check_fits_context, longest_session
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.sweep import Workload
@@ -14,8 +15,9 @@ def run(cfg: RunConfig, burst: int | None = None) -> dict:
     wl = cfg.workload
     if burst is not None:
         wl = Workload((wl.prompt_tokens[0],) * burst, (wl.new_tokens[0],) * burst, wl.seed)
-    longest = max(p + n for p, n in zip(wl.prompt_tokens, wl.new_tokens))
+    longest = longest_session(wl)
     setup = factory.setup(cfg.engine, longest, budget.max_active_sessions)
+    check_fits_context(longest, setup)
     sched = ContinuousBatchScheduler(setup.make(budget), budget)
     decisions = [sched.submit(r).to_dict() for r in wl.requests(setup.vocab_size)]
     return {

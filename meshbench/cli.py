@@ -6,7 +6,11 @@ stderr naming the problem, nothing written); 130 interrupted.
 
 from __future__ import annotations
 
+import errno
+import io
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,7 +18,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from meshbench import __version__
+from meshbench import __version__, limits
 from meshbench.cli_bench import bench_app, model_app
 from meshbench.cli_common import (
     ConfigOpt,
@@ -40,31 +44,95 @@ from meshbench.cli_common import (
 from meshbench.errors import MeshbenchError
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that every ``finally`` cleans up."""
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise Terminated()
+
+
+class _ClosedStream(io.TextIOBase):
+    """Stands in for a closed standard output: writing to it is an error, not an AttributeError."""
+
+    def write(self, s):  # noqa: ARG002
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def isatty(self) -> bool:
+        return False
+
+
+OUTPUT_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EPIPE, errno.EBADF, errno.EIO, errno.EDQUOT)
+
+
 class MeshbenchGroup(TyperGroup):
-    """Turns every user error into one line on stderr and exit code 2."""
+    """Turns every user error into one line on stderr and exit code 2.
+
+    Exit codes: 2 bad input or output that could not be written, 130 SIGINT, 143 SIGTERM.
+    """
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if sys.stdout is None:
+            sys.stdout = _ClosedStream()
+        previous = _install_sigterm()
         try:
-            rv = super().main(args=args, prog_name=prog_name or "meshbench", complete_var=complete_var,
-                              standalone_mode=False, **extra)
-        except typer.TyperException as e:  # typer's (vendored click's) usage errors
-            ctx = getattr(e, "ctx", None)
-            if type(e).__name__ == "NoArgsIsHelpError":
-                rv = 0  # typer has already printed the help
-            else:
-                hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-                typer.echo(f"error: {e.format_message()}{hint}", err=True)
-                rv = getattr(e, "exit_code", 2)
-        except MeshbenchError as e:
-            typer.echo(f"error: {e}", err=True)
-            rv = 2
-        except (KeyboardInterrupt, typer.Abort):
-            rv = 130
-        if rv == 130:  # typer turns Ctrl-C into exit code 130
-            typer.echo("interrupted: nothing was written", err=True)
+            rv = self._run(args, prog_name, complete_var, **extra)
+            try:
+                sys.stdout.flush()  # a main output that could not be written is a failure, not exit 0
+            except OSError as e:
+                rv = _output_error(e)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def _run(self, args, prog_name, complete_var, **extra) -> int:
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "meshbench", complete_var=complete_var,
+                              standalone_mode=False, **extra)
+            if rv == 130:  # typer turns Ctrl-C into exit code 130 itself
+                typer.echo("interrupted: no partial bundle or file was left", err=True)
+            return rv
+        except typer.TyperException as e:  # typer's (vendored click's) usage errors
+            ctx = getattr(e, "ctx", None)
+            if type(e).__name__ == "NoArgsIsHelpError":
+                return 0  # typer has already printed the help
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            typer.echo(f"error: {e.format_message()}{hint}", err=True)
+            return getattr(e, "exit_code", 2)
+        except MeshbenchError as e:
+            typer.echo(f"error: {e}", err=True)
+            return 2
+        except (KeyboardInterrupt, typer.Abort):
+            typer.echo("interrupted: no partial bundle or file was left", err=True)
+            return 130
+        except Terminated:
+            typer.echo("terminated (SIGTERM): no partial bundle or file was left", err=True)
+            return 143
+        except OSError as e:
+            if e.errno not in OUTPUT_ERRORS:
+                raise
+            return _output_error(e)
+
+
+def _output_error(e: OSError) -> int:
+    try:
+        typer.echo(f"error: cannot write the output: {e.strerror or e}", err=True)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 2
+
+
+def _install_sigterm():
+    """SIGTERM cleans up like Ctrl-C; only the main thread may set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 app = typer.Typer(
@@ -108,7 +176,8 @@ def sweep(
     prompt_tokens: PromptOpt = None,
     new_tokens: NewOpt = None,
     max_prefill_tokens_per_tick: Annotated[Optional[int], typer.Option(
-        "--max-prefill-tokens-per-tick", min=1, help="Prompt tokens prefilled per tick (first always runs).")] = None,
+        "--max-prefill-tokens-per-tick", min=1, max=limits.MAX_TOKENS,
+        help="Prompt tokens prefilled per tick (first always runs).")] = None,
     seed: SeedOpt = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write an evidence bundle to this folder.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle at --out.")] = False,
@@ -121,6 +190,7 @@ def sweep(
     """
     from meshbench import bundle, run  # noqa: PLC0415
     from meshbench import config as config_mod
+    from meshbench import verify as verify_mod
 
     overrides = drop_none({
         "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
@@ -129,9 +199,40 @@ def sweep(
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick},
     })
     cfg = config_mod.load(config, overrides)
-    if out_dir is not None:
-        bundle.check_destination(out_dir, force)
-    setup = run.prepare(cfg, verbose)
+    staging = bundle.prepare(out_dir, force) if out_dir is not None else None
+    try:
+        data = _run_with_progress(cfg, run.prepare(cfg, verbose))
+        if out_dir is not None:
+            written = bundle.commit(staging, out_dir, data, force)
+            staging = None
+            err.print(f"wrote {out_dir}: {', '.join(written)}", markup=False)
+    finally:
+        bundle.discard(staging)
+    if as_json:
+        print_json(data)
+    else:
+        _print_sweep(data)
+    failures = verify_mod.check_data(data).failures
+    if failures:
+        for f in failures:
+            err.print(f"sweep: {f}", markup=False)
+        err.print(f"sweep: the evidence fails {len(failures)} checks that verify makes", markup=False)
+        raise typer.Exit(1)
+
+
+def _run_with_progress(cfg, setup) -> dict:
+    """A progress bar on a terminal; elsewhere (a pipe, a CI log) one line as each level starts."""
+    from meshbench import run  # noqa: PLC0415
+
+    if not err.is_terminal:
+        started: set[int] = set()
+
+        def on_line(level: int, rec) -> None:  # noqa: ARG001
+            if level not in started:
+                started.add(level)
+                err.print(f"sweep: level {level} started", markup=False)
+
+        return run.run_sweep(cfg, command_line(), on_line, setup)
     total = sum(cfg.workload.new_tokens)
     with Progress(TextColumn("[bold]level {task.fields[level]:>3}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("tokens"), TimeElapsedColumn(), console=err, transient=False) as progress:
@@ -142,14 +243,7 @@ def sweep(
                 tasks[level] = progress.add_task("", total=total, level=level)
             progress.advance(tasks[level], rec.decode_tokens + len(rec.prefill_sessions))
 
-        data = run.run_sweep(cfg, command_line(), on_tick, setup)
-    if out_dir is not None:
-        written = bundle.write(out_dir, data, force)
-        err.print(f"wrote {out_dir}: {', '.join(written)}")
-    if as_json:
-        print_json(data)
-        return
-    _print_sweep(data)
+        return run.run_sweep(cfg, command_line(), on_tick, setup)
 
 
 def _print_sweep(data: dict) -> None:
@@ -180,14 +274,19 @@ def admit(
     sessions: SessionsOpt = None,
     prompt_tokens: PromptOpt = None,
     new_tokens: NewOpt = None,
-    burst: Annotated[Optional[int], typer.Option("--burst", min=1, help="Submit N sessions shaped like the "
-                                                                      "first of the workload, all at once.")] = None,
-    kv_bytes: Annotated[Optional[int], typer.Option("--kv-bytes", min=1, help="Node KV budget in bytes.")] = None,
-    scratch_bytes: Annotated[Optional[int], typer.Option("--scratch-bytes", min=1)] = None,
-    weight_bytes: Annotated[Optional[int], typer.Option("--weight-bytes", min=1)] = None,
-    max_active: Annotated[Optional[int], typer.Option("--max-active-sessions", min=1)] = None,
-    max_queue_depth: Annotated[Optional[int], typer.Option("--max-queue-depth", min=0)] = None,
-    max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", min=1)] = None,
+    burst: Annotated[Optional[int], typer.Option(
+        "--burst", min=1, max=limits.MAX_SESSIONS,
+        help="Submit N sessions shaped like the first of the workload, all at once.")] = None,
+    kv_bytes: Annotated[Optional[int], typer.Option("--kv-bytes", min=1, max=limits.MAX_BYTES,
+                                                    help="Node KV budget in bytes.")] = None,
+    scratch_bytes: Annotated[Optional[int], typer.Option("--scratch-bytes", min=1, max=limits.MAX_BYTES)] = None,
+    weight_bytes: Annotated[Optional[int], typer.Option("--weight-bytes", min=1, max=limits.MAX_BYTES)] = None,
+    max_active: Annotated[Optional[int], typer.Option("--max-active-sessions", min=1,
+                                                      max=limits.MAX_SESSIONS)] = None,
+    max_queue_depth: Annotated[Optional[int], typer.Option("--max-queue-depth", min=0,
+                                                           max=limits.MAX_SESSIONS)] = None,
+    max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", min=1,
+                                                          max=limits.MAX_SESSIONS)] = None,
     seed: SeedOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -235,7 +334,7 @@ def verify(
     from meshbench import verify as verify_mod  # noqa: PLC0415
 
     worst = 0
-    for path in bundles:
+    for path in bundles:  # every bundle is reported; the exit code is the worst status
         try:
             checks = verify_mod.check_bundle(path, rerun=rerun)
         except MeshbenchError as e:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from meshbench import limits
 from meshbench.cli_common import JsonOpt, SeedOpt, ThreadsOpt, err, int_list, out, print_json, table
 from meshbench.errors import MeshbenchError
+from meshbench.files import regular_file, replaceable_file
 
 bench_app = typer.Typer(help="Benchmarks: commands that print figures.", no_args_is_help=True)
 
@@ -17,15 +20,18 @@ bench_app = typer.Typer(help="Benchmarks: commands that print figures.", no_args
 def bench_engine(
     preset: Annotated[str, typer.Option("--preset", help="Synthetic model preset.")] = "bench",
     batches: Annotated[str, typer.Option("--batches", help="Batch sizes, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
-    context: Annotated[int, typer.Option("--context", min=1, help="Cached positions per session.")] = 64,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed decode steps per batch size.")] = 10,
+    context: Annotated[int, typer.Option("--context", min=1, max=limits.MAX_TOKENS,
+                                         help="Cached positions per session.")] = 64,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=10_000,
+                                         help="Timed decode steps per batch size.")] = 10,
     seed: SeedOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Time batched decode of the numpy engine against a loop of single-session decodes and this machine's floor."""
     from meshbench.bench import engine_bench  # noqa: PLC0415
 
-    res = engine_bench.run(preset, int_list(batches, "--batches", unique=True), context, repeats, seed or 0,
+    res = engine_bench.run(preset, int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH),
+                           context, repeats, seed or 0,
                            progress=lambda msg: err.print(msg))
     if as_json:
         print_json(res)
@@ -49,7 +55,7 @@ def bench_layouts(
     """Time matmul layouts for a large float32 weight times a few rows (the choice behind linear())."""
     from meshbench.bench import layouts  # noqa: PLC0415
 
-    res = layouts.run(int_list(batches, "--batches", unique=True))
+    res = layouts.run(int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH))
     if as_json:
         print_json(res)
         return
@@ -65,18 +71,19 @@ def bench_layouts(
 def bench_gguf(
     model: Annotated[Path, typer.Option("--model", help="A GGUF file (e.g. make-tiny --preset bench --type q8_0).")],
     batches: Annotated[str, typer.Option("--batches", help="Batch sizes, e.g. 1,2,4,8.")] = "1,2,4,8",
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1)] = 16,
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Timed decode steps per batch size.")] = 32,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, max=limits.MAX_TOKENS)] = 16,
+    steps: Annotated[int, typer.Option("--steps", min=2, max=limits.MAX_TOKENS,
+                                       help="Timed decode steps per batch size.")] = 32,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Decode tokens/s of the GGUF engine driven by the scheduler vs a raw llama_decode loop."""
     from meshbench.bench import gguf_bench  # noqa: PLC0415
-    from meshbench.engine.factory import check_model_path  # noqa: PLC0415
 
-    res = gguf_bench.run(check_model_path(str(model)), int_list(batches, "--batches", unique=True), prompt_tokens,
-                         steps, threads, seed or 0, progress=lambda msg: err.print(msg))
+    res = gguf_bench.run(regular_file(model, "model"),
+                         int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES),
+                         prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg))
     if as_json:
         print_json(res)
         return
@@ -91,16 +98,15 @@ def bench_gguf(
 @bench_app.command("invariance")
 def bench_invariance(
     model: Annotated[Path, typer.Option("--model", help="A GGUF file.")],
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Decode steps compared.")] = 16,
+    steps: Annotated[int, typer.Option("--steps", min=1, max=limits.MAX_TOKENS, help="Decode steps compared.")] = 16,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare llama.cpp's logits at batch 8 and batch 1, per context configuration."""
     from meshbench.bench import invariance  # noqa: PLC0415
-    from meshbench.engine.factory import check_model_path  # noqa: PLC0415
 
-    res = invariance.run(check_model_path(str(model)), steps, threads, seed or 0, progress=lambda m: err.print(m))
+    res = invariance.run(regular_file(model, "model"), steps, threads, seed or 0, progress=lambda m: err.print(m))
     if as_json:
         print_json(res)
         return
@@ -131,9 +137,8 @@ def make_tiny(
     cfg = get_preset(preset)
     if qtype not in gguf_io.TYPES:
         raise MeshbenchError(f"--type must be one of {', '.join(gguf_io.TYPES)}, got {qtype!r}")
-    if out_path.is_dir():
-        raise MeshbenchError(f"{out_path}: is a directory, expected a file path")
-    if out_path.exists() and not force:
+    replaceable_file(out_path)  # never a device, FIFO, symlink or folder, even with --force
+    if os.path.lexists(out_path) and not force:
         raise MeshbenchError(f"{out_path}: exists; pass --force to overwrite it")
     if not out_path.parent.is_dir():
         raise MeshbenchError(f"{out_path}: directory {out_path.parent} does not exist")

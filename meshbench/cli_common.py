@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -12,14 +14,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshbench import limits
 from meshbench.errors import MeshbenchError
 
-# Piped output keeps full-width tables instead of rich's 80-column fallback.
-out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
+
+def _width(stream) -> int | None:
+    # Piped output keeps full-width tables instead of rich's 80-column fallback; a closed
+    # stream (None) is reported when something is written to it, not at import.
+    return None if stream is not None and stream.isatty() else 160
 
 
-def int_list(value: str, flag: str, minimum: int = 1, unique: bool = False) -> list[int]:
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+
+def int_list(value: str, flag: str, minimum: int = 1, unique: bool = False, maximum: int | None = None,
+             max_items: int = limits.MAX_LEVELS) -> list[int]:
     if value is None or not value.strip():
         raise MeshbenchError(f"{flag}: empty; expected comma-separated integers such as 1,2,4,8")
     items = []
@@ -33,16 +42,20 @@ def int_list(value: str, flag: str, minimum: int = 1, unique: bool = False) -> l
             raise MeshbenchError(f"{flag}: {part!r} is not an integer") from None
         if n < minimum:
             raise MeshbenchError(f"{flag}: {n} is below the minimum {minimum}")
+        if maximum is not None and n > maximum:
+            raise MeshbenchError(f"{flag}: {n} is above the maximum {maximum}")
         if unique and n in items:
             raise MeshbenchError(f"{flag}: {n} appears twice in {value!r}")
         items.append(n)
+        if len(items) > max_items:
+            raise MeshbenchError(f"{flag}: more than {max_items} entries")
     return items
 
 
 def per_session(value: str | None, flag: str):
     if value is None:
         return None
-    items = int_list(value, flag)
+    items = int_list(value, flag, maximum=limits.MAX_TOKENS, max_items=limits.MAX_SESSIONS)
     return items[0] if len(items) == 1 else items
 
 
@@ -69,8 +82,10 @@ PresetOpt = Annotated[Optional[str], typer.Option("--preset", help="Synthetic mo
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help="A GGUF file (gguf engine, or synthetic "
                                                                  "engine reading its weights).")]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | auto")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, help="Engine threads (gguf engine).")]
-SessionsOpt = Annotated[Optional[int], typer.Option("--sessions", min=1, help="Number of sessions.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", min=1, max=limits.MAX_THREADS,
+                                                   help="Engine threads (gguf engine).")]
+SessionsOpt = Annotated[Optional[int], typer.Option("--sessions", min=1, max=limits.MAX_SESSIONS,
+                                                    help="Number of sessions.")]
 PromptOpt = Annotated[Optional[str], typer.Option("--prompt-tokens",
                                                   help="Prompt length: one number, or one per session (4,8,...).")]
 NewOpt = Annotated[Optional[str], typer.Option("--new-tokens", help="New tokens: one number, or one per session.")]
@@ -81,7 +96,22 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout and 
 
 def print_json(data: dict) -> None:
     """--json: the document on stdout and nothing else."""
-    sys.stdout.write(json.dumps(data, indent=1) + "\n")
+    write_stdout(json.dumps(data, indent=1, allow_nan=False) + "\n")
+
+
+def write_stdout(text: str) -> None:
+    """Write all of ``text`` or raise OSError: a full disk, a file-size limit or a closed pipe is never
+    a silently short file (Python's buffered writer has been seen to drop a short write's rest)."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except io.UnsupportedOperation:  # not a real file (a test runner's capture): it has no short writes
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    view = memoryview(text.encode())
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def table(title: str, headers: tuple[str, ...]) -> Table:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from meshbench.errors import EngineUnavailable, MeshbenchError
+from meshbench.files import regular_file, umask_mode
 from meshbench.model.config import ModelConfig
 from meshbench.model.weights import Weights
 
@@ -45,7 +46,10 @@ def write(path: Path, cfg: ModelConfig, weights: Weights, qtype: str = "f32", na
         if bad:
             raise MeshbenchError(f"--type {qtype}: rows of {bad[0]} values are not a multiple of 32")
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".meshbench-model-", suffix=".tmp", dir=path.parent or ".")
+    except OSError as e:
+        raise MeshbenchError(f"{path}: cannot create a file there ({e.strerror})") from None
     os.close(fd)
     try:
         w = gguf.GGUFWriter(tmp, ARCH)
@@ -74,11 +78,67 @@ def write(path: Path, cfg: ModelConfig, weights: Weights, qtype: str = "f32", na
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+        os.chmod(tmp, umask_mode(0o666))  # mkstemp makes 0600: a model file is as readable as any other
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise MeshbenchError(f"{path}: cannot write the model ({e.strerror or e}); nothing was written") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path.stat().st_size
+
+
+# Bytes per block, and where its float16 scale sits: a block's values are scale x int.
+_BLOCKS = {"Q8_0": 34, "Q4_0": 18}
+
+
+def _non_finite(gguf, t) -> int:
+    """How many values of tensor ``t`` are NaN or Inf (quantized blocks: a non-finite scale)."""
+    name = t.tensor_type.name
+    if name in ("F32", "F16"):
+        return int(np.size(t.data) - np.count_nonzero(np.isfinite(t.data)))
+    if name in _BLOCKS:
+        raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1, _BLOCKS[name])  # (blocks, block bytes)
+        scales = np.ascontiguousarray(raw[:, :2]).view(np.float16)  # (blocks, 1)
+        return int(np.size(scales) - np.count_nonzero(np.isfinite(scales)))
+    values = gguf.quants.dequantize(t.data, t.tensor_type)
+    return int(np.size(values) - np.count_nonzero(np.isfinite(values)))
+
+
+def check_finite(reader, path: Path) -> None:
+    """Refuse a model whose weights hold NaN or Inf: every token would be argmax of garbage."""
+    gguf = _gguf()
+    for t in reader.tensors:
+        try:
+            bad = _non_finite(gguf, t)
+        except (NotImplementedError, ValueError):  # a type gguf-py cannot read: the logits check stays
+            continue
+        if bad:
+            raise MeshbenchError(f"model {path}: tensor {t.name} holds {bad} non-finite values (NaN or Inf); "
+                                 "refusing to load it")
+
+
+def open_reader(path: Path):
+    """A GGUFReader over a regular file, or a MeshbenchError saying why not."""
+    gguf = _gguf()
+    path = regular_file(path, "model")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise MeshbenchError(f"model {path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError, struct errors, ... on a bad file
+        raise MeshbenchError(f"model {path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
+
+
+def check_model_file(path: Path) -> str:
+    """Refuse what llama.cpp must not see (not GGUF, corrupt, non-finite weights); returns the architecture."""
+    reader = open_reader(path)
+    check_finite(reader, path)
+    f = reader.fields.get("general.architecture")
+    return f.contents() if f is not None else "unknown"
 
 
 def _field(reader, key: str, default=None):
@@ -94,10 +154,8 @@ def read_weights(path: Path) -> tuple[ModelConfig, Weights]:
     """The config and float32 weights of a llama-architecture GGUF (F32, F16, Q8_0, Q4_0)."""
     gguf = _gguf()
     path = Path(path)
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError, struct errors, ... on a bad file
-        raise MeshbenchError(f"model {path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    reader = open_reader(path)
+    check_finite(reader, path)
     arch = _field(reader, "general.architecture")
     if arch != ARCH:
         raise MeshbenchError(f"model {path}: architecture {arch!r} is not supported (only {ARCH!r})")

@@ -10,7 +10,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from meshbench import __version__, validation
+from meshbench import __version__, files, validation
 from meshbench.config import RunConfig
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
@@ -111,13 +111,24 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+MAX_BYTES = 256 << 20  # a results.json of 100000 sessions is well under this
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (meshbench never writes it)")
+
+
 def load(path: Path) -> dict:
+    """Parse a results.json strictly: a regular UTF-8 file, standard JSON only (no NaN or Infinity)."""
+    text = files.read_text(path, "results", MAX_BYTES)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise MeshbenchError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
-    except UnicodeDecodeError:
-        raise MeshbenchError(f"{path}: not a text file") from None
+    except ValueError as e:
+        raise MeshbenchError(f"{path}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise MeshbenchError(f"{path}: nested too deeply to be a meshbench results file") from None
     if not isinstance(data, dict):
         raise MeshbenchError(f"{path}: expected a JSON object at the top level")
     return data

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Callable
 
-from meshbench import envinfo, results
+from meshbench import envinfo, files, results
 from meshbench.config import EngineSpec, RunConfig
 from meshbench.engine import factory
+from meshbench.engine.base import check_context
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.telemetry import TickRecord
@@ -17,15 +20,20 @@ def prepare(cfg: RunConfig, verbose: bool = False) -> factory.EngineSetup:
     """Check the config against the model before any work, then load the engine."""
     validate_levels(cfg.levels, cfg.workload.sessions)
     NodeBudget(**cfg.budget)  # field-named errors now, not mid-sweep
-    longest = max(p + n for p, n in zip(cfg.workload.prompt_tokens, cfg.workload.new_tokens))
+    longest = longest_session(cfg.workload)
     setup = factory.setup(cfg.engine, longest, max(cfg.levels), max(cfg.workload.prompt_tokens), verbose)
-    if longest > setup.context_length:
-        raise MeshbenchError(
-            f"workload: a session needs {longest} positions (prompt + new tokens) but the model's context "
-            f"length is {setup.context_length}"
-        )
+    check_fits_context(longest, setup)
     check_budget_fits_one_session(cfg, setup, longest)
     return setup
+
+
+def longest_session(workload: Workload) -> int:
+    return max(p + n for p, n in zip(workload.prompt_tokens, workload.new_tokens))
+
+
+def check_fits_context(longest: int, setup: factory.EngineSetup) -> None:
+    """One rule for sweep and admit (engines apply it again before sizing a context)."""
+    check_context(longest, setup.context_length)
 
 
 def check_budget_fits_one_session(cfg: RunConfig, setup: factory.EngineSetup, longest: int) -> None:
@@ -57,14 +65,26 @@ def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord],
 
 
 def config_from_results(data: dict) -> RunConfig:
-    """The RunConfig a bundle recorded (its config echo)."""
+    """The RunConfig a bundle recorded (its config echo).
+
+    A bundle can come from anyone: a model it says how to generate (make_model) goes into
+    meshbench's own cache, never to the path the bundle names.
+    """
     c = data["config"]
     w = c["workload"]
+    engine = EngineSpec(**c["engine"])
+    if engine.make_model:
+        engine = dataclasses.replace(engine, model=str(cached_model_path(engine.make_model)))
     return RunConfig(
-        story=c["story"], title=c.get("title", ""), levels=tuple(c["levels"]), engine=EngineSpec(**c["engine"]),
+        story=c["story"], title=c.get("title", ""), levels=tuple(c["levels"]), engine=engine,
         workload=Workload(tuple(w["prompt_tokens"]), tuple(w["new_tokens"]), w["seed"]), budget=dict(c["budget"]),
         source="results.json",
     )
+
+
+def cached_model_path(recipe: dict) -> Path:
+    r = {"preset": "dgr-012", "type": "q8_0", "seed": 0, **recipe}
+    return files.cache_dir() / "models" / f"{r['preset']}-{r['type']}-seed{r['seed']}.gguf"
 
 
 def rerun_results(data: dict) -> dict:

@@ -282,9 +282,11 @@ def run_concurrency_sweep(
         divergence = find_divergence(reference, r)
         if divergence is not None:
             break
+    # A session that failed proves nothing about corruption: such a sweep is not corruption free.
+    unfinished = sum(s.done_reason in ("FAILED", "UNFINISHED") for r in results for s in r.sessions)
     return ConcurrencySweep(
         levels=results,
-        corruption_free=divergence is None,
+        corruption_free=divergence is None and unfinished == 0,
         first_divergence=divergence,
         saturation_concurrency=saturation_level([r.concurrency for r in results],
                                                 [r.avg_batch_occupancy for r in results]),

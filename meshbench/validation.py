@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import reprlib
 from functools import lru_cache
 from importlib import resources
 
@@ -14,9 +15,25 @@ def load(name: str) -> dict:
     return json.loads(resources.files("meshbench.schemas").joinpath(name).read_text())
 
 
+def _is_integer(checker, instance) -> bool:  # noqa: ARG001
+    # JSON Schema's "integer" admits 4.0; meshbench counts sessions and bytes in ints only.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
+@lru_cache(maxsize=None)
+def _validator(name: str):
+    return _Validator(load(name))
+
+
 def errors(instance, name: str) -> list[str]:
     """Every violation as 'path: message', in a stable order."""
-    validator = jsonschema.Draft202012Validator(load(name))
+    validator = _validator(name)
     out = []
     for e in sorted(validator.iter_errors(instance), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
         path = ".".join(str(p) for p in e.absolute_path) or "(top level)"
@@ -24,9 +41,19 @@ def errors(instance, name: str) -> list[str]:
     return out
 
 
+_repr = reprlib.Repr()
+_repr.maxlist = _repr.maxdict = 4
+_repr.maxstring = _repr.maxother = 60
+_repr.maxlevel = 2
+
+
 def _short(e: jsonschema.ValidationError) -> str:
+    """One line, whatever the size of the offending value (a list of 100000 entries stays short)."""
     if e.validator == "additionalProperties":
         return e.message.replace("Additional properties are not allowed", "unknown key")
     if e.validator == "oneOf":
-        return f"{e.instance!r} is not valid: {e.schema.get('description', 'no alternative matches')}"
-    return e.message
+        return f"{_repr.repr(e.instance)} is not valid: {e.schema.get('description', 'no alternative matches')}"
+    if e.validator == "maxItems" and isinstance(e.instance, list):
+        return f"{_repr.repr(e.instance)} has {len(e.instance)} entries, more than the {e.validator_value} allowed"
+    message = e.message
+    return message if len(message) <= 200 else message[:200] + "..."

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshbench import bundle, report, results
+from meshbench import bundle, config, files, report, results, validation
 from meshbench.errors import MeshbenchError
 from meshbench.sweep import SATURATION_MARGIN, first_divergence, saturation_level, summarize_ticks, token_digest
 
@@ -48,25 +48,46 @@ def load_bundle(path: Path) -> dict:
     if not path.is_dir():
         raise MeshbenchError(f"{path}: not a directory (a bundle is a folder holding results.json)")
     rj = path / bundle.RESULTS
-    if not rj.is_file():
+    if not rj.exists():
         raise MeshbenchError(f"{path}: not a bundle: no {bundle.RESULTS}")
     data = results.load(rj)
     results.check_version(data, str(rj))
-    errors = results.schema_errors(data)
+    try:
+        errors = results.schema_errors(data) or config_echo_errors(data["config"])
+    except RecursionError:
+        raise MeshbenchError(f"{rj}: nested too deeply to be a meshbench results file") from None
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise MeshbenchError(f"{rj}: fails the results schema: {errors[0]}{more}")
     return data
 
 
+def config_echo_errors(echo: dict) -> list[str]:
+    """The config echo must be a whole config: valid against the config schema, every key present."""
+    errors = [f"config.{e}" for e in validation.errors(echo, "config.schema.json")]
+    for key, default in config.DEFAULTS.items():
+        if key not in echo:
+            errors.append(f"config: '{key}' is missing")
+        elif isinstance(default, dict):
+            errors += [f"config.{key}: '{k}' is missing" for k in default if k not in echo[key]]
+    return errors
+
+
 def check_bundle(path: Path, rerun: bool = False) -> Checks:
     data = load_bundle(path)
-    c = Checks()
-    check_levels(c, data)
-    check_sweep(c, data)
+    c = check_data(data)
     check_readme(c, data, path)
     if rerun:
         check_rerun(c, data, path)
+    return c
+
+
+def check_data(data: dict) -> Checks:
+    """Every check that needs only the results (what ``sweep`` runs on its own output)."""
+    c = Checks()
+    check_levels(c, data)
+    check_sessions(c, data)
+    check_sweep(c, data)
     return c
 
 
@@ -107,6 +128,35 @@ def check_levels(c: Checks, data: dict) -> None:
         c.equal(F, f"{at}.sessions (count)", data["workload"]["sessions"] - lv["rejected_admissions"], len(sessions))
 
 
+def check_sessions(c: Checks, data: dict) -> None:
+    """Every level serves exactly the workload's sessions, each with its own prompt and length."""
+    F = bundle.RESULTS
+    w = data["workload"]
+    n = w["sessions"]
+    width = len(str(n - 1))
+    expected = {f"s{i:0{width}d}": i for i in range(n)}  # the names Workload.requests gives
+    ref_ids = None
+    for i, lv in enumerate(data["levels"]):
+        at = f"levels[{i}]"
+        ids = [s["session_id"] for s in lv["sessions"]]
+        c.equal(F, f"{at}.sessions ids unique", len(ids), len(set(ids)))
+        unknown = sorted(set(ids) - set(expected))
+        c.equal(F, f"{at}.sessions ids not in the workload", [], unknown)
+        if ref_ids is None:
+            ref_ids = sorted(set(ids))
+        else:
+            c.equal(F, f"{at}.sessions ids (same as levels[0])", ref_ids, sorted(set(ids)))
+        for j, s in enumerate(lv["sessions"]):
+            k = expected.get(s["session_id"])
+            if k is not None:
+                c.equal(F, f"{at}.sessions[{j}].prompt_tokens", w["prompt_tokens"][k], s["prompt_tokens"])
+                c.equal(F, f"{at}.sessions[{j}].max_new_tokens", w["new_tokens"][k], s["max_new_tokens"])
+        named = {sid for t in lv["tick_records"]
+                 for sid in (*t["decode_sessions"], *t["prefill_sessions"], *t["completed"])}
+        c.equal(F, f"{at}.tick_records session ids not among the level's sessions", [],
+                sorted(named - set(ids)))
+
+
 def check_sweep(c: Checks, data: dict) -> None:
     F = bundle.RESULTS
     levels = data["levels"]
@@ -118,15 +168,19 @@ def check_sweep(c: Checks, data: dict) -> None:
                                [(s["session_id"], s["tokens"]) for s in lv["sessions"]])
         if div:
             break
-    c.equal(F, "corruption_free", div is None, data["corruption_free"])
+    unfinished = sum(s["done_reason"] in ("FAILED", "UNFINISHED") for lv in levels for s in lv["sessions"])
+    c.equal(F, "corruption_free (no divergence, no failed session)", div is None and unfinished == 0,
+            data["corruption_free"])
     found = data["first_divergence"]
     if found is not None:
         found = {k: found[k] for k in div} if div else found
     c.equal(F, "first_divergence", div, found)
     c.equal(F, "reference_concurrency", ref["concurrency"], data["reference_concurrency"])
+    # The margin is meshbench's constant, not the bundle's to choose.
+    c.equal(F, "saturation_margin", SATURATION_MARGIN, data["saturation_margin"])
     c.equal(F, "saturation_concurrency",
             saturation_level([lv["concurrency"] for lv in levels], [lv["avg_batch_occupancy"] for lv in levels],
-                             data.get("saturation_margin", SATURATION_MARGIN)),
+                             SATURATION_MARGIN),
             data["saturation_concurrency"])
 
 
@@ -136,7 +190,7 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
     if not readme.is_file():
         c.equal(F, "(file)", "present", "missing")
         return
-    rows = report.parse_table(readme.read_text())
+    rows = report.parse_table(files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES))
     if rows is None:
         c.equal(F, "sweep table", "present", "missing")
         return

@@ -244,3 +244,31 @@ def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
     assert classify_divergence(cfg, data).startswith("kernel batch variance")
     data["first_divergence"]["reference_margin"] = 10 * NEAR_TIE
     assert classify_divergence(cfg, data).startswith("suspect")
+
+
+def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(models, loaded, tmp_path):
+    from test_bad_input import run_refused
+
+    from meshbench.errors import MeshbenchError
+
+    m = models["q8_0"]
+    run_refused("bench", "gguf", "--model", m, "--prompt-tokens", "600", expect="context length is 512")
+    run_refused("bench", "gguf", "--model", m, "--batches", "1,300", expect="300 is above the maximum 256")
+    run_refused("sweep", "--engine", "gguf", "--model", m, "--sessions", "300", "--levels", "1,300",
+                expect="concurrency 300: a llama.cpp context holds at most 256 sequences", cwd_files=tmp_path)
+    with pytest.raises(MeshbenchError, match="llama.cpp takes 1 to 512 threads"):
+        GgufEngine(loaded["q8_0"], 1, 16, threads=100_000)
+
+
+def test_a_gguf_with_non_finite_weights_is_refused_by_the_gguf_engine(tmp_path):
+    import gguf
+    from test_bad_input import run_refused
+
+    cfg, w = f.weights()
+    p = tmp_path / "nan.gguf"
+    gguf_io.write(p, cfg, w, "q4_0")
+    reader = gguf.GGUFReader(p, "r+")
+    t = next(t for t in reader.tensors if t.name == "output.weight")
+    t.data.view(np.uint8).reshape(-1)[:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    del reader, t
+    run_refused("sweep", "--engine", "gguf", "--model", p, expect="tensor output.weight holds 1 non-finite values")

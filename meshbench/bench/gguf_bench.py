@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from meshbench.engine.base import check_context
 from meshbench.engine.gguf_engine import GgufEngine, LoadedModel
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
@@ -28,7 +29,7 @@ def _prompts(b: int, prompt: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None, seed: int) -> list[int]:
-    e = GgufEngine(model, b, prompt + steps + 4, threads)
+    e = GgufEngine(model, b, prompt + steps + 4, threads, max_prompt=prompt)
     L, ctx, batch = e.L, e.ctx, e.batch
     prompts = _prompts(b, prompt, model.vocab_size, seed)
     last = []
@@ -57,7 +58,7 @@ def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: in
 
 def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None,
                       seed: int) -> list[int]:
-    e = GgufEngine(model, b, prompt + steps + 4, threads)
+    e = GgufEngine(model, b, prompt + steps + 4, threads, max_prompt=prompt)
     budget = NodeBudget(weight_bytes=1 << 40, kv_bytes=1 << 40, scratch_bytes=1 << 40, max_active_sessions=b,
                         max_queue_depth=0, max_batch_size=b, max_prefill_tokens_per_tick=prompt)
     sched = ContinuousBatchScheduler(e, budget)
@@ -75,6 +76,7 @@ def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threa
 def run(model_path: Path, batches: list[int], prompt: int, steps: int, threads: int | None, seed: int,
         progress: Callable[[str], None] = lambda msg: None) -> dict:
     model = LoadedModel(model_path, "cpu", verbose=False)
+    check_context(prompt + steps + 4, model.n_ctx_train)
     rows = []
     for b in batches:
         progress(f"batch {b}")

@@ -79,8 +79,28 @@ def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:
         raise MeshbenchError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
 
+class EngineFault(RuntimeError):
+    """The engine produced something no model may produce (non-finite logits): the session fails."""
+
+
+def check_context(positions: int, context_length: int) -> None:
+    """A session longer than the model's context is a config error, on every engine and command."""
+    if positions > context_length:
+        raise MeshbenchError(
+            f"workload: a session needs {positions} positions (prompt + new tokens) but the model's context "
+            f"length is {context_length}"
+        )
+
+
 def greedy_step(session_id: str, logits: np.ndarray) -> StepResult:
-    """Greedy sampling: argmax, lowest id on a tie (np.argmax returns the first maximum)."""
+    """Greedy sampling: argmax, lowest id on a tie (np.argmax returns the first maximum).
+
+    Non-finite logits (NaN or Inf weights, an overflow) would make argmax return 0 for
+    every step and look like a valid stream: they are an engine fault instead.
+    """
+    if not np.isfinite(logits).all():
+        bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
+        raise EngineFault(f"non-finite logits: {bad} of {np.size(logits)} values are NaN or Inf")
     tok = int(np.argmax(logits))
     if logits.shape[-1] > 1:
         rest = logits.copy()  # (vocab,): ten times cheaper than np.partition at vocab 8192

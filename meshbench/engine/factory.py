@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from meshbench import files
 from meshbench.config import EngineSpec
 from meshbench.engine.base import BatchEngine
 from meshbench.errors import MeshbenchError
@@ -22,23 +22,6 @@ class EngineSetup:
     context_length: int
     resource: object = None  # what must stay alive while engines run (a loaded model)
     classify_divergence: Callable[[object, dict], str] | None = None
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def check_model_path(model: str) -> Path:
-    p = Path(model)
-    if not p.exists():
-        raise MeshbenchError(f"model {p}: no such file")
-    if p.is_dir():
-        raise MeshbenchError(f"model {p}: is a directory, expected a .gguf file")
-    return p
 
 
 def ensure_model(spec: EngineSpec) -> None:
@@ -76,9 +59,9 @@ def _synthetic(spec: EngineSpec) -> EngineSetup:
     if spec.model:
         from meshbench.gguf_io import read_weights  # noqa: PLC0415 - needs the gguf package
 
-        path = check_model_path(spec.model)
+        path = files.regular_file(spec.model, "model")
         cfg, weights = read_weights(path)
-        model_sha = file_sha256(path)
+        model_sha = files.sha256(path)
         source = f"gguf:{path}"
     else:
         cfg = preset(spec.preset)

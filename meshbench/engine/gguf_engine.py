@@ -21,9 +21,18 @@ from typing import Sequence
 
 import numpy as np
 
+from meshbench import files, gguf_io, limits
 from meshbench.config import EngineSpec
-from meshbench.engine.base import SAMPLING_CONTRACT, DecodeItem, SessionHandle, StepResult, check_token_ids, greedy_step
-from meshbench.engine.factory import EngineSetup, check_model_path, file_sha256
+from meshbench.engine.base import (
+    SAMPLING_CONTRACT,
+    DecodeItem,
+    SessionHandle,
+    StepResult,
+    check_context,
+    check_token_ids,
+    greedy_step,
+)
+from meshbench.engine.factory import EngineSetup
 from meshbench.errors import EngineUnavailable, MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 
@@ -71,31 +80,13 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def check_gguf_file(path: Path) -> str:
-    """Refuse what is not a GGUF file before llama.cpp sees it; returns its architecture."""
-    with path.open("rb") as fh:
-        magic = fh.read(4)
-    if magic != b"GGUF":
-        raise MeshbenchError(f"model {path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    try:
-        import gguf  # noqa: PLC0415
-
-        reader = gguf.GGUFReader(path)
-        field = reader.fields.get("general.architecture")
-        return field.contents() if field is not None else "unknown"
-    except ImportError:
-        return "unknown"
-    except Exception as e:
-        raise MeshbenchError(f"model {path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
-
-
 class LoadedModel:
     """A llama.cpp model loaded once and shared by the per-level engines."""
 
     def __init__(self, path: Path, device: str, verbose: bool) -> None:
         L = llama()
         set_llama_logging(verbose)
-        self.arch = check_gguf_file(path)
+        self.arch = gguf_io.check_model_file(path)
         L.llama_backend_init()
         self.path = path
         self.device = resolve_device(device)
@@ -113,7 +104,7 @@ class LoadedModel:
         self.n_head_kv = int(L.llama_model_n_head_kv(self.ptr))
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self.ptr))
         self.weight_bytes = int(L.llama_model_size(self.ptr))
-        self.sha256 = file_sha256(path)
+        self.sha256 = files.sha256(path)
 
     def kv_bytes_per_token(self, kv_type: str) -> int:
         head_dim = self.n_embd // self.n_head
@@ -125,6 +116,18 @@ class LoadedModel:
             self.ptr = None
 
 
+def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None) -> None:
+    """Bound every number that sizes a llama.cpp context: beyond these it aborts or crashes the process."""
+    if threads is not None and not 1 <= threads <= limits.MAX_THREADS:
+        raise MeshbenchError(f"engine.threads {threads}: llama.cpp takes 1 to {limits.MAX_THREADS} threads")
+    if not 1 <= n_seq_max <= limits.MAX_LLAMA_SEQUENCES:
+        raise MeshbenchError(f"{n_seq_max} concurrent sessions: a llama.cpp context holds 1 to "
+                             f"{limits.MAX_LLAMA_SEQUENCES} sequences")
+    if not 1 <= seq_capacity <= limits.MAX_TOKENS:
+        raise MeshbenchError(f"{seq_capacity} positions per session: a llama.cpp sequence here holds 1 to "
+                             f"{limits.MAX_TOKENS}")
+
+
 class GgufEngine:
     kind = "gguf"
 
@@ -132,6 +135,7 @@ class GgufEngine:
                  flash_attn: bool = False, kv_unified: bool = False, kv_type: str = "f16",
                  max_prompt: int = 512) -> None:
         L = llama()
+        check_native_sizes(model, n_seq_max, seq_capacity, threads)
         self.L, self.model = L, model
         self.kv_type = kv_type
         self.flash_attn, self.kv_unified = flash_attn, kv_unified
@@ -280,8 +284,12 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
                verbose: bool = False) -> EngineSetup:
     if not spec.model:
         raise MeshbenchError("engine gguf needs --model PATH (a .gguf file; make one with meshbench model make-tiny)")
-    path = check_model_path(spec.model)
+    path = files.regular_file(spec.model, "model")
     model = LoadedModel(path, spec.device, verbose)
+    check_context(max_total_tokens, model.n_ctx_train)  # before any context is sized by it
+    if max_sessions > limits.MAX_LLAMA_SEQUENCES:
+        raise MeshbenchError(f"concurrency {max_sessions}: a llama.cpp context holds at most "
+                             f"{limits.MAX_LLAMA_SEQUENCES} sequences")
     kv_type = spec.kv_type
 
     def make(budget: NodeBudget) -> GgufEngine:

@@ -1,0 +1,89 @@
+"""Files meshbench reads and writes: regular files only, created with the user's umask.
+
+Anything meshbench opens by a name a user or a bundle gave (a config, a model, a
+results.json) must be a regular file: a FIFO would block forever, a device would be
+read without end. Every check raises MeshbenchError naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from meshbench.errors import MeshbenchError
+
+
+def regular_file(path: str | Path, what: str) -> Path:
+    """``path`` if it names an existing regular file (a symlink to one is fine)."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise MeshbenchError(f"{what} {p}: no such file") from None
+    except OSError as e:
+        raise MeshbenchError(f"{what} {p}: cannot be read ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise MeshbenchError(f"{what} {p}: is a directory, expected a file")
+    if not stat.S_ISREG(mode):
+        raise MeshbenchError(f"{what} {p}: is not a regular file ({_kind(mode)}); refusing to read it")
+    return p
+
+
+def read_text(path: str | Path, what: str, max_bytes: int) -> str:
+    """The UTF-8 text of a regular file of at most ``max_bytes``."""
+    p = regular_file(path, what)
+    size = p.stat().st_size
+    if size > max_bytes:
+        raise MeshbenchError(f"{what} {p}: {size} bytes is more than the {max_bytes} this file may hold")
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MeshbenchError(f"{what} {p}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise MeshbenchError(f"{what} {p}: cannot be read ({e.strerror})") from None
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def replaceable_file(path: Path, flag: str = "--force") -> None:
+    """Refuse to replace anything but a regular file (never a device, FIFO, symlink or folder)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise MeshbenchError(f"{path}: is a directory, expected a file path")
+    if not stat.S_ISREG(mode):
+        raise MeshbenchError(f"{path}: exists and is not a regular file ({_kind(mode)}); {flag} replaces only "
+                             "regular files")
+
+
+def umask_mode(base: int) -> int:
+    """``base`` (0o666 for files, 0o777 for folders) less the process umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return base & ~mask
+
+
+def cache_dir() -> Path:
+    """meshbench's own folder for generated files: $MESHBENCH_CACHE, else $XDG_CACHE_HOME/meshbench."""
+    if os.environ.get("MESHBENCH_CACHE"):
+        return Path(os.environ["MESHBENCH_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "meshbench"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
