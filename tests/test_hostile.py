@@ -422,8 +422,16 @@ def test_fifos_are_refused_not_waited_on(tmp_path, good_bundle):
     b = copy_bundle(good_bundle, tmp_path / "b")
     (b / "results.json").unlink()
     os.mkfifo(b / "results.json")
+    rerun = copy_bundle(good_bundle, tmp_path / "rerun")
+
+    def model_is_the_fifo(d):
+        d["config"]["engine"]["model"] = str(fifo)
+
+    tamper(rerun, model_is_the_fifo)
     cases = [
         (["sweep", "--model", fifo], "model"),
+        (["sweep", "--engine", "gguf", "--model", fifo], "model"),
+        (["verify", rerun, "--rerun"], "model"),
         (["sweep", "--config", fifo], "config"),
         (["admit", "--model", fifo], "model"),
         (["bench", "gguf", "--model", fifo], "model"),
