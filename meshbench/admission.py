@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from meshbench.config import RunConfig
+from meshbench.config import RunConfig, Workload
 from meshbench.engine import factory
-from meshbench.run import check_fits_context, longest_session
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.engine.base import check_context
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
-from meshbench.sweep import Workload
 
 
 def run(cfg: RunConfig, burst: int | None = None) -> dict:
-    budget = NodeBudget(**cfg.budget)
+    budget = cfg.budget
     wl = cfg.workload
     if burst is not None:
         wl = Workload((wl.prompt_tokens[0],) * burst, (wl.new_tokens[0],) * burst, wl.seed)
-    longest = longest_session(wl)
-    setup = factory.setup(cfg.engine, longest, budget.max_active_sessions)
-    check_fits_context(longest, setup)
+    setup = factory.setup(cfg.engine, wl.longest, budget.max_active_sessions)
+    check_context(wl.longest, setup.context_length)  # one rule for admit and sweep
     sched = ContinuousBatchScheduler(setup.make(budget), budget)
     decisions = [sched.submit(r).to_dict() for r in wl.requests(setup.vocab_size)]
     return {

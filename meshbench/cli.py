@@ -302,21 +302,21 @@ def admit(
                    "max_batch_size": max_batch_size},
     })
     cfg = config_mod.load(config, overrides)
-    report_ = admission.run(cfg, burst)
+    result = admission.run(cfg, burst)
     if as_json:
-        print_json(report_)
+        print_json(result)
         return
-    t = table(f"admission on a node with {report_['effective_active_cap']} active slots, "
-                    f"queue depth {cfg.budget['max_queue_depth']}",
+    t = table(f"admission on a node with {result['effective_active_cap']} active slots, "
+                    f"queue depth {cfg.budget.max_queue_depth}",
               ("session", "decision", "KV needed", "KV budget", "scratch needed", "scratch budget", "active",
               "queued"))
-    for d in report_["decisions"]:
+    for d in result["decisions"]:
         color = "green" if d["reason"] == "ADMITTED" else "yellow" if d["reason"] == "QUEUED" else "red"
         t.add_row(d["session_id"], f"[{color}]{d['reason']}[/]", str(d["kv_needed_bytes"]),
                   str(d["kv_budget_bytes"]), str(d["scratch_needed_bytes"]), str(d["scratch_budget_bytes"]),
                   f"{d['active_sessions']}/{d['active_cap']}", f"{d['queue_depth']}/{d['max_queue_depth']}")
     out.print(t)
-    tel = report_["telemetry"]
+    tel = result["telemetry"]
     out.print(" ".join(f"{k}={v}" for k, v in tel.items()))
 
 

@@ -67,6 +67,34 @@ def bench_layouts(
     out.print(t)
 
 
+@bench_app.command("scheduler")
+def bench_scheduler(
+    live: Annotated[str, typer.Option("--live", help="Live sessions (running + queued), e.g. 100,1000,16000.")]
+    = "100,1000,16000",
+    batch: Annotated[int, typer.Option("--batch", min=1, max=limits.MAX_BENCH_BATCH,
+                                       help="Running sessions (the decode batch).")] = 64,
+    ticks: Annotated[int, typer.Option("--ticks", min=1, max=10_000, help="Timed ticks per round.")] = 50,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Interleaved rounds.")] = 5,
+    as_json: JsonOpt = False,
+) -> None:
+    """Time one scheduler tick over a do-nothing engine as the number of live sessions grows."""
+    from meshbench.bench import scheduler_bench  # noqa: PLC0415
+
+    sizes = int_list(live, "--live", unique=True, maximum=limits.MAX_SESSIONS)
+    if min(sizes) < batch:
+        raise MeshbenchError(f"--live {min(sizes)}: fewer live sessions than the batch of {batch}")
+    res = scheduler_bench.run(sizes, batch, ticks, rounds, progress=lambda msg: err.print(msg))
+    if as_json:
+        print_json(res)
+        return
+    t = table(f"scheduler tick over a do-nothing engine: batch {batch}, {res['prompt_tokens']}-token prompts, "
+              f"median of {rounds} x {ticks} ticks", ("live sessions", "ms/tick", "p10", "p90", "vs first"))
+    for r in res["sizes"]:
+        t.add_row(str(r["live"]), f"{r['ms_per_tick_median']:.3f}", f"{r['ms_per_tick_p10']:.3f}",
+                  f"{r['ms_per_tick_p90']:.3f}", f"{r['vs_first']:.2f}x")
+    out.print(t)
+
+
 @bench_app.command("gguf")
 def bench_gguf(
     model: Annotated[Path, typer.Option("--model", help="A GGUF file (e.g. make-tiny --preset bench --type q8_0).")],

@@ -60,15 +60,16 @@ def per_session(value: str | None, flag: str):
 
 
 def drop_none(d: dict) -> dict:
-    out_ = {}
+    """``d`` without the flags that were not given (None), nested mappings included."""
+    kept = {}
     for k, v in d.items():
         if isinstance(v, dict):
             v = drop_none(v)
             if v:
-                out_[k] = v
+                kept[k] = v
         elif v is not None:
-            out_[k] = v
-    return out_
+            kept[k] = v
+    return kept
 
 
 def command_line() -> str:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
 import yaml
 
 from meshbench import files, validation
 from meshbench.errors import MeshbenchError
-from meshbench.sweep import Workload
+from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.session import GenerationRequest
 
 # The DGR-012 run: 8 sessions, 4-token prompts, 8 new tokens, levels 1/2/4/8, budgets
 # sized so KV never evicts (the corruption check is then unambiguous).
@@ -57,20 +60,87 @@ class EngineSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Workload:
+    """One prompt length and one new-token count per session; prompt ids drawn from ``seed``."""
+
+    prompt_tokens: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens:
+            raise MeshbenchError("workload: at least one session is needed")
+        if len(self.prompt_tokens) != len(self.new_tokens):
+            raise MeshbenchError(
+                f"workload: {len(self.prompt_tokens)} prompt lengths but {len(self.new_tokens)} new-token counts"
+            )
+        for name, values in (("prompt_tokens", self.prompt_tokens), ("new_tokens", self.new_tokens)):
+            bad = [v for v in values if v < 1]
+            if bad:
+                raise MeshbenchError(f"workload: {name} must be >= 1 for every session, got {bad[0]}")
+
+    @classmethod
+    def uniform(cls, sessions: int, prompt_tokens: int, new_tokens: int, seed: int = 0) -> "Workload":
+        return cls((prompt_tokens,) * sessions, (new_tokens,) * sessions, seed)
+
+    @property
+    def sessions(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def longest(self) -> int:
+        """Positions the longest session needs: prompt plus every new token."""
+        return max(p + n for p, n in zip(self.prompt_tokens, self.new_tokens))
+
+    def session_ids(self) -> list[str]:
+        width = len(str(self.sessions - 1))
+        return [f"s{i:0{width}d}" for i in range(self.sessions)]
+
+    def requests(self, vocab_size: int) -> list[GenerationRequest]:
+        rng = np.random.default_rng(self.seed)
+        return [
+            GenerationRequest(sid, tuple(int(t) for t in rng.integers(0, vocab_size, p)), n)
+            for sid, p, n in zip(self.session_ids(), self.prompt_tokens, self.new_tokens)
+        ]
+
+    def to_dict(self) -> dict:
+        return {"sessions": self.sessions, "prompt_tokens": list(self.prompt_tokens),
+                "new_tokens": list(self.new_tokens), "seed": self.seed}
+
+
+@dataclass(frozen=True, slots=True)
 class RunConfig:
     story: str
     title: str
     levels: tuple[int, ...]
     engine: EngineSpec
     workload: Workload
-    budget: dict  # NodeBudget fields; max_active_sessions/max_batch_size are set per level by a sweep
+    budget: NodeBudget  # max_active_sessions/max_batch_size are set per level by a sweep
     source: str  # where the config came from, for messages and the results echo
 
     def to_dict(self) -> dict:
         return {
             "story": self.story, "title": self.title, "levels": list(self.levels),
-            "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": dict(self.budget),
+            "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
         }
+
+
+def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
+    """The levels in ascending order, or a MeshbenchError naming the bad one."""
+    if not levels:
+        raise MeshbenchError("levels: at least one concurrency level is needed")
+    bad = [lv for lv in levels if lv < 1]
+    if bad:
+        raise MeshbenchError(f"levels: every level must be >= 1, got {bad[0]}")
+    if len(set(levels)) != len(levels):
+        raise MeshbenchError(f"levels: duplicate level in {','.join(map(str, levels))}")
+    over = [lv for lv in levels if lv > sessions]
+    if over:
+        raise MeshbenchError(
+            f"levels: level {over[0]} exceeds the {sessions} sessions of the workload (refused, not clamped: "
+            "a level above the session count measures nothing new)"
+        )
+    return sorted(levels)
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; 1 MiB holds 100000 per-session entries
@@ -151,6 +221,11 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> RunCo
         source = "defaults+flags"
     elif overrides:
         source = f"{source}+flags"
+    return from_mapping(data, source)
+
+
+def from_mapping(data: dict, source: str) -> RunConfig:
+    """Typed settings from a whole, schema-valid config mapping (a merged config, or a bundle's echo)."""
     wl = data["workload"]
     n = wl["sessions"]
     workload = Workload(
@@ -163,10 +238,5 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> RunCo
         raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path)")
     return RunConfig(
         story=data["story"], title=data["title"], levels=tuple(data["levels"]),
-        engine=EngineSpec(**eng), workload=workload, budget=dict(data["budget"]), source=source,
+        engine=EngineSpec(**eng), workload=workload, budget=NodeBudget(**data["budget"]), source=source,
     )
-
-
-def to_yaml(cfg: RunConfig) -> str:
-    d = cfg.to_dict()
-    return yaml.safe_dump(d, sort_keys=False)

@@ -19,6 +19,11 @@ import numpy as np
 SessionKey = tuple[str, int]  # (session_id, epoch)
 
 
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """K and V, every layer, every KV head: the one formula every engine's KV accounting uses."""
+    return 2 * n_layers * n_kv_heads * head_dim * itemsize
+
+
 class MissReason(str, enum.Enum):
     UNKNOWN = "unknown"
     EVICTED = "evicted"
@@ -70,11 +75,11 @@ class HotKvStateManager:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, dtype, budget_bytes: int) -> None:
         self.shape = (n_layers, n_kv_heads, head_dim)
         self.dtype = np.dtype(dtype)
-        self.bytes_per_token = 2 * n_layers * n_kv_heads * head_dim * self.dtype.itemsize
+        self.bytes_per_token = kv_bytes_per_token(n_layers, n_kv_heads, head_dim, self.dtype.itemsize)
         self.budget_bytes = int(budget_bytes)
         self._entries: OrderedDict[SessionKey, SessionCache] = OrderedDict()  # LRU first
         self._evicted: set[SessionKey] = set()
-        self._c = _Counters()
+        self._counters = _Counters()
         self._lock = threading.RLock()
 
     # --- accounting -------------------------------------------------------------
@@ -97,15 +102,15 @@ class HotKvStateManager:
 
     @property
     def evictions(self) -> int:
-        return self._c.evictions
+        return self._counters.evictions
 
     @property
     def misses(self) -> int:
-        return self._c.misses
+        return self._counters.misses
 
     @property
     def peak_bytes(self) -> int:
-        return self._c.peak_bytes
+        return self._counters.peak_bytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -128,7 +133,7 @@ class HotKvStateManager:
                 np.zeros((n_layers, capacity, n_kv, hd), self.dtype),
             )
             self._entries[(session_id, epoch)] = cache
-            self._c.history[session_id] = epoch
+            self._counters.history[session_id] = epoch
             return cache
 
     def lookup(self, session_id: str, epoch: int) -> SessionCache | CacheMiss:
@@ -139,10 +144,10 @@ class HotKvStateManager:
             if cache is not None:
                 self._entries.move_to_end(key)
                 return cache
-            self._c.misses += 1
+            self._counters.misses += 1
             if key in self._evicted:
                 reason = MissReason.EVICTED
-            elif session_id in self._c.history and self._c.history[session_id] != epoch:
+            elif session_id in self._counters.history and self._counters.history[session_id] != epoch:
                 reason = MissReason.STALE_EPOCH
             else:
                 reason = MissReason.UNKNOWN
@@ -184,7 +189,7 @@ class HotKvStateManager:
             self._entries.move_to_end((session_id, epoch))
             total = self.total_bytes
             assert total <= self.budget_bytes, (total, self.budget_bytes)
-            self._c.peak_bytes = max(self._c.peak_bytes, total)
+            self._counters.peak_bytes = max(self._counters.peak_bytes, total)
 
     def release(self, session_id: str, epoch: int | None = None) -> int:
         """Free a session's cache now (every epoch when ``epoch`` is None); returns bytes freed."""
@@ -208,4 +213,4 @@ class HotKvStateManager:
     def _evict(self, key: SessionKey) -> None:
         del self._entries[key]
         self._evicted.add(key)
-        self._c.evictions += 1
+        self._counters.evictions += 1

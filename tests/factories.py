@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from meshbench.engine.synthetic import KvBatchEngine
+from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.model.config import ModelConfig, preset
 from meshbench.model.weights import Weights, init_weights
 from meshbench.scheduler.budget import NodeBudget
@@ -20,9 +20,9 @@ def weights(name: str = "dgr-012", seed: int = 0) -> tuple[ModelConfig, Weights]
     return cfg, init_weights(cfg, seed)
 
 
-def engine(kv_bytes: int = BIG, name: str = "dgr-012") -> KvBatchEngine:
+def engine(kv_bytes: int = BIG, name: str = "dgr-012") -> SyntheticEngine:
     cfg, w = weights(name)
-    return KvBatchEngine(cfg, w, kv_bytes)
+    return SyntheticEngine(cfg, w, kv_bytes)
 
 
 def budget(**overrides) -> NodeBudget:

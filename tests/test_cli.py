@@ -125,7 +125,7 @@ def test_a_tampered_bundle_fails_verify_naming_the_field(copy_of, field, mutate)
 
 
 def test_rerun_catches_tokens_rewritten_consistently(copy_of):
-    from meshbench.sweep import token_digest
+    from meshbench.figures import token_digest
 
     dst = copy_of()
 

@@ -16,7 +16,7 @@ from meshbench import gguf_io  # noqa: E402
 from meshbench.cli import app  # noqa: E402
 from meshbench.engine.base import DecodeItem, SessionHandle  # noqa: E402
 from meshbench.engine.gguf_engine import GgufEngine, LoadedModel  # noqa: E402
-from meshbench.engine.synthetic import KvBatchEngine  # noqa: E402
+from meshbench.engine.synthetic import SyntheticEngine  # noqa: E402
 
 runner = CliRunner()
 # Logit tolerance per llama.cpp KV type, on the F32 model with flash attention off.
@@ -94,7 +94,7 @@ def test_cross_engine_parity_on_f32_weights(loaded, models, monkeypatch, kv_type
     cfg, w = gguf_io.read_weights(models["f32"])
     prompts = {"a": [1, 2, 3, 4], "b": [9], "c": [5, 6, 7, 8, 9, 10, 11]}
     t_gguf = _run(GgufEngine(loaded["f32"], 4, 64, threads=2, kv_type=kv_type), prompts, 10)
-    t_numpy = _run(KvBatchEngine(cfg, w, 1 << 30), prompts, 10)
+    t_numpy = _run(SyntheticEngine(cfg, w, 1 << 30), prompts, 10)
     assert t_gguf == t_numpy
     dev = max(float(np.max(np.abs(a - b))) for a, b in zip(seen["gguf"], seen["numpy"]))
     print(f"\nparity, F32 weights, {kv_type} KV cache: max |logit diff| llama.cpp vs numpy = {dev:.3g}")
@@ -152,22 +152,21 @@ def test_each_tick_is_one_llama_decode_for_the_whole_batch(loaded):
             self.decodes.append(batch.n_tokens)
             return self.inner.llama_decode(ctx, batch)
 
-    e.L = Counting(e.L)
+    e.lib = Counting(e.lib)
     toks = {sid: e.prefill(SessionHandle(sid, 0, 20), [1, 2, 3]).token for sid in "abcd"}
-    assert e.L.decodes == [3, 3, 3, 3]  # each prompt in one call
+    assert e.lib.decodes == [3, 3, 3, 3]  # each prompt in one call
     e.decode_batch([DecodeItem(sid, 0, 3, toks[sid]) for sid in "abcd"])
-    assert e.L.decodes[4:] == [4]  # the whole batch in ONE llama_decode
+    assert e.lib.decodes[4:] == [4]  # the whole batch in ONE llama_decode
     assert e.kv_bytes_in_use == 4 * 4 * e.kv_bytes_per_token
 
 
 def test_release_removes_the_sequence_and_a_stale_decode_is_a_miss(loaded):
-    L = llama_cpp
     e = GgufEngine(loaded["q8_0"], 2, 32, threads=2)
     r = e.prefill(SessionHandle("a", 0, 20), [1, 2, 3])
-    seq = e._seq["a"]
-    assert L.llama_memory_seq_pos_max(e.mem, seq) == 2
+    seq_id = e._seq_ids["a"]
+    assert llama_cpp.llama_memory_seq_pos_max(e.mem, seq_id) == 2
     e.release("a")
-    assert L.llama_memory_seq_pos_max(e.mem, seq) == -1
+    assert llama_cpp.llama_memory_seq_pos_max(e.mem, seq_id) == -1
     assert e.kv_bytes_in_use == 0
     (res,) = e.decode_batch([DecodeItem("a", 0, 3, r.token)])
     assert res.cache_miss and res.token is None
@@ -236,14 +235,14 @@ def test_gguf_sweep_is_corruption_free_and_recorded(models, tmp_path):
 
 def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
     from meshbench import config
-    from meshbench.engine.gguf_engine import NEAR_TIE, classify_divergence
+    from meshbench.divergence import NEAR_TIE, classify
 
     cfg = config.load(overrides={"engine": {"kind": "gguf", "model": str(models["q8_0"])}, "levels": [1, 8]})
-    data = {"first_divergence": {"session_id": "s0", "token_index": 3, "reference_concurrency": 1,
-                                 "concurrency": 8, "reference_token": 1, "token": 2, "reference_margin": 1e-4}}
-    assert classify_divergence(cfg, data).startswith("kernel batch variance")
-    data["first_divergence"]["reference_margin"] = 10 * NEAR_TIE
-    assert classify_divergence(cfg, data).startswith("suspect")
+    div = {"session_id": "s0", "token_index": 3, "reference_concurrency": 1, "concurrency": 8,
+           "reference_token": 1, "token": 2, "reference_margin": 1e-4}
+    assert classify(cfg, div).startswith("kernel batch variance")
+    div["reference_margin"] = 10 * NEAR_TIE
+    assert classify(cfg, div).startswith("suspect")
 
 
 def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(models, loaded, tmp_path):

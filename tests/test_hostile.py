@@ -23,9 +23,10 @@ from typer.testing import CliRunner
 
 from meshbench import bundle, limits, validation
 from meshbench.cli import app
-from meshbench.engine.synthetic import KvBatchEngine
+from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.scheduler.session import DoneReason
-from meshbench.sweep import Workload, run_concurrency_sweep
+from meshbench.config import Workload
+from meshbench.sweep import run_concurrency_sweep
 
 runner = CliRunner()
 CLI = [sys.executable, "-m", "meshbench.cli"]
@@ -156,7 +157,7 @@ def _verify_fails(path: Path, expect: str):
 
 
 def test_a_session_renamed_at_one_level_fails_verify(tmp_path, good_bundle):
-    from meshbench.sweep import token_digest
+    from meshbench.figures import token_digest
 
     def rename(d):
         lv = d["levels"][1]
@@ -199,12 +200,12 @@ def test_non_finite_logits_fail_the_session_and_the_sweep():
     bad[0, 0] = np.nan
     try:
         sweep = run_concurrency_sweep([1, 2], Workload.uniform(2, 4, 3), f.budget(),
-                                      lambda b: KvBatchEngine(cfg, w, b.kv_bytes))
+                                      lambda b: SyntheticEngine(cfg, w, b.kv_bytes))
     finally:
         bad[:] = saved
-    sessions = [s for lv in sweep.levels for s in lv.sessions]
-    assert {s.done_reason for s in sessions} == {DoneReason.FAILED.value}
-    assert all("EngineFault: non-finite logits" in s.error for s in sessions), sessions[0].error
+    sessions = [s for lv in sweep.levels for s in lv["sessions"]]
+    assert {s["done_reason"] for s in sessions} == {DoneReason.FAILED.value}
+    assert all("EngineFault: non-finite logits" in s["error"] for s in sessions), sessions[0]["error"]
     assert not sweep.corruption_free
 
 
@@ -448,7 +449,7 @@ def test_a_sweep_with_failed_sessions_exits_1_and_says_why(tmp_path, monkeypatch
     def broken(self, items):
         raise RuntimeError("decode fault")
 
-    monkeypatch.setattr(KvBatchEngine, "decode_batch", broken)
+    monkeypatch.setattr(SyntheticEngine, "decode_batch", broken)
     r = cli("sweep", "--levels", "1", "--out", tmp_path / "b")
     assert r.exit_code == 1, r.output
     assert "corruption_free=False" in r.stdout

@@ -10,7 +10,8 @@ from meshbench import bundle, results
 from meshbench.config import load
 from meshbench.scheduler.budget import AdmissionReason
 from meshbench.scheduler.session import DoneReason
-from meshbench.sweep import Workload, run_concurrency_sweep
+from meshbench.config import Workload
+from meshbench.sweep import run_concurrency_sweep
 
 
 class FaultyEngine:
@@ -69,7 +70,7 @@ def test_a_sweep_records_failures_and_verify_fails_the_bundle(tmp_path):
 
     factory = lambda b: FaultyEngine(f.engine(b.kv_bytes), decode_faults={3})  # noqa: E731
     sweep = run_concurrency_sweep([1, 2], Workload.uniform(4, 4, 4), f.budget(), factory)
-    assert [lv.failed for lv in sweep.levels] == [1, 2]
+    assert [lv["failed"] for lv in sweep.levels] == [1, 2]
     cfg = load(overrides={"workload": {"sessions": 4, "new_tokens": 4}, "levels": [1, 2]})
     data = results.build(cfg, sweep, _engine_info(), envinfo.environment(), "test")
     out = tmp_path / "b"

@@ -269,12 +269,12 @@ def test_telemetry_reports_every_required_signal_with_deterministic_rates():
 
 # --- guards ------------------------------------------------------------------------------------
 def test_kv_batch_engine_requires_a_full_shard():
-    from meshbench.engine.synthetic import KvBatchEngine
+    from meshbench.engine.synthetic import SyntheticEngine
 
     cfg, w = f.weights()
     with pytest.raises(MeshbenchError, match="partial shard"):
-        KvBatchEngine(cfg, w, 1 << 20, layer_range=(0, 2))
-    KvBatchEngine(cfg, w, 1 << 20, layer_range=(0, 3))
+        SyntheticEngine(cfg, w, 1 << 20, layer_range=(0, 2))
+    SyntheticEngine(cfg, w, 1 << 20, layer_range=(0, 3))
 
 
 def test_run_to_completion_is_bounded_against_misconfiguration():

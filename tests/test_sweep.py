@@ -3,7 +3,9 @@
 import factories as f
 
 from meshbench.engine.base import StepResult
-from meshbench.sweep import Workload, run_concurrency_sweep, saturation_level, summarize_ticks, token_digest
+from meshbench.config import Workload
+from meshbench.figures import saturation_level, summarize_ticks, token_digest
+from meshbench.sweep import run_concurrency_sweep
 
 
 def _sweep(levels=(1, 2, 4, 8), workload=None, engine_factory=None):
@@ -15,8 +17,8 @@ def _sweep(levels=(1, 2, 4, 8), workload=None, engine_factory=None):
 def test_concurrency_sweep_reproduces_dgr012_exactly():
     sw = _sweep()
     table = [
-        (r.concurrency, r.ticks, round(r.avg_batch_occupancy, 3), r.max_batch_occupancy,
-         round(r.tokens_per_tick, 3), r.peak_kv_bytes)
+        (r["concurrency"], r["ticks"], round(r["avg_batch_occupancy"], 3), r["max_batch_occupancy"],
+         round(r["tokens_per_tick"], 3), r["peak_kv_bytes"])
         for r in sw.levels
     ]
     assert table == [
@@ -27,27 +29,41 @@ def test_concurrency_sweep_reproduces_dgr012_exactly():
     ]
     assert sw.corruption_free and sw.first_divergence is None
     assert sw.saturation_concurrency == 8
-    assert all(r.cache_misses == 0 and r.rejected_admissions == 0 and r.failed == 0 for r in sw.levels)
-    assert all((r.prefill_tokens, r.decode_tokens) == (32, 56) for r in sw.levels)
-    digests = {tuple(s.digest for s in r.sessions) for r in sw.levels}
+    assert all(r["cache_misses"] == 0 and r["rejected_admissions"] == 0 and r["failed"] == 0 for r in sw.levels)
+    assert all((r["prefill_tokens"], r["decode_tokens"]) == (32, 56) for r in sw.levels)
+    digests = {tuple(s["digest"] for s in r["sessions"]) for r in sw.levels}
     assert len(digests) == 1
-    assert sw.levels[0].sessions[0].digest == token_digest(sw.levels[0].sessions[0].tokens)
+    assert sw.levels[0]["sessions"][0]["digest"] == token_digest(sw.levels[0]["sessions"][0]["tokens"])
 
 
-def test_summaries_recompute_from_raw_tick_records():
-    sw = _sweep()
-    for r in sw.levels:
-        again = summarize_ticks([t.to_dict() for t in r.tick_records])
-        assert again == summarize_ticks(r.tick_records)
-        assert again["ticks"] == r.ticks and again["peak_kv_bytes"] == r.peak_kv_bytes
+def _tick(batch: int, prefill: int, decode: int, kv: int) -> dict:
+    return {"decode_batch": batch, "decode_sessions": [f"s{i}" for i in range(batch)], "prefill_tokens": prefill,
+            "decode_tokens": decode, "kv_bytes": kv}
+
+
+def test_summaries_against_hand_computed_figures():
+    # Four ticks: a prefill only, a batch of 2 with a prefill, a batch of 3, a batch of 1 (one miss).
+    ticks = [_tick(0, 4, 0, 40), _tick(2, 5, 2, 110), _tick(3, 0, 3, 140), _tick(1, 0, 0, 0)]
+    assert summarize_ticks(ticks) == {
+        "ticks": 4,
+        "avg_batch_occupancy": 2.0,  # (2 + 3 + 1) / 3 ticks that ran a batch
+        "max_batch_occupancy": 3,
+        "tokens_per_tick": 3.5,  # (4 + 5 prompt + 2 + 3 decoded) / 4
+        "peak_kv_bytes": 140,
+        "prefill_tokens": 9,
+        "decode_tokens": 5,
+    }
+    assert summarize_ticks([]) == {"ticks": 0, "avg_batch_occupancy": 0.0, "max_batch_occupancy": 0,
+                                   "tokens_per_tick": 0.0, "peak_kv_bytes": 0, "prefill_tokens": 0,
+                                   "decode_tokens": 0}
 
 
 def test_concurrency_sweep_saturates_below_max_when_load_is_small():
     # Three new tokens each: with one 4-token prefill per tick, no more than a few
     # generations overlap, so occupancy stops rising after level 4.
     sw = _sweep(workload=Workload.uniform(8, 4, 3))
-    assert [round(r.avg_batch_occupancy, 3) for r in sw.levels] == [1.0, 1.333, 1.778, 1.778]
-    assert [r.ticks for r in sw.levels] == [24, 13, 10, 10]
+    assert [round(r["avg_batch_occupancy"], 3) for r in sw.levels] == [1.0, 1.333, 1.778, 1.778]
+    assert [r["ticks"] for r in sw.levels] == [24, 13, 10, 10]
     assert sw.saturation_concurrency == 4
     assert sw.corruption_free
 
@@ -84,8 +100,8 @@ def test_a_swapping_engine_is_reported_as_corruption_with_the_first_divergence()
     sw = _sweep(levels=(1, 2), engine_factory=lambda b: Swapper(f.engine(b.kv_bytes)))
     assert not sw.corruption_free
     d = sw.first_divergence
-    s0 = ref.levels[0].sessions[0].tokens
-    s1 = ref.levels[0].sessions[1].tokens
+    s0 = ref.levels[0]["sessions"][0]["tokens"]
+    s1 = ref.levels[0]["sessions"][1]["tokens"]
     # s0 was prefilled on tick 0; s1 on tick 1; the third shared batch is tick 4:
     # s0's token index 4 (1 prefill + 3 decodes before it).
     assert d["session_id"] == "s0" and d["concurrency"] == 2 and d["reference_concurrency"] == 1

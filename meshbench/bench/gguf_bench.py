@@ -30,7 +30,7 @@ def _prompts(b: int, prompt: int, vocab: int, seed: int) -> list[list[int]]:
 
 def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None, seed: int) -> list[int]:
     e = GgufEngine(model, b, prompt + steps + 4, threads, max_prompt=prompt)
-    L, ctx, batch = e.L, e.ctx, e.batch
+    lib, ctx, batch = e.lib, e.ctx, e.batch
     prompts = _prompts(b, prompt, model.vocab_size, seed)
     last = []
     for s, p in enumerate(prompts):  # prefill each alone, logits on the last token only
@@ -38,8 +38,8 @@ def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: in
         for i, t in enumerate(p):
             batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, i, 1, i == len(p) - 1
             batch.seq_id[i][0] = s
-        assert L.llama_decode(ctx, batch) == 0
-        last.append(int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), (model.vocab_size,)))))
+        assert lib.llama_decode(ctx, batch) == 0
+        last.append(int(np.argmax(np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), (model.vocab_size,)))))
     batch.n_tokens = b
     for s in range(b):
         batch.n_seq_id[s], batch.seq_id[s][0], batch.logits[s] = 1, s, 1
@@ -48,8 +48,8 @@ def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: in
         t0 = time.perf_counter_ns()
         for s in range(b):
             batch.token[s], batch.pos[s] = last[s], prompt + step
-        assert L.llama_decode(ctx, batch) == 0
-        last = [int(np.argmax(np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, s), (model.vocab_size,))))
+        assert lib.llama_decode(ctx, batch) == 0
+        last = [int(np.argmax(np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, s), (model.vocab_size,))))
                 for s in range(b)]
         times.append(time.perf_counter_ns() - t0)
     e.close()

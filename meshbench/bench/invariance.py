@@ -48,7 +48,7 @@ def _run(model: LoadedModel, prompts: dict, steps: int, batched: bool, threads: 
         items = [DecodeItem(sid, 0, len(p) + step, toks[sid][-1]) for sid, p in prompts.items()]
         groups = [items] if batched else [[it] for it in items]
         for group in groups:
-            tap._current = sorted((it.session_id for it in group), key=lambda s: e._seq[s])
+            tap._current = sorted((it.session_id for it in group), key=lambda s: e._seq_ids[s])
             for it, r in zip(group, e.decode_batch(group)):
                 toks[it.session_id].append(r.token)
     e.close()

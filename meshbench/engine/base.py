@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -70,6 +72,20 @@ class BatchEngine(Protocol):
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]: ...
 
     def release(self, session_id: str) -> None: ...
+
+
+def fingerprint(recipe: dict) -> str:
+    """sha256 of a recipe's canonical JSON: equal fingerprints promise equal tokens."""
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+
+
+def batch_results(items: Sequence[DecodeItem], live: Sequence[DecodeItem], rows) -> list[StepResult]:
+    """A decode batch's answer in ``items`` order: greedy steps for ``live`` (whose logits
+    ``rows`` holds, row by row), a cache miss for every other item."""
+    results = {it.session_id: StepResult(it.session_id, None, cache_miss=True) for it in items}
+    for it, row in zip(live, rows):
+        results[it.session_id] = greedy_step(it.session_id, row)
+    return [results[it.session_id] for it in items]
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:

@@ -12,8 +12,6 @@ weights: flash attention off, kv_unified off, each prompt prefilled alone.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
 import os
 import threading
 from pathlib import Path
@@ -28,12 +26,15 @@ from meshbench.engine.base import (
     DecodeItem,
     SessionHandle,
     StepResult,
+    batch_results,
     check_context,
     check_token_ids,
+    fingerprint,
     greedy_step,
 )
-from meshbench.engine.factory import EngineSetup
+from meshbench.engine.setup import PROBE_BUDGET, EngineSetup, describe
 from meshbench.errors import EngineUnavailable, MeshbenchError
+from meshbench.kv import kv_bytes_per_token
 from meshbench.scheduler.budget import NodeBudget
 
 GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
@@ -42,7 +43,8 @@ _log_lock = threading.Lock()
 _log_callback = None  # kept alive for as long as llama.cpp may call it
 
 
-def llama():
+def llama_cpp_lib():
+    """The llama_cpp module (llama-cpp-python's ctypes bindings), or EngineUnavailable."""
     try:
         import llama_cpp  # noqa: PLC0415 - optional extra
 
@@ -55,23 +57,23 @@ def llama():
 def set_llama_logging(verbose: bool) -> None:
     """Silence llama.cpp's own log lines unless ``verbose``."""
     global _log_callback
-    L = llama()
+    lib = llama_cpp_lib()
     with _log_lock:
         if verbose:
-            L.llama_log_set(None, ctypes.c_void_p())
+            lib.llama_log_set(None, ctypes.c_void_p())
             _log_callback = None
         elif _log_callback is None:
-            @L.llama_log_callback
+            @lib.llama_log_callback
             def _quiet(level, text, user_data):  # noqa: ARG001
                 return None
 
             _log_callback = _quiet
-            L.llama_log_set(_log_callback, ctypes.c_void_p())
+            lib.llama_log_set(_log_callback, ctypes.c_void_p())
 
 
 def resolve_device(device: str) -> str:
-    L = llama()
-    gpu = bool(L.llama_supports_gpu_offload())
+    lib = llama_cpp_lib()
+    gpu = bool(lib.llama_supports_gpu_offload())
     if device == "cuda" and not gpu:
         raise MeshbenchError("--device cuda: the installed llama.cpp has no GPU backend (rebuild llama-cpp-python "
                              "with CMAKE_ARGS=-DGGML_CUDA=on, or use --device cpu)")
@@ -84,35 +86,34 @@ class LoadedModel:
     """A llama.cpp model loaded once and shared by the per-level engines."""
 
     def __init__(self, path: Path, device: str, verbose: bool) -> None:
-        L = llama()
+        lib = llama_cpp_lib()
         set_llama_logging(verbose)
         self.arch = gguf_io.check_model_file(path)
-        L.llama_backend_init()
+        lib.llama_backend_init()
         self.path = path
         self.device = resolve_device(device)
-        mp = L.llama_model_default_params()
+        mp = lib.llama_model_default_params()
         mp.n_gpu_layers = 0 if self.device == "cpu" else 999  # cuda: every layer
-        self.ptr = L.llama_model_load_from_file(str(path).encode(), mp)
+        self.ptr = lib.llama_model_load_from_file(str(path).encode(), mp)
         if not self.ptr:
             raise MeshbenchError(f"model {path}: llama.cpp could not load it (architecture {self.arch!r}; "
                                  "truncated, corrupt, or an architecture this llama.cpp cannot run)")
-        self.vocab = L.llama_model_get_vocab(self.ptr)
-        self.vocab_size = int(L.llama_vocab_n_tokens(self.vocab))
-        self.n_layers = int(L.llama_model_n_layer(self.ptr))
-        self.n_embd = int(L.llama_model_n_embd(self.ptr))
-        self.n_head = int(L.llama_model_n_head(self.ptr))
-        self.n_head_kv = int(L.llama_model_n_head_kv(self.ptr))
-        self.n_ctx_train = int(L.llama_model_n_ctx_train(self.ptr))
-        self.weight_bytes = int(L.llama_model_size(self.ptr))
+        self.vocab = lib.llama_model_get_vocab(self.ptr)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.n_layers = int(lib.llama_model_n_layer(self.ptr))
+        self.n_embd = int(lib.llama_model_n_embd(self.ptr))
+        self.n_head = int(lib.llama_model_n_head(self.ptr))
+        self.n_head_kv = int(lib.llama_model_n_head_kv(self.ptr))
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.ptr))
+        self.weight_bytes = int(lib.llama_model_size(self.ptr))
         self.sha256 = files.sha256(path)
 
     def kv_bytes_per_token(self, kv_type: str) -> int:
-        head_dim = self.n_embd // self.n_head
-        return 2 * self.n_layers * self.n_head_kv * head_dim * KV_TYPES[kv_type][1]
+        return kv_bytes_per_token(self.n_layers, self.n_head_kv, self.n_embd // self.n_head, KV_TYPES[kv_type][1])
 
     def close(self) -> None:
         if self.ptr:
-            llama().llama_model_free(self.ptr)
+            llama_cpp_lib().llama_model_free(self.ptr)
             self.ptr = None
 
 
@@ -129,17 +130,15 @@ def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, th
 
 
 class GgufEngine:
-    kind = "gguf"
-
     def __init__(self, model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None,
                  flash_attn: bool = False, kv_unified: bool = False, kv_type: str = "f16",
                  max_prompt: int = 512) -> None:
-        L = llama()
+        lib = llama_cpp_lib()
         check_native_sizes(model, n_seq_max, seq_capacity, threads)
-        self.L, self.model = L, model
+        self.lib, self.model = lib, model
         self.kv_type = kv_type
         self.flash_attn, self.kv_unified = flash_attn, kv_unified
-        cp = L.llama_context_default_params()
+        cp = lib.llama_context_default_params()
         # With kv_unified off each sequence gets n_ctx / n_seq_max cells: size n_ctx so that
         # every sequence can hold a whole session.
         cp.n_seq_max = n_seq_max
@@ -149,24 +148,24 @@ class GgufEngine:
         cp.n_ubatch = self.n_batch
         n_threads = threads or os.cpu_count() or 1
         cp.n_threads = cp.n_threads_batch = n_threads
-        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = kv_unified
         cp.type_k = cp.type_v = KV_TYPES[kv_type][0]
         cp.no_perf = True
-        self.ctx = L.llama_init_from_model(model.ptr, cp)
+        self.ctx = lib.llama_init_from_model(model.ptr, cp)
         if not self.ctx:
             raise MeshbenchError(f"llama.cpp could not create a context of {cp.n_ctx} cells for {n_seq_max} "
                                  "sequences (out of memory?)")
         self.threads = n_threads
-        self.n_seq_max = int(L.llama_n_seq_max(self.ctx))
-        self.seq_cells = int(L.llama_n_ctx_seq(self.ctx))
+        self.n_seq_max = int(lib.llama_n_seq_max(self.ctx))
+        self.seq_cells = int(lib.llama_n_ctx_seq(self.ctx))
         assert self.seq_cells >= seq_capacity, (self.seq_cells, seq_capacity)
-        self.mem = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
-        self._seq: dict[str, int] = {}  # session id -> llama.cpp sequence id
+        self.mem = lib.llama_get_memory(self.ctx)
+        self.batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self._seq_ids: dict[str, int] = {}  # session id -> llama.cpp sequence id
         self._stored: dict[str, int] = {}  # session id -> positions written
         self._epoch: dict[str, int] = {}
-        self._bpt = model.kv_bytes_per_token(kv_type)
+        self._kv_bytes_per_token = model.kv_bytes_per_token(kv_type)
 
     # --- figures --------------------------------------------------------------------
     @property
@@ -174,7 +173,7 @@ class GgufEngine:
         recipe = {"engine": "llama.cpp", "model_sha256": self.model.sha256, "flash_attn": self.flash_attn,
                   "kv_unified": self.kv_unified, "kv_type": self.kv_type, "n_ubatch": self.n_batch,
                   "device": self.model.device, "sampling": SAMPLING_CONTRACT}
-        return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+        return fingerprint(recipe)
 
     @property
     def vocab_size(self) -> int:
@@ -182,7 +181,7 @@ class GgufEngine:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self._bpt
+        return self._kv_bytes_per_token
 
     @property
     def weight_bytes(self) -> int:
@@ -196,26 +195,26 @@ class GgufEngine:
 
     @property
     def kv_bytes_in_use(self) -> int:
-        return sum(self._stored.values()) * self._bpt
+        return sum(self._stored.values()) * self._kv_bytes_per_token
 
     # --- work -------------------------------------------------------------------------
     def _fill(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
         b = self.batch
         b.n_tokens = len(rows)
-        for i, (tok, seq, pos, want) in enumerate(rows):
+        for i, (tok, seq_id, pos, want) in enumerate(rows):
             b.token[i] = tok
             b.pos[i] = pos
             b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
+            b.seq_id[i][0] = seq_id
             b.logits[i] = want
 
     def _decode(self) -> None:
-        rc = self.L.llama_decode(self.ctx, self.batch)
+        rc = self.lib.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
     def _logits(self, i: int) -> np.ndarray:
-        ptr = self.L.llama_get_logits_ith(self.ctx, i)
+        ptr = self.lib.llama_get_logits_ith(self.ctx, i)
         if not ptr:
             raise RuntimeError(f"llama_get_logits_ith({i}) returned NULL")
         return np.ctypeslib.as_array(ptr, shape=(self.model.vocab_size,)).copy()  # (vocab,)
@@ -230,16 +229,16 @@ class GgufEngine:
             raise MeshbenchError(f"session {session.session_id}: {session.capacity} positions exceed the "
                                  f"{self.seq_cells} cells of a sequence")
         self.release(session.session_id)
-        free = sorted(set(range(self.n_seq_max)) - set(self._seq.values()))
+        free = sorted(set(range(self.n_seq_max)) - set(self._seq_ids.values()))
         if not free:
             raise RuntimeError(f"no free llama.cpp sequence for {session.session_id} ({self.n_seq_max} in use)")
-        seq = free[0]  # the lowest free id keeps live sessions on consecutive ids
+        seq_id = free[0]  # the lowest free id keeps live sessions on consecutive ids
         n = len(prompt_tokens)
         # Own the sequence before decoding: if llama_decode fails, release() still clears its cells.
-        self._seq[session.session_id] = seq
+        self._seq_ids[session.session_id] = seq_id
         self._stored[session.session_id] = 0
         self._epoch[session.session_id] = session.epoch
-        self._fill([(t, seq, p, p == n - 1) for p, t in enumerate(prompt_tokens)])
+        self._fill([(t, seq_id, p, p == n - 1) for p, t in enumerate(prompt_tokens)])
         self._decode()
         self._stored[session.session_id] = n
         return greedy_step(session.session_id, self._logits(-1))
@@ -250,27 +249,27 @@ class GgufEngine:
         for it in live:  # a live sequence at another position is a scheduler bug, not a miss to hide
             assert self._stored[it.session_id] == it.position, (it.session_id, self._stored[it.session_id])
         # llama.cpp groups consecutive increasing sequence ids: put the batch in seq-id order.
-        live.sort(key=lambda it: self._seq[it.session_id])
-        results = {it.session_id: StepResult(it.session_id, None, cache_miss=True) for it in items}
+        live.sort(key=lambda it: self._seq_ids[it.session_id])
+        rows = []
         if live:
-            self._fill([(it.token, self._seq[it.session_id], it.position, True) for it in live])
+            self._fill([(it.token, self._seq_ids[it.session_id], it.position, True) for it in live])
             self._decode()
             for i, it in enumerate(live):
                 self._stored[it.session_id] += 1
-                results[it.session_id] = greedy_step(it.session_id, self._logits(i))
-        return [results[it.session_id] for it in items]
+                rows.append(self._logits(i))
+        return batch_results(items, live, rows)
 
     def release(self, session_id: str) -> None:
-        seq = self._seq.pop(session_id, None)
+        seq_id = self._seq_ids.pop(session_id, None)
         self._stored.pop(session_id, None)
         self._epoch.pop(session_id, None)
-        if seq is not None:
-            self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        if seq_id is not None:
+            self.lib.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
 
     def close(self) -> None:
         if self.ctx:
-            self.L.llama_batch_free(self.batch)
-            self.L.llama_free(self.ctx)
+            self.lib.llama_batch_free(self.batch)
+            self.lib.llama_free(self.ctx)
             self.ctx = None
 
     def __del__(self) -> None:
@@ -290,56 +289,14 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
     if max_sessions > limits.MAX_LLAMA_SEQUENCES:
         raise MeshbenchError(f"concurrency {max_sessions}: a llama.cpp context holds at most "
                              f"{limits.MAX_LLAMA_SEQUENCES} sequences")
-    kv_type = spec.kv_type
 
     def make(budget: NodeBudget) -> GgufEngine:
         return GgufEngine(model, budget.max_active_sessions, max_total_tokens, spec.threads, spec.flash_attn,
-                          spec.kv_unified, kv_type, max_prompt)
+                          spec.kv_unified, spec.kv_type, max_prompt)
 
-    probe = make(NodeBudget(1, 1, 1, 1, 0, 1, 1))
-    info = {
-        "kind": "gguf",
-        "preset": None,
-        "model": spec.model,
-        "model_sha256": model.sha256,
-        "architecture": model.arch,
-        "recipe_fingerprint": probe.recipe_fingerprint,
-        "device": model.device,
-        "dtype": f"weights per file; KV {kv_type}",
-        "threads": probe.threads,
-        "flash_attn": spec.flash_attn,
-        "kv_unified": spec.kv_unified,
-        "kv_bytes_per_token": probe.kv_bytes_per_token,
-        "weight_bytes": probe.weight_bytes,
-        "scratch_bytes_per_session": probe.scratch_bytes_per_session,
-    }
+    probe = make(PROBE_BUDGET)
+    info = describe(probe, "gguf", preset=None, model=spec.model, model_sha256=model.sha256,
+                    architecture=model.arch, device=model.device, dtype=f"weights per file; KV {spec.kv_type}",
+                    threads=probe.threads, flash_attn=spec.flash_attn, kv_unified=spec.kv_unified)
     probe.close()
-    return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model,
-                       classify_divergence=classify_divergence)
-
-
-def classify_divergence(cfg, data: dict) -> str:
-    """Kernel batch variance or scheduler corruption? Ask the numpy engine on the same weights."""
-    import dataclasses  # noqa: PLC0415
-
-    from meshbench import run  # noqa: PLC0415
-
-    div = data["first_divergence"]
-    levels = sorted({div["reference_concurrency"], div["concurrency"]})
-    numpy_cfg = dataclasses.replace(cfg, levels=tuple(levels),
-                                    engine=dataclasses.replace(cfg.engine, kind="synthetic"))
-    try:
-        other = run.run_sweep(numpy_cfg, "(classification)")
-    except MeshbenchError as e:
-        return f"unclassified: the numpy engine could not run these weights ({e})"
-    margin = div.get("reference_margin")
-    if other["corruption_free"] and margin is not None and margin < NEAR_TIE:
-        return (f"kernel batch variance: the numpy engine on the same weights agrees across levels {levels} and "
-                f"the reference margin {margin:.3g} is below {NEAR_TIE}")
-    if other["corruption_free"]:
-        return (f"suspect: the numpy engine agrees across levels {levels} but the reference margin "
-                f"{margin} is not a near-tie")
-    return f"scheduler corruption: the numpy engine on the same weights diverges across levels {levels} too"
-
-
-NEAR_TIE = 0.05  # top-1 minus top-2 logit below this is a near-tie that kernel rounding can flip
+    return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model)

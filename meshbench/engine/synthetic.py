@@ -1,44 +1,46 @@
-"""KvBatchEngine: the numpy dense Llama plus the hot KV state manager as a BatchEngine."""
+"""SyntheticEngine: the numpy dense Llama plus the hot KV state manager as a BatchEngine."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Sequence
 
-from meshbench.engine.base import SAMPLING_CONTRACT, DecodeItem, SessionHandle, StepResult, check_token_ids, greedy_step
+from meshbench import files
+from meshbench.config import EngineSpec
+from meshbench.engine.base import (
+    SAMPLING_CONTRACT,
+    DecodeItem,
+    SessionHandle,
+    StepResult,
+    batch_results,
+    check_token_ids,
+    fingerprint,
+    greedy_step,
+)
+from meshbench.engine.setup import PROBE_BUDGET, EngineSetup, describe
 from meshbench.errors import MeshbenchError
 from meshbench.kv import CacheMiss, HotKvStateManager
 from meshbench.model import llama
-from meshbench.model.config import ModelConfig
-from meshbench.model.weights import Weights
+from meshbench.model.config import ModelConfig, preset
+from meshbench.model.weights import Weights, init_weights
+from meshbench.scheduler.budget import NodeBudget
 
 
-class KvBatchEngine:
+class SyntheticEngine:
     """Runs prefill and batched decode of the numpy model over per-session KV.
 
     KV pressure is resolved by evicting least-recently-used sessions; an evicted
     session's next decode returns a cache miss, never a recomputation.
     """
 
-    kind = "synthetic"
-
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        weights: Weights,
-        kv_budget_bytes: int,
-        layer_range: tuple[int, int] | None = None,
-        weights_source: str = "seed",
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, weights: Weights, kv_budget_bytes: int,
+                 layer_range: tuple[int, int] | None = None) -> None:
         if layer_range is not None and tuple(layer_range) != (0, cfg.n_layers):
             raise MeshbenchError(
-                f"KvBatchEngine needs the full model: layer_range {tuple(layer_range)} is a partial shard "
+                f"the synthetic engine needs the full model: layer_range {tuple(layer_range)} is a partial shard "
                 f"of layers [0, {cfg.n_layers}); batching runs only where one node holds every layer"
             )
         self.cfg = cfg
         self.weights = weights
-        self.weights_source = weights_source
         self.kv = HotKvStateManager(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, kv_budget_bytes)
         self._fingerprint: str | None = None
 
@@ -46,13 +48,9 @@ class KvBatchEngine:
     @property
     def recipe_fingerprint(self) -> str:
         if self._fingerprint is None:
-            recipe = {
-                "engine": "numpy-dense-llama",
-                "weights_sha256": self.weights.sha256(),
-                "config": self.cfg.to_dict(),
-                "sampling": SAMPLING_CONTRACT,
-            }
-            self._fingerprint = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
+            # "numpy-dense-llama" is a frozen identifier: committed bundles carry its hash.
+            self._fingerprint = fingerprint({"engine": "numpy-dense-llama", "weights_sha256": self.weights.sha256(),
+                                             "config": self.cfg.to_dict(), "sampling": SAMPLING_CONTRACT})
         return self._fingerprint
 
     @property
@@ -109,15 +107,37 @@ class KvBatchEngine:
                 slots[it.session_id] = got
         # A later reservation may have evicted an earlier batch member: it misses too.
         live = [it for it in items if it.session_id in slots and self.kv.contains(it.session_id, it.epoch)]
-        results = {it.session_id: StepResult(it.session_id, None, cache_miss=True) for it in items}
+        rows = []
         if live:
-            logits = llama.decode(self.cfg, self.weights, [slots[it.session_id] for it in live],
-                                  [it.token for it in live])  # (B, vocab)
-            for it, row in zip(live, logits):
+            rows = llama.decode(self.cfg, self.weights, [slots[it.session_id] for it in live],
+                                [it.token for it in live])  # (B, vocab)
+            for it in live:
                 self.kv.commit(it.session_id, it.epoch, 1)
-                results[it.session_id] = greedy_step(it.session_id, row)
-        return [results[it.session_id] for it in items]
+        return batch_results(items, live, rows)
 
     def release(self, session_id: str) -> None:
         self.kv.release(session_id)
 
+
+def setup_synthetic(spec: EngineSpec) -> EngineSetup:
+    """Seeded weights of a preset, or the dequantized weights of a GGUF file."""
+    if spec.device not in ("cpu", "auto"):
+        raise MeshbenchError(f"engine synthetic runs on the CPU only (numpy); --device {spec.device} is not possible")
+    model_sha = None
+    if spec.model:
+        from meshbench.gguf_io import read_weights  # noqa: PLC0415 - needs the optional gguf package
+
+        path = files.regular_file(spec.model, "model")
+        cfg, weights = read_weights(path)
+        model_sha = files.sha256(path)
+    else:
+        cfg = preset(spec.preset)
+        weights = init_weights(cfg, spec.seed)
+
+    def make(budget: NodeBudget) -> SyntheticEngine:
+        return SyntheticEngine(cfg, weights, budget.kv_bytes)
+
+    info = describe(make(PROBE_BUDGET), "synthetic", preset=None if spec.model else spec.preset, model=spec.model,
+                    model_sha256=model_sha, weights_seed=None if spec.model else spec.seed, device="cpu",
+                    dtype=cfg.dtype, threads=spec.threads, model_config=cfg.to_dict())
+    return EngineSetup(make, info, cfg.vocab_size, cfg.context_length)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from meshbench.errors import MeshbenchError
+from meshbench.kv import kv_bytes_per_token
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 
@@ -57,8 +58,7 @@ class ModelConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        # K and V, every layer, every KV head.
-        return 2 * self.n_layers * self.kv_dim * self.itemsize
+        return kv_bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.itemsize)
 
     @property
     def n_params(self) -> int:
@@ -69,10 +69,6 @@ class ModelConfig:
             + self.ffn_dim * self.dim * 3  # gate, up, down
         )
         return self.n_layers * per_layer + 2 * self.vocab_size * self.dim + self.dim
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.n_params * self.itemsize
 
     def decode_flops_per_token(self) -> int:
         """Matmul FLOPs of one decode token, attention over the cache excluded."""

@@ -1,15 +1,16 @@
 """ContinuousBatchScheduler: bounded admission and decode-first continuous batching.
 
-The whole policy is ``run_tick``: decode first (one ``decode_batch`` call for every
-decoding session, at most max_batch_size, least-recently-decoded first), then bounded
-prefill (first-in-first-out within max_prefill_tokens_per_tick), then releases.
+The whole policy is ``run_tick``, three named phases with the budgets passed in from it:
+decode first (one ``decode_batch`` call for every decoding session, at most
+max_batch_size, least-recently-decoded first), then bounded prefill (first-in-first-out
+within max_prefill_tokens_per_tick), then end-of-tick releases and promotion.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,11 +42,16 @@ class ContinuousBatchScheduler:
         self.active_cap = budget.effective_active_cap(self.scratch_per_session)
         self.kv_bytes_per_token = engine.kv_bytes_per_token
         self._lock = threading.RLock()
-        self._live: dict[str, Session] = {}  # queued, admitted or running; insertion order is arrival order
+        # Live sessions by id, and each lifecycle stage in its own ordered container, so a
+        # tick costs O(running + prefills), never O(everything queued).
+        self._live: dict[str, Session] = {}
+        self._queue: OrderedDict[str, Session] = OrderedDict()  # QUEUED, first come first served
+        self._admitted: OrderedDict[str, Session] = OrderedDict()  # ADMITTED: a slot, awaiting prefill
+        self._running: dict[str, Session] = {}  # RUNNING: prefilled, decoding
         self._done: list[Session] = []  # every ended session (a resubmitted id appears once per epoch)
         self._last_done: dict[str, Session] = {}  # the latest ended session of each id
         self._done_counts: Counter[str] = Counter()  # by DoneReason value
-        self._seq = 0
+        self._arrivals = 0
         self._epochs: Counter[str] = Counter()
         self._ticks: list[TickRecord] = []
         self._rejected: Counter[str] = Counter()
@@ -59,8 +65,7 @@ class ContinuousBatchScheduler:
     def submit(self, request: GenerationRequest) -> AdmissionDecision:
         """Admit, queue or refuse; a refusal changes no state."""
         with self._lock:
-            active = sum(s.holds_slot for s in self._live.values())
-            queued = len(self._live) - active
+            active, queued = self._active_count(), len(self._queue)
             kv_needed = request.total_tokens * self.kv_bytes_per_token
             decision = dict(
                 session_id=request.session_id,
@@ -84,12 +89,7 @@ class ContinuousBatchScheduler:
             else:
                 reason = AdmissionReason.REJECTED_QUEUE_FULL  # the backpressure signal
             if reason.accepted:
-                self._epochs[request.session_id] += 1
-                self._live[request.session_id] = Session(
-                    request, self._seq, self._epochs[request.session_id], self.clock(),
-                    status=SessionStatus.ADMITTED if reason is AdmissionReason.ADMITTED else SessionStatus.QUEUED,
-                )
-                self._seq += 1
+                self._accept(request, admitted=reason is AdmissionReason.ADMITTED)
             else:
                 self._rejected[reason.value] += 1
             return AdmissionDecision(reason=reason, **decision)
@@ -109,99 +109,123 @@ class ContinuousBatchScheduler:
 
     # --- the policy ---------------------------------------------------------------
     def run_tick(self) -> TickRecord:
+        """One tick: decode first, then bounded prefill, then end-of-tick releases; then record it."""
         with self._lock:
             t0 = self.clock()
             if self._first_tick_ns is None:
                 self._first_tick_ns = t0
             tick = len(self._ticks)
-            engine_ns = 0
-
-            # 1. Decode first: every running session has its first token and is unfinished.
-            running = [s for s in self._live.values() if s.status is SessionStatus.RUNNING]
-            # NOTE: when more sessions decode than a batch holds, the least recently decoded
-            # go first, so none starves; then the one with fewer tokens, then arrival order.
-            chosen = sorted(running, key=lambda s: (s.last_decode_tick, len(s.tokens), s.seq))
-            chosen = chosen[: self.budget.max_batch_size]
-            chosen.sort(key=lambda s: s.seq)
-            decoded = 0
-            if chosen:
-                items = [DecodeItem(s.session_id, s.epoch, s.position, s.tokens[-1]) for s in chosen]
-                e0 = self.clock()
-                try:
-                    results = self.engine.decode_batch(items)
-                except Exception as exc:  # an engine fault ends the sessions in the call, not the node
-                    results = None
-                    for s in chosen:
-                        self._fail(s, "decode_batch", exc)
-                engine_ns += self.clock() - e0
-                if results is not None:
-                    assert len(results) == len(chosen), (len(results), len(chosen))
-                    now = self.clock()
-                    for s, r in zip(chosen, results):
-                        assert r.session_id == s.session_id, (r.session_id, s.session_id)
-                        s.last_decode_tick = tick
-                        if r.cache_miss:
-                            self._end(s, DoneReason.CACHE_MISS)
-                        else:
-                            s.add_token(r.token, r.margin, now)
-                            decoded += 1
-                self._decode_tokens += decoded
-
-            # 2. Then bounded prefill, first in first out; the first one always runs.
-            prefilled: list[Session] = []
-            spent = 0
-            for s in [s for s in self._live.values() if s.status is SessionStatus.ADMITTED]:
-                n = s.prompt_len
-                if prefilled and spent + n > self.budget.max_prefill_tokens_per_tick:
-                    break  # NOTE: no reordering: a smaller prompt behind it waits too
-                handle = SessionHandle(s.session_id, s.epoch, s.request.total_tokens)
-                e0 = self.clock()
-                try:
-                    r = self.engine.prefill(handle, s.request.prompt_tokens)
-                except Exception as exc:
-                    engine_ns += self.clock() - e0
-                    self._fail(s, "prefill", exc)
-                    continue
-                engine_ns += self.clock() - e0
-                s.status = SessionStatus.RUNNING
-                s.add_token(r.token, r.margin, self.clock())
-                prefilled.append(s)
-                spent += n
-                self._prefill_tokens += n
-
-            # 3. End of tick: finished sessions free their KV and slot for the next tick.
-            finished = [s for s in self._live.values() if s.status is SessionStatus.RUNNING and s.has_all_tokens]
-            for s in finished:
-                self._end(s, DoneReason.COMPLETED)
-            self._promote()
-
-            live = list(self._live.values())
-            t1 = self.clock()
-            self._last_tick_end_ns = t1
-            rec = TickRecord(
-                tick=tick,
-                decode_batch=len(chosen),
-                decode_sessions=tuple(s.session_id for s in chosen),
-                decode_tokens=decoded,
-                prefill_tokens=spent,
-                prefill_sessions=tuple(s.session_id for s in prefilled),
-                kv_bytes=self.engine.kv_bytes_in_use,
-                stored_tokens=sum(s.prompt_len + len(s.tokens) - 1 for s in live if s.status is SessionStatus.RUNNING),
-                active=sum(s.holds_slot for s in live),
-                queued=sum(s.status is SessionStatus.QUEUED for s in live),
-                completed=tuple(s.session_id for s in finished),
-                tick_ns=t1 - t0,
-                engine_ns=engine_ns,
-            )
+            chosen, decoded, decode_ns = self._decode_phase(tick, self.budget.max_batch_size)
+            prefilled, spent, prefill_ns = self._prefill_phase(self.budget.max_prefill_tokens_per_tick)
+            finished = self._end_of_tick([*chosen, *prefilled])
+            rec = self._record(tick, t0, chosen, decoded, prefilled, spent, finished, decode_ns + prefill_ns)
             self._ticks.append(rec)
             return rec
 
-    def run_to_completion(self, max_ticks: int | None = None) -> list[TickRecord]:
-        """Tick until no session is waiting or running.
+    def _decode_phase(self, tick: int, max_batch: int) -> tuple[list[Session], int, int]:
+        """Every running session (at most ``max_batch``) feeds its last token to ONE decode_batch call.
 
-        Bounded: every productive tick prefills or decodes at least one token, so the
-        pending work bounds the ticks; a tick that does nothing while work is pending, or
-        running past ``max_ticks``, is a misconfiguration and raises MeshbenchError.
+        Returns the batch, the tokens it produced and the engine time.
+        """
+        if not self._running:
+            return [], 0, 0
+        chosen = list(self._running.values())
+        if len(chosen) > max_batch:
+            # NOTE: when more sessions decode than a batch holds, the least recently decoded
+            # go first, so none starves; then the one with fewer tokens, then arrival order.
+            chosen.sort(key=lambda s: (s.last_decode_tick, len(s.tokens), s.arrival))
+            chosen = chosen[:max_batch]
+        chosen.sort(key=lambda s: s.arrival)
+        items = [DecodeItem(s.session_id, s.epoch, s.position, s.tokens[-1]) for s in chosen]
+        e0 = self.clock()
+        try:
+            results = self.engine.decode_batch(items)
+        except Exception as exc:  # an engine fault ends the sessions in the call, not the node
+            engine_ns = self.clock() - e0
+            for s in chosen:
+                self._fail(s, "decode_batch", exc)
+            return chosen, 0, engine_ns
+        engine_ns = self.clock() - e0
+        assert len(results) == len(chosen), (len(results), len(chosen))
+        now, decoded = self.clock(), 0
+        for s, r in zip(chosen, results):
+            assert r.session_id == s.session_id, (r.session_id, s.session_id)
+            s.last_decode_tick = tick
+            if r.cache_miss:
+                self._end(s, DoneReason.CACHE_MISS)
+            else:
+                s.add_token(r.token, r.margin, now)
+                decoded += 1
+        self._decode_tokens += decoded
+        return chosen, decoded, engine_ns
+
+    def _prefill_phase(self, token_budget: int) -> tuple[list[Session], int, int]:
+        """Admitted sessions, first in first out, while the prompt tokens stay within ``token_budget``.
+
+        The first always runs, so one prompt larger than the budget still progresses.
+        Returns the prefilled sessions, the prompt tokens spent and the engine time.
+        """
+        prefilled: list[Session] = []
+        spent = engine_ns = 0
+        for s in list(self._admitted.values()):
+            n = s.prompt_len
+            if prefilled and spent + n > token_budget:
+                break  # NOTE: no reordering: a smaller prompt behind it waits too
+            handle = SessionHandle(s.session_id, s.epoch, s.request.total_tokens)
+            e0 = self.clock()
+            try:
+                r = self.engine.prefill(handle, s.request.prompt_tokens)
+            except Exception as exc:
+                engine_ns += self.clock() - e0
+                self._fail(s, "prefill", exc)
+                continue
+            engine_ns += self.clock() - e0
+            del self._admitted[s.session_id]
+            s.status = SessionStatus.RUNNING
+            self._running[s.session_id] = s
+            s.add_token(r.token, r.margin, self.clock())
+            prefilled.append(s)
+            spent += n
+            self._prefill_tokens += n
+        return prefilled, spent, engine_ns
+
+    def _end_of_tick(self, touched: list[Session]) -> list[Session]:
+        """Sessions that got their last token this tick free KV and slot; queued ones take the slots."""
+        finished = sorted((s for s in touched if s.status is SessionStatus.RUNNING and s.has_all_tokens),
+                          key=lambda s: s.arrival)
+        for s in finished:
+            self._end(s, DoneReason.COMPLETED)
+        self._promote()
+        return finished
+
+    def _record(self, tick: int, t0: int, chosen: list[Session], decoded: int, prefilled: list[Session],
+                spent: int, finished: list[Session], engine_ns: int) -> TickRecord:
+        t1 = self.clock()
+        self._last_tick_end_ns = t1
+        return TickRecord(
+            tick=tick,
+            decode_batch=len(chosen),
+            decode_sessions=tuple(s.session_id for s in chosen),
+            decode_tokens=decoded,
+            prefill_tokens=spent,
+            prefill_sessions=tuple(s.session_id for s in prefilled),
+            kv_bytes=self.engine.kv_bytes_in_use,
+            stored_tokens=sum(s.prompt_len + len(s.tokens) - 1 for s in self._running.values()),
+            active=self._active_count(),
+            queued=len(self._queue),
+            completed=tuple(s.session_id for s in finished),
+            tick_ns=t1 - t0,
+            engine_ns=engine_ns,
+        )
+
+    def run_to_completion(self, max_ticks: int | None = None,
+                          on_tick: Callable[[TickRecord], None] | None = None) -> list[TickRecord]:
+        """Tick until no session is waiting or running; ``on_tick`` sees every tick's record.
+
+        Bounded: admission only accepts sessions that fit a slot, and a free slot is always
+        handed to the queue, so every tick with live sessions prefills or decodes at least
+        one token (asserted) and the pending tokens bound the ticks. Running past the bound
+        (``max_ticks``, or sessions submitted during the run) raises MeshbenchError.
         """
         with self._lock:
             pending = sum(s.request.max_new_tokens for s in self._live.values())
@@ -210,27 +234,23 @@ class ContinuousBatchScheduler:
             while self.has_work():
                 if len(self._ticks) - start >= bound:
                     raise MeshbenchError(f"scheduler did not finish within {bound} ticks")
-                live_before = self._live_count()
+                live_before = len(self._live)
                 rec = self.run_tick()
-                progressed = rec.decode_batch or rec.prefill_sessions or self._live_count() < live_before
-                if not progressed:
-                    raise MeshbenchError(
-                        f"scheduler cannot make progress: {self._live_count()} sessions wait but no slot can "
-                        f"hold them (effective active cap {self.active_cap}: max_active_sessions "
-                        f"{self.budget.max_active_sessions}, scratch {self.budget.scratch_bytes} bytes / "
-                        f"{self.scratch_per_session} per session)"
-                    )
+                assert rec.decode_batch or rec.prefill_sessions or len(self._live) < live_before, (
+                    f"a tick made no progress with {len(self._live)} live sessions (active cap {self.active_cap})")
+                if on_tick is not None:
+                    on_tick(rec)
             return self._ticks[start:]
 
     # --- read-outs ----------------------------------------------------------------
     def has_work(self) -> bool:
         with self._lock:
-            return self._live_count() > 0
+            return bool(self._live)
 
     def sessions(self) -> list[Session]:
         """Every session accepted so far, ended or not, in arrival order."""
         with self._lock:
-            return sorted([*self._done, *self._live.values()], key=lambda s: s.seq)
+            return sorted([*self._done, *self._live.values()], key=lambda s: s.arrival)
 
     def ticks(self) -> list[TickRecord]:
         with self._lock:
@@ -238,9 +258,8 @@ class ContinuousBatchScheduler:
 
     def telemetry(self) -> SchedulerTelemetry:
         with self._lock:
-            live = list(self._live.values())
             done = self._done_counts
-            active = sum(s.holds_slot for s in live)
+            active = self._active_count()
             batches = [t.decode_batch for t in self._ticks if t.decode_batch]
             kv = self.engine.kv_bytes_in_use
             scratch = active * self.scratch_per_session
@@ -249,8 +268,8 @@ class ContinuousBatchScheduler:
                 elapsed = (self._last_tick_end_ns - self._first_tick_ns) / 1e9
             return SchedulerTelemetry(
                 active_sessions=active,
-                running_sessions=sum(s.status is SessionStatus.RUNNING for s in live),
-                queue_depth=sum(s.status is SessionStatus.QUEUED for s in live),
+                running_sessions=len(self._running),
+                queue_depth=len(self._queue),
                 effective_active_cap=self.active_cap,
                 batch_occupancy_last=self._ticks[-1].decode_batch if self._ticks else 0,
                 batch_occupancy_avg=sum(batches) / len(batches) if batches else 0.0,
@@ -278,21 +297,29 @@ class ContinuousBatchScheduler:
             )
 
     # --- internals ----------------------------------------------------------------
-    def _live_count(self) -> int:
-        return len(self._live)
+    def _active_count(self) -> int:
+        """Sessions holding a slot: admitted (awaiting prefill) or running."""
+        return len(self._admitted) + len(self._running)
+
+    def _accept(self, request: GenerationRequest, admitted: bool) -> None:
+        self._epochs[request.session_id] += 1
+        s = Session(request, self._arrivals, self._epochs[request.session_id], self.clock(),
+                    status=SessionStatus.ADMITTED if admitted else SessionStatus.QUEUED)
+        self._arrivals += 1
+        self._live[s.session_id] = s
+        (self._admitted if admitted else self._queue)[s.session_id] = s
 
     def _promote(self) -> None:
         """Hand free slots to queued sessions, oldest first."""
-        active = sum(s.holds_slot for s in self._live.values())
-        for s in self._live.values():
-            if active >= self.active_cap:
-                break
-            if s.status is SessionStatus.QUEUED:
-                s.status = SessionStatus.ADMITTED
-                active += 1
+        while self._queue and self._active_count() < self.active_cap:
+            _, s = self._queue.popitem(last=False)
+            s.status = SessionStatus.ADMITTED
+            self._admitted[s.session_id] = s
 
     def _end(self, s: Session, reason: DoneReason, error: str | None = None) -> None:
         had_kv = s.status is SessionStatus.RUNNING or reason is DoneReason.FAILED
+        {SessionStatus.QUEUED: self._queue, SessionStatus.ADMITTED: self._admitted,
+         SessionStatus.RUNNING: self._running}[s.status].pop(s.session_id)
         s.finish(reason, error)
         del self._live[s.session_id]
         self._done.append(s)

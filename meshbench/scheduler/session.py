@@ -45,7 +45,7 @@ class DoneReason(str, enum.Enum):
 @dataclass(slots=True)
 class Session:
     request: GenerationRequest
-    seq: int  # arrival order: the FIFO key and the batch order
+    arrival: int  # arrival order: the FIFO key and the batch order
     epoch: int
     submit_ns: int
     status: SessionStatus = SessionStatus.QUEUED

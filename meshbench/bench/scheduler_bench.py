@@ -1,0 +1,87 @@
+"""`meshbench bench scheduler`: what one tick of the scheduler itself costs as live sessions grow.
+
+The engine does nothing (every call returns at once), so a tick's time is the
+scheduler's own: choosing the decode batch, prefilling, releasing, promoting and
+recording. ``batch`` sessions run (each prefilled with a 4-token prompt, none ever
+finishes); the other live sessions wait in the queue. Figures are medians over
+``rounds`` interleaved rounds of ``ticks`` ticks each, so drift hits every size alike.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from meshbench.engine.base import DecodeItem, SessionHandle, StepResult
+from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+from meshbench.scheduler.session import GenerationRequest
+
+PROMPT = (1, 2, 3, 4)
+NEVER_ENDS = 1 << 30  # new tokens: no session finishes while it is timed
+
+
+class NullEngine:
+    """A BatchEngine that computes nothing: token 0 for every step, no KV."""
+
+    recipe_fingerprint = "0" * 64
+    vocab_size = 1
+    kv_bytes_per_token = 1
+    weight_bytes = 1
+    scratch_bytes_per_session = 1
+    kv_bytes_in_use = 0
+
+    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:  # noqa: ARG002
+        return StepResult(session.session_id, 0, 1.0)
+
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
+        return [StepResult(it.session_id, 0, 1.0) for it in items]
+
+    def release(self, session_id: str) -> None:
+        pass
+
+
+def _scheduler(live: int, batch: int) -> ContinuousBatchScheduler:
+    budget = NodeBudget(weight_bytes=1, kv_bytes=1 << 50, scratch_bytes=1 << 50, max_active_sessions=batch,
+                        max_queue_depth=live, max_batch_size=batch,
+                        max_prefill_tokens_per_tick=len(PROMPT) * batch)
+    sched = ContinuousBatchScheduler(NullEngine(), budget)
+    for i in range(live):
+        assert sched.submit(GenerationRequest(f"s{i}", PROMPT, NEVER_ENDS)).accepted
+    sched.run_tick()  # prefills the first ``batch`` sessions: from here on every tick is the same
+    return sched
+
+
+def tick_ms(sched: ContinuousBatchScheduler, ticks: int) -> list[float]:
+    out = []
+    for _ in range(ticks):
+        t0 = time.perf_counter_ns()
+        sched.run_tick()
+        out.append((time.perf_counter_ns() - t0) / 1e6)
+    return out
+
+
+def run(live_counts: list[int], batch: int = 64, ticks: int = 50, rounds: int = 5,
+        progress: Callable[[str], None] = lambda msg: None) -> dict:
+    scheds = {}
+    for n in live_counts:
+        progress(f"submitting {n} sessions")
+        scheds[n] = _scheduler(n, batch)
+    samples: dict[int, list[float]] = {n: [] for n in live_counts}
+    for r in range(rounds):
+        progress(f"round {r + 1} of {rounds}")
+        order = live_counts[r % len(live_counts):] + live_counts[: r % len(live_counts)]  # rotate each round
+        for n in order:
+            samples[n] += tick_ms(scheds[n], ticks)
+    base = float(np.median(samples[live_counts[0]]))
+    rows = []
+    for n in live_counts:
+        a = np.asarray(samples[n])
+        med = float(np.median(a))
+        rows.append({"live": n, "ms_per_tick_median": med, "ms_per_tick_p10": float(np.percentile(a, 10)),
+                     "ms_per_tick_p90": float(np.percentile(a, 90)), "vs_first": med / base,
+                     "samples": int(a.size)})
+    return {"batch": batch, "prompt_tokens": len(PROMPT), "ticks_per_round": ticks, "rounds": rounds,
+            "sizes": rows}

@@ -1,0 +1,38 @@
+"""Named checks that collect every failure, each saying what was expected and what was found."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    file: str
+    field: str
+    expected: object
+    found: object
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field} expected={self.expected} found={self.found}"
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.failures: list[Failure] = []
+        self.count = 0
+
+    def equal(self, file: str, field: str, expected, found) -> None:
+        """Exact equality; floats within 1e-12 (the same arithmetic in another order)."""
+        self.count += 1
+        if not _same(expected, found):
+            self.failures.append(Failure(file, field, expected, found))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return (isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
+                and not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b

@@ -1,0 +1,34 @@
+"""What an engine kind hands the sweep: a factory of fresh engines and the facts results.json records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from meshbench.engine.base import BatchEngine
+from meshbench.scheduler.budget import NodeBudget
+
+# A budget that admits one session: enough to build a probe engine and read its figures.
+PROBE_BUDGET = NodeBudget(weight_bytes=1, kv_bytes=1, scratch_bytes=1, max_active_sessions=1, max_queue_depth=0,
+                          max_batch_size=1, max_prefill_tokens_per_tick=1)
+
+
+@dataclass(slots=True)
+class EngineSetup:
+    make: Callable[[NodeBudget], BatchEngine]  # one fresh engine (fresh KV) per call
+    info: dict  # what results.json records about the engine
+    vocab_size: int
+    context_length: int
+    resource: object = None  # what must stay alive while engines run (a loaded model)
+
+
+def describe(probe: BatchEngine, kind: str, **facts) -> dict:
+    """The engine record of results.json: the kind's own ``facts`` plus the figures every engine reports."""
+    return {
+        "kind": kind,
+        **facts,
+        "recipe_fingerprint": probe.recipe_fingerprint,
+        "kv_bytes_per_token": probe.kv_bytes_per_token,
+        "weight_bytes": probe.weight_bytes,
+        "scratch_bytes_per_session": probe.scratch_bytes_per_session,
+    }

@@ -1,0 +1,112 @@
+"""The figures of a sweep, computed from its raw records as results.json holds them (plain dicts).
+
+The sweep computes every figure here from the records it is about to write, and
+``verify`` recomputes them from the records it read: one set of functions, one input
+shape. (``verify`` also checks the deterministic ones a second, independent way.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import numpy as np
+
+SATURATION_MARGIN = 0.05  # occupancy must rise by more than 5% to count as still rising
+
+# The per-level figures summarize_ticks returns: deterministic, compared exactly by --rerun.
+TICK_FIGURES = ("ticks", "avg_batch_occupancy", "max_batch_occupancy", "tokens_per_tick", "peak_kv_bytes",
+                "prefill_tokens", "decode_tokens")
+
+
+def summarize_ticks(ticks: Sequence[dict]) -> dict:
+    """The deterministic per-level figures (``TICK_FIGURES``) from raw per-tick records."""
+    batches = [t["decode_batch"] for t in ticks if t["decode_batch"]]
+    prefill = sum(t["prefill_tokens"] for t in ticks)
+    decode = sum(t["decode_tokens"] for t in ticks)
+    n = len(ticks)
+    return {
+        "ticks": n,
+        "avg_batch_occupancy": sum(batches) / len(batches) if batches else 0.0,
+        "max_batch_occupancy": max(batches, default=0),
+        "tokens_per_tick": (prefill + decode) / n if n else 0.0,
+        "peak_kv_bytes": max((t["kv_bytes"] for t in ticks), default=0),
+        "prefill_tokens": prefill,
+        "decode_tokens": decode,
+    }
+
+
+def percentiles(values: Sequence[float]) -> dict:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None}
+    a = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)}
+
+
+def wall_figures(sessions: Sequence[dict], ticks: Sequence[dict], wall_s: float) -> dict:
+    """Wall-clock figures from monotonic nanosecond stamps: reported, never compared."""
+    prefill = sum(t["prefill_tokens"] for t in ticks)
+    decode = sum(t["decode_tokens"] for t in ticks)
+    tick_ns = sum(t["tick_ns"] for t in ticks)
+    engine_ns = sum(t["engine_ns"] for t in ticks)
+    ttft = [(s["token_ns"][0] - s["submit_ns"]) / 1e6 for s in sessions if s["token_ns"]]
+    itl = [(b - a) / 1e6 for s in sessions for a, b in zip(s["token_ns"], s["token_ns"][1:])]
+    return {
+        "wall_s": wall_s,
+        "tokens_per_s": (prefill + decode) / wall_s if wall_s > 0 else 0.0,
+        "prefill_tokens_per_s": prefill / wall_s if wall_s > 0 else 0.0,
+        "decode_tokens_per_s": decode / wall_s if wall_s > 0 else 0.0,
+        "ttft_ms": percentiles(ttft),
+        "itl_ms": percentiles(itl),
+        "scheduler_share": (tick_ns - engine_ns) / tick_ns if tick_ns > 0 else 0.0,
+    }
+
+
+def token_digest(tokens: Sequence[int]) -> str:
+    """sha256 of the decimal ids joined by commas: easy to recompute in any language."""
+    return hashlib.sha256(",".join(str(t) for t in tokens).encode()).hexdigest()
+
+
+def first_divergence(reference: dict, other: dict) -> dict | None:
+    """The first token where level ``other`` differs from level ``reference``, session by session.
+
+    Both are level dicts (``concurrency`` and ``sessions``). A session that ended early
+    (cache miss, failure) is compared on the tokens it has; a session absent from the
+    reference is not compared here (verify checks that every level holds the same ids).
+    """
+    ref = {s["session_id"]: s for s in reference["sessions"]}
+    for s in other["sessions"]:
+        r = ref.get(s["session_id"])
+        if r is None:
+            continue
+        for i, (a, b) in enumerate(zip(r["tokens"], s["tokens"])):
+            if a != b:
+                return {
+                    "session_id": s["session_id"], "token_index": i,
+                    "reference_concurrency": reference["concurrency"], "concurrency": other["concurrency"],
+                    "reference_token": a, "token": b,
+                    "reference_margin": r["margins"][i] if i < len(r["margins"]) else None,
+                }
+    return None
+
+
+def sweep_divergence(levels: Sequence[dict]) -> dict | None:
+    """The first divergence of any level from the first (the reference)."""
+    for lv in levels[1:]:
+        div = first_divergence(levels[0], lv)
+        if div is not None:
+            return div
+    return None
+
+
+def unfinished_sessions(levels: Sequence[dict]) -> int:
+    """Sessions that FAILED or never ended: such a sweep proves nothing about corruption."""
+    return sum(s["done_reason"] in ("FAILED", "UNFINISHED") for lv in levels for s in lv["sessions"])
+
+
+def saturation_level(levels: Sequence[int], occupancy: Sequence[float], margin: float = SATURATION_MARGIN) -> int:
+    """The lowest level after which average occupancy stops rising by more than ``margin``."""
+    for i in range(len(levels) - 1):
+        if occupancy[i + 1] <= occupancy[i] * (1.0 + margin):
+            return levels[i]
+    return levels[-1]

@@ -1,0 +1,224 @@
+"""Every figure of a results.json recomputed from its raw records, two ways for the deterministic ones.
+
+``meshbench.figures`` is what the sweep used to write the figures: recomputing with it
+catches a tampered file. The ``_plain_*`` functions below are a second, independent way
+to the deterministic figures (written without figures.py), so a wrong figure function
+is caught too, not only a tampered file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from meshbench import figures
+from meshbench.checks import Checks
+
+RESULTS = "results.json"
+
+
+def check_data(c: Checks, data: dict) -> None:
+    check_config_copies(c, data)
+    for i, lv in enumerate(data["levels"]):
+        at = f"levels[{i}]"
+        check_level_figures(c, data, lv, at)
+        check_level_accounting(c, data, lv, at)
+        check_level_budget(c, data, lv, at)
+        check_tick_replay(c, data, lv, at)
+        check_wall(c, lv, at)
+    check_sessions(c, data)
+    check_sweep(c, data)
+
+
+def check_config_copies(c: Checks, data: dict) -> None:
+    """The top-level workload and budget are copies of the config echo's."""
+    c.equal(RESULTS, "workload (= config.workload)", data["config"]["workload"], data["workload"])
+    c.equal(RESULTS, "budget (= config.budget)", data["config"]["budget"], data["budget"])
+
+
+def check_level_figures(c: Checks, data: dict, lv: dict, at: str) -> None:
+    ticks = lv["tick_records"]
+    for k, v in figures.summarize_ticks(ticks).items():
+        c.equal(RESULTS, f"{at}.{k}", v, lv[k])
+    for k, v in _plain_tick_figures(ticks).items():
+        c.equal(RESULTS, f"{at}.{k} (independent recomputation)", v, lv[k])
+    for j, s in enumerate(lv["sessions"]):
+        c.equal(RESULTS, f"{at}.sessions[{j}].digest", figures.token_digest(s["tokens"]), s["digest"])
+        c.equal(RESULTS, f"{at}.sessions[{j}].digest (independent recomputation)",
+                hashlib.sha256(",".join(map(str, s["tokens"])).encode()).hexdigest(), s["digest"])
+
+
+def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Tokens, KV and session ends add up."""
+    per_token = data["engine"]["kv_bytes_per_token"]
+    sessions, ticks = lv["sessions"], lv["tick_records"]
+    prefilled = {sid for t in ticks for sid in t["prefill_sessions"]}
+    by_id = {s["session_id"]: s for s in sessions}
+    c.equal(RESULTS, f"{at}.prefill_tokens (sum of prefilled prompts)",
+            sum(by_id[sid]["prompt_tokens"] for sid in prefilled if sid in by_id), lv["prefill_tokens"])
+    c.equal(RESULTS, f"{at}.sessions tokens (prefills + decode_tokens)",
+            len(prefilled) + lv["decode_tokens"], sum(len(s["tokens"]) for s in sessions))
+    for t in ticks:
+        where = f"{at}.tick_records[{t['tick']}]"
+        if lv["cache_misses"] == 0:
+            c.equal(RESULTS, f"{where}.kv_bytes (stored_tokens x {per_token})", t["stored_tokens"] * per_token,
+                    t["kv_bytes"])
+        else:  # an evicted session holds no KV until the scheduler sees its miss
+            c.equal(RESULTS, f"{where}.kv_bytes <= stored_tokens x {per_token}", True,
+                    t["kv_bytes"] <= t["stored_tokens"] * per_token)
+        c.equal(RESULTS, f"{where}.decode_batch", len(t["decode_sessions"]), t["decode_batch"])
+    if ticks:
+        c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (all KV released)", 0, ticks[-1]["kv_bytes"])
+    for j, s in enumerate(sessions):
+        where = f"{at}.sessions[{j}]"
+        if s["done_reason"] == "COMPLETED":
+            c.equal(RESULTS, f"{where}.tokens (count)", s["max_new_tokens"], len(s["tokens"]))
+        if s["done_reason"] in ("FAILED", "UNFINISHED"):
+            c.equal(RESULTS, f"{where}.done_reason", "COMPLETED", f"{s['done_reason']} ({s['error']})")
+    c.equal(RESULTS, f"{at}.cache_misses", sum(s["done_reason"] == "CACHE_MISS" for s in sessions),
+            lv["cache_misses"])
+    c.equal(RESULTS, f"{at}.failed", sum(s["done_reason"] == "FAILED" for s in sessions), lv["failed"])
+    c.equal(RESULTS, f"{at}.failed (no session may fail)", 0, lv["failed"])
+    c.equal(RESULTS, f"{at}.sessions (count)", data["workload"]["sessions"] - lv["rejected_admissions"],
+            len(sessions))
+
+
+def check_level_budget(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """At level c the node allows c active sessions, a batch of c and a queue that holds every session."""
+    base = data["config"]["budget"]
+    expected = dict(base, max_active_sessions=lv["concurrency"], max_batch_size=lv["concurrency"],
+                    max_queue_depth=max(base["max_queue_depth"], data["workload"]["sessions"]))
+    c.equal(RESULTS, f"{at}.budget", expected, lv["budget"])
+
+
+def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Replay the tick records: held positions, active slots and queue depth at the end of every tick.
+
+    Exact for a level where every session completed (every session submitted before the
+    first tick, a free slot always taken by the queue); a level with cache misses or
+    failures is already judged by the other checks.
+    """
+    if lv["cache_misses"] or lv["failed"]:
+        return
+    prompt = {s["session_id"]: s["prompt_tokens"] for s in lv["sessions"]}
+    scratch = data["engine"]["scratch_bytes_per_session"]
+    cap = min(lv["budget"]["max_active_sessions"], lv["budget"]["scratch_bytes"] // scratch)
+    live = len(lv["sessions"])
+    held: dict[str, int] = {}  # running session -> positions it holds
+    for t in lv["tick_records"]:
+        for sid in t["decode_sessions"]:
+            held[sid] = held.get(sid, 0) + 1
+        for sid in t["prefill_sessions"]:
+            held[sid] = prompt.get(sid, 0)
+        for sid in t["completed"]:
+            held.pop(sid, None)
+            live -= 1
+        where = f"{at}.tick_records[{t['tick']}]"
+        c.equal(RESULTS, f"{where}.stored_tokens (replayed)", sum(held.values()), t["stored_tokens"])
+        c.equal(RESULTS, f"{where}.active (replayed)", min(cap, live), t["active"])
+        c.equal(RESULTS, f"{where}.queued (replayed)", live - min(cap, live), t["queued"])
+
+
+def check_wall(c: Checks, lv: dict, at: str) -> None:
+    """The wall-clock figures from the recorded nanosecond stamps and the level's wall time."""
+    wall = lv["wall"]
+    for k, v in figures.wall_figures(lv["sessions"], lv["tick_records"], wall["wall_s"]).items():
+        c.equal(RESULTS, f"{at}.wall.{k}", v, wall[k])
+
+
+def check_sessions(c: Checks, data: dict) -> None:
+    """Every level serves exactly the workload's sessions, each with its own prompt and length."""
+    w = data["workload"]
+    n = w["sessions"]
+    width = len(str(n - 1))
+    expected = {f"s{i:0{width}d}": i for i in range(n)}  # the names Workload.session_ids gives
+    ref_ids = None
+    for i, lv in enumerate(data["levels"]):
+        at = f"levels[{i}]"
+        ids = [s["session_id"] for s in lv["sessions"]]
+        c.equal(RESULTS, f"{at}.sessions ids unique", len(ids), len(set(ids)))
+        c.equal(RESULTS, f"{at}.sessions ids not in the workload", [], sorted(set(ids) - set(expected)))
+        if ref_ids is None:
+            ref_ids = sorted(set(ids))
+        else:
+            c.equal(RESULTS, f"{at}.sessions ids (same as levels[0])", ref_ids, sorted(set(ids)))
+        for j, s in enumerate(lv["sessions"]):
+            k = expected.get(s["session_id"])
+            if k is not None:
+                c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", w["prompt_tokens"][k], s["prompt_tokens"])
+                c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w["new_tokens"][k], s["max_new_tokens"])
+        named = {sid for t in lv["tick_records"]
+                 for sid in (*t["decode_sessions"], *t["prefill_sessions"], *t["completed"])}
+        c.equal(RESULTS, f"{at}.tick_records session ids not among the level's sessions", [],
+                sorted(named - set(ids)))
+
+
+def check_sweep(c: Checks, data: dict) -> None:
+    levels = data["levels"]
+    div = figures.sweep_divergence(levels)
+    unfinished = figures.unfinished_sessions(levels)
+    corruption_free = div is None and unfinished == 0
+    c.equal(RESULTS, "corruption_free (no divergence, no failed session)", corruption_free,
+            data["corruption_free"])
+    c.equal(RESULTS, "corruption_free (independent recomputation)", _plain_corruption_free(levels),
+            data["corruption_free"])
+    found = data["first_divergence"]
+    if found is not None:
+        found = {k: found[k] for k in div} if div else found
+    c.equal(RESULTS, "first_divergence", div, found)
+    c.equal(RESULTS, "reference_concurrency", levels[0]["concurrency"], data["reference_concurrency"])
+    # The margin is meshbench's constant, not the bundle's to choose.
+    c.equal(RESULTS, "saturation_margin", figures.SATURATION_MARGIN, data["saturation_margin"])
+    conc = [lv["concurrency"] for lv in levels]
+    occ = [lv["avg_batch_occupancy"] for lv in levels]
+    c.equal(RESULTS, "saturation_concurrency", figures.saturation_level(conc, occ), data["saturation_concurrency"])
+    c.equal(RESULTS, "saturation_concurrency (independent recomputation)", _plain_saturation(levels),
+            data["saturation_concurrency"])
+
+
+# --- the second way: plain loops over the raw records, nothing from figures.py ----------------
+def _plain_tick_figures(ticks: list[dict]) -> dict:
+    count = batch_ticks = batch_members = largest = prompt = generated = peak = 0
+    for t in ticks:
+        count += 1
+        members = len(t["decode_sessions"])  # the ids, not the decode_batch field
+        if members > 0:
+            batch_ticks += 1
+            batch_members += members
+            largest = max(largest, members)
+        prompt += t["prefill_tokens"]
+        generated += t["decode_tokens"]
+        peak = max(peak, t["kv_bytes"])
+    return {
+        "ticks": count,
+        "avg_batch_occupancy": batch_members / batch_ticks if batch_ticks else 0.0,
+        "max_batch_occupancy": largest,
+        "tokens_per_tick": (prompt + generated) / count if count else 0.0,
+        "peak_kv_bytes": peak,
+        "prefill_tokens": prompt,
+        "decode_tokens": generated,
+    }
+
+
+def _plain_corruption_free(levels: list[dict]) -> bool:
+    """Every session ended without failing, and its tokens agree with the first level's on their common part."""
+    reference = {}
+    for s in levels[0]["sessions"]:
+        reference[s["session_id"]] = s["tokens"]
+    for lv in levels:
+        for s in lv["sessions"]:
+            if s["done_reason"] in ("FAILED", "UNFINISHED"):
+                return False
+            ref = reference.get(s["session_id"])
+            if ref is not None:
+                common = min(len(ref), len(s["tokens"]))
+                if ref[:common] != s["tokens"][:common]:
+                    return False
+    return True
+
+
+def _plain_saturation(levels: list[dict]) -> int:
+    """The first level whose next level raises average occupancy by 5% or less; else the last level."""
+    for here, after in zip(levels, levels[1:]):
+        if after["avg_batch_occupancy"] <= here["avg_batch_occupancy"] * 1.05:
+            return here["concurrency"]
+    return levels[-1]["concurrency"]
