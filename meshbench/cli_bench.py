@@ -50,12 +50,19 @@ def bench_engine(
 @bench_app.command("layouts")
 def bench_layouts(
     batches: Annotated[str, typer.Option("--batches", help="Activation rows, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
+    weights: Annotated[int, typer.Option("--weights", min=1, max=400,
+                                         help="Weight matrices per pass (40 x 2048 x 768 is 252 MB).")] = 40,
+    shape: Annotated[str, typer.Option("--shape", help="Each weight's rows,columns (out,in).")] = "2048,768",
     as_json: JsonOpt = False,
 ) -> None:
-    """Time matmul layouts for a large float32 weight times a few rows (the choice behind linear())."""
+    """Time matmul layouts for large float32 weights times a few rows (the choice behind linear())."""
     from meshbench.bench import layouts  # noqa: PLC0415
 
-    res = layouts.run(int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH))
+    dims = int_list(shape, "--shape", maximum=1 << 14)
+    if len(dims) != 2:
+        raise MeshbenchError(f"--shape: expected two numbers (rows,columns), got {shape!r}")
+    res = layouts.run(int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH), weights,
+                      (dims[0], dims[1]))
     if as_json:
         print_json(res)
         return

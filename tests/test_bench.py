@@ -28,10 +28,20 @@ def test_bench_engine_reports_every_field():
 
 
 def test_bench_layouts_reports_each_layout():
-    d = _json("bench", "layouts", "--batches", "1,2", "--json")
+    d = _json("bench", "layouts", "--batches", "1,2", "--weights", "4", "--shape", "256,128", "--json")
     assert [b["batch"] for b in d["batches"]] == [1, 2]
+    assert (d["weights"], d["shape"], d["bytes"]) == (4, [256, 128], 4 * 256 * 128 * 4)
     assert set(d["batches"][0]["ms"]) == {"x @ w.T", "w @ x.T (contiguous)", "4 row blocks", "einsum",
                                           "meshbench linear()"}
+
+
+def test_bench_scheduler_reports_each_size():
+    d = _json("bench", "scheduler", "--live", "8,32", "--batch", "4", "--ticks", "5", "--rounds", "2", "--json")
+    assert [r["live"] for r in d["sizes"]] == [8, 32]
+    assert all(r["samples"] == 10 and r["ms_per_tick_median"] > 0 for r in d["sizes"])
+    assert d["sizes"][0]["vs_first"] == 1.0
+    r = runner.invoke(app, ["bench", "scheduler", "--live", "2", "--batch", "4"])
+    assert r.exit_code == 2 and "fewer live sessions than the batch of 4" in r.stderr
 
 
 def test_bench_gguf_and_invariance(tmp_path):
@@ -48,9 +58,12 @@ def test_bench_gguf_and_invariance(tmp_path):
 
 
 def test_bench_tables_print_without_json():
-    r = runner.invoke(app, ["bench", "layouts", "--batches", "1"])
+    r = runner.invoke(app, ["bench", "layouts", "--batches", "1", "--weights", "2", "--shape", "128,64"])
     assert r.exit_code == 0, r.output
     assert "meshbench linear()" in r.stdout and "ms per pass" in r.stdout
+    r = runner.invoke(app, ["bench", "scheduler", "--live", "8,32", "--batch", "4", "--ticks", "3", "--rounds", "2"])
+    assert r.exit_code == 0, r.output
+    assert "ms/tick" in r.stdout
     r = runner.invoke(app, ["bench", "engine", "--preset", "dgr-012", "--batches", "1,2", "--repeats", "1",
                             "--context", "4"])
     assert r.exit_code == 0, r.output

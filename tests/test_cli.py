@@ -46,12 +46,31 @@ def test_version():
     assert r.exit_code == 0 and r.stdout.strip() == f"meshbench {__version__}"
 
 
+DGR012_TABLE = [  # concurrency, ticks, avg occupancy, max occupancy, tokens/tick, peak KV bytes
+    ["1", "64", "1.000", "1", "1.375", "15360"],
+    ["2", "33", "1.750", "2", "2.667", "29184"],
+    ["4", "19", "3.111", "4", "4.632", "52224"],
+    ["8", "15", "4.000", "7", "5.867", "75264"],
+]
+
+
 def test_default_sweep_prints_the_dgr012_table():
     r = invoke("sweep")
     assert r.exit_code == 0, r.output
-    for row in ("64", "1.375", "15360", "33", "29184", "19", "52224", "15", "75264"):
-        assert row in r.stdout
+    rows = [line.strip("│ ").split("│") for line in r.stdout.splitlines() if line.startswith("│")]
+    assert [[c.strip() for c in row[:6]] for row in rows] == DGR012_TABLE
     assert "corruption_free=True saturation_concurrency=8" in r.stdout
+
+
+def test_default_sweep_json_holds_the_dgr012_figures_exactly():
+    r = invoke("sweep", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    got = [[lv["concurrency"], lv["ticks"], lv["avg_batch_occupancy"], lv["max_batch_occupancy"],
+            lv["tokens_per_tick"], lv["peak_kv_bytes"]] for lv in data["levels"]]
+    assert got == [[1, 64, 1.0, 1, 88 / 64, 15360], [2, 33, 1.75, 2, 88 / 33, 29184],
+                   [4, 19, 28 / 9, 4, 88 / 19, 52224], [8, 15, 4.0, 7, 88 / 15, 75264]]
+    assert (data["corruption_free"], data["saturation_concurrency"]) == (True, 8)
 
 
 def test_sweep_json_carries_results_and_nothing_else():
@@ -198,3 +217,25 @@ def test_committed_dgr012_config_equals_the_embedded_defaults():
 
     root = Path(__file__).resolve().parent.parent
     assert config.load(root / "configs" / "dgr-012.yaml").to_dict() == config.load().to_dict()
+
+
+def test_a_wrong_figure_function_is_caught_by_the_independent_recomputation(tmp_path, monkeypatch):
+    """A tampered file is caught by recomputing with figures.py; a wrong figures.py, only by the second way."""
+    from meshbench import figures
+
+    real = figures.summarize_ticks
+
+    def broken(ticks):
+        out = real(ticks)
+        out["avg_batch_occupancy"] += 0.5
+        return out
+
+    monkeypatch.setattr(figures, "summarize_ticks", broken)  # used by the sweep AND by verify
+    out = tmp_path / "b"
+    r = invoke("sweep", "--out", out)
+    assert r.exit_code == 1, r.output
+    assert "levels[0].avg_batch_occupancy (independent recomputation) expected=1.0 found=1.5" in r.stderr
+    r = invoke("verify", out)
+    assert r.exit_code == 1
+    failures = [line for line in r.stdout.splitlines() if "expected=" in line]
+    assert len(failures) == 4 and all("avg_batch_occupancy (independent recomputation)" in f for f in failures)

@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 
 from meshbench import bundle, limits, validation
 from meshbench.cli import app
+from meshbench.config import Workload
 from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.scheduler.session import DoneReason
-from meshbench.config import Workload
 from meshbench.sweep import run_concurrency_sweep
 
 runner = CliRunner()

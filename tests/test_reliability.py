@@ -7,10 +7,9 @@ import time
 import factories as f
 
 from meshbench import bundle, results
-from meshbench.config import load
+from meshbench.config import Workload, load
 from meshbench.scheduler.budget import AdmissionReason
 from meshbench.scheduler.session import DoneReason
-from meshbench.config import Workload
 from meshbench.sweep import run_concurrency_sweep
 
 

@@ -5,7 +5,6 @@ import itertools
 import factories as f
 import pytest
 
-from meshbench.engine.base import StepResult
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionReason as R
 from meshbench.scheduler.session import DoneReason
@@ -14,11 +13,13 @@ BPT = 1536
 
 
 class RecordingEngine:
-    """Wraps an engine and logs every call, to assert the order of work in a tick."""
+    """Wraps an engine and logs every call, to assert the order of work in a tick, and every
+    session's decode positions."""
 
     def __init__(self, inner):
         self.inner = inner
         self.calls = []
+        self.positions = {}
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -29,6 +30,8 @@ class RecordingEngine:
 
     def decode_batch(self, items):
         self.calls.append(("decode", tuple(it.session_id for it in items)))
+        for it in items:
+            self.positions.setdefault(it.session_id, []).append(it.position)
         return self.inner.decode_batch(items)
 
     def release(self, sid):
@@ -122,6 +125,9 @@ def test_positions_are_isolated_across_different_prompt_lengths():
         s.submit(r)
     s.run_to_completion()
     assert {x.session_id: x.tokens for x in s.sessions()} == refs
+    # One prefill each in the first tick, then five decodes each, every one at its own next position.
+    assert e.calls[:3] == [("prefill", "p1"), ("prefill", "p3"), ("prefill", "p7")]
+    assert e.positions == {"p1": [1, 2, 3, 4, 5], "p3": [3, 4, 5, 6, 7], "p7": [7, 8, 9, 10, 11]}
 
 
 def test_prefill_does_not_starve_in_flight_decode():
@@ -277,18 +283,22 @@ def test_kv_batch_engine_requires_a_full_shard():
     SyntheticEngine(cfg, w, 1 << 20, layer_range=(0, 3))
 
 
-def test_run_to_completion_is_bounded_against_misconfiguration():
-    class NeverFinishes:
-        def __init__(self, inner):
-            self.inner = inner
+def test_run_to_completion_is_bounded_when_work_never_ends():
+    s = f.scheduler()
+    s.submit(f.request("a", new=4))  # pending work: 4 tokens, so at most 5 ticks
+    arrivals = itertools.count()
 
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
+    def client_that_never_stops(rec):
+        s.submit(f.request(f"x{next(arrivals)}", new=4))
 
-        def decode_batch(self, items):  # claims success but the session never ends
-            return [StepResult(it.session_id, 0) for it in items]
+    with pytest.raises(MeshbenchError, match="did not finish within 5 ticks"):
+        s.run_to_completion(on_tick=client_that_never_stops)
+    assert len(s.ticks()) == 5
 
-    s = f.scheduler(NeverFinishes(f.engine()))
+
+def test_run_to_completion_stops_at_max_ticks():
+    s = f.scheduler()
     s.submit(f.request("a", new=4))
     with pytest.raises(MeshbenchError, match="did not finish within 2 ticks"):
         s.run_to_completion(max_ticks=2)
+    assert len(s.ticks()) == 2 and s.has_work()

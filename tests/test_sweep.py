@@ -2,8 +2,8 @@
 
 import factories as f
 
-from meshbench.engine.base import StepResult
 from meshbench.config import Workload
+from meshbench.engine.base import StepResult
 from meshbench.figures import saturation_level, summarize_ticks, token_digest
 from meshbench.sweep import run_concurrency_sweep
 

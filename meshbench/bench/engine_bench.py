@@ -72,7 +72,6 @@ def run(preset: str, batches: list[int], context: int, repeats: int, seed: int,
     kv = HotKvStateManager(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, 1 << 40)
     rng = np.random.default_rng(seed)
     rows = []
-    base_tps = None
     for b in batches:
         progress(f"batch {b}")
         slots = []
@@ -89,7 +88,6 @@ def run(preset: str, batches: list[int], context: int, repeats: int, seed: int,
             kv.release(f"b{b}s{i}")
         floor_ms = max(weight_bytes / bandwidth, b * flops / peak) / 1e6
         tps = b / (step_ms / 1e3)
-        base_tps = base_tps or (tps if b == batches[0] else None)
         rows.append({
             "batch": b, "step_ms": step_ms, "tokens_per_s": tps, "loop_step_ms": loop_ms,
             "loop_tokens_per_s": b / (loop_ms / 1e3), "floor_ms": floor_ms, "step_over_floor": step_ms / floor_ms,
