@@ -18,7 +18,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from meshbench import __version__, limits
+from meshbench import __version__, admission, bundle, limits, report, run
+from meshbench import config as config_mod
+from meshbench import verify as verify_mod
 from meshbench.cli_bench import bench_app, model_app
 from meshbench.cli_common import (
     ConfigOpt,
@@ -188,10 +190,6 @@ def sweep(
 
     With no options: the DGR-012 sweep on the synthetic engine (8 sessions, levels 1,2,4,8).
     """
-    from meshbench import bundle, run  # noqa: PLC0415
-    from meshbench import config as config_mod
-    from meshbench import verify as verify_mod
-
     overrides = drop_none({
         "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
         "engine": _engine_overrides(engine, preset, model, device, threads, seed),
@@ -222,8 +220,6 @@ def sweep(
 
 def _run_with_progress(cfg, setup) -> dict:
     """A progress bar on a terminal; elsewhere (a pipe, a CI log) one line as each level starts."""
-    from meshbench import run  # noqa: PLC0415
-
     if not err.is_terminal:
         started: set[int] = set()
 
@@ -247,8 +243,6 @@ def _run_with_progress(cfg, setup) -> dict:
 
 
 def _print_sweep(data: dict) -> None:
-    from meshbench import report  # noqa: PLC0415
-
     t = table(f"{data['story']}: {data['engine']['kind']} engine, {data['workload']['sessions']} sessions",
               ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "ITL p50 ms"))
     for row, lv in zip(report.table_rows(data), data["levels"]):
@@ -291,9 +285,6 @@ def admit(
     as_json: JsonOpt = False,
 ) -> None:
     """Will these sessions fit on this node? Print every admission decision and the numbers behind it."""
-    from meshbench import admission  # noqa: PLC0415
-    from meshbench import config as config_mod
-
     overrides = drop_none({
         "engine": _engine_overrides(engine, preset, model, None, None, seed),
         "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed),
@@ -331,8 +322,6 @@ def verify(
 
     Exit 0 when every check holds, 1 when any fails, 2 when a bundle cannot be used.
     """
-    from meshbench import verify as verify_mod  # noqa: PLC0415
-
     worst = 0
     for path in bundles:  # every bundle is reported; the exit code is the worst status
         try:

@@ -8,10 +8,13 @@ from typing import Annotated
 
 import typer
 
-from meshbench import limits
+from meshbench import gguf_io, limits
+from meshbench.bench import engine_bench, gguf_bench, invariance, layouts, scheduler_bench
 from meshbench.cli_common import JsonOpt, SeedOpt, ThreadsOpt, err, int_list, out, print_json, table
 from meshbench.errors import MeshbenchError
 from meshbench.files import regular_file, replaceable_file
+from meshbench.model.config import preset as get_preset
+from meshbench.model.weights import init_weights
 
 bench_app = typer.Typer(help="Benchmarks: commands that print figures.", no_args_is_help=True)
 
@@ -28,8 +31,6 @@ def bench_engine(
     as_json: JsonOpt = False,
 ) -> None:
     """Time batched decode of the numpy engine against a loop of single-session decodes and this machine's floor."""
-    from meshbench.bench import engine_bench  # noqa: PLC0415
-
     res = engine_bench.run(preset, int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH),
                            context, repeats, seed or 0,
                            progress=lambda msg: err.print(msg))
@@ -56,8 +57,6 @@ def bench_layouts(
     as_json: JsonOpt = False,
 ) -> None:
     """Time matmul layouts for large float32 weights times a few rows (the choice behind linear())."""
-    from meshbench.bench import layouts  # noqa: PLC0415
-
     dims = int_list(shape, "--shape", maximum=1 << 14)
     if len(dims) != 2:
         raise MeshbenchError(f"--shape: expected two numbers (rows,columns), got {shape!r}")
@@ -85,8 +84,6 @@ def bench_scheduler(
     as_json: JsonOpt = False,
 ) -> None:
     """Time one scheduler tick over a do-nothing engine as the number of live sessions grows."""
-    from meshbench.bench import scheduler_bench  # noqa: PLC0415
-
     sizes = int_list(live, "--live", unique=True, maximum=limits.MAX_SESSIONS)
     if min(sizes) < batch:
         raise MeshbenchError(f"--live {min(sizes)}: fewer live sessions than the batch of {batch}")
@@ -114,7 +111,6 @@ def bench_gguf(
     as_json: JsonOpt = False,
 ) -> None:
     """Decode tokens/s of the GGUF engine driven by the scheduler vs a raw llama_decode loop."""
-    from meshbench.bench import gguf_bench  # noqa: PLC0415
 
     res = gguf_bench.run(regular_file(model, "model"),
                          int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES),
@@ -139,7 +135,6 @@ def bench_invariance(
     as_json: JsonOpt = False,
 ) -> None:
     """Compare llama.cpp's logits at batch 8 and batch 1, per context configuration."""
-    from meshbench.bench import invariance  # noqa: PLC0415
 
     res = invariance.run(regular_file(model, "model"), steps, threads, seed or 0, progress=lambda m: err.print(m))
     if as_json:
@@ -165,10 +160,6 @@ def make_tiny(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a llama-architecture GGUF holding exactly the synthetic engine's deterministic weights."""
-    from meshbench import gguf_io  # noqa: PLC0415
-    from meshbench.model.config import preset as get_preset  # noqa: PLC0415
-    from meshbench.model.weights import init_weights  # noqa: PLC0415
-
     cfg = get_preset(preset)
     if qtype not in gguf_io.TYPES:
         raise MeshbenchError(f"--type must be one of {', '.join(gguf_io.TYPES)}, got {qtype!r}")

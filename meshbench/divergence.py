@@ -7,6 +7,7 @@ over the same weights, whose batched decode is exactly order-independent.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from meshbench.config import RunConfig
 from meshbench.errors import MeshbenchError
@@ -15,14 +16,12 @@ from meshbench.errors import MeshbenchError
 NEAR_TIE = 0.05
 
 
-def classify(cfg: RunConfig, divergence: dict) -> str:
-    """Rerun the two diverging levels on the synthetic engine and read its verdict with the margin."""
-    from meshbench import run  # noqa: PLC0415 - run imports this module
-
+def classify(cfg: RunConfig, divergence: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
+    """Rerun the two diverging levels on the synthetic engine (with ``run_sweep``) and read its verdict."""
     levels = sorted({divergence["reference_concurrency"], divergence["concurrency"]})
     synthetic = dataclasses.replace(cfg, levels=tuple(levels), engine=dataclasses.replace(cfg.engine, kind="synthetic"))
     try:
-        other = run.run_sweep(synthetic, "(classification)")
+        other = run_sweep(synthetic)
     except MeshbenchError as e:
         return f"unclassified: the synthetic engine could not run these weights ({e})"
     margin = divergence.get("reference_margin")

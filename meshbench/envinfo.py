@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -46,8 +47,6 @@ def llama_cpp_version() -> str | None:
 
 def environment() -> dict:
     commit, dirty = git_state()
-    import os
-
     return {
         "python": platform.python_version(),
         "numpy": np.__version__,

@@ -12,6 +12,7 @@ from pathlib import Path
 from meshbench import bundle, config, files, recompute, report, results, validation
 from meshbench.checks import Checks
 from meshbench.errors import MeshbenchError
+from meshbench.run import rerun_results
 from meshbench.sweep import DETERMINISTIC_LEVEL_FIELDS
 
 WALL_CLOCK_TICK_FIELDS = ("tick_ns", "engine_ns")
@@ -99,8 +100,6 @@ def deterministic_view(data: dict) -> dict:
 
 
 def check_rerun(c: Checks, data: dict, path: Path) -> None:
-    from meshbench.run import rerun_results  # noqa: PLC0415 - the heavy path, only with --rerun
-
     fresh = rerun_results(data)
     old, new = deterministic_view(data), deterministic_view(fresh)
     for k in sorted(set(old) | set(new)):

@@ -236,13 +236,14 @@ def test_gguf_sweep_is_corruption_free_and_recorded(models, tmp_path):
 def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
     from meshbench import config
     from meshbench.divergence import NEAR_TIE, classify
+    from meshbench.run import run_sweep
 
     cfg = config.load(overrides={"engine": {"kind": "gguf", "model": str(models["q8_0"])}, "levels": [1, 8]})
     div = {"session_id": "s0", "token_index": 3, "reference_concurrency": 1, "concurrency": 8,
            "reference_token": 1, "token": 2, "reference_margin": 1e-4}
-    assert classify(cfg, div).startswith("kernel batch variance")
+    assert classify(cfg, div, lambda c: run_sweep(c, "test")).startswith("kernel batch variance")
     div["reference_margin"] = 10 * NEAR_TIE
-    assert classify(cfg, div).startswith("suspect")
+    assert classify(cfg, div, lambda c: run_sweep(c, "test")).startswith("suspect")
 
 
 def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(models, loaded, tmp_path):

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from meshbench import gguf_io
 from meshbench.config import EngineSpec
+from meshbench.engine.gguf_engine import setup_gguf  # llama_cpp itself is imported on first use
 from meshbench.engine.setup import EngineSetup
+from meshbench.engine.synthetic import setup_synthetic
 from meshbench.errors import MeshbenchError
 from meshbench.model.config import preset
+from meshbench.model.weights import init_weights
 
 
 def ensure_model(spec: EngineSpec) -> None:
     """Generate the model a config names when it is missing and the config says how (make_model)."""
     if spec.model and spec.make_model and not Path(spec.model).exists():
-        from meshbench import gguf_io  # noqa: PLC0415 - needs the optional gguf package
-        from meshbench.model.weights import init_weights  # noqa: PLC0415
-
         recipe = spec.make_model
         cfg = preset(recipe.get("preset", "dgr-012"))
         try:
@@ -30,11 +31,7 @@ def setup(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt
     """Prepare the engine once (weights, model file); ``make`` then builds one per level."""
     ensure_model(spec)
     if spec.kind == "synthetic":
-        from meshbench.engine.synthetic import setup_synthetic  # noqa: PLC0415
-
         return setup_synthetic(spec)
     if spec.kind == "gguf":
-        from meshbench.engine.gguf_engine import setup_gguf  # noqa: PLC0415 - optional dependency
-
         return setup_gguf(spec, max_total_tokens, max_sessions, max_prompt, verbose)
     raise MeshbenchError(f"engine.kind must be synthetic or gguf, got {spec.kind!r}")

@@ -18,6 +18,7 @@ from meshbench.engine.base import (
 )
 from meshbench.engine.setup import PROBE_BUDGET, EngineSetup, describe
 from meshbench.errors import MeshbenchError
+from meshbench.gguf_io import read_weights  # the gguf package itself is imported on first use
 from meshbench.kv import CacheMiss, HotKvStateManager
 from meshbench.model import llama
 from meshbench.model.config import ModelConfig, preset
@@ -125,8 +126,6 @@ def setup_synthetic(spec: EngineSpec) -> EngineSetup:
         raise MeshbenchError(f"engine synthetic runs on the CPU only (numpy); --device {spec.device} is not possible")
     model_sha = None
     if spec.model:
-        from meshbench.gguf_io import read_weights  # noqa: PLC0415 - needs the optional gguf package
-
         path = files.regular_file(spec.model, "model")
         cfg, weights = read_weights(path)
         model_sha = files.sha256(path)
