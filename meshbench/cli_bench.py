@@ -30,7 +30,7 @@ def bench_engine(
     seed: SeedOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Time batched decode of the numpy engine against a loop of single-session decodes and this machine's floor."""
+    """Time batched decode of the synthetic engine against a loop of single-session decodes and this machine's floor."""
     res = engine_bench.run(preset, int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH),
                            context, repeats, seed or 0,
                            progress=lambda msg: err.print(msg))

@@ -1,7 +1,7 @@
 """GGUF files of the synthetic model: write them (make-tiny) and read their weights back.
 
 The file holds exactly the synthetic engine's deterministic weights in llama.cpp's
-``llama`` architecture, so the numpy engine and llama.cpp run the same numbers.
+``llama`` architecture, so the synthetic engine and llama.cpp run the same numbers.
 Facts this relies on (measured here): llama.cpp needs the hyperparameters below and a
 tokenizer model; ``tokenizer.ggml.model = "none"`` with a vocab_size works when token
 ids are fed directly (llama_tokenize on such a vocab aborts the process: never call it).

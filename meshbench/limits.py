@@ -8,6 +8,6 @@ MAX_SESSIONS = 100_000  # sessions in a workload, or an admit --burst
 MAX_LEVELS = 64  # concurrency levels in one sweep, and entries of any list flag
 MAX_TOKENS = 1 << 20  # prompt or new tokens of one session (the model's context bounds it further)
 MAX_THREADS = 512  # GGML_MAX_N_THREADS: llama.cpp crashes beyond it
-MAX_BENCH_BATCH = 512  # rows of a benchmark batch (numpy engine and layouts)
+MAX_BENCH_BATCH = 512  # rows of a benchmark batch (synthetic engine and layouts)
 MAX_LLAMA_SEQUENCES = 256  # LLAMA_MAX_SEQ: sequences of one llama.cpp context
 MAX_BYTES = 1 << 50  # any byte budget (1 PiB)

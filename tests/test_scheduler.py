@@ -274,7 +274,7 @@ def test_telemetry_reports_every_required_signal_with_deterministic_rates():
 
 
 # --- guards ------------------------------------------------------------------------------------
-def test_kv_batch_engine_requires_a_full_shard():
+def test_the_synthetic_engine_requires_a_full_shard():
     from meshbench.engine.synthetic import SyntheticEngine
 
     cfg, w = f.weights()
