@@ -19,7 +19,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from meshbench import files, report, results
+from meshbench import chart, files, report, results
 from meshbench.errors import MeshbenchError
 
 RESULTS = "results.json"
@@ -121,7 +121,7 @@ def commit(staging: Path, out: Path, data: dict, force: bool = False) -> list[st
         for fname, text in ((RESULTS, results.dumps(data)), (README, report.render_readme(data, name)),
                             (COMMANDS, report.render_commands(data, name))):
             (staging / fname).write_text(text)
-        if write_chart(data, staging / CHART):
+        if chart.write(data, staging / CHART):
             written.append(CHART)
         for fname in written:
             os.chmod(staging / fname, mode)
@@ -169,33 +169,3 @@ def _swap_in(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
-
-
-def write_chart(data: dict, path: Path) -> bool:
-    """Occupancy and tokens per tick against concurrency; False when matplotlib is absent."""
-    try:
-        import matplotlib  # noqa: PLC0415 - optional extra
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        return False
-    levels = data["levels"]
-    c = [lv["concurrency"] for lv in levels]
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax[0].plot(c, [lv["avg_batch_occupancy"] for lv in levels], "o-", label="average")
-    ax[0].plot(c, [lv["max_batch_occupancy"] for lv in levels], "s--", label="max")
-    ax[0].set_title("decode batch occupancy")
-    ax[0].legend()
-    ax[1].plot(c, [lv["tokens_per_tick"] for lv in levels], "o-")
-    ax[1].set_title("tokens per tick")
-    for a in ax:
-        a.set_xlabel("concurrency")
-        a.set_xscale("log", base=2)
-        a.set_xticks(c, [str(x) for x in c])
-        a.grid(alpha=0.3)
-    fig.suptitle(f"{data['story']}: {data['engine']['kind']} engine, saturation at {data['saturation_concurrency']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True

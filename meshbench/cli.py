@@ -18,7 +18,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from meshbench import __version__, admission, bundle, limits, report, run
+from meshbench import __version__, admission, bundle, cli_compare, limits, report, run
 from meshbench import config as config_mod
 from meshbench import verify as verify_mod
 from meshbench.cli_bench import bench_app, model_app
@@ -181,6 +181,11 @@ def sweep(
         "--max-prefill-tokens-per-tick", min=1, max=limits.MAX_TOKENS,
         help="Prompt tokens prefilled per tick (first always runs).")] = None,
     seed: SeedOpt = None,
+    repeat: Annotated[Optional[int], typer.Option(
+        "--repeat", min=1, max=100, help="Recorded passes per level, interleaved (5 or more for a strong "
+                                         "compare verdict).")] = None,
+    warmup: Annotated[Optional[int], typer.Option(
+        "--warmup", min=0, max=10, help="Unrecorded passes per level first (default 1).")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write an evidence bundle to this folder.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle at --out.")] = False,
     as_json: JsonOpt = False,
@@ -192,6 +197,8 @@ def sweep(
     """
     overrides = drop_none({
         "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
+        "repeat": repeat,
+        "warmup": warmup,
         "engine": _engine_overrides(engine, preset, model, device, threads, seed),
         "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed),
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick},
@@ -229,7 +236,7 @@ def _run_with_progress(cfg, setup) -> dict:
                 err.print(f"sweep: level {level} started", markup=False)
 
         return run.run_sweep(cfg, command_line(), on_line, setup)
-    total = sum(cfg.workload.new_tokens)
+    total = sum(cfg.workload.new_tokens) * (cfg.repeat + cfg.warmup)
     with Progress(TextColumn("[bold]level {task.fields[level]:>3}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("tokens"), TimeElapsedColumn(), console=err, transient=False) as progress:
         tasks: dict[int, int] = {}
@@ -243,11 +250,15 @@ def _run_with_progress(cfg, setup) -> dict:
 
 
 def _print_sweep(data: dict) -> None:
-    t = table(f"{data['story']}: {data['engine']['kind']} engine, {data['workload']['sessions']} sessions",
-              ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "ITL p50 ms"))
+    t = table(f"{data['story']}: {data['engine']['kind']} engine, {data['workload']['sessions']} sessions, "
+              f"{data['config']['repeat']} repetition(s): medians",
+              ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "decode tok/s",
+               "ITL p50 ms"))
     for row, lv in zip(report.table_rows(data), data["levels"]):
-        itl = lv["wall"]["itl_ms"]["p50"]
-        t.add_row(*row, f"{lv['wall']['tokens_per_s']:.1f}", "-" if itl is None else f"{itl:.2f}")
+        wall = lv["wall"]
+        itl = wall.get("itl_ms.p50")
+        t.add_row(*row, f"{wall['tokens_per_s']['median']:.1f}", f"{wall['decode_tokens_per_s']['median']:.1f}",
+                  "-" if itl is None else f"{itl['median']:.2f}")
     out.print(t)
     div = data["first_divergence"]
     out.print(f"corruption_free={data['corruption_free']} saturation_concurrency={data['saturation_concurrency']} "
@@ -340,6 +351,7 @@ def verify(
     raise typer.Exit(worst)
 
 
+app.command("compare")(cli_compare.compare)
 app.add_typer(bench_app, name="bench")
 app.add_typer(model_app, name="model")
 

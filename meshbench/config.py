@@ -25,6 +25,8 @@ DEFAULTS: dict = {
     "story": "DGR-012",
     "title": "Continuous batching and bounded admission",
     "levels": [1, 2, 4, 8],
+    "repeat": 1,
+    "warmup": 1,  # the first pass of a process is measurably slower on both engines (README, "Repetitions")
     "engine": {
         "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
@@ -117,10 +119,13 @@ class RunConfig:
     workload: Workload
     budget: NodeBudget  # max_active_sessions/max_batch_size are set per level by a sweep
     source: str  # where the config came from, for messages and the results echo
+    repeat: int = 1  # recorded passes per level
+    warmup: int = 0  # unrecorded passes per level before them
 
     def to_dict(self) -> dict:
         return {
             "story": self.story, "title": self.title, "levels": list(self.levels),
+            "repeat": self.repeat, "warmup": self.warmup,
             "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
         }
 
@@ -239,4 +244,5 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     return RunConfig(
         story=data["story"], title=data["title"], levels=tuple(data["levels"]),
         engine=EngineSpec(**eng), workload=workload, budget=NodeBudget(**data["budget"]), source=source,
+        repeat=data["repeat"], warmup=data["warmup"],
     )

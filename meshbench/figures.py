@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from meshbench import stats
+
 SATURATION_MARGIN = 0.05  # occupancy must rise by more than 5% to count as still rising
 
 # The per-level figures summarize_ticks returns: deterministic, compared exactly by --rerun.
@@ -43,23 +45,55 @@ def percentiles(values: Sequence[float]) -> dict:
     return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)}
 
 
+TIMING_TICK_FIELDS = ("tick_ns", "decode_ns", "prefill_ns")  # wall-clock: reported, compared only by compare
+
+
 def wall_figures(sessions: Sequence[dict], ticks: Sequence[dict], wall_s: float) -> dict:
-    """Wall-clock figures from monotonic nanosecond stamps: reported, never compared."""
+    """One repetition's wall-clock figures, from its monotonic nanosecond stamps.
+
+    ``sessions`` hold submit_ns, admit_ns and token_ns; ``ticks`` are full tick records.
+    decode (prefill) tokens/s divide by the summed engine time of the decode (prefill)
+    calls, as llama-batched-bench's S_TG (S_PP); tokens/s divides all tokens by the wall time.
+    """
     prefill = sum(t["prefill_tokens"] for t in ticks)
     decode = sum(t["decode_tokens"] for t in ticks)
     tick_ns = sum(t["tick_ns"] for t in ticks)
-    engine_ns = sum(t["engine_ns"] for t in ticks)
-    ttft = [(s["token_ns"][0] - s["submit_ns"]) / 1e6 for s in sessions if s["token_ns"]]
-    itl = [(b - a) / 1e6 for s in sessions for a, b in zip(s["token_ns"], s["token_ns"][1:])]
+    decode_ns = sum(t["decode_ns"] for t in ticks)
+    prefill_ns = sum(t["prefill_ns"] for t in ticks)
+    timed = [s for s in sessions if s["token_ns"]]
     return {
         "wall_s": wall_s,
         "tokens_per_s": (prefill + decode) / wall_s if wall_s > 0 else 0.0,
-        "prefill_tokens_per_s": prefill / wall_s if wall_s > 0 else 0.0,
-        "decode_tokens_per_s": decode / wall_s if wall_s > 0 else 0.0,
-        "ttft_ms": percentiles(ttft),
-        "itl_ms": percentiles(itl),
-        "scheduler_share": (tick_ns - engine_ns) / tick_ns if tick_ns > 0 else 0.0,
+        "decode_tokens_per_s": decode / (decode_ns / 1e9) if decode_ns > 0 else 0.0,
+        "prefill_tokens_per_s": prefill / (prefill_ns / 1e9) if prefill_ns > 0 else 0.0,
+        "ttft_ms": percentiles([(s["token_ns"][0] - s["submit_ns"]) / 1e6 for s in timed]),
+        "queue_ms": percentiles([(s["admit_ns"] - s["submit_ns"]) / 1e6 for s in sessions
+                                 if s["admit_ns"] is not None]),
+        "e2e_ms": percentiles([(s["token_ns"][-1] - s["submit_ns"]) / 1e6 for s in timed]),
+        "itl_ms": percentiles([(b - a) / 1e6 for s in timed for a, b in zip(s["token_ns"], s["token_ns"][1:])]),
+        # TPOT, vLLM's definition: a session's mean gap between its tokens after the first.
+        "tpot_ms": percentiles([(s["token_ns"][-1] - s["token_ns"][0]) / 1e6 / (len(s["token_ns"]) - 1)
+                                for s in timed if len(s["token_ns"]) > 1]),
+        "scheduler_share": (tick_ns - decode_ns - prefill_ns) / tick_ns if tick_ns > 0 else 0.0,
     }
+
+
+def scalar_figures(wall: dict) -> dict[str, float]:
+    """A repetition's wall figures flattened to ``name`` or ``name.p50`` -> value (None percentiles left out)."""
+    out = {}
+    for k, v in wall.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{q}": x for q, x in v.items() if x is not None})
+        else:
+            out[k] = v
+    return out
+
+
+def repetition_summary(walls: Sequence[dict]) -> dict:
+    """Per figure, over the repetitions: median, min, max and the median's confidence interval."""
+    per_rep = [scalar_figures(w) for w in walls]
+    names = [k for k in per_rep[0] if all(k in r for r in per_rep)]
+    return {k: stats.summary([r[k] for r in per_rep]) for k in names}
 
 
 def token_digest(tokens: Sequence[int]) -> str:

@@ -24,6 +24,7 @@ def check_data(c: Checks, data: dict) -> None:
         check_level_accounting(c, data, lv, at)
         check_level_budget(c, data, lv, at)
         check_tick_replay(c, data, lv, at)
+        check_repetitions(c, data, lv, at)
         check_wall(c, lv, at)
     check_sessions(c, data)
     check_sweep(c, data)
@@ -118,11 +119,36 @@ def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
         c.equal(RESULTS, f"{where}.queued (replayed)", live - min(cap, live), t["queued"])
 
 
+def check_repetitions(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Every repetition ran the same deterministic pass: same ticks, same sessions, same tokens."""
+    reps = lv["repetitions"]
+    repeat = data["config"]["repeat"]
+    c.equal(RESULTS, f"{at}.repetitions (count = config.repeat)", repeat, len(reps))
+    levels = sorted(x["concurrency"] for x in data["levels"])
+    for i, rep in enumerate(reps):
+        where = f"{at}.repetitions[{i}]"
+        c.equal(RESULTS, f"{where}.repetition", i, rep["repetition"])
+        rotated = levels[i % len(levels):] + levels[: i % len(levels)]
+        c.equal(RESULTS, f"{where}.position (level order rotated by the repetition)",
+                rotated.index(lv["concurrency"]), rep["position"])
+        ticks = [{k: v for k, v in t.items() if k not in figures.TIMING_TICK_FIELDS} for t in rep["tick_records"]]
+        c.equal(RESULTS, f"{where}.tick_records (deterministic fields = repetition 0's)", True,
+                ticks == lv["tick_records"])
+        ends = [(s["session_id"], s["digest"], s["done_reason"]) for s in rep["sessions"]]
+        c.equal(RESULTS, f"{where}.sessions (ids, digests, ends = repetition 0's)",
+                [(s["session_id"], s["digest"], s["done_reason"]) for s in lv["sessions"]], ends)
+
+
 def check_wall(c: Checks, lv: dict, at: str) -> None:
-    """The wall-clock figures from the recorded nanosecond stamps and the level's wall time."""
-    wall = lv["wall"]
-    for k, v in figures.wall_figures(lv["sessions"], lv["tick_records"], wall["wall_s"]).items():
-        c.equal(RESULTS, f"{at}.wall.{k}", v, wall[k])
+    """Every repetition's wall-clock figures from its nanosecond stamps, and their summary."""
+    for i, rep in enumerate(lv["repetitions"]):
+        for k, v in figures.wall_figures(rep["sessions"], rep["tick_records"], rep["wall_s"]).items():
+            c.equal(RESULTS, f"{at}.repetitions[{i}].wall.{k}", v, rep["wall"][k])
+    summary = figures.repetition_summary([rep["wall"] for rep in lv["repetitions"]])
+    c.equal(RESULTS, f"{at}.wall (summary) figures", sorted(summary), sorted(lv["wall"]))
+    for k, v in summary.items():
+        if k in lv["wall"]:
+            c.equal(RESULTS, f"{at}.wall.{k}", v, lv["wall"][k])
 
 
 def check_sessions(c: Checks, data: dict) -> None:

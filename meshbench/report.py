@@ -45,7 +45,8 @@ def _limitations(results: dict) -> list[str]:
         "- Greedy sampling only (argmax, lowest id wins a tie): that is what makes byte-identical tokens "
         "across concurrency levels the corruption check.",
         "- Ticks, occupancy, tokens/tick and peak KV are scheduler quantities: exact and machine-independent. "
-        "Wall-clock figures are this machine's, measured once, and are never compared by `verify`.",
+        "Wall-clock figures are this machine's: `verify` recomputes them from the raw stamps of every repetition "
+        "but never compares them with a rerun; `meshbench compare` judges them against another bundle.",
     ]
     if e["kind"] == "synthetic":
         out.append(
@@ -72,7 +73,7 @@ def render_readme(results: dict, bundle_name: str) -> str:
         "",
         *_what_ran(results),
         *_sweep_section(results),
-        *_wall_section(results["levels"]),
+        *_wall_section(results),
         *_environment(results["environment"]),
         "## Reproduce",
         "",
@@ -135,27 +136,50 @@ def _sweep_section(results: dict) -> list[str]:
     return [*lines, ""]
 
 
-def _wall_section(levels: list[dict]) -> list[str]:
+# The wall figures of the bundle README, in the order of its table.
+WALL_COLUMNS = (("tokens_per_s", "tokens/s", 1), ("decode_tokens_per_s", "decode tok/s", 1),
+                ("prefill_tokens_per_s", "prefill tok/s", 1), ("ttft_ms.p50", "TTFT p50 ms", 2),
+                ("ttft_ms.p99", "TTFT p99 ms", 2), ("queue_ms.p50", "queue p50 ms", 2),
+                ("itl_ms.p50", "ITL p50 ms", 2), ("itl_ms.p99", "ITL p99 ms", 2), ("tpot_ms.p50", "TPOT p50 ms", 2),
+                ("tpot_ms.p99", "TPOT p99 ms", 2), ("e2e_ms.p50", "E2E p50 ms", 1),
+                ("scheduler_share", "scheduler share", None))
+
+
+def _spread(summary: dict | None, digits: int | None) -> str:
+    """The median, and with more than one repetition its min-max range."""
+    if summary is None:
+        return "-"
+
+    def fmt(x: float) -> str:
+        return f"{x:.1%}" if digits is None else f"{x:.{digits}f}"
+
+    if summary["n"] == 1:
+        return fmt(summary["median"])
+    return f"{fmt(summary['median'])} ({fmt(summary['min'])}-{fmt(summary['max'])})"
+
+
+def _wall_section(results: dict) -> list[str]:
+    repeat, warmup = results["config"]["repeat"], results["config"]["warmup"]
     lines = [
-        "## Wall clock (this machine, one run: reported, never compared)",
+        "## Wall clock (this machine: reported; `meshbench compare` judges it)",
         "",
-        "| concurrency | wall s | tokens/s | prefill tok/s | decode tok/s | TTFT p50 ms | TTFT p99 ms | "
-        "ITL p50 ms | ITL p95 ms | ITL p99 ms | scheduler share |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"{repeat} recorded repetition(s) per level after {warmup} warm-up pass(es), interleaved (the level order "
+        "rotates each repetition). Each cell is the median over the repetitions"
+        + (", with the min-max range." if repeat > 1 else "."),
+        "",
+        _row(["concurrency", *[name for _, name, _ in WALL_COLUMNS]]),
+        "|" + "---|" * (len(WALL_COLUMNS) + 1),
     ]
-    for lv in levels:
-        wl = lv["wall"]
-        lines.append(_row([
-            str(lv["concurrency"]), f"{wl['wall_s']:.3f}", f"{wl['tokens_per_s']:.1f}",
-            f"{wl['prefill_tokens_per_s']:.1f}", f"{wl['decode_tokens_per_s']:.1f}",
-            _ms(wl["ttft_ms"], "p50"), _ms(wl["ttft_ms"], "p99"), _ms(wl["itl_ms"], "p50"),
-            _ms(wl["itl_ms"], "p95"), _ms(wl["itl_ms"], "p99"), f"{wl['scheduler_share']:.1%}",
-        ]))
+    for lv in results["levels"]:
+        lines.append(_row([str(lv["concurrency"]), *[_spread(lv["wall"].get(k), d) for k, _, d in WALL_COLUMNS]]))
     return [
         *lines,
         "",
-        "TTFT counts from submission (every session is submitted before the first tick, so it includes queueing). "
-        "Scheduler share is the part of tick time spent outside engine calls.",
+        "decode (prefill) tok/s: decode (prompt) tokens / summed engine time of the decode (prefill) calls, as "
+        "llama-batched-bench's S_TG (S_PP); tokens/s: all tokens / wall time. TTFT and E2E count from "
+        "submission, queue time from submission to a slot; ITL pools every gap between consecutive tokens; "
+        "TPOT is each session's mean gap after its first token, then a percentile over sessions. Scheduler "
+        "share: tick time outside engine calls.",
         "",
     ]
 

@@ -12,7 +12,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.figures import SATURATION_MARGIN
 from meshbench.sweep import ConcurrencySweep
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = "results.schema.json"
 
 
@@ -48,8 +48,11 @@ def check_version(data: dict, where: str) -> None:
             f"{where}: schema_version {v} is newer than this meshbench understands ({SCHEMA_VERSION}); "
             "upgrade meshbench to read it"
         )
-    if v < 1:
-        raise MeshbenchError(f"{where}: schema_version {v} is unknown")
+    if v < SCHEMA_VERSION:
+        raise MeshbenchError(
+            f"{where}: schema_version {v} was written by an older meshbench (this one writes {SCHEMA_VERSION}, "
+            "with repetitions); re-run its sweep command (commands.txt beside it) with this version"
+        )
 
 
 def schema_errors(data: dict) -> list[str]:

@@ -46,7 +46,8 @@ def check_budget_fits_one_session(cfg: RunConfig, setup: EngineSetup, longest: i
 def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
               setup: EngineSetup | None = None) -> dict:
     setup = setup or prepare(cfg)
-    sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, cfg.budget, setup.make, on_tick=on_tick)
+    sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, cfg.budget, setup.make, on_tick=on_tick,
+                                  repeat=cfg.repeat, warmup=cfg.warmup)
     data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
     # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
     if data["first_divergence"] is not None and cfg.engine.kind == "gguf":
@@ -74,4 +75,6 @@ def cached_model_path(recipe: dict) -> Path:
 
 
 def rerun_results(data: dict) -> dict:
-    return run_sweep(config_from_results(data), data["command"])
+    """The deterministic part again: one pass per level is enough, every repetition being identical."""
+    cfg = dataclasses.replace(config_from_results(data), repeat=1, warmup=0)
+    return run_sweep(cfg, data["command"])

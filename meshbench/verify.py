@@ -15,8 +15,6 @@ from meshbench.errors import MeshbenchError
 from meshbench.run import rerun_results
 from meshbench.sweep import DETERMINISTIC_LEVEL_FIELDS
 
-WALL_CLOCK_TICK_FIELDS = ("tick_ns", "engine_ns")
-
 
 def load_bundle(path: Path) -> dict:
     if not path.exists():
@@ -50,12 +48,17 @@ def config_echo_errors(echo: dict) -> list[str]:
 
 
 def check_bundle(path: Path, rerun: bool = False) -> Checks:
+    return checked_bundle(path, rerun)[1]
+
+
+def checked_bundle(path: Path, rerun: bool = False) -> tuple[dict, Checks]:
+    """The bundle's results and every check of it."""
     data = load_bundle(path)
     c = check_data(data)
     check_readme(c, data, path)
     if rerun:
         check_rerun(c, data, path)
-    return c
+    return data, c
 
 
 def check_data(data: dict) -> Checks:
@@ -92,10 +95,9 @@ def deterministic_view(data: dict) -> dict:
             out[f"{at}.{k}"] = lv[k]
         for j, s in enumerate(lv["sessions"]):
             out[f"{at}.sessions[{j}].digest"] = s["digest"]
-        for t in lv["tick_records"]:
+        for t in lv["tick_records"]:  # deterministic fields only
             for k, v in t.items():
-                if k not in WALL_CLOCK_TICK_FIELDS:
-                    out[f"{at}.tick_records[{t['tick']}].{k}"] = v
+                out[f"{at}.tick_records[{t['tick']}].{k}"] = v
     return out
 
 

@@ -153,6 +153,8 @@ def test_rerun_catches_tokens_rewritten_consistently(copy_of):
             s = lv["sessions"][0]
             s["tokens"][-1] = (s["tokens"][-1] + 1) % 256
             s["digest"] = token_digest(s["tokens"])
+            for rep in lv["repetitions"]:
+                rep["sessions"][0]["digest"] = s["digest"]
 
     _edit(dst, rewrite)
     assert invoke("verify", dst).exit_code == 0  # internally consistent...
@@ -195,9 +197,18 @@ def test_verify_refuses_a_newer_schema_version_and_a_schema_violation(copy_of):
     _edit(dst, lambda d: d.__setitem__("schema_version", 99))
     r = invoke("verify", dst)
     assert r.exit_code == 2 and "schema_version 99 is newer" in r.stderr and "upgrade" in r.stderr
-    _edit(dst, lambda d: (d.__setitem__("schema_version", 1), d["levels"][0].__setitem__("ticks", "many")))
+    _edit(dst, lambda d: (d.__setitem__("schema_version", 2), d["levels"][0].__setitem__("ticks", "many")))
     r = invoke("verify", dst)
     assert r.exit_code == 2 and "fails the results schema" in r.stderr and "levels.0.ticks" in r.stderr
+
+
+def test_verify_refuses_an_older_schema_version_with_what_to_do(copy_of):
+    dst = copy_of()
+    _edit(dst, lambda d: d.__setitem__("schema_version", 1))
+    r = invoke("verify", dst)
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "schema_version 1 was written by an older meshbench" in r.stderr
+    assert "re-run its sweep command (commands.txt beside it) with this version" in r.stderr
 
 
 def test_admit_prints_each_decision_with_its_numbers():

@@ -21,7 +21,7 @@ import pytest
 from test_bad_input import run_refused
 from typer.testing import CliRunner
 
-from meshbench import bundle, limits, validation
+from meshbench import chart, limits, validation
 from meshbench.cli import app
 from meshbench.config import Workload
 from meshbench.engine.synthetic import SyntheticEngine
@@ -321,7 +321,7 @@ def test_sigterm_while_the_bundle_is_written_keeps_the_old_bundle(tmp_path, good
         os.kill(os.getpid(), signal.SIGTERM)  # arrives while the staging folder is being filled
         return False
 
-    monkeypatch.setattr(bundle, "write_chart", killed)
+    monkeypatch.setattr(chart, "write", killed)
     r = cli("sweep", "--levels", "1,2", "--out", b, "--force")
     assert r.exit_code == 143, r.output
     assert "terminated" in r.stderr

@@ -118,7 +118,7 @@ class ContinuousBatchScheduler:
             chosen, decoded, decode_ns = self._decode_phase(tick, self.budget.max_batch_size)
             prefilled, spent, prefill_ns = self._prefill_phase(self.budget.max_prefill_tokens_per_tick)
             finished = self._end_of_tick([*chosen, *prefilled])
-            rec = self._record(tick, t0, chosen, decoded, prefilled, spent, finished, decode_ns + prefill_ns)
+            rec = self._record(tick, t0, chosen, decoded, prefilled, spent, finished, decode_ns, prefill_ns)
             self._ticks.append(rec)
             return rec
 
@@ -199,7 +199,7 @@ class ContinuousBatchScheduler:
         return finished
 
     def _record(self, tick: int, t0: int, chosen: list[Session], decoded: int, prefilled: list[Session],
-                spent: int, finished: list[Session], engine_ns: int) -> TickRecord:
+                spent: int, finished: list[Session], decode_ns: int, prefill_ns: int) -> TickRecord:
         t1 = self.clock()
         self._last_tick_end_ns = t1
         return TickRecord(
@@ -215,7 +215,8 @@ class ContinuousBatchScheduler:
             queued=len(self._queue),
             completed=tuple(s.session_id for s in finished),
             tick_ns=t1 - t0,
-            engine_ns=engine_ns,
+            decode_ns=decode_ns,
+            prefill_ns=prefill_ns,
         )
 
     def run_to_completion(self, max_ticks: int | None = None,
@@ -303,8 +304,10 @@ class ContinuousBatchScheduler:
 
     def _accept(self, request: GenerationRequest, admitted: bool) -> None:
         self._epochs[request.session_id] += 1
-        s = Session(request, self._arrivals, self._epochs[request.session_id], self.clock(),
-                    status=SessionStatus.ADMITTED if admitted else SessionStatus.QUEUED)
+        now = self.clock()
+        s = Session(request, self._arrivals, self._epochs[request.session_id], now,
+                    status=SessionStatus.ADMITTED if admitted else SessionStatus.QUEUED,
+                    admit_ns=now if admitted else None)
         self._arrivals += 1
         self._live[s.session_id] = s
         (self._admitted if admitted else self._queue)[s.session_id] = s
@@ -314,6 +317,7 @@ class ContinuousBatchScheduler:
         while self._queue and self._active_count() < self.active_cap:
             _, s = self._queue.popitem(last=False)
             s.status = SessionStatus.ADMITTED
+            s.admit_ns = self.clock()
             self._admitted[s.session_id] = s
 
     def _end(self, s: Session, reason: DoneReason, error: str | None = None) -> None:

@@ -48,6 +48,7 @@ class Session:
     arrival: int  # arrival order: the FIFO key and the batch order
     epoch: int
     submit_ns: int
+    admit_ns: int | None = None  # when it got a slot (at submit, or when promoted from the queue)
     status: SessionStatus = SessionStatus.QUEUED
     tokens: list[int] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)

@@ -20,8 +20,9 @@ class TickRecord:
     active: int
     queued: int
     completed: tuple[str, ...]  # sessions that got all their tokens this tick
-    tick_ns: int
-    engine_ns: int
+    tick_ns: int  # wall time of the whole tick
+    decode_ns: int  # of which in the decode_batch call
+    prefill_ns: int  # of which in prefill calls
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -1,0 +1,102 @@
+"""`meshbench compare`: the CI gate and the release gate, on the terminal, as JSON or as Markdown."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from meshbench import compare as compare_mod
+from meshbench import compare_report, files
+from meshbench.cli_common import JsonOpt, out, print_json, table
+from meshbench.errors import MeshbenchError
+
+COLORS = {"same": "green", "unchanged": "green", "improved": "cyan", "changed": "red", "regressed": "red"}
+
+
+def _tolerance(value: str) -> float:
+    text = value.strip().rstrip("%")
+    try:
+        t = float(text) / (100 if value.strip().endswith("%") else 1)
+    except ValueError:
+        raise MeshbenchError(f"--tolerance: {value!r} is not a number or a percentage such as 5%") from None
+    if not 0 <= t < 10:
+        raise MeshbenchError(f"--tolerance: {value!r} must be between 0% and 1000%")
+    return t
+
+
+def compare(
+    baseline: Annotated[Path, typer.Argument(help="The bundle to compare against.")],
+    candidate: Annotated[Path, typer.Argument(help="The new bundle.")],
+    tolerance: Annotated[str, typer.Option("--tolerance", help="Smallest relative change that counts, e.g. 5%.")]
+    = "5%",
+    perf: Annotated[str, typer.Option("--perf", help="A strong performance regression: fail (exit 1), warn "
+                                                     "(print it, exit 0) or ignore.")] = "fail",
+    markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write a Markdown summary here.")]
+    = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare two bundles: outputs, scheduler figures and performance, level by level.
+
+    Exit 0 same or improved, 1 outputs or scheduler changed or (--perf fail) performance regressed,
+    2 unusable input.
+    """
+    if perf not in ("fail", "warn", "ignore"):
+        raise MeshbenchError(f"--perf must be fail, warn or ignore, got {perf!r}")
+    if markdown is not None:
+        files.replaceable_file(markdown, "--markdown")
+    report = compare_mod.compare(baseline, candidate, _tolerance(tolerance))
+    if markdown is not None:
+        _write_markdown(markdown, compare_report.render(report, perf))
+    if as_json:
+        print_json(report)
+    else:
+        _print(report, perf)
+    raise typer.Exit(compare_mod.exit_code(report, perf))
+
+
+def _write_markdown(path: Path, text: str) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".meshbench-md-", dir=path.absolute().parent)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, files.umask_mode(0o666))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise MeshbenchError(f"--markdown {path}: cannot write it ({e.strerror or e})") from None
+
+
+def _colored(word: str, text: str | None = None) -> str:
+    return f"[{COLORS.get(word, 'yellow')}]{text or word}[/]"
+
+
+def _print(report: dict, perf: str) -> None:
+    if report["differences"]:
+        t = table("what differs besides the workload" + (" (across machines)" if report["across_machines"] else ""),
+                  ("kind", "field", "baseline", "candidate"))
+        for d in report["differences"]:
+            t.add_row(d["kind"], d["field"], str(d["baseline"]), str(d["candidate"]))
+        out.print(t)
+    t = table(f"{report['baseline']} -> {report['candidate']}: outputs and scheduler",
+              ("level", "outputs", "scheduler"))
+    for lv in report["levels"]:
+        o, s = lv["outputs"], lv["scheduler"]
+        o_text = o["verdict"] if o["first_divergence"] is None else f"changed: {o['first_divergence']}"
+        s_text = s["verdict"] if not s["changes"] else "changed: " + ", ".join(
+            f"{k} {v['baseline']} -> {v['candidate']}" for k, v in s["changes"].items())
+        t.add_row(str(lv["concurrency"]), _colored(o["verdict"], o_text), _colored(s["verdict"], s_text))
+    out.print(t)
+    t = table(f"performance, tolerance {report['tolerance']:.0%} (--perf {perf}): median baseline -> candidate",
+              ("level", "figure", "verdict", "baseline", "candidate", "change", "p"))
+    for lv in report["levels"]:
+        for figure, v in lv["performance"].items():
+            t.add_row(str(lv["concurrency"]), figure, _colored(v["verdict"], compare_report.verdict_text(v)),
+                      f"{v['baseline']['median']:.4g}", f"{v['candidate']['median']:.4g}", f"{v['change']:+.1%}",
+                      "-" if v["p_value"] is None else f"{v['p_value']:.3g}")
+    out.print(t)
+    s = report["summary"]
+    out.print(f"outputs_changed={s['outputs_changed']} scheduler_changed={s['scheduler_changed']} "
+              f"regressed={s['regressed']} improved={s['improved']} weak={len(s['weak'])}", markup=False)
