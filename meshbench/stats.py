@@ -72,7 +72,8 @@ def judge(baseline: Sequence[float], candidate: Sequence[float], higher_is_bette
           tolerance: float) -> Verdict:
     """A change counts only when it exceeds ``tolerance`` AND the samples tell the two runs apart."""
     base, cand = float(np.median(baseline)), float(np.median(candidate))
-    change = cand / base - 1.0 if base else (0.0 if cand == base else float("inf"))
+    # Relative change; from a zero baseline any change counts as +-100% (JSON has no infinity).
+    change = cand / base - 1.0 if base else float(np.sign(cand - base))
     strong = min(len(baseline), len(candidate)) >= MIN_STRONG
     better = change > 0 if higher_is_better else change < 0
     direction = "improved" if better else "regressed"
