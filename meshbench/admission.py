@@ -1,7 +1,13 @@
-"""`meshbench admit`: submit a workload (or a burst) to a fresh scheduler and report."""
+"""`meshbench admit`: submit a workload (or a burst) to a fresh scheduler and report every decision.
+
+With every session at once, the sessions are submitted and no tick runs. With arrivals over
+time, the node runs: each session is submitted before its arrival tick, and each decision is
+reported with its tick (the timeline), as the sweep records it.
+"""
 
 from __future__ import annotations
 
+from meshbench import arrivals
 from meshbench.config import RunConfig, Workload
 from meshbench.engine import factory
 from meshbench.engine.base import check_context
@@ -12,16 +18,26 @@ def run(cfg: RunConfig, burst: int | None = None) -> dict:
     budget = cfg.budget
     wl = cfg.workload
     if burst is not None:
-        wl = Workload((wl.prompt_tokens[0],) * burst, (wl.new_tokens[0],) * burst, wl.seed)
+        wl = Workload((wl.prompt_tokens[0],) * burst, (wl.new_tokens[0],) * burst, wl.seed, wl.arrivals)
+    process = arrivals.parse(wl.arrivals)
     setup = factory.setup(cfg.engine, wl.longest, budget.max_active_sessions)
     check_context(wl.longest, setup.context_length)  # one rule for admit and sweep
     sched = ContinuousBatchScheduler(setup.make(budget), budget)
-    decisions = [sched.submit(r).to_dict() for r in wl.requests(setup.vocab_size)]
+    requests = wl.requests(setup.vocab_size)
+    if process.all_at_once:
+        decisions = [dict(sched.submit(r).to_dict(), tick=0) for r in requests]
+    else:
+        decisions = []
+        schedule = list(zip(process.ticks(wl.sessions, wl.seed), requests))
+        sched.run_to_completion(arrivals=schedule,
+                                on_submit=lambda tick, d: decisions.append(dict(d.to_dict(), tick=tick)))
     return {
         "engine": {k: setup.info[k] for k in ("kind", "kv_bytes_per_token", "weight_bytes",
                                                "scratch_bytes_per_session")},
         "budget": budget.to_dict(),
         "effective_active_cap": sched.active_cap,
+        "arrivals": process.label(),
+        "ticks": len(sched.ticks()),
         "decisions": decisions,
         "summary": {reason: sum(d["reason"] == reason for d in decisions)
                     for reason in sorted({d["reason"] for d in decisions})},

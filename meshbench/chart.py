@@ -14,6 +14,42 @@ def write(data: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         return False
+    if data["reference"] is not None:
+        fig = _backpressure(plt, data)
+    else:
+        fig = _concurrency(plt, data)
+    fig.suptitle(f"{data['story']}: {data['engine']['kind']} engine"
+                 + (f", saturation at {data['saturation_concurrency']}" if data["reference"] is None else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _backpressure(plt, data: dict):
+    """The backpressure curve, per concurrency: offered against accepted, rejected and goodput; queue wait."""
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for c in sorted({lv["concurrency"] for lv in data["levels"]}):
+        levels = sorted((lv for lv in data["levels"] if lv["concurrency"] == c), key=lambda lv: lv["rate"])
+        rate = [lv["rate"] for lv in levels]
+        b = [lv["backpressure"] for lv in levels]
+        ax[0].plot(rate, [x["offered_per_100_ticks"] for x in b], "k:", label=f"c={c} offered")
+        ax[0].plot(rate, [x["accepted_per_100_ticks"] for x in b], "o-", label=f"c={c} accepted")
+        ax[0].plot(rate, [x["rejected_per_100_ticks"] for x in b], "x--", label=f"c={c} rejected")
+        ax[0].plot(rate, [x["goodput_per_100_ticks"] for x in b], "s-", label=f"c={c} goodput")
+        ax[1].plot(rate, [x["queue_wait_ticks"]["p95"] or 0 for x in b], "o-", label=f"c={c} p95")
+        ax[1].plot(rate, [x["queue_wait_ticks"]["p50"] or 0 for x in b], "s--", label=f"c={c} p50")
+    ax[0].set_title("sessions per 100 ticks against the offered rate")
+    ax[1].set_title("queue wait (ticks) against the offered rate")
+    for a in ax:
+        a.set_xlabel("offered rate (sessions per tick)")
+        a.set_xscale("log")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    return fig
+
+
+def _concurrency(plt, data: dict):
     levels = data["levels"]
     c = [lv["concurrency"] for lv in levels]
     decode = [lv["wall"]["decode_tokens_per_s"] for lv in levels]
@@ -44,8 +80,4 @@ def write(data: dict, path: Path) -> bool:
         ax[1, 1].legend()
     for a in ax.flat:
         a.grid(alpha=0.3)
-    fig.suptitle(f"{data['story']}: {data['engine']['kind']} engine, saturation at {data['saturation_concurrency']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    return fig

@@ -23,6 +23,7 @@ from meshbench import config as config_mod
 from meshbench import verify as verify_mod
 from meshbench.cli_bench import bench_app, model_app
 from meshbench.cli_common import (
+    ArrivalsOpt,
     ConfigOpt,
     DeviceOpt,
     EngineOpt,
@@ -31,12 +32,19 @@ from meshbench.cli_common import (
     NewOpt,
     PresetOpt,
     PromptOpt,
+    QueueOpt,
+    RatesOpt,
+    RepeatOpt,
     SeedOpt,
     SessionsOpt,
+    SloTpotOpt,
+    SloTtftOpt,
     ThreadsOpt,
+    WarmupOpt,
     command_line,
     drop_none,
     err,
+    float_list,
     int_list,
     out,
     print_json,
@@ -181,11 +189,13 @@ def sweep(
         "--max-prefill-tokens-per-tick", min=1, max=limits.MAX_TOKENS,
         help="Prompt tokens prefilled per tick (first always runs).")] = None,
     seed: SeedOpt = None,
-    repeat: Annotated[Optional[int], typer.Option(
-        "--repeat", min=1, max=100, help="Recorded passes per level, interleaved (5 or more for a strong "
-                                         "compare verdict).")] = None,
-    warmup: Annotated[Optional[int], typer.Option(
-        "--warmup", min=0, max=10, help="Unrecorded passes per level first (default 1).")] = None,
+    arrivals: ArrivalsOpt = None,
+    rates: RatesOpt = None,
+    max_queue_depth: QueueOpt = None,
+    slo_ttft: SloTtftOpt = None,
+    slo_tpot: SloTpotOpt = None,
+    repeat: RepeatOpt = None,
+    warmup: WarmupOpt = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write an evidence bundle to this folder.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle at --out.")] = False,
     as_json: JsonOpt = False,
@@ -199,24 +209,27 @@ def sweep(
         "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
         "repeat": repeat,
         "warmup": warmup,
+        "rates": float_list(rates, "--rates") if rates is not None else None,
+        "slo": {"ttft_ticks": slo_ttft, "tpot_ticks": slo_tpot},
         "engine": _engine_overrides(engine, preset, model, device, threads, seed),
-        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed),
-        "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick},
+        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
+        "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
     })
     cfg = config_mod.load(config, overrides)
     staging = bundle.prepare(out_dir, force) if out_dir is not None else None
     try:
         data = _run_with_progress(cfg, run.prepare(cfg, verbose))
         if out_dir is not None:
-            written = bundle.commit(staging, out_dir, data, force)
+            err.print(f"wrote {out_dir}: {', '.join(bundle.commit(staging, out_dir, data, force))}", markup=False)
             staging = None
-            err.print(f"wrote {out_dir}: {', '.join(written)}", markup=False)
     finally:
         bundle.discard(staging)
-    if as_json:
-        print_json(data)
-    else:
-        _print_sweep(data)
+    print_json(data) if as_json else _print_sweep(data)
+    _check_own_evidence(data)
+
+
+def _check_own_evidence(data: dict) -> None:
+    """A sweep whose evidence would not pass verify says why and exits 1 (its bundle is kept)."""
     failures = verify_mod.check_data(data).failures
     if failures:
         for f in failures:
@@ -281,7 +294,8 @@ def admit(
     new_tokens: NewOpt = None,
     burst: Annotated[Optional[int], typer.Option(
         "--burst", min=1, max=limits.MAX_SESSIONS,
-        help="Submit N sessions shaped like the first of the workload, all at once.")] = None,
+        help="Submit N sessions shaped like the first of the workload.")] = None,
+    arrivals: ArrivalsOpt = None,
     kv_bytes: Annotated[Optional[int], typer.Option("--kv-bytes", min=1, max=limits.MAX_BYTES,
                                                     help="Node KV budget in bytes.")] = None,
     scratch_bytes: Annotated[Optional[int], typer.Option("--scratch-bytes", min=1, max=limits.MAX_BYTES)] = None,
@@ -298,7 +312,7 @@ def admit(
     """Will these sessions fit on this node? Print every admission decision and the numbers behind it."""
     overrides = drop_none({
         "engine": _engine_overrides(engine, preset, model, None, None, seed),
-        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed),
+        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
         "budget": {"kv_bytes": kv_bytes, "scratch_bytes": scratch_bytes, "weight_bytes": weight_bytes,
                    "max_active_sessions": max_active, "max_queue_depth": max_queue_depth,
                    "max_batch_size": max_batch_size},
@@ -309,12 +323,12 @@ def admit(
         print_json(result)
         return
     t = table(f"admission on a node with {result['effective_active_cap']} active slots, "
-                    f"queue depth {cfg.budget.max_queue_depth}",
-              ("session", "decision", "KV needed", "KV budget", "scratch needed", "scratch budget", "active",
-              "queued"))
+              f"queue depth {cfg.budget.max_queue_depth}, arrivals {result['arrivals']}",
+              ("tick", "session", "decision", "KV needed", "KV budget", "scratch needed", "scratch budget", "active",
+               "queued"))
     for d in result["decisions"]:
         color = "green" if d["reason"] == "ADMITTED" else "yellow" if d["reason"] == "QUEUED" else "red"
-        t.add_row(d["session_id"], f"[{color}]{d['reason']}[/]", str(d["kv_needed_bytes"]),
+        t.add_row(str(d["tick"]), d["session_id"], f"[{color}]{d['reason']}[/]", str(d["kv_needed_bytes"]),
                   str(d["kv_budget_bytes"]), str(d["scratch_needed_bytes"]), str(d["scratch_budget_bytes"]),
                   f"{d['active_sessions']}/{d['active_cap']}", f"{d['queue_depth']}/{d['max_queue_depth']}")
     out.print(t)

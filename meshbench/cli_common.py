@@ -122,6 +122,44 @@ def table(title: str, headers: tuple[str, ...]) -> Table:
     return t
 
 
-def workload_overrides(sessions, prompt_tokens, new_tokens, seed) -> dict:
+def workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals=None) -> dict:
     return {"sessions": sessions, "prompt_tokens": per_session(prompt_tokens, "--prompt-tokens"),
-            "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed}
+            "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed, "arrivals": arrivals}
+
+
+def float_list(value: str, flag: str) -> list[float]:
+    """Comma-separated positive numbers, e.g. --rates 0.25,0.5,1."""
+    items = []
+    for part in value.split(","):
+        try:
+            x = float(part)
+        except ValueError:
+            raise MeshbenchError(f"{flag}: {part.strip()!r} is not a number") from None
+        if not 0 < x <= 1e4:
+            raise MeshbenchError(f"{flag}: {part.strip()} must be above 0 and at most 10000")
+        if x in items:
+            raise MeshbenchError(f"{flag}: {part.strip()} appears twice")
+        items.append(x)
+    if not 1 <= len(items) <= limits.MAX_LEVELS:
+        raise MeshbenchError(f"{flag}: give 1 to {limits.MAX_LEVELS} rates")
+    return items
+
+
+RatesOpt = Annotated[Optional[str], typer.Option(
+    "--rates", help="Arrival rates (sessions per tick) of the poisson or gamma process, each a level "
+                    "(crossed with --levels), e.g. 0.25,0.5,1,2.")]
+QueueOpt = Annotated[Optional[int], typer.Option(
+    "--max-queue-depth", min=0, max=limits.MAX_SESSIONS,
+    help="The node's queue (arrivals over time; all at once, the queue holds every session).")]
+SloTtftOpt = Annotated[Optional[int], typer.Option(
+    "--slo-ttft", min=1, max=10_000_000, help="Goodput SLO: ticks from arrival to first token.")]
+SloTpotOpt = Annotated[Optional[float], typer.Option(
+    "--slo-tpot", min=0.001, max=10_000_000, help="Goodput SLO: mean ticks per token after the first.")]
+RepeatOpt = Annotated[Optional[int], typer.Option(
+    "--repeat", min=1, max=100, help="Recorded passes per level, interleaved (5 or more for a strong "
+                                     "compare verdict).")]
+WarmupOpt = Annotated[Optional[int], typer.Option(
+    "--warmup", min=0, max=10, help="Unrecorded passes per level first (default 1).")]
+ArrivalsOpt = Annotated[Optional[str], typer.Option(
+    "--arrivals", help="all-at-once (default) | poisson:RATE | gamma:RATE:CV | trace:T0,T1,... | trace:FILE "
+                       "(rates in sessions per tick).")]

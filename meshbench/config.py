@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from meshbench import files, validation
+from meshbench import arrivals, files, validation
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
@@ -25,13 +25,15 @@ DEFAULTS: dict = {
     "story": "DGR-012",
     "title": "Continuous batching and bounded admission",
     "levels": [1, 2, 4, 8],
+    "rates": None,  # with a poisson or gamma process: each rate (sessions per tick) is a level, per concurrency
     "repeat": 1,
     "warmup": 1,  # the first pass of a process is measurably slower on both engines (README, "Repetitions")
     "engine": {
         "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
     },
-    "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0},
+    "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once"},
+    "slo": {"ttft_ticks": None, "tpot_ticks": None},  # goodput counts completed sessions within both
     "budget": {
         "weight_bytes": 1 << 30,
         "kv_bytes": 1 << 24,
@@ -68,6 +70,7 @@ class Workload:
     prompt_tokens: tuple[int, ...]
     new_tokens: tuple[int, ...]
     seed: int = 0
+    arrivals: str = "all-at-once"  # meshbench.arrivals.parse reads it
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:
@@ -107,7 +110,7 @@ class Workload:
 
     def to_dict(self) -> dict:
         return {"sessions": self.sessions, "prompt_tokens": list(self.prompt_tokens),
-                "new_tokens": list(self.new_tokens), "seed": self.seed}
+                "new_tokens": list(self.new_tokens), "seed": self.seed, "arrivals": self.arrivals}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +124,14 @@ class RunConfig:
     source: str  # where the config came from, for messages and the results echo
     repeat: int = 1  # recorded passes per level
     warmup: int = 0  # unrecorded passes per level before them
+    rates: tuple[float, ...] | None = None  # arrival rates crossed with the levels
+    slo: dict | None = None  # {"ttft_ticks": n | None, "tpot_ticks": x | None}
 
     def to_dict(self) -> dict:
         return {
             "story": self.story, "title": self.title, "levels": list(self.levels),
-            "repeat": self.repeat, "warmup": self.warmup,
+            "rates": None if self.rates is None else list(self.rates), "repeat": self.repeat,
+            "warmup": self.warmup, "slo": dict(self.slo or {"ttft_ticks": None, "tpot_ticks": None}),
             "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
         }
 
@@ -237,7 +243,13 @@ def from_mapping(data: dict, source: str) -> RunConfig:
         _per_session(wl["prompt_tokens"], n, "prompt_tokens", source),
         _per_session(wl["new_tokens"], n, "new_tokens", source),
         wl["seed"],
+        wl["arrivals"],
     )
+    process = arrivals.parse(wl["arrivals"], f"{source}: workload.arrivals")
+    process.ticks(n, wl["seed"])  # a trace of the wrong length, or arrivals too late, are refused now
+    if data["rates"] is not None:
+        for r in data["rates"]:
+            process.with_rate(r)
     eng = data["engine"]
     if eng["kind"] == "gguf" and not eng.get("model"):
         raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path)")
@@ -245,4 +257,5 @@ def from_mapping(data: dict, source: str) -> RunConfig:
         story=data["story"], title=data["title"], levels=tuple(data["levels"]),
         engine=EngineSpec(**eng), workload=workload, budget=NodeBudget(**data["budget"]), source=source,
         repeat=data["repeat"], warmup=data["warmup"],
+        rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]),
     )

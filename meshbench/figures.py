@@ -124,10 +124,14 @@ def first_divergence(reference: dict, other: dict) -> dict | None:
     return None
 
 
-def sweep_divergence(levels: Sequence[dict]) -> dict | None:
-    """The first divergence of any level from the first (the reference)."""
-    for lv in levels[1:]:
-        div = first_divergence(levels[0], lv)
+def sweep_divergence(levels: Sequence[dict], reference: dict | None = None) -> dict | None:
+    """The first divergence of any level from the reference: the sessions run alone when given
+    (a sweep of arrivals), else the first level."""
+    reference = reference or levels[0]
+    for lv in levels:
+        if lv is reference:
+            continue
+        div = first_divergence(reference, lv)
         if div is not None:
             return div
     return None

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 
-from meshbench import figures
+from meshbench import arrivals, backpressure, figures
 from meshbench.checks import Checks
+from meshbench.errors import MeshbenchError
 
 RESULTS = "results.json"
 
@@ -24,7 +25,8 @@ def check_data(c: Checks, data: dict) -> None:
         check_level_accounting(c, data, lv, at)
         check_level_budget(c, data, lv, at)
         check_tick_replay(c, data, lv, at)
-        check_repetitions(c, data, lv, at)
+        check_arrivals(c, data, lv, at)
+        check_repetitions(c, data, lv, at, i)
         check_wall(c, lv, at)
     check_sessions(c, data)
     check_sweep(c, data)
@@ -84,28 +86,37 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
 
 
 def check_level_budget(c: Checks, data: dict, lv: dict, at: str) -> None:
-    """At level c the node allows c active sessions, a batch of c and a queue that holds every session."""
+    """At level c the node allows c active sessions and a batch of c; with every session submitted at once
+    the queue holds them all, with arrivals over time it is the configured one."""
     base = data["config"]["budget"]
+    queue = base["max_queue_depth"]
+    if lv["arrivals"] == "all-at-once":
+        queue = max(queue, data["workload"]["sessions"])
     expected = dict(base, max_active_sessions=lv["concurrency"], max_batch_size=lv["concurrency"],
-                    max_queue_depth=max(base["max_queue_depth"], data["workload"]["sessions"]))
+                    max_queue_depth=queue)
     c.equal(RESULTS, f"{at}.budget", expected, lv["budget"])
 
 
 def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
     """Replay the tick records: held positions, active slots and queue depth at the end of every tick.
 
-    Exact for a level where every session completed (every session submitted before the
-    first tick, a free slot always taken by the queue); a level with cache misses or
-    failures is already judged by the other checks.
+    Exact for a level where every session completed (sessions accepted before a tick join the
+    live ones, and a free slot is always taken by the queue, so active = min(cap, live));
+    a level with cache misses or failures is already judged by the other checks.
     """
     if lv["cache_misses"] or lv["failed"]:
         return
     prompt = {s["session_id"]: s["prompt_tokens"] for s in lv["sessions"]}
     scratch = data["engine"]["scratch_bytes_per_session"]
     cap = min(lv["budget"]["max_active_sessions"], lv["budget"]["scratch_bytes"] // scratch)
-    live = len(lv["sessions"])
+    accepted_at = {}
+    for e in lv["submit_events"]:
+        if e["decision"] in ("ADMITTED", "QUEUED"):
+            accepted_at[e["tick"]] = accepted_at.get(e["tick"], 0) + 1
+    live = 0
     held: dict[str, int] = {}  # running session -> positions it holds
     for t in lv["tick_records"]:
+        live += accepted_at.get(t["tick"], 0)
         for sid in t["decode_sessions"]:
             held[sid] = held.get(sid, 0) + 1
         for sid in t["prefill_sessions"]:
@@ -119,18 +130,45 @@ def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
         c.equal(RESULTS, f"{where}.queued (replayed)", live - min(cap, live), t["queued"])
 
 
-def check_repetitions(c: Checks, data: dict, lv: dict, at: str) -> None:
+def check_arrivals(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Arrival ticks recomputed from the process and the seed; one submit event per arrival, at its tick;
+    the accepted ones are exactly the level's sessions; the admission figures recomputed from the events."""
+    w = data["workload"]
+    try:
+        process = arrivals.parse(lv["arrivals"])
+        expected_ticks = process.ticks(w["sessions"], w["seed"])
+    except MeshbenchError as e:
+        c.equal(RESULTS, f"{at}.arrivals", "an arrival process", f"{lv['arrivals']!r} ({e})")
+        return
+    c.equal(RESULTS, f"{at}.rate", process.rate, lv["rate"])
+    c.equal(RESULTS, f"{at}.arrival_ticks (recomputed from the process and seed {w['seed']})", expected_ticks,
+            lv["arrival_ticks"])
+    ids = [f"s{i:0{len(str(w['sessions'] - 1))}d}" for i in range(w["sessions"])]
+    expected = sorted(zip(expected_ticks, ids))
+    events = lv["submit_events"]
+    c.equal(RESULTS, f"{at}.submit_events (tick, session) in arrival order", [list(x) for x in expected],
+            [[e["tick"], e["session_id"]] for e in events])
+    accepted = sorted(e["session_id"] for e in events if e["decision"] in ("ADMITTED", "QUEUED"))
+    c.equal(RESULTS, f"{at}.sessions (= the accepted arrivals)", accepted,
+            sorted(s["session_id"] for s in lv["sessions"]))
+    rejected = sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in events)
+    c.equal(RESULTS, f"{at}.rejected_admissions (from the submit events)", rejected, lv["rejected_admissions"])
+    for k, v in backpressure.level_figures(lv, data["config"]["slo"]).items():
+        c.equal(RESULTS, f"{at}.backpressure.{k}", v, lv["backpressure"].get(k))
+
+
+def check_repetitions(c: Checks, data: dict, lv: dict, at: str, index: int) -> None:
     """Every repetition ran the same deterministic pass: same ticks, same sessions, same tokens."""
     reps = lv["repetitions"]
     repeat = data["config"]["repeat"]
     c.equal(RESULTS, f"{at}.repetitions (count = config.repeat)", repeat, len(reps))
-    levels = sorted(x["concurrency"] for x in data["levels"])
+    count = len(data["levels"])
     for i, rep in enumerate(reps):
         where = f"{at}.repetitions[{i}]"
         c.equal(RESULTS, f"{where}.repetition", i, rep["repetition"])
-        rotated = levels[i % len(levels):] + levels[: i % len(levels)]
-        c.equal(RESULTS, f"{where}.position (level order rotated by the repetition)",
-                rotated.index(lv["concurrency"]), rep["position"])
+        rotated = list(range(i % count, count)) + list(range(i % count))
+        c.equal(RESULTS, f"{where}.position (level order rotated by the repetition)", rotated.index(index),
+                rep["position"])
         ticks = [{k: v for k, v in t.items() if k not in figures.TIMING_TICK_FIELDS} for t in rep["tick_records"]]
         c.equal(RESULTS, f"{where}.tick_records (deterministic fields = repetition 0's)", True,
                 ticks == lv["tick_records"])
@@ -165,7 +203,7 @@ def check_sessions(c: Checks, data: dict) -> None:
         c.equal(RESULTS, f"{at}.sessions ids not in the workload", [], sorted(set(ids) - set(expected)))
         if ref_ids is None:
             ref_ids = sorted(set(ids))
-        else:
+        elif data["reference"] is None:  # all at once: every level serves the same sessions
             c.equal(RESULTS, f"{at}.sessions ids (same as levels[0])", ref_ids, sorted(set(ids)))
         for j, s in enumerate(lv["sessions"]):
             k = expected.get(s["session_id"])
@@ -180,25 +218,35 @@ def check_sessions(c: Checks, data: dict) -> None:
 
 def check_sweep(c: Checks, data: dict) -> None:
     levels = data["levels"]
-    div = figures.sweep_divergence(levels)
+    div = figures.sweep_divergence(levels, data["reference"])
     unfinished = figures.unfinished_sessions(levels)
     corruption_free = div is None and unfinished == 0
     c.equal(RESULTS, "corruption_free (no divergence, no failed session)", corruption_free,
             data["corruption_free"])
-    c.equal(RESULTS, "corruption_free (independent recomputation)", _plain_corruption_free(levels),
-            data["corruption_free"])
+    c.equal(RESULTS, "corruption_free (independent recomputation)",
+            _plain_corruption_free(levels, data["reference"]), data["corruption_free"])
     found = data["first_divergence"]
     if found is not None:
         found = {k: found[k] for k in div} if div else found
     c.equal(RESULTS, "first_divergence", div, found)
-    c.equal(RESULTS, "reference_concurrency", levels[0]["concurrency"], data["reference_concurrency"])
+    c.equal(RESULTS, "reference_concurrency", (data["reference"] or levels[0])["concurrency"],
+            data["reference_concurrency"])
+    c.equal(RESULTS, "reference (present exactly for a sweep of arrivals)",
+            any(lv["arrivals"] != "all-at-once" for lv in levels), data["reference"] is not None)
     # The margin is meshbench's constant, not the bundle's to choose.
     c.equal(RESULTS, "saturation_margin", figures.SATURATION_MARGIN, data["saturation_margin"])
-    conc = [lv["concurrency"] for lv in levels]
-    occ = [lv["avg_batch_occupancy"] for lv in levels]
-    c.equal(RESULTS, "saturation_concurrency", figures.saturation_level(conc, occ), data["saturation_concurrency"])
-    c.equal(RESULTS, "saturation_concurrency (independent recomputation)", _plain_saturation(levels),
-            data["saturation_concurrency"])
+    at_once = [lv for lv in levels if lv["rate"] is None]
+    if at_once:
+        conc = [lv["concurrency"] for lv in at_once]
+        occ = [lv["avg_batch_occupancy"] for lv in at_once]
+        c.equal(RESULTS, "saturation_concurrency", figures.saturation_level(conc, occ),
+                data["saturation_concurrency"])
+        c.equal(RESULTS, "saturation_concurrency (independent recomputation)", _plain_saturation(at_once),
+                data["saturation_concurrency"])
+    else:
+        c.equal(RESULTS, "saturation_concurrency (none for a sweep of rates)", None, data["saturation_concurrency"])
+    c.equal(RESULTS, "saturation_rates", backpressure.saturation_rates(levels) if data["reference"] else None,
+            data["saturation_rates"])
 
 
 # --- the second way: plain loops over the raw records, nothing from figures.py ----------------
@@ -225,10 +273,11 @@ def _plain_tick_figures(ticks: list[dict]) -> dict:
     }
 
 
-def _plain_corruption_free(levels: list[dict]) -> bool:
-    """Every session ended without failing, and its tokens agree with the first level's on their common part."""
+def _plain_corruption_free(levels: list[dict], alone: dict | None) -> bool:
+    """Every session ended without failing, and its tokens agree with the reference's (the sessions run
+    alone, else the first level's) on their common part."""
     reference = {}
-    for s in levels[0]["sessions"]:
+    for s in (alone or levels[0])["sessions"]:
         reference[s["session_id"]] = s["tokens"]
     for lv in levels:
         for s in lv["sessions"]:

@@ -9,7 +9,7 @@ TABLE_HEADER = "| concurrency | ticks | avg batch occupancy | max occupancy | to
 def table_rows(results: dict) -> list[list[str]]:
     """The deterministic table, one row of cells per level: what verify compares."""
     return [
-        [str(lv["concurrency"]), str(lv["ticks"]), f"{lv['avg_batch_occupancy']:.3f}",
+        [_level_name(lv), str(lv["ticks"]), f"{lv['avg_batch_occupancy']:.3f}",
          str(lv["max_batch_occupancy"]), f"{lv['tokens_per_tick']:.3f}", str(lv["peak_kv_bytes"])]
         for lv in results["levels"]
     ]
@@ -17,6 +17,11 @@ def table_rows(results: dict) -> list[list[str]]:
 
 TABLE_FIELDS = ["concurrency", "ticks", "avg_batch_occupancy", "max_batch_occupancy", "tokens_per_tick",
                 "peak_kv_bytes"]
+
+
+def _level_name(lv: dict) -> str:
+    """A level's name in tables: its concurrency, and its arrival rate when sessions arrive over time."""
+    return str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}/tick"
 
 
 def _row(cells) -> str:
@@ -73,6 +78,7 @@ def render_readme(results: dict, bundle_name: str) -> str:
         "",
         *_what_ran(results),
         *_sweep_section(results),
+        *_backpressure_section(results),
         *_wall_section(results),
         *_environment(results["environment"]),
         "## Reproduce",
@@ -102,9 +108,13 @@ def _what_ran(results: dict) -> list[str]:
         f"- workload: {w['sessions']} sessions, prompt tokens {','.join(map(str, prompts))}, new tokens "
         f"{','.join(map(str, news))} (per session in results.json), prompt ids drawn from seed {w['seed']}",
         f"- budget: KV {b['kv_bytes']} bytes, scratch {b['scratch_bytes']} bytes, weights {b['weight_bytes']} "
-        f"bytes (reported), queue depth >= sessions, max_prefill_tokens_per_tick {b['max_prefill_tokens_per_tick']}",
-        "- at concurrency c the node allows c active sessions and a batch of c; every session is submitted "
-        "before the first tick",
+        f"bytes (reported), queue depth "
+        + (">= sessions" if results["reference"] is None else str(b["max_queue_depth"]))
+        + f", max_prefill_tokens_per_tick {b['max_prefill_tokens_per_tick']}",
+        "- at concurrency c the node allows c active sessions and a batch of c; "
+        + ("every session is submitted before the first tick" if results["reference"] is None else
+           f"sessions arrive over time ({results['levels'][0]['arrivals'].split(':')[0]} process, arrival "
+           "ticks in results.json) and the configured queue applies"),
         "- policy: decode first (one batch per tick), then bounded first-in-first-out prefill; finished sessions "
         "release their KV at the end of the tick",
         "",
@@ -121,10 +131,13 @@ def _sweep_section(results: dict) -> list[str]:
         "|---|---|---|---|---|---|",
         *[_row(r) for r in table_rows(results)],
         "",
-        f"saturation_concurrency = {results['saturation_concurrency']} (occupancy rises by more than "
-        f"{results['saturation_margin']:.0%} up to it), corruption_free = {results['corruption_free']} (every "
-        f"session's tokens at every level equal level {results['reference_concurrency']}'s, byte for byte), "
-        f"cache_misses = {totals['cache_misses']}, rejected_admissions = {totals['rejected_admissions']}, "
+        (f"saturation_concurrency = {results['saturation_concurrency']} (occupancy rises by more than "
+         f"{results['saturation_margin']:.0%} up to it), corruption_free = {results['corruption_free']} (every "
+         f"session's tokens at every level equal level {results['reference_concurrency']}'s, byte for byte), "
+         if results["reference"] is None else
+         f"corruption_free = {results['corruption_free']} (every completed session's tokens at every level equal "
+         "its tokens when run alone, byte for byte; rejected sessions are listed, not compared), ")
+        + f"cache_misses = {totals['cache_misses']}, rejected_admissions = {totals['rejected_admissions']}, "
         f"failed = {totals['failed']}.",
     ]
     div = results.get("first_divergence")
@@ -156,6 +169,44 @@ def _spread(summary: dict | None, digits: int | None) -> str:
     if summary["n"] == 1:
         return fmt(summary["median"])
     return f"{fmt(summary['median'])} ({fmt(summary['min'])}-{fmt(summary['max'])})"
+
+
+def _backpressure_section(results: dict) -> list[str]:
+    if results["reference"] is None:
+        return []
+    slo = results["config"]["slo"]
+    slos = [f"TTFT <= {slo['ttft_ticks']} ticks" if slo["ttft_ticks"] is not None else "",
+            f"TPOT <= {slo['tpot_ticks']} ticks" if slo["tpot_ticks"] is not None else ""]
+    slos = " and ".join(x for x in slos if x) or "no SLO given: every completed session counts"
+    lines = [
+        "## Backpressure (deterministic, in ticks)",
+        "",
+        f"Queue depth {results['budget']['max_queue_depth']}. Goodput counts completed sessions within {slos}. "
+        "Rates are per 100 ticks of the level (arrivals, drain and idle ticks included).",
+        "",
+        "| level | offered | admitted at once | queued | rejected | completed | queue depth max / mean | "
+        "queue wait p50 / p95 / max | TTFT p50 / p95 / p99 | accepted /100t | rejected /100t | goodput /100t |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in results["levels"]:
+        b = lv["backpressure"]
+        rejected = ", ".join(f"{n} {r.removeprefix('REJECTED_').lower()}" for r, n in b["rejected_by_reason"].items())
+        w, t = b["queue_wait_ticks"], b["ttft_ticks"]
+        lines.append(_row([
+            _level_name(lv), str(b["offered"]), str(b["admitted_at_once"]), str(b["queued"]), rejected or "0",
+            str(b["completed"]), f"{b['queue_depth_max']} / {b['queue_depth_mean']:.2f}",
+            " / ".join(_ticks(w[k]) for k in ("p50", "p95", "max")),
+            " / ".join(_ticks(t[k]) for k in ("p50", "p95", "p99")),
+            f"{b['accepted_per_100_ticks']:.1f}", f"{b['rejected_per_100_ticks']:.1f}",
+            f"{b['goodput_per_100_ticks']:.1f}",
+        ]))
+    sat = ", ".join(f"concurrency {c}: {'none up to the highest rate' if r is None else f'{r:g} sessions/tick'}"
+                    for c, r in results["saturation_rates"].items())
+    return [*lines, "", f"First rate at which a full queue refused a session (REJECTED_QUEUE_FULL): {sat}.", ""]
+
+
+def _ticks(x) -> str:
+    return "-" if x is None else f"{x:g}"
 
 
 def _wall_section(results: dict) -> list[str]:

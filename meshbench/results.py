@@ -36,6 +36,8 @@ def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environmen
         "saturation_concurrency": sweep.saturation_concurrency,
         "saturation_margin": SATURATION_MARGIN,
         "reference_concurrency": sweep.reference_concurrency,
+        "reference": sweep.reference,
+        "saturation_rates": sweep.saturation_rates,
     }
 
 

@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from meshbench import figures
+from meshbench import arrivals as arrivals_mod
+from meshbench import backpressure, figures
+from meshbench.arrivals import Arrivals
 from meshbench.config import Workload, validate_levels
 from meshbench.engine.base import BatchEngine
 from meshbench.scheduler.budget import NodeBudget
@@ -35,8 +37,10 @@ class ConcurrencySweep:
     levels: list[dict]  # one results.json level record each
     corruption_free: bool
     first_divergence: dict | None
-    saturation_concurrency: int
+    saturation_concurrency: int | None  # None for a sweep of arrival rates
     reference_concurrency: int
+    reference: dict | None = None  # arrival sweeps: every session run alone
+    saturation_rates: dict | None = None  # arrival sweeps: per concurrency, the first rate a full queue refused
 
 
 def _finite(x):
@@ -62,11 +66,25 @@ def session_timing(s: Session, t0: int) -> dict:
             "token_ns": [t - t0 for t in s.token_ns]}
 
 
-def level_budget(base: NodeBudget, concurrency: int, sessions: int) -> NodeBudget:
+def level_budget(base: NodeBudget, concurrency: int, sessions: int, all_at_once: bool = True) -> NodeBudget:
+    """At level c: c active sessions and a batch of c. With every session submitted at once the queue is
+    raised to hold them all (the DGR-012 rule); with arrivals over time the configured queue is measured."""
     return dataclasses.replace(
         base, max_active_sessions=concurrency, max_batch_size=concurrency,
-        max_queue_depth=max(base.max_queue_depth, sessions),
+        max_queue_depth=max(base.max_queue_depth, sessions) if all_at_once else base.max_queue_depth,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of a sweep: a concurrency, and the arrival process its sessions follow."""
+
+    concurrency: int
+    arrivals: Arrivals
+
+    @property
+    def rate(self) -> float | None:
+        return self.arrivals.rate
 
 
 @dataclass(slots=True)
@@ -76,36 +94,43 @@ class Pass:
     sessions: list[dict]
     ticks: list[dict]  # full tick records, timing included
     timing: list[dict]
+    events: list[dict]  # one per arrival: tick, session, decision, active and queued at that moment
     wall_s: float
-    rejected: int
     cache_misses: int
     failed: int
 
 
 def run_pass(
     requests: Sequence[GenerationRequest],
+    arrival_ticks: Sequence[int],
     budget: NodeBudget,
     engine: BatchEngine,
     clock: Callable[[], int] = time.monotonic_ns,
     on_tick: Callable[[TickRecord], None] | None = None,
 ) -> Pass:
-    """Submit every request, run the scheduler to completion, keep the raw records."""
+    """Submit each request before its arrival tick, run the scheduler to completion, keep the raw records."""
     sched = ContinuousBatchScheduler(engine, budget, clock)
+    events: list[dict] = []
+
+    def on_submit(tick: int, d) -> None:
+        events.append({"tick": tick, "session_id": d.session_id, "decision": d.reason.value,
+                       "active": d.active_sessions, "queued": d.queue_depth})
+
     t0 = clock()
-    rejected = sum(not sched.submit(r).accepted for r in requests)
-    sched.run_to_completion(on_tick=on_tick)
+    sched.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_ticks, requests)), on_submit=on_submit)
     wall_s = (clock() - t0) / 1e9
     ended = sched.sessions()
     tel = sched.telemetry()
     return Pass([session_record(s) for s in ended], [t.to_dict() for t in sched.ticks()],
-                [session_timing(s, t0) for s in ended], wall_s, rejected, tel.cache_misses, tel.failed)
+                [session_timing(s, t0) for s in ended], events, wall_s, tel.cache_misses, tel.failed)
 
 
 def deterministic_ticks(ticks: Sequence[dict]) -> list[dict]:
     return [{k: v for k, v in t.items() if k not in figures.TIMING_TICK_FIELDS} for t in ticks]
 
 
-def level_record(concurrency: int, budget: NodeBudget, passes: Sequence[tuple[int, int, Pass]]) -> dict:
+def level_record(level: Level, budget: NodeBudget, arrival_ticks: list[int], slo: dict,
+                 passes: Sequence[tuple[int, int, Pass]]) -> dict:
     """The results.json record of a level: repetition 0's deterministic records, every repetition's raw
     timing and wall figures, and their summary. ``passes`` are (repetition, position in its order, pass)."""
     first = passes[0][2]
@@ -115,23 +140,38 @@ def level_record(concurrency: int, budget: NodeBudget, passes: Sequence[tuple[in
          "wall": figures.wall_figures(p.timing, p.ticks, p.wall_s)}
         for r, position, p in passes
     ]
-    return {
-        "concurrency": concurrency,
+    record = {
+        "concurrency": level.concurrency,
+        "arrivals": level.arrivals.label(),
+        "rate": level.rate,
         "budget": budget.to_dict(),
         **figures.summarize_ticks(ticks),
-        "rejected_admissions": first.rejected,
+        "rejected_admissions": sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in first.events),
         "cache_misses": first.cache_misses,
         "failed": first.failed,
+        "arrival_ticks": arrival_ticks,
+        "submit_events": first.events,
         "sessions": first.sessions,
         "tick_records": ticks,
-        "repetitions": repetitions,
-        "wall": figures.repetition_summary([rep["wall"] for rep in repetitions]),
     }
+    record["backpressure"] = backpressure.level_figures(record, slo)
+    record["repetitions"] = repetitions
+    record["wall"] = figures.repetition_summary([rep["wall"] for rep in repetitions])
+    return record
 
 
-def level_orders(levels: Sequence[int], repeat: int) -> list[list[int]]:
-    """Repetition r runs every level, in the ascending order rotated by r: drift hits every level alike."""
-    return [list(levels[r % len(levels):]) + list(levels[: r % len(levels)]) for r in range(repeat)]
+def sweep_levels(levels: Sequence[int], workload: Workload, rates: Sequence[float] | None) -> list[Level]:
+    """The levels in order: by rate (when rates are swept), then by concurrency."""
+    ordered = validate_levels(levels, workload.sessions)
+    process = arrivals_mod.parse(workload.arrivals)
+    if rates is None:
+        return [Level(c, process) for c in ordered]
+    return [Level(c, process.with_rate(r)) for r in sorted(rates) for c in ordered]
+
+
+def level_orders(count: int, repeat: int) -> list[list[int]]:
+    """Repetition r runs every level, in the sweep's order rotated by r: drift hits every level alike."""
+    return [list(range(r % count, count)) + list(range(r % count)) for r in range(repeat)]
 
 
 def run_concurrency_sweep(
@@ -143,31 +183,47 @@ def run_concurrency_sweep(
     on_tick: Callable[[int, TickRecord], None] | None = None,
     repeat: int = 1,
     warmup: int = 0,
+    rates: Sequence[float] | None = None,
+    slo: dict | None = None,
 ) -> ConcurrencySweep:
     """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved."""
-    ordered = validate_levels(levels, workload.sessions)
-    budgets = {c: level_budget(budget, c, workload.sessions) for c in ordered}
+    plan = sweep_levels(levels, workload, rates)
+    slo = slo or {"ttft_ticks": None, "tpot_ticks": None}
+    budgets = [level_budget(budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
+    ticks_of = [lv.arrivals.ticks(workload.sessions, workload.seed) for lv in plan]
 
-    def one_pass(c: int) -> Pass:
-        engine = engine_factory(budgets[c])  # a fresh KV manager per pass
+    def one_pass(i: int) -> Pass:
+        engine = engine_factory(budgets[i])  # a fresh KV manager per pass
+        c = plan[i].concurrency
         per_level = (lambda rec, c=c: on_tick(c, rec)) if on_tick else None
-        return run_pass(workload.requests(engine.vocab_size), budgets[c], engine, clock, per_level)
+        return run_pass(workload.requests(engine.vocab_size), ticks_of[i], budgets[i], engine, clock, per_level)
 
     for _ in range(warmup):
-        for c in ordered:
-            one_pass(c)
-    passes: dict[int, list[tuple[int, int, Pass]]] = {c: [] for c in ordered}
-    for r, order in enumerate(level_orders(ordered, repeat)):
-        for position, c in enumerate(order):
-            passes[c].append((r, position, one_pass(c)))
-    records = [level_record(c, budgets[c], passes[c]) for c in ordered]
-    divergence = figures.sweep_divergence(records)
+        for i in range(len(plan)):
+            one_pass(i)
+    passes: list[list[tuple[int, int, Pass]]] = [[] for _ in plan]
+    for r, order in enumerate(level_orders(len(plan), repeat)):
+        for position, i in enumerate(order):
+            passes[i].append((r, position, one_pass(i)))
+    records = [level_record(lv, budgets[i], ticks_of[i], slo, passes[i]) for i, lv in enumerate(plan)]
+    reference = None
+    if not all(lv.arrivals.all_at_once for lv in plan):
+        # Each session alone: the reference every completed session's tokens must equal.
+        alone = level_budget(budget, 1, workload.sessions)
+        engine = engine_factory(alone)
+        first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock)
+        reference = {"concurrency": 1, "sessions": first.sessions}
+    divergence = figures.sweep_divergence(records, reference)
+    all_at_once = [r for r in records if r["rate"] is None]
     return ConcurrencySweep(
         levels=records,
         # A session that failed proves nothing about corruption: such a sweep is not corruption free.
         corruption_free=divergence is None and figures.unfinished_sessions(records) == 0,
         first_divergence=divergence,
-        saturation_concurrency=figures.saturation_level([r["concurrency"] for r in records],
-                                                        [r["avg_batch_occupancy"] for r in records]),
-        reference_concurrency=records[0]["concurrency"],
+        saturation_concurrency=figures.saturation_level([r["concurrency"] for r in all_at_once],
+                                                        [r["avg_batch_occupancy"] for r in all_at_once])
+        if all_at_once else None,
+        reference_concurrency=(reference or records[0])["concurrency"],
+        reference=reference,
+        saturation_rates=backpressure.saturation_rates(records) if reference is not None else None,
     )

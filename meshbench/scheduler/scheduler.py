@@ -12,7 +12,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from meshbench.engine.base import BatchEngine, DecodeItem, SessionHandle
 from meshbench.errors import MeshbenchError
@@ -104,7 +104,7 @@ class ContinuousBatchScheduler:
                     return CancelResult(session_id, False, "unknown session")
                 return CancelResult(session_id, False, f"already finished: {ended.done_reason.value}")
             self._end(s, DoneReason.CANCELLED)
-            self._promote()
+            self._promote(next_tick=len(self._ticks))
             return CancelResult(session_id, True, "cancelled")
 
     # --- the policy ---------------------------------------------------------------
@@ -117,8 +117,9 @@ class ContinuousBatchScheduler:
             tick = len(self._ticks)
             chosen, decoded, decode_ns = self._decode_phase(tick, self.budget.max_batch_size)
             prefilled, spent, prefill_ns = self._prefill_phase(self.budget.max_prefill_tokens_per_tick)
-            finished = self._end_of_tick([*chosen, *prefilled])
-            rec = self._record(tick, t0, chosen, decoded, prefilled, spent, finished, decode_ns, prefill_ns)
+            finished, promoted = self._end_of_tick(tick, [*chosen, *prefilled])
+            rec = self._record(tick, t0, chosen, decoded, prefilled, spent, finished, promoted, decode_ns,
+                               prefill_ns)
             self._ticks.append(rec)
             return rec
 
@@ -189,17 +190,20 @@ class ContinuousBatchScheduler:
             self._prefill_tokens += n
         return prefilled, spent, engine_ns
 
-    def _end_of_tick(self, touched: list[Session]) -> list[Session]:
-        """Sessions that got their last token this tick free KV and slot; queued ones take the slots."""
+    def _end_of_tick(self, tick: int, touched: list[Session]) -> tuple[list[Session], list[Session]]:
+        """Sessions that got their last token this tick free KV and slot; queued ones take the slots.
+
+        Returns the finished sessions and the promoted ones (prefillable from the next tick).
+        """
         finished = sorted((s for s in touched if s.status is SessionStatus.RUNNING and s.has_all_tokens),
                           key=lambda s: s.arrival)
         for s in finished:
             self._end(s, DoneReason.COMPLETED)
-        self._promote()
-        return finished
+        return finished, self._promote(next_tick=tick + 1)
 
     def _record(self, tick: int, t0: int, chosen: list[Session], decoded: int, prefilled: list[Session],
-                spent: int, finished: list[Session], decode_ns: int, prefill_ns: int) -> TickRecord:
+                spent: int, finished: list[Session], promoted: list[Session], decode_ns: int,
+                prefill_ns: int) -> TickRecord:
         t1 = self.clock()
         self._last_tick_end_ns = t1
         return TickRecord(
@@ -214,30 +218,48 @@ class ContinuousBatchScheduler:
             active=self._active_count(),
             queued=len(self._queue),
             completed=tuple(s.session_id for s in finished),
+            admitted=tuple(s.session_id for s in promoted),
             tick_ns=t1 - t0,
             decode_ns=decode_ns,
             prefill_ns=prefill_ns,
         )
 
-    def run_to_completion(self, max_ticks: int | None = None,
-                          on_tick: Callable[[TickRecord], None] | None = None) -> list[TickRecord]:
-        """Tick until no session is waiting or running; ``on_tick`` sees every tick's record.
+    def run_to_completion(
+        self,
+        max_ticks: int | None = None,
+        on_tick: Callable[[TickRecord], None] | None = None,
+        arrivals: Sequence[tuple[int, GenerationRequest]] = (),
+        on_submit: Callable[[int, AdmissionDecision], None] | None = None,
+    ) -> list[TickRecord]:
+        """Tick until no session waits, runs or is still to arrive; ``on_tick`` sees every tick's record.
 
-        Bounded: admission only accepts sessions that fit a slot, and a free slot is always
-        handed to the queue, so every tick with live sessions prefills or decodes at least
-        one token (asserted) and the pending tokens bound the ticks. Running past the bound
-        (``max_ticks``, or sessions submitted during the run) raises MeshbenchError.
+        ``arrivals`` are (tick, request) pairs counted from the first tick of this call: before
+        that tick runs, the request is submitted (in the given order), and ``on_submit`` sees the
+        decision. A tick with nothing live still runs while arrivals remain (the node idles).
+        Bounded: admission only accepts sessions that fit a slot and a free slot always goes to
+        the queue, so every tick with live sessions prefills or decodes at least one token
+        (asserted); the last arrival plus the pending tokens bound the ticks. Running past the
+        bound (``max_ticks``, or sessions submitted from outside during the run) raises MeshbenchError.
         """
         with self._lock:
-            pending = sum(s.request.max_new_tokens for s in self._live.values())
-            bound = max_ticks if max_ticks is not None else pending + 1
             start = len(self._ticks)
-            while self.has_work():
-                if len(self._ticks) - start >= bound:
+            schedule = sorted(((t, i, r) for i, (t, r) in enumerate(arrivals)), key=lambda x: (x[0], x[1]))
+            pending = (sum(s.request.max_new_tokens for s in self._live.values())
+                       + sum(r.max_new_tokens for _, _, r in schedule))
+            bound = max_ticks if max_ticks is not None else max((t for t, _, _ in schedule), default=0) + pending + 1
+            k = 0
+            while self.has_work() or k < len(schedule):
+                tick = len(self._ticks) - start
+                if tick >= bound:
                     raise MeshbenchError(f"scheduler did not finish within {bound} ticks")
+                while k < len(schedule) and schedule[k][0] <= tick:
+                    decision = self.submit(schedule[k][2])
+                    if on_submit is not None:
+                        on_submit(tick, decision)
+                    k += 1
                 live_before = len(self._live)
                 rec = self.run_tick()
-                assert rec.decode_batch or rec.prefill_sessions or len(self._live) < live_before, (
+                assert not live_before or rec.decode_batch or rec.prefill_sessions or len(self._live) < live_before, (
                     f"a tick made no progress with {len(self._live)} live sessions (active cap {self.active_cap})")
                 if on_tick is not None:
                     on_tick(rec)
@@ -307,18 +329,21 @@ class ContinuousBatchScheduler:
         now = self.clock()
         s = Session(request, self._arrivals, self._epochs[request.session_id], now,
                     status=SessionStatus.ADMITTED if admitted else SessionStatus.QUEUED,
-                    admit_ns=now if admitted else None)
+                    admit_ns=now if admitted else None, admit_tick=len(self._ticks) if admitted else None)
         self._arrivals += 1
         self._live[s.session_id] = s
         (self._admitted if admitted else self._queue)[s.session_id] = s
 
-    def _promote(self) -> None:
-        """Hand free slots to queued sessions, oldest first."""
+    def _promote(self, next_tick: int) -> list[Session]:
+        """Hand free slots to queued sessions, oldest first; they can be prefilled from ``next_tick``."""
+        promoted = []
         while self._queue and self._active_count() < self.active_cap:
             _, s = self._queue.popitem(last=False)
             s.status = SessionStatus.ADMITTED
-            s.admit_ns = self.clock()
+            s.admit_ns, s.admit_tick = self.clock(), next_tick
             self._admitted[s.session_id] = s
+            promoted.append(s)
+        return promoted
 
     def _end(self, s: Session, reason: DoneReason, error: str | None = None) -> None:
         had_kv = s.status is SessionStatus.RUNNING or reason is DoneReason.FAILED

@@ -49,6 +49,7 @@ class Session:
     epoch: int
     submit_ns: int
     admit_ns: int | None = None  # when it got a slot (at submit, or when promoted from the queue)
+    admit_tick: int | None = None  # the first tick in which it could be prefilled
     status: SessionStatus = SessionStatus.QUEUED
     tokens: list[int] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)

@@ -20,6 +20,7 @@ class TickRecord:
     active: int
     queued: int
     completed: tuple[str, ...]  # sessions that got all their tokens this tick
+    admitted: tuple[str, ...]  # queued sessions that took a freed slot at the end of this tick
     tick_ns: int  # wall time of the whole tick
     decode_ns: int  # of which in the decode_batch call
     prefill_ns: int  # of which in prefill calls
@@ -29,6 +30,7 @@ class TickRecord:
         d["decode_sessions"] = list(self.decode_sessions)
         d["prefill_sessions"] = list(self.prefill_sessions)
         d["completed"] = list(self.completed)
+        d["admitted"] = list(self.admitted)
         return d
 
 
