@@ -44,13 +44,22 @@ class Arrivals:
         return self.kind
 
     def ticks(self, sessions: int, seed: int) -> list[int]:
-        """Each session's arrival tick, in session order."""
+        """Each session's arrival tick (tick clock), in session order."""
+        return [int(t) for t in np.floor(self.times(sessions, seed))]
+
+    def seconds(self, sessions: int, seed: int) -> list[float]:
+        """Arrival times on the wall clock: a rate in sessions per second; a trace in milliseconds."""
+        scale = 1e-3 if self.kind == "trace" else 1.0
+        return [t * scale for t in self.times(sessions, seed)]
+
+    def times(self, sessions: int, seed: int) -> list[float]:
+        """Each session's arrival time in the clock's unit (ticks; on the wall clock seconds, a trace in ms)."""
         if self.kind == "all-at-once":
-            return [0] * sessions
+            return [0.0] * sessions
         if self.kind == "trace":
             if len(self.trace) != sessions:
                 raise MeshbenchError(f"arrivals: the trace has {len(self.trace)} ticks for {sessions} sessions")
-            return list(self.trace)
+            return [float(t) for t in self.trace]
         rng = np.random.default_rng([seed, 0xA7])  # a stream of its own: the prompts keep theirs
         if self.kind == "poisson":
             gaps = rng.exponential(1.0 / self.rate, sessions - 1)  # (sessions - 1,)
@@ -60,7 +69,7 @@ class Arrivals:
         times = np.concatenate([[0.0], np.cumsum(gaps)])  # (sessions,)
         if times[-1] > MAX_TICK:
             raise MeshbenchError(f"arrivals {self.label()}: the last session would arrive after {MAX_TICK} ticks")
-        return [int(t) for t in np.floor(times)]
+        return [float(t) for t in times]
 
 
 def parse(spec: str, where: str = "arrivals") -> Arrivals:

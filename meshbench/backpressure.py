@@ -83,11 +83,48 @@ def level_figures(level: dict, slo: dict) -> dict:
     }
 
 
+def wall_figures(level: dict, timing: Sequence[dict], wall_s: float, slo: dict) -> dict:
+    """The wall clock: waits and TTFT in ms from each session's arrival time, and rates per second.
+
+    ``timing`` is the first repetition's session stamps (ns from the start of the pass)."""
+    arrival = {e["session_id"]: e["arrival_ms"] for e in level["submit_events"]}
+    ended = {s["session_id"]: s["done_reason"] for s in level["sessions"]}
+    waits, ttft, good = [], [], 0
+    for s in timing:
+        a = arrival[s["session_id"]]
+        if s["admit_ns"] is not None:
+            waits.append(s["admit_ns"] / 1e6 - a)
+        if not s["token_ns"]:
+            continue
+        first = s["token_ns"][0] / 1e6 - a
+        ttft.append(first)
+        gaps = len(s["token_ns"]) - 1
+        tpot = (s["token_ns"][-1] - s["token_ns"][0]) / 1e6 / gaps if gaps else 0.0
+        if ended.get(s["session_id"]) == "COMPLETED" and (slo.get("ttft") is None or first <= slo["ttft"]) \
+                and (slo.get("tpot") is None or tpot <= slo["tpot"]):
+            good += 1
+    decisions = Counter(e["decision"] for e in level["submit_events"])
+
+    def per_s(k: int) -> float:
+        return k / wall_s if wall_s > 0 else 0.0
+
+    return {
+        "queue_wait_ms": _pct(waits, (50, 95)),
+        "ttft_from_arrival_ms": _pct(ttft),
+        "offered_per_s": per_s(len(level["submit_events"])),
+        "accepted_per_s": per_s(decisions["ADMITTED"] + decisions["QUEUED"]),
+        "rejected_per_s": per_s(sum(decisions[r] for r in REJECTIONS)),
+        "completed_per_s": per_s(sum(r == "COMPLETED" for r in ended.values())),
+        "good_sessions_wall": good,
+        "goodput_per_s": per_s(good),
+    }
+
+
 def _within(x: dict, slo: dict) -> bool:
-    if slo.get("ttft_ticks") is not None and x["tokens"][0] - x["arrival"] + 1 > slo["ttft_ticks"]:
+    if slo.get("ttft") is not None and x["tokens"][0] - x["arrival"] + 1 > slo["ttft"]:
         return False
-    if slo.get("tpot_ticks") is not None and len(x["tokens"]) > 1:
-        if (x["tokens"][-1] - x["tokens"][0]) / (len(x["tokens"]) - 1) > slo["tpot_ticks"]:
+    if slo.get("tpot") is not None and len(x["tokens"]) > 1:
+        if (x["tokens"][-1] - x["tokens"][0]) / (len(x["tokens"]) - 1) > slo["tpot"]:
             return False
     return True
 

@@ -24,6 +24,7 @@ from meshbench import verify as verify_mod
 from meshbench.cli_bench import bench_app, model_app
 from meshbench.cli_common import (
     ArrivalsOpt,
+    ClockOpt,
     ConfigOpt,
     DeviceOpt,
     EngineOpt,
@@ -194,6 +195,7 @@ def sweep(
     max_queue_depth: QueueOpt = None,
     slo_ttft: SloTtftOpt = None,
     slo_tpot: SloTpotOpt = None,
+    clock: ClockOpt = None,
     repeat: RepeatOpt = None,
     warmup: WarmupOpt = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write an evidence bundle to this folder.")] = None,
@@ -210,7 +212,8 @@ def sweep(
         "repeat": repeat,
         "warmup": warmup,
         "rates": float_list(rates, "--rates") if rates is not None else None,
-        "slo": {"ttft_ticks": slo_ttft, "tpot_ticks": slo_tpot},
+        "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
+        "clock": clock,
         "engine": _engine_overrides(engine, preset, model, device, threads, seed),
         "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},

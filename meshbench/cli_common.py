@@ -151,10 +151,15 @@ RatesOpt = Annotated[Optional[str], typer.Option(
 QueueOpt = Annotated[Optional[int], typer.Option(
     "--max-queue-depth", min=0, max=limits.MAX_SESSIONS,
     help="The node's queue (arrivals over time; all at once, the queue holds every session).")]
-SloTtftOpt = Annotated[Optional[int], typer.Option(
-    "--slo-ttft", min=1, max=10_000_000, help="Goodput SLO: ticks from arrival to first token.")]
+SloTtftOpt = Annotated[Optional[float], typer.Option(
+    "--slo-ttft", min=0.001, max=10_000_000,
+    help="Goodput SLO: arrival to first token, in ticks (ms on --clock wall).")]
 SloTpotOpt = Annotated[Optional[float], typer.Option(
-    "--slo-tpot", min=0.001, max=10_000_000, help="Goodput SLO: mean ticks per token after the first.")]
+    "--slo-tpot", min=0.001, max=10_000_000, help="Goodput SLO: mean gap between tokens after the first, in ticks "
+                                                  "(ms on --clock wall).")]
+ClockOpt = Annotated[Optional[str], typer.Option(
+    "--clock", help="tick (default: arrivals in ticks, exact and re-checkable) | wall (rates per second, "
+                    "admission depends on speed: reported).")]
 RepeatOpt = Annotated[Optional[int], typer.Option(
     "--repeat", min=1, max=100, help="Recorded passes per level, interleaved (5 or more for a strong "
                                      "compare verdict).")]

@@ -88,13 +88,13 @@ def _print(report: dict, perf: str) -> None:
         o_text = o["verdict"] if o["first_divergence"] is None else f"changed: {o['first_divergence']}"
         s_text = s["verdict"] if not s["changes"] else "changed: " + ", ".join(
             f"{k} {v['baseline']} -> {v['candidate']}" for k, v in s["changes"].items())
-        t.add_row(str(lv["concurrency"]), _colored(o["verdict"], o_text), _colored(s["verdict"], s_text))
+        t.add_row(compare_report.level_name(lv), _colored(o["verdict"], o_text), _colored(s["verdict"], s_text))
     out.print(t)
     t = table(f"performance, tolerance {report['tolerance']:.0%} (--perf {perf}): median baseline -> candidate",
               ("level", "figure", "verdict", "baseline", "candidate", "change", "p"))
     for lv in report["levels"]:
         for figure, v in lv["performance"].items():
-            t.add_row(str(lv["concurrency"]), figure, _colored(v["verdict"], compare_report.verdict_text(v)),
+            t.add_row(compare_report.level_name(lv), figure, _colored(v["verdict"], compare_report.verdict_text(v)),
                       f"{v['baseline']['median']:.4g}", f"{v['candidate']['median']:.4g}", f"{v['change']:+.1%}",
                       "-" if v["p_value"] is None else f"{v['p_value']:.3g}")
     out.print(t)

@@ -41,13 +41,18 @@ def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     if base["workload"] != cand["workload"]:
         raise MeshbenchError(f"{baseline} and {candidate} ran different workloads ({_workload(base)} against "
                              f"{_workload(cand)}): there is nothing to compare")
-    b_levels = {lv["concurrency"]: lv for lv in base["levels"]}
-    c_levels = {lv["concurrency"]: lv for lv in cand["levels"]}
-    common = sorted(set(b_levels) & set(c_levels))
+    b_levels = {(lv["concurrency"], lv["rate"]): lv for lv in base["levels"]}
+    c_levels = {(lv["concurrency"], lv["rate"]): lv for lv in cand["levels"]}
+    common = sorted(set(b_levels) & set(c_levels), key=lambda k: (k[1] or 0.0, k[0]))
     if not common:
-        raise MeshbenchError(f"{baseline} and {candidate} share no concurrency level")
-    levels = [{"concurrency": c, "outputs": outputs_verdict(b_levels[c], c_levels[c]),
-               "scheduler": scheduler_verdict(base, b_levels[c], cand, c_levels[c]),
+        raise MeshbenchError(f"{baseline} and {candidate} share no level (concurrency and arrival rate)")
+    # On the wall clock admission depends on speed: the scheduler figures are not compared, and the
+    # outputs only for the sessions both sides completed.
+    wall = "wall" in (base["config"]["clock"], cand["config"]["clock"])
+    levels = [{"concurrency": c[0], "rate": c[1],
+               "outputs": outputs_verdict(b_levels[c], c_levels[c], common_only=wall),
+               "scheduler": ({"verdict": "not compared (wall clock)", "changes": {}} if wall else
+                             scheduler_verdict(base, b_levels[c], cand, c_levels[c])),
                "performance": performance_verdicts(b_levels[c], c_levels[c], tolerance)} for c in common]
     return {
         "baseline": str(baseline), "candidate": str(candidate), "tolerance": tolerance,
@@ -56,10 +61,14 @@ def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     }
 
 
-def outputs_verdict(base: dict, cand: dict) -> dict:
+def outputs_verdict(base: dict, cand: dict, common_only: bool = False) -> dict:
     """Tokens equal session by session (digests recomputed from the tokens), or the first divergence."""
     b = {s["session_id"]: s for s in base["sessions"]}
     c = {s["session_id"]: s for s in cand["sessions"]}
+    if common_only:
+        b = {k: v for k, v in b.items() if k in c and v["done_reason"] == c[k]["done_reason"] == "COMPLETED"}
+        c = {k: v for k, v in c.items() if k in b}
+        base, cand = dict(base, sessions=list(b.values())), dict(cand, sessions=list(c.values()))
     changed = sorted(sid for sid in set(b) | set(c)
                      if sid not in b or sid not in c
                      or figures.token_digest(b[sid]["tokens"]) != figures.token_digest(c[sid]["tokens"]))
@@ -114,11 +123,16 @@ def performance_verdicts(base: dict, cand: dict, tolerance: float) -> dict:
     return out
 
 
+def _key(lv: dict):
+    """A level in the summary: its concurrency, with its arrival rate when it has one."""
+    return lv["concurrency"] if lv["rate"] is None else f"{lv['concurrency']}@{lv['rate']:g}"
+
+
 def summarize(levels: list[dict]) -> dict:
-    perf = [(lv["concurrency"], f, v) for lv in levels for f, v in lv["performance"].items()]
+    perf = [(_key(lv), f, v) for lv in levels for f, v in lv["performance"].items()]
     return {
-        "outputs_changed": [lv["concurrency"] for lv in levels if lv["outputs"]["verdict"] == "changed"],
-        "scheduler_changed": [lv["concurrency"] for lv in levels if lv["scheduler"]["verdict"] == "changed"],
+        "outputs_changed": [_key(lv) for lv in levels if lv["outputs"]["verdict"] == "changed"],
+        "scheduler_changed": [_key(lv) for lv in levels if lv["scheduler"]["verdict"] == "changed"],
         "regressed": [f"{f}@{c}" for c, f, v in perf if v["verdict"] == "regressed" and v["strong"]],
         "improved": [f"{f}@{c}" for c, f, v in perf if v["verdict"] == "improved" and v["strong"]],
         "weak": [f"{f}@{c}" for c, f, v in perf if v["verdict"] != "unchanged" and not v["strong"]],

@@ -5,6 +5,10 @@ from __future__ import annotations
 from meshbench.compare import PERF_FIGURES
 
 
+def level_name(lv: dict) -> str:
+    return str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}"
+
+
 def verdict_text(v: dict) -> str:
     """'regressed', or 'regressed (weak)' when a side has fewer than five repetitions."""
     if v["verdict"] == "unchanged":
@@ -44,11 +48,11 @@ def render(report: dict, perf_mode: str) -> str:
         out_text = "same" if div is None else f"changed: {div}"
         sch_text = "same" if not sch["changes"] else "changed: " + ", ".join(
             f"{k} {v['baseline']} -> {v['candidate']}" for k, v in sch["changes"].items())
-        lines.append(f"| {lv['concurrency']} | {out_text} | {sch_text} |")
+        lines.append(f"| {level_name(lv)} | {out_text} | {sch_text} |")
     names = [f for f, _ in PERF_FIGURES]
     lines += ["", "## Performance (median of the repetitions, baseline -> candidate)", "",
               "| level | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for lv in report["levels"]:
         cells = [perf_cell(lv["performance"][f]) if f in lv["performance"] else "-" for f in names]
-        lines.append(f"| {lv['concurrency']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {level_name(lv)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -33,7 +33,8 @@ DEFAULTS: dict = {
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
     },
     "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once"},
-    "slo": {"ttft_ticks": None, "tpot_ticks": None},  # goodput counts completed sessions within both
+    "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
+    "slo": {"ttft": None, "tpot": None},  # goodput counts completed sessions within both (ticks, or ms on the wall)
     "budget": {
         "weight_bytes": 1 << 30,
         "kv_bytes": 1 << 24,
@@ -125,13 +126,14 @@ class RunConfig:
     repeat: int = 1  # recorded passes per level
     warmup: int = 0  # unrecorded passes per level before them
     rates: tuple[float, ...] | None = None  # arrival rates crossed with the levels
-    slo: dict | None = None  # {"ttft_ticks": n | None, "tpot_ticks": x | None}
+    slo: dict | None = None  # {"ttft": x | None, "tpot": x | None}: ticks, or ms on the wall clock
+    clock: str = "tick"
 
     def to_dict(self) -> dict:
         return {
             "story": self.story, "title": self.title, "levels": list(self.levels),
             "rates": None if self.rates is None else list(self.rates), "repeat": self.repeat,
-            "warmup": self.warmup, "slo": dict(self.slo or {"ttft_ticks": None, "tpot_ticks": None}),
+            "warmup": self.warmup, "slo": dict(self.slo or {"ttft": None, "tpot": None}), "clock": self.clock,
             "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
         }
 
@@ -257,5 +259,5 @@ def from_mapping(data: dict, source: str) -> RunConfig:
         story=data["story"], title=data["title"], levels=tuple(data["levels"]),
         engine=EngineSpec(**eng), workload=workload, budget=NodeBudget(**data["budget"]), source=source,
         repeat=data["repeat"], warmup=data["warmup"],
-        rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]),
+        rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]), clock=data["clock"],
     )

@@ -9,7 +9,7 @@ TABLE_HEADER = "| concurrency | ticks | avg batch occupancy | max occupancy | to
 def table_rows(results: dict) -> list[list[str]]:
     """The deterministic table, one row of cells per level: what verify compares."""
     return [
-        [_level_name(lv), str(lv["ticks"]), f"{lv['avg_batch_occupancy']:.3f}",
+        [_level_name(lv, results["config"]["clock"]), str(lv["ticks"]), f"{lv['avg_batch_occupancy']:.3f}",
          str(lv["max_batch_occupancy"]), f"{lv['tokens_per_tick']:.3f}", str(lv["peak_kv_bytes"])]
         for lv in results["levels"]
     ]
@@ -19,9 +19,10 @@ TABLE_FIELDS = ["concurrency", "ticks", "avg_batch_occupancy", "max_batch_occupa
                 "peak_kv_bytes"]
 
 
-def _level_name(lv: dict) -> str:
+def _level_name(lv: dict, clock: str) -> str:
     """A level's name in tables: its concurrency, and its arrival rate when sessions arrive over time."""
-    return str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}/tick"
+    unit = "s" if clock == "wall" else "tick"
+    return str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}/{unit}"
 
 
 def _row(cells) -> str:
@@ -175,8 +176,9 @@ def _backpressure_section(results: dict) -> list[str]:
     if results["reference"] is None:
         return []
     slo = results["config"]["slo"]
-    slos = [f"TTFT <= {slo['ttft_ticks']} ticks" if slo["ttft_ticks"] is not None else "",
-            f"TPOT <= {slo['tpot_ticks']} ticks" if slo["tpot_ticks"] is not None else ""]
+    unit = "ms" if results["config"]["clock"] == "wall" else "ticks"
+    slos = [f"TTFT <= {slo['ttft']:g} {unit}" if slo["ttft"] is not None else "",
+            f"TPOT <= {slo['tpot']:g} {unit}" if slo["tpot"] is not None else ""]
     slos = " and ".join(x for x in slos if x) or "no SLO given: every completed session counts"
     lines = [
         "## Backpressure (deterministic, in ticks)",
@@ -193,16 +195,43 @@ def _backpressure_section(results: dict) -> list[str]:
         rejected = ", ".join(f"{n} {r.removeprefix('REJECTED_').lower()}" for r, n in b["rejected_by_reason"].items())
         w, t = b["queue_wait_ticks"], b["ttft_ticks"]
         lines.append(_row([
-            _level_name(lv), str(b["offered"]), str(b["admitted_at_once"]), str(b["queued"]), rejected or "0",
+            _level_name(lv, results["config"]["clock"]), str(b["offered"]), str(b["admitted_at_once"]),
+            str(b["queued"]), rejected or "0",
             str(b["completed"]), f"{b['queue_depth_max']} / {b['queue_depth_mean']:.2f}",
             " / ".join(_ticks(w[k]) for k in ("p50", "p95", "max")),
             " / ".join(_ticks(t[k]) for k in ("p50", "p95", "p99")),
             f"{b['accepted_per_100_ticks']:.1f}", f"{b['rejected_per_100_ticks']:.1f}",
             f"{b['goodput_per_100_ticks']:.1f}",
         ]))
-    sat = ", ".join(f"concurrency {c}: {'none up to the highest rate' if r is None else f'{r:g} sessions/tick'}"
+    unit = "s" if results["config"]["clock"] == "wall" else "tick"
+    sat = ", ".join(f"concurrency {c}: {'none up to the highest rate' if r is None else f'{r:g} sessions/{unit}'}"
                     for c, r in results["saturation_rates"].items())
-    return [*lines, "", f"First rate at which a full queue refused a session (REJECTED_QUEUE_FULL): {sat}.", ""]
+    lines += ["", f"First rate at which a full queue refused a session (REJECTED_QUEUE_FULL): {sat}.", ""]
+    if results["config"]["clock"] == "wall":
+        lines += _wall_backpressure(results)
+    return lines
+
+
+def _wall_backpressure(results: dict) -> list[str]:
+    lines = [
+        "On the wall clock (rates per second; admission depends on this machine's speed, so these figures and "
+        "the tick table above are reported, not reproduced by `--rerun`; the first repetition's stamps, waits "
+        "and TTFT from each session's arrival time; goodput within the SLO in ms):",
+        "",
+        "| level | offered /s | accepted /s | rejected /s | completed /s | queue wait p50 / p95 ms | "
+        "TTFT p50 / p95 / p99 ms | goodput /s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in results["levels"]:
+        b = lv["backpressure"]
+        w, t = b["queue_wait_ms"], b["ttft_from_arrival_ms"]
+        lines.append(_row([
+            _level_name(lv, "wall"), f"{b['offered_per_s']:.1f}", f"{b['accepted_per_s']:.1f}",
+            f"{b['rejected_per_s']:.1f}", f"{b['completed_per_s']:.1f}",
+            " / ".join(_ms(w, k) for k in ("p50", "p95")), " / ".join(_ms(t, k) for k in ("p50", "p95", "p99")),
+            f"{b['goodput_per_s']:.1f}",
+        ]))
+    return [*lines, ""]
 
 
 def _ticks(x) -> str:

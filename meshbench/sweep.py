@@ -21,6 +21,7 @@ from meshbench import backpressure, figures
 from meshbench.arrivals import Arrivals
 from meshbench.config import Workload, validate_levels
 from meshbench.engine.base import BatchEngine
+from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest, Session
@@ -125,12 +126,54 @@ def run_pass(
                 [session_timing(s, t0) for s in ended], events, wall_s, tel.cache_misses, tel.failed)
 
 
+def run_pass_wall(
+    requests: Sequence[GenerationRequest],
+    arrival_s: Sequence[float],
+    budget: NodeBudget,
+    engine: BatchEngine,
+    clock: Callable[[], int] = time.monotonic_ns,
+    on_tick: Callable[[TickRecord], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Pass:
+    """The wall clock: a session is submitted once its arrival time has passed (checked before each tick);
+    when nothing is live the node sleeps until the next arrival. Ticks run only with live sessions, so
+    admission depends on speed: such a pass is reported, not compared by --rerun."""
+    sched = ContinuousBatchScheduler(engine, budget, clock)
+    order = sorted(range(len(requests)), key=lambda i: (arrival_s[i], i))
+    events: list[dict] = []
+    bound = sum(r.max_new_tokens for r in requests) + 1
+    t0 = clock()
+    k = 0
+    while k < len(order) or sched.has_work():
+        now_s = (clock() - t0) / 1e9
+        while k < len(order) and arrival_s[order[k]] <= now_s:
+            d = sched.submit(requests[order[k]])
+            events.append({"tick": len(sched.ticks()), "session_id": d.session_id, "decision": d.reason.value,
+                           "active": d.active_sessions, "queued": d.queue_depth,
+                           "arrival_ms": arrival_s[order[k]] * 1e3, "submit_ms": now_s * 1e3})
+            k += 1
+        if not sched.has_work():
+            if k < len(order):
+                sleep(max(0.0, arrival_s[order[k]] - now_s))
+            continue
+        if len(sched.ticks()) >= bound:
+            raise MeshbenchError(f"scheduler did not finish within {bound} ticks")
+        rec = sched.run_tick()
+        if on_tick is not None:
+            on_tick(rec)
+    wall_s = (clock() - t0) / 1e9
+    ended = sched.sessions()
+    tel = sched.telemetry()
+    return Pass([session_record(s) for s in ended], [t.to_dict() for t in sched.ticks()],
+                [session_timing(s, t0) for s in ended], events, wall_s, tel.cache_misses, tel.failed)
+
+
 def deterministic_ticks(ticks: Sequence[dict]) -> list[dict]:
     return [{k: v for k, v in t.items() if k not in figures.TIMING_TICK_FIELDS} for t in ticks]
 
 
-def level_record(level: Level, budget: NodeBudget, arrival_ticks: list[int], slo: dict,
-                 passes: Sequence[tuple[int, int, Pass]]) -> dict:
+def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dict,
+                 passes: Sequence[tuple[int, int, Pass]], wall: bool = False) -> dict:
     """The results.json record of a level: repetition 0's deterministic records, every repetition's raw
     timing and wall figures, and their summary. ``passes`` are (repetition, position in its order, pass)."""
     first = passes[0][2]
@@ -149,12 +192,15 @@ def level_record(level: Level, budget: NodeBudget, arrival_ticks: list[int], slo
         "rejected_admissions": sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in first.events),
         "cache_misses": first.cache_misses,
         "failed": first.failed,
-        "arrival_ticks": arrival_ticks,
+        "arrival_times": arrival_times,  # ticks, or ms on the wall clock
         "submit_events": first.events,
         "sessions": first.sessions,
         "tick_records": ticks,
     }
-    record["backpressure"] = backpressure.level_figures(record, slo)
+    # On the wall clock the SLO is in ms: goodput is per second, from the first repetition's stamps.
+    record["backpressure"] = backpressure.level_figures(record, {} if wall else slo)
+    if wall:
+        record["backpressure"].update(backpressure.wall_figures(record, first.timing, first.wall_s, slo))
     record["repetitions"] = repetitions
     record["wall"] = figures.repetition_summary([rep["wall"] for rep in repetitions])
     return record
@@ -185,18 +231,29 @@ def run_concurrency_sweep(
     warmup: int = 0,
     rates: Sequence[float] | None = None,
     slo: dict | None = None,
+    wall: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> ConcurrencySweep:
-    """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved."""
+    """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved.
+
+    ``wall``: arrivals on the wall clock (rates per second), so admission depends on speed."""
     plan = sweep_levels(levels, workload, rates)
-    slo = slo or {"ttft_ticks": None, "tpot_ticks": None}
+    slo = slo or {"ttft": None, "tpot": None}
     budgets = [level_budget(budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
-    ticks_of = [lv.arrivals.ticks(workload.sessions, workload.seed) for lv in plan]
+    if wall:  # arrival times in ms, as recorded
+        times_of = [[t * 1e3 for t in lv.arrivals.seconds(workload.sessions, workload.seed)] for lv in plan]
+    else:
+        times_of = [lv.arrivals.ticks(workload.sessions, workload.seed) for lv in plan]
 
     def one_pass(i: int) -> Pass:
         engine = engine_factory(budgets[i])  # a fresh KV manager per pass
         c = plan[i].concurrency
         per_level = (lambda rec, c=c: on_tick(c, rec)) if on_tick else None
-        return run_pass(workload.requests(engine.vocab_size), ticks_of[i], budgets[i], engine, clock, per_level)
+        requests = workload.requests(engine.vocab_size)
+        if wall:
+            return run_pass_wall(requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock, per_level,
+                                 sleep)
+        return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level)
 
     for _ in range(warmup):
         for i in range(len(plan)):
@@ -205,14 +262,23 @@ def run_concurrency_sweep(
     for r, order in enumerate(level_orders(len(plan), repeat)):
         for position, i in enumerate(order):
             passes[i].append((r, position, one_pass(i)))
-    records = [level_record(lv, budgets[i], ticks_of[i], slo, passes[i]) for i, lv in enumerate(plan)]
+    records = [level_record(lv, budgets[i], times_of[i], slo, passes[i], wall) for i, lv in enumerate(plan)]
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan):
-        # Each session alone: the reference every completed session's tokens must equal.
-        alone = level_budget(budget, 1, workload.sessions)
-        engine = engine_factory(alone)
-        first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock)
-        reference = {"concurrency": 1, "sessions": first.sessions}
+        reference = alone_reference(workload, budget, engine_factory, clock)
+    return verdicts(records, reference)
+
+
+def alone_reference(workload: Workload, budget: NodeBudget, engine_factory: Callable[[NodeBudget], BatchEngine],
+                    clock: Callable[[], int]) -> dict:
+    """Each session run alone: the reference every completed session of an arrival sweep must equal."""
+    alone = level_budget(budget, 1, workload.sessions)
+    engine = engine_factory(alone)
+    first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock)
+    return {"concurrency": 1, "sessions": first.sessions}
+
+
+def verdicts(records: list[dict], reference: dict | None) -> ConcurrencySweep:
     divergence = figures.sweep_divergence(records, reference)
     all_at_once = [r for r in records if r["rate"] is None]
     return ConcurrencySweep(

@@ -85,10 +85,18 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
 
 
 def deterministic_view(data: dict) -> dict:
-    """Every field a rerun must reproduce exactly; wall-clock and environment excluded."""
+    """Every field a rerun must reproduce exactly; wall-clock and environment excluded.
+
+    On the wall clock admission depends on speed: only the engine, the verdict and the sessions run
+    alone (the reference every completed session was checked against) must be reproduced."""
     out = {"engine.recipe_fingerprint": data["engine"]["recipe_fingerprint"],
            "engine.model_sha256": data["engine"].get("model_sha256"),
            "corruption_free": data["corruption_free"], "saturation_concurrency": data["saturation_concurrency"]}
+    if data["reference"] is not None:
+        for j, s in enumerate(data["reference"]["sessions"]):
+            out[f"reference.sessions[{j}].digest"] = s["digest"]
+    if data["config"]["clock"] == "wall":
+        return out
     for i, lv in enumerate(data["levels"]):
         at = f"levels[{i}]"
         for k in DETERMINISTIC_LEVEL_FIELDS:

@@ -168,10 +168,10 @@ def test_verify_catches_a_tampered_admission_record_and_rejection_count(rate_bun
     assert r.exit_code == 1 and "levels[5].rejected_admissions (from the submit events)" in r.stdout, r.stdout
 
     def earlier_arrival(d):
-        d["levels"][2]["arrival_ticks"][3] = 0
+        d["levels"][2]["arrival_times"][3] = 0
 
     r = _tampered(rate_bundle, tmp_path / "3", earlier_arrival)
-    assert r.exit_code == 1 and "levels[2].arrival_ticks (recomputed" in r.stdout
+    assert r.exit_code == 1 and "levels[2].arrival_times (recomputed" in r.stdout
 
 
 def test_backpressure_figures_by_hand():
@@ -186,7 +186,7 @@ def test_backpressure_figures_by_hand():
             {"tick": 3, "prefill_sessions": [], "decode_sessions": ["b"], "admitted": [], "queued": 0}],
         "sessions": [{"session_id": "a", "done_reason": "COMPLETED"}, {"session_id": "b", "done_reason": "COMPLETED"}],
     }
-    b = backpressure.level_figures(level, {"ttft_ticks": 2, "tpot_ticks": None})
+    b = backpressure.level_figures(level, {"ttft": 2, "tpot": None})
     assert (b["offered"], b["admitted_at_once"], b["queued"], b["completed"]) == (3, 1, 1, 2)
     assert b["rejected_by_reason"] == {"REJECTED_QUEUE_FULL": 1}
     assert b["queue_wait_ticks"] == {"p50": 1.0, "p95": 1.9, "max": 2.0}  # a: 0, b: admitted for tick 2
@@ -194,3 +194,66 @@ def test_backpressure_figures_by_hand():
     assert b["good_sessions"] == 1  # b misses the 2-tick TTFT SLO
     assert (b["queue_depth_max"], b["queue_depth_mean"]) == (1, 0.25)
     assert b["goodput_per_100_ticks"] == 25.0 and b["completed_per_100_ticks"] == 50.0
+
+
+# --- the wall clock, driven by a clock the test controls -------------------------------------------
+class FakeClock:
+    """Nanoseconds that move only when the engine works (1 ms a call) or the node sleeps."""
+
+    def __init__(self):
+        self.now = 0
+        self.slept = []
+
+    def __call__(self) -> int:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += int(seconds * 1e9)
+
+
+class SlowEngine:
+    def __init__(self, inner, clock):
+        self.inner, self.clock = inner, clock
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prefill(self, session, prompt):
+        self.clock.now += 1_000_000
+        return self.inner.prefill(session, prompt)
+
+    def decode_batch(self, items):
+        self.clock.now += 1_000_000
+        return self.inner.decode_batch(items)
+
+
+def test_the_wall_clock_submits_on_arrival_and_sleeps_while_idle():
+    from meshbench.config import Workload
+    from meshbench.sweep import run_concurrency_sweep
+
+    clock = FakeClock()
+    wl = Workload((4, 4), (8, 8), 0, "trace:0,50")  # on the wall clock a trace is in ms
+    sweep = run_concurrency_sweep([1], wl, f.budget(max_queue_depth=0), lambda b: SlowEngine(f.engine(), clock),
+                                  clock=clock, wall=True, sleep=clock.sleep)
+    lv = sweep.levels[0]
+    assert lv["arrival_times"] == [0.0, 50.0]
+    e0, e1 = lv["submit_events"]
+    assert (e0["decision"], e1["decision"]) == ("ADMITTED", "ADMITTED")
+    # s0: a prefill and 7 decodes of 1 ms each, done at 8 ms; the node sleeps 42 ms, then submits s1.
+    assert clock.slept == [pytest.approx(0.042)]
+    assert e1["arrival_ms"] == 50.0 and e1["submit_ms"] == pytest.approx(50.0)
+    assert lv["backpressure"]["ttft_from_arrival_ms"]["max"] == pytest.approx(1.0)
+    assert sweep.corruption_free and sweep.reference is not None
+
+
+def test_a_wall_clock_bundle_verifies_and_reruns(tmp_path):
+    out = tmp_path / "w"
+    r = invoke("sweep", "--clock", "wall", "--arrivals", "poisson:2000", "--rates", "500,8000", "--levels", "2",
+               "--sessions", "10", "--max-queue-depth", "1", "--slo-ttft", "50", "--out", out)
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["config"]["clock"] == "wall" and data["corruption_free"]
+    assert {"goodput_per_s", "queue_wait_ms", "ttft_from_arrival_ms"} <= set(data["levels"][0]["backpressure"])
+    assert invoke("verify", out, "--rerun").exit_code == 0
+    assert "/s |" in (out / "README.md").read_text()
