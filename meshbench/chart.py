@@ -39,10 +39,11 @@ def _backpressure(plt, data: dict):
         ax[0].plot(rate, [x["goodput_per_100_ticks"] for x in b], "s-", label=f"c={c} goodput")
         ax[1].plot(rate, [x["queue_wait_ticks"]["p95"] or 0 for x in b], "o-", label=f"c={c} p95")
         ax[1].plot(rate, [x["queue_wait_ticks"]["p50"] or 0 for x in b], "s--", label=f"c={c} p50")
+    # The curve is drawn in ticks on both clocks (the tick figures are always there).
     ax[0].set_title("sessions per 100 ticks against the offered rate")
     ax[1].set_title("queue wait (ticks) against the offered rate")
     for a in ax:
-        a.set_xlabel("offered rate (sessions per tick)")
+        a.set_xlabel(f"offered rate (sessions per {'second' if data['config']['clock'] == 'wall' else 'tick'})")
         a.set_xscale("log")
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
