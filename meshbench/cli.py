@@ -36,12 +36,14 @@ from meshbench.cli_common import (
     QueueOpt,
     RatesOpt,
     RepeatOpt,
+    RpcOpt,
     SeedOpt,
     SessionsOpt,
     SloTpotOpt,
     SloTtftOpt,
     ThreadsOpt,
     WarmupOpt,
+    WorkersOpt,
     command_line,
     drop_none,
     err,
@@ -52,6 +54,7 @@ from meshbench.cli_common import (
     table,
     workload_overrides,
 )
+from meshbench.cli_node import node_app
 from meshbench.errors import MeshbenchError
 
 
@@ -167,9 +170,10 @@ def _root(
 
 
 # --- flag parsing -----------------------------------------------------------------------
-def _engine_overrides(engine, preset, model, device, threads, seed) -> dict:
+def _engine_overrides(engine, preset, model, device, threads, seed, rpc=None, workers=None) -> dict:
     # --model alone keeps the configured engine kind: on the synthetic engine it swaps the weights.
-    return {"kind": engine, "preset": preset, "model": model, "device": device, "threads": threads, "seed": seed}
+    return {"kind": engine, "preset": preset, "model": model, "device": device, "threads": threads, "seed": seed,
+            "rpc": rpc, "workers": workers}
 
 
 @app.command()
@@ -183,6 +187,8 @@ def sweep(
     model: ModelOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
+    rpc: RpcOpt = None,
+    workers: WorkersOpt = None,
     sessions: SessionsOpt = None,
     prompt_tokens: PromptOpt = None,
     new_tokens: NewOpt = None,
@@ -214,14 +220,14 @@ def sweep(
         "rates": float_list(rates, "--rates") if rates is not None else None,
         "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
         "clock": clock,
-        "engine": _engine_overrides(engine, preset, model, device, threads, seed),
+        "engine": _engine_overrides(engine, preset, model, device, threads, seed, rpc, workers),
         "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
     })
     cfg = config_mod.load(config, overrides)
     staging = bundle.prepare(out_dir, force) if out_dir is not None else None
     try:
-        data = _run_with_progress(cfg, run.prepare(cfg, verbose))
+        data = _run_with_progress(cfg, verbose)
         if out_dir is not None:
             err.print(f"wrote {out_dir}: {', '.join(bundle.commit(staging, out_dir, data, force))}", markup=False)
             staging = None
@@ -241,7 +247,7 @@ def _check_own_evidence(data: dict) -> None:
         raise typer.Exit(1)
 
 
-def _run_with_progress(cfg, setup) -> dict:
+def _run_with_progress(cfg, verbose: bool) -> dict:
     """A progress bar on a terminal; elsewhere (a pipe, a CI log) one line as each level starts."""
     if not err.is_terminal:
         started: set[int] = set()
@@ -251,7 +257,7 @@ def _run_with_progress(cfg, setup) -> dict:
                 started.add(level)
                 err.print(f"sweep: level {level} started", markup=False)
 
-        return run.run_sweep(cfg, command_line(), on_line, setup)
+        return run.sweep_on_node(cfg, command_line(), on_line, verbose)
     total = sum(cfg.workload.new_tokens) * (cfg.repeat + cfg.warmup)
     with Progress(TextColumn("[bold]level {task.fields[level]:>3}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("tokens"), TimeElapsedColumn(), console=err, transient=False) as progress:
@@ -262,7 +268,7 @@ def _run_with_progress(cfg, setup) -> dict:
                 tasks[level] = progress.add_task("", total=total, level=level)
             progress.advance(tasks[level], rec.decode_tokens + len(rec.prefill_sessions))
 
-        return run.run_sweep(cfg, command_line(), on_tick, setup)
+        return run.sweep_on_node(cfg, command_line(), on_tick, verbose)
 
 
 def _print_sweep(data: dict) -> None:
@@ -370,6 +376,7 @@ def verify(
 
 app.command("compare")(cli_compare.compare)
 app.add_typer(bench_app, name="bench")
+app.add_typer(node_app, name="node")
 app.add_typer(model_app, name="model")
 
 

@@ -165,6 +165,10 @@ RepeatOpt = Annotated[Optional[int], typer.Option(
                                      "compare verdict).")]
 WarmupOpt = Annotated[Optional[int], typer.Option(
     "--warmup", min=0, max=10, help="Unrecorded passes per level first (default 1).")]
+RpcOpt = Annotated[Optional[str], typer.Option(
+    "--rpc", help="llama.cpp RPC workers HOST:PORT[,HOST:PORT...] (meshbench node serve) for the model's layers.")]
+WorkersOpt = Annotated[Optional[int], typer.Option(
+    "--workers", min=0, max=16, help="Start this many local RPC workers (loopback, free ports) for the run.")]
 ArrivalsOpt = Annotated[Optional[str], typer.Option(
     "--arrivals", help="all-at-once (default) | poisson:RATE | gamma:RATE:CV | trace:T0,T1,... | trace:FILE "
                        "(rates in sessions per tick).")]

@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 from meshbench import arrivals, files, validation
+from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
@@ -31,6 +32,7 @@ DEFAULTS: dict = {
     "engine": {
         "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
+        "rpc": None, "workers": 0,
     },
     "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once"},
     "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
@@ -59,6 +61,8 @@ class EngineSpec:
     kv_unified: bool = False
     kv_type: str = "f16"
     make_model: dict | None = None  # {preset, type, seed}: generate ``model`` when it is missing
+    rpc: str | None = None  # llama.cpp RPC workers, HOST:PORT[,HOST:PORT...]: the model's layers go there
+    workers: int = 0  # spawn this many local RPC workers for the run (loopback, free ports)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -255,6 +259,12 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     eng = data["engine"]
     if eng["kind"] == "gguf" and not eng.get("model"):
         raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path)")
+    if (eng["rpc"] or eng["workers"]) and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
+    if eng["rpc"] and eng["workers"]:
+        raise MeshbenchError(f"{source}: give engine.rpc (workers you run) or engine.workers (spawned), not both")
+    if eng["rpc"]:
+        rpc.parse_endpoints(eng["rpc"], f"{source}: engine.rpc")
     return RunConfig(
         story=data["story"], title=data["title"], levels=tuple(data["levels"]),
         engine=EngineSpec(**eng), workload=workload, budget=NodeBudget(**data["budget"]), source=source,

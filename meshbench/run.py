@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Sequence
 
-from meshbench import config, divergence, envinfo, files, results
+from meshbench import config, divergence, envinfo, files, results, workers
 from meshbench.config import RunConfig, validate_levels
-from meshbench.engine import factory
+from meshbench.engine import factory, rpc
 from meshbench.engine.base import check_context
+from meshbench.engine.rpc import Endpoint
 from meshbench.engine.setup import EngineSetup
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import run_concurrency_sweep
 
 
-def prepare(cfg: RunConfig, verbose: bool = False) -> EngineSetup:
+def prepare(cfg: RunConfig, verbose: bool = False, endpoints: Sequence[Endpoint] = ()) -> EngineSetup:
     """Check the config against the model before any work, then load the engine."""
     validate_levels(cfg.levels, cfg.workload.sessions)
     longest = cfg.workload.longest
-    setup = factory.setup(cfg.engine, longest, max(cfg.levels), max(cfg.workload.prompt_tokens), verbose)
+    setup = factory.setup(cfg.engine, longest, max(cfg.levels), max(cfg.workload.prompt_tokens), verbose,
+                          endpoints)
     check_context(longest, setup.context_length)  # one rule for sweep and admit
     check_budget_fits_one_session(cfg, setup, longest)
     return setup
@@ -41,6 +44,28 @@ def check_budget_fits_one_session(cfg: RunConfig, setup: EngineSetup, longest: i
             f"budget.scratch_bytes {cfg.budget.scratch_bytes} cannot hold a single session's scratch of "
             f"{scratch} bytes"
         )
+
+
+@contextmanager
+def node(cfg: RunConfig) -> Iterator[list[Endpoint]]:
+    """The RPC workers the config names (engine.rpc), or spawns for the block (engine.workers); none: []."""
+    if cfg.engine.rpc:
+        yield rpc.parse_endpoints(cfg.engine.rpc, "engine.rpc")
+        return
+    with workers.spawned(cfg.engine.workers, cfg.engine.threads) as endpoints:
+        yield endpoints
+
+
+def sweep_on_node(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
+                  verbose: bool = False) -> dict:
+    """Start the node's workers, load the engine, sweep, and free the engine before the workers stop
+    (llama.cpp aborts when it frees buffers on a worker that is gone)."""
+    with node(cfg) as endpoints:
+        setup = prepare(cfg, verbose, endpoints)
+        try:
+            return run_sweep(cfg, command, on_tick, setup)
+        finally:
+            setup.close()
 
 
 def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
@@ -78,4 +103,4 @@ def cached_model_path(recipe: dict) -> Path:
 def rerun_results(data: dict) -> dict:
     """The deterministic part again: one pass per level is enough, every repetition being identical."""
     cfg = dataclasses.replace(config_from_results(data), repeat=1, warmup=0)
-    return run_sweep(cfg, data["command"])
+    return sweep_on_node(cfg, data["command"])

@@ -250,10 +250,15 @@ def run_concurrency_sweep(
         c = plan[i].concurrency
         per_level = (lambda rec, c=c: on_tick(c, rec)) if on_tick else None
         requests = workload.requests(engine.vocab_size)
-        if wall:
-            return run_pass_wall(requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock, per_level,
-                                 sleep)
-        return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level)
+        try:
+            if wall:
+                return run_pass_wall(requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock,
+                                     per_level, sleep)
+            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level)
+        finally:
+            close = getattr(engine, "close", None)  # a llama.cpp context is freed now, while its workers live
+            if close is not None:
+                close()
 
     for _ in range(warmup):
         for i in range(len(plan)):
@@ -274,7 +279,12 @@ def alone_reference(workload: Workload, budget: NodeBudget, engine_factory: Call
     """Each session run alone: the reference every completed session of an arrival sweep must equal."""
     alone = level_budget(budget, 1, workload.sessions)
     engine = engine_factory(alone)
-    first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock)
+    try:
+        first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock)
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
     return {"concurrency": 1, "sessions": first.sessions}
 
 

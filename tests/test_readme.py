@@ -15,9 +15,10 @@ BUNDLES = sorted(p for p in (ROOT / "evidence").iterdir() if (p / "results.json"
 def test_readme_opens_with_the_two_setup_commands():
     block = README.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
     assert block[0] == "pip install -e . && meshbench sweep"
-    assert block[1].startswith("CMAKE_ARGS=\"-DLLAVA_BUILD=off\" pip install -e '.[gguf,dev]' && python -m pytest")
+    flags = "-DGGML_RPC=on -DLLAVA_BUILD=off"
+    assert block[1].startswith(f"CMAKE_ARGS=\"{flags}\" pip install -e '.[gguf,dev]' && python -m pytest")
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "-DLLAVA_BUILD=off" in ci  # CI installs the way a reader does
+    assert flags in ci  # CI installs the way a reader does
 
 
 @pytest.mark.parametrize("bundle", BUNDLES, ids=[b.name for b in BUNDLES])

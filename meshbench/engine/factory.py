@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from meshbench import gguf_io
 from meshbench.config import EngineSpec
-from meshbench.engine.gguf_engine import setup_gguf  # llama_cpp itself is imported on first use
+from meshbench.engine.gguf_engine import setup_gguf
+from meshbench.engine.rpc import Endpoint  # llama_cpp itself is imported on first use
 from meshbench.engine.setup import EngineSetup
 from meshbench.engine.synthetic import setup_synthetic
 from meshbench.errors import MeshbenchError
@@ -27,11 +29,11 @@ def ensure_model(spec: EngineSpec) -> None:
 
 
 def setup(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512,
-          verbose: bool = False) -> EngineSetup:
+          verbose: bool = False, endpoints: Sequence[Endpoint] = ()) -> EngineSetup:
     """Prepare the engine once (weights, model file); ``make`` then builds one per level."""
     ensure_model(spec)
     if spec.kind == "synthetic":
         return setup_synthetic(spec)
     if spec.kind == "gguf":
-        return setup_gguf(spec, max_total_tokens, max_sessions, max_prompt, verbose)
+        return setup_gguf(spec, max_total_tokens, max_sessions, max_prompt, verbose, endpoints)
     raise MeshbenchError(f"engine.kind must be synthetic or gguf, got {spec.kind!r}")

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -21,6 +23,7 @@ import numpy as np
 
 from meshbench import files, gguf_io, limits
 from meshbench.config import EngineSpec
+from meshbench.engine import rpc
 from meshbench.engine.base import (
     SAMPLING_CONTRACT,
     DecodeItem,
@@ -41,6 +44,9 @@ GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
 KV_TYPES = {"f32": (GGML_TYPE_F32, 4), "f16": (GGML_TYPE_F16, 2)}
 _log_lock = threading.Lock()
 _log_callback = None  # kept alive for as long as llama.cpp may call it
+_captured: list[str] | None = None  # llama.cpp's log lines while a topology is being read
+LAYER_LINE = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
+BUFFER_LINE = re.compile(r"^\w+:\s+(\S+) (model|KV) buffer size =\s+([\d.]+) MiB")
 
 
 def llama_cpp_lib():
@@ -65,15 +71,43 @@ def set_llama_logging(verbose: bool) -> None:
         elif _log_callback is None:
             @lib.llama_log_callback
             def _quiet(level, text, user_data):  # noqa: ARG001
-                return None
+                if _captured is not None:
+                    _captured.append(text.decode(errors="replace"))
 
             _log_callback = _quiet
             lib.llama_log_set(_log_callback, ctypes.c_void_p())
 
 
+@contextmanager
+def capture_log():
+    """Collect llama.cpp's log lines (when not verbose) for the duration of the block."""
+    global _captured
+    lines: list[str] = []
+    with _log_lock:
+        _captured = lines
+    try:
+        yield lines
+    finally:
+        with _log_lock:
+            _captured = None
+
+
+def topology(lines: Sequence[str]) -> dict:
+    """Which device holds which layers, and its model and KV buffers, from llama.cpp's log lines."""
+    layers: dict[str, list[int]] = {}
+    buffers: dict[str, dict[str, float]] = {}
+    for line in "".join(lines).splitlines():
+        if m := LAYER_LINE.search(line):
+            layers.setdefault(m.group(2), []).append(int(m.group(1)))
+        elif m := BUFFER_LINE.search(line.strip()):
+            buffers.setdefault(m.group(1), {})[f"{m.group(2).lower()}_buffer_mib"] = float(m.group(3))
+    return {"layers": layers, "buffers": buffers}
+
+
 def resolve_device(device: str) -> str:
-    lib = llama_cpp_lib()
-    gpu = bool(lib.llama_supports_gpu_offload())
+    llama_cpp_lib()
+    # Not llama_supports_gpu_offload(): an RPC build says True there with no GPU at all.
+    gpu = rpc.has_gpu_device()
     if device == "cuda" and not gpu:
         raise MeshbenchError("--device cuda: the installed llama.cpp has no GPU backend (rebuild llama-cpp-python "
                              "with CMAKE_ARGS=-DGGML_CUDA=on, or use --device cpu)")
@@ -85,16 +119,24 @@ def resolve_device(device: str) -> str:
 class LoadedModel:
     """A llama.cpp model loaded once and shared by the per-level engines."""
 
-    def __init__(self, path: Path, device: str, verbose: bool) -> None:
+    def __init__(self, path: Path, device: str, verbose: bool,
+                 endpoints: Sequence[rpc.Endpoint] = ()) -> None:
         lib = llama_cpp_lib()
         set_llama_logging(verbose)
         self.arch = gguf_io.check_model_file(path)
         lib.llama_backend_init()
         self.path = path
         self.device = resolve_device(device)
+        self.endpoints = list(endpoints)
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = 0 if self.device == "cpu" else 999  # cuda: every layer
-        self.ptr = lib.llama_model_load_from_file(str(path).encode(), mp)
+        if self.endpoints:  # every layer goes to the RPC workers' devices (llama.cpp's proportional split)
+            self._devices, self.device_names = rpc.devices(self.endpoints)
+            mp.devices = ctypes.addressof(self._devices)
+            mp.n_gpu_layers = 999
+        with capture_log() as lines:
+            self.ptr = lib.llama_model_load_from_file(str(path).encode(), mp)
+        self.load_log = lines
         if not self.ptr:
             raise MeshbenchError(f"model {path}: llama.cpp could not load it (architecture {self.arch!r}; "
                                  "truncated, corrupt, or an architecture this llama.cpp cannot run)")
@@ -280,11 +322,12 @@ class GgufEngine:
 
 
 def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512,
-               verbose: bool = False) -> EngineSetup:
+               verbose: bool = False, endpoints: Sequence[rpc.Endpoint] = ()) -> EngineSetup:
+    """Load the model once (on the RPC workers' devices when ``endpoints`` are given)."""
     if not spec.model:
         raise MeshbenchError("engine gguf needs --model PATH (a .gguf file; make one with meshbench model make-tiny)")
     path = files.regular_file(spec.model, "model")
-    model = LoadedModel(path, spec.device, verbose)
+    model = LoadedModel(path, spec.device, verbose, endpoints)
     check_context(max_total_tokens, model.n_ctx_train)  # before any context is sized by it
     if max_sessions > limits.MAX_LLAMA_SEQUENCES:
         raise MeshbenchError(f"concurrency {max_sessions}: a llama.cpp context holds at most "
@@ -294,9 +337,20 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
         return GgufEngine(model, budget.max_active_sessions, max_total_tokens, spec.threads, spec.flash_attn,
                           spec.kv_unified, spec.kv_type, max_prompt)
 
-    probe = make(PROBE_BUDGET)
+    with capture_log() as context_log:
+        probe = make(PROBE_BUDGET)
     info = describe(probe, "gguf", preset=None, model=spec.model, model_sha256=model.sha256,
                     architecture=model.arch, device=model.device, dtype=f"weights per file; KV {spec.kv_type}",
-                    threads=probe.threads, flash_attn=spec.flash_attn, kv_unified=spec.kv_unified)
+                    threads=probe.threads, flash_attn=spec.flash_attn, kv_unified=spec.kv_unified,
+                    rpc=_rpc_record(model, spec, context_log) if model.endpoints else None)
     probe.close()
     return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model)
+
+
+def _rpc_record(model: LoadedModel, spec: EngineSpec, context_log: list[str]) -> dict:
+    """The topology results.json records: endpoints, devices, the layers and buffers each holds (as
+    llama.cpp logged them at load; KV buffers for a one-sequence probe context). Not in the recipe
+    fingerprint: the tokens are checked to be the same with and without workers."""
+    t = topology([*model.load_log, *context_log])
+    return {"endpoints": [str(e) for e in model.endpoints], "spawned": spec.workers > 0,
+            "devices": model.device_names, "layers": t["layers"], "buffers": t["buffers"]}

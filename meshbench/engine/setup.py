@@ -21,6 +21,12 @@ class EngineSetup:
     context_length: int
     resource: object = None  # what must stay alive while engines run (a loaded model)
 
+    def close(self) -> None:
+        """Free what the engines share (a loaded model) now, not at garbage collection."""
+        close = getattr(self.resource, "close", None)
+        if close is not None:
+            close()
+
 
 def describe(probe: BatchEngine, kind: str, **facts) -> dict:
     """The engine record of results.json: the kind's own ``facts`` plus the figures every engine reports."""

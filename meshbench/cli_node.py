@@ -1,0 +1,67 @@
+"""`meshbench node serve`: this machine's CPU as a llama.cpp RPC device for a node's layers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Annotated, Optional
+
+import typer
+
+from meshbench.cli_common import err
+from meshbench.engine import rpc
+from meshbench.errors import MeshbenchError
+
+node_app = typer.Typer(help="A llama.cpp RPC worker (ggml-rpc) for a node spread over processes or hosts.",
+                       no_args_is_help=True)
+
+
+class Stopped(Exception):
+    """The server thread ended on its own (llama.cpp could not serve)."""
+
+
+@node_app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback unless --allow-remote).")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 50052,
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, max=512, help="CPU threads.")] = None,
+    cache: Annotated[Optional[str], typer.Option("--cache", help="Folder for llama.cpp's tensor cache.")] = None,
+    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Listen on a non-loopback address. "
+                                               "ggml-rpc is unauthenticated: only on a network you trust.")]
+    = False,
+) -> None:
+    """Serve this machine's CPU to llama.cpp RPC clients until SIGTERM (exit 0) or SIGINT (exit 130)."""
+    endpoint = rpc.Endpoint(host, port)
+    if not endpoint.loopback and not allow_remote:
+        raise MeshbenchError(f"--host {host}: not a loopback address; ggml-rpc has no authentication, so "
+                             "pass --allow-remote to expose it, and only on a network you trust")
+    if not endpoint.loopback:
+        err.print(f"warning: serving llama.cpp RPC on {endpoint} without authentication: anyone who reaches this "
+                  "port can run tensors on this machine", markup=False)
+    rpc.libraries()  # an RPC-capable build, or the one line that says how to get it
+    _check_port_free(endpoint)
+    server = threading.Thread(target=rpc.serve, args=(endpoint, threads or os.cpu_count() or 1, cache),
+                              daemon=True)
+    try:  # from before the server can accept anything: a SIGTERM from then on is a clean stop
+        server.start()
+        err.print(f"listening on {endpoint}", markup=False)
+        while server.is_alive():
+            server.join(0.25)
+    except BaseException as e:
+        if type(e).__name__ == "Terminated":  # SIGTERM: a clean stop
+            err.print("stopped (SIGTERM)", markup=False)
+            return
+        raise
+    raise MeshbenchError(f"llama.cpp's RPC server on {endpoint} stopped (could it bind the port?)")
+
+
+def _check_port_free(endpoint: rpc.Endpoint) -> None:
+    family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((endpoint.host, endpoint.port))
+        except OSError as e:
+            raise MeshbenchError(f"--port {endpoint.port}: cannot listen on {endpoint} ({e.strerror})") from None

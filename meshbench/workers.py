@@ -1,0 +1,79 @@
+"""Local llama.cpp RPC workers that meshbench starts for a run, and always stops.
+
+Each worker is ``meshbench node serve`` in its own process, on a free loopback port. The
+owner waits until every worker accepts a connection (bounded), hands out their endpoints,
+and in ``finally`` stops them by the process ids it started: SIGTERM, a bounded wait, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from meshbench.engine.rpc import Endpoint
+from meshbench.errors import MeshbenchError
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def spawned(count: int, threads: int | None = None) -> Iterator[list[Endpoint]]:
+    """``count`` workers on 127.0.0.1 for the duration of the block (none: an empty list)."""
+    procs: list[tuple[subprocess.Popen, Endpoint]] = []
+    try:
+        for _ in range(count):
+            ep = Endpoint("127.0.0.1", free_port())
+            cmd = [sys.executable, "-m", "meshbench.cli", "node", "serve", "--host", ep.host, "--port", str(ep.port)]
+            if threads:
+                cmd += ["--threads", str(threads)]
+            procs.append((subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.PIPE, start_new_session=True), ep))
+        for proc, ep in procs:
+            _wait_ready(proc, ep)
+        yield [ep for _, ep in procs]
+    finally:
+        for proc, _ in procs:
+            stop(proc)
+
+
+def _wait_ready(proc: subprocess.Popen, ep: Endpoint) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace").strip().splitlines()
+            raise MeshbenchError(f"rpc worker {ep} exited with {proc.returncode} before it was ready"
+                                 + (f": {err[-1]}" if err else ""))
+        try:
+            with socket.create_connection((ep.host, ep.port), timeout=1.0):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise MeshbenchError(f"rpc worker {ep} did not listen within {READY_TIMEOUT_S:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a worker this process started, by its id: SIGTERM, a bounded wait, then SIGKILL."""
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        except ProcessLookupError:
+            pass
+    if proc.stderr is not None:
+        proc.stderr.close()
