@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -108,13 +108,29 @@ def bench_gguf(
                                        help="Timed decode steps per batch size.")] = 32,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
+    worker_counts: Annotated[Optional[str], typer.Option(
+        "--workers", help="Instead: the scheduler's decode tokens/s with the layers local (0) and on N spawned "
+                          "RPC workers, e.g. 0,1,2.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Decode tokens/s of the GGUF engine driven by the scheduler vs a raw llama_decode loop."""
-
-    res = gguf_bench.run(regular_file(model, "model"),
-                         int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES),
-                         prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg))
+    """Decode tokens/s of the GGUF engine driven by the scheduler vs a raw llama_decode loop (or vs RPC workers)."""
+    path = regular_file(model, "model")
+    sizes = int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)
+    if worker_counts is not None:
+        counts = int_list(worker_counts, "--workers", minimum=0, unique=True, maximum=16)
+        res = gguf_bench.run_workers(path, counts, sizes, prompt_tokens, steps, threads, seed or 0,
+                                     progress=lambda msg: err.print(msg))
+        if as_json:
+            print_json(res)
+            return
+        t = table(f"decode tokens/s through the scheduler, layers local or on RPC workers (loopback): {model}",
+                  ("batch", *[f"{w} workers tok/s" for w in counts], *[f"{w} workers step ms" for w in counts]))
+        for row in res["batches"]:
+            t.add_row(str(row["batch"]), *[f"{row[f'workers_{w}']['tokens_per_s']:.1f}" for w in counts],
+                      *[f"{row[f'workers_{w}']['step_ms']:.2f}" for w in counts])
+        out.print(t)
+        return
+    res = gguf_bench.run(path, sizes, prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg))
     if as_json:
         print_json(res)
         return

@@ -118,3 +118,16 @@ def test_node_serve_exits_0_on_sigterm():
     finally:
         workers.stop(p)
     assert p.returncode == 0 and b"stopped (SIGTERM)" in err
+
+
+def test_bench_gguf_measures_local_against_workers(model):
+    r = runner.invoke(app, ["bench", "gguf", "--model", str(model), "--workers", "0,1", "--batches", "1,2",
+                            "--steps", "4", "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["worker_counts"] == [0, 1] and [row["batch"] for row in d["batches"]] == [1, 2]
+    for row in d["batches"]:
+        for w in (0, 1):
+            x = row[f"workers_{w}"]
+            assert x["samples"] == row["workers_0"]["samples"] > 0  # two rounds each, the same ticks timed
+            assert x["tokens_per_s"] == pytest.approx(row["batch"] / x["step_ms"] * 1e3)

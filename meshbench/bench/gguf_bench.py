@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from meshbench import workers
 from meshbench.engine.base import check_context
 from meshbench.engine.gguf_engine import GgufEngine, LoadedModel
 from meshbench.scheduler.budget import NodeBudget
@@ -94,3 +95,34 @@ def run(model_path: Path, batches: list[int], prompt: int, steps: int, threads: 
             "prompt_tokens": prompt, "steps": steps, "threads": threads, "batches": rows}
     model.close()
     return info
+
+
+def run_workers(model_path: Path, worker_counts: list[int], batches: list[int], prompt: int, steps: int,
+                threads: int | None, seed: int, rounds: int = 2,
+                progress: Callable[[str], None] = lambda msg: None) -> dict:
+    """Decode tokens/s through the scheduler with the layers local (0) or on 1, 2, ... spawned RPC workers.
+
+    Rounds alternate the worker counts (0, 1, 2, then 2, 1, 0, ...) so drift hits each alike; each
+    configuration loads the model afresh (on its workers), times full-batch decode ticks, frees it.
+    """
+    samples: dict[int, dict[int, list[int]]] = {w: {b: [] for b in batches} for w in worker_counts}
+    for r in range(rounds):
+        for w in (worker_counts if r % 2 == 0 else list(reversed(worker_counts))):
+            progress(f"round {r + 1}: {w} worker(s)")
+            with workers.spawned(w, threads) as endpoints:
+                model = LoadedModel(model_path, "cpu", False, endpoints)
+                try:
+                    check_context(prompt + steps + 4, model.n_ctx_train)
+                    for b in batches:
+                        samples[w][b] += scheduler_step_ns(model, b, prompt, steps, threads, seed)
+                finally:
+                    model.close()
+    rows = []
+    for b in batches:
+        row = {"batch": b}
+        for w in worker_counts:
+            ms = float(np.median(samples[w][b])) / 1e6
+            row[f"workers_{w}"] = {"tokens_per_s": b / ms * 1e3, "step_ms": ms, "samples": len(samples[w][b])}
+        rows.append(row)
+    return {"model": str(model_path), "prompt_tokens": prompt, "steps": steps, "threads": threads,
+            "rounds": rounds, "worker_counts": worker_counts, "batches": rows}
