@@ -11,18 +11,42 @@ from meshbench import arrivals
 from meshbench.config import RunConfig, Workload
 from meshbench.engine import factory
 from meshbench.engine.base import check_context
+from meshbench.run import node
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 
 
 def run(cfg: RunConfig, burst: int | None = None) -> dict:
+    """On the node the config describes (its RPC workers too, started and stopped around the run)."""
+    with node(cfg) as endpoints:
+        return _run(cfg, burst, endpoints)
+
+
+def _run(cfg: RunConfig, burst: int | None, endpoints) -> dict:
     budget = cfg.budget
     wl = cfg.workload
     if burst is not None:
         wl = Workload((wl.prompt_tokens[0],) * burst, (wl.new_tokens[0],) * burst, wl.seed, wl.arrivals)
     process = arrivals.parse(wl.arrivals)
-    setup = factory.setup(cfg.engine, wl.longest, budget.max_active_sessions)
+    setup = factory.setup(cfg.engine, wl.longest, budget.max_active_sessions, endpoints=endpoints)
+    try:
+        return _decide(cfg, wl, process, setup)
+    finally:
+        setup.close()  # while the workers still serve its buffers
+
+
+def _decide(cfg: RunConfig, wl: Workload, process, setup) -> dict:
+    budget = cfg.budget
     check_context(wl.longest, setup.context_length)  # one rule for admit and sweep
-    sched = ContinuousBatchScheduler(setup.make(budget), budget)
+    engine = setup.make(budget)
+    try:
+        return _report(setup, budget, process, wl, ContinuousBatchScheduler(engine, budget))
+    finally:
+        close = getattr(engine, "close", None)  # a llama.cpp context goes before its model
+        if close is not None:
+            close()
+
+
+def _report(setup, budget, process, wl: Workload, sched: ContinuousBatchScheduler) -> dict:
     requests = wl.requests(setup.vocab_size)
     if process.all_at_once:
         decisions = [dict(sched.submit(r).to_dict(), tick=0) for r in requests]

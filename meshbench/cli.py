@@ -41,6 +41,7 @@ from meshbench.cli_common import (
     SessionsOpt,
     SloTpotOpt,
     SloTtftOpt,
+    SplitOpt,
     ThreadsOpt,
     WarmupOpt,
     WorkersOpt,
@@ -189,6 +190,7 @@ def sweep(
     threads: ThreadsOpt = None,
     rpc: RpcOpt = None,
     workers: WorkersOpt = None,
+    split: SplitOpt = None,
     sessions: SessionsOpt = None,
     prompt_tokens: PromptOpt = None,
     new_tokens: NewOpt = None,
@@ -220,7 +222,8 @@ def sweep(
         "rates": float_list(rates, "--rates") if rates is not None else None,
         "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
         "clock": clock,
-        "engine": _engine_overrides(engine, preset, model, device, threads, seed, rpc, workers),
+        "engine": dict(_engine_overrides(engine, preset, model, device, threads, seed, rpc, workers),
+                       split=float_list(split, "--split", unique=False) if split is not None else None),
         "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
     })
@@ -305,6 +308,8 @@ def admit(
         "--burst", min=1, max=limits.MAX_SESSIONS,
         help="Submit N sessions shaped like the first of the workload.")] = None,
     arrivals: ArrivalsOpt = None,
+    rpc: RpcOpt = None,
+    workers: WorkersOpt = None,
     kv_bytes: Annotated[Optional[int], typer.Option("--kv-bytes", min=1, max=limits.MAX_BYTES,
                                                     help="Node KV budget in bytes.")] = None,
     scratch_bytes: Annotated[Optional[int], typer.Option("--scratch-bytes", min=1, max=limits.MAX_BYTES)] = None,
@@ -320,7 +325,7 @@ def admit(
 ) -> None:
     """Will these sessions fit on this node? Print every admission decision and the numbers behind it."""
     overrides = drop_none({
-        "engine": _engine_overrides(engine, preset, model, None, None, seed),
+        "engine": _engine_overrides(engine, preset, model, None, None, seed, rpc, workers),
         "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
         "budget": {"kv_bytes": kv_bytes, "scratch_bytes": scratch_bytes, "weight_bytes": weight_bytes,
                    "max_active_sessions": max_active, "max_queue_depth": max_queue_depth,

@@ -127,7 +127,7 @@ def workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals=None)
             "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed, "arrivals": arrivals}
 
 
-def float_list(value: str, flag: str) -> list[float]:
+def float_list(value: str, flag: str, unique: bool = True) -> list[float]:
     """Comma-separated positive numbers, e.g. --rates 0.25,0.5,1."""
     items = []
     for part in value.split(","):
@@ -137,7 +137,7 @@ def float_list(value: str, flag: str) -> list[float]:
             raise MeshbenchError(f"{flag}: {part.strip()!r} is not a number") from None
         if not 0 < x <= 1e4:
             raise MeshbenchError(f"{flag}: {part.strip()} must be above 0 and at most 10000")
-        if x in items:
+        if unique and x in items:
             raise MeshbenchError(f"{flag}: {part.strip()} appears twice")
         items.append(x)
     if not 1 <= len(items) <= limits.MAX_LEVELS:
@@ -169,6 +169,8 @@ RpcOpt = Annotated[Optional[str], typer.Option(
     "--rpc", help="llama.cpp RPC workers HOST:PORT[,HOST:PORT...] (meshbench node serve) for the model's layers.")]
 WorkersOpt = Annotated[Optional[int], typer.Option(
     "--workers", min=0, max=16, help="Start this many local RPC workers (loopback, free ports) for the run.")]
+SplitOpt = Annotated[Optional[str], typer.Option(
+    "--split", help="Share of the layers per RPC worker, e.g. 1,3 (default: llama.cpp's proportional split).")]
 ArrivalsOpt = Annotated[Optional[str], typer.Option(
     "--arrivals", help="all-at-once (default) | poisson:RATE | gamma:RATE:CV | trace:T0,T1,... | trace:FILE "
                        "(rates in sessions per tick).")]

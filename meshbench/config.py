@@ -32,7 +32,7 @@ DEFAULTS: dict = {
     "engine": {
         "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
-        "rpc": None, "workers": 0,
+        "rpc": None, "workers": 0, "split": None,
     },
     "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once"},
     "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
@@ -63,9 +63,16 @@ class EngineSpec:
     make_model: dict | None = None  # {preset, type, seed}: generate ``model`` when it is missing
     rpc: str | None = None  # llama.cpp RPC workers, HOST:PORT[,HOST:PORT...]: the model's layers go there
     workers: int = 0  # spawn this many local RPC workers for the run (loopback, free ports)
+    split: tuple[float, ...] | None = None  # share of layers per RPC device (None: llama.cpp's proportional split)
+
+    def __post_init__(self) -> None:
+        if self.split is not None:
+            object.__setattr__(self, "split", tuple(self.split))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["split"] = None if self.split is None else list(self.split)
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +272,9 @@ def from_mapping(data: dict, source: str) -> RunConfig:
         raise MeshbenchError(f"{source}: give engine.rpc (workers you run) or engine.workers (spawned), not both")
     if eng["rpc"]:
         rpc.parse_endpoints(eng["rpc"], f"{source}: engine.rpc")
+    devices = len(rpc.parse_endpoints(eng["rpc"])) if eng["rpc"] else eng["workers"]
+    if eng["split"] is not None and len(eng["split"]) != devices:
+        raise MeshbenchError(f"{source}: engine.split has {len(eng['split'])} shares for {devices} RPC workers")
     return RunConfig(
         story=data["story"], title=data["title"], levels=tuple(data["levels"]),
         engine=EngineSpec(**eng), workload=workload, budget=NodeBudget(**data["budget"]), source=source,

@@ -54,7 +54,7 @@ def test_tokens_with_one_and_two_workers_equal_the_local_run(model, two_workers)
     assert one["engine"]["recipe_fingerprint"] == local["engine"]["recipe_fingerprint"]
     topo = two["engine"]["rpc"]
     assert topo["endpoints"] == [str(e) for e in two_workers] and topo["spawned"] is False
-    assert sorted(topo["layers"]) == ["RPC0", "RPC1"]
+    assert sorted(topo["layers"]) == sorted(topo["devices"]) and len(topo["devices"]) == 2
     assert sorted(i for layers in topo["layers"].values() for i in layers) == [0, 1, 2, 3]
     assert local["engine"]["rpc"] is None
 
@@ -131,3 +131,24 @@ def test_bench_gguf_measures_local_against_workers(model):
             x = row[f"workers_{w}"]
             assert x["samples"] == row["workers_0"]["samples"] > 0  # two rounds each, the same ticks timed
             assert x["tokens_per_s"] == pytest.approx(row["batch"] / x["step_ms"] * 1e3)
+
+
+def test_split_puts_the_given_share_of_layers_on_each_worker(model):
+    data = sweep_json("--engine", "gguf", "--model", model, "--levels", "1,4", "--workers", "2", "--split", "1,3",
+                      "--threads", "1", "--warmup", "0")
+    topo = data["engine"]["rpc"]
+    first, second = topo["devices"]  # RPC device names count up within a process
+    assert topo["split"] == [1.0, 3.0] and topo["layers"] == {first: [0], second: [1, 2, 3]}
+    local = sweep_json("--engine", "gguf", "--model", model, "--levels", "1,4", "--threads", "1", "--warmup", "0")
+    assert digests(data) == digests(local)
+    run_refused("sweep", "--engine", "gguf", "--model", model, "--workers", "2", "--split", "1,2,3",
+                expect="engine.split has 3 shares for 2 RPC workers")
+
+
+def test_admit_runs_on_spawned_workers_and_stops_them(model):
+    before = _serving_pids()
+    r = runner.invoke(app, ["admit", "--engine", "gguf", "--model", str(model), "--workers", "1", "--burst", "3",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["summary"] == {"ADMITTED": 3}
+    assert _serving_pids() == before

@@ -120,7 +120,7 @@ class LoadedModel:
     """A llama.cpp model loaded once and shared by the per-level engines."""
 
     def __init__(self, path: Path, device: str, verbose: bool,
-                 endpoints: Sequence[rpc.Endpoint] = ()) -> None:
+                 endpoints: Sequence[rpc.Endpoint] = (), split: Sequence[float] | None = None) -> None:
         lib = llama_cpp_lib()
         set_llama_logging(verbose)
         self.arch = gguf_io.check_model_file(path)
@@ -134,6 +134,9 @@ class LoadedModel:
             self._devices, self.device_names = rpc.devices(self.endpoints)
             mp.devices = ctypes.addressof(self._devices)
             mp.n_gpu_layers = 999
+            if split is not None:  # shares per device, in the devices' order
+                self._split = (ctypes.c_float * lib.llama_max_devices())(*split)
+                mp.tensor_split = self._split
         with capture_log() as lines:
             self.ptr = lib.llama_model_load_from_file(str(path).encode(), mp)
         self.load_log = lines
@@ -327,7 +330,7 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
     if not spec.model:
         raise MeshbenchError("engine gguf needs --model PATH (a .gguf file; make one with meshbench model make-tiny)")
     path = files.regular_file(spec.model, "model")
-    model = LoadedModel(path, spec.device, verbose, endpoints)
+    model = LoadedModel(path, spec.device, verbose, endpoints, spec.split)
     check_context(max_total_tokens, model.n_ctx_train)  # before any context is sized by it
     if max_sessions > limits.MAX_LLAMA_SEQUENCES:
         raise MeshbenchError(f"concurrency {max_sessions}: a llama.cpp context holds at most "
@@ -353,4 +356,5 @@ def _rpc_record(model: LoadedModel, spec: EngineSpec, context_log: list[str]) ->
     fingerprint: the tokens are checked to be the same with and without workers."""
     t = topology([*model.load_log, *context_log])
     return {"endpoints": [str(e) for e in model.endpoints], "spawned": spec.workers > 0,
-            "devices": model.device_names, "layers": t["layers"], "buffers": t["buffers"]}
+            "devices": model.device_names, "split": None if spec.split is None else list(spec.split),
+            "layers": t["layers"], "buffers": t["buffers"]}
