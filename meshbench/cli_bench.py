@@ -10,7 +10,8 @@ import typer
 
 from meshbench import gguf_io, limits
 from meshbench.bench import engine_bench, gguf_bench, invariance, layouts, scheduler_bench
-from meshbench.cli_common import JsonOpt, SeedOpt, ThreadsOpt, err, int_list, out, print_json, table
+from meshbench.cli_common import JsonOpt, RpcOpt, SeedOpt, ThreadsOpt, err, int_list, out, print_json, table
+from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
 from meshbench.files import regular_file, replaceable_file
 from meshbench.model.config import preset as get_preset
@@ -108,6 +109,7 @@ def bench_gguf(
                                        help="Timed decode steps per batch size.")] = 32,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
+    rpc_workers: RpcOpt = None,
     worker_counts: Annotated[Optional[str], typer.Option(
         "--workers", help="Instead: the scheduler's decode tokens/s with the layers local (0) and on N spawned "
                           "RPC workers, e.g. 0,1,2.")] = None,
@@ -130,7 +132,9 @@ def bench_gguf(
                       *[f"{row[f'workers_{w}']['step_ms']:.2f}" for w in counts])
         out.print(t)
         return
-    res = gguf_bench.run(path, sizes, prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg))
+    endpoints = rpc.parse_endpoints(rpc_workers) if rpc_workers else []
+    res = gguf_bench.run(path, sizes, prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg),
+                         endpoints=endpoints)
     if as_json:
         print_json(res)
         return

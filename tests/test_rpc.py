@@ -152,3 +152,11 @@ def test_admit_runs_on_spawned_workers_and_stops_them(model):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["summary"] == {"ADMITTED": 3}
     assert _serving_pids() == before
+
+
+def test_bench_gguf_on_given_workers(model, two_workers):
+    r = runner.invoke(app, ["bench", "gguf", "--model", str(model), "--rpc", str(two_workers[0]), "--batches", "1",
+                            "--steps", "3", "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["rpc"] == [str(two_workers[0])] and d["batches"][0]["raw_tokens_per_s"] > 0

@@ -75,8 +75,8 @@ def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threa
 
 
 def run(model_path: Path, batches: list[int], prompt: int, steps: int, threads: int | None, seed: int,
-        progress: Callable[[str], None] = lambda msg: None) -> dict:
-    model = LoadedModel(model_path, "cpu", verbose=False)
+        progress: Callable[[str], None] = lambda msg: None, endpoints=()) -> dict:
+    model = LoadedModel(model_path, "cpu", False, endpoints)
     check_context(prompt + steps + 4, model.n_ctx_train)
     rows = []
     for b in batches:
@@ -92,7 +92,8 @@ def run(model_path: Path, batches: list[int], prompt: int, steps: int, threads: 
                      "ratio": raw_ms / sch_ms, "raw_step_ms": raw_ms, "scheduler_step_ms": sch_ms,
                      "samples": len(raw)})
     info = {"model": str(model_path), "model_sha256": model.sha256, "weight_bytes": model.weight_bytes,
-            "prompt_tokens": prompt, "steps": steps, "threads": threads, "batches": rows}
+            "prompt_tokens": prompt, "steps": steps, "threads": threads,
+            "rpc": [str(e) for e in endpoints] or None, "batches": rows}
     model.close()
     return info
 
