@@ -11,6 +11,7 @@ from meshbench import arrivals
 from meshbench.config import RunConfig, Workload
 from meshbench.engine import factory
 from meshbench.engine.base import check_context
+from meshbench.engine.setup import close_engine
 from meshbench.run import node
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 
@@ -41,9 +42,7 @@ def _decide(cfg: RunConfig, wl: Workload, process, setup) -> dict:
     try:
         return _report(setup, budget, process, wl, ContinuousBatchScheduler(engine, budget))
     finally:
-        close = getattr(engine, "close", None)  # a llama.cpp context goes before its model
-        if close is not None:
-            close()
+        close_engine(engine)
 
 
 def _report(setup, budget, process, wl: Workload, sched: ContinuousBatchScheduler) -> dict:

@@ -21,6 +21,7 @@ from meshbench import backpressure, figures
 from meshbench.arrivals import Arrivals
 from meshbench.config import Workload, validate_levels
 from meshbench.engine.base import BatchEngine
+from meshbench.engine.setup import close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
@@ -256,9 +257,7 @@ def run_concurrency_sweep(
                                      per_level, sleep)
             return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level)
         finally:
-            close = getattr(engine, "close", None)  # a llama.cpp context is freed now, while its workers live
-            if close is not None:
-                close()
+            close_engine(engine)
 
     for _ in range(warmup):
         for i in range(len(plan)):
@@ -282,9 +281,7 @@ def alone_reference(workload: Workload, budget: NodeBudget, engine_factory: Call
     try:
         first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock)
     finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        close_engine(engine)
     return {"concurrency": 1, "sessions": first.sessions}
 
 
