@@ -35,7 +35,10 @@ def _backpressure(plt, data: dict):
         b = [lv["backpressure"] for lv in levels]
         ax[0].plot(rate, [x["offered_per_100_ticks"] for x in b], "k:", label=f"c={c} offered")
         ax[0].plot(rate, [x["accepted_per_100_ticks"] for x in b], "o-", label=f"c={c} accepted")
-        ax[0].plot(rate, [x["rejected_per_100_ticks"] for x in b], "x--", label=f"c={c} rejected")
+        ticks = [lv["ticks"] for lv in levels]
+        for reason in sorted({r for x in b for r in x["rejected_by_reason"]}):
+            ax[0].plot(rate, [100.0 * x["rejected_by_reason"].get(reason, 0) / n for x, n in zip(b, ticks)], "x--",
+                       label=f"c={c} {reason.removeprefix('REJECTED_').lower()}")
         ax[0].plot(rate, [x["goodput_per_100_ticks"] for x in b], "s-", label=f"c={c} goodput")
         ax[1].plot(rate, [x["queue_wait_ticks"]["p95"] or 0 for x in b], "o-", label=f"c={c} p95")
         ax[1].plot(rate, [x["queue_wait_ticks"]["p50"] or 0 for x in b], "s--", label=f"c={c} p50")

@@ -158,6 +158,8 @@ def check_arrivals(c: Checks, data: dict, lv: dict, at: str) -> None:
         c.equal(RESULTS, f"{at}.submit_events (tick, session) in arrival order", [list(x) for x in expected],
                 [[e["tick"], e["session_id"]] for e in events])
     accepted = sorted(e["session_id"] for e in events if e["decision"] in ("ADMITTED", "QUEUED"))
+    c.equal(RESULTS, f"{at}.submit_events epochs (1 when accepted: a sweep never resubmits; none when refused)",
+            [1 if e["decision"] in ("ADMITTED", "QUEUED") else None for e in events], [e["epoch"] for e in events])
     c.equal(RESULTS, f"{at}.sessions (= the accepted arrivals)", accepted,
             sorted(s["session_id"] for s in lv["sessions"]))
     rejected = sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in events)

@@ -115,7 +115,7 @@ def run_pass(
     events: list[dict] = []
 
     def on_submit(tick: int, d) -> None:
-        events.append({"tick": tick, "session_id": d.session_id, "decision": d.reason.value,
+        events.append({"tick": tick, "session_id": d.session_id, "epoch": d.epoch, "decision": d.reason.value,
                        "active": d.active_sessions, "queued": d.queue_depth})
 
     t0 = clock()
@@ -149,7 +149,8 @@ def run_pass_wall(
         now_s = (clock() - t0) / 1e9
         while k < len(order) and arrival_s[order[k]] <= now_s:
             d = sched.submit(requests[order[k]])
-            events.append({"tick": len(sched.ticks()), "session_id": d.session_id, "decision": d.reason.value,
+            events.append({"tick": len(sched.ticks()), "session_id": d.session_id, "epoch": d.epoch,
+                           "decision": d.reason.value,
                            "active": d.active_sessions, "queued": d.queue_depth,
                            "arrival_ms": arrival_s[order[k]] * 1e3, "submit_ms": now_s * 1e3})
             k += 1

@@ -54,6 +54,7 @@ def test_tokens_with_one_and_two_workers_equal_the_local_run(model, two_workers)
     assert one["engine"]["recipe_fingerprint"] == local["engine"]["recipe_fingerprint"]
     topo = two["engine"]["rpc"]
     assert topo["endpoints"] == [str(e) for e in two_workers] and topo["spawned"] is False
+    assert topo["protocol"] == {str(e): "7.0.0" for e in two_workers}  # ggml-rpc's HELLO, asked by meshbench
     assert sorted(topo["layers"]) == sorted(topo["devices"]) and len(topo["devices"]) == 2
     assert sorted(i for layers in topo["layers"].values() for i in layers) == [0, 1, 2, 3]
     assert local["engine"]["rpc"] is None
@@ -90,6 +91,25 @@ def test_refusals(model, tmp_path):
                 expect=f"rpc worker 127.0.0.1:{free}: cannot connect")
     run_refused("sweep", "--rpc", f"127.0.0.1:{free}", expect="need the gguf engine")
     run_refused("node", "serve", "--host", "0.0.0.0", expect="not a loopback address")
+
+
+def test_something_that_is_not_an_rpc_worker_is_refused(model):
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+
+        def answer_like_a_web_server():
+            conn, _ = s.accept()
+            conn.recv(64)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+        threading.Thread(target=answer_like_a_web_server, daemon=True).start()
+        run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", f"127.0.0.1:{port}",
+                    expect="not a llama.cpp RPC server")
 
 
 def test_a_port_in_use_is_refused():

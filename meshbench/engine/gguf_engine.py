@@ -131,7 +131,7 @@ class LoadedModel:
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = 0 if self.device == "cpu" else 999  # cuda: every layer
         if self.endpoints:  # every layer goes to the RPC workers' devices (llama.cpp's proportional split)
-            self._devices, self.device_names = rpc.devices(self.endpoints)
+            self._devices, self.device_names, self.protocols = rpc.devices(self.endpoints)
             mp.devices = ctypes.addressof(self._devices)
             mp.n_gpu_layers = 999
             if split is not None:  # shares per device, in the devices' order
@@ -356,5 +356,6 @@ def _rpc_record(model: LoadedModel, spec: EngineSpec, context_log: list[str]) ->
     fingerprint: the tokens are checked to be the same with and without workers."""
     t = topology([*model.load_log, *context_log])
     return {"endpoints": [str(e) for e in model.endpoints], "spawned": spec.workers > 0,
-            "devices": model.device_names, "split": None if spec.split is None else list(spec.split),
+            "protocol": model.protocols, "devices": model.device_names,
+            "split": None if spec.split is None else list(spec.split),
             "layers": t["layers"], "buffers": t["buffers"]}

@@ -10,8 +10,10 @@ with a timeout, before llama.cpp (which aborts the process on a lost worker) see
 from __future__ import annotations
 
 import ctypes
+import errno
 import ipaddress
 import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,13 +58,47 @@ def parse_endpoints(spec: str, where: str = "--rpc") -> list[Endpoint]:
     return out
 
 
-def check_reachable(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """Connect once with a timeout: a worker nobody answers for is an input error, not a crash."""
+# ggml-rpc's wire format (ggml-rpc.cpp in the llama.cpp that llama-cpp-python 0.3.36 vendors): a
+# command byte, a little-endian u64 size and the payload; HELLO (14) carries 24 bytes of connection
+# capabilities (zeros: none) and is answered with a u64 size and major, minor, patch, pad, 24 bytes.
+RPC_CMD_HELLO = 14
+RPC_CONN_CAPS_SIZE = 24
+
+
+def hello(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """Connect with a timeout and exchange ggml-rpc's HELLO: the worker's protocol version ("7.0.0").
+
+    A port nobody listens on, or something that is not a llama.cpp RPC server, is an input error
+    here, before llama.cpp (which aborts the process on a bad worker) connects.
+    """
+    request = bytes([RPC_CMD_HELLO]) + struct.pack("<Q", RPC_CONN_CAPS_SIZE) + bytes(RPC_CONN_CAPS_SIZE)
     try:
-        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout):
-            pass
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout) as s:
+            s.sendall(request)
+            head = _recv_exact(s, 8)
+            size = struct.unpack("<Q", head)[0]
+            if size != 4 + RPC_CONN_CAPS_SIZE:
+                raise MeshbenchError(f"rpc worker {endpoint}: not a llama.cpp RPC server of a known protocol "
+                                     f"(HELLO answered with {size} bytes)")
+            major, minor, patch = _recv_exact(s, size)[:3]
     except OSError as e:
         raise MeshbenchError(f"rpc worker {endpoint}: cannot connect ({e.strerror or e})") from None
+    return f"{major}.{minor}.{patch}"
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(errno.ECONNRESET, "closed before answering HELLO")
+        data += chunk
+    return data
+
+
+def check_reachable(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """The worker answers HELLO within ``timeout``; returns its protocol version."""
+    return hello(endpoint, timeout)
 
 
 def _lib_dir() -> Path:
@@ -113,12 +149,13 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     return ggml, rpc
 
 
-def devices(endpoints: list[Endpoint]) -> tuple[ctypes.Array, list[str]]:
-    """A NULL-terminated array of the workers' devices (for llama_model_params.devices) and their names."""
+def devices(endpoints: list[Endpoint]) -> tuple[ctypes.Array, list[str], dict[str, str]]:
+    """A NULL-terminated array of the workers' devices (for llama_model_params.devices), their names,
+    and each worker's RPC protocol version."""
     ggml, rpc = libraries()
-    found, names = [], []
+    found, names, versions = [], [], {}
     for ep in endpoints:
-        check_reachable(ep)
+        versions[str(ep)] = check_reachable(ep)  # llama.cpp would abort on a worker that is not there
         reg = rpc.ggml_backend_rpc_add_server(str(ep).encode())
         if not reg:
             raise MeshbenchError(f"rpc worker {ep}: llama.cpp could not add it")
@@ -127,7 +164,7 @@ def devices(endpoints: list[Endpoint]) -> tuple[ctypes.Array, list[str]]:
             found.append(dev)
             names.append(ggml.ggml_backend_dev_name(dev).decode())
     array = (ctypes.c_void_p * (len(found) + 1))(*found, None)
-    return array, names
+    return array, names, versions
 
 
 def serve(endpoint: Endpoint, threads: int, cache_dir: str | None) -> None:

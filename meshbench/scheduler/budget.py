@@ -76,6 +76,7 @@ class AdmissionDecision:
     active_cap: int
     queue_depth: int
     max_queue_depth: int
+    epoch: int | None = None  # the epoch an accepted session runs under (None: refused)
 
     @property
     def accepted(self) -> bool:

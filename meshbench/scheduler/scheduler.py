@@ -90,6 +90,7 @@ class ContinuousBatchScheduler:
                 reason = AdmissionReason.REJECTED_QUEUE_FULL  # the backpressure signal
             if reason.accepted:
                 self._accept(request, admitted=reason is AdmissionReason.ADMITTED)
+                decision["epoch"] = self._epochs[request.session_id]
             else:
                 self._rejected[reason.value] += 1
             return AdmissionDecision(reason=reason, **decision)
