@@ -48,6 +48,11 @@ def percentiles(values: Sequence[float]) -> dict:
 TIMING_TICK_FIELDS = ("tick_ns", "decode_ns", "prefill_ns")  # wall-clock: reported, compared only by compare
 
 
+def deterministic_ticks(ticks: Sequence[dict]) -> list[dict]:
+    """Tick records without their timing: what every repetition must reproduce exactly."""
+    return [{k: v for k, v in t.items() if k not in TIMING_TICK_FIELDS} for t in ticks]
+
+
 def wall_figures(sessions: Sequence[dict], ticks: Sequence[dict], wall_s: float) -> dict:
     """One repetition's wall-clock figures, from its monotonic nanosecond stamps.
 

@@ -23,7 +23,7 @@ from meshbench.config import Workload, validate_levels
 from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import close_engine
 from meshbench.errors import MeshbenchError
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.scheduler.telemetry import TickRecord
@@ -113,18 +113,24 @@ def run_pass(
     """Submit each request before its arrival tick, run the scheduler to completion, keep the raw records."""
     sched = ContinuousBatchScheduler(engine, budget, clock)
     events: list[dict] = []
-
-    def on_submit(tick: int, d) -> None:
-        events.append({"tick": tick, "session_id": d.session_id, "epoch": d.epoch, "decision": d.reason.value,
-                       "active": d.active_sessions, "queued": d.queue_depth})
-
     t0 = clock()
-    sched.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_ticks, requests)), on_submit=on_submit)
-    wall_s = (clock() - t0) / 1e9
+    sched.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_ticks, requests)),
+                            on_submit=lambda tick, d: events.append(submit_event(tick, d)))
+    return finished_pass(sched, events, t0, clock())
+
+
+def submit_event(tick: int, d: AdmissionDecision, **extra) -> dict:
+    """One arrival's record: the tick before which it was submitted, the decision and the node's state."""
+    return {"tick": tick, "session_id": d.session_id, "epoch": d.epoch, "decision": d.reason.value,
+            "active": d.active_sessions, "queued": d.queue_depth, **extra}
+
+
+def finished_pass(sched: ContinuousBatchScheduler, events: list[dict], t0: int, t1: int) -> Pass:
+    """The raw records of a pass that started at ``t0`` and ended at ``t1`` (clock nanoseconds)."""
     ended = sched.sessions()
     tel = sched.telemetry()
     return Pass([session_record(s) for s in ended], [t.to_dict() for t in sched.ticks()],
-                [session_timing(s, t0) for s in ended], events, wall_s, tel.cache_misses, tel.failed)
+                [session_timing(s, t0) for s in ended], events, (t1 - t0) / 1e9, tel.cache_misses, tel.failed)
 
 
 def run_pass_wall(
@@ -149,10 +155,8 @@ def run_pass_wall(
         now_s = (clock() - t0) / 1e9
         while k < len(order) and arrival_s[order[k]] <= now_s:
             d = sched.submit(requests[order[k]])
-            events.append({"tick": len(sched.ticks()), "session_id": d.session_id, "epoch": d.epoch,
-                           "decision": d.reason.value,
-                           "active": d.active_sessions, "queued": d.queue_depth,
-                           "arrival_ms": arrival_s[order[k]] * 1e3, "submit_ms": now_s * 1e3})
+            events.append(submit_event(len(sched.ticks()), d, arrival_ms=arrival_s[order[k]] * 1e3,
+                                       submit_ms=now_s * 1e3))
             k += 1
         if not sched.has_work():
             if k < len(order):
@@ -163,15 +167,7 @@ def run_pass_wall(
         rec = sched.run_tick()
         if on_tick is not None:
             on_tick(rec)
-    wall_s = (clock() - t0) / 1e9
-    ended = sched.sessions()
-    tel = sched.telemetry()
-    return Pass([session_record(s) for s in ended], [t.to_dict() for t in sched.ticks()],
-                [session_timing(s, t0) for s in ended], events, wall_s, tel.cache_misses, tel.failed)
-
-
-def deterministic_ticks(ticks: Sequence[dict]) -> list[dict]:
-    return [{k: v for k, v in t.items() if k not in figures.TIMING_TICK_FIELDS} for t in ticks]
+    return finished_pass(sched, events, t0, clock())
 
 
 def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dict,
@@ -179,7 +175,7 @@ def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dic
     """The results.json record of a level: repetition 0's deterministic records, every repetition's raw
     timing and wall figures, and their summary. ``passes`` are (repetition, position in its order, pass)."""
     first = passes[0][2]
-    ticks = deterministic_ticks(first.ticks)
+    ticks = figures.deterministic_ticks(first.ticks)
     repetitions = [
         {"repetition": r, "position": position, "wall_s": p.wall_s, "tick_records": p.ticks, "sessions": p.timing,
          "wall": figures.wall_figures(p.timing, p.ticks, p.wall_s)}
