@@ -18,8 +18,8 @@ from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 
 def run(cfg: RunConfig, burst: int | None = None) -> dict:
     """On the node the config describes (its RPC workers too, started and stopped around the run)."""
-    with node(cfg) as endpoints:
-        return _run(cfg, burst, endpoints)
+    with node(cfg) as on:
+        return _run(cfg, burst, on.endpoints)
 
 
 def _run(cfg: RunConfig, burst: int | None, endpoints) -> dict:

@@ -28,6 +28,8 @@ from meshbench.cli_common import (
     ConfigOpt,
     DeviceOpt,
     EngineOpt,
+    InjectOpt,
+    IsolateOpt,
     JsonOpt,
     ModelOpt,
     NewOpt,
@@ -36,6 +38,7 @@ from meshbench.cli_common import (
     QueueOpt,
     RatesOpt,
     RepeatOpt,
+    RestartOpt,
     RpcOpt,
     SeedOpt,
     SessionsOpt,
@@ -191,6 +194,9 @@ def sweep(
     rpc: RpcOpt = None,
     workers: WorkersOpt = None,
     split: SplitOpt = None,
+    isolate: IsolateOpt = None,
+    inject: InjectOpt = None,
+    restart_engine: RestartOpt = None,
     sessions: SessionsOpt = None,
     prompt_tokens: PromptOpt = None,
     new_tokens: NewOpt = None,
@@ -222,12 +228,18 @@ def sweep(
         "rates": float_list(rates, "--rates") if rates is not None else None,
         "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
         "clock": clock,
+        "faults": list(inject) if inject else None,
+        "restart_engine": restart_engine,
         "engine": dict(_engine_overrides(engine, preset, model, device, threads, seed, rpc, workers),
-                       split=float_list(split, "--split", unique=False) if split is not None else None),
+                       split=float_list(split, "--split", unique=False) if split is not None else None,
+                       isolate=isolate),
         "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
     })
-    cfg = config_mod.load(config, overrides)
+    _sweep(config_mod.load(config, overrides), out_dir, force, as_json, verbose)
+
+
+def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json: bool, verbose: bool) -> None:
     staging = bundle.prepare(out_dir, force) if out_dir is not None else None
     try:
         data = _run_with_progress(cfg, verbose)

@@ -171,6 +171,16 @@ WorkersOpt = Annotated[Optional[int], typer.Option(
     "--workers", min=0, max=16, help="Start this many local RPC workers (loopback, free ports) for the run.")]
 SplitOpt = Annotated[Optional[str], typer.Option(
     "--split", help="Share of the layers per RPC worker, e.g. 1,3 (default: llama.cpp's proportional split).")]
+IsolateOpt = Annotated[Optional[bool], typer.Option(
+    "--isolate/--no-isolate", help="Run the engine in its own process behind a proxy (default: exactly when RPC "
+                                   "workers are used); the node then survives the engine dying.")]
+InjectOpt = Annotated[Optional[list[str]], typer.Option(
+    "--inject", help="A fault row, KIND[:TARGET]@TICK[,...], run at every level; repeat the flag for more rows. "
+                     "Kinds: cancel:SESSION, evict:SESSION, raise:prefill, raise:decode, kill-engine, abort-engine, "
+                     "kill-worker:I.")]
+RestartOpt = Annotated[Optional[bool], typer.Option(
+    "--restart-engine/--no-restart-engine", help="After an engine loss: start a fresh engine (and fresh spawned "
+                                                 "workers) and resubmit the lost sessions under a new epoch.")]
 ArrivalsOpt = Annotated[Optional[str], typer.Option(
     "--arrivals", help="all-at-once (default) | poisson:RATE | gamma:RATE:CV | trace:T0,T1,... | trace:FILE "
                        "(rates in sessions per tick).")]

@@ -14,9 +14,10 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from meshbench import arrivals, files, validation
+from meshbench import arrivals, faults, files, validation
 from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
+from meshbench.faults import Fault
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
 
@@ -32,11 +33,13 @@ DEFAULTS: dict = {
     "engine": {
         "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
-        "rpc": None, "workers": 0, "split": None,
+        "rpc": None, "workers": 0, "split": None, "isolate": None,
     },
     "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once"},
     "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
     "slo": {"ttft": None, "tpot": None},  # goodput counts completed sessions within both (ticks, or ms on the wall)
+    "faults": [],  # fault rows (meshbench.faults), each run at every level
+    "restart_engine": False,  # after an engine loss: a fresh engine, the lost sessions resubmitted
     "budget": {
         "weight_bytes": 1 << 30,
         "kv_bytes": 1 << 24,
@@ -64,10 +67,15 @@ class EngineSpec:
     rpc: str | None = None  # llama.cpp RPC workers, HOST:PORT[,HOST:PORT...]: the model's layers go there
     workers: int = 0  # spawn this many local RPC workers for the run (loopback, free ports)
     split: tuple[float, ...] | None = None  # share of layers per RPC device (None: llama.cpp's proportional split)
+    isolate: bool | None = None  # the engine in its own process (None: exactly when RPC workers are used)
 
     def __post_init__(self) -> None:
         if self.split is not None:
             object.__setattr__(self, "split", tuple(self.split))
+
+    @property
+    def isolated(self) -> bool:
+        return self.isolate if self.isolate is not None else bool(self.rpc or self.workers)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -139,12 +147,15 @@ class RunConfig:
     rates: tuple[float, ...] | None = None  # arrival rates crossed with the levels
     slo: dict | None = None  # {"ttft": x | None, "tpot": x | None}: ticks, or ms on the wall clock
     clock: str = "tick"
+    faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows, each run at every level
+    restart_engine: bool = False
 
     def to_dict(self) -> dict:
         return {
             "story": self.story, "title": self.title, "levels": list(self.levels),
             "rates": None if self.rates is None else list(self.rates), "repeat": self.repeat,
             "warmup": self.warmup, "slo": dict(self.slo or {"ttft": None, "tpot": None}), "clock": self.clock,
+            "faults": [",".join(f.label for f in row) for row in self.faults], "restart_engine": self.restart_engine,
             "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
         }
 
@@ -275,9 +286,16 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     devices = len(rpc.parse_endpoints(eng["rpc"])) if eng["rpc"] else eng["workers"]
     if eng["split"] is not None and len(eng["split"]) != devices:
         raise MeshbenchError(f"{source}: engine.split has {len(eng['split'])} shares for {devices} RPC workers")
+    spec = EngineSpec(**eng)
+    rows = tuple(faults.parse_row(row, f"{source}: faults[{i}]") for i, row in enumerate(data["faults"]))
+    faults.check_rows(rows, set(workload.session_ids()), spec.isolated, spec.workers, f"{source}: faults")
+    if rows and (data["rates"] is not None or data["clock"] == "wall"):
+        raise MeshbenchError(f"{source}: faults run on the tick clock with every session at once or an arrival "
+                             "process, not with rates or the wall clock")
     return RunConfig(
         story=data["story"], title=data["title"], levels=tuple(data["levels"]),
-        engine=EngineSpec(**eng), workload=workload, budget=NodeBudget(**data["budget"]), source=source,
+        engine=spec, workload=workload, budget=NodeBudget(**data["budget"]), source=source,
         repeat=data["repeat"], warmup=data["warmup"],
         rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]), clock=data["clock"],
+        faults=rows, restart_engine=data["restart_engine"],
     )

@@ -142,9 +142,20 @@ def sweep_divergence(levels: Sequence[dict], reference: dict | None = None) -> d
     return None
 
 
+def fault_named(level: dict) -> set[tuple[str, int]]:
+    """(session, epoch) of every session an injected fault ended (its fault events name them)."""
+    return {(e["session_id"], e["epoch"]) for ev in level.get("fault_events", ()) for e in ev["sessions"]}
+
+
 def unfinished_sessions(levels: Sequence[dict]) -> int:
-    """Sessions that FAILED or never ended: such a sweep proves nothing about corruption."""
-    return sum(s["done_reason"] in ("FAILED", "UNFINISHED") for lv in levels for s in lv["sessions"])
+    """Sessions that FAILED or never ended, except those an injected fault ended: such a sweep proves
+    nothing about corruption."""
+    count = 0
+    for lv in levels:
+        named = fault_named(lv)
+        count += sum(s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named
+                     for s in lv["sessions"])
+    return count
 
 
 def saturation_level(levels: Sequence[int], occupancy: Sequence[float], margin: float = SATURATION_MARGIN) -> int:

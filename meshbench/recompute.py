@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from meshbench import arrivals, backpressure, figures
+from meshbench import arrivals, backpressure, fault_checks, figures
 from meshbench.checks import Checks
 from meshbench.errors import MeshbenchError
 
@@ -28,6 +28,7 @@ def check_data(c: Checks, data: dict) -> None:
         check_arrivals(c, data, lv, at)
         check_repetitions(c, data, lv, at, i)
         check_wall(c, lv, at)
+        fault_checks.check_level(c, data, lv, at)
     check_sessions(c, data)
     check_sweep(c, data)
 
@@ -54,7 +55,7 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
     """Tokens, KV and session ends add up."""
     per_token = data["engine"]["kv_bytes_per_token"]
     sessions, ticks = lv["sessions"], lv["tick_records"]
-    prefilled = {sid for t in ticks for sid in t["prefill_sessions"]}
+    prefilled = [sid for t in ticks for sid in t["prefill_sessions"]]  # a resubmitted session: once per epoch
     by_id = {s["session_id"]: s for s in sessions}
     c.equal(RESULTS, f"{at}.prefill_tokens (sum of prefilled prompts)",
             sum(by_id[sid]["prompt_tokens"] for sid in prefilled if sid in by_id), lv["prefill_tokens"])
@@ -62,7 +63,7 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
             len(prefilled) + lv["decode_tokens"], sum(len(s["tokens"]) for s in sessions))
     for t in ticks:
         where = f"{at}.tick_records[{t['tick']}]"
-        if lv["cache_misses"] == 0:
+        if lv["cache_misses"] == 0:  # (a lost engine's KV went with it: exact too)
             c.equal(RESULTS, f"{where}.kv_bytes (stored_tokens x {per_token})", t["stored_tokens"] * per_token,
                     t["kv_bytes"])
         else:  # an evicted session holds no KV until the scheduler sees its miss
@@ -71,18 +72,27 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
         c.equal(RESULTS, f"{where}.decode_batch", len(t["decode_sessions"]), t["decode_batch"])
     if ticks:
         c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (all KV released)", 0, ticks[-1]["kv_bytes"])
+    named = figures.fault_named(lv)
     for j, s in enumerate(sessions):
         where = f"{at}.sessions[{j}]"
         if s["done_reason"] == "COMPLETED":
             c.equal(RESULTS, f"{where}.tokens (count)", s["max_new_tokens"], len(s["tokens"]))
-        if s["done_reason"] in ("FAILED", "UNFINISHED"):
-            c.equal(RESULTS, f"{where}.done_reason", "COMPLETED", f"{s['done_reason']} ({s['error']})")
+        if s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named:
+            c.equal(RESULTS, f"{where}.done_reason (only an injected fault may end a session so)", "COMPLETED",
+                    f"{s['done_reason']} ({s['error']})")
     c.equal(RESULTS, f"{at}.cache_misses", sum(s["done_reason"] == "CACHE_MISS" for s in sessions),
             lv["cache_misses"])
     c.equal(RESULTS, f"{at}.failed", sum(s["done_reason"] == "FAILED" for s in sessions), lv["failed"])
-    c.equal(RESULTS, f"{at}.failed (no session may fail)", 0, lv["failed"])
-    c.equal(RESULTS, f"{at}.sessions (count)", data["workload"]["sessions"] - lv["rejected_admissions"],
-            len(sessions))
+    c.equal(RESULTS, f"{at}.failed (no session may fail but by an injected fault)",
+            sum(s["done_reason"] == "FAILED" and (s["session_id"], s["epoch"]) in named for s in sessions), lv["failed"])
+    resubmitted = sum(r["decision"] in ("ADMITTED", "QUEUED") for loss in lv["engine_losses"]
+                      for r in loss["resubmitted"])
+    c.equal(RESULTS, f"{at}.sessions (count: accepted arrivals and resubmissions)",
+            data["workload"]["sessions"] - _refused_arrivals(lv) + resubmitted, len(sessions))
+
+
+def _refused_arrivals(lv: dict) -> int:
+    return sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in lv["submit_events"])
 
 
 def check_level_budget(c: Checks, data: dict, lv: dict, at: str) -> None:
@@ -100,11 +110,11 @@ def check_level_budget(c: Checks, data: dict, lv: dict, at: str) -> None:
 def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
     """Replay the tick records: held positions, active slots and queue depth at the end of every tick.
 
-    Exact for a level where every session completed (sessions accepted before a tick join the
-    live ones, and a free slot is always taken by the queue, so active = min(cap, live));
-    a level with cache misses or failures is already judged by the other checks.
+    Exact for a level where no engine was lost (sessions accepted before a tick join the live
+    ones, sessions that ended leave, and a free slot is always taken by the queue, so active =
+    min(cap, live)); a level with a lost engine is judged by the fault checks.
     """
-    if lv["cache_misses"] or lv["failed"]:
+    if lv["engine_losses"]:
         return
     prompt = {s["session_id"]: s["prompt_tokens"] for s in lv["sessions"]}
     scratch = data["engine"]["scratch_bytes_per_session"]
@@ -121,7 +131,7 @@ def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
             held[sid] = held.get(sid, 0) + 1
         for sid in t["prefill_sessions"]:
             held[sid] = prompt.get(sid, 0)
-        for sid in t["completed"]:
+        for sid in [*t["completed"], *t["ended"]]:
             held.pop(sid, None)
             live -= 1
         where = f"{at}.tick_records[{t['tick']}]"
@@ -157,10 +167,12 @@ def check_arrivals(c: Checks, data: dict, lv: dict, at: str) -> None:
     else:
         c.equal(RESULTS, f"{at}.submit_events (tick, session) in arrival order", [list(x) for x in expected],
                 [[e["tick"], e["session_id"]] for e in events])
-    accepted = sorted(e["session_id"] for e in events if e["decision"] in ("ADMITTED", "QUEUED"))
+    accepted = sorted([e["session_id"] for e in events if e["decision"] in ("ADMITTED", "QUEUED")]
+                      + [r["session_id"] for loss in lv["engine_losses"] for r in loss["resubmitted"]
+                         if r["decision"] in ("ADMITTED", "QUEUED")])
     c.equal(RESULTS, f"{at}.submit_events epochs (1 when accepted: a sweep never resubmits; none when refused)",
             [1 if e["decision"] in ("ADMITTED", "QUEUED") else None for e in events], [e["epoch"] for e in events])
-    c.equal(RESULTS, f"{at}.sessions (= the accepted arrivals)", accepted,
+    c.equal(RESULTS, f"{at}.sessions (= the accepted arrivals and resubmissions)", accepted,
             sorted(s["session_id"] for s in lv["sessions"]))
     rejected = sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in events)
     c.equal(RESULTS, f"{at}.rejected_admissions (from the submit events)", rejected, lv["rejected_admissions"])
@@ -216,7 +228,8 @@ def check_sessions(c: Checks, data: dict) -> None:
     for i, lv in enumerate(data["levels"]):
         at = f"levels[{i}]"
         ids = [s["session_id"] for s in lv["sessions"]]
-        c.equal(RESULTS, f"{at}.sessions ids unique", len(ids), len(set(ids)))
+        ends = [(s["session_id"], s["epoch"]) for s in lv["sessions"]]
+        c.equal(RESULTS, f"{at}.sessions (id, epoch) unique", len(ends), len(set(ends)))
         c.equal(RESULTS, f"{at}.sessions ids not in the workload", [], sorted(set(ids) - set(expected)))
         if ref_ids is None:
             ref_ids = sorted(set(ids))
@@ -248,8 +261,8 @@ def check_sweep(c: Checks, data: dict) -> None:
     c.equal(RESULTS, "first_divergence", div, found)
     c.equal(RESULTS, "reference_concurrency", (data["reference"] or levels[0])["concurrency"],
             data["reference_concurrency"])
-    c.equal(RESULTS, "reference (present exactly for a sweep of arrivals)",
-            any(lv["arrivals"] != "all-at-once" for lv in levels), data["reference"] is not None)
+    c.equal(RESULTS, "reference (present exactly for a sweep of arrivals or of faults)",
+            any(lv["arrivals"] != "all-at-once" or lv["faults"] for lv in levels), data["reference"] is not None)
     # The margin is meshbench's constant, not the bundle's to choose.
     c.equal(RESULTS, "saturation_margin", figures.SATURATION_MARGIN, data["saturation_margin"])
     at_once = [lv for lv in levels if lv["rate"] is None]
@@ -297,8 +310,12 @@ def _plain_corruption_free(levels: list[dict], alone: dict | None) -> bool:
     for s in (alone or levels[0])["sessions"]:
         reference[s["session_id"]] = s["tokens"]
     for lv in levels:
+        excused = []  # sessions an injected fault ended
+        for event in lv["fault_events"]:
+            for e in event["sessions"]:
+                excused.append([e["session_id"], e["epoch"]])
         for s in lv["sessions"]:
-            if s["done_reason"] in ("FAILED", "UNFINISHED"):
+            if s["done_reason"] in ("FAILED", "UNFINISHED") and [s["session_id"], s["epoch"]] not in excused:
                 return False
             ref = reference.get(s["session_id"])
             if ref is not None:

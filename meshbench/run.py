@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 from meshbench import config, divergence, envinfo, files, results, workers
 from meshbench.config import RunConfig, validate_levels
@@ -15,17 +16,35 @@ from meshbench.engine.rpc import Endpoint
 from meshbench.engine.setup import EngineSetup
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.telemetry import TickRecord
+from meshbench.supervisor import Supervisor
 from meshbench.sweep import run_concurrency_sweep
 
 
-def prepare(cfg: RunConfig, verbose: bool = False, endpoints: Sequence[Endpoint] = ()) -> EngineSetup:
-    """Check the config against the model before any work, then load the engine."""
+@dataclass(slots=True)
+class Node:
+    """The RPC workers an engine uses: the user's (endpoints only) or spawned for the run (a pool)."""
+
+    endpoints: list[Endpoint] = field(default_factory=list)
+    pool: workers.Pool | None = None
+
+
+def prepare(cfg: RunConfig, verbose: bool = False, on: Node | None = None) -> EngineSetup:
+    """Check the config against the model before any work, then load the engine (in its own process
+    when the config isolates it)."""
     validate_levels(cfg.levels, cfg.workload.sessions)
+    on = on or Node()
     longest = cfg.workload.longest
-    setup = factory.setup(cfg.engine, longest, max(cfg.levels), max(cfg.workload.prompt_tokens), verbose,
-                          endpoints)
-    check_context(longest, setup.context_length)  # one rule for sweep and admit
-    check_budget_fits_one_session(cfg, setup, longest)
+    sizes = (longest, max(cfg.levels), max(cfg.workload.prompt_tokens))
+    if cfg.engine.isolated:
+        setup = Supervisor(cfg.engine, sizes, verbose, on.pool, on.endpoints).setup()
+    else:
+        setup = factory.setup(cfg.engine, *sizes, verbose, on.endpoints)
+    try:
+        check_context(longest, setup.context_length)  # one rule for sweep and admit
+        check_budget_fits_one_session(cfg, setup, longest)
+    except MeshbenchError:
+        setup.close()
+        raise
     return setup
 
 
@@ -47,21 +66,21 @@ def check_budget_fits_one_session(cfg: RunConfig, setup: EngineSetup, longest: i
 
 
 @contextmanager
-def node(cfg: RunConfig) -> Iterator[list[Endpoint]]:
-    """The RPC workers the config names (engine.rpc), or spawns for the block (engine.workers); none: []."""
+def node(cfg: RunConfig) -> Iterator[Node]:
+    """The RPC workers the config names (engine.rpc), or spawns for the block (engine.workers); or none."""
     if cfg.engine.rpc:
-        yield rpc.parse_endpoints(cfg.engine.rpc, "engine.rpc")
+        yield Node(rpc.parse_endpoints(cfg.engine.rpc, "engine.rpc"))
         return
-    with workers.spawned(cfg.engine.workers, cfg.engine.threads) as endpoints:
-        yield endpoints
+    with workers.spawned(cfg.engine.workers, cfg.engine.threads) as pool:
+        yield Node(pool.endpoints, pool if cfg.engine.workers else None)
 
 
 def sweep_on_node(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
                   verbose: bool = False) -> dict:
     """Start the node's workers, load the engine, sweep, and free the engine before the workers stop
     (llama.cpp aborts when it frees buffers on a worker that is gone)."""
-    with node(cfg) as endpoints:
-        setup = prepare(cfg, verbose, endpoints)
+    with node(cfg) as on:
+        setup = prepare(cfg, verbose, on)
         try:
             return run_sweep(cfg, command, on_tick, setup)
         finally:
@@ -73,7 +92,8 @@ def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord],
     setup = setup or prepare(cfg)
     sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, cfg.budget, setup.make, on_tick=on_tick,
                                   repeat=cfg.repeat, warmup=cfg.warmup, rates=cfg.rates, slo=cfg.slo,
-                                  wall=cfg.clock == "wall")
+                                  wall=cfg.clock == "wall", fault_rows=cfg.faults, node=setup,
+                                  restart=cfg.restart_engine)
     data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
     # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
     if data["first_divergence"] is not None and cfg.engine.kind == "gguf":

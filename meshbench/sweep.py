@@ -21,8 +21,10 @@ from meshbench import backpressure, figures
 from meshbench.arrivals import Arrivals
 from meshbench.config import Workload, validate_levels
 from meshbench.engine.base import BatchEngine
-from meshbench.engine.setup import close_engine
+from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
+from meshbench.faults import Fault
+from meshbench.inject import FaultPlan
 from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest, Session
@@ -31,7 +33,10 @@ from meshbench.scheduler.telemetry import TickRecord
 # Per-level counts the scheduler reports beside the tick figures; with figures.TICK_FIGURES
 # and the level's concurrency, every deterministic per-level field of results.json.
 LEVEL_COUNTS = ("rejected_admissions", "cache_misses", "failed")
-DETERMINISTIC_LEVEL_FIELDS = ("concurrency", *figures.TICK_FIGURES, *LEVEL_COUNTS)
+DETERMINISTIC_LEVEL_FIELDS = ("concurrency", "faults", *figures.TICK_FIGURES, *LEVEL_COUNTS, "counts", "fault_events",
+                              "engine_losses")
+# The scheduler's own counters, per pass: verify checks each against the raw records.
+COUNTERS = ("completed", "cancelled", "failed", "cache_misses", "rejected_admissions", "engine_losses", "resubmitted")
 
 
 @dataclass(slots=True)
@@ -53,7 +58,8 @@ def _finite(x):
 def session_record(s: Session) -> dict:
     """A session's deterministic record, as results.json holds it."""
     return {
-        "session_id": s.session_id, "prompt_tokens": s.prompt_len, "max_new_tokens": s.request.max_new_tokens,
+        "session_id": s.session_id, "epoch": s.epoch, "end_tick": s.end_tick,
+        "prompt_tokens": s.prompt_len, "max_new_tokens": s.request.max_new_tokens,
         "tokens": list(s.tokens), "margins": [_finite(m) for m in s.margins],
         "digest": figures.token_digest(s.tokens),
         "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED", "error": s.error,
@@ -62,7 +68,7 @@ def session_record(s: Session) -> dict:
 
 def session_timing(s: Session, t0: int) -> dict:
     """A session's stamps in one repetition, relative to the start of that pass."""
-    return {"session_id": s.session_id, "digest": figures.token_digest(s.tokens),
+    return {"session_id": s.session_id, "epoch": s.epoch, "digest": figures.token_digest(s.tokens),
             "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
             "submit_ns": s.submit_ns - t0, "admit_ns": None if s.admit_ns is None else s.admit_ns - t0,
             "token_ns": [t - t0 for t in s.token_ns]}
@@ -79,10 +85,11 @@ def level_budget(base: NodeBudget, concurrency: int, sessions: int, all_at_once:
 
 @dataclass(frozen=True, slots=True)
 class Level:
-    """One level of a sweep: a concurrency, and the arrival process its sessions follow."""
+    """One level of a sweep: a concurrency, the arrival process its sessions follow, the faults it suffers."""
 
     concurrency: int
     arrivals: Arrivals
+    faults: tuple[Fault, ...] = ()
 
     @property
     def rate(self) -> float | None:
@@ -100,6 +107,9 @@ class Pass:
     wall_s: float
     cache_misses: int
     failed: int
+    counts: dict  # the scheduler's COUNTERS
+    fault_events: list[dict]  # one per injected fault (meshbench.inject)
+    engine_losses: list[dict]  # one per engine loss: tick, cause, lost, resubmitted
 
 
 def run_pass(
@@ -109,14 +119,27 @@ def run_pass(
     engine: BatchEngine,
     clock: Callable[[], int] = time.monotonic_ns,
     on_tick: Callable[[TickRecord], None] | None = None,
+    plan: FaultPlan | None = None,
+    recover: Callable[[], BatchEngine] | None = None,
 ) -> Pass:
-    """Submit each request before its arrival tick, run the scheduler to completion, keep the raw records."""
-    sched = ContinuousBatchScheduler(engine, budget, clock)
+    """Submit each request before its arrival tick, run the scheduler to completion, keep the raw records.
+
+    ``plan``: the faults this pass suffers; ``recover``: the restart policy after an engine loss."""
+    plan = plan or FaultPlan(())
+    wrapped = plan.wrap(engine)
+    sched = ContinuousBatchScheduler(wrapped, budget, clock,
+                                     recover=(lambda: plan.wrap(recover())) if recover else None)
+    plan.sched = sched
     events: list[dict] = []
     t0 = clock()
-    sched.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_ticks, requests)),
-                            on_submit=lambda tick, d: events.append(submit_event(tick, d)))
-    return finished_pass(sched, events, t0, clock())
+    try:
+        sched.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_ticks, requests)),
+                                on_submit=lambda tick, d: events.append(submit_event(tick, d)),
+                                before_tick=plan.before_tick)
+    finally:
+        if sched.engine is not wrapped:  # a restarted engine is this pass's to free
+            close_engine(sched.engine)
+    return finished_pass(sched, events, t0, clock(), plan.events(budget.max_active_sessions, len(sched.ticks())))
 
 
 def submit_event(tick: int, d: AdmissionDecision, **extra) -> dict:
@@ -125,12 +148,14 @@ def submit_event(tick: int, d: AdmissionDecision, **extra) -> dict:
             "active": d.active_sessions, "queued": d.queue_depth, **extra}
 
 
-def finished_pass(sched: ContinuousBatchScheduler, events: list[dict], t0: int, t1: int) -> Pass:
+def finished_pass(sched: ContinuousBatchScheduler, events: list[dict], t0: int, t1: int,
+                  fault_events: list[dict] | None = None) -> Pass:
     """The raw records of a pass that started at ``t0`` and ended at ``t1`` (clock nanoseconds)."""
     ended = sched.sessions()
-    tel = sched.telemetry()
+    tel = sched.telemetry().to_dict()
     return Pass([session_record(s) for s in ended], [t.to_dict() for t in sched.ticks()],
-                [session_timing(s, t0) for s in ended], events, (t1 - t0) / 1e9, tel.cache_misses, tel.failed)
+                [session_timing(s, t0) for s in ended], events, (t1 - t0) / 1e9, tel["cache_misses"], tel["failed"],
+                {k: tel[k] for k in COUNTERS}, fault_events or [], sched.losses())
 
 
 def run_pass_wall(
@@ -190,6 +215,10 @@ def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dic
         "rejected_admissions": sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in first.events),
         "cache_misses": first.cache_misses,
         "failed": first.failed,
+        "counts": first.counts,
+        "faults": [f.label for f in level.faults],
+        "fault_events": first.fault_events,
+        "engine_losses": first.engine_losses,
         "arrival_times": arrival_times,  # ticks, or ms on the wall clock
         "submit_events": first.events,
         "sessions": first.sessions,
@@ -204,10 +233,13 @@ def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dic
     return record
 
 
-def sweep_levels(levels: Sequence[int], workload: Workload, rates: Sequence[float] | None) -> list[Level]:
-    """The levels in order: by rate (when rates are swept), then by concurrency."""
+def sweep_levels(levels: Sequence[int], workload: Workload, rates: Sequence[float] | None,
+                 fault_rows: Sequence[tuple[Fault, ...]] = ()) -> list[Level]:
+    """The levels in order: by rate (when rates are swept) or by fault row, then by concurrency."""
     ordered = validate_levels(levels, workload.sessions)
     process = arrivals_mod.parse(workload.arrivals)
+    if fault_rows:
+        return [Level(c, process, row) for row in fault_rows for c in ordered]
     if rates is None:
         return [Level(c, process) for c in ordered]
     return [Level(c, process.with_rate(r)) for r in sorted(rates) for c in ordered]
@@ -231,11 +263,16 @@ def run_concurrency_sweep(
     slo: dict | None = None,
     wall: bool = False,
     sleep: Callable[[float], None] = time.sleep,
+    fault_rows: Sequence[tuple[Fault, ...]] = (),
+    node: EngineSetup | None = None,
+    restart: bool = False,
 ) -> ConcurrencySweep:
     """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved.
 
-    ``wall``: arrivals on the wall clock (rates per second), so admission depends on speed."""
-    plan = sweep_levels(levels, workload, rates)
+    ``wall``: arrivals on the wall clock (rates per second), so admission depends on speed.
+    ``fault_rows``: each row of faults is run at every level, on ``node``'s processes; ``restart``:
+    a lost engine is replaced (``node.restart``) and its sessions resubmitted."""
+    plan = sweep_levels(levels, workload, rates, fault_rows)
     slo = slo or {"ttft": None, "tpot": None}
     budgets = [level_budget(budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
     if wall:  # arrival times in ms, as recorded
@@ -252,7 +289,9 @@ def run_concurrency_sweep(
             if wall:
                 return run_pass_wall(requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock,
                                      per_level, sleep)
-            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level)
+            faults = FaultPlan(plan[i].faults, node and node.kill_engine, node and node.kill_worker)
+            recover = (lambda b=budgets[i]: node.restart(b)) if restart and node and node.restart else None
+            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover)
         finally:
             close_engine(engine)
 
@@ -265,7 +304,7 @@ def run_concurrency_sweep(
             passes[i].append((r, position, one_pass(i)))
     records = [level_record(lv, budgets[i], times_of[i], slo, passes[i], wall) for i, lv in enumerate(plan)]
     reference = None
-    if not all(lv.arrivals.all_at_once for lv in plan):
+    if not all(lv.arrivals.all_at_once for lv in plan) or fault_rows:
         reference = alone_reference(workload, budget, engine_factory, clock)
     return verdicts(records, reference)
 

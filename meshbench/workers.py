@@ -29,24 +29,58 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def spawned(count: int, threads: int | None = None) -> Iterator[list[Endpoint]]:
-    """``count`` workers on 127.0.0.1 for the duration of the block (none: an empty list)."""
-    procs: list[tuple[subprocess.Popen, Endpoint]] = []
-    try:
-        for _ in range(count):
+class Pool:
+    """``count`` workers on 127.0.0.1, started together; ``respawn`` replaces them all on fresh ports."""
+
+    def __init__(self, count: int, threads: int | None = None) -> None:
+        self.count, self.threads = count, threads
+        self._procs: list[tuple[subprocess.Popen, Endpoint]] = []
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return [ep for _, ep in self._procs]
+
+    def start(self) -> None:
+        for _ in range(self.count):
             ep = Endpoint("127.0.0.1", free_port())
             cmd = [sys.executable, "-m", "meshbench.cli", "node", "serve", "--host", ep.host, "--port", str(ep.port)]
-            if threads:
-                cmd += ["--threads", str(threads)]
-            procs.append((subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.PIPE, start_new_session=True), ep))
-        for proc, ep in procs:
+            if self.threads:
+                cmd += ["--threads", str(self.threads)]
+            self._procs.append((subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                 stderr=subprocess.PIPE, start_new_session=True), ep))
+        for proc, ep in self._procs:
             _wait_ready(proc, ep)
-        yield [ep for _, ep in procs]
-    finally:
+
+    @property
+    def alive(self) -> bool:
+        return all(proc.poll() is None for proc, _ in self._procs)
+
+    def kill(self, index: int) -> None:
+        """SIGKILL worker ``index`` (a fault plan's kill-worker) and reap it."""
+        proc = self._procs[index][0]
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def respawn(self) -> None:
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        procs, self._procs = self._procs, []
         for proc, _ in procs:
             stop(proc)
+
+
+@contextmanager
+def spawned(count: int, threads: int | None = None) -> Iterator[Pool]:
+    """``count`` workers for the duration of the block (none: an empty pool), stopped in ``finally``."""
+    pool = Pool(count, threads)
+    try:
+        pool.start()
+        yield pool
+    finally:
+        pool.stop()
 
 
 def _wait_ready(proc: subprocess.Popen, ep: Endpoint) -> None:

@@ -31,8 +31,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_workers():
-    with workers.spawned(2, threads=1) as endpoints:  # stopped in finally, whatever the tests do
-        yield endpoints
+    with workers.spawned(2, threads=1) as pool:  # stopped in finally, whatever the tests do
+        yield pool.endpoints
 
 
 def sweep_json(*args):
@@ -69,7 +69,8 @@ def test_spawned_workers_are_stopped_after_the_run(model):
 
 def test_the_worker_context_stops_its_processes_even_on_error():
     with pytest.raises(RuntimeError):
-        with workers.spawned(1, threads=1) as endpoints:
+        with workers.spawned(1, threads=1) as pool:
+            endpoints = pool.endpoints
             rpc.check_reachable(endpoints[0])
             raise RuntimeError("the run failed")
     with pytest.raises(Exception):
@@ -122,7 +123,7 @@ def test_a_port_in_use_is_refused():
 
 def test_rpc_on_a_build_without_rpc_says_how_to_rebuild(model, monkeypatch):
     monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)
-    line = run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", "127.0.0.1:50052",
+    line = run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", "127.0.0.1:50052", "--no-isolate",
                        expect="built without RPC; rebuild it with: pip cache remove llama_cpp_python")
     assert "-DGGML_RPC=on" in line
 

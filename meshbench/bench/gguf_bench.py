@@ -110,8 +110,8 @@ def run_workers(model_path: Path, worker_counts: list[int], batches: list[int], 
     for r in range(rounds):
         for w in (worker_counts if r % 2 == 0 else list(reversed(worker_counts))):
             progress(f"round {r + 1}: {w} worker(s)")
-            with workers.spawned(w, threads) as endpoints:
-                model = LoadedModel(model_path, "cpu", False, endpoints)
+            with workers.spawned(w, threads) as pool:
+                model = LoadedModel(model_path, "cpu", False, pool.endpoints)
                 try:
                     check_context(prompt + steps + 4, model.n_ctx_train)
                     for b in batches:

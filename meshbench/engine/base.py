@@ -99,6 +99,17 @@ class EngineFault(RuntimeError):
     """The engine produced something no model may produce (non-finite logits): the session fails."""
 
 
+class InjectedFault(RuntimeError):
+    """An exception a fault plan (``sweep --inject raise:...``) raised inside an engine call on purpose."""
+
+
+class EngineLost(RuntimeError):
+    """The engine's process is gone (killed, aborted, exited): every session resident in it is lost.
+
+    The message is the cause as results.json records it: ``engine lost: SIGKILL``, ``engine lost: exit 1``.
+    """
+
+
 def check_context(positions: int, context_length: int) -> None:
     """A session longer than the model's context is a config error, on every engine and command."""
     if positions > context_length:

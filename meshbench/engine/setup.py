@@ -20,6 +20,10 @@ class EngineSetup:
     vocab_size: int
     context_length: int
     resource: object = None  # what must stay alive while engines run (a loaded model)
+    # An engine in its own process: a new engine after a loss, and the fault plan's kills (else None).
+    restart: Callable[[NodeBudget], BatchEngine] | None = None
+    kill_engine: Callable[[], None] | None = None
+    kill_worker: Callable[[int], None] | None = None
 
     def close(self) -> None:
         """Free what the engines share (a loaded model) now, not at garbage collection."""

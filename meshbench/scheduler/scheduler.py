@@ -4,6 +4,11 @@ The whole policy is ``run_tick``, three named phases with the budgets passed in 
 decode first (one ``decode_batch`` call for every decoding session, at most
 max_batch_size, least-recently-decoded first), then bounded prefill (first-in-first-out
 within max_prefill_tokens_per_tick), then end-of-tick releases and promotion.
+
+An engine that is lost (``EngineLost``: its process died) takes the sessions resident in it
+along: they end FAILED with the cause. With a ``recover`` policy the scheduler then runs on a
+fresh engine and submits the lost sessions again under a new epoch (from their prompts);
+without one the node stays up and every session that needs the engine later fails too.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from meshbench.engine.base import BatchEngine, DecodeItem, SessionHandle
+from meshbench.engine.base import BatchEngine, DecodeItem, EngineLost, SessionHandle
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason, NodeBudget
 from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
@@ -34,8 +39,10 @@ class ContinuousBatchScheduler:
         engine: BatchEngine,
         budget: NodeBudget,
         clock: Callable[[], int] = time.monotonic_ns,
+        recover: Callable[[], BatchEngine] | None = None,
     ) -> None:
         self.engine = engine
+        self.recover = recover  # the restart policy: a fresh engine after a loss (None: no restart)
         self.budget = budget
         self.clock = clock
         self.scratch_per_session = engine.scratch_bytes_per_session
@@ -60,6 +67,11 @@ class ContinuousBatchScheduler:
         self._decode_tokens = 0
         self._first_tick_ns: int | None = None
         self._last_tick_end_ns: int | None = None
+        self._losses: list[dict] = []  # one record per engine loss: tick, cause, lost, resubmitted
+        self._down: str | None = None  # the cause, once an engine was lost and not restarted
+        self._ended: list[Session] = []  # ended otherwise than completing since the last tick record
+        self._resubmitted: list[Session] = []  # resubmitted since the last tick record
+        self._resubmitted_work = 0  # tokens resubmissions added: they extend run_to_completion's bound
 
     # --- admission --------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> AdmissionDecision:
@@ -142,6 +154,10 @@ class ContinuousBatchScheduler:
         e0 = self.clock()
         try:
             results = self.engine.decode_batch(items)
+        except EngineLost as exc:
+            engine_ns = self.clock() - e0
+            self._engine_lost(tick, chosen, exc)
+            return chosen, 0, engine_ns
         except Exception as exc:  # an engine fault ends the sessions in the call, not the node
             engine_ns = self.clock() - e0
             for s in chosen:
@@ -173,10 +189,18 @@ class ContinuousBatchScheduler:
             n = s.prompt_len
             if prefilled and spent + n > token_budget:
                 break  # NOTE: no reordering: a smaller prompt behind it waits too
+            if self._down is not None:  # no engine any more: nothing to prefill on
+                self._failed_by_cause[self._down] += 1
+                self._end(s, DoneReason.FAILED, f"{self._down} (not restarted)")
+                continue
             handle = SessionHandle(s.session_id, s.epoch, s.request.total_tokens)
             e0 = self.clock()
             try:
                 r = self.engine.prefill(handle, s.request.prompt_tokens)
+            except EngineLost as exc:
+                engine_ns += self.clock() - e0
+                self._engine_lost(len(self._ticks), [s], exc)
+                break  # the sessions still admitted are prefilled from the next tick
             except Exception as exc:
                 engine_ns += self.clock() - e0
                 self._fail(s, "prefill", exc)
@@ -207,6 +231,8 @@ class ContinuousBatchScheduler:
                 prefill_ns: int) -> TickRecord:
         t1 = self.clock()
         self._last_tick_end_ns = t1
+        ended, self._ended = self._ended, []
+        resubmitted, self._resubmitted = self._resubmitted, []
         return TickRecord(
             tick=tick,
             decode_batch=len(chosen),
@@ -220,6 +246,8 @@ class ContinuousBatchScheduler:
             queued=len(self._queue),
             completed=tuple(s.session_id for s in finished),
             admitted=tuple(s.session_id for s in promoted),
+            ended=tuple(s.session_id for s in ended),
+            resubmitted=tuple(s.session_id for s in resubmitted),
             tick_ns=t1 - t0,
             decode_ns=decode_ns,
             prefill_ns=prefill_ns,
@@ -231,12 +259,14 @@ class ContinuousBatchScheduler:
         on_tick: Callable[[TickRecord], None] | None = None,
         arrivals: Sequence[tuple[int, GenerationRequest]] = (),
         on_submit: Callable[[int, AdmissionDecision], None] | None = None,
+        before_tick: Callable[[int], None] | None = None,
     ) -> list[TickRecord]:
         """Tick until no session waits, runs or is still to arrive; ``on_tick`` sees every tick's record.
 
         ``arrivals`` are (tick, request) pairs counted from the first tick of this call: before
         that tick runs, the request is submitted (in the given order), and ``on_submit`` sees the
         decision. A tick with nothing live still runs while arrivals remain (the node idles).
+        ``before_tick`` then sees the tick's number (a fault plan acts there), before it runs.
         Bounded: admission only accepts sessions that fit a slot and a free slot always goes to
         the queue, so every tick with live sessions prefills or decodes at least one token
         (asserted); the last arrival plus the pending tokens bound the ticks. Running past the
@@ -251,16 +281,19 @@ class ContinuousBatchScheduler:
             k = 0
             while self.has_work() or k < len(schedule):
                 tick = len(self._ticks) - start
-                if tick >= bound:
+                if tick >= bound + self._resubmitted_work:
                     raise MeshbenchError(f"scheduler did not finish within {bound} ticks")
                 while k < len(schedule) and schedule[k][0] <= tick:
                     decision = self.submit(schedule[k][2])
                     if on_submit is not None:
                         on_submit(tick, decision)
                     k += 1
+                if before_tick is not None:
+                    before_tick(tick)
                 live_before = len(self._live)
                 rec = self.run_tick()
-                assert not live_before or rec.decode_batch or rec.prefill_sessions or len(self._live) < live_before, (
+                assert (not live_before or rec.decode_batch or rec.prefill_sessions or rec.ended
+                        or len(self._live) < live_before), (
                     f"a tick made no progress with {len(self._live)} live sessions (active cap {self.active_cap})")
                 if on_tick is not None:
                     on_tick(rec)
@@ -279,6 +312,22 @@ class ContinuousBatchScheduler:
     def ticks(self) -> list[TickRecord]:
         with self._lock:
             return list(self._ticks)
+
+    def session(self, session_id: str) -> Session | None:
+        """The live session of that id, else its latest ended one (None: never submitted)."""
+        with self._lock:
+            return self._live.get(session_id) or self._last_done.get(session_id)
+
+    def running_ids(self) -> list[str]:
+        """Sessions prefilled and decoding: the ones whose KV an engine holds."""
+        with self._lock:
+            return list(self._running)
+
+    def losses(self) -> list[dict]:
+        """One record per engine loss: the tick, the cause, the sessions lost (id, epoch), and the
+        resubmissions (id, epoch, decision) when the scheduler recovered."""
+        with self._lock:
+            return [dict(r) for r in self._losses]
 
     def telemetry(self) -> SchedulerTelemetry:
         with self._lock:
@@ -318,6 +367,8 @@ class ContinuousBatchScheduler:
                 cancelled=done.get(DoneReason.CANCELLED.value, 0),
                 failed=done.get(DoneReason.FAILED.value, 0),
                 failed_by_cause=dict(sorted(self._failed_by_cause.items())),
+                engine_losses=len(self._losses),
+                resubmitted=sum(len(r["resubmitted"]) for r in self._losses),
             )
 
     # --- internals ----------------------------------------------------------------
@@ -351,6 +402,9 @@ class ContinuousBatchScheduler:
         {SessionStatus.QUEUED: self._queue, SessionStatus.ADMITTED: self._admitted,
          SessionStatus.RUNNING: self._running}[s.status].pop(s.session_id)
         s.finish(reason, error)
+        s.end_tick = len(self._ticks)
+        if reason is not DoneReason.COMPLETED:
+            self._ended.append(s)
         del self._live[s.session_id]
         self._done.append(s)
         self._last_done[s.session_id] = s
@@ -358,8 +412,36 @@ class ContinuousBatchScheduler:
         if had_kv:
             try:
                 self.engine.release(s.session_id)
+            except EngineLost:
+                pass  # its KV went with the process; the next engine call reports the loss
             except Exception as exc:  # a release fault must not take the node down either
                 self._failed_by_cause[f"release: {type(exc).__name__}"] += 1
+
+    def _engine_lost(self, tick: int, in_call: Sequence[Session], exc: EngineLost) -> None:
+        """The engine's process is gone: the sessions resident in it (running, or in the failed call)
+        end FAILED with the cause, their KV gone with it; then recover, or stay down."""
+        lost = sorted({id(s): s for s in [*self._running.values(), *in_call]}.values(), key=lambda s: s.arrival)
+        cause = str(exc)
+        for s in lost:
+            self._failed_by_cause[cause] += 1
+            self._end(s, DoneReason.FAILED, cause)
+        record = {"tick": tick, "cause": cause, "lost": [[s.session_id, s.epoch] for s in lost], "resubmitted": []}
+        self._losses.append(record)
+        if self.recover is None:
+            self._down = cause
+            return
+        try:
+            self.engine = self.recover()
+        except Exception as e:  # the node stays up without an engine: the rest fails, it does not hang
+            self._down = f"{cause}; restart failed: {e}"
+            record["restart_error"] = str(e)
+            return
+        for s in lost:  # from the prompt, under a new epoch, through admission like any arrival
+            d = self.submit(s.request)
+            record["resubmitted"].append({"session_id": s.session_id, "epoch": d.epoch, "decision": d.reason.value})
+            if d.reason.accepted:
+                self._resubmitted.append(self._live[s.session_id])
+                self._resubmitted_work += s.request.max_new_tokens
 
     def _fail(self, s: Session, where: str, exc: Exception) -> None:
         self._failed_by_cause[f"{where}: {type(exc).__name__}"] += 1

@@ -57,6 +57,7 @@ class Session:
     last_decode_tick: int = -1
     done_reason: DoneReason | None = None
     error: str | None = None
+    end_tick: int | None = None  # the tick in which it ended (a cancel between ticks: the next one)
 
     @property
     def session_id(self) -> str:

@@ -21,6 +21,8 @@ class TickRecord:
     queued: int
     completed: tuple[str, ...]  # sessions that got all their tokens this tick
     admitted: tuple[str, ...]  # queued sessions that took a freed slot at the end of this tick
+    ended: tuple[str, ...]  # sessions that ended otherwise (cancelled before it, failed, missed) in it
+    resubmitted: tuple[str, ...]  # sessions lost with their engine and submitted again in it (new epoch)
     tick_ns: int  # wall time of the whole tick
     decode_ns: int  # of which in the decode_batch call
     prefill_ns: int  # of which in prefill calls
@@ -31,6 +33,8 @@ class TickRecord:
         d["prefill_sessions"] = list(self.prefill_sessions)
         d["completed"] = list(self.completed)
         d["admitted"] = list(self.admitted)
+        d["ended"] = list(self.ended)
+        d["resubmitted"] = list(self.resubmitted)
         return d
 
 
@@ -63,6 +67,8 @@ class SchedulerTelemetry:
     cancelled: int = 0
     failed: int = 0
     failed_by_cause: dict[str, int] = field(default_factory=dict)
+    engine_losses: int = 0
+    resubmitted: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,283 @@
+"""The engine in its own process: a child that loads the model and runs one engine at a time, and a
+proxy that keeps the BatchEngine contract in the parent.
+
+One round trip per engine call over a pipe: the parent sends plain tuples (ids, positions, token
+ids) and the child answers with tokens and margins; logits never leave the child (sampling is
+done there). Every answer carries the engine's KV bytes in use, so reading that figure costs
+no round trip. When the child dies (any signal or exit), the proxy raises ``EngineLost`` with
+the cause, and from then on has no KV: the memory went with the process.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Sequence
+
+from meshbench.config import EngineSpec
+from meshbench.engine.base import (
+    DecodeItem,
+    EngineFault,
+    EngineLost,
+    InjectedFault,
+    SessionHandle,
+    StepResult,
+)
+from meshbench.engine.rpc import Endpoint
+from meshbench.errors import EngineUnavailable, MeshbenchError
+from meshbench.scheduler.budget import NodeBudget
+
+START_TIMEOUT_S = 300.0  # loading a model onto RPC workers sends every weight over the network
+CALL_TIMEOUT_S = 300.0  # one engine call; beyond it the child is killed and counted as lost
+_RAISED = {"MeshbenchError": MeshbenchError, "EngineUnavailable": EngineUnavailable, "EngineFault": EngineFault,
+           "InjectedFault": InjectedFault}
+
+
+def exit_cause(code: int | None) -> str:
+    """``SIGKILL`` for a child killed by signal 9, ``exit 1`` for one that exited with 1."""
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
+
+
+# --- the child -----------------------------------------------------------------------------
+def serve(conn, spec: EngineSpec, sizes: tuple[int, int, int], verbose: bool, endpoints: list[Endpoint]) -> None:
+    """The child's loop: set up the engine kind once, then answer one command at a time until told to
+    exit or the parent goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file behind
+    from meshbench.engine import factory  # noqa: PLC0415 - the child's own import, after the fork/spawn
+
+    try:
+        setup = factory.setup(spec, *sizes, verbose=verbose, endpoints=endpoints)
+    except Exception as e:  # a bad model or spec: the parent reports it as the user's error
+        conn.send(("err", (type(e).__name__, str(e)), 0, 0))
+        return
+    conn.send(("ok", {"info": setup.info, "vocab_size": setup.vocab_size,
+                      "context_length": setup.context_length}, 0, 0))
+    state = {"engine": None}
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return  # the parent is gone
+            if msg[0] == "exit":
+                return
+            conn.send(_answer(setup, state, msg))
+    finally:
+        _close(state)
+        setup.close()
+
+
+def _answer(setup, state: dict, msg: tuple) -> tuple:
+    t0 = time.perf_counter_ns()
+    try:
+        value = _run(setup, state, msg)
+    except Exception as e:
+        engine = state["engine"]
+        return ("err", (type(e).__name__, str(e)), engine.kv_bytes_in_use if engine else 0,
+                time.perf_counter_ns() - t0)
+    engine = state["engine"]
+    return ("ok", value, engine.kv_bytes_in_use if engine else 0, time.perf_counter_ns() - t0)
+
+
+def _run(setup, state: dict, msg: tuple):
+    op = msg[0]
+    if op == "make":
+        _close(state)
+        engine = state["engine"] = setup.make(msg[1])
+        return {k: getattr(engine, k) for k in ("recipe_fingerprint", "vocab_size", "kv_bytes_per_token",
+                                                "weight_bytes", "scratch_bytes_per_session")}
+    engine = state["engine"]
+    if op == "close":
+        return _close(state)
+    if op == "release":
+        return engine.release(msg[1])
+    _fault(msg[-1], op)
+    if op == "prefill":
+        _, sid, epoch, capacity, tokens, _ = msg
+        r = engine.prefill(SessionHandle(sid, epoch, capacity), tokens)
+        return r.token, r.margin
+    if op == "decode":
+        results = engine.decode_batch([DecodeItem(*it) for it in msg[1]])
+        return [(r.token, r.margin, r.cache_miss) for r in results]
+    raise ValueError(f"unknown engine command {op!r}")
+
+
+def _fault(fault: str | None, op: str) -> None:
+    """An injected fault, inside the engine call: an exception, or the process aborting."""
+    if fault == "abort":
+        os.abort()  # SIGABRT, as llama.cpp's GGML_ABORT does
+    if fault == "raise":
+        raise InjectedFault(f"injected into the {op} call")
+
+
+def _close(state: dict) -> None:
+    engine, state["engine"] = state["engine"], None
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
+# --- the parent ----------------------------------------------------------------------------
+class EngineProcess:
+    """One child process running the engine kind ``spec`` names; stopped by the code that started it."""
+
+    def __init__(self, spec: EngineSpec, sizes: tuple[int, int, int], verbose: bool = False,
+                 endpoints: Sequence[Endpoint] = ()) -> None:
+        ours, theirs = socket.socketpair()
+        # A fresh interpreter (no llama.cpp threads forked, no main module re-imported), given its end
+        # of the socket pair by descriptor; the settings are its first message.
+        self.proc = subprocess.Popen([sys.executable, "-m", "meshbench.engine.isolated", str(theirs.fileno())],
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self.lost: str | None = None
+        self.kv_bytes = 0
+        self.round_trip_ns = self.engine_ns = self.calls = 0
+        try:
+            self._conn.send((spec, sizes, verbose, list(endpoints)))
+            hello = self._receive(START_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        self.info, self.vocab_size, self.context_length = hello["info"], hello["vocab_size"], hello["context_length"]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.lost is None and self.proc.poll() is None
+
+    def call(self, msg: tuple):
+        """One round trip; the value, or the child's exception raised here, or EngineLost."""
+        if self.lost is not None:
+            raise EngineLost(f"{self.lost} (not restarted)")
+        t0 = time.perf_counter_ns()
+        try:
+            self._conn.send(msg)
+        except (BrokenPipeError, ConnectionError, OSError):
+            self._lose()
+        value = self._receive(CALL_TIMEOUT_S)
+        self.round_trip_ns += time.perf_counter_ns() - t0
+        self.calls += 1
+        return value
+
+    def _receive(self, timeout_s: float):
+        try:
+            if not self._conn.poll(timeout_s):
+                self.kill()
+                self.lost = f"engine lost: no answer within {timeout_s:.0f} s (killed)"
+                raise EngineLost(self.lost)
+            status, value, self.kv_bytes, engine_ns = self._conn.recv()
+        except (EOFError, ConnectionError, OSError):
+            self._lose()
+        self.engine_ns += engine_ns
+        if status == "err":
+            name, text = value
+            raise _RAISED.get(name, RuntimeError)(text if name in _RAISED else f"{name}: {text}")
+        return value
+
+    def _lose(self):
+        try:
+            self.proc.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:  # the pipe broke but the process lingers: make the loss real
+            self.kill()
+        self.lost = f"engine lost: {exit_cause(self.proc.returncode)}"
+        self.kv_bytes = 0
+        raise EngineLost(self.lost)
+
+    def kill(self) -> None:
+        """SIGKILL the child (the fault plan's kill-engine, or a child that stopped answering)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)  # by the id we started, never by name
+        self.proc.wait()
+
+    def stop(self) -> None:
+        """Ask the child to exit, wait a bounded time, then kill it."""
+        if self.proc.poll() is None and self.lost is None:
+            try:
+                self._conn.send(("exit",))
+                self.proc.wait(timeout=10.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self._conn.close()
+
+
+class ProxyEngine:
+    """The BatchEngine contract over an EngineProcess: one round trip per call."""
+
+    def __init__(self, process: EngineProcess, budget: NodeBudget) -> None:
+        self.process = process
+        self._figures = process.call(("make", budget))
+        self._armed: dict[str, str] = {}  # "prefill"/"decode" -> "raise"/"abort", for the next such call
+
+    def arm(self, call: str, fault: str) -> None:
+        """Make the next ``call`` ("prefill" or "decode") raise inside the child, or abort the child."""
+        self._armed[call] = fault
+
+    def disarm(self, call: str) -> bool:
+        """Take back an armed fault that no call used; True if one was pending."""
+        return self._armed.pop(call, None) is not None
+
+    @property
+    def recipe_fingerprint(self) -> str:
+        return self._figures["recipe_fingerprint"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._figures["vocab_size"]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self._figures["kv_bytes_per_token"]
+
+    @property
+    def weight_bytes(self) -> int:
+        return self._figures["weight_bytes"]
+
+    @property
+    def scratch_bytes_per_session(self) -> int:
+        return self._figures["scratch_bytes_per_session"]
+
+    @property
+    def kv_bytes_in_use(self) -> int:
+        return 0 if self.process.lost else self.process.kv_bytes
+
+    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
+        token, margin = self.process.call(("prefill", session.session_id, session.epoch, session.capacity,
+                                           tuple(prompt_tokens), self._armed.pop("prefill", None)))
+        return StepResult(session.session_id, token, margin)
+
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
+        rows = [(it.session_id, it.epoch, it.position, it.token) for it in items]
+        answers = self.process.call(("decode", rows, self._armed.pop("decode", None)))
+        return [StepResult(it.session_id, tok, margin, miss) for it, (tok, margin, miss) in zip(items, answers)]
+
+    def release(self, session_id: str) -> None:
+        if not self.process.lost:  # a lost engine's KV went with its process
+            self.process.call(("release", session_id))
+
+    def close(self) -> None:
+        if self.process.alive:
+            self.process.call(("close",))
+
+
+if __name__ == "__main__":  # the child: python -m meshbench.engine.isolated FD
+    _conn = Connection(int(sys.argv[1]))
+    serve(_conn, *_conn.recv())
