@@ -40,12 +40,22 @@ def check_level(c: Checks, data: dict, lv: dict, at: str) -> None:
     _identical(c, lv, at, reference)
 
 
-def verdicts(data: dict, lv: dict) -> dict[str, bool]:
-    """Per named check: did the level pass it (what the README's matrix prints)."""
+def verdicts(data: dict, lv: dict) -> dict[str, bool | None]:
+    """Per named check: did the level pass it (None: nothing to check), as the README's matrix prints."""
     c = Checks()
     check_level(c, data, lv, "level")
     failed = {f.field.split("[", 2)[1].split("]")[0] for f in c.failures if f.field.startswith("level.faults[")}
-    return {name: name not in failed for name in CHECKS}
+    named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
+    applies = {"untouched identical": any((s["session_id"], s["epoch"]) not in named | resubmitted
+                                          for s in lv["sessions"]),
+               "resubmitted identical": bool(resubmitted)}
+    return {name: (name not in failed) if applies.get(name, True) else None for name in CHECKS}
+
+
+def _resubmitted(lv: dict) -> set[tuple[str, int]]:
+    """(session, epoch) of every accepted resubmission."""
+    return {(r["session_id"], r["epoch"]) for loss in lv["engine_losses"] for r in loss["resubmitted"]
+            if r["decision"] in ACCEPTED}
 
 
 def _field(at: str, check: str, what: str) -> str:
@@ -89,9 +99,7 @@ def _kv_to_zero(c: Checks, data: dict, lv: dict, at: str) -> None:
 
 
 def _identical(c: Checks, lv: dict, at: str, reference: dict[str, list[int]]) -> None:
-    named = figures.fault_named(lv)
-    resubmitted = {(r["session_id"], r["epoch"]) for loss in lv["engine_losses"] for r in loss["resubmitted"]
-                   if r["decision"] in ACCEPTED}
+    named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
     for s in lv["sessions"]:
         key = (s["session_id"], s["epoch"])
         if key in named:

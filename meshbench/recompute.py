@@ -84,7 +84,8 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
             lv["cache_misses"])
     c.equal(RESULTS, f"{at}.failed", sum(s["done_reason"] == "FAILED" for s in sessions), lv["failed"])
     c.equal(RESULTS, f"{at}.failed (no session may fail but by an injected fault)",
-            sum(s["done_reason"] == "FAILED" and (s["session_id"], s["epoch"]) in named for s in sessions), lv["failed"])
+            sum(s["done_reason"] == "FAILED" and (s["session_id"], s["epoch"]) in named for s in sessions),
+            lv["failed"])
     resubmitted = sum(r["decision"] in ("ADMITTED", "QUEUED") for loss in lv["engine_losses"]
                       for r in loss["resubmitted"])
     c.equal(RESULTS, f"{at}.sessions (count: accepted arrivals and resubmissions)",
@@ -265,7 +266,7 @@ def check_sweep(c: Checks, data: dict) -> None:
             any(lv["arrivals"] != "all-at-once" or lv["faults"] for lv in levels), data["reference"] is not None)
     # The margin is meshbench's constant, not the bundle's to choose.
     c.equal(RESULTS, "saturation_margin", figures.SATURATION_MARGIN, data["saturation_margin"])
-    at_once = [lv for lv in levels if lv["rate"] is None]
+    at_once = [lv for lv in levels if lv["rate"] is None and not lv["faults"]]
     if at_once:
         conc = [lv["concurrency"] for lv in at_once]
         occ = [lv["avg_batch_occupancy"] for lv in at_once]
@@ -274,7 +275,8 @@ def check_sweep(c: Checks, data: dict) -> None:
         c.equal(RESULTS, "saturation_concurrency (independent recomputation)", _plain_saturation(at_once),
                 data["saturation_concurrency"])
     else:
-        c.equal(RESULTS, "saturation_concurrency (none for a sweep of rates)", None, data["saturation_concurrency"])
+        c.equal(RESULTS, "saturation_concurrency (none for a sweep of rates or faults)", None,
+                data["saturation_concurrency"])
     c.equal(RESULTS, "saturation_rates", backpressure.saturation_rates(levels) if data["reference"] else None,
             data["saturation_rates"])
 

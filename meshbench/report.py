@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from meshbench import fault_report
+
 SWEEP_HEADING = "## Concurrency sweep (deterministic)"
 TABLE_HEADER = "| concurrency | ticks | avg batch occupancy | max occupancy | tokens/tick | peak KV bytes |"
 
@@ -22,7 +24,14 @@ TABLE_FIELDS = ["concurrency", "ticks", "avg_batch_occupancy", "max_batch_occupa
 def _level_name(lv: dict, clock: str) -> str:
     """A level's name in tables: its concurrency, and its arrival rate when sessions arrive over time."""
     unit = "s" if clock == "wall" else "tick"
+    if lv["faults"]:
+        return f"{lv['concurrency']} · {','.join(lv['faults'])}"
     return str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}/{unit}"
+
+
+def arrival_sweep(results: dict) -> bool:
+    """Sessions arrive over time (a process, or rates), rather than all before the first tick."""
+    return any(lv["arrivals"] != "all-at-once" for lv in results["levels"])
 
 
 def _row(cells) -> str:
@@ -79,6 +88,7 @@ def render_readme(results: dict, bundle_name: str) -> str:
         "",
         *_what_ran(results),
         *_sweep_section(results),
+        *fault_report.section(results),
         *_backpressure_section(results),
         *_wall_section(results),
         *_environment(results["environment"]),
@@ -110,10 +120,10 @@ def _what_ran(results: dict) -> list[str]:
         f"{','.join(map(str, news))} (per session in results.json), prompt ids drawn from seed {w['seed']}",
         f"- budget: KV {b['kv_bytes']} bytes, scratch {b['scratch_bytes']} bytes, weights {b['weight_bytes']} "
         f"bytes (reported), queue depth "
-        + (">= sessions" if results["reference"] is None else str(b["max_queue_depth"]))
+        + (str(b["max_queue_depth"]) if arrival_sweep(results) else ">= sessions")
         + f", max_prefill_tokens_per_tick {b['max_prefill_tokens_per_tick']}",
         "- at concurrency c the node allows c active sessions and a batch of c; "
-        + ("every session is submitted before the first tick" if results["reference"] is None else
+        + ("every session is submitted before the first tick" if not arrival_sweep(results) else
            f"sessions arrive over time ({results['levels'][0]['arrivals'].split(':')[0]} process, arrival "
            "ticks in results.json) and the configured queue applies"),
         "- policy: decode first (one batch per tick), then bounded first-in-first-out prefill; finished sessions "
@@ -137,7 +147,9 @@ def _sweep_section(results: dict) -> list[str]:
          f"session's tokens at every level equal level {results['reference_concurrency']}'s, byte for byte), "
          if results["reference"] is None else
          f"corruption_free = {results['corruption_free']} (every completed session's tokens at every level equal "
-         "its tokens when run alone, byte for byte; rejected sessions are listed, not compared), ")
+         "its tokens when run alone, byte for byte; "
+         + ("sessions a fault ended are compared on the tokens they have), " if any(lv["faults"] for lv in levels)
+            else "rejected sessions are listed, not compared), "))
         + f"cache_misses = {totals['cache_misses']}, rejected_admissions = {totals['rejected_admissions']}, "
         f"failed = {totals['failed']}.",
     ]
@@ -173,7 +185,7 @@ def _spread(summary: dict | None, digits: int | None) -> str:
 
 
 def _backpressure_section(results: dict) -> list[str]:
-    if results["reference"] is None:
+    if not arrival_sweep(results):
         return []
     slo = results["config"]["slo"]
     unit = "ms" if results["config"]["clock"] == "wall" else "ticks"
@@ -286,11 +298,11 @@ def render_commands(results: dict, bundle_name: str) -> str:
     ])
 
 
-def parse_table(readme: str) -> list[list[str]] | None:
-    """The rows of the deterministic table in a README, or None when there is none."""
+def parse_table(readme: str, header: str = TABLE_HEADER) -> list[list[str]] | None:
+    """The rows of the table under ``header`` in a README (the deterministic one by default), or None."""
     lines = readme.splitlines()
     try:
-        start = lines.index(TABLE_HEADER)
+        start = lines.index(header)
     except ValueError:
         return None
     rows = []

@@ -323,7 +323,7 @@ def alone_reference(workload: Workload, budget: NodeBudget, engine_factory: Call
 
 def verdicts(records: list[dict], reference: dict | None) -> ConcurrencySweep:
     divergence = figures.sweep_divergence(records, reference)
-    all_at_once = [r for r in records if r["rate"] is None]
+    all_at_once = [r for r in records if r["rate"] is None and not r["faults"]]  # the concurrency curve
     return ConcurrencySweep(
         levels=records,
         # A session that failed proves nothing about corruption: such a sweep is not corruption free.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshbench import bundle, config, files, recompute, report, results, validation
+from meshbench import bundle, config, fault_report, files, recompute, report, results, validation
 from meshbench.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.run import rerun_results
@@ -73,15 +73,22 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
     if not readme.is_file():
         c.equal(bundle.README, "(file)", "present", "missing")
         return
-    rows = report.parse_table(files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES))
+    text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
+    _check_table(c, "sweep table", report.parse_table(text), report.table_rows(data), report.TABLE_FIELDS, "levels")
+    faults = fault_report.table_rows(data)
+    if faults:
+        _check_table(c, "fault matrix", report.parse_table(text, fault_report.TABLE_HEADER), faults,
+                     [h.strip() for h in fault_report.TABLE_HEADER.strip("|").split("|")], "fault matrix rows")
+
+
+def _check_table(c: Checks, name: str, rows: list[list[str]] | None, expected: list[list[str]], fields, at: str):
     if rows is None:
-        c.equal(bundle.README, "sweep table", "present", "missing")
+        c.equal(bundle.README, name, "present", "missing")
         return
-    expected = report.table_rows(data)
-    c.equal(bundle.README, "sweep table rows", len(expected), len(rows))
+    c.equal(bundle.README, f"{name} rows", len(expected), len(rows))
     for i, (e_row, f_row) in enumerate(zip(expected, rows)):
-        for name, e, f in zip(report.TABLE_FIELDS, e_row, f_row + [""] * (len(e_row) - len(f_row))):
-            c.equal(bundle.README, f"levels[{i}].{name}", e, f)
+        for field, e, f in zip(fields, e_row, f_row + [""] * (len(e_row) - len(f_row))):
+            c.equal(bundle.README, f"{at}[{i}].{field}", e, f)
 
 
 def deterministic_view(data: dict) -> dict:

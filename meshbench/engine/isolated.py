@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from multiprocessing.connection import Connection
 from typing import Sequence
@@ -140,8 +141,13 @@ class EngineProcess:
         ours, theirs = socket.socketpair()
         # A fresh interpreter (no llama.cpp threads forked, no main module re-imported), given its end
         # of the socket pair by descriptor; the settings are its first message.
+        # Its output never reaches ours: llama.cpp's abort message goes to a file we read on a loss, and
+        # GGML_NO_BACKTRACE keeps ggml from running gdb (which prints to stdout) as it dies.
+        self._stderr = None if verbose else tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-m", "meshbench.engine.isolated", str(theirs.fileno())],
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                     stdout=None if verbose else subprocess.DEVNULL, stderr=self._stderr,
+                                     env=dict(os.environ, GGML_NO_BACKTRACE="1"))
         theirs.close()
         self._conn = Connection(ours.detach())
         self.lost: str | None = None
@@ -150,6 +156,11 @@ class EngineProcess:
         try:
             self._conn.send((spec, sizes, verbose, list(endpoints)))
             hello = self._receive(START_TIMEOUT_S)
+        except EngineLost as e:  # it died loading the model: the user's problem to see, in one line
+            words = self.last_words().splitlines()
+            self.stop()
+            raise MeshbenchError(f"the engine process died while loading the model ({e})"
+                                 + (f": {words[-1][:300]}" if words else "")) from None
         except BaseException:
             self.stop()
             raise
@@ -201,6 +212,15 @@ class EngineProcess:
         self.kv_bytes = 0
         raise EngineLost(self.lost)
 
+    def last_words(self, limit: int = 4096) -> str:
+        """The end of what the child wrote on stderr (llama.cpp's abort message): for diagnostics only,
+        never in the records (it holds ports and addresses)."""
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - limit))
+        return self._stderr.read().decode(errors="replace").strip()
+
     def kill(self) -> None:
         """SIGKILL the child (the fault plan's kill-engine, or a child that stopped answering)."""
         if self.proc.poll() is None:
@@ -217,6 +237,8 @@ class EngineProcess:
                 pass
         self.kill()
         self._conn.close()
+        if self._stderr is not None:
+            self._stderr.close()
 
 
 class ProxyEngine:
