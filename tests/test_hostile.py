@@ -453,7 +453,8 @@ def test_a_sweep_with_failed_sessions_exits_1_and_says_why(tmp_path, monkeypatch
     r = cli("sweep", "--levels", "1", "--out", tmp_path / "b")
     assert r.exit_code == 1, r.output
     assert "corruption_free=False" in r.stdout
-    assert "sweep: results.json: levels[0].failed (no session may fail but by an injected fault) expected=0 found=8" in r.stderr
+    assert ("sweep: results.json: levels[0].failed (no session may fail but by an injected fault) expected=0 "
+            "found=8") in r.stderr
     assert (tmp_path / "b" / "results.json").exists()  # the evidence of the failure is kept
 
 

@@ -183,10 +183,11 @@ class EngineProcess:
             self._conn.send(msg)
         except (BrokenPipeError, ConnectionError, OSError):
             self._lose()
-        value = self._receive(CALL_TIMEOUT_S)
-        self.round_trip_ns += time.perf_counter_ns() - t0
-        self.calls += 1
-        return value
+        try:
+            return self._receive(CALL_TIMEOUT_S)
+        finally:  # an answer that is the engine's exception is a round trip too
+            self.round_trip_ns += time.perf_counter_ns() - t0
+            self.calls += 1
 
     def _receive(self, timeout_s: float):
         try:
