@@ -8,9 +8,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshbench import gguf_io, limits
-from meshbench.bench import engine_bench, gguf_bench, invariance, layouts, scheduler_bench
-from meshbench.cli_common import JsonOpt, RpcOpt, SeedOpt, ThreadsOpt, err, int_list, out, print_json, table
+from meshbench import config, gguf_io, limits
+from meshbench.bench import engine_bench, gguf_bench, invariance, isolation_bench, layouts, scheduler_bench
+from meshbench.cli_common import (
+    ConfigOpt,
+    JsonOpt,
+    RpcOpt,
+    SeedOpt,
+    ThreadsOpt,
+    err,
+    int_list,
+    out,
+    print_json,
+    table,
+)
 from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
 from meshbench.files import regular_file, replaceable_file
@@ -144,6 +155,34 @@ def bench_gguf(
         t.add_row(str(b["batch"]), f"{b['scheduler_tokens_per_s']:.1f}", f"{b['raw_tokens_per_s']:.1f}",
                   f"{b['ratio']:.3f}", f"{b['raw_step_ms']:.2f}")
     out.print(t)
+
+
+@bench_app.command("isolation")
+def bench_isolation(
+    config_path: ConfigOpt = None,
+    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,8.")] = "1,8",
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Interleaved rounds.")] = 5,
+    as_json: JsonOpt = False,
+) -> None:
+    """Decode tokens/s with the engine in the node's process and in its own process, and the proxy's share."""
+    cfg = config.load(config_path)
+    res = isolation_bench.run(cfg, int_list(levels, "--levels", unique=True, maximum=cfg.workload.sessions), rounds,
+                              progress=lambda msg: err.print(msg))
+    if as_json:
+        print_json(res)
+        return
+    t = table(f"the engine in its own process vs in the node's ({cfg.source}; median (min-max) of {rounds} rounds)",
+              ("concurrency", "in-process decode tok/s", "isolated decode tok/s", "isolated / in-process",
+               "proxy us/tick", "proxy share of tick"))
+    for lv in res["levels"]:
+        t.add_row(str(lv["concurrency"]), *[_spread(lv[k], f) for k, f in (
+            ("in_process_decode_tokens_per_s", ".1f"), ("isolated_decode_tokens_per_s", ".1f"),
+            ("isolated_over_in_process", ".3f"), ("proxy_us_per_tick", ".0f"), ("proxy_share_of_tick", ".2%"))])
+    out.print(t)
+
+
+def _spread(s: dict, fmt: str) -> str:
+    return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
 
 
 @bench_app.command("invariance")

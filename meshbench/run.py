@@ -39,6 +39,7 @@ def prepare(cfg: RunConfig, verbose: bool = False, on: Node | None = None) -> En
         setup = Supervisor(cfg.engine, sizes, verbose, on.pool, on.endpoints).setup()
     else:
         setup = factory.setup(cfg.engine, *sizes, verbose, on.endpoints)
+        setup.info["isolated"] = False
     try:
         check_context(longest, setup.context_length)  # one rule for sweep and admit
         check_budget_fits_one_session(cfg, setup, longest)

@@ -1,0 +1,68 @@
+"""What running the engine in its own process costs: the same passes in the node's process and behind
+the proxy, interleaved, on one config's workload.
+
+Per pass it reports decode tokens/s (decode tokens over the summed decode-call time the scheduler
+sees: behind the proxy that includes the round trip) and, for the isolated engine, the proxy's own
+time per tick (round trip minus the child's time in the engine call) as a share of tick time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from meshbench import figures, stats
+from meshbench.config import RunConfig
+from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.run import prepare
+from meshbench.sweep import level_budget, run_pass
+
+MODES = ("in-process", "isolated")
+
+
+def _one_pass(setup: EngineSetup, cfg: RunConfig, c: int) -> dict:
+    budget = level_budget(cfg.budget, c, cfg.workload.sessions)
+    engine = setup.make(budget)
+    process = getattr(engine, "process", None)
+    before = (process.round_trip_ns, process.engine_ns) if process else (0, 0)
+    try:
+        p = run_pass(cfg.workload.requests(setup.vocab_size), [0] * cfg.workload.sessions, budget, engine)
+    finally:
+        close_engine(engine)
+    tick_ns = sum(t["tick_ns"] for t in p.ticks)
+    proxy_ns = ((process.round_trip_ns - before[0]) - (process.engine_ns - before[1])) if process else 0
+    wall = figures.wall_figures(p.timing, p.ticks, p.wall_s)
+    return {"decode_tokens_per_s": wall["decode_tokens_per_s"], "tokens_per_s": wall["tokens_per_s"],
+            "proxy_share": proxy_ns / tick_ns if tick_ns else 0.0, "proxy_us_per_tick": proxy_ns / 1e3 / len(p.ticks),
+            "tick_ms": tick_ns / 1e6 / len(p.ticks)}
+
+
+def run(cfg: RunConfig, levels: list[int], rounds: int, progress: Callable[[str], None] = lambda m: None) -> dict:
+    """``rounds`` rounds; in each, every level in both modes, the mode order alternating by round."""
+    setups = {m: prepare(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, isolate=m == "isolated")))
+              for m in MODES}
+    try:
+        for m in MODES:  # one unrecorded pass each: the first pass of a process is measurably slower
+            _one_pass(setups[m], cfg, levels[0])
+        runs: dict[tuple[str, int], list[dict]] = {(m, c): [] for m in MODES for c in levels}
+        for r in range(rounds):
+            for m in (MODES if r % 2 == 0 else MODES[::-1]):
+                for c in levels:
+                    progress(f"round {r + 1}/{rounds}: {m}, concurrency {c}")
+                    runs[(m, c)].append(_one_pass(setups[m], cfg, c))
+    finally:
+        for s in setups.values():
+            s.close()
+    return {"config": cfg.source, "rounds": rounds, "levels": [_level(c, runs) for c in levels]}
+
+
+def _level(c: int, runs: dict) -> dict:
+    local, iso = runs[("in-process", c)], runs[("isolated", c)]
+    ratios = [b["decode_tokens_per_s"] / a["decode_tokens_per_s"] for a, b in zip(local, iso)]
+    return {"concurrency": c,
+            "in_process_decode_tokens_per_s": stats.summary([x["decode_tokens_per_s"] for x in local]),
+            "isolated_decode_tokens_per_s": stats.summary([x["decode_tokens_per_s"] for x in iso]),
+            "isolated_over_in_process": stats.summary(ratios),  # paired by round
+            "proxy_share_of_tick": stats.summary([x["proxy_share"] for x in iso]),
+            "proxy_us_per_tick": stats.summary([x["proxy_us_per_tick"] for x in iso]),
+            "tick_ms": stats.summary([x["tick_ms"] for x in iso])}
