@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from meshbench import report
+from meshbench import fault_report, report
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -30,3 +30,6 @@ def test_readme_table_equals_the_committed_bundle(bundle):
     rows = report.parse_table(section)
     assert rows == report.table_rows(data)
     assert data["command"].split("--out")[0].strip() in README
+    matrix = fault_report.table_rows(data)
+    if matrix:  # a fault bundle: its matrix is in the README too, cell for cell
+        assert report.parse_table(section, fault_report.TABLE_HEADER) == matrix
