@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from meshbench.engine.base import DecodeItem, InjectedFault, SessionHandle, StepResult
+from meshbench.engine.base import (
+    DecodeItem,
+    InjectedFault,
+    PrefillChunk,
+    SessionHandle,
+    StepResult,
+    TickResult,
+    step_with_faults,
+)
 from meshbench.errors import MeshbenchError
 from meshbench.faults import Fault
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
@@ -134,23 +142,33 @@ class FaultyEngine:
     def kv_bytes_in_use(self) -> int:
         return self.inner.kv_bytes_in_use
 
-    def _arm(self, call: str) -> None:
+    def _arm(self, call: str) -> bool:
+        """The fault due in this ``call`` part: True when it must raise here (an engine in the node's
+        process); an isolated engine is armed to raise, or abort, inside its process."""
         f = self.plan.take(call)
         if f is None:
-            return
+            return False
         if f.kind == "abort-engine":
             self.inner.arm(call, "abort")
         elif hasattr(self.inner, "arm"):
             self.inner.arm(call, "raise")
         else:
-            raise InjectedFault(f"injected into the {call} call")
+            return True
+        return False
+
+    def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+        raise_decode = bool(decode) and self._arm("decode")
+        raise_prefill = bool(prefill) and self._arm("prefill")
+        return step_with_faults(self.inner, decode, prefill, raise_decode, raise_prefill)
 
     def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
-        self._arm("prefill")
+        if self._arm("prefill"):
+            raise InjectedFault("injected into the prefill call")
         return self.inner.prefill(session, prompt_tokens)
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
-        self._arm("decode")
+        if self._arm("decode"):
+            raise InjectedFault("injected into the decode call")
         return self.inner.decode_batch(items)
 
     def release(self, session_id: str) -> None:

@@ -57,8 +57,9 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
     sessions, ticks = lv["sessions"], lv["tick_records"]
     prefilled = [sid for t in ticks for sid in t["prefill_sessions"]]  # a resubmitted session: once per epoch
     by_id = {s["session_id"]: s for s in sessions}
-    c.equal(RESULTS, f"{at}.prefill_tokens (sum of prefilled prompts)",
-            sum(by_id[sid]["prompt_tokens"] for sid in prefilled if sid in by_id), lv["prefill_tokens"])
+    c.equal(RESULTS, f"{at}.prefill_tokens (sum of the prompt pieces written)",
+            sum(n for t in ticks for _, _, n in t["prefill_chunks"]), lv["prefill_tokens"])
+    check_prompt_positions(c, lv, at, by_id)
     c.equal(RESULTS, f"{at}.sessions tokens (prefills + decode_tokens)",
             len(prefilled) + lv["decode_tokens"], sum(len(s["tokens"]) for s in sessions))
     for t in ticks:
@@ -90,6 +91,26 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
                       for r in loss["resubmitted"])
     c.equal(RESULTS, f"{at}.sessions (count: accepted arrivals and resubmissions)",
             data["workload"]["sessions"] - _refused_arrivals(lv) + resubmitted, len(sessions))
+
+
+def check_prompt_positions(c: Checks, lv: dict, at: str, by_id: dict) -> None:
+    """Every prompt is written piece after piece at the right positions: a piece starts at 0 (a session's
+    first, or a resubmitted epoch's) or where the last one ended, stays inside the prompt, and a
+    session gets its first token exactly when its prompt is complete."""
+    next_pos: dict[str, int] = {}
+    for t in lv["tick_records"]:
+        where = f"{at}.tick_records[{t['tick']}]"
+        c.equal(RESULTS, f"{where}.prefill_tokens (its pieces)", sum(n for _, _, n in t["prefill_chunks"]),
+                t["prefill_tokens"])
+        for sid, start, n in t["prefill_chunks"]:
+            prompt = by_id[sid]["prompt_tokens"] if sid in by_id else 0
+            ok = start in (0, next_pos.get(sid, 0)) and n >= 1 and start + n <= prompt
+            c.equal(RESULTS, f"{where}.prefill_chunks {sid}@{start}+{n} (after {next_pos.get(sid, 0)}, prompt "
+                             f"{prompt})", True, ok)
+            next_pos[sid] = start + n
+        for sid in t["prefill_sessions"]:
+            prompt = by_id[sid]["prompt_tokens"] if sid in by_id else None
+            c.equal(RESULTS, f"{where}.prefill_sessions {sid} (prompt complete)", prompt, next_pos.get(sid))
 
 
 def _refused_arrivals(lv: dict) -> int:
@@ -130,8 +151,8 @@ def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
         live += accepted_at.get(t["tick"], 0)
         for sid in t["decode_sessions"]:
             held[sid] = held.get(sid, 0) + 1
-        for sid in t["prefill_sessions"]:
-            held[sid] = prompt.get(sid, 0)
+        for sid, start, n in t["prefill_chunks"]:
+            held[sid] = start + n
         for sid in [*t["completed"], *t["ended"]]:
             held.pop(sid, None)
             live -= 1

@@ -5,6 +5,7 @@ import itertools
 import factories as f
 import pytest
 
+from meshbench.engine.base import separate_step
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionReason as R
 from meshbench.scheduler.session import DoneReason
@@ -19,6 +20,7 @@ class RecordingEngine:
     def __init__(self, inner):
         self.inner = inner
         self.calls = []
+        self.chunks = []
         self.positions = {}
 
     def __getattr__(self, name):
@@ -26,7 +28,17 @@ class RecordingEngine:
 
     def prefill(self, session, prompt):
         self.calls.append(("prefill", session.session_id))
+        self.chunks.append((session.session_id, 0, len(prompt), True))
         return self.inner.prefill(session, prompt)
+
+    def prefill_chunk(self, chunk):
+        self.calls.append(("prefill", chunk.session.session_id))
+        self.chunks.append((chunk.session.session_id, chunk.start, len(chunk.tokens), chunk.last))
+        return self.inner.prefill_chunk(chunk)
+
+    def step(self, decode, prefill):
+        self.calls.append(("step", len(decode), len(prefill)))
+        return separate_step(self, decode, prefill)  # the calls inside it go through this wrapper
 
     def decode_batch(self, items):
         self.calls.append(("decode", tuple(it.session_id for it in items)))
@@ -126,7 +138,7 @@ def test_positions_are_isolated_across_different_prompt_lengths():
     s.run_to_completion()
     assert {x.session_id: x.tokens for x in s.sessions()} == refs
     # One prefill each in the first tick, then five decodes each, every one at its own next position.
-    assert e.calls[:3] == [("prefill", "p1"), ("prefill", "p3"), ("prefill", "p7")]
+    assert e.calls[:4] == [("step", 0, 3), ("prefill", "p1"), ("prefill", "p3"), ("prefill", "p7")]
     assert e.positions == {"p1": [1, 2, 3, 4, 5], "p3": [3, 4, 5, 6, 7], "p7": [7, 8, 9, 10, 11]}
 
 
@@ -150,7 +162,7 @@ def test_decode_first_policy_is_explicit_in_a_single_tick():
     s.submit(f.request("b"))
     e.calls.clear()
     s.run_tick()
-    assert e.calls == [("decode", ("a",)), ("prefill", "b")]
+    assert e.calls == [("step", 1, 1), ("decode", ("a",)), ("prefill", "b")]  # one call, decode first
 
 
 def test_prefill_budget_is_fifo_and_stops_at_the_first_that_does_not_fit():
@@ -285,15 +297,15 @@ def test_the_synthetic_engine_requires_a_full_shard():
 
 def test_run_to_completion_is_bounded_when_work_never_ends():
     s = f.scheduler()
-    s.submit(f.request("a", new=4))  # pending work: 4 tokens, so at most 5 ticks
+    s.submit(f.request("a", new=4))  # pending work: 4 prompt positions and 4 tokens, so at most 9 ticks
     arrivals = itertools.count()
 
     def client_that_never_stops(rec):
         s.submit(f.request(f"x{next(arrivals)}", new=4))
 
-    with pytest.raises(MeshbenchError, match="did not finish within 5 ticks"):
+    with pytest.raises(MeshbenchError, match="did not finish within 9 ticks"):
         s.run_to_completion(on_tick=client_that_never_stops)
-    assert len(s.ticks()) == 5
+    assert len(s.ticks()) == 9
 
 
 def test_run_to_completion_stops_at_max_ticks():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -45,6 +46,29 @@ class StepResult:
     token: int | None
     margin: float = float("nan")
     cache_miss: bool = False
+    error: str | None = None  # the call failed for this session: "decode_batch: Type: message"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """A piece of a prompt: ``tokens`` at positions ``start``...; ``last``: the prompt's final piece,
+    whose last position gives the session's first token."""
+
+    session: SessionHandle
+    tokens: tuple[int, ...]
+    start: int
+    last: bool
+
+
+@dataclass(slots=True)
+class TickResult:
+    """One tick's engine work: a result per decode item and per prefill chunk (token None for a chunk
+    that is not its prompt's last), and the engine time of each part."""
+
+    decode: list[StepResult] = field(default_factory=list)
+    prefill: list[StepResult] = field(default_factory=list)
+    decode_ns: int = 0
+    prefill_ns: int = 0
 
 
 @runtime_checkable
@@ -71,6 +95,10 @@ class BatchEngine(Protocol):
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]: ...
 
+    # Optional, and what the scheduler calls when present (``engine_step``):
+    #   step(decode, prefill) -> TickResult     one call per tick for the decode batch and the prompt chunks
+    #   prefill_chunk(chunk) -> StepResult      a prompt's piece (chunked prefill needs it)
+
     def release(self, session_id: str) -> None: ...
 
 
@@ -86,6 +114,67 @@ def batch_results(items: Sequence[DecodeItem], live: Sequence[DecodeItem], rows)
     for it, row in zip(live, rows):
         results[it.session_id] = greedy_step(it.session_id, row)
     return [results[it.session_id] for it in items]
+
+
+def separate_step(engine, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+    """A tick's work as separate calls inside one: the batched decode, then each chunk alone. An
+    exception fails the part it came from (the decode batch, or one chunk), not the tick; a lost
+    engine is raised."""
+    t0 = time.perf_counter_ns()
+    out = TickResult()
+    if decode:
+        try:
+            out.decode = engine.decode_batch(decode)
+        except EngineLost:
+            raise
+        except Exception as e:
+            out.decode = [StepResult(it.session_id, None, error=f"decode_batch: {type(e).__name__}: {e}")
+                          for it in decode]
+    t1 = time.perf_counter_ns()
+    for c in prefill:
+        try:
+            out.prefill.append(_prefill_chunk(engine, c))
+        except EngineLost:
+            raise
+        except Exception as e:
+            out.prefill.append(StepResult(c.session.session_id, None, error=f"prefill: {type(e).__name__}: {e}"))
+    out.decode_ns, out.prefill_ns = t1 - t0, time.perf_counter_ns() - t1
+    return out
+
+
+def _prefill_chunk(engine, chunk: PrefillChunk) -> StepResult:
+    """A whole prompt is ``engine.prefill``; a piece of one, ``engine.prefill_chunk`` (an engine without it
+    prefills whole prompts only)."""
+    if chunk.start == 0 and chunk.last:
+        return engine.prefill(chunk.session, chunk.tokens)
+    method = getattr(engine, "prefill_chunk", None)
+    if method is None:
+        raise MeshbenchError("this engine prefills whole prompts only (no prefill_chunk): use prefill whole")
+    return method(chunk)
+
+
+def engine_step(engine, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+    """The tick's one call: ``engine.step``, or for an engine with only decode_batch and prefill, those
+    two run by ``separate_step``."""
+    method = getattr(engine, "step", None)
+    return method(decode, prefill) if method is not None else separate_step(engine, decode, prefill)
+
+
+def step_with_faults(engine, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk], raise_decode: bool,
+                     raise_prefill: bool) -> TickResult:
+    """``engine.step`` with an injected exception in its decode part (every decode item fails) or in its
+    first chunk (that session fails), as if the engine had raised there."""
+    if not raise_decode and not raise_prefill:
+        return engine_step(engine, decode, prefill)
+    skip_decode, skip_chunk = raise_decode and bool(decode), raise_prefill and bool(prefill)
+    out = engine_step(engine, [] if skip_decode else decode, prefill[1:] if skip_chunk else prefill)
+    if skip_decode:
+        out.decode = [StepResult(it.session_id, None, error="decode_batch: InjectedFault: injected into the decode "
+                                                            "call") for it in decode]
+    if skip_chunk:
+        out.prefill.insert(0, StepResult(prefill[0].session.session_id, None,
+                                         error="prefill: InjectedFault: injected into the prefill call"))
+    return out
 
 
 def check_token_ids(tokens: Sequence[int], vocab_size: int) -> None:

@@ -15,6 +15,7 @@ import ctypes
 import os
 import re
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
@@ -27,13 +28,17 @@ from meshbench.engine import rpc
 from meshbench.engine.base import (
     SAMPLING_CONTRACT,
     DecodeItem,
+    EngineLost,
+    PrefillChunk,
     SessionHandle,
     StepResult,
+    TickResult,
     batch_results,
     check_context,
     check_token_ids,
     fingerprint,
     greedy_step,
+    separate_step,
 )
 from meshbench.engine.setup import PROBE_BUDGET, EngineSetup, describe
 from meshbench.errors import EngineUnavailable, MeshbenchError
@@ -177,18 +182,20 @@ def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, th
 class GgufEngine:
     def __init__(self, model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None,
                  flash_attn: bool = False, kv_unified: bool = False, kv_type: str = "f16",
-                 max_prompt: int = 512) -> None:
+                 max_prompt: int = 512, mixed: bool = False) -> None:
         lib = llama_cpp_lib()
         check_native_sizes(model, n_seq_max, seq_capacity, threads)
         self.lib, self.model = lib, model
         self.kv_type = kv_type
         self.flash_attn, self.kv_unified = flash_attn, kv_unified
+        self.mixed = mixed  # a tick's decode items and prompt chunks in ONE llama_decode
         cp = lib.llama_context_default_params()
         # With kv_unified off each sequence gets n_ctx / n_seq_max cells: size n_ctx so that
         # every sequence can hold a whole session.
         cp.n_seq_max = n_seq_max
         cp.n_ctx = n_seq_max * seq_capacity
-        self.n_batch = max(max_prompt, n_seq_max, 32)
+        # Mixed: a whole prompt (the first of a tick may exceed the prefill budget) beside every decode.
+        self.n_batch = max(max_prompt + n_seq_max if mixed else max(max_prompt, n_seq_max), 32)
         cp.n_batch = self.n_batch
         cp.n_ubatch = self.n_batch
         n_threads = threads or os.cpu_count() or 1
@@ -218,6 +225,8 @@ class GgufEngine:
         recipe = {"engine": "llama.cpp", "model_sha256": self.model.sha256, "flash_attn": self.flash_attn,
                   "kv_unified": self.kv_unified, "kv_type": self.kv_type, "n_ubatch": self.n_batch,
                   "device": self.model.device, "sampling": SAMPLING_CONTRACT}
+        if self.mixed:  # (absent otherwise: the fingerprints of separate calls stay what they were)
+            recipe["mixed_batch"] = True
         return fingerprint(recipe)
 
     @property
@@ -266,27 +275,94 @@ class GgufEngine:
 
 
     def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
-        check_token_ids(prompt_tokens, self.model.vocab_size)
-        if len(prompt_tokens) > self.n_batch:
-            raise MeshbenchError(f"session {session.session_id}: prompt of {len(prompt_tokens)} tokens exceeds "
-                                 f"the batch of {self.n_batch}")
-        if session.capacity > self.seq_cells:
-            raise MeshbenchError(f"session {session.session_id}: {session.capacity} positions exceed the "
+        return self.prefill_chunk(PrefillChunk(session, tuple(prompt_tokens), 0, True))
+
+    def _check_chunk(self, chunk: PrefillChunk) -> None:
+        check_token_ids(chunk.tokens, self.model.vocab_size)
+        sid = chunk.session.session_id
+        if len(chunk.tokens) > self.n_batch:
+            raise MeshbenchError(f"session {sid}: prompt of {len(chunk.tokens)} tokens exceeds the batch of "
+                                 f"{self.n_batch}")
+        if chunk.session.capacity > self.seq_cells:
+            raise MeshbenchError(f"session {sid}: {chunk.session.capacity} positions exceed the "
                                  f"{self.seq_cells} cells of a sequence")
-        self.release(session.session_id)
+
+    def _sequence(self, chunk: PrefillChunk) -> int | None:
+        """The llama.cpp sequence a chunk writes: a fresh one for a prompt's first piece (the lowest free
+        id keeps live sessions on consecutive ids), the session's own after; None: it was dropped."""
+        sid = chunk.session.session_id
+        if chunk.start > 0:
+            if self._epoch.get(sid) != chunk.session.epoch:
+                return None
+            assert self._stored[sid] == chunk.start, (sid, self._stored[sid], chunk.start)
+            return self._seq_ids[sid]
+        self.release(sid)
         free = sorted(set(range(self.n_seq_max)) - set(self._seq_ids.values()))
         if not free:
-            raise RuntimeError(f"no free llama.cpp sequence for {session.session_id} ({self.n_seq_max} in use)")
-        seq_id = free[0]  # the lowest free id keeps live sessions on consecutive ids
-        n = len(prompt_tokens)
+            raise RuntimeError(f"no free llama.cpp sequence for {sid} ({self.n_seq_max} in use)")
         # Own the sequence before decoding: if llama_decode fails, release() still clears its cells.
-        self._seq_ids[session.session_id] = seq_id
-        self._stored[session.session_id] = 0
-        self._epoch[session.session_id] = session.epoch
-        self._fill([(t, seq_id, p, p == n - 1) for p, t in enumerate(prompt_tokens)])
+        self._seq_ids[sid], self._stored[sid], self._epoch[sid] = free[0], 0, chunk.session.epoch
+        return free[0]
+
+    def prefill_chunk(self, chunk: PrefillChunk) -> StepResult:
+        """One llama_decode for a prompt's piece, logits on its last position only when it is the last."""
+        self._check_chunk(chunk)
+        sid, n = chunk.session.session_id, len(chunk.tokens)
+        seq_id = self._sequence(chunk)
+        if seq_id is None:
+            return StepResult(sid, None, cache_miss=True)
+        self._fill([(t, seq_id, chunk.start + p, chunk.last and p == n - 1) for p, t in enumerate(chunk.tokens)])
         self._decode()
-        self._stored[session.session_id] = n
-        return greedy_step(session.session_id, self._logits(-1))
+        self._stored[sid] += n
+        return greedy_step(sid, self._logits(-1)) if chunk.last else StepResult(sid, None)
+
+    def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+        """A tick's work: with ``mixed``, every decode item and prompt chunk in ONE llama_decode; else the
+        decode batch and each chunk in calls of their own (the batch-invariant default)."""
+        if not self.mixed or len(prefill) + bool(decode) < 2:
+            return separate_step(self, decode, prefill)
+        t0 = time.perf_counter_ns()
+        try:
+            out = self._mixed_step(decode, prefill)
+        except EngineLost:
+            raise
+        except Exception as e:
+            why = f"step: {type(e).__name__}: {e}"
+            out = TickResult([StepResult(it.session_id, None, error=why) for it in decode],
+                             [StepResult(c.session.session_id, None, error=why) for c in prefill])
+        out.decode_ns = time.perf_counter_ns() - t0  # one call: it all counts as the decode's wait
+        return out
+
+    def _mixed_step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+        check_token_ids([it.token for it in decode], self.model.vocab_size)
+        live = [it for it in decode if self._epoch.get(it.session_id) == it.epoch]
+        rows = []  # (token, seq_id, position, wants logits, whose)
+        for it in live:
+            assert self._stored[it.session_id] == it.position, (it.session_id, self._stored[it.session_id])
+            rows.append((it.token, self._seq_ids[it.session_id], it.position, True, ("decode", it.session_id)))
+        seqs = {}
+        for c in prefill:
+            self._check_chunk(c)
+            seqs[c.session.session_id] = seq_id = self._sequence(c)
+            if seq_id is not None:
+                n = len(c.tokens)
+                rows += [(t, seq_id, c.start + p, c.last and p == n - 1, ("prefill", c.session.session_id))
+                         for p, t in enumerate(c.tokens)]
+        if len(rows) > self.n_batch:
+            raise MeshbenchError(f"a tick of {len(rows)} tokens exceeds the batch of {self.n_batch}")
+        rows.sort(key=lambda r: (r[1], r[2]))  # llama.cpp wants each sequence's tokens together, in order
+        self._fill([r[:4] for r in rows])
+        self._decode()
+        logits = {r[4]: self._logits(i) for i, r in enumerate(rows) if r[3]}
+        for it in live:
+            self._stored[it.session_id] += 1
+        for c in prefill:
+            if seqs[c.session.session_id] is not None:
+                self._stored[c.session.session_id] += len(c.tokens)
+        chunks = [StepResult(c.session.session_id, None, cache_miss=True) if seqs[c.session.session_id] is None
+                  else greedy_step(c.session.session_id, logits[("prefill", c.session.session_id)]) if c.last
+                  else StepResult(c.session.session_id, None) for c in prefill]
+        return TickResult(batch_results(decode, live, [logits[("decode", it.session_id)] for it in live]), chunks)
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
         check_token_ids([it.token for it in items], self.model.vocab_size)

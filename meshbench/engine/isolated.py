@@ -28,8 +28,11 @@ from meshbench.engine.base import (
     EngineFault,
     EngineLost,
     InjectedFault,
+    PrefillChunk,
     SessionHandle,
     StepResult,
+    TickResult,
+    step_with_faults,
 )
 from meshbench.engine.rpc import Endpoint
 from meshbench.errors import EngineUnavailable, MeshbenchError
@@ -115,11 +118,23 @@ def _run(setup, state: dict, msg: tuple):
     if op == "decode":
         results = engine.decode_batch([DecodeItem(*it) for it in msg[1]])
         return [(r.token, r.margin, r.cache_miss) for r in results]
+    if op == "step":
+        _, decode, chunks, faults = msg
+        out = step_with_faults(engine, [DecodeItem(*it) for it in decode],
+                               [PrefillChunk(SessionHandle(*h), tuple(t), start, last) for h, t, start, last in chunks],
+                               faults.get("decode") == "raise", faults.get("prefill") == "raise")
+        return ([_result(r) for r in out.decode], [_result(r) for r in out.prefill], out.decode_ns, out.prefill_ns)
     raise ValueError(f"unknown engine command {op!r}")
 
 
-def _fault(fault: str | None, op: str) -> None:
+def _result(r: StepResult) -> tuple:
+    return r.token, r.margin, r.cache_miss, r.error
+
+
+def _fault(fault, op: str) -> None:
     """An injected fault, inside the engine call: an exception, or the process aborting."""
+    if isinstance(fault, dict):  # a step: its parts' faults (a raise is the step's to place)
+        fault = "abort" if "abort" in fault.values() else None
     if fault == "abort":
         os.abort()  # SIGABRT, as llama.cpp's GGML_ABORT does
     if fault == "raise":
@@ -319,6 +334,16 @@ class ProxyEngine:
         rows = [(it.session_id, it.epoch, it.position, it.token) for it in items]
         answers = self.process.call(("decode", rows, self._armed.pop("decode", None)))
         return [StepResult(it.session_id, tok, margin, miss) for it, (tok, margin, miss) in zip(items, answers)]
+
+    def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+        """The tick's one round trip: the decode items and the prompt chunks together."""
+        faults, self._armed = self._armed, {}
+        d, p, decode_ns, prefill_ns = self.process.call((
+            "step", [(it.session_id, it.epoch, it.position, it.token) for it in decode],
+            [((c.session.session_id, c.session.epoch, c.session.capacity), c.tokens, c.start, c.last) for c in prefill],
+            faults))
+        return TickResult([StepResult(it.session_id, *r) for it, r in zip(decode, d)],
+                          [StepResult(c.session.session_id, *r) for c, r in zip(prefill, p)], decode_ns, prefill_ns)
 
     def release(self, session_id: str) -> None:
         if not self.process.lost:  # a lost engine's KV went with its process

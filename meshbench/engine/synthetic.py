@@ -9,12 +9,15 @@ from meshbench.config import EngineSpec
 from meshbench.engine.base import (
     SAMPLING_CONTRACT,
     DecodeItem,
+    PrefillChunk,
     SessionHandle,
     StepResult,
+    TickResult,
     batch_results,
     check_token_ids,
     fingerprint,
     greedy_step,
+    separate_step,
 )
 from meshbench.engine.setup import PROBE_BUDGET, EngineSetup, describe
 from meshbench.errors import MeshbenchError
@@ -80,20 +83,36 @@ class SyntheticEngine:
 
     # --- work ------------------------------------------------------------------
     def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
-        if not prompt_tokens:
+        return self.prefill_chunk(PrefillChunk(session, tuple(prompt_tokens), 0, True))
+
+    def prefill_chunk(self, chunk: PrefillChunk) -> StepResult:
+        """A prompt's piece at positions ``chunk.start``...: the first opens the session's cache, a later
+        one continues it (a cache miss if it was evicted meanwhile)."""
+        session, tokens = chunk.session, chunk.tokens
+        if not tokens:
             raise MeshbenchError(f"session {session.session_id}: empty prompt")
         if session.capacity > self.cfg.context_length:
             raise MeshbenchError(
                 f"session {session.session_id}: {session.capacity} positions exceed the model's "
                 f"context_length {self.cfg.context_length}"
             )
-        check_token_ids(prompt_tokens, self.cfg.vocab_size)
-        slot = self.kv.open(session.session_id, session.epoch, session.capacity)
-        r = self.kv.reserve(session.session_id, session.epoch, len(prompt_tokens), evict=True)
-        assert r.fits, f"prompt of {len(prompt_tokens)} tokens cannot fit the KV budget alone: {r}"
-        logits = llama.prefill(self.cfg, self.weights, slot, prompt_tokens)
-        self.kv.commit(session.session_id, session.epoch, len(prompt_tokens))
-        return greedy_step(session.session_id, logits)
+        check_token_ids(tokens, self.cfg.vocab_size)
+        if chunk.start == 0:
+            slot = self.kv.open(session.session_id, session.epoch, session.capacity)
+        else:
+            slot = self.kv.lookup(session.session_id, session.epoch)
+            if isinstance(slot, CacheMiss):
+                return StepResult(session.session_id, None, cache_miss=True)
+            assert slot.length == chunk.start, (session.session_id, slot.length, chunk.start)
+        r = self.kv.reserve(session.session_id, session.epoch, len(tokens), evict=True)
+        assert r.fits, f"a prompt chunk of {len(tokens)} tokens cannot fit the KV budget alone: {r}"
+        logits = llama.prefill(self.cfg, self.weights, slot, tokens)
+        self.kv.commit(session.session_id, session.epoch, len(tokens))
+        return greedy_step(session.session_id, logits) if chunk.last else StepResult(session.session_id, None)
+
+    def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+        """The batched decode, then each chunk's prefill: one call per tick."""
+        return separate_step(self, decode, prefill)
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
         check_token_ids([it.token for it in items], self.cfg.vocab_size)

@@ -19,11 +19,22 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from meshbench.engine.base import BatchEngine, DecodeItem, EngineLost, SessionHandle
+from meshbench.engine.base import (
+    BatchEngine,
+    DecodeItem,
+    EngineLost,
+    PrefillChunk,
+    SessionHandle,
+    StepResult,
+    TickResult,
+    engine_step,
+)
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason, NodeBudget
 from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
 from meshbench.scheduler.telemetry import SchedulerTelemetry, TickRecord
+
+PREFILL_POLICIES = ("whole", "chunked")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +51,11 @@ class ContinuousBatchScheduler:
         budget: NodeBudget,
         clock: Callable[[], int] = time.monotonic_ns,
         recover: Callable[[], BatchEngine] | None = None,
+        prefill_policy: str = "whole",
     ) -> None:
+        if prefill_policy not in PREFILL_POLICIES:
+            raise MeshbenchError(f"prefill must be one of {', '.join(PREFILL_POLICIES)}, got {prefill_policy!r}")
+        self.prefill_policy = prefill_policy
         self.engine = engine
         self.recover = recover  # the restart policy: a fresh engine after a loss (None: no restart)
         self.budget = budget
@@ -122,27 +137,26 @@ class ContinuousBatchScheduler:
 
     # --- the policy ---------------------------------------------------------------
     def run_tick(self) -> TickRecord:
-        """One tick: decode first, then bounded prefill, then end-of-tick releases; then record it."""
+        """One tick: choose the decode batch, then the prefill work within the budget; ONE engine call
+        runs both; then end-of-tick releases; then record it."""
         with self._lock:
             t0 = self.clock()
             if self._first_tick_ns is None:
                 self._first_tick_ns = t0
             tick = len(self._ticks)
-            chosen, decoded, decode_ns = self._decode_phase(tick, self.budget.max_batch_size)
-            prefilled, spent, prefill_ns = self._prefill_phase(self.budget.max_prefill_tokens_per_tick)
+            chosen = self._pick_decode(self.budget.max_batch_size)
+            chunks = self._pick_prefill(self.budget.max_prefill_tokens_per_tick)
+            result, decode_ns, prefill_ns = self._step(tick, chosen, chunks)
+            decoded = self._apply_decode(tick, chosen, result)
+            prefilled, pieces = self._apply_prefill(chunks, result)
             finished, promoted = self._end_of_tick(tick, [*chosen, *prefilled])
-            rec = self._record(tick, t0, chosen, decoded, prefilled, spent, finished, promoted, decode_ns,
+            rec = self._record(tick, t0, chosen, decoded, prefilled, pieces, finished, promoted, decode_ns,
                                prefill_ns)
             self._ticks.append(rec)
             return rec
 
-    def _decode_phase(self, tick: int, max_batch: int) -> tuple[list[Session], int, int]:
-        """Every running session (at most ``max_batch``) feeds its last token to ONE decode_batch call.
-
-        Returns the batch, the tokens it produced and the engine time.
-        """
-        if not self._running:
-            return [], 0, 0
+    def _pick_decode(self, max_batch: int) -> list[Session]:
+        """Every running session, at most ``max_batch`` of them, in arrival order: the decode batch."""
         chosen = list(self._running.values())
         if len(chosen) > max_batch:
             # NOTE: when more sessions decode than a batch holds, the least recently decoded
@@ -150,70 +164,100 @@ class ContinuousBatchScheduler:
             chosen.sort(key=lambda s: (s.last_decode_tick, len(s.tokens), s.arrival))
             chosen = chosen[:max_batch]
         chosen.sort(key=lambda s: s.arrival)
+        return chosen
+
+    def _pick_prefill(self, token_budget: int) -> list[tuple[Session, int, int]]:
+        """(session, first position, tokens) to prefill, first in first out within ``token_budget``.
+
+        ``whole``: whole prompts while they fit; the first always runs, so one prompt larger than the
+        budget still progresses; the first that does not fit ends the phase (no reordering: a smaller
+        prompt behind it waits too). ``chunked``: the budget filled exactly, the last prompt split and
+        continued next tick at its next position.
+        """
+        picks: list[tuple[Session, int, int]] = []
+        spent = 0
+        for s in self._admitted.values():
+            left = s.prompt_len - s.prefilled
+            if self.prefill_policy == "chunked":
+                left = min(left, token_budget - spent)
+                if left <= 0:
+                    break
+            elif picks and spent + left > token_budget:
+                break
+            picks.append((s, s.prefilled, left))
+            spent += left
+        return picks
+
+    def _step(self, tick: int, chosen: list[Session], chunks: list[tuple[Session, int, int]]):
+        """The tick's one engine call. Returns its TickResult (None: the engine was lost in it) and the
+        time the decode and the prefill waited (the call's own overhead counts as the decode's)."""
+        if self._down is not None:  # no engine any more: nothing to prefill on
+            why = f"{self._down} (not restarted)"
+            return TickResult([], [StepResult(s.session_id, None, error=why) for s, _, _ in chunks]), 0, 0
+        if not chosen and not chunks:
+            return TickResult(), 0, 0
         items = [DecodeItem(s.session_id, s.epoch, s.position, s.tokens[-1]) for s in chosen]
+        pieces = [PrefillChunk(SessionHandle(s.session_id, s.epoch, s.request.total_tokens),
+                               s.request.prompt_tokens[start:start + n], start, start + n == s.prompt_len)
+                  for s, start, n in chunks]
         e0 = self.clock()
         try:
-            results = self.engine.decode_batch(items)
+            result = engine_step(self.engine, items, pieces)
         except EngineLost as exc:
-            engine_ns = self.clock() - e0
-            self._engine_lost(tick, chosen, exc)
-            return chosen, 0, engine_ns
-        except Exception as exc:  # an engine fault ends the sessions in the call, not the node
-            engine_ns = self.clock() - e0
-            for s in chosen:
-                self._fail(s, "decode_batch", exc)
-            return chosen, 0, engine_ns
-        engine_ns = self.clock() - e0
-        assert len(results) == len(chosen), (len(results), len(chosen))
+            ns = self.clock() - e0
+            self._engine_lost(tick, [*chosen, *(s for s, _, _ in chunks)], exc)
+            return None, ns if chosen else 0, 0 if chosen else ns
+        except Exception as exc:  # a step that raised as a whole: every session in it fails
+            why = f"step: {type(exc).__name__}: {exc}"
+            result = TickResult([StepResult(it.session_id, None, error=why) for it in items],
+                                [StepResult(c.session.session_id, None, error=why) for c in pieces])
+        ns = self.clock() - e0
+        prefill_ns = min(result.prefill_ns, ns) if chosen else ns
+        return result, ns - prefill_ns, prefill_ns
+
+    def _apply_decode(self, tick: int, chosen: list[Session], result: TickResult | None) -> int:
+        """Each decoding session's answer: a token, a cache miss, or the failure of its call."""
+        if result is None:
+            return 0
+        assert len(result.decode) == len(chosen), (len(result.decode), len(chosen))
         now, decoded = self.clock(), 0
-        for s, r in zip(chosen, results):
+        for s, r in zip(chosen, result.decode):
             assert r.session_id == s.session_id, (r.session_id, s.session_id)
             s.last_decode_tick = tick
-            if r.cache_miss:
+            if r.error is not None:
+                self._fail(s, r.error)
+            elif r.cache_miss:
                 self._end(s, DoneReason.CACHE_MISS)
             else:
                 s.add_token(r.token, r.margin, now)
                 decoded += 1
         self._decode_tokens += decoded
-        return chosen, decoded, engine_ns
+        return decoded
 
-    def _prefill_phase(self, token_budget: int) -> tuple[list[Session], int, int]:
-        """Admitted sessions, first in first out, while the prompt tokens stay within ``token_budget``.
-
-        The first always runs, so one prompt larger than the budget still progresses.
-        Returns the prefilled sessions, the prompt tokens spent and the engine time.
-        """
-        prefilled: list[Session] = []
-        spent = engine_ns = 0
-        for s in list(self._admitted.values()):
-            n = s.prompt_len
-            if prefilled and spent + n > token_budget:
-                break  # NOTE: no reordering: a smaller prompt behind it waits too
-            if self._down is not None:  # no engine any more: nothing to prefill on
-                self._failed_by_cause[self._down] += 1
-                self._end(s, DoneReason.FAILED, f"{self._down} (not restarted)")
+    def _apply_prefill(self, chunks: list[tuple[Session, int, int]], result: TickResult | None):
+        """Each chunk's answer: its positions are held; a prompt's last chunk gives the first token and the
+        session starts decoding. Returns those sessions and the (session, start, tokens) pieces written."""
+        if result is None:
+            return [], []
+        assert len(result.prefill) == len(chunks), (len(result.prefill), len(chunks))
+        prefilled, pieces = [], []
+        for (s, start, n), r in zip(chunks, result.prefill):
+            if r.error is not None:
+                self._fail(s, r.error)
                 continue
-            handle = SessionHandle(s.session_id, s.epoch, s.request.total_tokens)
-            e0 = self.clock()
-            try:
-                r = self.engine.prefill(handle, s.request.prompt_tokens)
-            except EngineLost as exc:
-                engine_ns += self.clock() - e0
-                self._engine_lost(len(self._ticks), [s], exc)
-                break  # the sessions still admitted are prefilled from the next tick
-            except Exception as exc:
-                engine_ns += self.clock() - e0
-                self._fail(s, "prefill", exc)
+            if r.cache_miss:  # its earlier chunks were evicted under KV pressure
+                self._end(s, DoneReason.CACHE_MISS)
                 continue
-            engine_ns += self.clock() - e0
-            del self._admitted[s.session_id]
-            s.status = SessionStatus.RUNNING
-            self._running[s.session_id] = s
-            s.add_token(r.token, r.margin, self.clock())
-            prefilled.append(s)
-            spent += n
+            s.prefilled = start + n
+            pieces.append((s.session_id, start, n))
             self._prefill_tokens += n
-        return prefilled, spent, engine_ns
+            if s.prefilled == s.prompt_len:
+                del self._admitted[s.session_id]
+                s.status = SessionStatus.RUNNING
+                self._running[s.session_id] = s
+                s.add_token(r.token, r.margin, self.clock())
+                prefilled.append(s)
+        return prefilled, pieces
 
     def _end_of_tick(self, tick: int, touched: list[Session]) -> tuple[list[Session], list[Session]]:
         """Sessions that got their last token this tick free KV and slot; queued ones take the slots.
@@ -227,8 +271,8 @@ class ContinuousBatchScheduler:
         return finished, self._promote(next_tick=tick + 1)
 
     def _record(self, tick: int, t0: int, chosen: list[Session], decoded: int, prefilled: list[Session],
-                spent: int, finished: list[Session], promoted: list[Session], decode_ns: int,
-                prefill_ns: int) -> TickRecord:
+                pieces: list[tuple[str, int, int]], finished: list[Session], promoted: list[Session],
+                decode_ns: int, prefill_ns: int) -> TickRecord:
         t1 = self.clock()
         self._last_tick_end_ns = t1
         ended, self._ended = self._ended, []
@@ -238,10 +282,12 @@ class ContinuousBatchScheduler:
             decode_batch=len(chosen),
             decode_sessions=tuple(s.session_id for s in chosen),
             decode_tokens=decoded,
-            prefill_tokens=spent,
+            prefill_tokens=sum(n for _, _, n in pieces),
             prefill_sessions=tuple(s.session_id for s in prefilled),
+            prefill_chunks=tuple(pieces),
             kv_bytes=self.engine.kv_bytes_in_use,
-            stored_tokens=sum(s.prompt_len + len(s.tokens) - 1 for s in self._running.values()),
+            stored_tokens=(sum(s.prompt_len + len(s.tokens) - 1 for s in self._running.values())
+                           + sum(s.prefilled for s in self._admitted.values())),
             active=self._active_count(),
             queued=len(self._queue),
             completed=tuple(s.session_id for s in finished),
@@ -275,8 +321,9 @@ class ContinuousBatchScheduler:
         with self._lock:
             start = len(self._ticks)
             schedule = sorted(((t, i, r) for i, (t, r) in enumerate(arrivals)), key=lambda x: (x[0], x[1]))
-            pending = (sum(s.request.max_new_tokens for s in self._live.values())
-                       + sum(r.max_new_tokens for _, _, r in schedule))
+            # Every tick with live sessions writes a prompt position or a token, or ends a session.
+            pending = (sum(s.request.total_tokens for s in self._live.values())
+                       + sum(r.total_tokens for _, _, r in schedule))
             bound = max_ticks if max_ticks is not None else max((t for t, _, _ in schedule), default=0) + pending + 1
             k = 0
             while self.has_work() or k < len(schedule):
@@ -292,7 +339,7 @@ class ContinuousBatchScheduler:
                     before_tick(tick)
                 live_before = len(self._live)
                 rec = self.run_tick()
-                assert (not live_before or rec.decode_batch or rec.prefill_sessions or rec.ended
+                assert (not live_before or rec.decode_batch or rec.prefill_chunks or rec.ended
                         or len(self._live) < live_before), (
                     f"a tick made no progress with {len(self._live)} live sessions (active cap {self.active_cap})")
                 if on_tick is not None:
@@ -398,7 +445,7 @@ class ContinuousBatchScheduler:
         return promoted
 
     def _end(self, s: Session, reason: DoneReason, error: str | None = None) -> None:
-        had_kv = s.status is SessionStatus.RUNNING or reason is DoneReason.FAILED
+        had_kv = s.status is SessionStatus.RUNNING or s.prefilled > 0 or reason is DoneReason.FAILED
         {SessionStatus.QUEUED: self._queue, SessionStatus.ADMITTED: self._admitted,
          SessionStatus.RUNNING: self._running}[s.status].pop(s.session_id)
         s.finish(reason, error)
@@ -420,7 +467,8 @@ class ContinuousBatchScheduler:
     def _engine_lost(self, tick: int, in_call: Sequence[Session], exc: EngineLost) -> None:
         """The engine's process is gone: the sessions resident in it (running, or in the failed call)
         end FAILED with the cause, their KV gone with it; then recover, or stay down."""
-        lost = sorted({id(s): s for s in [*self._running.values(), *in_call]}.values(), key=lambda s: s.arrival)
+        resident = [*self._running.values(), *(s for s in self._admitted.values() if s.prefilled), *in_call]
+        lost = sorted({id(s): s for s in resident}.values(), key=lambda s: s.arrival)
         cause = str(exc)
         for s in lost:
             self._failed_by_cause[cause] += 1
@@ -441,8 +489,10 @@ class ContinuousBatchScheduler:
             record["resubmitted"].append({"session_id": s.session_id, "epoch": d.epoch, "decision": d.reason.value})
             if d.reason.accepted:
                 self._resubmitted.append(self._live[s.session_id])
-                self._resubmitted_work += s.request.max_new_tokens
+                self._resubmitted_work += s.request.total_tokens
 
-    def _fail(self, s: Session, where: str, exc: Exception) -> None:
-        self._failed_by_cause[f"{where}: {type(exc).__name__}"] += 1
-        self._end(s, DoneReason.FAILED, f"{where}: {type(exc).__name__}: {exc}")
+    def _fail(self, s: Session, error: str) -> None:
+        """End a session FAILED with the engine's error ("decode_batch: Type: message"), counted by cause
+        (where and type, or the lost engine's cause)."""
+        self._failed_by_cause[": ".join(error.removesuffix(" (not restarted)").split(": ")[:2])] += 1
+        self._end(s, DoneReason.FAILED, error)

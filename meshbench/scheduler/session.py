@@ -54,6 +54,7 @@ class Session:
     tokens: list[int] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
     token_ns: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt positions already written (chunked prefill: 0 < prefilled < prompt_len)
     last_decode_tick: int = -1
     done_reason: DoneReason | None = None
     error: str | None = None

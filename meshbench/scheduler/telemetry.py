@@ -14,7 +14,8 @@ class TickRecord:
     decode_sessions: tuple[str, ...]
     decode_tokens: int  # tokens the decode batch produced (a cache miss produces none)
     prefill_tokens: int
-    prefill_sessions: tuple[str, ...]
+    prefill_sessions: tuple[str, ...]  # sessions whose prompt's last piece ran: their first token came
+    prefill_chunks: tuple[tuple[str, int, int], ...]  # (session, first position, tokens) of every piece written
     kv_bytes: int  # KV held at the end of the tick, after its releases
     stored_tokens: int  # positions held by live sessions at the end of the tick
     active: int
@@ -31,6 +32,7 @@ class TickRecord:
         d = asdict(self)
         d["decode_sessions"] = list(self.decode_sessions)
         d["prefill_sessions"] = list(self.prefill_sessions)
+        d["prefill_chunks"] = [list(c) for c in self.prefill_chunks]
         d["completed"] = list(self.completed)
         d["admitted"] = list(self.admitted)
         d["ended"] = list(self.ended)
