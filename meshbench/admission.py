@@ -40,7 +40,7 @@ def _decide(cfg: RunConfig, wl: Workload, process, setup) -> dict:
     check_context(wl.longest, setup.context_length)  # one rule for admit and sweep
     engine = setup.make(budget)
     try:
-        return _report(setup, budget, process, wl, ContinuousBatchScheduler(engine, budget))
+        return _report(setup, budget, process, wl, ContinuousBatchScheduler(engine, budget, prefill_policy=cfg.prefill))
     finally:
         close_engine(engine)
 

@@ -171,6 +171,12 @@ WorkersOpt = Annotated[Optional[int], typer.Option(
     "--workers", min=0, max=16, help="Start this many local RPC workers (loopback, free ports) for the run.")]
 SplitOpt = Annotated[Optional[str], typer.Option(
     "--split", help="Share of the layers per RPC worker, e.g. 1,3 (default: llama.cpp's proportional split).")]
+PrefillOpt = Annotated[Optional[str], typer.Option(
+    "--prefill", help="whole (default: whole prompts within the prefill budget, the first always runs) | chunked "
+                      "(the budget filled exactly, the last prompt split and continued next tick).")]
+MixedOpt = Annotated[Optional[bool], typer.Option(
+    "--mixed-batch/--no-mixed-batch", help="GGUF engine: a tick's decode items and prompt chunks in ONE "
+                                           "llama_decode (default: separate calls).")]
 IsolateOpt = Annotated[Optional[bool], typer.Option(
     "--isolate/--no-isolate", help="Run the engine in its own process behind a proxy (default: exactly when RPC "
                                    "workers are used); the node then survives the engine dying.")]

@@ -33,13 +33,14 @@ DEFAULTS: dict = {
     "engine": {
         "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
-        "rpc": None, "workers": 0, "split": None, "isolate": None,
+        "rpc": None, "workers": 0, "split": None, "isolate": None, "mixed_batch": False,
     },
     "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once"},
     "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
     "slo": {"ttft": None, "tpot": None},  # goodput counts completed sessions within both (ticks, or ms on the wall)
     "faults": [],  # fault rows (meshbench.faults), each run at every level
     "restart_engine": False,  # after an engine loss: a fresh engine, the lost sessions resubmitted
+    "prefill": "whole",  # or chunked: the prefill budget filled exactly, prompts split across ticks
     "budget": {
         "weight_bytes": 1 << 30,
         "kv_bytes": 1 << 24,
@@ -68,6 +69,7 @@ class EngineSpec:
     workers: int = 0  # spawn this many local RPC workers for the run (loopback, free ports)
     split: tuple[float, ...] | None = None  # share of layers per RPC device (None: llama.cpp's proportional split)
     isolate: bool | None = None  # the engine in its own process (None: exactly when RPC workers are used)
+    mixed_batch: bool = False  # GGUF: a tick's decode items and prompt chunks in ONE llama_decode
 
     def __post_init__(self) -> None:
         if self.split is not None:
@@ -149,6 +151,7 @@ class RunConfig:
     clock: str = "tick"
     faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows, each run at every level
     restart_engine: bool = False
+    prefill: str = "whole"  # the prefill policy: whole | chunked
 
     def to_dict(self) -> dict:
         return {
@@ -156,6 +159,7 @@ class RunConfig:
             "rates": None if self.rates is None else list(self.rates), "repeat": self.repeat,
             "warmup": self.warmup, "slo": dict(self.slo or {"ttft": None, "tpot": None}), "clock": self.clock,
             "faults": [",".join(f.label for f in row) for row in self.faults], "restart_engine": self.restart_engine,
+            "prefill": self.prefill,
             "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
         }
 
@@ -277,6 +281,9 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     eng = data["engine"]
     if eng["kind"] == "gguf" and not eng.get("model"):
         raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path)")
+    if eng["mixed_batch"] and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
+                             "synthetic engine always runs its batched decode and each prompt in one call")
     if (eng["rpc"] or eng["workers"]) and eng["kind"] != "gguf":
         raise MeshbenchError(f"{source}: engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
     if eng["rpc"] and eng["workers"]:
@@ -297,5 +304,5 @@ def from_mapping(data: dict, source: str) -> RunConfig:
         engine=spec, workload=workload, budget=NodeBudget(**data["budget"]), source=source,
         repeat=data["repeat"], warmup=data["warmup"],
         rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]), clock=data["clock"],
-        faults=rows, restart_engine=data["restart_engine"],
+        faults=rows, restart_engine=data["restart_engine"], prefill=data["prefill"],
     )

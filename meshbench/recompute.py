@@ -138,7 +138,6 @@ def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
     """
     if lv["engine_losses"]:
         return
-    prompt = {s["session_id"]: s["prompt_tokens"] for s in lv["sessions"]}
     scratch = data["engine"]["scratch_bytes_per_session"]
     cap = min(lv["budget"]["max_active_sessions"], lv["budget"]["scratch_bytes"] // scratch)
     accepted_at = {}

@@ -121,13 +121,14 @@ def run_pass(
     on_tick: Callable[[TickRecord], None] | None = None,
     plan: FaultPlan | None = None,
     recover: Callable[[], BatchEngine] | None = None,
+    prefill: str = "whole",
 ) -> Pass:
     """Submit each request before its arrival tick, run the scheduler to completion, keep the raw records.
 
     ``plan``: the faults this pass suffers; ``recover``: the restart policy after an engine loss."""
     plan = plan or FaultPlan(())
     wrapped = plan.wrap(engine)
-    sched = ContinuousBatchScheduler(wrapped, budget, clock,
+    sched = ContinuousBatchScheduler(wrapped, budget, clock, prefill_policy=prefill,
                                      recover=(lambda: plan.wrap(recover())) if recover else None)
     plan.sched = sched
     events: list[dict] = []
@@ -166,11 +167,12 @@ def run_pass_wall(
     clock: Callable[[], int] = time.monotonic_ns,
     on_tick: Callable[[TickRecord], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    prefill: str = "whole",
 ) -> Pass:
     """The wall clock: a session is submitted once its arrival time has passed (checked before each tick);
     when nothing is live the node sleeps until the next arrival. Ticks run only with live sessions, so
     admission depends on speed: such a pass is reported, not compared by --rerun."""
-    sched = ContinuousBatchScheduler(engine, budget, clock)
+    sched = ContinuousBatchScheduler(engine, budget, clock, prefill_policy=prefill)
     order = sorted(range(len(requests)), key=lambda i: (arrival_s[i], i))
     events: list[dict] = []
     bound = sum(r.max_new_tokens for r in requests) + 1
@@ -266,6 +268,7 @@ def run_concurrency_sweep(
     fault_rows: Sequence[tuple[Fault, ...]] = (),
     node: EngineSetup | None = None,
     restart: bool = False,
+    prefill: str = "whole",
 ) -> ConcurrencySweep:
     """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved.
 
@@ -288,10 +291,10 @@ def run_concurrency_sweep(
         try:
             if wall:
                 return run_pass_wall(requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock,
-                                     per_level, sleep)
+                                     per_level, sleep, prefill)
             faults = FaultPlan(plan[i].faults, node and node.kill_engine, node and node.kill_worker)
             recover = (lambda b=budgets[i]: node.restart(b)) if restart and node and node.restart else None
-            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover)
+            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover, prefill)
         finally:
             close_engine(engine)
 
@@ -305,17 +308,18 @@ def run_concurrency_sweep(
     records = [level_record(lv, budgets[i], times_of[i], slo, passes[i], wall) for i, lv in enumerate(plan)]
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or fault_rows:
-        reference = alone_reference(workload, budget, engine_factory, clock)
+        reference = alone_reference(workload, budget, engine_factory, clock, prefill)
     return verdicts(records, reference)
 
 
 def alone_reference(workload: Workload, budget: NodeBudget, engine_factory: Callable[[NodeBudget], BatchEngine],
-                    clock: Callable[[], int]) -> dict:
+                    clock: Callable[[], int], prefill: str = "whole") -> dict:
     """Each session run alone: the reference every completed session of an arrival sweep must equal."""
     alone = level_budget(budget, 1, workload.sessions)
     engine = engine_factory(alone)
     try:
-        first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock)
+        first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock,
+                         prefill=prefill)
     finally:
         close_engine(engine)
     return {"concurrency": 1, "sessions": first.sessions}

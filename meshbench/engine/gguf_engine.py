@@ -414,13 +414,14 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
 
     def make(budget: NodeBudget) -> GgufEngine:
         return GgufEngine(model, budget.max_active_sessions, max_total_tokens, spec.threads, spec.flash_attn,
-                          spec.kv_unified, spec.kv_type, max_prompt)
+                          spec.kv_unified, spec.kv_type, max_prompt, spec.mixed_batch)
 
     with capture_log() as context_log:
         probe = make(PROBE_BUDGET)
     info = describe(probe, "gguf", preset=None, model=spec.model, model_sha256=model.sha256,
                     architecture=model.arch, device=model.device, dtype=f"weights per file; KV {spec.kv_type}",
                     threads=probe.threads, flash_attn=spec.flash_attn, kv_unified=spec.kv_unified,
+                    mixed_batch=spec.mixed_batch,
                     rpc=_rpc_record(model, spec, context_log) if model.endpoints else None)
     probe.close()
     return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model)
