@@ -18,6 +18,7 @@ import numpy as np
 
 from meshbench.errors import EngineUnavailable, MeshbenchError
 from meshbench.files import regular_file, umask_mode
+from meshbench.model import vocab
 from meshbench.model.config import ModelConfig
 from meshbench.model.weights import Weights
 
@@ -32,6 +33,26 @@ def _gguf():
         return gguf
     except ImportError:
         raise EngineUnavailable("the gguf package is not installed: pip install 'meshbench[gguf]'") from None
+
+
+WRITER_VERSION = 2  # 2: a llama vocabulary (model.vocab) in every preset that has room for one
+
+
+def _add_vocab(w, vocab_size: int) -> None:
+    """A llama (SentencePiece) vocabulary when the preset has room for one, else none (model.vocab)."""
+    if vocab_size < vocab.MIN_VOCAB:
+        w.add_tokenizer_model("none")
+        return
+    tokens, scores, types = vocab.pieces(vocab_size)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(vocab.UNK)
+    w.add_bos_token_id(vocab.BOS)
+    w.add_eos_token_id(vocab.EOS)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
 
 
 def write(path: Path, cfg: ModelConfig, weights: Weights, qtype: str = "f32", name: str = "meshbench-tiny") -> int:
@@ -64,7 +85,7 @@ def write(path: Path, cfg: ModelConfig, weights: Weights, qtype: str = "f32", na
         w.add_rope_freq_base(cfg.rope_theta)
         w.add_rope_dimension_count(cfg.head_dim)
         w.add_vocab_size(cfg.vocab_size)
-        w.add_tokenizer_model("none")
+        _add_vocab(w, cfg.vocab_size)
         w.add_file_type({"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2}[qtype])
         for tname, arr in weights.named_tensors():
             a = np.ascontiguousarray(arr, dtype=np.float32)

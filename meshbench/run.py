@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from meshbench import config, divergence, envinfo, files, results, workers
+from meshbench import config, divergence, envinfo, files, gguf_io, results, workers
 from meshbench.config import RunConfig, validate_levels
 from meshbench.engine import factory, rpc
 from meshbench.engine.base import check_context
@@ -118,7 +118,10 @@ def config_from_results(data: dict) -> RunConfig:
 
 def cached_model_path(recipe: dict) -> Path:
     r = {"preset": "dgr-012", "type": "q8_0", "seed": 0, **recipe}
-    return files.cache_dir() / "models" / f"{r['preset']}-{r['type']}-seed{r['seed']}.gguf"
+    # The writer's format version is in the name: a model an older meshbench cached (no vocabulary) is
+    # never taken for the one this version writes.
+    return (files.cache_dir() / "models"
+            / f"{r['preset']}-{r['type']}-seed{r['seed']}-v{gguf_io.WRITER_VERSION}.gguf")
 
 
 def rerun_results(data: dict) -> dict:

@@ -34,10 +34,12 @@ def budget(**overrides) -> NodeBudget:
     return NodeBudget(**values)
 
 
-def scheduler(engine_=None, clock=None, **overrides) -> ContinuousBatchScheduler:
+def scheduler(engine_=None, clock=None, prefill_policy="whole", **overrides) -> ContinuousBatchScheduler:
     b = budget(**overrides)
     e = engine_ if engine_ is not None else engine(b.kv_bytes)
-    return ContinuousBatchScheduler(e, b, clock) if clock else ContinuousBatchScheduler(e, b)
+    if clock:
+        return ContinuousBatchScheduler(e, b, clock, prefill_policy=prefill_policy)
+    return ContinuousBatchScheduler(e, b, prefill_policy=prefill_policy)
 
 
 def request(sid: str, prompt=(1, 2, 3, 4), new: int = 8) -> GenerationRequest:

@@ -482,4 +482,4 @@ def test_rerun_generates_models_in_the_cache_never_where_the_bundle_says(tmp_pat
     r = cli("verify", b, "--rerun")
     assert r.exit_code == 0, r.output
     assert not (tmp_path / "evil").exists()
-    assert (tmp_path / "cache" / "models" / "dgr-012-f32-seed0.gguf").is_file()
+    assert (tmp_path / "cache" / "models" / "dgr-012-f32-seed0-v2.gguf").is_file()

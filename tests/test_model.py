@@ -4,6 +4,7 @@ import factories as f
 import numpy as np
 import pytest
 
+from meshbench import gguf_io
 from meshbench.engine.base import DecodeItem, SessionHandle
 from meshbench.kv import HotKvStateManager
 from meshbench.model import llama
@@ -144,3 +145,46 @@ def test_invalid_model_config_names_the_field():
     with pytest.raises(MeshbenchError, match="dtype"):
         ModelConfig(vocab_size=8, dim=8, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=8, dtype="int8")
     assert set(PRESETS) == {"dgr-012", "bench"}
+
+
+def test_make_tiny_writes_a_llama_vocabulary_that_llama_cpp_loads_and_tokenizes(tmp_path):
+    """Byte fallback, BOS/EOS/UNK and generated pieces, bit for bit the same file twice."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable")
+    import ctypes
+
+    from meshbench.model import vocab
+
+    tokens, scores, types = vocab.pieces(300)
+    assert tokens[:4] == ["<unk>", "<s>", "</s>", "<0x00>"] and tokens[258] == "<0xFF>"
+    assert tokens[259:264] == ["\u2581", "\u2581a", "a", "\u2581b", "b"] and len(set(tokens)) == 300
+    assert types[:4] == [2, 3, 3, 6] and scores[259] > scores[260]
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    for p in (a, b):
+        gguf_io.write(p, preset("bench"), init_weights(preset("bench"), 0), "q4_0")
+    assert a.read_bytes() == b.read_bytes()
+    model = llama_cpp.llama_model_load_from_file(str(a).encode(), llama_cpp.llama_model_default_params())
+    try:
+        v = llama_cpp.llama_model_get_vocab(model)
+        assert llama_cpp.llama_vocab_type(v) == llama_cpp.LLAMA_VOCAB_TYPE_SPM
+        assert (llama_cpp.llama_vocab_bos(v), llama_cpp.llama_vocab_eos(v)) == (1, 2)
+        text = "hello world, \u00e9"
+        buf = (llama_cpp.llama_token * 64)()
+        n = llama_cpp.llama_tokenize(v, text.encode(), len(text.encode()), buf, 64, True, False)
+        ids = list(buf[:n])
+        assert ids[0] == 1 and all(0 <= t < 8192 for t in ids)
+        out = ctypes.create_string_buffer(32)
+        pieces = []
+        for t in ids[1:]:
+            k = llama_cpp.llama_token_to_piece(v, t, out, 32, 0, False)
+            pieces.append(out.raw[:k])
+        assert b"".join(pieces).decode() == " " + text  # the word-start marker, then every byte back
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def test_a_preset_too_small_for_a_vocabulary_gets_none():
+    from meshbench.model import vocab
+
+    assert preset("dgr-012").vocab_size < vocab.MIN_VOCAB
+    with pytest.raises(ValueError, match="at least 259 ids"):
+        vocab.pieces(256)

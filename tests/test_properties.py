@@ -36,6 +36,22 @@ sessions_st = st.lists(
 )
 
 
+def check_prompt_pieces(rec, written: dict, prompts: dict, budget: int, policy: str) -> None:
+    """Prompt positions are written in order, each piece where the last ended (or at 0: a new session);
+    a session's first token comes exactly when its prompt is complete; chunked fills the budget
+    before it splits a prompt and never exceeds it; whole never splits one."""
+    for sid, start, n in rec.prefill_chunks:
+        assert start in (0, written.get(sid, 0)) and n >= 1 and start + n <= prompts[sid], (sid, start, n)
+        written[sid] = start + n
+        assert policy == "chunked" or (start == 0 and n == prompts[sid])
+    assert all(written[sid] == prompts[sid] for sid in rec.prefill_sessions)
+    if policy == "chunked":
+        assert rec.prefill_tokens <= budget
+        if rec.prefill_chunks:
+            sid, start, n = rec.prefill_chunks[-1]
+            assert start + n == prompts[sid] or rec.prefill_tokens == budget  # split only at a full budget
+
+
 @given(
     sessions=sessions_st,
     active=st.integers(1, 4),
@@ -44,16 +60,18 @@ sessions_st = st.lists(
     prefill=st.integers(1, 8),
     kv_tokens=st.integers(12, 40),
     cancel_at=st.one_of(st.none(), st.tuples(st.integers(0, 7), st.integers(0, 8))),
+    policy=st.sampled_from(["whole", "chunked"]),
 )
-def test_scheduler_invariants(sessions, active, batch_frac, queue, prefill, kv_tokens, cancel_at):
+def test_scheduler_invariants(sessions, active, batch_frac, queue, prefill, kv_tokens, cancel_at, policy):
     batch = max(1, round(active * batch_frac))
     kv_budget = kv_tokens * BPT
     e = f.engine(kv_bytes=kv_budget)
     s = f.scheduler(e, kv_bytes=kv_budget, max_active_sessions=active, max_batch_size=batch,
-                    max_queue_depth=queue, max_prefill_tokens_per_tick=prefill)
+                    max_queue_depth=queue, max_prefill_tokens_per_tick=prefill, prefill_policy=policy)
     requests = [GenerationRequest(f"s{i}", p, n) for i, (p, n, _) in enumerate(sessions)]
     arrivals = {i: a for i, (_, _, a) in enumerate(sessions)}
     accepted = set()
+    written: dict[str, int] = {}  # prompt positions written per session, piece after piece
     tick = 0
     while tick <= 6 or s.has_work():
         for i, r in enumerate(requests):
@@ -66,6 +84,7 @@ def test_scheduler_invariants(sessions, active, batch_frac, queue, prefill, kv_t
         assert rec.queued <= queue
         assert rec.active <= active
         assert rec.decode_batch <= batch
+        check_prompt_pieces(rec, written, {r.session_id: len(r.prompt_tokens) for r in requests}, prefill, policy)
         # Equal unless KV pressure evicted a session the scheduler has not yet seen miss.
         assert rec.kv_bytes <= rec.stored_tokens * BPT
         if e.kv.evictions == 0:

@@ -413,8 +413,10 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
                              f"{limits.MAX_LLAMA_SEQUENCES} sequences")
 
     def make(budget: NodeBudget) -> GgufEngine:
+        # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs).
+        prefill = max(max_prompt, budget.max_prefill_tokens_per_tick) if spec.mixed_batch else max_prompt
         return GgufEngine(model, budget.max_active_sessions, max_total_tokens, spec.threads, spec.flash_attn,
-                          spec.kv_unified, spec.kv_type, max_prompt, spec.mixed_batch)
+                          spec.kv_unified, spec.kv_type, prefill, spec.mixed_batch)
 
     with capture_log() as context_log:
         probe = make(PROBE_BUDGET)
