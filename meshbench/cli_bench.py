@@ -9,10 +9,20 @@ from typing import Annotated, Optional
 import typer
 
 from meshbench import config, gguf_io, limits
-from meshbench.bench import engine_bench, gguf_bench, invariance, isolation_bench, layouts, scheduler_bench
+from meshbench.bench import (
+    engine_bench,
+    gguf_bench,
+    invariance,
+    isolation_bench,
+    layouts,
+    scheduler_bench,
+    server_bench,
+)
 from meshbench.cli_common import (
     ConfigOpt,
     JsonOpt,
+    MixedOpt,
+    PrefillOpt,
     RpcOpt,
     SeedOpt,
     ThreadsOpt,
@@ -162,10 +172,11 @@ def bench_isolation(
     config_path: ConfigOpt = None,
     levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,8.")] = "1,8",
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Interleaved rounds.")] = 5,
+    prefill: PrefillOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Decode tokens/s with the engine in the node's process and in its own process, and the proxy's share."""
-    cfg = config.load(config_path)
+    cfg = config.load(config_path, {"prefill": prefill} if prefill is not None else None)
     res = isolation_bench.run(cfg, int_list(levels, "--levels", unique=True, maximum=cfg.workload.sessions), rounds,
                               progress=lambda msg: err.print(msg))
     if as_json:
@@ -183,6 +194,43 @@ def bench_isolation(
 
 def _spread(s: dict, fmt: str) -> str:
     return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
+
+
+@bench_app.command("server")
+def bench_server(
+    llama_server: Annotated[Path, typer.Option("--llama-server", help="A llama-server binary (yours, or built from "
+                                                                      "the llama-cpp-python sdist; README).")],
+    config_path: ConfigOpt = None,
+    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,8,16.")] = "1,4,8,16",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
+    prefill: PrefillOpt = None,
+    mixed_batch: MixedOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """meshbench's sweep against llama-server -np C on the same model and prompts: tokens, tokens/s, TTFT, ITL."""
+    binary = regular_file(llama_server, "--llama-server")
+    if not os.access(binary, os.X_OK):
+        raise MeshbenchError(f"--llama-server {llama_server}: not executable")
+    overrides = {k: v for k, v in (("prefill", prefill),) if v is not None}
+    if mixed_batch is not None:
+        overrides["engine"] = {"mixed_batch": mixed_batch}
+    cfg = config.load(config_path, overrides)
+    if cfg.engine.kind != "gguf":
+        raise MeshbenchError("bench server needs a gguf config (engine.kind gguf, engine.model)")
+    res = server_bench.run(cfg, binary, int_list(levels, "--levels", unique=True, maximum=cfg.workload.sessions),
+                           repeat, progress=lambda msg: err.print(msg))
+    if as_json:
+        print_json(res)
+        return
+    t = table(f"meshbench vs llama-server ({cfg.source}, prefill {cfg.prefill}, mixed batch {cfg.engine.mixed_batch}; "
+              f"median (min-max) of {repeat})", ("C", "tokens identical", "meshbench tok/s", "llama-server tok/s",
+                                                 "tok/s ratio", "TTFT p50 ratio", "ITL p50 ratio", "ITL p95 ratio"))
+    for lv in res["levels"]:
+        t.add_row(str(lv["concurrency"]), str(lv["tokens_identical"]),
+                  _spread(lv["tokens_per_s"]["meshbench"], ".1f"), _spread(lv["tokens_per_s"]["llama-server"], ".1f"),
+                  *[_spread(lv[k]["ratio"], ".3f") for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50",
+                                                              "itl_ms.p95")])
+    out.print(t)
 
 
 @bench_app.command("invariance")

@@ -26,7 +26,8 @@ def _one_pass(setup: EngineSetup, cfg: RunConfig, c: int) -> dict:
     process = getattr(engine, "process", None)
     before = (process.round_trip_ns, process.engine_ns) if process else (0, 0)
     try:
-        p = run_pass(cfg.workload.requests(setup.vocab_size), [0] * cfg.workload.sessions, budget, engine)
+        p = run_pass(cfg.workload.requests(setup.vocab_size), [0] * cfg.workload.sessions, budget, engine,
+                     prefill=cfg.prefill)
     finally:
         close_engine(engine)
     tick_ns = sum(t["tick_ns"] for t in p.ticks)
