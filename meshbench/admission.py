@@ -7,7 +7,7 @@ reported with its tick (the timeline), as the sweep records it.
 
 from __future__ import annotations
 
-from meshbench import arrivals
+from meshbench import arrivals, prompts
 from meshbench.config import RunConfig, Workload
 from meshbench.engine import factory
 from meshbench.engine.base import check_context
@@ -18,6 +18,7 @@ from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 
 def run(cfg: RunConfig, burst: int | None = None) -> dict:
     """On the node the config describes (its RPC workers too, started and stopped around the run)."""
+    cfg = prompts.apply(cfg)
     with node(cfg) as on:
         return _run(cfg, burst, on.endpoints)
 

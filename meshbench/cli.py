@@ -37,6 +37,7 @@ from meshbench.cli_common import (
     PrefillOpt,
     PresetOpt,
     PromptOpt,
+    PromptsOpt,
     QueueOpt,
     RatesOpt,
     RepeatOpt,
@@ -203,6 +204,7 @@ def sweep(
     restart_engine: RestartOpt = None,
     sessions: SessionsOpt = None,
     prompt_tokens: PromptOpt = None,
+    prompts: PromptsOpt = None,
     new_tokens: NewOpt = None,
     max_prefill_tokens_per_tick: Annotated[Optional[int], typer.Option(
         "--max-prefill-tokens-per-tick", min=1, max=limits.MAX_TOKENS,
@@ -238,7 +240,7 @@ def sweep(
         "engine": dict(_engine_overrides(engine, preset, model, device, threads, seed, rpc, workers),
                        split=float_list(split, "--split", unique=False) if split is not None else None,
                        isolate=isolate, mixed_batch=mixed_batch),
-        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
+        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts),
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
     })
     _sweep(config_mod.load(config, overrides), out_dir, force, as_json, verbose)
@@ -320,6 +322,7 @@ def admit(
     model: ModelOpt = None,
     sessions: SessionsOpt = None,
     prompt_tokens: PromptOpt = None,
+    prompts: PromptsOpt = None,
     new_tokens: NewOpt = None,
     burst: Annotated[Optional[int], typer.Option(
         "--burst", min=1, max=limits.MAX_SESSIONS,
@@ -345,7 +348,7 @@ def admit(
     overrides = drop_none({
         "prefill": prefill,
         "engine": _engine_overrides(engine, preset, model, None, None, seed, rpc, workers),
-        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals),
+        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts),
         "budget": {"kv_bytes": kv_bytes, "scratch_bytes": scratch_bytes, "weight_bytes": weight_bytes,
                    "max_active_sessions": max_active, "max_queue_depth": max_queue_depth,
                    "max_batch_size": max_batch_size},

@@ -122,9 +122,15 @@ def table(title: str, headers: tuple[str, ...]) -> Table:
     return t
 
 
-def workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals=None) -> dict:
+def workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals=None, prompts=None) -> dict:
     return {"sessions": sessions, "prompt_tokens": per_session(prompt_tokens, "--prompt-tokens"),
-            "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed, "arrivals": arrivals}
+            "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed, "arrivals": arrivals,
+            "prompts": str(prompts) if prompts is not None else None}
+
+
+PromptsOpt = Annotated[Optional[Path], typer.Option(
+    "--prompts", help="Real prompts: a file of text lines, or JSONL with a 'prompt' field, one per session, "
+                      "tokenized by the GGUF model's own tokenizer.")]
 
 
 def float_list(value: str, flag: str, unique: bool = True) -> list[float]:

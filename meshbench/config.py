@@ -35,7 +35,8 @@ DEFAULTS: dict = {
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
         "rpc": None, "workers": 0, "split": None, "isolate": None, "mixed_batch": False,
     },
-    "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once"},
+    "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once",
+                 "prompts": None},
     "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
     "slo": {"ttft": None, "tpot": None},  # goodput counts completed sessions within both (ticks, or ms on the wall)
     "faults": [],  # fault rows (meshbench.faults), each run at every level
@@ -93,6 +94,8 @@ class Workload:
     new_tokens: tuple[int, ...]
     seed: int = 0
     arrivals: str = "all-at-once"  # meshbench.arrivals.parse reads it
+    prompts: str | None = None  # a file of real prompts, tokenized by the model (meshbench.prompts)
+    prompt_ids: tuple[tuple[int, ...], ...] | None = None  # their token ids, once tokenized
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:
@@ -124,6 +127,9 @@ class Workload:
         return [f"s{i:0{width}d}" for i in range(self.sessions)]
 
     def requests(self, vocab_size: int) -> list[GenerationRequest]:
+        if self.prompt_ids is not None:  # real prompts: their ids, as the model's tokenizer gave them
+            return [GenerationRequest(sid, ids, n)
+                    for sid, ids, n in zip(self.session_ids(), self.prompt_ids, self.new_tokens)]
         rng = np.random.default_rng(self.seed)
         return [
             GenerationRequest(sid, tuple(int(t) for t in rng.integers(0, vocab_size, p)), n)
@@ -132,7 +138,8 @@ class Workload:
 
     def to_dict(self) -> dict:
         return {"sessions": self.sessions, "prompt_tokens": list(self.prompt_tokens),
-                "new_tokens": list(self.new_tokens), "seed": self.seed, "arrivals": self.arrivals}
+                "new_tokens": list(self.new_tokens), "seed": self.seed, "arrivals": self.arrivals,
+                "prompts": self.prompts}
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +279,7 @@ def from_mapping(data: dict, source: str) -> RunConfig:
         _per_session(wl["new_tokens"], n, "new_tokens", source),
         wl["seed"],
         wl["arrivals"],
+        wl["prompts"],
     )
     process = arrivals.parse(wl["arrivals"], f"{source}: workload.arrivals")
     process.ticks(n, wl["seed"])  # a trace of the wrong length, or arrivals too late, are refused now
@@ -281,6 +289,8 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     eng = data["engine"]
     if eng["kind"] == "gguf" and not eng.get("model"):
         raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path)")
+    if wl["prompts"] is not None and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: workload.prompts needs the gguf engine (the model's own tokenizer)")
     if eng["mixed_batch"] and eng["kind"] != "gguf":
         raise MeshbenchError(f"{source}: engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
                              "synthetic engine always runs its batched decode and each prompt in one call")

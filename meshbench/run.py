@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from meshbench import config, divergence, envinfo, files, gguf_io, results, workers
+from meshbench import config, divergence, envinfo, files, gguf_io, prompts, results, workers
 from meshbench.config import RunConfig, validate_levels
 from meshbench.engine import factory, rpc
 from meshbench.engine.base import check_context
@@ -80,6 +80,7 @@ def sweep_on_node(cfg: RunConfig, command: str, on_tick: Callable[[int, TickReco
                   verbose: bool = False) -> dict:
     """Start the node's workers, load the engine, sweep, and free the engine before the workers stop
     (llama.cpp aborts when it frees buffers on a worker that is gone)."""
+    cfg = prompts.apply(cfg)  # real prompts: tokenized by the model before anything runs
     with node(cfg) as on:
         setup = prepare(cfg, verbose, on)
         try:

@@ -167,6 +167,42 @@ class LoadedModel:
             self.ptr = None
 
 
+def tokenize(path: str, texts: Sequence[str]) -> list[tuple[int, ...]]:
+    """Each text's token ids by the model's own tokenizer (BOS added as the model says). A model without
+    a vocabulary is refused here: llama.cpp aborts the process when asked to tokenize with none."""
+    lib = llama_cpp_lib()
+    set_llama_logging(False)
+    model_path = files.regular_file(path, "model")
+    gguf_io.check_model_file(model_path)
+    lib.llama_backend_init()
+    mp = lib.llama_model_default_params()
+    mp.vocab_only = True
+    ptr = lib.llama_model_load_from_file(str(model_path).encode(), mp)
+    if not ptr:
+        raise MeshbenchError(f"model {path}: llama.cpp could not read its vocabulary")
+    try:
+        vocab = lib.llama_model_get_vocab(ptr)
+        if lib.llama_vocab_type(vocab) == lib.LLAMA_VOCAB_TYPE_NONE:
+            raise MeshbenchError(f"model {path} has no tokenizer (vocabulary type none): real prompts need one "
+                                 "(meshbench model make-tiny --preset bench writes one)")
+        return [_tokenize(lib, vocab, text) for text in texts]
+    finally:
+        lib.llama_model_free(ptr)
+
+
+def _tokenize(lib, vocab, text: str) -> tuple[int, ...]:
+    raw = text.encode()
+    size = len(raw) + 8
+    buf = (lib.llama_token * size)()
+    n = lib.llama_tokenize(vocab, raw, len(raw), buf, size, True, False)
+    if n < 0:  # the buffer was too small: -n is the size needed
+        buf = (lib.llama_token * -n)()
+        n = lib.llama_tokenize(vocab, raw, len(raw), buf, -n, True, False)
+    if n <= 0:
+        raise MeshbenchError(f"prompt {text[:40]!r}: the tokenizer gave no tokens")
+    return tuple(buf[:n])
+
+
 def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None) -> None:
     """Bound every number that sizes a llama.cpp context: beyond these it aborts or crashes the process."""
     if threads is not None and not 1 <= threads <= limits.MAX_THREADS:

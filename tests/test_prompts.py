@@ -1,0 +1,74 @@
+"""Real prompts (`--prompts FILE`): tokenized by the GGUF model's own tokenizer, refused in one line
+when the model has none (llama.cpp would abort the process), and reproduced by verify --rerun."""
+
+import json
+
+import pytest
+from test_bad_input import run_refused
+from typer.testing import CliRunner
+
+from meshbench.cli import app
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("m")
+    for name, preset in (("vocab.gguf", "bench"), ("none.gguf", "dgr-012")):
+        r = runner.invoke(app, ["model", "make-tiny", str(d / name), "--preset", preset, "--type", "q4_0"])
+        assert r.exit_code == 0
+    return d
+
+
+def sweep(*args):
+    r = runner.invoke(app, ["sweep", "--json", "--engine", "gguf", "--threads", "1", "--warmup", "0", *map(str, args)])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_text_lines_and_jsonl_give_the_same_ids(models, tmp_path):
+    texts = ["hello world", "the quick brown fox", "\u00e9t\u00e9 \u2603"]
+    lines, jsonl = tmp_path / "p.txt", tmp_path / "p.jsonl"
+    lines.write_text("\n".join(texts) + "\n\n")
+    jsonl.write_text("\n".join(json.dumps({"prompt": t, "id": i}) for i, t in enumerate(texts)))
+    model = models / "vocab.gguf"
+    a = sweep("--model", model, "--prompts", lines, "--sessions", 3, "--new-tokens", 3, "--levels", "1,3")
+    b = sweep("--model", model, "--prompts", jsonl, "--sessions", 3, "--new-tokens", 3, "--levels", "1")
+    # BOS, then the pieces: ' h' 'el' 'lo' ' w' 'or' 'ld'; the last prompt falls back to bytes.
+    assert a["workload"]["prompt_tokens"] == b["workload"]["prompt_tokens"] == [7, 11, 11]
+    assert a["levels"][0]["sessions"] == b["levels"][0]["sessions"] and a["corruption_free"]
+
+
+def test_a_model_without_a_vocabulary_is_refused_not_aborted(models, tmp_path):
+    p = tmp_path / "p.txt"
+    p.write_text("hello\n")
+    run_refused("sweep", "--engine", "gguf", "--model", models / "none.gguf", "--prompts", p, "--sessions", 1,
+                "--levels", 1, expect="has no tokenizer (vocabulary type none)")
+
+
+@pytest.mark.parametrize("content,expect", [
+    ("", "no prompts in it"),
+    ("one\n", "1 prompts for 2 sessions"),
+    ('{"prompt": "a"}\n{"text": "b"}\n', "line 2 is not a JSON object with a non-empty string 'prompt'"),
+])
+def test_bad_prompt_files_are_one_line(models, tmp_path, content, expect):
+    p = tmp_path / "p.txt"
+    p.write_text(content)
+    run_refused("sweep", "--engine", "gguf", "--model", models / "vocab.gguf", "--prompts", p, "--sessions", 2,
+                "--levels", 1, expect=expect)
+
+
+def test_a_prompts_bundle_reruns_and_a_changed_file_is_caught(models, tmp_path):
+    p = tmp_path / "p.txt"
+    p.write_text("hello world\nsecond prompt here\n")
+    out = tmp_path / "b"
+    r = runner.invoke(app, ["sweep", "--engine", "gguf", "--model", str(models / "vocab.gguf"), "--threads", "1",
+                            "--prompts", str(p), "--sessions", "2", "--new-tokens", "3", "--levels", "1,2",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert runner.invoke(app, ["verify", str(out), "--rerun"]).exit_code == 0
+    p.write_text("a different first prompt entirely\nsecond prompt here\n")
+    r = runner.invoke(app, ["verify", str(out), "--rerun"])
+    assert r.exit_code == 2 and "tokenize to other lengths than the bundle recorded" in r.output
