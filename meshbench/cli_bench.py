@@ -176,9 +176,11 @@ def bench_isolation(
     as_json: JsonOpt = False,
 ) -> None:
     """Decode tokens/s with the engine in the node's process and in its own process, and the proxy's share."""
-    cfg = config.load(config_path, {"prefill": prefill} if prefill is not None else None)
-    res = isolation_bench.run(cfg, int_list(levels, "--levels", unique=True, maximum=cfg.workload.sessions), rounds,
-                              progress=lambda msg: err.print(msg))
+    overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
+    if prefill is not None:
+        overrides["prefill"] = prefill
+    cfg = config.load(config_path, overrides)
+    res = isolation_bench.run(cfg, list(cfg.levels), rounds, progress=lambda msg: err.print(msg))
     if as_json:
         print_json(res)
         return
@@ -211,14 +213,15 @@ def bench_server(
     binary = regular_file(llama_server, "--llama-server")
     if not os.access(binary, os.X_OK):
         raise MeshbenchError(f"--llama-server {llama_server}: not executable")
-    overrides = {k: v for k, v in (("prefill", prefill),) if v is not None}
+    overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
+    if prefill is not None:
+        overrides["prefill"] = prefill
     if mixed_batch is not None:
         overrides["engine"] = {"mixed_batch": mixed_batch}
     cfg = config.load(config_path, overrides)
     if cfg.engine.kind != "gguf":
         raise MeshbenchError("bench server needs a gguf config (engine.kind gguf, engine.model)")
-    res = server_bench.run(cfg, binary, int_list(levels, "--levels", unique=True, maximum=cfg.workload.sessions),
-                           repeat, progress=lambda msg: err.print(msg))
+    res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg))
     if as_json:
         print_json(res)
         return

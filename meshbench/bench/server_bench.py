@@ -36,7 +36,7 @@ REQUEST_TIMEOUT_S = 600.0
 
 def run(cfg: RunConfig, server: Path, levels: list[int], repeat: int,
         progress: Callable[[str], None] = lambda m: None) -> dict:
-    setup = prepare(cfg)
+    setup = prepare(cfg)  # checks every level against the workload and the model first
     try:
         requests = cfg.workload.requests(setup.vocab_size)
         _one_meshbench(cfg, setup, requests, levels[0])  # warm-up: the first pass of a process is slower
@@ -72,6 +72,10 @@ def _one_server(cfg: RunConfig, server: Path, requests, c: int) -> dict:
     batch = max(cfg.budget.max_prefill_tokens_per_tick, c)
     cmd = [str(server), "-m", cfg.engine.model, "--host", "127.0.0.1", "--port", str(port), "-np", str(c),
            "-c", str(c * (longest + 16)), "-b", str(batch), "-ub", str(batch), "--no-webui",
+           # meshbench's recipe: flash attention as the config says (off by default: batch-invariant),
+           # the KV cache type, no speculative decoding, and every slot its own cells.
+           "-fa", "on" if cfg.engine.flash_attn else "off", "-ctk", cfg.engine.kv_type, "-ctv", cfg.engine.kv_type,
+           "--kv-unified" if cfg.engine.kv_unified else "--no-kv-unified",
            "-t", str(cfg.engine.threads or os.cpu_count() or 1), "-tb", str(cfg.engine.threads or os.cpu_count() or 1)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
