@@ -8,7 +8,7 @@ import json
 
 from meshbench import files
 from meshbench.config import RunConfig
-from meshbench.engine.gguf_engine import tokenize
+from meshbench.engine.llama_model import tokenize
 from meshbench.errors import MeshbenchError
 
 MAX_PROMPTS_BYTES = 64 << 20

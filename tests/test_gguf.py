@@ -15,7 +15,8 @@ from typer.testing import CliRunner  # noqa: E402
 from meshbench import gguf_io  # noqa: E402
 from meshbench.cli import app  # noqa: E402
 from meshbench.engine.base import DecodeItem, SessionHandle, separate_step  # noqa: E402
-from meshbench.engine.gguf_engine import GgufEngine, LoadedModel  # noqa: E402
+from meshbench.engine.gguf_engine import GgufEngine  # noqa: E402
+from meshbench.engine.llama_model import LoadedModel  # noqa: E402
 from meshbench.engine.synthetic import SyntheticEngine  # noqa: E402
 
 runner = CliRunner()

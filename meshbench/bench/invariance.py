@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 from meshbench.engine.base import DecodeItem, SessionHandle
-from meshbench.engine.gguf_engine import GgufEngine, LoadedModel
+from meshbench.engine.gguf_engine import GgufEngine
+from meshbench.engine.llama_model import LoadedModel
 
 PROMPT_LENGTHS = (1, 5, 17, 40, 90, 200, 400, 600)
 CONFIGS = {"default": {}, "flash_attn": {"flash_attn": True}, "kv_unified": {"kv_unified": True}}

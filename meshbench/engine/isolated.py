@@ -1,17 +1,18 @@
-"""The engine in its own process: a child that loads the model and runs one engine at a time, and a
-proxy that keeps the BatchEngine contract in the parent.
+"""The engine in its own process, seen from the node: the child (``engine_child``) that loads the model
+and runs one engine at a time, owned and stopped here, and the proxy that keeps the BatchEngine
+contract.
 
-One round trip per engine call over a pipe: the parent sends plain tuples (ids, positions, token
-ids) and the child answers with tokens and margins; logits never leave the child (sampling is
-done there). Every answer carries the engine's KV bytes in use, so reading that figure costs
-no round trip. When the child dies (any signal or exit), the proxy raises ``EngineLost`` with
-the cause, and from then on has no KV: the memory went with the process.
+One round trip per engine call over a socket pair (a tick is one call, ``step``): the parent sends
+plain tuples (ids, positions, token ids) and the child answers with tokens and margins; logits
+never leave the child (sampling is done there). Every answer carries the engine's KV bytes in
+use, so reading that figure costs no round trip. When the child dies (any signal or exit), the
+proxy raises ``EngineLost`` with the cause, and from then on has no KV: the memory went with the
+process.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -32,7 +33,6 @@ from meshbench.engine.base import (
     SessionHandle,
     StepResult,
     TickResult,
-    step_with_faults,
 )
 from meshbench.engine.rpc import Endpoint
 from meshbench.errors import EngineUnavailable, MeshbenchError
@@ -54,98 +54,6 @@ def exit_cause(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit {code}"
-
-
-# --- the child -----------------------------------------------------------------------------
-def serve(conn, spec: EngineSpec, sizes: tuple[int, int, int], verbose: bool, endpoints: list[Endpoint]) -> None:
-    """The child's loop: set up the engine kind once, then answer one command at a time until told to
-    exit or the parent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file behind
-    from meshbench.engine import factory  # noqa: PLC0415 - the child's own import, after the fork/spawn
-
-    try:
-        setup = factory.setup(spec, *sizes, verbose=verbose, endpoints=endpoints)
-    except Exception as e:  # a bad model or spec: the parent reports it as the user's error
-        conn.send(("err", (type(e).__name__, str(e)), 0, 0))
-        return
-    conn.send(("ok", {"info": setup.info, "vocab_size": setup.vocab_size,
-                      "context_length": setup.context_length}, 0, 0))
-    state = {"engine": None}
-    try:
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                return  # the parent is gone
-            if msg[0] == "exit":
-                return
-            conn.send(_answer(setup, state, msg))
-    finally:
-        _close(state)
-        setup.close()
-
-
-def _answer(setup, state: dict, msg: tuple) -> tuple:
-    t0 = time.perf_counter_ns()
-    try:
-        value = _run(setup, state, msg)
-    except Exception as e:
-        engine = state["engine"]
-        return ("err", (type(e).__name__, str(e)), engine.kv_bytes_in_use if engine else 0,
-                time.perf_counter_ns() - t0)
-    engine = state["engine"]
-    return ("ok", value, engine.kv_bytes_in_use if engine else 0, time.perf_counter_ns() - t0)
-
-
-def _run(setup, state: dict, msg: tuple):
-    op = msg[0]
-    if op == "make":
-        _close(state)
-        engine = state["engine"] = setup.make(msg[1])
-        return {k: getattr(engine, k) for k in ("recipe_fingerprint", "vocab_size", "kv_bytes_per_token",
-                                                "weight_bytes", "scratch_bytes_per_session")}
-    engine = state["engine"]
-    if op == "close":
-        return _close(state)
-    if op == "release":
-        return engine.release(msg[1])
-    _fault(msg[-1], op)
-    if op == "prefill":
-        _, sid, epoch, capacity, tokens, _ = msg
-        r = engine.prefill(SessionHandle(sid, epoch, capacity), tokens)
-        return r.token, r.margin
-    if op == "decode":
-        results = engine.decode_batch([DecodeItem(*it) for it in msg[1]])
-        return [(r.token, r.margin, r.cache_miss) for r in results]
-    if op == "step":
-        _, decode, chunks, faults = msg
-        out = step_with_faults(engine, [DecodeItem(*it) for it in decode],
-                               [PrefillChunk(SessionHandle(*h), tuple(t), start, last) for h, t, start, last in chunks],
-                               faults.get("decode") == "raise", faults.get("prefill") == "raise")
-        return ([_result(r) for r in out.decode], [_result(r) for r in out.prefill], out.decode_ns, out.prefill_ns)
-    raise ValueError(f"unknown engine command {op!r}")
-
-
-def _result(r: StepResult) -> tuple:
-    return r.token, r.margin, r.cache_miss, r.error
-
-
-def _fault(fault, op: str) -> None:
-    """An injected fault, inside the engine call: an exception, or the process aborting."""
-    if isinstance(fault, dict):  # a step: its parts' faults (a raise is the step's to place)
-        fault = "abort" if "abort" in fault.values() else None
-    if fault == "abort":
-        os.abort()  # SIGABRT, as llama.cpp's GGML_ABORT does
-    if fault == "raise":
-        raise InjectedFault(f"injected into the {op} call")
-
-
-def _close(state: dict) -> None:
-    engine, state["engine"] = state["engine"], None
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
 
 
 # --- the parent ----------------------------------------------------------------------------
@@ -172,7 +80,7 @@ class EngineProcess:
         # of the socket pair by descriptor; the settings are its first message.
         # Its output never reaches ours: llama.cpp's abort message goes to a file we read on a loss.
         self._stderr = None if verbose else tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "meshbench.engine.isolated", str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "meshbench.engine.engine_child", str(theirs.fileno())],
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                      stdout=None if verbose else subprocess.DEVNULL, stderr=self._stderr,
                                      env=child_environment())
@@ -352,8 +260,3 @@ class ProxyEngine:
     def close(self) -> None:
         if self.process.alive:
             self.process.call(("close",))
-
-
-if __name__ == "__main__":  # the child: python -m meshbench.engine.isolated FD
-    _conn = Connection(int(sys.argv[1]))
-    serve(_conn, *_conn.recv())

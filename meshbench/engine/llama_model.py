@@ -1,0 +1,173 @@
+"""llama.cpp's side of a GGUF model: the library, its log (silenced, or read for the topology), the
+device, the model loaded once and shared by the engines, and its tokenizer."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Sequence
+
+from meshbench import files, gguf_io
+from meshbench.engine import rpc
+from meshbench.errors import EngineUnavailable, MeshbenchError
+from meshbench.kv import kv_bytes_per_token
+
+GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
+KV_TYPES = {"f32": (GGML_TYPE_F32, 4), "f16": (GGML_TYPE_F16, 2)}
+_log_lock = threading.Lock()
+_log_callback = None  # kept alive for as long as llama.cpp may call it
+_captured: list[str] | None = None  # llama.cpp's log lines while a topology is being read
+LAYER_LINE = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
+BUFFER_LINE = re.compile(r"^\w+:\s+(\S+) (model|KV) buffer size =\s+([\d.]+) MiB")
+
+
+def llama_cpp_lib():
+    """The llama_cpp module (llama-cpp-python's ctypes bindings), or EngineUnavailable."""
+    try:
+        import llama_cpp  # noqa: PLC0415 - optional extra
+
+        return llama_cpp
+    except Exception as e:  # ImportError, or the native library failing to load
+        raise EngineUnavailable(f"llama-cpp-python is not usable here ({type(e).__name__}: {e}); "
+                                "pip install 'meshbench[gguf]'") from None
+
+
+def set_llama_logging(verbose: bool) -> None:
+    """Silence llama.cpp's own log lines unless ``verbose``."""
+    global _log_callback
+    lib = llama_cpp_lib()
+    with _log_lock:
+        if verbose:
+            lib.llama_log_set(None, ctypes.c_void_p())
+            _log_callback = None
+        elif _log_callback is None:
+            @lib.llama_log_callback
+            def _quiet(level, text, user_data):  # noqa: ARG001
+                if _captured is not None:
+                    _captured.append(text.decode(errors="replace"))
+
+            _log_callback = _quiet
+            lib.llama_log_set(_log_callback, ctypes.c_void_p())
+
+
+@contextmanager
+def capture_log():
+    """Collect llama.cpp's log lines (when not verbose) for the duration of the block."""
+    global _captured
+    lines: list[str] = []
+    with _log_lock:
+        _captured = lines
+    try:
+        yield lines
+    finally:
+        with _log_lock:
+            _captured = None
+
+
+def topology(lines: Sequence[str]) -> dict:
+    """Which device holds which layers, and its model and KV buffers, from llama.cpp's log lines."""
+    layers: dict[str, list[int]] = {}
+    buffers: dict[str, dict[str, float]] = {}
+    for line in "".join(lines).splitlines():
+        if m := LAYER_LINE.search(line):
+            layers.setdefault(m.group(2), []).append(int(m.group(1)))
+        elif m := BUFFER_LINE.search(line.strip()):
+            buffers.setdefault(m.group(1), {})[f"{m.group(2).lower()}_buffer_mib"] = float(m.group(3))
+    return {"layers": layers, "buffers": buffers}
+
+
+def resolve_device(device: str) -> str:
+    llama_cpp_lib()
+    # Not llama_supports_gpu_offload(): an RPC build says True there with no GPU at all.
+    gpu = rpc.has_gpu_device()
+    if device == "cuda" and not gpu:
+        raise MeshbenchError("--device cuda: the installed llama.cpp has no GPU backend (rebuild llama-cpp-python "
+                             "with CMAKE_ARGS=-DGGML_CUDA=on, or use --device cpu)")
+    if device == "auto":
+        return "cuda" if gpu else "cpu"
+    return device
+
+
+class LoadedModel:
+    """A llama.cpp model loaded once and shared by the per-level engines."""
+
+    def __init__(self, path: Path, device: str, verbose: bool,
+                 endpoints: Sequence[rpc.Endpoint] = (), split: Sequence[float] | None = None) -> None:
+        lib = llama_cpp_lib()
+        set_llama_logging(verbose)
+        self.arch = gguf_io.check_model_file(path)
+        lib.llama_backend_init()
+        self.path = path
+        self.device = resolve_device(device)
+        self.endpoints = list(endpoints)
+        mp = lib.llama_model_default_params()
+        mp.n_gpu_layers = 0 if self.device == "cpu" else 999  # cuda: every layer
+        if self.endpoints:  # every layer goes to the RPC workers' devices (llama.cpp's proportional split)
+            self._devices, self.device_names, self.protocols = rpc.devices(self.endpoints)
+            mp.devices = ctypes.addressof(self._devices)
+            mp.n_gpu_layers = 999
+            if split is not None:  # shares per device, in the devices' order
+                self._split = (ctypes.c_float * lib.llama_max_devices())(*split)
+                mp.tensor_split = self._split
+        with capture_log() as lines:
+            self.ptr = lib.llama_model_load_from_file(str(path).encode(), mp)
+        self.load_log = lines
+        if not self.ptr:
+            raise MeshbenchError(f"model {path}: llama.cpp could not load it (architecture {self.arch!r}; "
+                                 "truncated, corrupt, or an architecture this llama.cpp cannot run)")
+        self.vocab = lib.llama_model_get_vocab(self.ptr)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.n_layers = int(lib.llama_model_n_layer(self.ptr))
+        self.n_embd = int(lib.llama_model_n_embd(self.ptr))
+        self.n_head = int(lib.llama_model_n_head(self.ptr))
+        self.n_head_kv = int(lib.llama_model_n_head_kv(self.ptr))
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.ptr))
+        self.weight_bytes = int(lib.llama_model_size(self.ptr))
+        self.sha256 = files.sha256(path)
+
+    def kv_bytes_per_token(self, kv_type: str) -> int:
+        return kv_bytes_per_token(self.n_layers, self.n_head_kv, self.n_embd // self.n_head, KV_TYPES[kv_type][1])
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp_lib().llama_model_free(self.ptr)
+            self.ptr = None
+
+
+def tokenize(path: str, texts: Sequence[str]) -> list[tuple[int, ...]]:
+    """Each text's token ids by the model's own tokenizer (BOS added as the model says). A model without
+    a vocabulary is refused here: llama.cpp aborts the process when asked to tokenize with none."""
+    lib = llama_cpp_lib()
+    set_llama_logging(False)
+    model_path = files.regular_file(path, "model")
+    gguf_io.check_model_file(model_path)
+    lib.llama_backend_init()
+    mp = lib.llama_model_default_params()
+    mp.vocab_only = True
+    ptr = lib.llama_model_load_from_file(str(model_path).encode(), mp)
+    if not ptr:
+        raise MeshbenchError(f"model {path}: llama.cpp could not read its vocabulary")
+    try:
+        vocab = lib.llama_model_get_vocab(ptr)
+        if lib.llama_vocab_type(vocab) == lib.LLAMA_VOCAB_TYPE_NONE:
+            raise MeshbenchError(f"model {path} has no tokenizer (vocabulary type none): real prompts need one "
+                                 "(meshbench model make-tiny --preset bench writes one)")
+        return [_tokenize(lib, vocab, text) for text in texts]
+    finally:
+        lib.llama_model_free(ptr)
+
+
+def _tokenize(lib, vocab, text: str) -> tuple[int, ...]:
+    raw = text.encode()
+    size = len(raw) + 8
+    buf = (lib.llama_token * size)()
+    n = lib.llama_tokenize(vocab, raw, len(raw), buf, size, True, False)
+    if n < 0:  # the buffer was too small: -n is the size needed
+        buf = (lib.llama_token * -n)()
+        n = lib.llama_tokenize(vocab, raw, len(raw), buf, -n, True, False)
+    if n <= 0:
+        raise MeshbenchError(f"prompt {text[:40]!r}: the tokenizer gave no tokens")
+    return tuple(buf[:n])
