@@ -1,9 +1,10 @@
 """ContinuousBatchScheduler: bounded admission and decode-first continuous batching.
 
-The whole policy is ``run_tick``, three named phases with the budgets passed in from it:
-decode first (one ``decode_batch`` call for every decoding session, at most
-max_batch_size, least-recently-decoded first), then bounded prefill (first-in-first-out
-within max_prefill_tokens_per_tick), then end-of-tick releases and promotion.
+The whole policy is ``run_tick``, with the budgets passed in from it: pick the decode batch (every
+decoding session, at most max_batch_size, least-recently-decoded first), then the prefill work
+(first-in-first-out within max_prefill_tokens_per_tick: whole prompts, or ``chunked`` pieces that
+fill the budget exactly), run both in ONE engine call (``step``), apply its answers, then
+end-of-tick releases and promotion.
 
 An engine that is lost (``EngineLost``: its process died) takes the sessions resident in it
 along: they end FAILED with the cause. With a ``recover`` policy the scheduler then runs on a
