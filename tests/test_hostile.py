@@ -293,14 +293,16 @@ def _default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.parametrize("isolate", ["--no-isolate", "--isolate"])
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_to_a_running_sweep_leaves_nothing(tmp_path, sig, code):
+def test_a_signal_to_a_running_sweep_leaves_nothing(tmp_path, sig, code, isolate):
     out = tmp_path / "b"
     cmd = [*CLI, "sweep", "--preset", "bench", "--sessions", "8", "--prompt-tokens", "64", "--new-tokens", "64",
-           "--out", str(out)]
+           isolate, "--out", str(out)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
     try:
         seen = _wait_for(p, b"sweep: level 1 started")  # the sweep is running
+        children = _children_of(p.pid)  # with --isolate: the engine's process
         p.send_signal(sig)
         _, rest = p.communicate(timeout=120)
         stderr = (seen + rest).decode()
@@ -311,6 +313,20 @@ def test_a_signal_to_a_running_sweep_leaves_nothing(tmp_path, sig, code):
     assert p.returncode == code, stderr
     assert "Traceback" not in stderr
     assert list(tmp_path.iterdir()) == []  # no bundle, no staging folder
+    assert len(children) == (1 if isolate == "--isolate" else 0), children
+    assert not [c for c in children if Path(f"/proc/{c}").exists()]  # the engine's process went with the sweep
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.parent.name))
+    return found
 
 
 def test_sigterm_while_the_bundle_is_written_keeps_the_old_bundle(tmp_path, good_bundle, monkeypatch):
