@@ -135,12 +135,8 @@ class FaultyEngine:
     def __init__(self, inner, plan: FaultPlan) -> None:
         self.inner, self.plan = inner, plan
 
-    def __getattr__(self, name):  # the figures and close(): the inner engine's
+    def __getattr__(self, name):  # the figures, kv_bytes_in_use and close(): the inner engine's
         return getattr(self.inner, name)
-
-    @property
-    def kv_bytes_in_use(self) -> int:
-        return self.inner.kv_bytes_in_use
 
     def _arm(self, call: str) -> bool:
         """The fault due in this ``call`` part: True when it must raise here (an engine in the node's

@@ -53,3 +53,14 @@ def reference_tokens(req: GenerationRequest) -> list[int]:
     s.run_to_completion()
     (sess,) = s.sessions()
     return sess.tokens
+
+
+def tiny_gguf(path, qtype: str = "q8_0", preset_name: str = "dgr-012"):
+    """A model file as `meshbench model make-tiny PATH --preset P --type Q` writes it; returns the path."""
+    from meshbench import gguf_io
+    from meshbench.model.config import preset
+    from meshbench.model.weights import init_weights
+
+    cfg = preset(preset_name)
+    gguf_io.write(path, cfg, init_weights(cfg, 0), qtype)
+    return path

@@ -107,9 +107,7 @@ def test_an_engine_lost_mid_prompt_takes_the_partial_prompt_with_it():
 @pytest.fixture(scope="module")
 def gguf_model(tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable")
-    p = tmp_path_factory.mktemp("m") / "q4.gguf"
-    assert runner.invoke(app, ["model", "make-tiny", str(p), "--type", "q4_0"]).exit_code == 0
-    return p
+    return f.tiny_gguf(tmp_path_factory.mktemp("m") / "q4.gguf", "q4_0")
 
 
 @pytest.mark.parametrize("isolate", ["--no-isolate", "--isolate"])

@@ -4,6 +4,7 @@ that started it; the fixture checks that none is left."""
 
 import json
 
+import factories as f
 import pytest
 from test_faults import children, ended, no_leftover_processes, reference_tokens  # noqa: F401
 from test_rpc import _serving_pids
@@ -17,9 +18,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    p = tmp_path_factory.mktemp("m") / "q8.gguf"
-    assert runner.invoke(app, ["model", "make-tiny", str(p), "--type", "q8_0"]).exit_code == 0
-    return p
+    return f.tiny_gguf(tmp_path_factory.mktemp("m") / "q8.gguf")
 
 
 def sweep(model, *args) -> dict:

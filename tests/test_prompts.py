@@ -3,6 +3,7 @@ when the model has none (llama.cpp would abort the process), and reproduced by v
 
 import json
 
+import factories as f
 import pytest
 from test_bad_input import run_refused
 from typer.testing import CliRunner
@@ -17,8 +18,7 @@ runner = CliRunner()
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("m")
     for name, preset in (("vocab.gguf", "bench"), ("none.gguf", "dgr-012")):
-        r = runner.invoke(app, ["model", "make-tiny", str(d / name), "--preset", preset, "--type", "q4_0"])
-        assert r.exit_code == 0
+        f.tiny_gguf(d / name, "q4_0", preset)
     return d
 
 

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 
+import factories as f
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable: RPC is untested")
@@ -24,9 +25,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    p = tmp_path_factory.mktemp("m") / "q8.gguf"
-    assert runner.invoke(app, ["model", "make-tiny", str(p), "--type", "q8_0"]).exit_code == 0
-    return p
+    return f.tiny_gguf(tmp_path_factory.mktemp("m") / "q8.gguf")
 
 
 @pytest.fixture(scope="module")

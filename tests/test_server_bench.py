@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import factories as f
 import pytest
 from test_bad_input import run_refused
 from typer.testing import CliRunner
@@ -29,7 +30,7 @@ def test_a_missing_or_unusable_server_binary_is_one_line(tmp_path):
 def test_llama_server_gives_meshbench_s_tokens(tmp_path):
     pytest.importorskip("llama_cpp")
     model = tmp_path / "bench.gguf"
-    assert runner.invoke(app, ["model", "make-tiny", str(model), "--preset", "bench", "--type", "q8_0"]).exit_code == 0
+    f.tiny_gguf(model, "q8_0", "bench")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"engine: {{kind: gguf, model: {model}, threads: 2}}\nworkload: {{sessions: 4, prompt_tokens: 8, "
                    "new_tokens: 8}\nbudget: {max_prefill_tokens_per_tick: 16}\n")
