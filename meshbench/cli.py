@@ -305,7 +305,9 @@ def _print_sweep(data: dict) -> None:
                   "-" if itl is None else f"{itl['median']:.2f}")
     out.print(t)
     div = data["first_divergence"]
-    out.print(f"corruption_free={data['corruption_free']} saturation_concurrency={data['saturation_concurrency']} "
+    out.print(f"corruption_free={data['corruption_free']} batch_invariant={data['batch_invariant']} "
+              f"isolation={data['isolation']['holds']} ({data['isolation']['levels_run']} of {len(data['levels'])} "
+              f"levels) saturation_concurrency={data['saturation_concurrency']} "
               f"cache_misses={sum(lv['cache_misses'] for lv in data['levels'])} "
               f"rejected_admissions={sum(lv['rejected_admissions'] for lv in data['levels'])} "
               f"failed={sum(lv['failed'] for lv in data['levels'])}")

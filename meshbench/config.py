@@ -24,8 +24,8 @@ from meshbench.scheduler.session import GenerationRequest
 # The DGR-012 run: 8 sessions, 4-token prompts, 8 new tokens, levels 1/2/4/8, budgets
 # sized so KV never evicts (the corruption check is then unambiguous).
 DEFAULTS: dict = {
-    "story": "DGR-012",
-    "title": "Continuous batching and bounded admission",
+    "story": None,  # null: named by what ran (config._story); the embedded DGR-012 run names itself (load)
+    "title": None,
     "levels": [1, 2, 4, 8],
     "rates": None,  # with a poisson or gamma process: each rate (sessions per tick) is a level, per concurrency
     "repeat": 1,
@@ -34,9 +34,11 @@ DEFAULTS: dict = {
         "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
         "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
         "rpc": None, "workers": 0, "split": None, "isolate": None, "mixed_batch": False,
+        "repack": False, "tiled_mm": "auto", "package": None,
     },
     "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once",
-                 "prompts": None},
+                 "prompts": None, "eos": None},
+    "isolation": True,  # prove isolation at every level by perturbation passes (meshbench.isolation)
     "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
     "slo": {"ttft": None, "tpot": None},  # goodput counts completed sessions within both (ticks, or ms on the wall)
     "faults": [],  # fault rows (meshbench.faults), each run at every level
@@ -52,6 +54,9 @@ DEFAULTS: dict = {
         "max_prefill_tokens_per_tick": 4,
     },
 }
+
+
+DGR_012_NAME = {"story": "DGR-012", "title": "Continuous batching and bounded admission"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,10 @@ class EngineSpec:
     split: tuple[float, ...] | None = None  # share of layers per RPC device (None: llama.cpp's proportional split)
     isolate: bool | None = None  # the engine in its own process (None: exactly when RPC workers are used)
     mixed_batch: bool = False  # GGUF: a tick's decode items and prompt chunks in ONE llama_decode
+    repack: bool = False  # GGUF: llama.cpp's CPU weight repacking (use_extra_bufts)
+    tiled_mm: str = "auto"  # GGUF: ggml's tiled K-quant matmul, GGML_CPU_TILED_MM (auto | off | force)
+    package: str | None = None  # a model a pip package ships (meshbench.engine.packaged)
+    ban_eog: bool = False  # the workload's eos policy is ban: the engine masks end-of-generation tokens
 
     def __post_init__(self) -> None:
         if self.split is not None:
@@ -78,11 +87,18 @@ class EngineSpec:
 
     @property
     def isolated(self) -> bool:
-        return self.isolate if self.isolate is not None else bool(self.rpc or self.workers)
+        """In its own process: as configured, else exactly when RPC workers are used or a process-wide
+        llama.cpp switch (tiled_mm) is set, which must never leak into the node's own process."""
+        if self.isolate is not None:
+            return self.isolate
+        return bool(self.rpc or self.workers or self.tiled_mm != "auto")
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["split"] = None if self.split is None else list(self.split)
+        del d["ban_eog"]  # derived from workload.eos, echoed there
+        if self.package:
+            d["model"] = None  # the package names it; its file is assembled into the cache at run time
         return d
 
 
@@ -96,6 +112,7 @@ class Workload:
     arrivals: str = "all-at-once"  # meshbench.arrivals.parse reads it
     prompts: str | None = None  # a file of real prompts, tokenized by the model (meshbench.prompts)
     prompt_ids: tuple[tuple[int, ...], ...] | None = None  # their token ids, once tokenized
+    eos: str = "continue"  # stop | ban | continue: what an end-of-generation token does (EOS_POLICIES)
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:
@@ -126,20 +143,22 @@ class Workload:
         width = len(str(self.sessions - 1))
         return [f"s{i:0{width}d}" for i in range(self.sessions)]
 
-    def requests(self, vocab_size: int) -> list[GenerationRequest]:
+    def requests(self, vocab_size: int, eog: frozenset[int] = frozenset()) -> list[GenerationRequest]:
+        """One request per session; with ``eos: stop`` each ends at any of the model's ``eog`` tokens."""
+        stop = eog if self.eos == "stop" else frozenset()
         if self.prompt_ids is not None:  # real prompts: their ids, as the model's tokenizer gave them
-            return [GenerationRequest(sid, ids, n)
+            return [GenerationRequest(sid, ids, n, stop)
                     for sid, ids, n in zip(self.session_ids(), self.prompt_ids, self.new_tokens)]
         rng = np.random.default_rng(self.seed)
         return [
-            GenerationRequest(sid, tuple(int(t) for t in rng.integers(0, vocab_size, p)), n)
+            GenerationRequest(sid, tuple(int(t) for t in rng.integers(0, vocab_size, p)), n, stop)
             for sid, p, n in zip(self.session_ids(), self.prompt_tokens, self.new_tokens)
         ]
 
     def to_dict(self) -> dict:
         return {"sessions": self.sessions, "prompt_tokens": list(self.prompt_tokens),
                 "new_tokens": list(self.new_tokens), "seed": self.seed, "arrivals": self.arrivals,
-                "prompts": self.prompts}
+                "prompts": self.prompts, "eos": self.eos}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +178,7 @@ class RunConfig:
     faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows, each run at every level
     restart_engine: bool = False
     prefill: str = "whole"  # the prefill policy: whole | chunked
+    isolation: bool = True  # perturbation passes at every level (meshbench.isolation)
 
     def to_dict(self) -> dict:
         return {
@@ -166,7 +186,7 @@ class RunConfig:
             "rates": None if self.rates is None else list(self.rates), "repeat": self.repeat,
             "warmup": self.warmup, "slo": dict(self.slo or {"ttft": None, "tpot": None}), "clock": self.clock,
             "faults": [",".join(f.label for f in row) for row in self.faults], "restart_engine": self.restart_engine,
-            "prefill": self.prefill,
+            "prefill": self.prefill, "isolation": self.isolation,
             "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
         }
 
@@ -263,6 +283,9 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> RunCo
     if flag_errors:
         raise MeshbenchError(f"flags: {flag_errors[0]}")
     data = merge(data, overrides or {})
+    if not path and data["story"] is None and not any(k in (overrides or {}) for k in
+                                                      ("engine", "workload", "budget", "prefill")):
+        data = {**data, "story": DGR_012_NAME["story"], "title": data["title"] or DGR_012_NAME["title"]}
     if source == "defaults" and overrides:
         source = "defaults+flags"
     elif overrides:
@@ -274,21 +297,34 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     """Typed settings from a whole, schema-valid config mapping (a merged config, or a bundle's echo)."""
     wl = data["workload"]
     n = wl["sessions"]
+    eng = data["engine"]
+    # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
+    eos = wl["eos"] or ("stop" if wl["prompts"] is not None else "continue")
+    if eos != "continue" and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: workload.eos {eos} needs the gguf engine (a model with end-of-generation "
+                             "tokens); the synthetic engine has none")
     workload = Workload(
         _per_session(wl["prompt_tokens"], n, "prompt_tokens", source),
         _per_session(wl["new_tokens"], n, "new_tokens", source),
         wl["seed"],
         wl["arrivals"],
         wl["prompts"],
+        eos=eos,
     )
     process = arrivals.parse(wl["arrivals"], f"{source}: workload.arrivals")
     process.ticks(n, wl["seed"])  # a trace of the wrong length, or arrivals too late, are refused now
     if data["rates"] is not None:
         for r in data["rates"]:
             process.with_rate(r)
-    eng = data["engine"]
-    if eng["kind"] == "gguf" and not eng.get("model"):
-        raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path)")
+    if eng["kind"] == "gguf" and not eng.get("model") and not eng.get("package"):
+        raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
+    if eng["package"] and eng["model"]:
+        raise MeshbenchError(f"{source}: give engine.model or engine.package, not both")
+    if eng["kind"] != "gguf" and (eng["repack"] or eng["tiled_mm"] != "auto" or eng["package"]):
+        raise MeshbenchError(f"{source}: engine.repack, engine.tiled_mm and engine.package need the gguf engine")
+    if eng["tiled_mm"] != "auto" and eng["isolate"] is False:
+        raise MeshbenchError(f"{source}: engine.tiled_mm {eng['tiled_mm']} is a process-wide llama.cpp switch: it "
+                             "needs the engine in its own process (drop isolate: false)")
     if wl["prompts"] is not None and eng["kind"] != "gguf":
         raise MeshbenchError(f"{source}: workload.prompts needs the gguf engine (the model's own tokenizer)")
     if eng["mixed_batch"] and eng["kind"] != "gguf":
@@ -303,16 +339,25 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     devices = len(rpc.parse_endpoints(eng["rpc"])) if eng["rpc"] else eng["workers"]
     if eng["split"] is not None and len(eng["split"]) != devices:
         raise MeshbenchError(f"{source}: engine.split has {len(eng['split'])} shares for {devices} RPC workers")
-    spec = EngineSpec(**eng)
+    spec = EngineSpec(**eng, ban_eog=eos == "ban")
     rows = tuple(faults.parse_row(row, f"{source}: faults[{i}]") for i, row in enumerate(data["faults"]))
     faults.check_rows(rows, set(workload.session_ids()), spec.isolated, spec.workers, f"{source}: faults")
     if rows and (data["rates"] is not None or data["clock"] == "wall"):
         raise MeshbenchError(f"{source}: faults run on the tick clock with every session at once or an arrival "
                              "process, not with rates or the wall clock")
     return RunConfig(
-        story=data["story"], title=data["title"], levels=tuple(data["levels"]),
+        story=data["story"] or _story(spec), title=data["title"] or "Concurrency sweep", levels=tuple(data["levels"]),
         engine=spec, workload=workload, budget=NodeBudget(**data["budget"]), source=source,
         repeat=data["repeat"], warmup=data["warmup"],
         rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]), clock=data["clock"],
-        faults=rows, restart_engine=data["restart_engine"], prefill=data["prefill"],
+        faults=rows, restart_engine=data["restart_engine"], prefill=data["prefill"], isolation=data["isolation"],
     )
+
+
+def _story(spec: EngineSpec) -> str:
+    """A sweep without a story is named by what it ran: the packaged model, the model file, or the preset."""
+    if spec.package:
+        return spec.package
+    if spec.kind == "gguf" and spec.model:
+        return Path(spec.model).stem[:200] or "gguf"
+    return f"synthetic-{spec.preset}"

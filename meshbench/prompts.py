@@ -8,6 +8,7 @@ import json
 
 from meshbench import files
 from meshbench.config import RunConfig
+from meshbench.engine import packaged
 from meshbench.engine.llama_model import tokenize
 from meshbench.errors import MeshbenchError
 
@@ -37,8 +38,12 @@ def read(path: str) -> list[str]:
 
 
 def apply(cfg: RunConfig) -> RunConfig:
-    """The config with its sessions' prompts tokenized (prompt_tokens = their lengths); unchanged without
-    a prompts file. A config echo whose lengths the file no longer gives is refused."""
+    """The config's real inputs made concrete: a packaged model's file (engine.package) as engine.model, and
+    its sessions' prompts tokenized (prompt_tokens = their lengths); unchanged without either. A config
+    echo whose lengths the file no longer gives is refused."""
+    if cfg.engine.package:
+        model = str(packaged.path(cfg.engine.package))
+        cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=model))
     wl = cfg.workload
     if wl.prompts is None:
         return cfg

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from meshbench import arrivals, backpressure, fault_checks, figures
+from meshbench import arrivals, backpressure, fault_checks, figures, isolation, verdicts
 from meshbench.checks import Checks
 from meshbench.errors import MeshbenchError
 
@@ -28,6 +28,8 @@ def check_data(c: Checks, data: dict) -> None:
         check_arrivals(c, data, lv, at)
         check_repetitions(c, data, lv, at, i)
         check_wall(c, lv, at)
+        check_feed(c, lv, at)
+        check_isolation(c, data, lv, at)
         fault_checks.check_level(c, data, lv, at)
     check_sessions(c, data)
     check_sweep(c, data)
@@ -74,10 +76,18 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
     if ticks:
         c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (all KV released)", 0, ticks[-1]["kv_bytes"])
     named = figures.fault_named(lv)
+    eos, eog = data["workload"]["eos"], set(data["engine"].get("eog_tokens", []))
     for j, s in enumerate(sessions):
         where = f"{at}.sessions[{j}]"
         if s["done_reason"] == "COMPLETED":
-            c.equal(RESULTS, f"{where}.tokens (count)", s["max_new_tokens"], len(s["tokens"]))
+            early = eos == "stop" and bool(s["tokens"]) and s["tokens"][-1] in eog
+            c.equal(RESULTS, f"{where}.tokens (count: max_new_tokens, or fewer ending at an end-of-generation "
+                             "token under eos stop)", True,
+                    len(s["tokens"]) == s["max_new_tokens"] or (early and len(s["tokens"]) < s["max_new_tokens"]))
+        if eos == "ban" or eos == "stop":
+            inside = [t for t in (s["tokens"] if eos == "ban" else s["tokens"][:-1]) if t in eog]
+            c.equal(RESULTS, f"{where}.tokens end-of-generation tokens (eos {eos}: "
+                             + ("never" if eos == "ban" else "only as the last") + ")", [], inside)
         if s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named:
             c.equal(RESULTS, f"{where}.done_reason (only an injected fault may end a session so)", "COMPLETED",
                     f"{s['done_reason']} ({s['error']})")
@@ -267,15 +277,66 @@ def check_sessions(c: Checks, data: dict) -> None:
                 sorted(named - set(ids)))
 
 
+def check_feed(c: Checks, lv: dict, at: str) -> None:
+    """What each tick fed the engine: the decode batch's sessions in order, each at the position after the
+    positions it holds, with the last token it generated (replayed from the prompt lengths and tokens).
+    Exact where no engine was lost (a resubmitted epoch restarts its count: judged by the fault checks)."""
+    if lv["engine_losses"]:
+        return
+    by_id = {s["session_id"]: s for s in lv["sessions"]}
+    have: dict[str, int] = {}  # tokens each session has had, replayed
+    for t in lv["tick_records"]:
+        where = f"{at}.tick_records[{t['tick']}]"
+        c.equal(RESULTS, f"{where}.decode_feed sessions (= decode_sessions)", t["decode_sessions"],
+                [f[0] for f in t["decode_feed"]])
+        for sid, pos, tok in t["decode_feed"]:
+            s = by_id.get(sid)
+            k = have.get(sid, 0)
+            if s is None or k == 0:
+                c.equal(RESULTS, f"{where}.decode_feed {sid} (a session with a first token)", True, False)
+                continue
+            c.equal(RESULTS, f"{where}.decode_feed {sid} position", s["prompt_tokens"] + k - 1, pos)
+            c.equal(RESULTS, f"{where}.decode_feed {sid} token (its token {k - 1})",
+                    s["tokens"][k - 1] if k - 1 < len(s["tokens"]) else None, tok)
+        for sid in t["decode_sessions"]:
+            have[sid] = have.get(sid, 0) + 1
+        for sid in t["prefill_sessions"]:
+            have[sid] = 1
+    for s in lv["sessions"]:  # (a cache miss or failure in its last decode produced no token)
+        if s["done_reason"] == "COMPLETED":
+            c.equal(RESULTS, f"{at}.sessions {s['session_id']} tokens (replayed from the feed)",
+                    have.get(s["session_id"], 0), len(s["tokens"]))
+
+
+def check_isolation(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """The perturbation passes are the ones the method prescribes and the verdict is theirs."""
+    iso = lv["isolation"]
+    wanted = data["config"]["isolation"] and data["config"]["clock"] == "tick" and not lv["faults"]
+    c.equal(RESULTS, f"{at}.isolation (run exactly when isolation is on, on the tick clock, without faults)",
+            wanted, iso["passes"] is not None)
+    if iso["passes"] is not None:
+        ids = [s["session_id"] for s in lv["sessions"]]
+        family = [p["perturbed"] for p in iso["passes"] if not p["confirm"]]
+        c.equal(RESULTS, f"{at}.isolation.passes perturbed sets (the separating family)",
+                isolation.perturbed_sets(ids), family)
+        c.equal(RESULTS, f"{at}.isolation.passes confirmations (one suspect each)", [],
+                [p["perturbed"] for p in iso["passes"] if p["confirm"] and len(p["perturbed"]) != 1])
+        for k, p in enumerate(iso["passes"]):
+            c.equal(RESULTS, f"{at}.isolation.passes[{k}].sessions (the level's)", ids,
+                    [s["session_id"] for s in p["sessions"]])
+    c.equal(RESULTS, f"{at}.isolation_verdict", isolation.verdict(lv), lv["isolation_verdict"])
+
+
 def check_sweep(c: Checks, data: dict) -> None:
     levels = data["levels"]
     div = figures.sweep_divergence(levels, data["reference"])
-    unfinished = figures.unfinished_sessions(levels)
-    corruption_free = div is None and unfinished == 0
-    c.equal(RESULTS, "corruption_free (no divergence, no failed session)", corruption_free,
-            data["corruption_free"])
-    c.equal(RESULTS, "corruption_free (independent recomputation)",
-            _plain_corruption_free(levels, data["reference"]), data["corruption_free"])
+    v = verdicts.sweep_verdicts(levels, data["reference"])
+    c.equal(RESULTS, "corruption_free (isolation at every level where it ran, no failed session)",
+            v["corruption_free"], data["corruption_free"])
+    c.equal(RESULTS, "batch_invariant (no divergence across levels)", div is None, data["batch_invariant"])
+    c.equal(RESULTS, "isolation", v["isolation"], data["isolation"])
+    c.equal(RESULTS, "batch_invariant (independent recomputation)",
+            _plain_batch_invariant(levels, data["reference"]), data["batch_invariant"])
     found = data["first_divergence"]
     if found is not None:
         found = {k: found[k] for k in div} if div else found
@@ -325,20 +386,14 @@ def _plain_tick_figures(ticks: list[dict]) -> dict:
     }
 
 
-def _plain_corruption_free(levels: list[dict], alone: dict | None) -> bool:
-    """Every session ended without failing, and its tokens agree with the reference's (the sessions run
-    alone, else the first level's) on their common part."""
+def _plain_batch_invariant(levels: list[dict], alone: dict | None) -> bool:
+    """Every session's tokens agree with the reference's (the sessions run alone, else the first level's)
+    on their common part."""
     reference = {}
     for s in (alone or levels[0])["sessions"]:
         reference[s["session_id"]] = s["tokens"]
     for lv in levels:
-        excused = []  # sessions an injected fault ended
-        for event in lv["fault_events"]:
-            for e in event["sessions"]:
-                excused.append([e["session_id"], e["epoch"]])
         for s in lv["sessions"]:
-            if s["done_reason"] in ("FAILED", "UNFINISHED") and [s["session_id"], s["epoch"]] not in excused:
-                return False
             ref = reference.get(s["session_id"])
             if ref is not None:
                 common = min(len(ref), len(s["tokens"]))

@@ -12,7 +12,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.figures import SATURATION_MARGIN
 from meshbench.sweep import ConcurrencySweep
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = "results.schema.json"
 
 
@@ -32,6 +32,8 @@ def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environmen
         "environment": environment,
         "levels": sweep.levels,
         "corruption_free": sweep.corruption_free,
+        "batch_invariant": sweep.batch_invariant,
+        "isolation": sweep.isolation,
         "first_divergence": sweep.first_divergence,
         "saturation_concurrency": sweep.saturation_concurrency,
         "saturation_margin": SATURATION_MARGIN,
@@ -53,7 +55,7 @@ def check_version(data: dict, where: str) -> None:
     if v < SCHEMA_VERSION:
         raise MeshbenchError(
             f"{where}: schema_version {v} was written by an older meshbench (this one writes {SCHEMA_VERSION}, "
-            "with repetitions); re-run its sweep command (commands.txt beside it) with this version"
+            "with isolation passes and the decode feed); re-run its sweep command (commands.txt beside it) with this version"
         )
 
 

@@ -95,7 +95,7 @@ def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord],
     sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, cfg.budget, setup.make, on_tick=on_tick,
                                   repeat=cfg.repeat, warmup=cfg.warmup, rates=cfg.rates, slo=cfg.slo,
                                   wall=cfg.clock == "wall", fault_rows=cfg.faults, node=setup,
-                                  restart=cfg.restart_engine, prefill=cfg.prefill)
+                                  restart=cfg.restart_engine, prefill=cfg.prefill, prove_isolation=cfg.isolation)
     data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
     # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
     if data["first_divergence"] is not None and cfg.engine.kind == "gguf":

@@ -72,4 +72,4 @@ class Supervisor:
     def setup(self) -> EngineSetup:
         return EngineSetup(self.make, self.info, self.process.vocab_size, self.process.context_length,
                            resource=self, restart=self.restart, kill_engine=self.kill_engine,
-                           kill_worker=self.kill_worker)
+                           kill_worker=self.kill_worker, eog=self.process.eog)

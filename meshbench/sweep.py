@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from meshbench import arrivals as arrivals_mod
-from meshbench import backpressure, figures
+from meshbench import backpressure, figures, isolation, verdicts
 from meshbench.arrivals import Arrivals
 from meshbench.config import Workload, validate_levels
 from meshbench.engine.base import BatchEngine
@@ -34,7 +34,7 @@ from meshbench.scheduler.telemetry import TickRecord
 # and the level's concurrency, every deterministic per-level field of results.json.
 LEVEL_COUNTS = ("rejected_admissions", "cache_misses", "failed")
 DETERMINISTIC_LEVEL_FIELDS = ("concurrency", "faults", *figures.TICK_FIGURES, *LEVEL_COUNTS, "counts", "fault_events",
-                              "engine_losses")
+                              "engine_losses", "submit_events", "backpressure", "isolation", "isolation_verdict")
 # The scheduler's own counters, per pass: verify checks each against the raw records.
 COUNTERS = ("completed", "cancelled", "failed", "cache_misses", "rejected_admissions", "engine_losses", "resubmitted")
 
@@ -44,6 +44,8 @@ class ConcurrencySweep:
     levels: list[dict]  # one results.json level record each
     corruption_free: bool
     first_divergence: dict | None
+    batch_invariant: bool
+    isolation: dict  # meshbench.verdicts: how isolation was proven, at how many levels, and whether it holds
     saturation_concurrency: int | None  # None for a sweep of arrival rates
     reference_concurrency: int
     reference: dict | None = None  # arrival sweeps: every session run alone
@@ -269,6 +271,7 @@ def run_concurrency_sweep(
     node: EngineSetup | None = None,
     restart: bool = False,
     prefill: str = "whole",
+    prove_isolation: bool = True,
 ) -> ConcurrencySweep:
     """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved.
 
@@ -283,11 +286,13 @@ def run_concurrency_sweep(
     else:
         times_of = [lv.arrivals.ticks(workload.sessions, workload.seed) for lv in plan]
 
-    def one_pass(i: int) -> Pass:
+    eog = node.eog if node is not None else frozenset()
+
+    def one_pass(i: int, requests: Sequence[GenerationRequest] | None = None) -> Pass:
         engine = engine_factory(budgets[i])  # a fresh KV manager per pass
         c = plan[i].concurrency
         per_level = (lambda rec, c=c: on_tick(c, rec)) if on_tick else None
-        requests = workload.requests(engine.vocab_size)
+        requests = requests or workload.requests(engine.vocab_size, eog)
         try:
             if wall:
                 return run_pass_wall(requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock,
@@ -306,33 +311,60 @@ def run_concurrency_sweep(
         for position, i in enumerate(order):
             passes[i].append((r, position, one_pass(i)))
     records = [level_record(lv, budgets[i], times_of[i], slo, passes[i], wall) for i, lv in enumerate(plan)]
+    vocab = node.vocab_size if node is not None else None
+    for i, lv in enumerate(plan):
+        reason = isolation_skipped(lv, wall, prove_isolation)
+        if reason is None:
+            if vocab is None:  # (a bare factory: one engine to learn the vocabulary)
+                probe = engine_factory(budgets[i])
+                vocab = probe.vocab_size
+                close_engine(probe)
+            requests = workload.requests(vocab, eog)
+            runs = isolation.run_level(lambda reqs, i=i: one_pass(i, reqs), requests, passes[i][0][2], vocab,
+                                       workload.seed)
+            records[i]["isolation"] = {"passes": runs, "reason": None}
+        else:
+            records[i]["isolation"] = {"passes": None, "reason": reason}
+        records[i]["isolation_verdict"] = isolation.verdict(records[i])
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or fault_rows:
-        reference = alone_reference(workload, budget, engine_factory, clock, prefill)
-    return verdicts(records, reference)
+        reference = alone_reference(workload, budget, engine_factory, clock, prefill, eog)
+    return sweep_verdicts(records, reference)
+
+
+def isolation_skipped(level: Level, wall: bool, wanted: bool) -> str | None:
+    """Why a level's isolation cannot be proven by perturbation (None: it can)."""
+    if not wanted:
+        return "not run: isolation is off in the config"
+    if wall:
+        return "not run: on the wall clock the schedule depends on speed, so a perturbed pass cannot hold it fixed"
+    if level.faults:
+        return "not run: the level injects faults"
+    return None
 
 
 def alone_reference(workload: Workload, budget: NodeBudget, engine_factory: Callable[[NodeBudget], BatchEngine],
-                    clock: Callable[[], int], prefill: str = "whole") -> dict:
+                    clock: Callable[[], int], prefill: str = "whole", eog: frozenset[int] = frozenset()) -> dict:
     """Each session run alone: the reference every completed session of an arrival sweep must equal."""
     alone = level_budget(budget, 1, workload.sessions)
     engine = engine_factory(alone)
     try:
-        first = run_pass(workload.requests(engine.vocab_size), [0] * workload.sessions, alone, engine, clock,
+        first = run_pass(workload.requests(engine.vocab_size, eog), [0] * workload.sessions, alone, engine, clock,
                          prefill=prefill)
     finally:
         close_engine(engine)
     return {"concurrency": 1, "sessions": first.sessions}
 
 
-def verdicts(records: list[dict], reference: dict | None) -> ConcurrencySweep:
-    divergence = figures.sweep_divergence(records, reference)
+def sweep_verdicts(records: list[dict], reference: dict | None) -> ConcurrencySweep:
+    v = verdicts.sweep_verdicts(records, reference)
     all_at_once = [r for r in records if r["rate"] is None and not r["faults"]]  # the concurrency curve
     return ConcurrencySweep(
         levels=records,
-        # A session that failed proves nothing about corruption: such a sweep is not corruption free.
-        corruption_free=divergence is None and figures.unfinished_sessions(records) == 0,
-        first_divergence=divergence,
+        corruption_free=v["corruption_free"],
+        first_divergence=v["first_divergence"],
+        batch_invariant=v["batch_invariant"],
+        isolation=v["isolation"],
         saturation_concurrency=figures.saturation_level([r["concurrency"] for r in all_at_once],
                                                         [r["avg_batch_occupancy"] for r in all_at_once])
         if all_at_once else None,

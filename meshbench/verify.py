@@ -98,18 +98,22 @@ def deterministic_view(data: dict) -> dict:
     alone (the reference every completed session was checked against) must be reproduced."""
     out = {"engine.recipe_fingerprint": data["engine"]["recipe_fingerprint"],
            "engine.model_sha256": data["engine"].get("model_sha256"),
-           "corruption_free": data["corruption_free"], "saturation_concurrency": data["saturation_concurrency"]}
+           "corruption_free": data["corruption_free"], "saturation_concurrency": data["saturation_concurrency"],
+           "isolation": data["isolation"]}
     if data["reference"] is not None:
         for j, s in enumerate(data["reference"]["sessions"]):
             out[f"reference.sessions[{j}].digest"] = s["digest"]
     if data["config"]["clock"] == "wall":
         return out
+    # (on the wall clock which sessions share a batch depends on speed: so may the tokens of a batch-variant engine)
+    out["batch_invariant"], out["first_divergence"] = data["batch_invariant"], data["first_divergence"]
     for i, lv in enumerate(data["levels"]):
         at = f"levels[{i}]"
         for k in DETERMINISTIC_LEVEL_FIELDS:
             out[f"{at}.{k}"] = lv[k]
         for j, s in enumerate(lv["sessions"]):
             out[f"{at}.sessions[{j}].digest"] = s["digest"]
+            out[f"{at}.sessions[{j}].margins"] = s["margins"]
         for t in lv["tick_records"]:  # deterministic fields only
             for k, v in t.items():
                 out[f"{at}.tick_records[{t['tick']}].{k}"] = v

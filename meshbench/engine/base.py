@@ -107,12 +107,13 @@ def fingerprint(recipe: dict) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
 
 
-def batch_results(items: Sequence[DecodeItem], live: Sequence[DecodeItem], rows) -> list[StepResult]:
+def batch_results(items: Sequence[DecodeItem], live: Sequence[DecodeItem], rows,
+                  banned: np.ndarray | None = None) -> list[StepResult]:
     """A decode batch's answer in ``items`` order: greedy steps for ``live`` (whose logits
     ``rows`` holds, row by row), a cache miss for every other item."""
     results = {it.session_id: StepResult(it.session_id, None, cache_miss=True) for it in items}
     for it, row in zip(live, rows):
-        results[it.session_id] = greedy_step(it.session_id, row)
+        results[it.session_id] = greedy_step(it.session_id, row, banned)
     return [results[it.session_id] for it in items]
 
 
@@ -208,8 +209,9 @@ def check_context(positions: int, context_length: int) -> None:
         )
 
 
-def greedy_step(session_id: str, logits: np.ndarray) -> StepResult:
-    """Greedy sampling: argmax, lowest id on a tie (np.argmax returns the first maximum).
+def greedy_step(session_id: str, logits: np.ndarray, banned: np.ndarray | None = None) -> StepResult:
+    """Greedy sampling: argmax, lowest id on a tie (np.argmax returns the first maximum); ``banned`` ids
+    (eos: ban) are masked first, so the margin is over the tokens that could be chosen.
 
     Non-finite logits (NaN or Inf weights, an overflow) would make argmax return 0 for
     every step and look like a valid stream: they are an engine fault instead.
@@ -217,6 +219,9 @@ def greedy_step(session_id: str, logits: np.ndarray) -> StepResult:
     if not np.isfinite(logits).all():
         bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
         raise EngineFault(f"non-finite logits: {bad} of {np.size(logits)} values are NaN or Inf")
+    if banned is not None:
+        logits = logits.copy()
+        logits[banned] = -np.inf
     tok = int(np.argmax(logits))
     if logits.shape[-1] > 1:
         rest = logits.copy()  # (vocab,): ten times cheaper than np.partition at vocab 8192

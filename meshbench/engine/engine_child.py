@@ -36,7 +36,7 @@ def serve(conn, spec: EngineSpec, sizes: tuple[int, int, int], verbose: bool, en
         conn.send(("err", (type(e).__name__, str(e)), 0, 0))
         return
     conn.send(("ok", {"info": setup.info, "vocab_size": setup.vocab_size,
-                      "context_length": setup.context_length}, 0, 0))
+                      "context_length": setup.context_length, "eog": sorted(setup.eog)}, 0, 0))
     state = {"engine": None}
     try:
         while True:

@@ -35,7 +35,15 @@ from meshbench.engine.base import (
     greedy_step,
     separate_step,
 )
-from meshbench.engine.llama_model import KV_TYPES, LoadedModel, capture_log, llama_cpp_lib, topology
+from meshbench.engine.llama_model import (
+    KV_TYPES,
+    LoadedModel,
+    capture_log,
+    check_repack_runs,
+    kv_cache_log,
+    llama_cpp_lib,
+    topology,
+)
 from meshbench.engine.setup import PROBE_BUDGET, EngineSetup, describe
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
@@ -56,13 +64,16 @@ def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, th
 class GgufEngine:
     def __init__(self, model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None,
                  flash_attn: bool = False, kv_unified: bool = False, kv_type: str = "f16",
-                 max_prompt: int = 512, mixed: bool = False) -> None:
+                 max_prompt: int = 512, mixed: bool = False, tiled_mm: str = "auto", ban_eog: bool = False) -> None:
         lib = llama_cpp_lib()
         check_native_sizes(model, n_seq_max, seq_capacity, threads)
         self.lib, self.model = lib, model
         self.kv_type = kv_type
         self.flash_attn, self.kv_unified = flash_attn, kv_unified
         self.mixed = mixed  # a tick's decode items and prompt chunks in ONE llama_decode
+        self.tiled_mm = tiled_mm  # set in this process's environment by whoever started it (EngineProcess)
+        # eos: ban: end-of-generation tokens never win the argmax (llama-server's ignore_eos)
+        self.banned = np.asarray(model.eog, dtype=np.int64) if ban_eog and model.eog else None
         cp = lib.llama_context_default_params()
         # With kv_unified off each sequence gets n_ctx / n_seq_max cells: size n_ctx so that
         # every sequence can hold a whole session.
@@ -98,7 +109,10 @@ class GgufEngine:
     def recipe_fingerprint(self) -> str:
         recipe = {"engine": "llama.cpp", "model_sha256": self.model.sha256, "flash_attn": self.flash_attn,
                   "kv_unified": self.kv_unified, "kv_type": self.kv_type, "n_ubatch": self.n_batch,
-                  "device": self.model.device, "sampling": SAMPLING_CONTRACT}
+                  "device": self.model.device, "sampling": SAMPLING_CONTRACT, "repack": self.model.repack,
+                  "tiled_mm": self.tiled_mm}
+        if self.banned is not None:
+            recipe["sampling"] = SAMPLING_CONTRACT + ":eog-banned"
         if self.mixed:  # (absent otherwise: the fingerprints of separate calls stay what they were)
             recipe["mixed_batch"] = True
         return fingerprint(recipe)
@@ -188,7 +202,7 @@ class GgufEngine:
         self._fill([(t, seq_id, chunk.start + p, chunk.last and p == n - 1) for p, t in enumerate(chunk.tokens)])
         self._decode()
         self._stored[sid] += n
-        return greedy_step(sid, self._logits(-1)) if chunk.last else StepResult(sid, None)
+        return greedy_step(sid, self._logits(-1), self.banned) if chunk.last else StepResult(sid, None)
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """A tick's work: with ``mixed``, every decode item and prompt chunk in ONE llama_decode; else the
@@ -234,9 +248,10 @@ class GgufEngine:
             if seqs[c.session.session_id] is not None:
                 self._stored[c.session.session_id] += len(c.tokens)
         chunks = [StepResult(c.session.session_id, None, cache_miss=True) if seqs[c.session.session_id] is None
-                  else greedy_step(c.session.session_id, logits[("prefill", c.session.session_id)]) if c.last
+                  else greedy_step(c.session.session_id, logits[("prefill", c.session.session_id)], self.banned) if c.last
                   else StepResult(c.session.session_id, None) for c in prefill]
-        return TickResult(batch_results(decode, live, [logits[("decode", it.session_id)] for it in live]), chunks)
+        return TickResult(batch_results(decode, live, [logits[("decode", it.session_id)] for it in live],
+                                        self.banned), chunks)
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
         check_token_ids([it.token for it in items], self.model.vocab_size)
@@ -252,7 +267,7 @@ class GgufEngine:
             for i, it in enumerate(live):
                 self._stored[it.session_id] += 1
                 rows.append(self._logits(i))
-        return batch_results(items, live, rows)
+        return batch_results(items, live, rows, self.banned)
 
     def release(self, session_id: str) -> None:
         seq_id = self._seq_ids.pop(session_id, None)
@@ -280,7 +295,10 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
     if not spec.model:
         raise MeshbenchError("engine gguf needs --model PATH (a .gguf file; make one with meshbench model make-tiny)")
     path = files.regular_file(spec.model, "model")
-    model = LoadedModel(path, spec.device, verbose, endpoints, spec.split)
+    if spec.repack:
+        check_repack_runs(path)
+    check_tiled_mm_environment(spec.tiled_mm)
+    model = LoadedModel(path, spec.device, verbose, endpoints, spec.split, spec.repack)
     check_context(max_total_tokens, model.n_ctx_train)  # before any context is sized by it
     if max_sessions > limits.MAX_LLAMA_SEQUENCES:
         raise MeshbenchError(f"concurrency {max_sessions}: a llama.cpp context holds at most "
@@ -290,17 +308,43 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
         # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs).
         prefill = max(max_prompt, budget.max_prefill_tokens_per_tick) if spec.mixed_batch else max_prompt
         return GgufEngine(model, budget.max_active_sessions, max_total_tokens, spec.threads, spec.flash_attn,
-                          spec.kv_unified, spec.kv_type, prefill, spec.mixed_batch)
+                          spec.kv_unified, spec.kv_type, prefill, spec.mixed_batch, spec.tiled_mm, spec.ban_eog)
 
     with capture_log() as context_log:
         probe = make(PROBE_BUDGET)
+    kv_log = kv_cache_log(context_log)
+    if model.n_swa:  # which layers slide is llama.cpp's architecture code: its SWA cache names them
+        model.geometry = model.geometry.with_windows(model.n_swa, kv_log["swa_layers"])
     info = describe(probe, "gguf", preset=None, model=spec.model, model_sha256=model.sha256,
                     architecture=model.arch, device=model.device, dtype=f"weights per file; KV {spec.kv_type}",
                     threads=probe.threads, flash_attn=spec.flash_attn, kv_unified=spec.kv_unified,
-                    mixed_batch=spec.mixed_batch,
+                    mixed_batch=spec.mixed_batch, repack=spec.repack, tiled_mm=spec.tiled_mm,
+                    model_name=model.name, eog_tokens=list(model.eog),
+                    kv_geometry=model.geometry.to_dict(KV_TYPES[spec.kv_type][1]),
+                    kv_allocated=_allocation(probe, kv_log),
                     rpc=_rpc_record(model, spec, context_log) if model.endpoints else None)
     probe.close()
-    return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model)
+    return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model, eog=frozenset(model.eog))
+
+
+def _allocation(probe: GgufEngine, kv_log: dict) -> dict:
+    """llama.cpp's own word on the probe context's KV cache: cells and bytes per cell, summed over its caches
+    (its log prints MiB to two decimals, so the bytes per cell are good to about 0.1% here)."""
+    caches = kv_log["caches"]
+    cells = caches[0]["cells"] if caches else 0
+    mib = sum(c["k_mib"] + c["v_mib"] for c in caches)
+    return {"caches": caches, "cells": cells,
+            "bytes_per_cell": round(mib * (1 << 20) / cells, 1) if cells else None}
+
+
+def check_tiled_mm_environment(tiled_mm: str) -> None:
+    """ggml reads GGML_CPU_TILED_MM once per process: the setting the recipe names must be the one in force."""
+    expected = {"auto": (None, None), "off": ("0", None), "force": (None, "1")}[tiled_mm]
+    found = (os.environ.get("GGML_CPU_TILED_MM"), os.environ.get("GGML_CPU_TILED_MM_FORCE"))
+    if found != expected:
+        raise MeshbenchError(f"engine.tiled_mm {tiled_mm}: this process has GGML_CPU_TILED_MM={found[0]} and "
+                             f"GGML_CPU_TILED_MM_FORCE={found[1]} in its environment; unset them (meshbench sets "
+                             "them for an engine process of its own)")
 
 
 def _rpc_record(model: LoadedModel, spec: EngineSpec, context_log: list[str]) -> dict:

@@ -57,7 +57,7 @@ def exit_cause(code: int | None) -> str:
 
 
 # --- the parent ----------------------------------------------------------------------------
-def child_environment() -> dict:
+def child_environment(tiled_mm: str = "auto") -> dict:
     """Ours, plus: GGML_NO_BACKTRACE (ggml would run gdb as it aborts, printing to stdout), and a longer
     spin for libgomp's worker threads unless the user chose one: between two llama_decode calls
     the child waits a round trip and the scheduler's bookkeeping (~0.1-0.3 ms), and libgomp's
@@ -66,6 +66,13 @@ def child_environment() -> dict:
     default, 0.97 with 3000000; README, "What isolation costs")."""
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
     env.setdefault("GOMP_SPINCOUNT", "3000000")
+    # ggml's tiled K-quant matmul switch (engine.tiled_mm), read once per process: exactly the recipe's.
+    env.pop("GGML_CPU_TILED_MM", None)
+    env.pop("GGML_CPU_TILED_MM_FORCE", None)
+    if tiled_mm == "off":
+        env["GGML_CPU_TILED_MM"] = "0"
+    elif tiled_mm == "force":
+        env["GGML_CPU_TILED_MM_FORCE"] = "1"
     return env
 
 
@@ -83,7 +90,7 @@ class EngineProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "meshbench.engine.engine_child", str(theirs.fileno())],
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                      stdout=None if verbose else subprocess.DEVNULL, stderr=self._stderr,
-                                     env=child_environment())
+                                     env=child_environment(spec.tiled_mm))
         theirs.close()
         self._conn = Connection(ours.detach())
         self.lost: str | None = None
@@ -107,6 +114,7 @@ class EngineProcess:
             self.stop()
             raise
         self.info, self.vocab_size, self.context_length = hello["info"], hello["vocab_size"], hello["context_length"]
+        self.eog = frozenset(hello["eog"])
 
     @property
     def pid(self) -> int:

@@ -4,16 +4,19 @@ device, the model loaded once and shared by the engines, and its tokenizer."""
 from __future__ import annotations
 
 import ctypes
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
 from meshbench import files, gguf_io
-from meshbench.engine import rpc
+from meshbench.engine import kv_geometry, rpc
 from meshbench.errors import EngineUnavailable, MeshbenchError
-from meshbench.kv import kv_bytes_per_token
 
 GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
 KV_TYPES = {"f32": (GGML_TYPE_F32, 4), "f16": (GGML_TYPE_F16, 2)}
@@ -95,16 +98,20 @@ class LoadedModel:
     """A llama.cpp model loaded once and shared by the per-level engines."""
 
     def __init__(self, path: Path, device: str, verbose: bool,
-                 endpoints: Sequence[rpc.Endpoint] = (), split: Sequence[float] | None = None) -> None:
+                 endpoints: Sequence[rpc.Endpoint] = (), split: Sequence[float] | None = None,
+                 repack: bool = False) -> None:
         lib = llama_cpp_lib()
         set_llama_logging(verbose)
         self.arch = gguf_io.check_model_file(path)
+        self.geometry = kv_geometry.read(path)
+        self.repack = repack
         lib.llama_backend_init()
         self.path = path
         self.device = resolve_device(device)
         self.endpoints = list(endpoints)
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = 0 if self.device == "cpu" else 999  # cuda: every layer
+        mp.use_extra_bufts = repack  # llama.cpp's CPU weight repacking (and its AMX buffers)
         if self.endpoints:  # every layer goes to the RPC workers' devices (llama.cpp's proportional split)
             self._devices, self.device_names, self.protocols = rpc.devices(self.endpoints)
             mp.devices = ctypes.addressof(self._devices)
@@ -126,15 +133,96 @@ class LoadedModel:
         self.n_head_kv = int(lib.llama_model_n_head_kv(self.ptr))
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(self.ptr))
         self.weight_bytes = int(lib.llama_model_size(self.ptr))
+        self.n_swa = int(lib.llama_model_n_swa(self.ptr))
+        self.eog = tuple(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self.vocab, t))
+        self.name = _meta(lib, self.ptr, "general.name")
         self.sha256 = files.sha256(path)
+        assert len(self.geometry.layers) == self.n_layers, (len(self.geometry.layers), self.n_layers)
 
     def kv_bytes_per_token(self, kv_type: str) -> int:
-        return kv_bytes_per_token(self.n_layers, self.n_head_kv, self.n_embd // self.n_head, KV_TYPES[kv_type][1])
+        """K and V of every layer for one position, from the model's own geometry (key/value lengths and
+        KV heads per layer): llama.cpp's default full-size sliding-window cache stores every position."""
+        return self.geometry.bytes_per_token(KV_TYPES[kv_type][1])
 
     def close(self) -> None:
         if self.ptr:
             llama_cpp_lib().llama_model_free(self.ptr)
             self.ptr = None
+
+
+def _meta(lib, ptr, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(256)
+    n = lib.llama_model_meta_val_str(ptr, key.encode(), buf, len(buf))
+    return buf.value.decode(errors="replace") if n >= 0 else None
+
+
+KV_CACHE_HEADER = re.compile(r"creating\s+(non-SWA|SWA) KV cache")
+KV_LAYER_LINE = re.compile(r"llama_kv_cache: layer\s+(\d+): dev = ")
+KV_SIZE_LINE = re.compile(r"llama_kv_cache: size =\s+[\d.]+ MiB \(\s*(\d+) cells,\s*(\d+) layers.*K \((\w+)\):\s+([\d.]+) MiB, "
+                          r"V \((\w+)\):\s+([\d.]+) MiB")
+
+
+def kv_cache_log(lines: Sequence[str]) -> dict:
+    """What llama.cpp says it allocated for a context's KV cache, from its log: the sliding-window layers
+    (the layers of its SWA cache, when it has one) and, per cache, cells, layers and K/V MiB."""
+    swa: list[int] = []
+    caches = []
+    current = None
+    for line in "".join(lines).splitlines():
+        if m := KV_CACHE_HEADER.search(line):
+            current = m.group(1)
+        elif (m := KV_LAYER_LINE.search(line)) and current == "SWA":
+            swa.append(int(m.group(1)))
+        elif m := KV_SIZE_LINE.search(line):
+            caches.append({"cache": current or "base", "cells": int(m.group(1)), "layers": int(m.group(2)),
+                           "k_mib": float(m.group(4)), "v_mib": float(m.group(6))})
+    return {"swa_layers": swa, "caches": caches}
+
+
+REPACK_PROBE_TIMEOUT_S = 300
+_repack_failure: dict[str, str | None] = {}  # model path -> why its repacked kernels failed (None: they ran)
+
+
+def check_repack_runs(path: Path) -> None:
+    """llama.cpp's repacked CPU kernels include AMX ones that die with SIGILL where the CPU reports AMX but
+    the machine cannot run it (seen on this project's CI VMs): one decode in a throwaway process first."""
+    key = str(path)
+    if key not in _repack_failure:
+        _repack_failure[key] = _probe_repack(key)
+    why = _repack_failure[key]
+    if why is not None:
+        raise MeshbenchError(f"engine.repack true: llama.cpp's repacked CPU kernels {why} on this machine in a "
+                             "16-token probe (its AMX kernels need a CPU and kernel that can run them); use "
+                             "engine.repack false")
+
+
+def _probe_repack(path: str) -> str | None:
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    try:
+        code = subprocess.run([sys.executable, "-c", "import sys; from meshbench.engine.llama_model import "
+                               "repack_probe; repack_probe(sys.argv[1])", path], env=env,
+                              timeout=REPACK_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL).returncode
+    except subprocess.TimeoutExpired:
+        return f"did not finish within {REPACK_PROBE_TIMEOUT_S} s"
+    if code == 0:
+        return None
+    return f"died with {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+
+
+def repack_probe(path: str) -> None:
+    """A throwaway process's one decode of one token with repacking on (check_repack_runs)."""
+    lib = llama_cpp_lib()
+    set_llama_logging(False)
+    lib.llama_backend_init()
+    mp = lib.llama_model_default_params()
+    mp.use_extra_bufts = True
+    model = lib.llama_model_load_from_file(path.encode(), mp)
+    cp = lib.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 256, 32, 32
+    ctx = lib.llama_init_from_model(model, cp)
+    batch = lib.llama_batch_get_one((lib.llama_token * 16)(*([1] * 16)), 16)
+    sys.exit(0 if lib.llama_decode(ctx, batch) == 0 else 1)
 
 
 def tokenize(path: str, texts: Sequence[str]) -> list[tuple[int, ...]]:

@@ -24,6 +24,7 @@ class EngineSetup:
     restart: Callable[[NodeBudget], BatchEngine] | None = None
     kill_engine: Callable[[], None] | None = None
     kill_worker: Callable[[int], None] | None = None
+    eog: frozenset[int] = frozenset()  # the model's end-of-generation tokens (eos: stop ends sessions on them)
 
     def close(self) -> None:
         """Free what the engines share (a loaded model) now, not at garbage collection."""

@@ -147,12 +147,14 @@ class ContinuousBatchScheduler:
             tick = len(self._ticks)
             chosen = self._pick_decode(self.budget.max_batch_size)
             chunks = self._pick_prefill(self.budget.max_prefill_tokens_per_tick)
-            result, decode_ns, prefill_ns = self._step(tick, chosen, chunks)
+            items = [self._decode_item(s) for s in chosen]  # the feed: what the engine is given, and recorded
+            fed = items if self._down is None else []
+            result, decode_ns, prefill_ns = self._step(tick, chosen, items, chunks)
             decoded = self._apply_decode(tick, chosen, result)
             prefilled, pieces = self._apply_prefill(chunks, result)
             finished, promoted = self._end_of_tick(tick, [*chosen, *prefilled])
             rec = self._record(tick, t0, chosen, decoded, prefilled, pieces, finished, promoted, decode_ns,
-                               prefill_ns)
+                               prefill_ns, fed)
             self._ticks.append(rec)
             return rec
 
@@ -189,7 +191,7 @@ class ContinuousBatchScheduler:
             spent += left
         return picks
 
-    def _step(self, tick: int, chosen: list[Session], chunks: list[tuple[Session, int, int]]):
+    def _step(self, tick: int, chosen: list[Session], items: list[DecodeItem], chunks: list[tuple[Session, int, int]]):
         """The tick's one engine call. Returns its TickResult (None: the engine was lost in it) and the
         time the decode and the prefill waited (the call's own overhead counts as the decode's)."""
         if self._down is not None:  # no engine any more: nothing to prefill on
@@ -197,7 +199,6 @@ class ContinuousBatchScheduler:
             return TickResult([], [StepResult(s.session_id, None, error=why) for s, _, _ in chunks]), 0, 0
         if not chosen and not chunks:
             return TickResult(), 0, 0
-        items = [DecodeItem(s.session_id, s.epoch, s.position, s.tokens[-1]) for s in chosen]
         pieces = [PrefillChunk(SessionHandle(s.session_id, s.epoch, s.request.total_tokens),
                                s.request.prompt_tokens[start:start + n], start, start + n == s.prompt_len)
                   for s, start, n in chunks]
@@ -215,6 +216,11 @@ class ContinuousBatchScheduler:
         ns = self.clock() - e0
         prefill_ns = min(result.prefill_ns, ns) if chosen else ns
         return result, ns - prefill_ns, prefill_ns
+
+    @staticmethod
+    def _decode_item(s: Session) -> DecodeItem:
+        """What a decoding session feeds the engine: its last token at the position after what it holds."""
+        return DecodeItem(s.session_id, s.epoch, s.position, s.tokens[-1])
 
     def _apply_decode(self, tick: int, chosen: list[Session], result: TickResult | None) -> int:
         """Each decoding session's answer: a token, a cache miss, or the failure of its call."""
@@ -273,7 +279,7 @@ class ContinuousBatchScheduler:
 
     def _record(self, tick: int, t0: int, chosen: list[Session], decoded: int, prefilled: list[Session],
                 pieces: list[tuple[str, int, int]], finished: list[Session], promoted: list[Session],
-                decode_ns: int, prefill_ns: int) -> TickRecord:
+                decode_ns: int, prefill_ns: int, feed: list[DecodeItem]) -> TickRecord:
         t1 = self.clock()
         self._last_tick_end_ns = t1
         ended, self._ended = self._ended, []
@@ -298,6 +304,7 @@ class ContinuousBatchScheduler:
             tick_ns=t1 - t0,
             decode_ns=decode_ns,
             prefill_ns=prefill_ns,
+            decode_feed=tuple((it.session_id, it.position, it.token) for it in feed),
         )
 
     def run_to_completion(

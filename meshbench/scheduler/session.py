@@ -13,6 +13,8 @@ class GenerationRequest:
     session_id: str
     prompt_tokens: tuple[int, ...]
     max_new_tokens: int
+    stop_tokens: frozenset[int] = frozenset()  # eos: stop: the session ends after generating one of these
+    end_at: int | None = None  # ends after exactly this many tokens, stop tokens or not (isolation passes)
 
     def __post_init__(self) -> None:
         if not self.session_id:
@@ -75,11 +77,11 @@ class Session:
 
     @property
     def has_all_tokens(self) -> bool:
-        return len(self.tokens) >= self.request.max_new_tokens
-
-    @property
-    def holds_slot(self) -> bool:
-        return self.status in (SessionStatus.ADMITTED, SessionStatus.RUNNING)
+        """Its generation is over: every new token, its pinned length, or a stop token."""
+        r = self.request
+        if r.end_at is not None:
+            return len(self.tokens) >= r.end_at
+        return len(self.tokens) >= r.max_new_tokens or bool(self.tokens and self.tokens[-1] in r.stop_tokens)
 
     def add_token(self, token: int, margin: float, now_ns: int) -> None:
         assert self.status is SessionStatus.RUNNING and not self.has_all_tokens, (self.session_id, self.status)

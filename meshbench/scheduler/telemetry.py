@@ -27,9 +27,12 @@ class TickRecord:
     tick_ns: int  # wall time of the whole tick
     decode_ns: int  # of which in the decode_batch call
     prefill_ns: int  # of which in prefill calls
+    # (session, position, token) of every decode item handed to the engine this tick: verify checks the feed
+    decode_feed: tuple[tuple[str, int, int], ...] = ()
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["decode_feed"] = [list(f) for f in self.decode_feed]
         d["decode_sessions"] = list(self.decode_sessions)
         d["prefill_sessions"] = list(self.prefill_sessions)
         d["prefill_chunks"] = [list(c) for c in self.prefill_chunks]
