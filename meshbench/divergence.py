@@ -1,7 +1,9 @@
-"""Why did two levels' tokens differ? Kernel batch variance or scheduler corruption.
+"""Why did two levels' tokens differ? Engine batch variance, or contamination between sessions.
 
-Orchestration, not engine code: it reruns the diverging levels on the synthetic engine
-over the same weights, whose batched decode is exactly order-independent.
+The perturbation passes (meshbench.isolation) decide it for any engine and architecture: under proven
+isolation a cross-level divergence can only come from the engine's shape-dependent numerics. Where the
+model is one the synthetic engine can run (a llama-architecture make-tiny model, synthetic prompts), the
+numpy oracle is consulted too, as an extra check, never as the only one.
 """
 
 from __future__ import annotations
@@ -16,19 +18,39 @@ from meshbench.errors import MeshbenchError
 NEAR_TIE = 0.05
 
 
-def classify(cfg: RunConfig, divergence: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
-    """Rerun the two diverging levels on the synthetic engine (with ``run_sweep``) and read its verdict."""
-    levels = sorted({divergence["reference_concurrency"], divergence["concurrency"]})
-    synthetic = dataclasses.replace(cfg, levels=tuple(levels), engine=dataclasses.replace(cfg.engine, kind="synthetic"))
+def classify(cfg: RunConfig, data: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
+    """The divergence's class from the sweep's own isolation verdict, plus the oracle where it applies."""
+    div, iso = data["first_divergence"], data["isolation"]
+    margin = div.get("reference_margin")
+    where = (f"session {div['session_id']} token {div['token_index']} at level {div['concurrency']}, "
+             f"reference margin {margin if margin is None else f'{margin:.3g}'}")
+    if iso["holds"] is False:
+        base = (f"contamination between sessions: perturbation showed outputs depending on other sessions' "
+                f"content (see the levels' isolation verdicts); {where}")
+    elif iso["holds"] and iso["every_level"]:
+        tie = " (a near-tie)" if margin is not None and margin < NEAR_TIE else ""
+        base = (f"engine batch variance (shape-dependent numerics): isolation proven by perturbation at every "
+                f"level, so the output depends on the batch's shape, never on the other sessions' content; "
+                f"{where}{tie}")
+    else:
+        base = f"unclassified: isolation was not proven at every level; {where}"
+    return f"{base}; numpy oracle: {_oracle(cfg, div, data, run_sweep)}"
+
+
+def _oracle(cfg: RunConfig, div: dict, data: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
+    """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
+    arch = data["engine"].get("architecture")
+    if arch != "llama" or cfg.workload.prompts is not None or cfg.workload.eos != "continue":
+        return (f"not applicable (it runs llama-architecture weights on synthetic prompts with eos continue; "
+                f"this is {arch!r}" + (", real prompts" if cfg.workload.prompts else "")
+                + (f", eos {cfg.workload.eos}" if cfg.workload.eos != "continue" else "") + ")")
+    levels = sorted({div["reference_concurrency"], div["concurrency"]})
+    synthetic = dataclasses.replace(cfg, levels=tuple(levels), isolation=False,
+                                    engine=dataclasses.replace(cfg.engine, kind="synthetic"))
     try:
         other = run_sweep(synthetic)
     except MeshbenchError as e:
-        return f"unclassified: the synthetic engine could not run these weights ({e})"
-    margin = divergence.get("reference_margin")
-    if other["corruption_free"] and margin is not None and margin < NEAR_TIE:
-        return (f"kernel batch variance: the synthetic engine on the same weights agrees across levels {levels} "
-                f"and the reference margin {margin:.3g} is below {NEAR_TIE}")
-    if other["corruption_free"]:
-        return (f"suspect: the synthetic engine agrees across levels {levels} but the reference margin "
-                f"{margin} is not a near-tie")
-    return f"scheduler corruption: the synthetic engine on the same weights diverges across levels {levels} too"
+        return f"could not run these weights ({e})"
+    if other["batch_invariant"]:
+        return f"agrees across levels {levels} on the same weights"
+    return f"diverges across levels {levels} on the same weights too: the scheduler, not the kernels"

@@ -116,6 +116,7 @@ def _what_ran(results: dict) -> list[str]:
         "",
         _engine_line(e),
         f"- recipe fingerprint: `{e['recipe_fingerprint']}`",
+        *_kv_line(e),
         f"- workload: {w['sessions']} sessions, prompt tokens {','.join(map(str, prompts))}, new tokens "
         f"{','.join(map(str, news))} (per session in results.json), prompt ids drawn from seed {w['seed']}",
         f"- budget: KV {b['kv_bytes']} bytes, scratch {b['scratch_bytes']} bytes, weights {b['weight_bytes']} "
@@ -130,6 +131,21 @@ def _what_ran(results: dict) -> list[str]:
         "release their KV at the end of the tick",
         "",
     ]
+
+
+def _kv_line(e: dict) -> list[str]:
+    """KV bytes per token from the model's geometry, beside what llama.cpp allocated per cell."""
+    g, alloc = e.get("kv_geometry"), e.get("kv_allocated")
+    if not g:
+        return []
+    windows = sorted({w for w in g["window"] if w is not None})
+    return [f"- KV: {e['kv_bytes_per_token']} bytes per token from the model's geometry ({g['layers']} layers, K "
+            f"{'/'.join(map(str, sorted(set(g['k_values']))))} and V {'/'.join(map(str, sorted(set(g['v_values']))))} "
+            "values per layer"
+            + (f"; {sum(w is not None for w in g['window'])} sliding-window layers of {windows[0]} positions, stored "
+               "full-size by llama.cpp's default" if windows else "")
+            + f"); llama.cpp allocated {alloc['bytes_per_cell']} bytes per cell for the probe context"
+            + (f" ({len(alloc['caches'])} caches)" if alloc and len(alloc["caches"]) > 1 else "")]
 
 
 def _sweep_section(results: dict) -> list[str]:
@@ -178,8 +194,8 @@ def verdict_lines(results: dict) -> list[str]:
                          f"sessions whose output changed with another's content: {', '.join(v['changed']) or 'none'}"
                          + "".join(f"; {a} depends on {b}" for a, b in v["leaks"]) + ".")
     lines += [
-        f"- **batch invariance**: batch_invariant = {results['batch_invariant']} (every session's tokens at every "
-        f"level equal {compared}, byte for byte). A failure here with isolation holding is the engine's "
+        f"- **batch invariance**: batch_invariant = {results['batch_invariant']}: whether every session's tokens at "
+        f"every level equal {compared}, byte for byte. A failure here with isolation holding is the engine's "
         "shape-dependent numerics, not a leak between sessions.",
         f"- **corruption_free = {results['corruption_free']}**: no session failed, and isolation holds at every "
         "level where it ran"

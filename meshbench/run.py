@@ -100,7 +100,7 @@ def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord],
     # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
     if data["first_divergence"] is not None and cfg.engine.kind == "gguf":
         data["first_divergence"]["classification"] = divergence.classify(
-            cfg, data["first_divergence"], lambda other: run_sweep(other, "(classification)"))
+            cfg, data, lambda other: run_sweep(other, "(classification)"))
     return data
 
 
