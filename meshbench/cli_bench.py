@@ -239,22 +239,34 @@ def bench_server(
 @bench_app.command("invariance")
 def bench_invariance(
     model: Annotated[Path, typer.Option("--model", help="A GGUF file.")],
-    steps: Annotated[int, typer.Option("--steps", min=1, max=limits.MAX_TOKENS, help="Decode steps compared.")] = 16,
+    batches: Annotated[str, typer.Option("--batches", help="Batch sizes compared with batch 1, ascending.")] =
+    ",".join(map(str, invariance.BATCHES)),
+    steps: Annotated[int, typer.Option("--steps", min=1, max=limits.MAX_TOKENS, help="Decode steps compared.")] = 6,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Compare llama.cpp's logits at batch 8 and batch 1, per context configuration."""
-
-    res = invariance.run(regular_file(model, "model"), steps, threads, seed or 0, progress=lambda m: err.print(m))
+    """Per llama.cpp recipe: the largest batch whose logits are bitwise those of batch 1, and tokens/s."""
+    sizes = int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)
+    if sizes != sorted(sizes) or sizes[0] != 1:
+        raise MeshbenchError(f"--batches must ascend from 1 (the reference), got {batches}")
+    res = invariance.run(regular_file(model, "model"), sizes, steps, threads, seed or 0,
+                         progress=lambda m: err.print(m))
     if as_json:
         print_json(res)
         return
-    t = table(f"batch 8 vs batch 1 logits: {model} ({res['steps']} steps, prompts up to 600 tokens)",
-              ("config", "tokens identical", "logits bitwise identical", "max |logit diff|"))
-    for r in res["configs"]:
-        t.add_row(r["config"], str(r["tokens_identical"]), str(r["bitwise_identical"]),
-                  f"{r['max_abs_logit_diff']:.3g}")
+    t = table(f"logits bitwise equal to batch 1: {model} ({res['steps']} decode steps, batches {batches})",
+              ("repack", "tiled_mm", "context", "largest invariant batch", "first variant batch",
+               "max |logit diff|", "tok/s b1", "tok/s b8", "tok/s b16"))
+    for r in res["recipes"]:
+        if r["error"]:
+            t.add_row("on" if r["repack"] else "off", r["tiled_mm"], r["context"], r["error"], "", "", "", "", "")
+            continue
+        rates = r["decode_tokens_per_s"]
+        t.add_row("on" if r["repack"] else "off", r["tiled_mm"], r["context"], str(r["largest_invariant_batch"]),
+                  str(r["first_variant_batch"] or "-"),
+                  f"{max(b['max_abs_logit_diff'] for b in r['per_batch']):.3g}",
+                  *[f"{rates[k]:.1f}" if k in rates else "-" for k in ("1", "8", "16")])
     out.print(t)
 
 

@@ -73,9 +73,9 @@ def requests_for(requests: Sequence[GenerationRequest], perturbed: Sequence[str]
     out = []
     for k, r in enumerate(requests):
         if r.session_id in perturbed:
-            length = len(baseline[r.session_id]["tokens"])
-            r = dataclasses.replace(r, prompt_tokens=perturb(r.prompt_tokens, vocab_size, seed, k),
-                                    end_at=max(length, 1))
+            r = dataclasses.replace(r, prompt_tokens=perturb(r.prompt_tokens, vocab_size, seed, k))
+            if r.session_id in baseline:  # (one the level refused is refused again: same lengths, same queue)
+                r = dataclasses.replace(r, end_at=max(len(baseline[r.session_id]["tokens"]), 1))
         out.append(r)
     return out
 
@@ -111,7 +111,7 @@ def suspects(victim: str, family: Sequence[dict], changed_in: Sequence[list[str]
     return [j for j in ids if j != victim and all((j in s) == hit for s, hit in seen)]
 
 
-def run_level(run, requests: Sequence[GenerationRequest], baseline, vocab_size: int, seed: int) -> list[dict]:
+def run_level(run, requests: Sequence[GenerationRequest], baseline, vocab_size: int, seed: int) -> dict:
     """The level's perturbation passes: the separating family, then one pass per suspect of each session
     that changed. ``run(requests)`` runs one pass of the level and returns its sweep.Pass; ``baseline``
     is the level's own first pass."""
@@ -128,7 +128,7 @@ def run_level(run, requests: Sequence[GenerationRequest], baseline, vocab_size: 
     wanted = sorted({(v, j) for c in changed_in for v in c for j in suspects(v, family, changed_in, ids)},
                     key=lambda x: (x[1], x[0]))
     culprits = list(dict.fromkeys(j for _, j in wanted))[:MAX_CONFIRMATIONS]
-    return family + [one([j], True) for j in culprits]
+    return {"sessions": ids, "passes": family + [one([j], True) for j in culprits], "reason": None}
 
 
 def verdict(level: dict) -> dict:
@@ -144,7 +144,7 @@ def verdict(level: dict) -> dict:
     leaks = sorted({(victim, p["perturbed"][0]) for p, c in zip(passes, changed_in) if p["confirm"]
                     for victim in c})
     victims = sorted({v for c in changed_in for v in c})
-    ids = [s["session_id"] for s in level["sessions"]]
+    ids = iso["sessions"]  # every arrival, served or refused
     family = [p for p in passes if not p["confirm"]]
     return {"ran": True, "holds": not schedule and not victims,
             "schedule_changed": schedule, "changed": victims,

@@ -314,17 +314,25 @@ def check_isolation(c: Checks, data: dict, lv: dict, at: str) -> None:
     wanted = data["config"]["isolation"] and data["config"]["clock"] == "tick" and not lv["faults"]
     c.equal(RESULTS, f"{at}.isolation (run exactly when isolation is on, on the tick clock, without faults)",
             wanted, iso["passes"] is not None)
+    c.equal(RESULTS, f"{at}.isolation.sessions (the workload's, when run)",
+            None if iso["passes"] is None else _workload_ids(data), iso["sessions"])
     if iso["passes"] is not None:
-        ids = [s["session_id"] for s in lv["sessions"]]
+        ids = _workload_ids(data)
+        served = [s["session_id"] for s in lv["sessions"]]
         family = [p["perturbed"] for p in iso["passes"] if not p["confirm"]]
         c.equal(RESULTS, f"{at}.isolation.passes perturbed sets (the separating family)",
                 isolation.perturbed_sets(ids), family)
         c.equal(RESULTS, f"{at}.isolation.passes confirmations (one suspect each)", [],
                 [p["perturbed"] for p in iso["passes"] if p["confirm"] and len(p["perturbed"]) != 1])
         for k, p in enumerate(iso["passes"]):
-            c.equal(RESULTS, f"{at}.isolation.passes[{k}].sessions (the level's)", ids,
+            c.equal(RESULTS, f"{at}.isolation.passes[{k}].sessions (the level's)", served,
                     [s["session_id"] for s in p["sessions"]])
     c.equal(RESULTS, f"{at}.isolation_verdict", isolation.verdict(lv), lv["isolation_verdict"])
+
+
+def _workload_ids(data: dict) -> list[str]:
+    n = data["workload"]["sessions"]
+    return [f"s{i:0{len(str(n - 1))}d}" for i in range(n)]
 
 
 def check_sweep(c: Checks, data: dict) -> None:

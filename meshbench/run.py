@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from meshbench import config, divergence, envinfo, files, gguf_io, prompts, results, workers
+from meshbench import config, divergence, envinfo, files, gguf_io, prompts, replay, results, workers
 from meshbench.config import RunConfig, validate_levels
 from meshbench.engine import factory, rpc
 from meshbench.engine.base import check_context
 from meshbench.engine.rpc import Endpoint
 from meshbench.engine.setup import EngineSetup
 from meshbench.errors import MeshbenchError
+from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.telemetry import TickRecord
 from meshbench.supervisor import Supervisor
 from meshbench.sweep import run_concurrency_sweep
@@ -98,10 +99,22 @@ def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord],
                                   restart=cfg.restart_engine, prefill=cfg.prefill, prove_isolation=cfg.isolation)
     data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
     # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
-    if data["first_divergence"] is not None and cfg.engine.kind == "gguf":
-        data["first_divergence"]["classification"] = divergence.classify(
-            cfg, data, lambda other: run_sweep(other, "(classification)"))
+    div = data["first_divergence"]
+    if div is not None and cfg.engine.kind == "gguf":
+        div["classification"] = divergence.classify(cfg, data, lambda other: run_sweep(other, "(classification)"))
+        div["logit_deviation"] = _logit_deviation(cfg, setup, data, div)
     return data
+
+
+def _logit_deviation(cfg: RunConfig, setup: EngineSetup, data: dict, div: dict) -> dict | None:
+    """The diverging session's logits at its first batched step, against the reference level's, from a replay
+    of both levels' recorded schedules (in this process: an isolated engine's logits never leave its own)."""
+    if cfg.engine.isolated or data["reference"] is not None:
+        return None
+    by_c = {lv["concurrency"]: lv for lv in data["levels"]}
+    prompts = {r.session_id: r.prompt_tokens for r in cfg.workload.requests(setup.vocab_size, setup.eog)}
+    return replay.deviation(lambda lv: setup.make(NodeBudget(**lv["budget"])), by_c[div["reference_concurrency"]],
+                            by_c[div["concurrency"]], prompts, div["session_id"], div["token_index"])
 
 
 def config_from_results(data: dict) -> RunConfig:

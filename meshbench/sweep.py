@@ -320,11 +320,10 @@ def run_concurrency_sweep(
                 vocab = probe.vocab_size
                 close_engine(probe)
             requests = workload.requests(vocab, eog)
-            runs = isolation.run_level(lambda reqs, i=i: one_pass(i, reqs), requests, passes[i][0][2], vocab,
-                                       workload.seed)
-            records[i]["isolation"] = {"passes": runs, "reason": None}
+            records[i]["isolation"] = isolation.run_level(lambda reqs, i=i: one_pass(i, reqs), requests,
+                                                          passes[i][0][2], vocab, workload.seed)
         else:
-            records[i]["isolation"] = {"passes": None, "reason": reason}
+            records[i]["isolation"] = {"sessions": None, "passes": None, "reason": reason}
         records[i]["isolation_verdict"] = isolation.verdict(records[i])
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or fault_rows:

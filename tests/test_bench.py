@@ -52,9 +52,17 @@ def test_bench_gguf_and_invariance(tmp_path):
     for b in d["batches"]:
         assert b["ratio"] == pytest.approx(b["raw_step_ms"] / b["scheduler_step_ms"])
         assert b["samples"] == 8  # two rounds of four steps
-    inv = _json("bench", "invariance", "--model", m, "--threads", "2", "--steps", "4", "--json")
-    default = next(c for c in inv["configs"] if c["config"] == "default")
-    assert default["bitwise_identical"] and default["tokens_identical"]
+    inv = _json("bench", "invariance", "--model", m, "--threads", "2", "--steps", "3", "--batches", "1,2,8",
+                "--json")
+    default = next(r for r in inv["recipes"] if not r["repack"] and r["tiled_mm"] == "auto"
+                   and r["context"] == "default")
+    assert default["largest_invariant_batch"] == 8 and default["first_variant_batch"] is None  # Q8_0: no tiled path
+    assert [b["batch"] for b in default["per_batch"]] == [1, 2, 8]
+    assert all(b["bitwise"] and b["tokens_identical"] for b in default["per_batch"])
+    assert set(default["decode_tokens_per_s"]) == {"1", "8"}
+    assert len(inv["recipes"]) == 10  # 4 contexts x repack off/on, and the tiled switch off and forced
+    r = runner.invoke(app, ["bench", "invariance", "--model", str(m), "--batches", "2,4"])
+    assert r.exit_code == 2 and "must ascend from 1" in r.stderr
 
 
 def test_bench_tables_print_without_json():

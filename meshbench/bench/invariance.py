@@ -1,75 +1,133 @@
-"""`meshbench bench invariance`: are llama.cpp's logits the same at batch 8 as at batch 1?
+"""`meshbench bench invariance`: up to which batch size are llama.cpp's logits bitwise those of batch 1?
 
-Eight sessions with prompts of 1 to 600 tokens are each prefilled alone, then decoded
-either all together (one llama_decode per step) or one at a time; every step's logits
-are compared. Run per context configuration: the default (flash attention off,
-kv_unified off), flash attention on, and a unified KV cache.
+Per recipe (weight repacking x flash attention x kv_unified, and ggml's tiled K-quant matmul switch),
+sessions with prompts of 4 to 32 tokens are each prefilled alone; then, for every batch size B, the
+first B sessions decode together (one llama_decode per step) and every step's logits are compared with
+the same sessions decoding alone. Reported: the largest B up to which every tested size is bitwise
+equal, the first that is not, the largest |logit difference| and at which step, and decode tokens/s
+at batch 1, 8 and 16.
+
+Repacking is a model-load setting and the tiled switch a process-wide environment variable, so each
+(repack, tiled_mm) pair runs in a process of its own: one that dies (llama.cpp's AMX kernels raise
+SIGILL on CPUs that report AMX but cannot run it) takes only its own recipes with it.
 """
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from meshbench.engine.base import DecodeItem, SessionHandle
-from meshbench.engine.gguf_engine import GgufEngine
-from meshbench.engine.llama_model import LoadedModel
+from meshbench.engine.isolated import child_environment
 
-PROMPT_LENGTHS = (1, 5, 17, 40, 90, 200, 400, 600)
-CONFIGS = {"default": {}, "flash_attn": {"flash_attn": True}, "kv_unified": {"kv_unified": True}}
-
-
-class _LogitTap:
-    """Wraps an engine's logits read so every step's row is kept, per session."""
-
-    def __init__(self, engine: GgufEngine) -> None:
-        self.rows: dict[str, list[np.ndarray]] = {}
-        self._inner = engine._logits
-        engine._logits = self._read
-        self._current: list[str] = []
-
-    def _read(self, i: int) -> np.ndarray:
-        row = self._inner(i)
-        sid = self._current[i if i >= 0 else len(self._current) - 1]
-        self.rows.setdefault(sid, []).append(row)
-        return row
+BATCHES = (1, 2, 4, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+CONTEXTS = (("default", {}), ("flash_attn", {"flash_attn": True}), ("kv_unified", {"kv_unified": True}),
+            ("flash_attn+kv_unified", {"flash_attn": True, "kv_unified": True}))
+# (repack, tiled_mm) groups, each in its own process; the contexts above run in each of the first two,
+# the tiled switch with the default context only.
+GROUPS = ((False, "auto", [c for c, _ in CONTEXTS]), (True, "auto", [c for c, _ in CONTEXTS]),
+          (False, "off", ["default"]), (False, "force", ["default"]))
+CHILD_TIMEOUT_S = 3600
 
 
-def _run(model: LoadedModel, prompts: dict, steps: int, batched: bool, threads: int | None, **kw):
-    e = GgufEngine(model, len(prompts), max(map(len, prompts.values())) + steps + 4, threads,
-                   max_prompt=max(map(len, prompts.values())), **kw)
-    tap = _LogitTap(e)
-    toks = {}
-    for sid, p in prompts.items():
-        tap._current = [sid]
-        toks[sid] = [e.prefill(SessionHandle(sid, 0, len(p) + steps + 1), p).token]
-    for step in range(steps):
-        items = [DecodeItem(sid, 0, len(p) + step, toks[sid][-1]) for sid, p in prompts.items()]
-        groups = [items] if batched else [[it] for it in items]
-        for group in groups:
-            tap._current = sorted((it.session_id for it in group), key=lambda s: e._seq_ids[s])
-            for it, r in zip(group, e.decode_batch(group)):
-                toks[it.session_id].append(r.token)
-    e.close()
-    return toks, tap.rows
-
-
-def run(model_path: Path, steps: int, threads: int | None, seed: int,
+def run(model_path: Path, batches: Sequence[int], steps: int, threads: int | None, seed: int,
         progress: Callable[[str], None] = lambda msg: None) -> dict:
-    model = LoadedModel(model_path, "cpu", verbose=False)
+    recipes = []
+    for repack, tiled, contexts in GROUPS:
+        progress(f"repack {'on' if repack else 'off'}, tiled_mm {tiled}: {', '.join(contexts)}")
+        recipes += _group(model_path, repack, tiled, contexts, batches, steps, threads, seed)
+    return {"model": str(model_path), "batches": list(batches), "steps": steps, "threads": threads, "seed": seed,
+            "recipes": recipes}
+
+
+def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -> list[dict]:
+    args = json.dumps({"model": str(model_path), "repack": repack, "tiled_mm": tiled, "contexts": contexts,
+                       "batches": list(batches), "steps": steps, "threads": threads, "seed": seed})
+    try:
+        done = subprocess.run([sys.executable, "-m", "meshbench.bench.invariance", args], capture_output=True,
+                              text=True, env=child_environment(tiled), stdin=subprocess.DEVNULL,
+                              timeout=CHILD_TIMEOUT_S)
+        code, text = done.returncode, done.stdout
+    except subprocess.TimeoutExpired:
+        code, text = None, ""
+    if code == 0:
+        return json.loads(text)
+    why = (f"timed out after {CHILD_TIMEOUT_S} s" if code is None
+           else f"died with {signal.Signals(-code).name}" if code < 0 else f"exited {code}")
+    return [{"repack": repack, "tiled_mm": tiled, "context": c, "error": why} for c in contexts]
+
+
+def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: int | None, seed: int) -> dict:
+    from meshbench.engine.base import DecodeItem, SessionHandle  # noqa: PLC0415 - the child's imports
+    from meshbench.engine.gguf_engine import GgufEngine  # noqa: PLC0415
+
+    n = max(batches)
     rng = np.random.default_rng(seed)
-    prompts = {f"s{i}": [int(t) for t in rng.integers(0, model.vocab_size, n)] for i, n in enumerate(PROMPT_LENGTHS)}
-    rows = []
-    for name, kw in CONFIGS.items():
-        progress(f"{name}")
-        tb, lb = _run(model, prompts, steps, True, threads, **kw)
-        ts, ls = _run(model, prompts, steps, False, threads, **kw)
-        dev = max(float(np.max(np.abs(a - b))) for sid in lb for a, b in zip(lb[sid], ls[sid]))
-        rows.append({"config": name, "tokens_identical": tb == ts, "bitwise_identical": dev == 0.0,
-                     "max_abs_logit_diff": dev})
-    out = {"model": str(model_path), "model_sha256": model.sha256, "prompt_lengths": list(PROMPT_LENGTHS),
-           "steps": steps, "threads": threads, "configs": rows}
+    prompts = [[int(t) for t in rng.integers(0, model.vocab_size, int(k))] for k in rng.integers(4, 33, n)]
+    capacity = max(map(len, prompts)) + steps + 1
+
+    def decode(group: Sequence[int]) -> tuple[dict, float]:
+        """The sessions ``group`` prefilled alone, then decoded together: each step's logits, and the time."""
+        e = GgufEngine(model, len(group), capacity, threads, max_prompt=capacity, **context)
+        rows: dict[int, list[np.ndarray]] = {i: [] for i in group}
+        try:
+            last = {i: e.prefill(SessionHandle(f"s{i}", 0, capacity), prompts[i]).token for i in group}
+            e.tap = lambda sid, row: rows[int(sid[1:])].append(row)
+            t0 = time.perf_counter()
+            for step in range(steps):
+                items = [DecodeItem(f"s{i}", 0, len(prompts[i]) + step, last[i]) for i in group]
+                for i, r in zip(group, e.decode_batch(items)):
+                    last[i] = r.token
+            return rows, time.perf_counter() - t0
+        finally:
+            e.close()
+
+    alone, alone_s = {}, 0.0
+    for i in range(n):
+        rows, s = decode([i])
+        alone[i] = rows[i]
+        alone_s += s
+    per_batch, rates = [], {1: n * steps / alone_s}
+    for b in batches:
+        rows, s = decode(list(range(b))) if b > 1 else (alone, alone_s)
+        diffs = [[float(np.max(np.abs(x - y))) for x, y in zip(rows[i], alone[i])] for i in range(b)]
+        worst = max((max(d) for d in diffs), default=0.0)
+        first = min((k for d in diffs for k, v in enumerate(d) if v > 0), default=None)
+        per_batch.append({"batch": b, "bitwise": worst == 0.0, "max_abs_logit_diff": worst,
+                          "first_differing_step": first,
+                          "tokens_identical": all(int(np.argmax(x)) == int(np.argmax(y)) for i in range(b)
+                                                  for x, y in zip(rows[i], alone[i]))})
+        if b > 1:
+            rates[b] = b * steps / s
+    largest = 0
+    for r in per_batch:
+        if not r["bitwise"]:
+            break
+        largest = r["batch"]
+    broken = next((r["batch"] for r in per_batch if not r["bitwise"]), None)
+    return {"largest_invariant_batch": largest, "first_variant_batch": broken, "per_batch": per_batch,
+            "decode_tokens_per_s": {str(b): rates[b] for b in (1, 8, 16) if b in rates}}
+
+
+def _child(args: dict) -> None:
+    """One (repack, tiled_mm) group in this process: every context's measurement, as JSON on stdout."""
+    from meshbench.engine.llama_model import LoadedModel  # noqa: PLC0415
+
+    model = LoadedModel(Path(args["model"]), "cpu", False, repack=args["repack"])
+    contexts = dict(CONTEXTS)
+    out = []
+    for name in args["contexts"]:
+        m = _measure(model, contexts[name], args["batches"], args["steps"], args["threads"], args["seed"])
+        out.append({"repack": args["repack"], "tiled_mm": args["tiled_mm"], "context": name, "error": None, **m})
     model.close()
-    return out
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -103,6 +103,7 @@ class GgufEngine:
         self._stored: dict[str, int] = {}  # session id -> positions written
         self._epoch: dict[str, int] = {}
         self._kv_bytes_per_token = model.kv_bytes_per_token(kv_type)
+        self.tap: Callable[[str, np.ndarray], None] | None = None  # sees every sampled row (meshbench.replay)
 
     # --- figures --------------------------------------------------------------------
     @property
@@ -155,11 +156,14 @@ class GgufEngine:
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
-    def _logits(self, i: int) -> np.ndarray:
+    def _logits(self, i: int, session_id: str) -> np.ndarray:
         ptr = self.lib.llama_get_logits_ith(self.ctx, i)
         if not ptr:
             raise RuntimeError(f"llama_get_logits_ith({i}) returned NULL")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.vocab_size,)).copy()  # (vocab,)
+        row = np.ctypeslib.as_array(ptr, shape=(self.model.vocab_size,)).copy()  # (vocab,)
+        if self.tap is not None:
+            self.tap(session_id, row)
+        return row
 
 
     def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
@@ -202,7 +206,7 @@ class GgufEngine:
         self._fill([(t, seq_id, chunk.start + p, chunk.last and p == n - 1) for p, t in enumerate(chunk.tokens)])
         self._decode()
         self._stored[sid] += n
-        return greedy_step(sid, self._logits(-1), self.banned) if chunk.last else StepResult(sid, None)
+        return greedy_step(sid, self._logits(-1, sid), self.banned) if chunk.last else StepResult(sid, None)
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """A tick's work: with ``mixed``, every decode item and prompt chunk in ONE llama_decode; else the
@@ -241,7 +245,7 @@ class GgufEngine:
         rows.sort(key=lambda r: (r[1], r[2]))  # llama.cpp wants each sequence's tokens together, in order
         self._fill([r[:4] for r in rows])
         self._decode()
-        logits = {r[4]: self._logits(i) for i, r in enumerate(rows) if r[3]}
+        logits = {r[4]: self._logits(i, r[4][1]) for i, r in enumerate(rows) if r[3]}
         for it in live:
             self._stored[it.session_id] += 1
         for c in prefill:
@@ -266,7 +270,7 @@ class GgufEngine:
             self._decode()
             for i, it in enumerate(live):
                 self._stored[it.session_id] += 1
-                rows.append(self._logits(i))
+                rows.append(self._logits(i, it.session_id))
         return batch_results(items, live, rows, self.banned)
 
     def release(self, session_id: str) -> None:

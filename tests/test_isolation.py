@@ -1,0 +1,215 @@
+"""Isolation proven by perturbation, the decode feed, and the verdicts that keep the two apart."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import factories as f
+import pytest
+
+from meshbench import isolation, verdicts, verify
+from meshbench.config import Workload
+from meshbench.engine.base import DecodeItem, separate_step
+from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+from meshbench.sweep import run_concurrency_sweep
+
+
+def _sweep(levels=(1, 2, 4, 8), factory=None, workload=None):
+    workload = workload or Workload.uniform(8, 4, 8)
+    factory = factory or (lambda b: f.engine(b.kv_bytes))
+    return run_concurrency_sweep(list(levels), workload, f.budget(kv_bytes=1 << 24), factory)
+
+
+@pytest.mark.parametrize("sessions, passes", [(1, 0), (2, 2), (3, 3), (6, 4), (7, 5), (8, 5), (10, 5), (11, 6),
+                                              (16, 6), (20, 6), (21, 7), (64, 8)])
+def test_pass_count_is_the_smallest_separating_family(sessions, passes):
+    assert isolation.pass_count(sessions) == passes
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 16, 17, 35, 64])
+def test_the_perturbed_sets_separate_every_ordered_pair(n):
+    ids = [f"s{i}" for i in range(n)]
+    sets = isolation.perturbed_sets(ids)
+    assert len(sets) == isolation.pass_count(n)
+    assert isolation.separates(ids, sets)
+    # and a family missing one pass does not: the check can fail
+    assert not isolation.separates(ids, sets[1:])
+
+
+def test_perturbed_prompts_keep_their_length_and_change_every_token():
+    prompt = (5, 7, 7, 0, 255)
+    other = isolation.perturb(prompt, 256, seed=0, index=3)
+    assert len(other) == len(prompt)
+    assert all(a != b for a, b in zip(prompt, other))
+    assert isolation.perturb(prompt, 256, seed=0, index=3) == other  # seeded
+
+
+def test_isolation_holds_for_the_seed_sweep_at_every_level():
+    sw = _sweep()
+    assert sw.corruption_free and sw.batch_invariant
+    assert sw.isolation["every_level"] and sw.isolation["holds"] and sw.isolation["levels_run"] == 4
+    for lv in sw.levels:
+        v = lv["isolation_verdict"]
+        assert v == {"ran": True, "holds": True, "schedule_changed": [], "changed": [], "leaks": [],
+                     "separating": True, "family_passes": 5, "confirmations": 0, "suspects": {}, "reason": None}
+
+
+class Leaker:
+    """A planted cross-session leak: at the ``at``-th decode batch holding both, the victim is fed the
+    culprit's token instead of its own."""
+
+    def __init__(self, inner, victim="s1", culprit="s5", at=2):
+        self.inner, self.victim, self.culprit, self.at = inner, victim, culprit, at
+        self.shared = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def step(self, decode, prefill):
+        return separate_step(self, decode, prefill)
+
+    def decode_batch(self, items):
+        ids = [it.session_id for it in items]
+        if self.victim in ids and self.culprit in ids:
+            self.shared += 1
+            if self.shared == self.at:
+                theirs = items[ids.index(self.culprit)].token
+                items = [dataclasses.replace(it, token=theirs) if it.session_id == self.victim else it
+                         for it in items]
+        return self.inner.decode_batch(items)
+
+
+def test_a_planted_leak_is_caught_by_isolation_naming_both_sessions():
+    sw = _sweep(levels=(1, 8), factory=lambda b: Leaker(f.engine(b.kv_bytes)))
+    alone, shared = (lv["isolation_verdict"] for lv in sw.levels)
+    assert alone["holds"]  # at concurrency 1 they never share a batch: nothing leaks
+    assert not shared["holds"] and shared["schedule_changed"] == []
+    assert shared["changed"] == ["s1"]
+    assert shared["leaks"] == [["s1", "s5"]]  # confirmed by a pass perturbing s5 alone
+    assert "s5" in shared["suspects"]["s1"]
+    assert not sw.corruption_free and sw.isolation["holds"] is False
+    # the verdict is recomputed from the records: verify agrees
+    data = _results(sw)
+    assert verdicts.sweep_verdicts(data["levels"], None)["corruption_free"] is False
+
+
+def test_a_leak_that_flips_no_token_is_still_caught_by_the_margins():
+    class MarginLeaker(Leaker):
+        def decode_batch(self, items):
+            out = self.inner.decode_batch(items)
+            ids = [it.session_id for it in items]
+            if self.victim in ids and self.culprit in ids:
+                theirs = items[ids.index(self.culprit)].token
+                i = ids.index(self.victim)  # a tiny, content-dependent nudge to the victim's margin only
+                out[i] = dataclasses.replace(out[i], margin=out[i].margin + theirs * 1e-9)
+            return out
+
+    sw = _sweep(levels=(8,), factory=lambda b: MarginLeaker(f.engine(b.kv_bytes)))
+    v = sw.levels[0]["isolation_verdict"]
+    assert sw.batch_invariant  # no token moved
+    assert not v["holds"] and ["s1", "s5"] in v["leaks"]
+
+
+def _results(sw) -> dict:
+    return {"levels": sw.levels}
+
+
+def test_batch_variance_under_isolation_is_not_corruption():
+    """An engine whose output depends on the batch's size only (never on the neighbours' content)."""
+
+    class ShapeVariant:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def step(self, decode, prefill):
+            return separate_step(self, decode, prefill)
+
+        def decode_batch(self, items):
+            out = self.inner.decode_batch(items)
+            if len(items) >= 4:  # like a kernel switching at a batch size
+                out = [dataclasses.replace(r, token=(r.token + 1) % 256) if r.token is not None else r for r in out]
+            return out
+
+    sw = _sweep(levels=(1, 4), factory=lambda b: ShapeVariant(f.engine(b.kv_bytes)))
+    assert not sw.batch_invariant and sw.first_divergence["concurrency"] == 4
+    assert sw.isolation["holds"] and sw.isolation["every_level"]
+    assert sw.corruption_free
+
+
+def test_the_decode_feed_is_recorded_and_checked(tmp_path):
+    sw = _sweep(levels=(2,))
+    lv = sw.levels[0]
+    fed = [f for t in lv["tick_records"] for f in t["decode_feed"]]
+    s0 = next(s for s in lv["sessions"] if s["session_id"] == "s0")
+    mine = [x for x in fed if x[0] == "s0"]
+    assert [x[1] for x in mine] == list(range(4, 4 + 7))  # positions after the 4-token prompt
+    assert [x[2] for x in mine] == s0["tokens"][:7]  # each decode feeds the previous token
+
+
+def test_a_planted_wrong_position_is_caught_by_the_feed_check(monkeypatch, tmp_path):
+    """The scheduler tells the engine a wrong position once; an engine that keeps its own cursor (as
+    llama.cpp appends at the next cell) runs on, so only the recorded feed shows it."""
+    real = ContinuousBatchScheduler._decode_item
+    state = {"n": 0}
+
+    def wrong(s):
+        item = real(s)
+        state["n"] += 1
+        return dataclasses.replace(item, position=item.position + 1) if state["n"] == 5 else item
+
+    class OwnCursor:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def step(self, decode, prefill):
+            return separate_step(self, decode, prefill)
+
+        def decode_batch(self, items):
+            kv = self.inner.kv
+            fixed = [DecodeItem(it.session_id, it.epoch, kv.lookup(it.session_id, it.epoch).length, it.token)
+                     if kv.contains(it.session_id, it.epoch) else it for it in items]
+            return self.inner.decode_batch(fixed)
+
+    monkeypatch.setattr(ContinuousBatchScheduler, "_decode_item", staticmethod(wrong))
+    data = _bundle_data(lambda b: OwnCursor(f.engine(b.kv_bytes)))
+    c = verify.check_data(data)
+    bad = [x for x in c.failures if "decode_feed" in x.field and "position" in x.field]
+    assert len(bad) == 1, c.failures
+    assert bad[0].expected + 1 == bad[0].found
+    # the negative control: the same run without the planted position passes the feed check
+    monkeypatch.setattr(ContinuousBatchScheduler, "_decode_item", staticmethod(real))
+    clean = verify.check_data(_bundle_data(lambda b: OwnCursor(f.engine(b.kv_bytes))))
+    assert not [x for x in clean.failures if "decode_feed" in x.field], clean.failures
+
+
+def _bundle_data(factory) -> dict:
+    from meshbench import config, envinfo, results
+
+    cfg = config.load(None, {"levels": [2], "isolation": False})
+    sw = run_concurrency_sweep([2], cfg.workload, cfg.budget, factory)
+    info = {"kind": "synthetic", "recipe_fingerprint": "x", "kv_bytes_per_token": 1536, "weight_bytes": 1,
+            "scratch_bytes_per_session": 1}
+    data = results.build(cfg, sw, info, envinfo.environment(), "test")
+    return json.loads(results.dumps(data))
+
+
+def test_verify_catches_a_forged_isolation_verdict(tmp_path):
+    from meshbench.cli import app
+    from typer.testing import CliRunner
+
+    out = tmp_path / "b"
+    r = CliRunner().invoke(app, ["sweep", "--levels", "1,2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    data["levels"][1]["isolation"]["passes"][0]["sessions"][7]["margins_digest"] = "0" * 64
+    (out / "results.json").write_text(json.dumps(data))
+    r = CliRunner().invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1
+    assert "levels[1].isolation_verdict" in r.output and "corruption_free" in r.output
