@@ -16,7 +16,6 @@ import numpy as np
 from meshbench import files, limits
 from meshbench.errors import MeshbenchError
 
-KINDS = ("all-at-once", "poisson", "gamma", "trace")
 MAX_TICK = 10_000_000  # an arrival beyond this is a typo, not a workload
 
 
@@ -37,10 +36,14 @@ class Arrivals:
         return Arrivals(self.kind, _rate(rate, "--rates"), self.cv)
 
     def label(self) -> str:
+        """The process exactly, as ``parse`` reads it back: rates in full precision (repr round-trips a
+        float), a trace as its ticks (a trace file's content, not its name)."""
         if self.kind == "poisson":
-            return f"poisson:{self.rate:g}"
+            return f"poisson:{self.rate!r}"
         if self.kind == "gamma":
-            return f"gamma:{self.rate:g}:{self.cv:g}"
+            return f"gamma:{self.rate!r}:{self.cv!r}"
+        if self.kind == "trace":
+            return "trace:" + ",".join(map(str, self.trace))
         return self.kind
 
     def ticks(self, sessions: int, seed: int) -> list[int]:
@@ -109,7 +112,9 @@ def _rate(text, where: str) -> float:
 
 
 def _trace(text: str, where: str) -> tuple[int, ...]:
-    if not set(text) <= set("0123456789,-+ \t"):  # a file: one tick per line or comma separated
+    # A list of numbers (even a wrong one: 1.5 is refused as not whole, not looked up as a file), else a file:
+    # one tick per line or comma separated.
+    if not (set(text) <= set("0123456789,-+.eE \t") and any(ch.isdigit() for ch in text)):
         text = files.read_text(text, "arrival trace", 1 << 20).replace("\n", ",")
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items or len(items) > limits.MAX_SESSIONS:

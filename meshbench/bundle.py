@@ -10,6 +10,8 @@ bundle: a folder holding anything else is never touched.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
@@ -126,7 +128,7 @@ def commit(staging: Path, out: Path, data: dict, force: bool = False) -> list[st
         for fname in written:
             os.chmod(staging / fname, mode)
         with _signals_held():
-            _swap_in(staging, out)
+            _swap_in(staging, out, force)
         return written
     except OSError as e:
         raise MeshbenchError(f"--out {out}: cannot write the bundle ({e.strerror or e}); nothing was "
@@ -138,6 +140,41 @@ def commit(staging: Path, out: Path, data: dict, force: bool = False) -> list[st
 def write(out: Path, data: dict, force: bool = False) -> list[str]:
     """prepare + commit, for callers that already have the results."""
     return commit(prepare(out, force), out, data, force)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (False then): renameat2(RENAME_NOREPLACE) where the C
+    library has it, else rename(2), which refuses a non-empty folder (a bundle never is empty)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        try:
+            if dst.exists():
+                return False
+            os.rename(src, dst)
+            return True
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                return False
+            raise
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        return False
+    if err in (errno.ENOSYS, errno.EINVAL):  # a file system without it
+        try:
+            os.rename(src, dst)
+            return True
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                return False
+            raise
+    raise OSError(err, os.strerror(err))
 
 
 @contextmanager
@@ -155,9 +192,15 @@ def _signals_held():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _swap_in(staging: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(staging, out)
+def _swap_in(staging: Path, out: Path, force: bool = False) -> None:
+    if not force and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()  # an empty folder holds nothing to lose: the bundle takes its place
+    if not out.exists() or not force:
+        # Without --force the last step is exclusive: of two runs racing to one --out, one wins and the
+        # other is refused, its bundle discarded (nothing is replaced, nothing lost).
+        if not _rename_noreplace(staging, out):
+            raise MeshbenchError(f"--out {out}: another run wrote a bundle there while this one ran; nothing was "
+                                 "replaced (pass --force to replace it)")
         return
     # The old bundle moves into a fresh folder of a fixed-length name: no name can get too long.
     old = Path(tempfile.mkdtemp(prefix=".meshbench-old-", dir=out.absolute().parent))

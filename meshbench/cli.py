@@ -7,6 +7,7 @@ stderr naming the problem, nothing written); 130 interrupted.
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import signal
 import sys
@@ -136,9 +137,18 @@ class MeshbenchGroup(TyperGroup):
             typer.echo("terminated (SIGTERM): no partial bundle or file was left", err=True)
             return 143
         except OSError as e:
-            if e.errno not in OUTPUT_ERRORS:
-                raise
-            return _output_error(e)
+            if e.errno in OUTPUT_ERRORS:
+                return _output_error(e)
+            if e.errno in PATH_ERRORS:  # a path the file system cannot hold: the user's input, one line
+                name = e.filename if e.filename is not None else ""
+                shown = str(name)[:80] + ("..." if len(str(name)) > 80 else "")
+                typer.echo(f"error: {shown}: {e.strerror}", err=True)
+                return 2
+            raise
+
+
+# A name too long, a file where a folder should be, a loop of links: the path given was impossible.
+PATH_ERRORS = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.ELOOP, errno.EISDIR}
 
 
 def _output_error(e: OSError) -> int:
@@ -380,6 +390,9 @@ def verify(
     bundles: Annotated[list[Path], typer.Argument(help="Evidence bundle folders (each holds results.json).")],
     rerun: Annotated[bool, typer.Option("--rerun", help="Run the recorded configuration again and require every "
                                                         "deterministic field to be identical.")] = False,
+    trust_endpoints: Annotated[bool, typer.Option(
+        "--trust-endpoints", help="Let --rerun connect to the RPC endpoints a bundle names (engine.rpc); without "
+                                  "it such a bundle is refused: a rerun would send the model to them.")] = False,
 ) -> None:
     """Check evidence bundles: schema, recomputed figures, accounting, README table, and (--rerun) reproduction.
 
@@ -388,7 +401,8 @@ def verify(
     worst = 0
     for path in bundles:  # every bundle is reported; the exit code is the worst status
         try:
-            checks = verify_mod.check_bundle(path, rerun=rerun)
+            checks = verify_mod.check_bundle(
+                path, rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints) if rerun else None)
         except MeshbenchError as e:
             err.print(f"error: {e}", markup=False)
             worst = max(worst, 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,20 +11,23 @@ from typing import Annotated, Optional
 import typer
 
 from meshbench import compare as compare_mod
-from meshbench import compare_report, files
+from meshbench import bundle, compare_report, files
 from meshbench.cli_common import JsonOpt, out, print_json, table
 from meshbench.errors import MeshbenchError
 
 COLORS = {"same": "green", "unchanged": "green", "improved": "cyan", "changed": "red", "regressed": "red"}
 
 
+TOLERANCE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*%?\s*")
+
+
 def _tolerance(value: str) -> float:
-    text = value.strip().rstrip("%")
-    try:
-        t = float(text) / (100 if value.strip().endswith("%") else 1)
-    except ValueError:
-        raise MeshbenchError(f"--tolerance: {value!r} is not a number or a percentage such as 5%") from None
-    if not 0 <= t < 10:
+    """A percentage: ``10%`` or a bare ``10`` (percent too), from 0% to 1000%; returned as a fraction."""
+    m = TOLERANCE.fullmatch(value)
+    if not m:
+        raise MeshbenchError(f"--tolerance: {value!r} is not a percentage such as 10% (or 10)")
+    t = float(m.group(1)) / 100
+    if not 0 <= t <= 10:
         raise MeshbenchError(f"--tolerance: {value!r} must be between 0% and 1000%")
     return t
 
@@ -36,8 +40,10 @@ def compare(
                             "the drift measured between back-to-back sweeps on a shared 2-core machine.")] = "10%",
     perf: Annotated[str, typer.Option("--perf", help="A strong performance regression: fail (exit 1), warn "
                                                      "(print it, exit 0) or ignore.")] = "fail",
-    markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write a Markdown summary here.")]
+    markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write a Markdown summary here "
+                                                                        "(a new file, never inside a bundle).")]
     = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --markdown replace an existing file.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare two bundles: outputs, scheduler figures and performance, level by level.
@@ -48,7 +54,7 @@ def compare(
     if perf not in ("fail", "warn", "ignore"):
         raise MeshbenchError(f"--perf must be fail, warn or ignore, got {perf!r}")
     if markdown is not None:
-        files.replaceable_file(markdown, "--markdown")
+        _check_markdown(markdown, force)
     report = compare_mod.compare(baseline, candidate, _tolerance(tolerance))
     if markdown is not None:
         _write_markdown(markdown, compare_report.render(report, perf))
@@ -57,6 +63,21 @@ def compare(
     else:
         _print(report, perf)
     raise typer.Exit(compare_mod.exit_code(report, perf))
+
+
+def _check_markdown(path: Path, force: bool) -> None:
+    """A summary never replaces a file unasked, and never goes into a bundle (it would break verify)."""
+    try:
+        files.replaceable_file(path, "--markdown")
+        if path.exists() and not force:
+            raise MeshbenchError(f"--markdown {path}: exists; pass --force to replace it")
+        parent = path.absolute().parent
+        if not parent.is_dir():
+            raise MeshbenchError(f"--markdown {path}: {parent} is not a folder")
+        if bundle.is_bundle(parent):
+            raise MeshbenchError(f"--markdown {path}: {parent} is an evidence bundle; write the summary elsewhere")
+    except OSError as e:
+        raise MeshbenchError(f"--markdown {path}: {e.strerror or e}") from None
 
 
 def _write_markdown(path: Path, text: str) -> None:

@@ -39,17 +39,19 @@ def verified(path: Path, role: str) -> dict:
 def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     base, cand = verified(baseline, "baseline"), verified(candidate, "candidate")
     if base["workload"] != cand["workload"]:
-        raise MeshbenchError(f"{baseline} and {candidate} ran different workloads ({_workload(base)} against "
-                             f"{_workload(cand)}): there is nothing to compare")
-    b_levels = {(lv["concurrency"], lv["rate"]): lv for lv in base["levels"]}
-    c_levels = {(lv["concurrency"], lv["rate"]): lv for lv in cand["levels"]}
-    common = sorted(set(b_levels) & set(c_levels), key=lambda k: (k[1] or 0.0, k[0]))
+        fields = sorted(k for k in set(base["workload"]) | set(cand["workload"])
+                        if base["workload"].get(k) != cand["workload"].get(k))
+        raise MeshbenchError(f"{baseline} and {candidate} ran different workloads (workload.{', workload.'.join(fields)} "
+                             f"differ: {_workload(base)} against {_workload(cand)}): there is nothing to compare")
+    b_levels = {_level_key(lv): lv for lv in base["levels"]}
+    c_levels = {_level_key(lv): lv for lv in cand["levels"]}
+    common = sorted(set(b_levels) & set(c_levels), key=lambda k: (k[2], k[1] or 0.0, k[0]))
     if not common:
         raise MeshbenchError(f"{baseline} and {candidate} share no level (concurrency and arrival rate)")
     # On the wall clock admission depends on speed: the scheduler figures are not compared, and the
     # outputs only for the sessions both sides completed.
     wall = "wall" in (base["config"]["clock"], cand["config"]["clock"])
-    levels = [{"concurrency": c[0], "rate": c[1],
+    levels = [{"concurrency": c[0], "rate": c[1], "faults": list(c[2]),
                "outputs": outputs_verdict(b_levels[c], c_levels[c], common_only=wall),
                "scheduler": ({"verdict": "not compared (wall clock)", "changes": {}} if wall else
                              scheduler_verdict(base, b_levels[c], cand, c_levels[c])),
@@ -59,6 +61,12 @@ def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
         "differences": differences(base, cand), "across_machines": _machine(base) != _machine(cand),
         "levels": levels, "summary": summarize(levels),
     }
+
+
+def _level_key(lv: dict) -> tuple:
+    """A level is its concurrency, its arrival rate and its fault row: a sweep of fault rows has one level per
+    row at each concurrency, and every row is compared."""
+    return lv["concurrency"], lv["rate"], tuple(lv["faults"])
 
 
 def outputs_verdict(base: dict, cand: dict, common_only: bool = False) -> dict:
@@ -124,7 +132,9 @@ def performance_verdicts(base: dict, cand: dict, tolerance: float) -> dict:
 
 
 def _key(lv: dict):
-    """A level in the summary: its concurrency, with its arrival rate when it has one."""
+    """A level in the summary: its concurrency, with its arrival rate or its fault row when it has one."""
+    if lv.get("faults"):
+        return f"{lv['concurrency']}[{','.join(lv['faults'])}]"
     return lv["concurrency"] if lv["rate"] is None else f"{lv['concurrency']}@{lv['rate']:g}"
 
 

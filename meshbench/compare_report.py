@@ -6,7 +6,8 @@ from meshbench.compare import PERF_FIGURES
 
 
 def level_name(lv: dict) -> str:
-    return str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}"
+    name = str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}"
+    return name + (f" [{','.join(lv['faults'])}]" if lv.get("faults") else "")
 
 
 def verdict_text(v: dict) -> str:

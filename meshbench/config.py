@@ -316,26 +316,7 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     if data["rates"] is not None:
         for r in data["rates"]:
             process.with_rate(r)
-    if eng["kind"] == "gguf" and not eng.get("model") and not eng.get("package"):
-        raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
-    if eng["package"] and eng["model"]:
-        raise MeshbenchError(f"{source}: give engine.model or engine.package, not both")
-    if eng["kind"] != "gguf" and (eng["repack"] or eng["tiled_mm"] != "auto" or eng["package"]):
-        raise MeshbenchError(f"{source}: engine.repack, engine.tiled_mm and engine.package need the gguf engine")
-    if eng["tiled_mm"] != "auto" and eng["isolate"] is False:
-        raise MeshbenchError(f"{source}: engine.tiled_mm {eng['tiled_mm']} is a process-wide llama.cpp switch: it "
-                             "needs the engine in its own process (drop isolate: false)")
-    if wl["prompts"] is not None and eng["kind"] != "gguf":
-        raise MeshbenchError(f"{source}: workload.prompts needs the gguf engine (the model's own tokenizer)")
-    if eng["mixed_batch"] and eng["kind"] != "gguf":
-        raise MeshbenchError(f"{source}: engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
-                             "synthetic engine always runs its batched decode and each prompt in one call")
-    if (eng["rpc"] or eng["workers"]) and eng["kind"] != "gguf":
-        raise MeshbenchError(f"{source}: engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
-    if eng["rpc"] and eng["workers"]:
-        raise MeshbenchError(f"{source}: give engine.rpc (workers you run) or engine.workers (spawned), not both")
-    if eng["rpc"]:
-        rpc.parse_endpoints(eng["rpc"], f"{source}: engine.rpc")
+    _check_engine(eng, wl, source)
     devices = len(rpc.parse_endpoints(eng["rpc"])) if eng["rpc"] else eng["workers"]
     if eng["split"] is not None and len(eng["split"]) != devices:
         raise MeshbenchError(f"{source}: engine.split has {len(eng['split'])} shares for {devices} RPC workers")
@@ -352,6 +333,33 @@ def from_mapping(data: dict, source: str) -> RunConfig:
         rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]), clock=data["clock"],
         faults=rows, restart_engine=data["restart_engine"], prefill=data["prefill"], isolation=data["isolation"],
     )
+
+
+def _check_engine(eng: dict, wl: dict, source: str) -> None:
+    """The engine's cross-field rules: what needs the gguf engine, what excludes what."""
+    if eng["kind"] == "gguf" and not eng.get("model") and not eng.get("package"):
+        raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
+    if eng["package"] and eng["model"]:
+        raise MeshbenchError(f"{source}: give engine.model or engine.package, not both")
+    if eng["kind"] != "gguf" and (eng["repack"] or eng["tiled_mm"] != "auto" or eng["package"]):
+        raise MeshbenchError(f"{source}: engine.repack, engine.tiled_mm and engine.package need the gguf engine")
+    if eng["tiled_mm"] != "auto" and eng["isolate"] is False:
+        raise MeshbenchError(f"{source}: engine.tiled_mm {eng['tiled_mm']} is a process-wide llama.cpp switch: it "
+                             "needs the engine in its own process (drop isolate: false)")
+    if wl["prompts"] is not None and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: workload.prompts needs the gguf engine (the model's own tokenizer)")
+    if eng["mixed_batch"] and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
+                             "synthetic engine always runs its batched decode and each prompt in one call")
+    if (eng["rpc"] or eng["workers"]) and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
+    if (eng["rpc"] or eng["workers"]) and eng["isolate"] is False:
+        raise MeshbenchError(f"{source}: engine.rpc and engine.workers run the engine in its own process (a worker "
+                             "that misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate")
+    if eng["rpc"] and eng["workers"]:
+        raise MeshbenchError(f"{source}: give engine.rpc (workers you run) or engine.workers (spawned), not both")
+    if eng["rpc"]:
+        rpc.parse_endpoints(eng["rpc"], f"{source}: engine.rpc")
 
 
 def _story(spec: EngineSpec) -> str:

@@ -9,6 +9,8 @@ is caught too, not only a tampered file.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 
 from meshbench import arrivals, backpressure, fault_checks, figures, isolation, verdicts
 from meshbench.checks import Checks
@@ -30,6 +32,8 @@ def check_data(c: Checks, data: dict) -> None:
         check_wall(c, lv, at)
         check_feed(c, lv, at)
         check_isolation(c, data, lv, at)
+        check_timing(c, data, lv, at)
+        check_tick_ends(c, data, lv, at)
         fault_checks.check_level(c, data, lv, at)
     check_sessions(c, data)
     check_sweep(c, data)
@@ -328,6 +332,76 @@ def check_isolation(c: Checks, data: dict, lv: dict, at: str) -> None:
             c.equal(RESULTS, f"{at}.isolation.passes[{k}].sessions (the level's)", served,
                     [s["session_id"] for s in p["sessions"]])
     c.equal(RESULTS, f"{at}.isolation_verdict", isolation.verdict(lv), lv["isolation_verdict"])
+
+
+def check_timing(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Timing that cannot happen, checked on every repetition: stamps out of order, a stamp per token missing
+    or extra, a first token before the submit or the slot, engine time beyond its tick, a wall time shorter
+    than what it covers, repetitions copied from one another."""
+    tokens = {(s["session_id"], s["epoch"], s["digest"]): len(s["tokens"]) for s in lv["sessions"]}
+    for i, rep in enumerate(lv["repetitions"]):
+        where = f"{at}.repetitions[{i}]"
+        last = 0
+        for s in rep["sessions"]:
+            stamps, who = s["token_ns"], f"{where}.sessions {s['session_id']}#{s['epoch']}"
+            count = tokens.get((s["session_id"], s["epoch"], s["digest"]))
+            if count is not None:
+                c.equal(RESULTS, f"{who}.token_ns (one stamp per token)", count, len(stamps))
+            c.equal(RESULTS, f"{who}.token_ns (never decreasing)", True, all(a <= b for a, b in zip(stamps, stamps[1:])))
+            c.equal(RESULTS, f"{who} (0 <= submit <= admit <= first token)", True,
+                    _ordered([0, s["submit_ns"], s["admit_ns"], stamps[0] if stamps else None]))
+            last = max([last, s["submit_ns"], *(stamps[-1:] or [0])])
+        ticks = rep["tick_records"]
+        bad = [t["tick"] for t in ticks if not 0 <= t["decode_ns"] + t["prefill_ns"] <= t["tick_ns"]
+               or min(t["decode_ns"], t["prefill_ns"]) < 0]
+        c.equal(RESULTS, f"{where}.tick_records (0 <= decode_ns + prefill_ns <= tick_ns)", [], bad)
+        c.equal(RESULTS, f"{where}.wall_s (covers every stamp and every tick)", True,
+                rep["wall_s"] * 1e9 >= max(last, sum(t["tick_ns"] for t in ticks)))
+    reps = [json.dumps([r["sessions"], [t["tick_ns"] for t in r["tick_records"]]]) for r in lv["repetitions"]]
+    c.equal(RESULTS, f"{at}.repetitions (timing never byte-identical between two: a copy, not a run)",
+            len(reps), len(set(reps)))
+    m = re.search(r"--repeat[ =](\d+)", data["command"])
+    if m:
+        c.equal(RESULTS, "config.repeat (= the recorded command's --repeat)", int(m.group(1)),
+                data["config"]["repeat"])
+
+
+def _ordered(stamps: list) -> bool:
+    present = [x for x in stamps if x is not None]
+    return all(a <= b for a, b in zip(present, present[1:]))
+
+
+def check_tick_ends(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Who ended in a tick agrees with how the sessions ended (single-epoch levels), a session taken from the
+    queue was queued and submitted by then and prefilled only after, and prefill pieces stay in budget."""
+    budget = lv["budget"]["max_prefill_tokens_per_tick"]
+    chunked = data["config"]["prefill"] == "chunked"
+    for t in lv["tick_records"]:
+        pieces = [n for _, _, n in t["prefill_chunks"]]
+        # whole prompts: the first always runs (one larger than the budget still progresses), the rest fit
+        ok = sum(pieces) <= budget if chunked or len(pieces) > 1 else True
+        c.equal(RESULTS, f"{at}.tick_records[{t['tick']}].prefill_chunks (within the budget of {budget})", True, ok)
+    if lv["engine_losses"]:
+        return
+    by_id = {s["session_id"]: s for s in lv["sessions"]}
+    queued = {e["session_id"]: e["tick"] for e in lv["submit_events"] if e["decision"] == "QUEUED"}
+    first_piece: dict[str, int] = {}
+    for t in lv["tick_records"]:
+        for sid, _, _ in t["prefill_chunks"]:
+            first_piece.setdefault(sid, t["tick"])
+    for t in lv["tick_records"]:
+        where = f"{at}.tick_records[{t['tick']}]"
+        for sid in t["completed"]:
+            s = by_id.get(sid, {})
+            c.equal(RESULTS, f"{where}.completed {sid} (ended COMPLETED in this tick)", ["COMPLETED", t["tick"]],
+                    [s.get("done_reason"), s.get("end_tick")])
+        for sid in t["ended"]:
+            s = by_id.get(sid, {})
+            c.equal(RESULTS, f"{where}.ended {sid} (ended otherwise in this tick)", [True, t["tick"]],
+                    [s.get("done_reason") not in (None, "COMPLETED"), s.get("end_tick")])
+        for sid in t["admitted"]:
+            c.equal(RESULTS, f"{where}.admitted {sid} (queued at or before this tick, prefilled after it)", True,
+                    sid in queued and queued[sid] <= t["tick"] and first_piece.get(sid, t["tick"] + 1) > t["tick"])
 
 
 def _workload_ids(data: dict) -> list[str]:

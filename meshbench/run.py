@@ -138,7 +138,11 @@ def cached_model_path(recipe: dict) -> Path:
             / f"{r['preset']}-{r['type']}-seed{r['seed']}-v{gguf_io.WRITER_VERSION}.gguf")
 
 
-def rerun_results(data: dict) -> dict:
-    """The deterministic part again: one pass per level is enough, every repetition being identical."""
+def rerun_results(data: dict, trust_endpoints: bool = False) -> dict:
+    """The deterministic part again: one pass per level is enough, every repetition being identical. A bundle
+    can come from anyone: RPC endpoints it names are connected to only when the verifier says so."""
     cfg = dataclasses.replace(config_from_results(data), repeat=1, warmup=0)
+    if cfg.engine.rpc and not trust_endpoints:
+        raise MeshbenchError(f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
+                             "the model to them; pass --trust-endpoints if they are yours")
     return sweep_on_node(cfg, data["command"])

@@ -273,19 +273,14 @@ def run_concurrency_sweep(
     prefill: str = "whole",
     prove_isolation: bool = True,
 ) -> ConcurrencySweep:
-    """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved.
-
-    ``wall``: arrivals on the wall clock (rates per second), so admission depends on speed.
+    """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved; then each level's
+    isolation passes. ``wall``: arrivals on the wall clock (rates per second), so admission depends on speed.
     ``fault_rows``: each row of faults is run at every level, on ``node``'s processes; ``restart``:
     a lost engine is replaced (``node.restart``) and its sessions resubmitted."""
     plan = sweep_levels(levels, workload, rates, fault_rows)
     slo = slo or {"ttft": None, "tpot": None}
     budgets = [level_budget(budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
-    if wall:  # arrival times in ms, as recorded
-        times_of = [[t * 1e3 for t in lv.arrivals.seconds(workload.sessions, workload.seed)] for lv in plan]
-    else:
-        times_of = [lv.arrivals.ticks(workload.sessions, workload.seed) for lv in plan]
-
+    times_of = arrival_times(plan, workload, wall, repeat)
     eog = node.eog if node is not None else frozenset()
 
     def one_pass(i: int, requests: Sequence[GenerationRequest] | None = None) -> Pass:
@@ -311,24 +306,57 @@ def run_concurrency_sweep(
         for position, i in enumerate(order):
             passes[i].append((r, position, one_pass(i)))
     records = [level_record(lv, budgets[i], times_of[i], slo, passes[i], wall) for i, lv in enumerate(plan)]
-    vocab = node.vocab_size if node is not None else None
+    vocab = node.vocab_size if node is not None else _vocab(engine_factory, budgets[0])
     for i, lv in enumerate(plan):
-        reason = isolation_skipped(lv, wall, prove_isolation)
-        if reason is None:
-            if vocab is None:  # (a bare factory: one engine to learn the vocabulary)
-                probe = engine_factory(budgets[i])
-                vocab = probe.vocab_size
-                close_engine(probe)
-            requests = workload.requests(vocab, eog)
-            records[i]["isolation"] = isolation.run_level(lambda reqs, i=i: one_pass(i, reqs), requests,
-                                                          passes[i][0][2], vocab, workload.seed)
-        else:
-            records[i]["isolation"] = {"sessions": None, "passes": None, "reason": reason}
-        records[i]["isolation_verdict"] = isolation.verdict(records[i])
+        prove_level(records[i], lv, lambda reqs, i=i: one_pass(i, reqs), workload.requests(vocab, eog),
+                    passes[i][0][2], vocab, workload.seed, isolation_skipped(lv, wall, prove_isolation))
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or fault_rows:
         reference = alone_reference(workload, budget, engine_factory, clock, prefill, eog)
     return sweep_verdicts(records, reference)
+
+
+def arrival_times(plan: Sequence[Level], workload: Workload, wall: bool, repeat: int) -> list[list]:
+    """Each level's arrival times as recorded: ticks, or ms on the wall clock; a tick sweep too large to record is
+    refused here, before it runs."""
+    if wall:
+        return [[t * 1e3 for t in lv.arrivals.seconds(workload.sessions, workload.seed)] for lv in plan]
+    times_of = [lv.arrivals.ticks(workload.sessions, workload.seed) for lv in plan]
+    check_record_size(plan, times_of, workload, repeat)
+    return times_of
+
+
+# Tick records a sweep may write (each a few hundred bytes, idle ticks included): beyond this results.json
+# would grow past what verify loads (results.MAX_BYTES), so such a sweep is refused before it runs.
+MAX_RECORDED_TICKS = 250_000
+
+
+def check_record_size(plan: Sequence[Level], times_of: Sequence[Sequence[int]], workload: Workload,
+                      repeat: int) -> None:
+    work = sum(p + n for p, n in zip(workload.prompt_tokens, workload.new_tokens))
+    bound = sum((max(times, default=0) + work + 1) * (repeat + 1) for times in times_of)
+    if bound > MAX_RECORDED_TICKS:
+        last = max(max(times, default=0) for times in times_of)
+        raise MeshbenchError(f"this sweep could record up to {bound} ticks (the last session arrives at tick {last}, "
+                             f"{len(plan)} levels, {repeat} repetition(s)), more than the {MAX_RECORDED_TICKS} a "
+                             "results.json can hold: raise the arrival rate, or sweep fewer levels or repetitions")
+
+
+def prove_level(record: dict, level: Level, run: Callable[[Sequence[GenerationRequest]], Pass],
+                requests: Sequence[GenerationRequest], baseline: Pass, vocab: int, seed: int, skipped: str | None):
+    """The level's isolation records (its perturbation passes, or why there are none) and their verdict."""
+    record["isolation"] = ({"sessions": None, "passes": None, "reason": skipped} if skipped is not None else
+                           isolation.run_level(run, requests, baseline, vocab, seed))
+    record["isolation_verdict"] = isolation.verdict(record)
+
+
+def _vocab(engine_factory: Callable[[NodeBudget], BatchEngine], budget: NodeBudget) -> int:
+    """A bare engine factory's vocabulary (one engine, made and closed)."""
+    probe = engine_factory(budget)
+    try:
+        return probe.vocab_size
+    finally:
+        close_engine(probe)
 
 
 def isolation_skipped(level: Level, wall: bool, wanted: bool) -> str | None:

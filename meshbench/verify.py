@@ -8,11 +8,11 @@ schema violation) raise MeshbenchError instead: there is nothing to check.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from meshbench import bundle, config, fault_report, files, recompute, report, results, validation
 from meshbench.checks import Checks
 from meshbench.errors import MeshbenchError
-from meshbench.run import rerun_results
 from meshbench.sweep import DETERMINISTIC_LEVEL_FIELDS
 
 
@@ -47,17 +47,21 @@ def config_echo_errors(echo: dict) -> list[str]:
     return errors
 
 
-def check_bundle(path: Path, rerun: bool = False) -> Checks:
+Rerun = Callable[[dict], dict]  # a bundle's results -> the same configuration's results, run again
+
+
+def check_bundle(path: Path, rerun: Rerun | None = None) -> Checks:
     return checked_bundle(path, rerun)[1]
 
 
-def checked_bundle(path: Path, rerun: bool = False) -> tuple[dict, Checks]:
-    """The bundle's results and every check of it."""
+def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks]:
+    """The bundle's results and every check of it; with ``rerun`` (the runner, injected: checking a file
+    never loads an engine), its deterministic records compared with a fresh run's."""
     data = load_bundle(path)
     c = check_data(data)
     check_readme(c, data, path)
-    if rerun:
-        check_rerun(c, data, path)
+    if rerun is not None:
+        check_rerun(c, data, rerun)
     return data, c
 
 
@@ -74,11 +78,26 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
         c.equal(bundle.README, "(file)", "present", "missing")
         return
     text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
+    expected = report.render_readme(data, bundle_name(text, path))
+    if text != expected:  # generated from results.json: every line is checked, prose included
+        want, got = expected.splitlines(), text.splitlines()
+        k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        c.equal(bundle.README, f"line {k + 1} (the README as results.json renders it)",
+                want[k] if k < len(want) else "(end of file)", got[k] if k < len(got) else "(end of file)")
     _check_table(c, "sweep table", report.parse_table(text), report.table_rows(data), report.TABLE_FIELDS, "levels")
     faults = fault_report.table_rows(data)
     if faults:
         _check_table(c, "fault matrix", report.parse_table(text, fault_report.TABLE_HEADER), faults,
                      [h.strip() for h in fault_report.TABLE_HEADER.strip("|").split("|")], "fault matrix rows")
+
+
+def bundle_name(text: str, path: Path) -> str:
+    """The name the bundle was written under, as its README quotes it (``meshbench verify NAME --rerun``):
+    a name is presentation, every other line is checked against results.json."""
+    for line in text.splitlines():
+        if line.startswith("meshbench verify ") and line.endswith(" --rerun"):
+            return line[len("meshbench verify "):-len(" --rerun")]
+    return path.name
 
 
 def _check_table(c: Checks, name: str, rows: list[list[str]] | None, expected: list[list[str]], fields, at: str):
@@ -120,8 +139,8 @@ def deterministic_view(data: dict) -> dict:
     return out
 
 
-def check_rerun(c: Checks, data: dict, path: Path) -> None:
-    fresh = rerun_results(data)
+def check_rerun(c: Checks, data: dict, rerun: Rerun) -> None:
+    fresh = rerun(data)
     old, new = deterministic_view(data), deterministic_view(fresh)
     for k in sorted(set(old) | set(new)):
         c.equal(f"{bundle.RESULTS} (rerun)", k, new.get(k, "(absent)"), old.get(k, "(absent)"))

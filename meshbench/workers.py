@@ -18,6 +18,7 @@ from typing import Iterator
 
 from meshbench.engine.rpc import Endpoint
 from meshbench.errors import MeshbenchError
+from meshbench.children import die_with_parent
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -47,7 +48,8 @@ class Pool:
             if self.threads:
                 cmd += ["--threads", str(self.threads)]
             self._procs.append((subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                 stderr=subprocess.PIPE, start_new_session=True), ep))
+                                                 stderr=subprocess.PIPE, start_new_session=True,
+                                                 preexec_fn=die_with_parent()), ep))
         for proc, ep in self._procs:
             _wait_ready(proc, ep)
 

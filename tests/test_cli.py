@@ -59,7 +59,7 @@ def test_default_sweep_prints_the_dgr012_table():
     assert r.exit_code == 0, r.output
     rows = [line.strip("│ ").split("│") for line in r.stdout.splitlines() if line.startswith("│")]
     assert [[c.strip() for c in row[:6]] for row in rows] == DGR012_TABLE
-    assert "corruption_free=True saturation_concurrency=8" in r.stdout
+    assert "corruption_free=True batch_invariant=True isolation=True (4 of 4 levels) saturation_concurrency=8" in r.stdout
 
 
 def test_default_sweep_json_holds_the_dgr012_figures_exactly():
@@ -155,6 +155,9 @@ def test_rerun_catches_tokens_rewritten_consistently(copy_of):
             s["digest"] = token_digest(s["tokens"])
             for rep in lv["repetitions"]:
                 rep["sessions"][0]["digest"] = s["digest"]
+            for p in lv["isolation"]["passes"]:  # and the perturbation passes that did not touch it
+                if s["session_id"] not in p["perturbed"]:
+                    p["sessions"][0]["digest"] = s["digest"]
 
     _edit(dst, rewrite)
     assert invoke("verify", dst).exit_code == 0  # internally consistent...
@@ -197,7 +200,7 @@ def test_verify_refuses_a_newer_schema_version_and_a_schema_violation(copy_of):
     _edit(dst, lambda d: d.__setitem__("schema_version", 99))
     r = invoke("verify", dst)
     assert r.exit_code == 2 and "schema_version 99 is newer" in r.stderr and "upgrade" in r.stderr
-    _edit(dst, lambda d: (d.__setitem__("schema_version", 2), d["levels"][0].__setitem__("ticks", "many")))
+    _edit(dst, lambda d: (d.__setitem__("schema_version", 3), d["levels"][0].__setitem__("ticks", "many")))
     r = invoke("verify", dst)
     assert r.exit_code == 2 and "fails the results schema" in r.stderr and "levels.0.ticks" in r.stderr
 

@@ -215,7 +215,7 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(baseline, tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1 and expect in r.stderr, r.stderr
         assert r.stdout == "" and not md.exists()
     for flag, value, expect in (("--perf", "maybe", "--perf must be fail, warn or ignore"),
-                                ("--tolerance", "five", "--tolerance: 'five' is not a number")):
+                                ("--tolerance", "five", "--tolerance: 'five' is not a percentage")):
         r = invoke("compare", baseline, baseline, flag, value)
         assert r.exit_code == 2 and expect in r.stderr
 

@@ -82,22 +82,23 @@ def test_cross_engine_parity_on_f32_weights(loaded, models, monkeypatch, kv_type
     import meshbench.engine.gguf_engine as ge
     import meshbench.engine.synthetic as se
 
-    seen = {"gguf": [], "numpy": []}
+    seen = {"gguf": {}, "numpy": {}}  # every sampled row, per session, prefill and decode alike
+    inner = se.greedy_step
 
-    def capture(tag, inner):
-        def step(sid, logits):
-            seen[tag].append(np.array(logits, dtype=np.float64))
-            return inner(sid, logits)
-        return step
+    def capture(sid, logits, banned=None):
+        seen["numpy"].setdefault(sid, []).append(np.array(logits, dtype=np.float64))
+        return inner(sid, logits, banned)
 
-    monkeypatch.setattr(ge, "greedy_step", capture("gguf", ge.greedy_step))
-    monkeypatch.setattr(se, "greedy_step", capture("numpy", se.greedy_step))
+    monkeypatch.setattr(se, "greedy_step", capture)
     cfg, w = gguf_io.read_weights(models["f32"])
     prompts = {"a": [1, 2, 3, 4], "b": [9], "c": [5, 6, 7, 8, 9, 10, 11]}
-    t_gguf = _run(GgufEngine(loaded["f32"], 4, 64, threads=2, kv_type=kv_type), prompts, 10)
+    engine = GgufEngine(loaded["f32"], 4, 64, threads=2, kv_type=kv_type)
+    engine.tap = lambda sid, row: seen["gguf"].setdefault(sid, []).append(np.array(row, dtype=np.float64))
+    t_gguf = _run(engine, prompts, 10)
     t_numpy = _run(SyntheticEngine(cfg, w, 1 << 30), prompts, 10)
     assert t_gguf == t_numpy
-    dev = max(float(np.max(np.abs(a - b))) for a, b in zip(seen["gguf"], seen["numpy"]))
+    assert {sid: len(r) for sid, r in seen["gguf"].items()} == {sid: 11 for sid in prompts}
+    dev = max(float(np.max(np.abs(a - b))) for sid in prompts for a, b in zip(seen["gguf"][sid], seen["numpy"][sid]))
     print(f"\nparity, F32 weights, {kv_type} KV cache: max |logit diff| llama.cpp vs numpy = {dev:.3g}")
     tol = PARITY_ATOL[kv_type]
     assert dev < tol, f"llama.cpp and numpy logits differ by {dev:.3e} (tolerance {tol})"
@@ -117,21 +118,19 @@ def test_cross_engine_sweeps_give_identical_tokens_on_dgr012(models):
 def test_quantized_batch_1_and_batch_8_logits_are_bitwise_identical(loaded, monkeypatch, qtype):
     import meshbench.engine.gguf_engine as ge
 
-    seen: dict[str, list] = {"batched": [], "single": []}
-    mode = {"tag": "batched"}
-    inner = ge.greedy_step
+    seen: dict[str, list] = {"batched": [], "single": []}  # every sampled row: prefill and decode
 
-    def capture(sid, logits):
-        seen[mode["tag"]].append((sid, np.array(logits)))
-        return inner(sid, logits)
+    def run(tag: str, batched: bool):
+        engine = GgufEngine(loaded[qtype], 8, 64, threads=2)
+        engine.tap = lambda sid, row: seen[tag].append((sid, np.array(row)))
+        return _run(engine, prompts, 12, batched=batched)
 
-    monkeypatch.setattr(ge, "greedy_step", capture)
     rng = np.random.default_rng(7)
     prompts = {f"s{i}": [int(t) for t in rng.integers(0, 256, 2 + 5 * i)] for i in range(8)}
-    t_b = _run(GgufEngine(loaded[qtype], 8, 64, threads=2), prompts, 12, batched=True)
-    mode["tag"] = "single"
-    t_s = _run(GgufEngine(loaded[qtype], 8, 64, threads=2), prompts, 12, batched=False)
+    t_b = run("batched", True)
+    t_s = run("single", False)
     assert t_b == t_s
+    assert len(seen["batched"]) == len(seen["single"]) == 8 * 13
     by_sid = lambda rows: {sid: [x for s, x in rows if s == sid] for sid in prompts}  # noqa: E731
     b, s = by_sid(seen["batched"]), by_sid(seen["single"])
     for sid in prompts:
@@ -247,9 +246,17 @@ def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
     cfg = config.load(overrides={"engine": {"kind": "gguf", "model": str(models["q8_0"])}, "levels": [1, 8]})
     div = {"session_id": "s0", "token_index": 3, "reference_concurrency": 1, "concurrency": 8,
            "reference_token": 1, "token": 2, "reference_margin": 1e-4}
-    assert classify(cfg, div, lambda c: run_sweep(c, "test")).startswith("kernel batch variance")
+    data = {"first_divergence": div, "engine": {"architecture": "llama"},
+            "isolation": {"holds": True, "every_level": True}}
+    text = classify(cfg, data, lambda c: run_sweep(c, "test"))
+    assert text.startswith("engine batch variance (shape-dependent numerics)") and "(a near-tie)" in text
+    assert text.endswith("numpy oracle: agrees across levels [1, 8] on the same weights")
     div["reference_margin"] = 10 * NEAR_TIE
-    assert classify(cfg, div, lambda c: run_sweep(c, "test")).startswith("suspect")
+    assert "near-tie" not in classify(cfg, data, lambda c: run_sweep(c, "test"))
+    data["isolation"] = {"holds": False, "every_level": True}
+    assert classify(cfg, data, lambda c: run_sweep(c, "test")).startswith("contamination between sessions")
+    data["isolation"] = {"holds": None, "every_level": False}
+    assert classify(cfg, data, lambda c: run_sweep(c, "test")).startswith("unclassified")
 
 
 def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(models, loaded, tmp_path):

@@ -2,7 +2,8 @@
 
 For each level C and repetition: meshbench runs its sweep pass at concurrency C; llama-server runs
 with ``-np C`` on a free loopback port, and C closed-loop clients send the same sessions (prompt
-token ids, ``n_predict`` new tokens, greedy, no prompt cache, EOS ignored) and stream the tokens
+token ids, ``n_predict`` new tokens, greedy, no prompt cache, end-of-generation tokens banned on both
+sides: the server's ignore_eos, meshbench's eos ban) and stream the tokens
 back, stamped as they arrive. Then the server is stopped by the process id that started it. Per
 level: whether every session's tokens are identical, total tokens/s (prompt + generated over the
 wall time of the level), TTFT and ITL percentiles, and meshbench's figures over the server's.
@@ -11,6 +12,7 @@ Repetitions rotate the level order, and within a level the two sides alternate w
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
@@ -29,6 +31,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.run import prepare
 from meshbench.sweep import level_budget, level_orders, run_pass
 from meshbench.workers import free_port
+from meshbench.children import die_with_parent
 
 READY_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
@@ -36,6 +39,10 @@ REQUEST_TIMEOUT_S = 600.0
 
 def run(cfg: RunConfig, server: Path, levels: list[int], repeat: int,
         progress: Callable[[str], None] = lambda m: None) -> dict:
+    # llama-server's ignore_eos bans end-of-generation tokens: meshbench bans them too (eos: ban), so both
+    # sides generate exactly max_new_tokens and pick the same argmax.
+    cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, eos="ban"),
+                              engine=dataclasses.replace(cfg.engine, ban_eog=True))
     setup = prepare(cfg)  # checks every level against the workload and the model first
     try:
         requests = cfg.workload.requests(setup.vocab_size)
@@ -84,7 +91,7 @@ def _one_server(cfg: RunConfig, server: Path, requests, c: int, stream: bool = T
            "--kv-unified" if cfg.engine.kv_unified else "--no-kv-unified",
            "-t", str(cfg.engine.threads or os.cpu_count() or 1), "-tb", str(cfg.engine.threads or os.cpu_count() or 1)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=die_with_parent())
     try:
         _wait_healthy(proc, port)
         return _drive(port, requests, c, stream)

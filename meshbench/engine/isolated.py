@@ -37,6 +37,7 @@ from meshbench.engine.base import (
 from meshbench.engine.rpc import Endpoint
 from meshbench.errors import EngineUnavailable, MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
+from meshbench.children import die_with_parent
 
 START_TIMEOUT_S = 300.0  # loading a model onto RPC workers sends every weight over the network
 CALL_TIMEOUT_S = 300.0  # one engine call; beyond it the child is killed and counted as lost
@@ -90,7 +91,7 @@ class EngineProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "meshbench.engine.engine_child", str(theirs.fileno())],
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                      stdout=None if verbose else subprocess.DEVNULL, stderr=self._stderr,
-                                     env=child_environment(spec.tiled_mm))
+                                     env=child_environment(spec.tiled_mm), preexec_fn=die_with_parent())
         theirs.close()
         self._conn = Connection(ours.detach())
         self.lost: str | None = None

@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+from meshbench.errors import MeshbenchError
+
 
 @dataclass(frozen=True, slots=True)
 class LayerKv:
@@ -66,7 +68,14 @@ def _per_layer(value, n_layers: int) -> list[int]:
 def from_metadata(meta: dict) -> KvGeometry:
     """The geometry from GGUF metadata keys (``general.architecture`` and the ``{arch}.`` hyperparameters),
     with llama.cpp's defaults where a key is absent: KV heads = heads, key length = embedding / heads,
-    value length = key length."""
+    value length = key length. A key llama.cpp needs and the file lacks is a MeshbenchError."""
+    try:
+        return _from_metadata(meta)
+    except KeyError as e:
+        raise MeshbenchError(f"model: GGUF metadata {e.args[0]} is missing (needed for the KV geometry)") from None
+
+
+def _from_metadata(meta: dict) -> KvGeometry:
     arch = meta["general.architecture"]
     p = f"{arch}."
     n_layers = int(meta[p + "block_count"])

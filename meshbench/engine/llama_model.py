@@ -43,8 +43,8 @@ def set_llama_logging(verbose: bool) -> None:
     global _log_callback
     lib = llama_cpp_lib()
     with _log_lock:
-        if verbose:
-            lib.llama_log_set(None, ctypes.c_void_p())
+        if verbose:  # llama.cpp's own logger again: a NULL callback of the callback type (None is refused)
+            lib.llama_log_set(lib.llama_log_callback(), ctypes.c_void_p())
             _log_callback = None
         elif _log_callback is None:
             @lib.llama_log_callback
