@@ -137,6 +137,8 @@ def bench_gguf(
     as_json: JsonOpt = False,
 ) -> None:
     """Decode tokens/s of the GGUF engine driven by the scheduler vs a raw llama_decode loop (or vs RPC workers)."""
+    if worker_counts is not None and rpc_workers:
+        raise MeshbenchError("--workers spawns its own RPC workers: give --workers or --rpc, not both")
     path = regular_file(model, "model")
     sizes = int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)
     if worker_counts is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import shlex
 import sys
@@ -157,12 +158,20 @@ RatesOpt = Annotated[Optional[str], typer.Option(
 QueueOpt = Annotated[Optional[int], typer.Option(
     "--max-queue-depth", min=0, max=limits.MAX_SESSIONS,
     help="The node's queue (arrivals over time; all at once, the queue holds every session).")]
+def _slo(value: float | None) -> float | None:
+    """An SLO is a finite positive time: NaN and infinities are refused as what they are, not as out of range."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    if value is not None and not 0.001 <= value <= 10_000_000:
+        raise typer.BadParameter(f"{value:g} must be between 0.001 and 10000000")
+    return value
+
+
 SloTtftOpt = Annotated[Optional[float], typer.Option(
-    "--slo-ttft", min=0.001, max=10_000_000,
-    help="Goodput SLO: arrival to first token, in ticks (ms on --clock wall).")]
+    "--slo-ttft", callback=_slo, help="Goodput SLO: arrival to first token, in ticks (ms on --clock wall).")]
 SloTpotOpt = Annotated[Optional[float], typer.Option(
-    "--slo-tpot", min=0.001, max=10_000_000, help="Goodput SLO: mean gap between tokens after the first, in ticks "
-                                                  "(ms on --clock wall).")]
+    "--slo-tpot", callback=_slo, help="Goodput SLO: mean gap between tokens after the first, in ticks "
+                                      "(ms on --clock wall).")]
 ClockOpt = Annotated[Optional[str], typer.Option(
     "--clock", help="tick (default: arrivals in ticks, exact and re-checkable) | wall (rates per second, "
                     "admission depends on speed: reported).")]

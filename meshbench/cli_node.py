@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -15,10 +16,6 @@ from meshbench.errors import MeshbenchError
 
 node_app = typer.Typer(help="A llama.cpp RPC worker (ggml-rpc) for a node spread over processes or hosts.",
                        no_args_is_help=True)
-
-
-class Stopped(Exception):
-    """The server thread ended on its own (llama.cpp could not serve)."""
 
 
 @node_app.command("serve")
@@ -46,7 +43,8 @@ def serve(
                               daemon=True)
     try:  # from before the server can accept anything: a SIGTERM from then on is a clean stop
         server.start()
-        err.print(f"listening on {endpoint}", markup=False)
+        if _accepting(endpoint, server):  # "listening" only once it is: llama.cpp may fail to bind the name
+            err.print(f"listening on {endpoint}", markup=False)
         while server.is_alive():
             server.join(0.25)
     except BaseException as e:
@@ -55,6 +53,21 @@ def serve(
             return
         raise
     raise MeshbenchError(f"llama.cpp's RPC server on {endpoint} stopped (could it bind the port?)")
+
+
+BIND_TIMEOUT_S = 30.0
+
+
+def _accepting(endpoint: rpc.Endpoint, server: threading.Thread) -> bool:
+    """Wait until the port takes a connection (True), or the server thread ends (False)."""
+    deadline = time.monotonic() + BIND_TIMEOUT_S
+    while server.is_alive() and time.monotonic() < deadline:
+        try:
+            with socket.create_connection((endpoint.host, endpoint.port), timeout=0.5):
+                return True
+        except OSError:
+            server.join(0.05)
+    return server.is_alive()
 
 
 def _check_port_free(endpoint: rpc.Endpoint) -> None:

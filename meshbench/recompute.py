@@ -236,9 +236,9 @@ def check_repetitions(c: Checks, data: dict, lv: dict, at: str, index: int) -> N
             continue  # admission depends on speed: repetitions differ by design, tokens are checked by the sweep
         c.equal(RESULTS, f"{where}.tick_records (deterministic fields = repetition 0's)", True,
                 figures.deterministic_ticks(rep["tick_records"]) == lv["tick_records"])
-        ends = [(s["session_id"], s["digest"], s["done_reason"]) for s in rep["sessions"]]
-        c.equal(RESULTS, f"{where}.sessions (ids, digests, ends = repetition 0's)",
-                [(s["session_id"], s["digest"], s["done_reason"]) for s in lv["sessions"]], ends)
+        ends = [(s["session_id"], s["epoch"], s["digest"], s["done_reason"]) for s in rep["sessions"]]
+        c.equal(RESULTS, f"{where}.sessions (ids, epochs, digests, ends = repetition 0's)",
+                [(s["session_id"], s["epoch"], s["digest"], s["done_reason"]) for s in lv["sessions"]], ends)
 
 
 def check_wall(c: Checks, lv: dict, at: str) -> None:

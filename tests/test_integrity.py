@@ -325,3 +325,25 @@ def _gone(pid: int) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+@pytest.mark.parametrize("isolate", [[], ["--isolate"]])
+def test_verbose_on_the_gguf_engine_is_not_a_traceback(tmp_path, isolate):
+    pytest.importorskip("llama_cpp")
+    model = tmp_path / "m.gguf"
+    assert runner.invoke(app, ["model", "make-tiny", str(model), "--type", "q8_0"]).exit_code == 0
+    cmd = [sys.executable, "-m", "meshbench.cli", "sweep", "--engine", "gguf", "--model", str(model), "--levels", "1,2",
+           "--verbose", *isolate]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_bench_gguf_refuses_workers_with_rpc(tmp_path):
+    r = runner.invoke(app, ["bench", "gguf", "--model", str(tmp_path / "m.gguf"), "--workers", "0,1", "--rpc",
+                            "127.0.0.1:5"])
+    assert r.exit_code == 2 and "give --workers or --rpc, not both" in r.stderr
+
+
+def test_slo_nan_says_it_is_not_finite():
+    r = runner.invoke(app, ["sweep", "--slo-ttft", "nan"])
+    assert r.exit_code == 2 and "not a finite number" in r.stderr
