@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from meshbench import compare as compare_mod
 from meshbench import bundle, compare_report, files
+from meshbench import compare as compare_mod
 from meshbench.cli_common import JsonOpt, out, print_json, table
 from meshbench.errors import MeshbenchError
 

@@ -41,8 +41,9 @@ def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     if base["workload"] != cand["workload"]:
         fields = sorted(k for k in set(base["workload"]) | set(cand["workload"])
                         if base["workload"].get(k) != cand["workload"].get(k))
-        raise MeshbenchError(f"{baseline} and {candidate} ran different workloads (workload.{', workload.'.join(fields)} "
-                             f"differ: {_workload(base)} against {_workload(cand)}): there is nothing to compare")
+        named = ", ".join(f"workload.{k}" for k in fields)
+        raise MeshbenchError(f"{baseline} and {candidate} ran different workloads ({named} differ: {_workload(base)} "
+                             f"against {_workload(cand)}): there is nothing to compare")
     b_levels = {_level_key(lv): lv for lv in base["levels"]}
     c_levels = {_level_key(lv): lv for lv in cand["levels"]}
     common = sorted(set(b_levels) & set(c_levels), key=lambda k: (k[2], k[1] or 0.0, k[0]))

@@ -347,7 +347,8 @@ def check_timing(c: Checks, data: dict, lv: dict, at: str) -> None:
             count = tokens.get((s["session_id"], s["epoch"], s["digest"]))
             if count is not None:
                 c.equal(RESULTS, f"{who}.token_ns (one stamp per token)", count, len(stamps))
-            c.equal(RESULTS, f"{who}.token_ns (never decreasing)", True, all(a <= b for a, b in zip(stamps, stamps[1:])))
+            c.equal(RESULTS, f"{who}.token_ns (never decreasing)", True,
+                    all(a <= b for a, b in zip(stamps, stamps[1:])))
             c.equal(RESULTS, f"{who} (0 <= submit <= admit <= first token)", True,
                     _ordered([0, s["submit_ns"], s["admit_ns"], stamps[0] if stamps else None]))
             last = max([last, s["submit_ns"], *(stamps[-1:] or [0])])

@@ -55,7 +55,8 @@ def check_version(data: dict, where: str) -> None:
     if v < SCHEMA_VERSION:
         raise MeshbenchError(
             f"{where}: schema_version {v} was written by an older meshbench (this one writes {SCHEMA_VERSION}, "
-            "with isolation passes and the decode feed); re-run its sweep command (commands.txt beside it) with this version"
+            "with isolation passes and the decode feed); re-run its sweep command (commands.txt beside it) with this "
+            "version"
         )
 
 

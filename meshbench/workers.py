@@ -16,9 +16,9 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
+from meshbench.children import die_with_parent
 from meshbench.engine.rpc import Endpoint
 from meshbench.errors import MeshbenchError
-from meshbench.children import die_with_parent
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0

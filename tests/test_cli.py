@@ -59,7 +59,8 @@ def test_default_sweep_prints_the_dgr012_table():
     assert r.exit_code == 0, r.output
     rows = [line.strip("│ ").split("│") for line in r.stdout.splitlines() if line.startswith("│")]
     assert [[c.strip() for c in row[:6]] for row in rows] == DGR012_TABLE
-    assert "corruption_free=True batch_invariant=True isolation=True (4 of 4 levels) saturation_concurrency=8" in r.stdout
+    verdicts = "corruption_free=True batch_invariant=True isolation=True (4 of 4 levels) saturation_concurrency=8"
+    assert verdicts in r.stdout
 
 
 def test_default_sweep_json_holds_the_dgr012_figures_exactly():

@@ -79,7 +79,6 @@ def test_llama_cpp_reproduces_the_golden_stream_on_the_f32_model(loaded):
 
 @pytest.mark.parametrize("kv_type", ["f32", "f16"])
 def test_cross_engine_parity_on_f32_weights(loaded, models, monkeypatch, kv_type):
-    import meshbench.engine.gguf_engine as ge
     import meshbench.engine.synthetic as se
 
     seen = {"gguf": {}, "numpy": {}}  # every sampled row, per session, prefill and decode alike
@@ -116,7 +115,6 @@ def test_cross_engine_sweeps_give_identical_tokens_on_dgr012(models):
 
 @pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
 def test_quantized_batch_1_and_batch_8_logits_are_bitwise_identical(loaded, monkeypatch, qtype):
-    import meshbench.engine.gguf_engine as ge
 
     seen: dict[str, list] = {"batched": [], "single": []}  # every sampled row: prefill and decode
 

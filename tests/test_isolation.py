@@ -201,8 +201,9 @@ def _bundle_data(factory) -> dict:
 
 
 def test_verify_catches_a_forged_isolation_verdict(tmp_path):
-    from meshbench.cli import app
     from typer.testing import CliRunner
+
+    from meshbench.cli import app
 
     out = tmp_path / "b"
     r = CliRunner().invoke(app, ["sweep", "--levels", "1,2", "--out", str(out)])

@@ -1,15 +1,39 @@
-"""README.md stays current: its evidence tables equal the committed bundles, its commands exist."""
+"""README.md and docs/ stay current: evidence tables equal the committed bundles, the CLI reference is the
+app's own, the evidence index is the bundles'."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from meshbench import fault_report, report
+from meshbench import evidence_index, fault_report, report
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = "\n".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
 BUNDLES = sorted(p for p in (ROOT / "evidence").iterdir() if (p / "results.json").is_file())
+
+
+def test_readme_is_short_and_links_the_docs():
+    assert len(README.splitlines()) <= 200
+    for page in ("docs/concepts/determinism.md", "docs/evidence.md", "docs/reference/cli.md", "evidence/INDEX.md",
+                 "docs/architecture.md"):
+        assert page in README and (ROOT / page).is_file(), page
+
+
+def test_the_cli_reference_is_generated_from_the_app():
+    done = subprocess.run([sys.executable, "-m", "typer", "meshbench.cli", "utils", "docs", "--name", "meshbench"],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    assert (ROOT / "docs" / "reference" / "cli.md").read_text() == done.stdout, (
+        "docs/reference/cli.md is stale: python -m typer meshbench.cli utils docs --name meshbench "
+        "--output docs/reference/cli.md")
+
+
+def test_the_evidence_index_is_the_bundles():
+    assert (ROOT / "evidence" / "INDEX.md").read_text() == evidence_index.render(ROOT / "evidence"), (
+        "evidence/INDEX.md is stale: python -m meshbench.evidence_index evidence > evidence/INDEX.md")
 
 
 def test_readme_opens_with_the_two_setup_commands():
@@ -25,11 +49,12 @@ def test_readme_opens_with_the_two_setup_commands():
 def test_readme_table_equals_the_committed_bundle(bundle):
     data = json.loads((bundle / "results.json").read_text())
     marker = f"--out evidence/{bundle.name}\n"
-    assert marker in README, f"README.md does not show how evidence/{bundle.name} was made"
-    section = README.split(marker, 1)[1]
+    text = README + "\n" + DOCS
+    assert marker in text, f"README.md and docs/ do not show how evidence/{bundle.name} was made"
+    section = text.split(marker, 1)[1]
     rows = report.parse_table(section)
     assert rows == report.table_rows(data)
-    assert data["command"].split("--out")[0].strip() in README
+    assert data["command"].split("--out")[0].strip() in text
     matrix = fault_report.table_rows(data)
     if matrix:  # a fault bundle: its matrix is in the README too, cell for cell
         assert report.parse_table(section, fault_report.TABLE_HEADER) == matrix

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Callable
 
 from meshbench import figures, stats
+from meshbench.children import die_with_parent
 from meshbench.config import RunConfig
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.run import prepare
 from meshbench.sweep import level_budget, level_orders, run_pass
 from meshbench.workers import free_port
-from meshbench.children import die_with_parent
 
 READY_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0

@@ -252,8 +252,8 @@ class GgufEngine:
             if seqs[c.session.session_id] is not None:
                 self._stored[c.session.session_id] += len(c.tokens)
         chunks = [StepResult(c.session.session_id, None, cache_miss=True) if seqs[c.session.session_id] is None
-                  else greedy_step(c.session.session_id, logits[("prefill", c.session.session_id)], self.banned) if c.last
-                  else StepResult(c.session.session_id, None) for c in prefill]
+                  else greedy_step(c.session.session_id, logits[("prefill", c.session.session_id)], self.banned)
+                  if c.last else StepResult(c.session.session_id, None) for c in prefill]
         return TickResult(batch_results(decode, live, [logits[("decode", it.session_id)] for it in live],
                                         self.banned), chunks)
 

@@ -23,6 +23,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Sequence
 
+from meshbench.children import die_with_parent
 from meshbench.config import EngineSpec
 from meshbench.engine.base import (
     DecodeItem,
@@ -37,7 +38,6 @@ from meshbench.engine.base import (
 from meshbench.engine.rpc import Endpoint
 from meshbench.errors import EngineUnavailable, MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
-from meshbench.children import die_with_parent
 
 START_TIMEOUT_S = 300.0  # loading a model onto RPC workers sends every weight over the network
 CALL_TIMEOUT_S = 300.0  # one engine call; beyond it the child is killed and counted as lost

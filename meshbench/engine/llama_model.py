@@ -158,8 +158,8 @@ def _meta(lib, ptr, key: str) -> str | None:
 
 KV_CACHE_HEADER = re.compile(r"creating\s+(non-SWA|SWA) KV cache")
 KV_LAYER_LINE = re.compile(r"llama_kv_cache: layer\s+(\d+): dev = ")
-KV_SIZE_LINE = re.compile(r"llama_kv_cache: size =\s+[\d.]+ MiB \(\s*(\d+) cells,\s*(\d+) layers.*K \((\w+)\):\s+([\d.]+) MiB, "
-                          r"V \((\w+)\):\s+([\d.]+) MiB")
+KV_SIZE_LINE = re.compile(r"llama_kv_cache: size =\s+[\d.]+ MiB \(\s*(\d+) cells,\s*(\d+) layers"
+                          r".*K \((\w+)\):\s+([\d.]+) MiB, V \((\w+)\):\s+([\d.]+) MiB")
 
 
 def kv_cache_log(lines: Sequence[str]) -> dict:
