@@ -406,7 +406,7 @@ def verify(
         "--trust-endpoints", help="Let --rerun connect to the RPC endpoints a bundle names (engine.rpc); without "
                                   "it such a bundle is refused: a rerun would send the model to them.")] = False,
 ) -> None:
-    """Check evidence bundles: schema, recomputed figures, accounting, README table, and (--rerun) reproduction.
+    """Check evidence bundles: schema, recomputed figures and verdicts, the README, and (--rerun) reproduction.
 
     Exit 0 when every check holds, 1 when any fails, 2 when a bundle cannot be used.
     """
@@ -414,7 +414,8 @@ def verify(
     for path in bundles:  # every bundle is reported; the exit code is the worst status
         try:
             checks = verify_mod.check_bundle(
-                path, rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints) if rerun else None)
+                path, rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints, bundle=path)
+                if rerun else None)
         except MeshbenchError as e:
             err.print(f"error: {e}", markup=False)
             worst = max(worst, 2)

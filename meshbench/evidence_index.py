@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-HEADER = ("| bundle | story | engine, model | levels | corruption_free | batch_invariant | isolation proven at | "
+HEADER = ("| bundle | title | engine, model | levels | corruption_free | batch_invariant | isolation proven at | "
           "made by |\n|---|---|---|---|---|---|---|---|")
 
 

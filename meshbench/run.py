@@ -117,6 +117,17 @@ def _logit_deviation(cfg: RunConfig, setup: EngineSetup, data: dict, div: dict) 
                             by_c[div["concurrency"]], prompts, div["session_id"], div["token_index"])
 
 
+def _locate(name: str, bundle: Path) -> str:
+    """A relative input path as given, if it exists from here; else the first bundle ancestor that has it."""
+    given = Path(name)
+    if given.is_absolute() or given.exists():
+        return name
+    for folder in bundle.absolute().parents:
+        if (folder / given).exists():
+            return str(folder / given)
+    return name
+
+
 def config_from_results(data: dict) -> RunConfig:
     """The RunConfig a bundle recorded (its config echo).
 
@@ -138,10 +149,14 @@ def cached_model_path(recipe: dict) -> Path:
             / f"{r['preset']}-{r['type']}-seed{r['seed']}-v{gguf_io.WRITER_VERSION}.gguf")
 
 
-def rerun_results(data: dict, trust_endpoints: bool = False) -> dict:
+def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None = None) -> dict:
     """The deterministic part again: one pass per level is enough, every repetition being identical. A bundle
-    can come from anyone: RPC endpoints it names are connected to only when the verifier says so."""
+    can come from anyone: RPC endpoints it names are connected to only when the verifier says so. A relative
+    prompts file is looked for from here, then from the bundle's folder upwards (``bundle``)."""
     cfg = dataclasses.replace(config_from_results(data), repeat=1, warmup=0)
+    if cfg.workload.prompts and bundle is not None:
+        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(
+            cfg.workload, prompts=_locate(cfg.workload.prompts, bundle)))
     if cfg.engine.rpc and not trust_endpoints:
         raise MeshbenchError(f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
                              "the model to them; pass --trust-endpoints if they are yours")

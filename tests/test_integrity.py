@@ -347,3 +347,15 @@ def test_bench_gguf_refuses_workers_with_rpc(tmp_path):
 def test_slo_nan_says_it_is_not_finite():
     r = runner.invoke(app, ["sweep", "--slo-ttft", "nan"])
     assert r.exit_code == 2 and "not a finite number" in r.stderr
+
+
+def test_a_relative_prompts_file_is_found_from_the_bundle_upwards(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "p.txt").write_text("hello\n")
+    bundle = tmp_path / "evidence" / "B"
+    bundle.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert run._locate("configs/p.txt", bundle) == str(tmp_path / "configs" / "p.txt")
+    assert run._locate("configs/missing.txt", bundle) == "configs/missing.txt"  # then refused where it is read
