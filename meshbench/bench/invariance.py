@@ -99,8 +99,11 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
         diffs = [[float(np.max(np.abs(x - y))) for x, y in zip(rows[i], alone[i])] for i in range(b)]
         worst = max((max(d) for d in diffs), default=0.0)
         first = min((k for d in diffs for k, v in enumerate(d) if v > 0), default=None)
+        # at the first step that differs the sessions were still fed the same tokens: that difference is the
+        # kernels'; later steps may compare streams that already took different tokens
+        at_first = None if first is None else max(d[first] for d in diffs)
         per_batch.append({"batch": b, "bitwise": worst == 0.0, "max_abs_logit_diff": worst,
-                          "first_differing_step": first,
+                          "first_differing_step": first, "diff_at_first_differing_step": at_first,
                           "tokens_identical": all(int(np.argmax(x)) == int(np.argmax(y)) for i in range(b)
                                                   for x, y in zip(rows[i], alone[i]))})
         if b > 1:
