@@ -248,7 +248,15 @@ def sweep(
 
     With no options: the DGR-012 sweep on the synthetic engine (8 sessions, levels 1,2,4,8).
     """
-    overrides = drop_none({
+    _sweep(config_mod.load(config, _sweep_overrides(**locals())), out_dir, force, as_json, verbose)
+
+
+def _sweep_overrides(levels, repeat, warmup, rates, slo_ttft, slo_tpot, clock, inject, restart_engine, prefill,
+                     isolation, engine, preset, model, device, threads, seed, rpc, workers, split, isolate,
+                     mixed_batch, repack, tiled_mm, sessions, prompt_tokens, new_tokens, arrivals, prompts, eos,
+                     max_prefill_tokens_per_tick, max_queue_depth, **_) -> dict:
+    """The sweep's flags as a nested config mapping (only the flags given)."""
+    return drop_none({
         "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
         "repeat": repeat,
         "warmup": warmup,
@@ -265,7 +273,6 @@ def sweep(
         "workload": dict(workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts), eos=eos),
         "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
     })
-    _sweep(config_mod.load(config, overrides), out_dir, force, as_json, verbose)
 
 
 def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json: bool, verbose: bool) -> None:

@@ -21,6 +21,7 @@ from collections import Counter
 
 from meshbench import figures
 from meshbench.checks import Checks
+from meshbench.faults import PROCESS_KINDS
 
 RESULTS = "results.json"
 CHECKS = ("ends once", "KV to zero", "untouched identical", "resubmitted identical", "accounting")
@@ -75,9 +76,23 @@ def _ends_once(c: Checks, lv: dict, at: str) -> None:
     ends = {(s["session_id"], s["epoch"]): s for s in lv["sessions"]}
     c.equal(RESULTS, _field(at, "ends once", "one event per fault, in the row's order"), lv["faults"],
             [e["fault"] for e in lv["fault_events"]])
+    ticks = {t["tick"]: t for t in lv["tick_records"]}
+    causes = {loss["cause"] for loss in lv["engine_losses"]}
     for e in lv["fault_events"]:
         kind = e["fault"].split("@")[0].split(":")[0]
+        if kind in PROCESS_KINDS and e["sessions"]:  # a process fault's cause is the engine loss it caused
+            c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} cause (an engine loss's)"), True,
+                    e["cause"] in causes)
         for named in e["sessions"]:
+            end = named["end_tick"]
+            if end is not None:
+                c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} fired (tick {e['tick']}) before "
+                                                         f"{named['session_id']} ended (tick {end})"),
+                        True, e["tick"] is not None and e["tick"] <= end)
+                t = ticks.get(end)
+                c.equal(RESULTS, _field(at, "ends once", f"{e['fault']}: tick {end} records "
+                                                         f"{named['session_id']} ending"), True,
+                        t is not None and named["session_id"] in (*t["ended"], *t["completed"]))
             s = ends.get((named["session_id"], named["epoch"]))
             found = None if s is None else {k: s[k] for k in ("done_reason", "end_tick", "error")}
             c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} names {named['session_id']}#{named['epoch']}"),

@@ -25,6 +25,7 @@ CLASSES: dict[str, str] = {
     "first_divergence.logit_deviation": RERUN,
     "saturation_concurrency": RECOMPUTED, "saturation_margin": RECOMPUTED, "saturation_rates": RECOMPUTED,
     "reference_concurrency": RECOMPUTED, "reference": RERUN,
+    "inputs": RERUN,  # an input file's sha256: a rerun refuses a file that changed
     "levels": RECOMPUTED,
     "levels[].concurrency": RERUN, "levels[].arrivals": RECOMPUTED, "levels[].rate": RECOMPUTED,
     "levels[].arrival_times": RECOMPUTED, "levels[].budget": RECOMPUTED, "levels[].faults": RERUN,

@@ -70,6 +70,8 @@ def check_budget_fits_one_session(cfg: RunConfig, setup: EngineSetup, longest: i
 @contextmanager
 def node(cfg: RunConfig) -> Iterator[Node]:
     """The RPC workers the config names (engine.rpc), or spawns for the block (engine.workers); or none."""
+    if cfg.engine.rpc or cfg.engine.workers:
+        rpc.libraries()  # an RPC-capable build, or the one line that says how to get it, before any process starts
     if cfg.engine.rpc:
         yield Node(rpc.parse_endpoints(cfg.engine.rpc, "engine.rpc"))
         return
@@ -98,6 +100,8 @@ def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord],
                                   wall=cfg.clock == "wall", fault_rows=cfg.faults, node=setup,
                                   restart=cfg.restart_engine, prefill=cfg.prefill, prove_isolation=cfg.isolation)
     data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
+    if cfg.workload.prompts:  # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
+        data["inputs"] = {"workload.prompts": {"sha256": files.sha256(Path(cfg.workload.prompts))}}
     # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
     div = data["first_divergence"]
     if div is not None and cfg.engine.kind == "gguf":
@@ -115,6 +119,20 @@ def _logit_deviation(cfg: RunConfig, setup: EngineSetup, data: dict, div: dict) 
     prompts = {r.session_id: r.prompt_tokens for r in cfg.workload.requests(setup.vocab_size, setup.eog)}
     return replay.deviation(lambda lv: setup.make(NodeBudget(**lv["budget"])), by_c[div["reference_concurrency"]],
                             by_c[div["concurrency"]], prompts, div["session_id"], div["token_index"])
+
+
+def _check_inputs(data: dict, cfg: RunConfig) -> None:
+    """An input file that changed since the bundle was made is refused before anything runs: the difference
+    would otherwise be blamed on the bundle."""
+    recorded = (data.get("inputs") or {}).get("workload.prompts")
+    if recorded is None or not cfg.workload.prompts:
+        return
+    path = files.regular_file(cfg.workload.prompts, "workload.prompts")
+    now = files.sha256(path)
+    if now != recorded["sha256"]:
+        raise MeshbenchError(f"workload.prompts {cfg.workload.prompts} changed since the bundle was made (sha256 "
+                             f"{recorded['sha256'][:12]}... recorded, {now[:12]}... now): rerun with the file it "
+                             "was made from")
 
 
 def _locate(name: str, bundle: Path) -> str:
@@ -157,6 +175,7 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
     if cfg.workload.prompts and bundle is not None:
         cfg = dataclasses.replace(cfg, workload=dataclasses.replace(
             cfg.workload, prompts=_locate(cfg.workload.prompts, bundle)))
+    _check_inputs(data, cfg)
     if cfg.engine.rpc and not trust_endpoints:
         raise MeshbenchError(f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
                              "the model to them; pass --trust-endpoints if they are yours")

@@ -119,7 +119,7 @@ def deterministic_view(data: dict) -> dict:
     # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared.
     out = {"engine": {k: v for k, v in data["engine"].items() if k not in ("rpc", "model")},
            "corruption_free": data["corruption_free"], "saturation_concurrency": data["saturation_concurrency"],
-           "isolation": data["isolation"]}
+           "isolation": data["isolation"], "inputs": data.get("inputs")}
     if data["reference"] is not None:
         for j, s in enumerate(data["reference"]["sessions"]):
             out[f"reference.sessions[{j}].digest"] = s["digest"]

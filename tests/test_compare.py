@@ -254,7 +254,7 @@ def test_a_repetition_that_differs_fails_the_sweep_and_verify(tmp_path, monkeypa
     out = tmp_path / "b"
     r = invoke("sweep", "--repeat", "2", "--warmup", "0", "--out", out)
     assert r.exit_code == 1, r.output
-    assert "repetitions[1].sessions (ids, digests, ends = repetition 0's)" in r.stderr
+    assert "repetitions[1].sessions (ids, epochs, digests, ends = repetition 0's)" in r.stderr
     assert invoke("verify", out).exit_code == 1
     assert real is synthetic.SyntheticEngine
 

@@ -122,7 +122,7 @@ def test_a_port_in_use_is_refused():
 
 def test_rpc_on_a_build_without_rpc_says_how_to_rebuild(model, monkeypatch):
     monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)
-    line = run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", "127.0.0.1:50052", "--no-isolate",
+    line = run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", "127.0.0.1:50052",
                        expect="built without RPC; rebuild it with: pip cache remove llama_cpp_python")
     assert "-DGGML_RPC=on" in line
 
