@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from meshbench.scheduler.budget import ACCEPTED
+
 REJECTIONS = ("REJECTED_KV_BUDGET", "REJECTED_SCRATCH_BUDGET", "REJECTED_QUEUE_FULL", "REJECTED_DUPLICATE")
 
 
@@ -30,7 +32,7 @@ def session_ticks(level: dict) -> dict[str, dict]:
     """Per accepted session: arrival, admission (first prefillable tick) and token ticks."""
     out = {e["session_id"]: {"arrival": e["tick"], "admit": e["tick"] if e["decision"] == "ADMITTED" else None,
                              "tokens": []}
-           for e in level["submit_events"] if e["decision"] in ("ADMITTED", "QUEUED")}
+           for e in level["submit_events"] if e["decision"] in ACCEPTED}
     for t in level["tick_records"]:  # ids that no event accepted are verify's to report, not counted here
         for sid in (*t["prefill_sessions"], *t["decode_sessions"]):
             if sid in out:

@@ -22,10 +22,10 @@ from collections import Counter
 from meshbench import figures
 from meshbench.checks import Checks
 from meshbench.faults import PROCESS_KINDS
+from meshbench.scheduler.budget import ACCEPTED
 
 RESULTS = "results.json"
 CHECKS = ("ends once", "KV to zero", "untouched identical", "resubmitted identical", "accounting")
-ACCEPTED = ("ADMITTED", "QUEUED")
 EXPECTED_END = {"cancel": ("CANCELLED",), "evict": ("CACHE_MISS",), "raise": ("FAILED",), "kill-engine": ("FAILED",),
                 "abort-engine": ("FAILED",), "kill-worker": ("FAILED",)}
 

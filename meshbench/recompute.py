@@ -15,6 +15,7 @@ import re
 from meshbench import arrivals, backpressure, fault_checks, figures, isolation, verdicts
 from meshbench.checks import Checks
 from meshbench.errors import MeshbenchError
+from meshbench.scheduler.budget import ACCEPTED
 
 RESULTS = "results.json"
 
@@ -101,7 +102,7 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
     c.equal(RESULTS, f"{at}.failed (no session may fail but by an injected fault)",
             sum(s["done_reason"] == "FAILED" and (s["session_id"], s["epoch"]) in named for s in sessions),
             lv["failed"])
-    resubmitted = sum(r["decision"] in ("ADMITTED", "QUEUED") for loss in lv["engine_losses"]
+    resubmitted = sum(r["decision"] in ACCEPTED for loss in lv["engine_losses"]
                       for r in loss["resubmitted"])
     c.equal(RESULTS, f"{at}.sessions (count: accepted arrivals and resubmissions)",
             data["workload"]["sessions"] - _refused_arrivals(lv) + resubmitted, len(sessions))
@@ -128,7 +129,7 @@ def check_prompt_positions(c: Checks, lv: dict, at: str, by_id: dict) -> None:
 
 
 def _refused_arrivals(lv: dict) -> int:
-    return sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in lv["submit_events"])
+    return sum(e["decision"] not in ACCEPTED for e in lv["submit_events"])
 
 
 def check_level_budget(c: Checks, data: dict, lv: dict, at: str) -> None:
@@ -156,7 +157,7 @@ def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
     cap = min(lv["budget"]["max_active_sessions"], lv["budget"]["scratch_bytes"] // scratch)
     accepted_at = {}
     for e in lv["submit_events"]:
-        if e["decision"] in ("ADMITTED", "QUEUED"):
+        if e["decision"] in ACCEPTED:
             accepted_at[e["tick"]] = accepted_at.get(e["tick"], 0) + 1
     live = 0
     held: dict[str, int] = {}  # running session -> positions it holds
@@ -202,14 +203,14 @@ def check_arrivals(c: Checks, data: dict, lv: dict, at: str) -> None:
     else:
         c.equal(RESULTS, f"{at}.submit_events (tick, session) in arrival order", [list(x) for x in expected],
                 [[e["tick"], e["session_id"]] for e in events])
-    accepted = sorted([e["session_id"] for e in events if e["decision"] in ("ADMITTED", "QUEUED")]
+    accepted = sorted([e["session_id"] for e in events if e["decision"] in ACCEPTED]
                       + [r["session_id"] for loss in lv["engine_losses"] for r in loss["resubmitted"]
-                         if r["decision"] in ("ADMITTED", "QUEUED")])
+                         if r["decision"] in ACCEPTED])
     c.equal(RESULTS, f"{at}.submit_events epochs (1 when accepted: a sweep never resubmits; none when refused)",
-            [1 if e["decision"] in ("ADMITTED", "QUEUED") else None for e in events], [e["epoch"] for e in events])
+            [1 if e["decision"] in ACCEPTED else None for e in events], [e["epoch"] for e in events])
     c.equal(RESULTS, f"{at}.sessions (= the accepted arrivals and resubmissions)", accepted,
             sorted(s["session_id"] for s in lv["sessions"]))
-    rejected = sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in events)
+    rejected = sum(e["decision"] not in ACCEPTED for e in events)
     c.equal(RESULTS, f"{at}.rejected_admissions (from the submit events)", rejected, lv["rejected_admissions"])
     expected_figures = backpressure.level_figures(lv, {} if wall else data["config"]["slo"])
     if wall:

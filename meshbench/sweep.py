@@ -25,7 +25,7 @@ from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.faults import Fault
 from meshbench.inject import FaultPlan
-from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
+from meshbench.scheduler.budget import ACCEPTED, AdmissionDecision, NodeBudget
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.scheduler.telemetry import TickRecord
@@ -216,7 +216,7 @@ def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dic
         "rate": level.rate,
         "budget": budget.to_dict(),
         **figures.summarize_ticks(ticks),
-        "rejected_admissions": sum(e["decision"] not in ("ADMITTED", "QUEUED") for e in first.events),
+        "rejected_admissions": sum(e["decision"] not in ACCEPTED for e in first.events),
         "cache_misses": first.cache_misses,
         "failed": first.failed,
         "counts": first.counts,

@@ -62,6 +62,10 @@ class AdmissionReason(str, enum.Enum):
         return self in (AdmissionReason.ADMITTED, AdmissionReason.QUEUED)
 
 
+# The decisions that accept a session, as results.json spells them (a record's "decision" field).
+ACCEPTED = tuple(r.value for r in AdmissionReason if r.accepted)
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionDecision:
     """The decision and the numbers that made it."""
