@@ -149,32 +149,24 @@ _AT_FDCWD = -100
 def _rename_noreplace(src: Path, dst: Path) -> bool:
     """Rename ``src`` to ``dst`` unless ``dst`` exists (False then): renameat2(RENAME_NOREPLACE) where the C
     library has it, else rename(2), which refuses a non-empty folder (a bundle never is empty)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    if fn is None:
-        try:
-            if dst.exists():
-                return False
-            os.rename(src, dst)
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is not None:
+        if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
             return True
-        except OSError as e:
-            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                return False
-            raise
-    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.ENOSYS, errno.EINVAL):  # (those two: a C library or file system without it)
+            raise OSError(err, os.strerror(err))
+    try:
+        if dst.exists():
+            return False
+        os.rename(src, dst)
         return True
-    err = ctypes.get_errno()
-    if err == errno.EEXIST:
-        return False
-    if err in (errno.ENOSYS, errno.EINVAL):  # a file system without it
-        try:
-            os.rename(src, dst)
-            return True
-        except OSError as e:
-            if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                return False
-            raise
-    raise OSError(err, os.strerror(err))
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
+        raise
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import pytest
 
 from meshbench import isolation, verdicts, verify
 from meshbench.config import Workload
-from meshbench.engine.base import DecodeItem, separate_step
+from meshbench.engine.base import DecodeItem
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.sweep import run_concurrency_sweep
 
@@ -55,19 +55,14 @@ def test_isolation_holds_for_the_seed_sweep_at_every_level():
                      "separating": True, "family_passes": 5, "confirmations": 0, "suspects": {}, "reason": None}
 
 
-class Leaker:
+class Leaker(f.DecodeWrapper):
     """A planted cross-session leak: at the ``at``-th decode batch holding both, the victim is fed the
     culprit's token instead of its own."""
 
     def __init__(self, inner, victim="s1", culprit="s5", at=2):
-        self.inner, self.victim, self.culprit, self.at = inner, victim, culprit, at
+        super().__init__(inner)
+        self.victim, self.culprit, self.at = victim, culprit, at
         self.shared = 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def step(self, decode, prefill):
-        return separate_step(self, decode, prefill)
 
     def decode_batch(self, items):
         ids = [it.session_id for it in items]
@@ -118,16 +113,7 @@ def _results(sw) -> dict:
 def test_batch_variance_under_isolation_is_not_corruption():
     """An engine whose output depends on the batch's size only (never on the neighbours' content)."""
 
-    class ShapeVariant:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def step(self, decode, prefill):
-            return separate_step(self, decode, prefill)
-
+    class ShapeVariant(f.DecodeWrapper):
         def decode_batch(self, items):
             out = self.inner.decode_batch(items)
             if len(items) >= 4:  # like a kernel switching at a batch size
@@ -161,16 +147,7 @@ def test_a_planted_wrong_position_is_caught_by_the_feed_check(monkeypatch, tmp_p
         state["n"] += 1
         return dataclasses.replace(item, position=item.position + 1) if state["n"] == 5 else item
 
-    class OwnCursor:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def step(self, decode, prefill):
-            return separate_step(self, decode, prefill)
-
+    class OwnCursor(f.DecodeWrapper):
         def decode_batch(self, items):
             kv = self.inner.kv
             fixed = [DecodeItem(it.session_id, it.epoch, kv.lookup(it.session_id, it.epoch).length, it.token)
