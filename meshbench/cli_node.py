@@ -30,7 +30,7 @@ def serve(
     = False,
 ) -> None:
     """Serve this machine's CPU to llama.cpp RPC clients until SIGTERM (exit 0) or SIGINT (exit 130)."""
-    endpoint = rpc.Endpoint(host, port)
+    endpoint = rpc.Endpoint(_numeric(host), port)  # llama.cpp binds an address, not a name
     if not endpoint.loopback and not allow_remote:
         raise MeshbenchError(f"--host {host}: not a loopback address; ggml-rpc has no authentication, so "
                              "pass --allow-remote to expose it, and only on a network you trust")
@@ -43,8 +43,10 @@ def serve(
                               daemon=True)
     try:  # from before the server can accept anything: a SIGTERM from then on is a clean stop
         server.start()
-        if _accepting(endpoint, server):  # "listening" only once it is: llama.cpp may fail to bind the name
-            err.print(f"listening on {endpoint}", markup=False)
+        if not _accepting(endpoint, server):  # "listening" only once it is: llama.cpp may fail to bind
+            raise MeshbenchError(f"llama.cpp's RPC server did not start listening on {endpoint} within "
+                                 f"{BIND_TIMEOUT_S:.0f} s")
+        err.print(f"listening on {endpoint}", markup=False)
         while server.is_alive():
             server.join(0.25)
     except BaseException as e:
@@ -67,7 +69,21 @@ def _accepting(endpoint: rpc.Endpoint, server: threading.Thread) -> bool:
                 return True
         except OSError:
             server.join(0.05)
-    return server.is_alive()
+    return False
+
+
+def _numeric(host: str) -> str:
+    """An address for a host name (``localhost`` -> 127.0.0.1; brackets around an IPv6 address dropped)."""
+    host = host.strip("[]")
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+        return host
+    except OSError:
+        pass
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        raise MeshbenchError(f"--host {host}: not an address this machine can resolve") from None
 
 
 def _check_port_free(endpoint: rpc.Endpoint) -> None:

@@ -382,3 +382,27 @@ def test_a_changed_prompts_file_is_named_on_rerun_not_blamed_on_the_bundle(tmp_p
     cfg = type("C", (), {"workload": type("W", (), {"prompts": str(prompts)})()})()
     with pytest.raises(MeshbenchError, match="changed since the bundle was made"):
         run._check_inputs(data, cfg)
+
+
+def test_node_serve_says_listening_only_once_bound_and_resolves_localhost():
+    import llama_cpp
+
+    if not llama_cpp.llama_supports_rpc():
+        pytest.skip("this llama-cpp-python has no RPC backend")
+    from meshbench.workers import free_port
+
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "meshbench.cli", "node", "serve", "--host", "localhost", "--port",
+                          str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "listening" not in line:
+            line = p.stderr.readline()
+            assert line, "node serve ended without listening"
+        assert line.strip() == f"listening on 127.0.0.1:{port}"
+        import socket
+
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # it really is
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
