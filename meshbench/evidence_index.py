@@ -29,7 +29,7 @@ def render(root: Path) -> str:
     bundles = sorted(p for p in root.iterdir() if (p / "results.json").is_file())
     return "\n".join(["# Evidence bundles", "",
                       "Each folder holds results.json, its README (rendered from it), commands.txt and a chart; "
-                      "`meshbench verify evidence/* --rerun` checks them all (CI does).", "",
+                      "`meshbench verify evidence/*/ --rerun` checks them all (CI does).", "",
                       HEADER, *[_row(b) for b in bundles], ""])
 
 
