@@ -406,3 +406,19 @@ def test_node_serve_says_listening_only_once_bound_and_resolves_localhost():
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+def test_a_session_moved_in_the_queue_fails_plain_verify(tmp_path):
+    """`admitted` moved to a tick before the session was queued or after it was prefilled (a queue wait of -3
+    ticks, say) is caught without a rerun."""
+    out = tmp_path / "b"
+    _sweep(out)
+
+    def move(data):
+        lv = data["levels"][0]  # concurrency 1: every session but the first waits in the queue
+        t = next(t for t in lv["tick_records"] if t["admitted"])
+        sid = t["admitted"].pop()
+        lv["tick_records"][-1]["admitted"].append(sid)  # taken from the queue long after its prefill
+
+    c = verify.check_bundle(_forged(out, tmp_path / "f", move))
+    assert any(".admitted " in f.field for f in c.failures), c.failures
