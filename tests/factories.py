@@ -76,7 +76,7 @@ def reference_tokens(req: GenerationRequest) -> list[int]:
 
 def tiny_gguf(path, qtype: str = "q8_0", preset_name: str = "dgr-012"):
     """A model file as `meshbench model make-tiny PATH --preset P --type Q` writes it; returns the path."""
-    from meshbench import gguf_io
+    from meshbench.model import gguf_io
     from meshbench.model.config import preset
     from meshbench.model.weights import init_weights
 

@@ -10,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from meshbench import arrivals, backpressure
+from meshbench.analysis import backpressure
 from meshbench.cli import app
 from meshbench.engine.base import separate_step
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionReason as R
+from meshbench.workload import arrivals
 
 runner = CliRunner()
 
@@ -233,8 +234,8 @@ class SlowEngine:
 
 
 def test_the_wall_clock_submits_on_arrival_and_sleeps_while_idle():
-    from meshbench.config import Workload
-    from meshbench.sweep import run_concurrency_sweep
+    from meshbench.sweep.levels import run_concurrency_sweep
+    from meshbench.workload.config import Workload
 
     clock = FakeClock()
     wl = Workload((4, 4), (8, 8), 0, "trace:0,50")  # on the wall clock a trace is in ms

@@ -107,7 +107,7 @@ def test_out_in_an_unwritable_directory_as_a_user(tmp_path):
 
 def test_out_in_an_unwritable_directory(tmp_path, monkeypatch):
     # Also as root (CI): the check asks os.access, so deny it there.
-    import meshbench.bundle as bundle
+    import meshbench.results.bundle as bundle
 
     d = tmp_path / "ro"
     d.mkdir()

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from meshbench import __version__, results
+from meshbench import __version__
 from meshbench.cli import app
+from meshbench.results import document as results
 
 runner = CliRunner()
 
@@ -145,7 +146,7 @@ def test_a_tampered_bundle_fails_verify_naming_the_field(copy_of, field, mutate)
 
 
 def test_rerun_catches_tokens_rewritten_consistently(copy_of):
-    from meshbench.figures import token_digest
+    from meshbench.analysis.figures import token_digest
 
     dst = copy_of()
 
@@ -228,7 +229,7 @@ def test_admit_prints_each_decision_with_its_numbers():
 
 
 def test_committed_dgr012_config_equals_the_embedded_defaults():
-    from meshbench import config
+    from meshbench.workload import config
 
     root = Path(__file__).resolve().parent.parent
     committed = config.load(root / "configs" / "dgr-012.yaml").to_dict()
@@ -240,7 +241,7 @@ def test_committed_dgr012_config_equals_the_embedded_defaults():
 
 def test_a_wrong_figure_function_is_caught_by_the_independent_recomputation(tmp_path, monkeypatch):
     """A tampered file is caught by recomputing with figures.py; a wrong figures.py, only by the second way."""
-    from meshbench import figures
+    from meshbench.analysis import figures
 
     real = figures.summarize_ticks
 

@@ -9,11 +9,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from meshbench import bundle, compare, config, envinfo, results, stats
+from meshbench.analysis import stats
 from meshbench.cli import app
+from meshbench.compare import diff as compare
 from meshbench.engine.base import StepResult, TickResult, separate_step
 from meshbench.engine.synthetic import setup_synthetic
-from meshbench.sweep import run_concurrency_sweep
+from meshbench.results import bundle, envinfo
+from meshbench.results import document as results
+from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.workload import config
 
 runner = CliRunner()
 

@@ -12,14 +12,15 @@ import pytest
 from test_bad_input import run_refused
 from typer.testing import CliRunner
 
-from meshbench import fault_checks, faults
+from meshbench.analysis import fault_matrix as fault_checks
 from meshbench.cli import app
-from meshbench.config import EngineSpec
-from meshbench.engine import isolated
 from meshbench.engine.base import DecodeItem, EngineLost, InjectedFault, SessionHandle
-from meshbench.engine.isolated import EngineProcess, ProxyEngine
+from meshbench.engine.process import proxy as isolated
+from meshbench.engine.process.proxy import EngineProcess, ProxyEngine
+from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
+from meshbench.workload import faults
 
 runner = CliRunner()
 SPEC = EngineSpec("synthetic", "dgr-012", None, 0, "cpu", None)

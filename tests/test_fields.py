@@ -1,5 +1,5 @@
 """Every field of results.json is compared by --rerun, recomputed by plain verify, wall-clock data with its
-checks, or provenance (meshbench.fields); a forged value of the first two kinds is caught."""
+checks, or provenance (meshbench.results.fields); a forged value of the first two kinds is caught."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from meshbench import fields, verify
 from meshbench.cli import app
+from meshbench.results import fields
+from meshbench.verify import bundle as verify
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "results.schema.json").read_text())
 

@@ -12,12 +12,12 @@ import factories as f  # noqa: E402
 from test_model import GOLDEN_DGR012  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from meshbench import gguf_io  # noqa: E402
 from meshbench.cli import app  # noqa: E402
 from meshbench.engine.base import DecodeItem, SessionHandle, separate_step  # noqa: E402
 from meshbench.engine.gguf_engine import GgufEngine  # noqa: E402
 from meshbench.engine.llama_model import LoadedModel  # noqa: E402
 from meshbench.engine.synthetic import SyntheticEngine  # noqa: E402
+from meshbench.model import gguf_io  # noqa: E402
 
 runner = CliRunner()
 # Logit tolerance per llama.cpp KV type, on the F32 model with flash attention off.
@@ -237,9 +237,9 @@ def test_gguf_sweep_is_corruption_free_and_recorded(models, tmp_path):
 
 
 def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
-    from meshbench import config
-    from meshbench.divergence import NEAR_TIE, classify
-    from meshbench.run import run_sweep
+    from meshbench.analysis.divergence import NEAR_TIE, classify
+    from meshbench.sweep.run import run_sweep
+    from meshbench.workload import config
 
     cfg = config.load(overrides={"engine": {"kind": "gguf", "model": str(models["q8_0"])}, "levels": [1, 8]})
     div = {"session_id": "s0", "token_index": 3, "reference_concurrency": 1, "concurrency": 8,

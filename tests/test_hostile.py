@@ -21,12 +21,13 @@ import pytest
 from test_bad_input import run_refused
 from typer.testing import CliRunner
 
-from meshbench import chart, limits, validation
+from meshbench import limits, validation
 from meshbench.cli import app
-from meshbench.config import Workload
 from meshbench.engine.synthetic import SyntheticEngine
+from meshbench.results import chart
 from meshbench.scheduler.session import DoneReason
-from meshbench.sweep import run_concurrency_sweep
+from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.workload.config import Workload
 
 runner = CliRunner()
 CLI = [sys.executable, "-m", "meshbench.cli"]
@@ -157,7 +158,7 @@ def _verify_fails(path: Path, expect: str):
 
 
 def test_a_session_renamed_at_one_level_fails_verify(tmp_path, good_bundle):
-    from meshbench.figures import token_digest
+    from meshbench.analysis.figures import token_digest
 
     def rename(d):
         lv = d["levels"][1]
@@ -211,7 +212,7 @@ def test_non_finite_logits_fail_the_session_and_the_sweep():
 
 def test_a_model_with_non_finite_weights_is_refused_at_load(tmp_path):
     gguf = pytest.importorskip("gguf")
-    from meshbench import gguf_io
+    from meshbench.model import gguf_io
 
     cfg, w = f.weights()
     for qtype in ("f32", "q8_0"):

@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from meshbench import cli_compare, results, run, verify
 from meshbench.cli import app
+from meshbench.cli import compare as cli_compare
 from meshbench.errors import MeshbenchError
+from meshbench.results import document as results
+from meshbench.sweep import run
+from meshbench.verify import bundle as verify
 
 runner = CliRunner()
 
@@ -57,7 +60,7 @@ def _forged(src: Path, dst: Path, edit) -> Path:
     edit(data)
     dst.mkdir()
     (dst / "results.json").write_text(results.dumps(data))
-    from meshbench import report
+    from meshbench.results import report
 
     name = verify.bundle_name((src / "README.md").read_text(), src)
     (dst / "README.md").write_text(report.render_readme(data, name))
@@ -113,7 +116,7 @@ def test_impossible_timing_fails_plain_verify(tmp_path, name):
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
 
     def forge(data):
-        from meshbench import figures
+        from meshbench.analysis import figures
 
         lv = data["levels"][1]
         rep = lv["repetitions"][0]
@@ -389,7 +392,7 @@ def test_node_serve_says_listening_only_once_bound_and_resolves_localhost():
 
     if not llama_cpp.llama_supports_rpc():
         pytest.skip("this llama-cpp-python has no RPC backend")
-    from meshbench.workers import free_port
+    from meshbench.engine.process.workers import free_port
 
     port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "meshbench.cli", "node", "serve", "--host", "localhost", "--port",

@@ -8,11 +8,12 @@ import json
 import factories as f
 import pytest
 
-from meshbench import isolation, verdicts, verify
-from meshbench.config import Workload
+from meshbench.analysis import isolation, verdicts
 from meshbench.engine.base import DecodeItem
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
-from meshbench.sweep import run_concurrency_sweep
+from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.verify import bundle as verify
+from meshbench.workload.config import Workload
 
 
 def _sweep(levels=(1, 2, 4, 8), factory=None, workload=None):
@@ -167,7 +168,9 @@ def test_a_planted_wrong_position_is_caught_by_the_feed_check(monkeypatch, tmp_p
 
 
 def _bundle_data(factory) -> dict:
-    from meshbench import config, envinfo, results
+    from meshbench.results import document as results
+    from meshbench.results import envinfo
+    from meshbench.workload import config
 
     cfg = config.load(None, {"levels": [2], "isolation": False})
     sw = run_concurrency_sweep([2], cfg.workload, cfg.budget, factory)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from meshbench.kv import CacheMiss, HotKvStateManager, MissReason
+from meshbench.model.kv import CacheMiss, HotKvStateManager, MissReason
 
 BPT = 2 * 3 * 2 * 16 * 8  # 1536
 

@@ -4,11 +4,10 @@ import factories as f
 import numpy as np
 import pytest
 
-from meshbench import gguf_io
 from meshbench.engine.base import DecodeItem, SessionHandle
-from meshbench.kv import HotKvStateManager
-from meshbench.model import llama
+from meshbench.model import gguf_io, llama
 from meshbench.model.config import PRESETS, ModelConfig, preset
+from meshbench.model.kv import HotKvStateManager
 from meshbench.model.weights import init_weights
 
 GOLDEN_DGR012 = [142, 214, 197, 84, 151, 197, 84, 151, 197, 84, 59, 32, 37, 160, 175, 219]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from meshbench import evidence_index, fault_report, report
+from meshbench.results import fault_report, report
+from meshbench.results import index as evidence_index
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -33,7 +34,7 @@ def test_the_cli_reference_is_generated_from_the_app():
 
 def test_the_evidence_index_is_the_bundles():
     assert (ROOT / "evidence" / "INDEX.md").read_text() == evidence_index.render(ROOT / "evidence"), (
-        "evidence/INDEX.md is stale: python -m meshbench.evidence_index evidence > evidence/INDEX.md")
+        "evidence/INDEX.md is stale: python -m meshbench.results.index evidence > evidence/INDEX.md")
 
 
 def test_readme_opens_with_the_two_setup_commands():

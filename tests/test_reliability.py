@@ -6,12 +6,13 @@ import time
 
 import factories as f
 
-from meshbench import bundle, results
-from meshbench.config import Workload, load
 from meshbench.engine.base import separate_step
+from meshbench.results import bundle
+from meshbench.results import document as results
 from meshbench.scheduler.budget import AdmissionReason
 from meshbench.scheduler.session import DoneReason
-from meshbench.sweep import run_concurrency_sweep
+from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.workload.config import Workload, load
 
 
 class FaultyEngine:
@@ -69,8 +70,8 @@ def test_faults_fail_only_the_sessions_in_the_call_and_never_leak_kv():
 def test_a_sweep_records_failures_and_verify_fails_the_bundle(tmp_path):
     from typer.testing import CliRunner
 
-    from meshbench import envinfo
     from meshbench.cli import app
+    from meshbench.results import envinfo
 
     factory = lambda b: FaultyEngine(f.engine(b.kv_bytes), decode_faults={3})  # noqa: E731
     sweep = run_concurrency_sweep([1, 2], Workload.uniform(4, 4, 4), f.budget(), factory)
@@ -115,7 +116,7 @@ def test_cancel_queued_and_active_sessions_and_no_ops():
 def test_ctrl_c_leaves_no_partial_bundle_and_exits_130(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    import meshbench.run as run
+    import meshbench.sweep.run as run
     from meshbench.cli import app
 
     def interrupted(*a, **k):

@@ -16,9 +16,9 @@ if not llama_cpp.llama_supports_rpc():
 from test_bad_input import run_refused  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from meshbench import workers  # noqa: E402
 from meshbench.cli import app  # noqa: E402
 from meshbench.engine import rpc  # noqa: E402
+from meshbench.engine.process import workers  # noqa: E402
 
 runner = CliRunner()
 

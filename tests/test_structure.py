@@ -1,4 +1,5 @@
-"""The shape of the code: engines and the scheduler sit below orchestration, functions stay short."""
+"""The shape of the code: packages in layers, each importing only its own layer and the ones below;
+no package cycles; functions stay short."""
 
 import ast
 from pathlib import Path
@@ -6,10 +7,27 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "meshbench"
-LOWER = ["engine", "model", "kv.py", "scheduler"]  # the layers that run a batch
-UPPER = {"meshbench.run", "meshbench.sweep", "meshbench.results", "meshbench.bundle", "meshbench.verify",
-         "meshbench.recompute", "meshbench.figures", "meshbench.report", "meshbench.admission",
-         "meshbench.divergence", "meshbench.cli", "meshbench.cli_common", "meshbench.cli_bench"}
+# Bottom to top. A module may import its own layer and the layers below it, never one above.
+# The top-level modules (errors, limits, files, names, validation) are the floor every layer uses.
+LAYERS = [
+    ("core", ["meshbench", "meshbench.errors", "meshbench.limits", "meshbench.files", "meshbench.names",
+              "meshbench.validation"]),
+    ("model", ["meshbench.model"]),  # the numpy dense Llama, its KV state, GGUF files of its weights
+    ("engine", ["meshbench.engine"]),  # what runs a batch, and the process it may run in
+    ("scheduler", ["meshbench.scheduler"]),  # admission and the batching policy: no arrays, no engine calls
+    ("workload", ["meshbench.workload"]),  # the config, arrivals, prompts, fault specs
+    ("analysis", ["meshbench.analysis"]),  # pure functions from records to figures and verdicts
+    ("results", ["meshbench.results"]),  # results.json, the bundle, its README and chart
+    ("verify", ["meshbench.verify"]),  # checking a bundle: below the runner, which it never imports
+    ("sweep", ["meshbench.sweep"]),  # the driver: engine calls, passes, levels, a run
+    ("compare", ["meshbench.compare"]),
+    ("bench", ["meshbench.bench"]),
+    ("cli", ["meshbench.cli"]),
+]
+# verify sits below the sweep (the CLI injects the rerun), and loads no engine either: checking a JSON file
+# starts no process and loads no model.
+FORBIDDEN = {"meshbench.verify": ["meshbench.sweep", "meshbench.engine.process", "meshbench.engine.factory",
+                                  "meshbench.engine.gguf_engine", "meshbench.engine.llama_model"]}
 
 
 def module_name(path: Path) -> str:
@@ -37,6 +55,29 @@ def imports_of(path: Path) -> set[str]:
     return {m for m in found if module_path(m)}
 
 
+def all_modules() -> list[str]:
+    return sorted(module_name(p) for p in PACKAGE.rglob("*.py"))
+
+
+def layer_of(module: str) -> int:
+    """The index of the layer a module belongs to: the longest matching prefix wins."""
+    best, index = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            exact = prefix == "meshbench"
+            if (module == prefix) if exact else (module == prefix or module.startswith(prefix + ".")):
+                if len(prefix) > best:
+                    best, index = len(prefix), i
+    assert index is not None, f"{module} is in no layer: add it to LAYERS"
+    return index
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to (meshbench.engine.process.proxy -> meshbench.engine.process)."""
+    path = module_path(module)
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
 def reachable(start: str) -> dict[str, str]:
     """Every meshbench module ``start`` imports, directly or not, each with the module that imports it."""
     seen, todo = {start: ""}, [start]
@@ -49,35 +90,78 @@ def reachable(start: str) -> dict[str, str]:
     return seen
 
 
-def lower_modules() -> list[str]:
-    out = []
-    for entry in LOWER:
-        p = PACKAGE / entry
-        out += [module_name(f) for f in (sorted(p.rglob("*.py")) if p.is_dir() else [p])]
-    return out
+def chain(seen: dict[str, str], m: str) -> str:
+    out = [m]
+    while seen[out[-1]]:
+        out.append(seen[out[-1]])
+    return " <- ".join(out)
 
 
-@pytest.mark.parametrize("module", lower_modules())
-def test_engines_model_kv_and_scheduler_import_nothing_above_them(module):
-    seen = reachable(module)
-    upward = sorted(m for m in seen if m in UPPER)
-    chains = []
-    for m in upward:
-        chain = [m]
-        while seen[chain[-1]]:
-            chain.append(seen[chain[-1]])
-        chains.append(" <- ".join(chain))
-    assert not upward, f"{module} reaches orchestration: {chains}"
+@pytest.mark.parametrize("module", all_modules())
+def test_no_module_imports_a_layer_above_its_own(module):
+    mine = layer_of(module)
+    upward = sorted(m for m in imports_of(module_path(module)) if layer_of(m) > mine)
+    assert not upward, f"{module} ({LAYERS[mine][0]}) imports upward: {upward}"
+
+
+def package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for m in all_modules():
+        src = package_of(m)
+        graph.setdefault(src, set())
+        graph[src] |= {package_of(t) for t in imports_of(module_path(m)) if package_of(t) != src}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every package cycle, found by a depth-first walk (each reported from its first package)."""
+    found, state = [], {}
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            walk(node, [node])
+    return found
+
+
+def test_no_package_cycles():
+    assert cycles(package_graph()) == []
+
+
+def test_the_cycle_walk_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+@pytest.mark.parametrize("top", sorted(FORBIDDEN))
+def test_verify_never_loads_the_runner(top):
+    for m in [m for m in all_modules() if m == top or m.startswith(top + ".")]:
+        seen = reachable(m)
+        bad = [chain(seen, s) for s in seen for f in FORBIDDEN[top] if s == f or s.startswith(f + ".")]
+        assert not bad, f"{m} loads the runner: {bad}"
 
 
 def test_the_walk_finds_an_upward_import(tmp_path, monkeypatch):
-    """The test above can fail: a module that imports run is caught, through a lazy import too."""
+    """The tests above can fail: a module that imports run is caught, through a lazy import too."""
     fake = tmp_path / "meshbench"
     (fake / "engine").mkdir(parents=True)
-    (fake / "run.py").write_text("")
-    (fake / "engine" / "bad.py").write_text("def f():\n    from meshbench import run\n")
+    (fake / "sweep").mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "engine" / "__init__.py").write_text("")
+    (fake / "sweep" / "__init__.py").write_text("")
+    (fake / "sweep" / "run.py").write_text("")
+    (fake / "engine" / "bad.py").write_text("def f():\n    from meshbench.sweep import run\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
-    assert "meshbench.run" in reachable("meshbench.engine.bad")
+    assert "meshbench.sweep.run" in reachable("meshbench.engine.bad")
+    assert layer_of("meshbench.sweep.run") > layer_of("meshbench.engine.bad")
+    assert package_graph()["meshbench.engine"] == {"meshbench.sweep"}
 
 
 def test_no_function_is_longer_than_sixty_lines():

@@ -2,10 +2,10 @@
 
 import factories as f
 
-from meshbench.config import Workload
+from meshbench.analysis.figures import saturation_level, summarize_ticks, token_digest
 from meshbench.engine.base import StepResult, separate_step
-from meshbench.figures import saturation_level, summarize_ticks, token_digest
-from meshbench.sweep import run_concurrency_sweep
+from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.workload.config import Workload
 
 
 def _sweep(levels=(1, 2, 4, 8), workload=None, engine_factory=None):

@@ -14,9 +14,9 @@ from typing import Callable
 import numpy as np
 
 from meshbench.errors import MeshbenchError
-from meshbench.kv import HotKvStateManager
 from meshbench.model import llama
 from meshbench.model.config import preset as get_preset
+from meshbench.model.kv import HotKvStateManager
 from meshbench.model.weights import init_weights
 
 GIB = 1 << 30

@@ -16,10 +16,10 @@ from typing import Callable
 
 import numpy as np
 
-from meshbench import workers
 from meshbench.engine.base import check_context
 from meshbench.engine.gguf_engine import GgufEngine
 from meshbench.engine.llama_model import LoadedModel
+from meshbench.engine.process import workers
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from meshbench.engine.isolated import child_environment
+from meshbench.engine.process.proxy import child_environment
 
 BATCHES = (1, 2, 4, 6, 7, 8, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (("default", {}), ("flash_attn", {"flash_attn": True}), ("kv_unified", {"kv_unified": True}),

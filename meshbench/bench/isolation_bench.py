@@ -11,18 +11,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from meshbench import figures, stats
-from meshbench.config import RunConfig
+from meshbench.analysis import figures, stats
 from meshbench.engine.setup import EngineSetup, close_engine
-from meshbench.run import prepare
-from meshbench.sweep import level_budget, run_pass
+from meshbench.sweep.levels import level_budget, run_pass
+from meshbench.sweep.run import prepare
+from meshbench.workload.config import RunConfig
 
 MODES = ("in-process", "isolated")
 
 
 def _one_pass(setup: EngineSetup, cfg: RunConfig, c: int) -> dict:
     budget = level_budget(cfg.budget, c, cfg.workload.sessions)
-    engine = setup.make(budget)
+    engine = setup.make(budget.engine_limits())
     process = getattr(engine, "process", None)
     before = (process.round_trip_ns, process.engine_ns) if process else (0, 0)
     try:

@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from meshbench import figures, stats
-from meshbench.children import die_with_parent
-from meshbench.config import RunConfig
+from meshbench.analysis import figures, stats
+from meshbench.engine.process.children import die_with_parent
+from meshbench.engine.process.workers import free_port
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
-from meshbench.run import prepare
-from meshbench.sweep import level_budget, level_orders, run_pass
-from meshbench.workers import free_port
+from meshbench.sweep.levels import level_budget, level_orders, run_pass
+from meshbench.sweep.run import prepare
+from meshbench.workload.config import RunConfig
 
 READY_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
@@ -71,7 +71,7 @@ def run(cfg: RunConfig, server: Path, levels: list[int], repeat: int,
 
 def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict:
     budget = level_budget(cfg.budget, c, len(requests))
-    engine = setup.make(budget)
+    engine = setup.make(budget.engine_limits())
     try:
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)
     finally:

@@ -16,6 +16,20 @@ SAMPLING_CONTRACT = "greedy:argmax:lowest-id-wins-ties"
 
 
 @dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What an engine is built for: this many sessions at once, this much KV, prompt pieces of this many tokens
+    in one call. The node derives them from its budget (``NodeBudget.engine_limits``); engines never see it."""
+
+    max_active_sessions: int
+    kv_bytes: int
+    max_prefill_tokens_per_tick: int
+
+
+# Limits that admit one session: enough to build a probe engine and read its figures.
+PROBE_LIMITS = EngineLimits(max_active_sessions=1, kv_bytes=1, max_prefill_tokens_per_tick=1)
+
+
+@dataclass(frozen=True, slots=True)
 class SessionHandle:
     """Who to prefill: the id, its epoch, and how many positions to preallocate."""
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from meshbench import gguf_io
-from meshbench.config import EngineSpec
 from meshbench.engine.gguf_engine import setup_gguf
 from meshbench.engine.rpc import Endpoint  # llama_cpp itself is imported on first use
 from meshbench.engine.setup import EngineSetup
+from meshbench.engine.spec import EngineSpec
 from meshbench.engine.synthetic import setup_synthetic
 from meshbench.errors import MeshbenchError
+from meshbench.model import gguf_io
 from meshbench.model.config import preset
 from meshbench.model.weights import init_weights
 

@@ -18,11 +18,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from meshbench import files, limits
-from meshbench.config import EngineSpec
 from meshbench.engine import rpc
 from meshbench.engine.base import (
+    PROBE_LIMITS,
     SAMPLING_CONTRACT,
     DecodeItem,
+    EngineLimits,
     EngineLost,
     PrefillChunk,
     SessionHandle,
@@ -44,9 +45,9 @@ from meshbench.engine.llama_model import (
     llama_cpp_lib,
     topology,
 )
-from meshbench.engine.setup import PROBE_BUDGET, EngineSetup, describe
+from meshbench.engine.setup import EngineSetup, describe
+from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
-from meshbench.scheduler.budget import NodeBudget
 
 
 def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None) -> None:
@@ -103,7 +104,7 @@ class GgufEngine:
         self._stored: dict[str, int] = {}  # session id -> positions written
         self._epoch: dict[str, int] = {}
         self._kv_bytes_per_token = model.kv_bytes_per_token(kv_type)
-        self.tap: Callable[[str, np.ndarray], None] | None = None  # sees every sampled row (meshbench.replay)
+        self.tap: Callable[[str, np.ndarray], None] | None = None  # sees every sampled row (meshbench.sweep.replay)
 
     # --- figures --------------------------------------------------------------------
     @property
@@ -308,14 +309,14 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
         raise MeshbenchError(f"concurrency {max_sessions}: a llama.cpp context holds at most "
                              f"{limits.MAX_LLAMA_SEQUENCES} sequences")
 
-    def make(budget: NodeBudget) -> GgufEngine:
+    def make(limits: EngineLimits) -> GgufEngine:
         # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs).
-        prefill = max(max_prompt, budget.max_prefill_tokens_per_tick) if spec.mixed_batch else max_prompt
-        return GgufEngine(model, budget.max_active_sessions, max_total_tokens, spec.threads, spec.flash_attn,
+        prefill = max(max_prompt, limits.max_prefill_tokens_per_tick) if spec.mixed_batch else max_prompt
+        return GgufEngine(model, limits.max_active_sessions, max_total_tokens, spec.threads, spec.flash_attn,
                           spec.kv_unified, spec.kv_type, prefill, spec.mixed_batch, spec.tiled_mm, spec.ban_eog)
 
     with capture_log() as context_log:
-        probe = make(PROBE_BUDGET)
+        probe = make(PROBE_LIMITS)
     kv_log = kv_cache_log(context_log)
     if model.n_swa:  # which layers slide is llama.cpp's architecture code: its SWA cache names them
         model.geometry = model.geometry.with_windows(model.n_swa, kv_log["swa_layers"])

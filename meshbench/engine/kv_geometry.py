@@ -89,7 +89,7 @@ def _from_metadata(meta: dict) -> KvGeometry:
 
 def read(path: Path) -> KvGeometry:
     """The geometry of a GGUF file (the gguf package reads its metadata)."""
-    from meshbench import gguf_io  # noqa: PLC0415 - the gguf package is an optional extra
+    from meshbench.model import gguf_io  # noqa: PLC0415 - the gguf package is an optional extra
 
     reader = gguf_io.open_reader(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}

@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
-from meshbench import files, gguf_io
+from meshbench import files
 from meshbench.engine import kv_geometry, rpc
 from meshbench.errors import EngineUnavailable, MeshbenchError
+from meshbench.model import gguf_io
 
 GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
 KV_TYPES = {"f32": (GGML_TYPE_F32, 4), "f16": (GGML_TYPE_F16, 2)}

@@ -5,23 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from meshbench.engine.base import BatchEngine
-from meshbench.scheduler.budget import NodeBudget
-
-# A budget that admits one session: enough to build a probe engine and read its figures.
-PROBE_BUDGET = NodeBudget(weight_bytes=1, kv_bytes=1, scratch_bytes=1, max_active_sessions=1, max_queue_depth=0,
-                          max_batch_size=1, max_prefill_tokens_per_tick=1)
+from meshbench.engine.base import BatchEngine, EngineLimits
 
 
 @dataclass(slots=True)
 class EngineSetup:
-    make: Callable[[NodeBudget], BatchEngine]  # one fresh engine (fresh KV) per call
+    make: Callable[[EngineLimits], BatchEngine]  # one fresh engine (fresh KV) per call
     info: dict  # what results.json records about the engine
     vocab_size: int
     context_length: int
     resource: object = None  # what must stay alive while engines run (a loaded model)
     # An engine in its own process: a new engine after a loss, and the fault plan's kills (else None).
-    restart: Callable[[NodeBudget], BatchEngine] | None = None
+    restart: Callable[[EngineLimits], BatchEngine] | None = None
     kill_engine: Callable[[], None] | None = None
     kill_worker: Callable[[int], None] | None = None
     eog: frozenset[int] = frozenset()  # the model's end-of-generation tokens (eos: stop ends sessions on them)

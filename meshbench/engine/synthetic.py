@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from meshbench import files
-from meshbench.config import EngineSpec
 from meshbench.engine.base import (
+    PROBE_LIMITS,
     SAMPLING_CONTRACT,
     DecodeItem,
+    EngineLimits,
     PrefillChunk,
     SessionHandle,
     StepResult,
@@ -19,14 +20,14 @@ from meshbench.engine.base import (
     greedy_step,
     separate_step,
 )
-from meshbench.engine.setup import PROBE_BUDGET, EngineSetup, describe
+from meshbench.engine.setup import EngineSetup, describe
+from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
-from meshbench.gguf_io import read_weights  # the gguf package itself is imported on first use
-from meshbench.kv import CacheMiss, HotKvStateManager
 from meshbench.model import llama
 from meshbench.model.config import ModelConfig, preset
+from meshbench.model.gguf_io import read_weights  # the gguf package itself is imported on first use
+from meshbench.model.kv import CacheMiss, HotKvStateManager
 from meshbench.model.weights import Weights, init_weights
-from meshbench.scheduler.budget import NodeBudget
 
 
 class SyntheticEngine:
@@ -152,10 +153,10 @@ def setup_synthetic(spec: EngineSpec) -> EngineSetup:
         cfg = preset(spec.preset)
         weights = init_weights(cfg, spec.seed)
 
-    def make(budget: NodeBudget) -> SyntheticEngine:
-        return SyntheticEngine(cfg, weights, budget.kv_bytes)
+    def make(limits: EngineLimits) -> SyntheticEngine:
+        return SyntheticEngine(cfg, weights, limits.kv_bytes)
 
-    info = describe(make(PROBE_BUDGET), "synthetic", preset=None if spec.model else spec.preset, model=spec.model,
+    info = describe(make(PROBE_LIMITS), "synthetic", preset=None if spec.model else spec.preset, model=spec.model,
                     model_sha256=model_sha, weights_seed=None if spec.model else spec.seed, device="cpu",
                     dtype=cfg.dtype, threads=spec.threads, model_config=cfg.to_dict())
     return EngineSetup(make, info, cfg.vocab_size, cfg.context_length)

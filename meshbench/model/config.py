@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from meshbench.errors import MeshbenchError
-from meshbench.kv import kv_bytes_per_token
+from meshbench.model.kv import kv_bytes_per_token
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass
 
+from meshbench.engine.base import EngineLimits
 from meshbench.errors import MeshbenchError
 
 
@@ -44,6 +45,11 @@ class NodeBudget:
         """Active slots: the tighter of max_active_sessions and the scratch envelope."""
         assert scratch_bytes_per_session > 0, scratch_bytes_per_session
         return min(self.max_active_sessions, self.scratch_bytes // scratch_bytes_per_session)
+
+    def engine_limits(self) -> EngineLimits:
+        """What an engine for this node is built for (the engine never sees the budget itself)."""
+        return EngineLimits(max_active_sessions=self.max_active_sessions, kv_bytes=self.kv_bytes,
+                            max_prefill_tokens_per_tick=self.max_prefill_tokens_per_tick)
 
     def to_dict(self) -> dict:
         return asdict(self)

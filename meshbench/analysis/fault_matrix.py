@@ -1,0 +1,145 @@
+"""What must hold for every level of a fault sweep, checked from the raw records by verify.
+
+Five named checks, each a category of ``Checks`` fields, so the README's fault matrix shows
+per level exactly what verify found:
+
+- ``ends once``: each session ends exactly once per epoch (epochs 1, 2, ... in order), with a
+  done reason, and a cause when it FAILED; each fault event names sessions as they ended;
+- ``KV to zero``: the engine's KV in use equals the positions held by running sessions at every
+  tick (a lost engine's KV went with it, a restarted one holds only what it prefilled), and is
+  zero at the end; an evicted session's KV may be gone before its miss is seen (at most);
+- ``untouched identical``: every session no fault ended COMPLETED with the reference's tokens;
+- ``resubmitted identical``: every session lost with its engine and resubmitted ended (in its
+  last epoch) COMPLETED with the reference's tokens, unless a later fault ended it;
+- ``accounting``: offered (arrivals + resubmissions) = completed + cancelled + failed + cache
+  misses + rejected, and the scheduler's counters equal the raw records.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from meshbench.analysis import figures
+from meshbench.analysis.checks import Checks
+from meshbench.names import RESULTS
+from meshbench.scheduler.budget import ACCEPTED
+from meshbench.workload.faults import PROCESS_KINDS
+
+CHECKS = ("ends once", "KV to zero", "untouched identical", "resubmitted identical", "accounting")
+EXPECTED_END = {"cancel": ("CANCELLED",), "evict": ("CACHE_MISS",), "raise": ("FAILED",), "kill-engine": ("FAILED",),
+                "abort-engine": ("FAILED",), "kill-worker": ("FAILED",)}
+
+
+def check_level(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Every check of a level that ran faults; the accounting for every level."""
+    _accounting(c, lv, at)
+    if not lv["faults"]:
+        return
+    reference = {s["session_id"]: s["tokens"] for s in (data["reference"] or data["levels"][0])["sessions"]}
+    _ends_once(c, lv, at)
+    _kv_to_zero(c, data, lv, at)
+    _identical(c, lv, at, reference)
+
+
+def verdicts(data: dict, lv: dict) -> dict[str, bool | None]:
+    """Per named check: did the level pass it (None: nothing to check), as the README's matrix prints."""
+    c = Checks()
+    check_level(c, data, lv, "level")
+    failed = {f.field.split("[", 2)[1].split("]")[0] for f in c.failures if f.field.startswith("level.faults[")}
+    named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
+    applies = {"untouched identical": any((s["session_id"], s["epoch"]) not in named | resubmitted
+                                          for s in lv["sessions"]),
+               "resubmitted identical": bool(resubmitted)}
+    return {name: (name not in failed) if applies.get(name, True) else None for name in CHECKS}
+
+
+def _resubmitted(lv: dict) -> set[tuple[str, int]]:
+    """(session, epoch) of every accepted resubmission."""
+    return {(r["session_id"], r["epoch"]) for loss in lv["engine_losses"] for r in loss["resubmitted"]
+            if r["decision"] in ACCEPTED}
+
+
+def _field(at: str, check: str, what: str) -> str:
+    return f"{at}.faults[{check}] {what}"
+
+
+def _ends_once(c: Checks, lv: dict, at: str) -> None:
+    by_id: dict[str, list[int]] = {}
+    for s in lv["sessions"]:
+        by_id.setdefault(s["session_id"], []).append(s["epoch"])
+        where = f"{s['session_id']}#{s['epoch']}"
+        c.equal(RESULTS, _field(at, "ends once", f"{where} ended"), True, s["done_reason"] != "UNFINISHED")
+        if s["done_reason"] == "FAILED":
+            c.equal(RESULTS, _field(at, "ends once", f"{where} has a cause"), True, bool(s["error"]))
+    for sid, epochs in sorted(by_id.items()):
+        c.equal(RESULTS, _field(at, "ends once", f"{sid} epochs"), list(range(1, len(epochs) + 1)), sorted(epochs))
+    ends = {(s["session_id"], s["epoch"]): s for s in lv["sessions"]}
+    c.equal(RESULTS, _field(at, "ends once", "one event per fault, in the row's order"), lv["faults"],
+            [e["fault"] for e in lv["fault_events"]])
+    ticks = {t["tick"]: t for t in lv["tick_records"]}
+    causes = {loss["cause"] for loss in lv["engine_losses"]}
+    for e in lv["fault_events"]:
+        kind = e["fault"].split("@")[0].split(":")[0]
+        if kind in PROCESS_KINDS and e["sessions"]:  # a process fault's cause is the engine loss it caused
+            c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} cause (an engine loss's)"), True,
+                    e["cause"] in causes)
+        for named in e["sessions"]:
+            end = named["end_tick"]
+            if end is not None:
+                c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} fired (tick {e['tick']}) before "
+                                                         f"{named['session_id']} ended (tick {end})"),
+                        True, e["tick"] is not None and e["tick"] <= end)
+                t = ticks.get(end)
+                c.equal(RESULTS, _field(at, "ends once", f"{e['fault']}: tick {end} records "
+                                                         f"{named['session_id']} ending"), True,
+                        t is not None and named["session_id"] in (*t["ended"], *t["completed"]))
+            s = ends.get((named["session_id"], named["epoch"]))
+            found = None if s is None else {k: s[k] for k in ("done_reason", "end_tick", "error")}
+            c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} names {named['session_id']}#{named['epoch']}"),
+                    {k: named[k] for k in ("done_reason", "end_tick", "error")}, found)
+            c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} ended it as"), True,
+                    named["done_reason"] in EXPECTED_END.get(kind, ()))
+
+
+def _kv_to_zero(c: Checks, data: dict, lv: dict, at: str) -> None:
+    per_token = data["engine"]["kv_bytes_per_token"]
+    evicted = any(e["fault"].startswith("evict:") and e["sessions"] for e in lv["fault_events"])
+    for t in lv["tick_records"]:
+        held = t["stored_tokens"] * per_token
+        ok = t["kv_bytes"] <= held if evicted else t["kv_bytes"] == held
+        c.equal(RESULTS, _field(at, "KV to zero", f"tick {t['tick']} kv_bytes vs stored_tokens x {per_token}"),
+                True, ok)
+    last = lv["tick_records"][-1]["kv_bytes"] if lv["tick_records"] else 0
+    c.equal(RESULTS, _field(at, "KV to zero", "kv_bytes at the end"), 0, last)
+
+
+def _identical(c: Checks, lv: dict, at: str, reference: dict[str, list[int]]) -> None:
+    named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
+    for s in lv["sessions"]:
+        key = (s["session_id"], s["epoch"])
+        if key in named:
+            continue
+        check = "resubmitted identical" if key in resubmitted else "untouched identical"
+        where = f"{s['session_id']}#{s['epoch']}"
+        c.equal(RESULTS, _field(at, check, f"{where} done_reason"), "COMPLETED", s["done_reason"])
+        c.equal(RESULTS, _field(at, check, f"{where} tokens = the reference's"), True,
+                s["tokens"] == reference.get(s["session_id"]))
+    for key in sorted(resubmitted):  # each resubmission ran: its session is in the level's records
+        c.equal(RESULTS, _field(at, "resubmitted identical", f"{key[0]}#{key[1]} recorded"), True,
+                any((s["session_id"], s["epoch"]) == key for s in lv["sessions"]))
+
+
+def _accounting(c: Checks, lv: dict, at: str) -> None:
+    ends = Counter(s["done_reason"] for s in lv["sessions"])
+    resubmissions = [r for loss in lv["engine_losses"] for r in loss["resubmitted"]]
+    refused = (sum(e["decision"] not in ACCEPTED for e in lv["submit_events"])
+               + sum(r["decision"] not in ACCEPTED for r in resubmissions))
+    raw = {"completed": ends["COMPLETED"], "cancelled": ends["CANCELLED"], "failed": ends["FAILED"],
+           "cache_misses": ends["CACHE_MISS"], "rejected_admissions": refused,
+           "engine_losses": len(lv["engine_losses"]), "resubmitted": len(resubmissions)}
+    for k, v in raw.items():
+        c.equal(RESULTS, _field(at, "accounting", f"counts.{k} (the scheduler's) = the records'"), v, lv["counts"][k])
+    offered = len(lv["submit_events"]) + len(resubmissions)
+    closed = raw["completed"] + raw["cancelled"] + raw["failed"] + raw["cache_misses"] + refused
+    c.equal(RESULTS, _field(at, "accounting", "offered (arrivals + resubmissions) = every end + every refusal"),
+            offered, closed)

@@ -1,0 +1,166 @@
+"""The figures of a sweep, computed from its raw records as results.json holds them (plain dicts).
+
+The sweep computes every figure here from the records it is about to write, and
+``verify`` recomputes them from the records it read: one set of functions, one input
+shape. (``verify`` also checks the deterministic ones a second, independent way.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import numpy as np
+
+from meshbench.analysis import stats
+
+SATURATION_MARGIN = 0.05  # occupancy must rise by more than 5% to count as still rising
+
+# The per-level figures summarize_ticks returns: deterministic, compared exactly by --rerun.
+TICK_FIGURES = ("ticks", "avg_batch_occupancy", "max_batch_occupancy", "tokens_per_tick", "peak_kv_bytes",
+                "prefill_tokens", "decode_tokens")
+
+
+def summarize_ticks(ticks: Sequence[dict]) -> dict:
+    """The deterministic per-level figures (``TICK_FIGURES``) from raw per-tick records."""
+    batches = [t["decode_batch"] for t in ticks if t["decode_batch"]]
+    prefill = sum(t["prefill_tokens"] for t in ticks)
+    decode = sum(t["decode_tokens"] for t in ticks)
+    n = len(ticks)
+    return {
+        "ticks": n,
+        "avg_batch_occupancy": sum(batches) / len(batches) if batches else 0.0,
+        "max_batch_occupancy": max(batches, default=0),
+        "tokens_per_tick": (prefill + decode) / n if n else 0.0,
+        "peak_kv_bytes": max((t["kv_bytes"] for t in ticks), default=0),
+        "prefill_tokens": prefill,
+        "decode_tokens": decode,
+    }
+
+
+def percentiles(values: Sequence[float]) -> dict:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None}
+    a = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)}
+
+
+TIMING_TICK_FIELDS = ("tick_ns", "decode_ns", "prefill_ns")  # wall-clock: reported, compared only by compare
+
+
+def deterministic_ticks(ticks: Sequence[dict]) -> list[dict]:
+    """Tick records without their timing: what every repetition must reproduce exactly."""
+    return [{k: v for k, v in t.items() if k not in TIMING_TICK_FIELDS} for t in ticks]
+
+
+def wall_figures(sessions: Sequence[dict], ticks: Sequence[dict], wall_s: float) -> dict:
+    """One repetition's wall-clock figures, from its monotonic nanosecond stamps.
+
+    ``sessions`` hold submit_ns, admit_ns and token_ns; ``ticks`` are full tick records.
+    decode (prefill) tokens/s divide by the summed engine time of the decode (prefill)
+    calls, as llama-batched-bench's S_TG (S_PP); tokens/s divides all tokens by the wall time.
+    """
+    prefill = sum(t["prefill_tokens"] for t in ticks)
+    decode = sum(t["decode_tokens"] for t in ticks)
+    tick_ns = sum(t["tick_ns"] for t in ticks)
+    decode_ns = sum(t["decode_ns"] for t in ticks)
+    prefill_ns = sum(t["prefill_ns"] for t in ticks)
+    timed = [s for s in sessions if s["token_ns"]]
+    return {
+        "wall_s": wall_s,
+        "tokens_per_s": (prefill + decode) / wall_s if wall_s > 0 else 0.0,
+        "decode_tokens_per_s": decode / (decode_ns / 1e9) if decode_ns > 0 else 0.0,
+        "prefill_tokens_per_s": prefill / (prefill_ns / 1e9) if prefill_ns > 0 else 0.0,
+        "ttft_ms": percentiles([(s["token_ns"][0] - s["submit_ns"]) / 1e6 for s in timed]),
+        "queue_ms": percentiles([(s["admit_ns"] - s["submit_ns"]) / 1e6 for s in sessions
+                                 if s["admit_ns"] is not None]),
+        "e2e_ms": percentiles([(s["token_ns"][-1] - s["submit_ns"]) / 1e6 for s in timed]),
+        "itl_ms": percentiles([(b - a) / 1e6 for s in timed for a, b in zip(s["token_ns"], s["token_ns"][1:])]),
+        # TPOT, vLLM's definition: a session's mean gap between its tokens after the first.
+        "tpot_ms": percentiles([(s["token_ns"][-1] - s["token_ns"][0]) / 1e6 / (len(s["token_ns"]) - 1)
+                                for s in timed if len(s["token_ns"]) > 1]),
+        "scheduler_share": (tick_ns - decode_ns - prefill_ns) / tick_ns if tick_ns > 0 else 0.0,
+    }
+
+
+def scalar_figures(wall: dict) -> dict[str, float]:
+    """A repetition's wall figures flattened to ``name`` or ``name.p50`` -> value (None percentiles left out)."""
+    out = {}
+    for k, v in wall.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{q}": x for q, x in v.items() if x is not None})
+        else:
+            out[k] = v
+    return out
+
+
+def repetition_summary(walls: Sequence[dict]) -> dict:
+    """Per figure, over the repetitions: median, min, max and the median's confidence interval."""
+    per_rep = [scalar_figures(w) for w in walls]
+    names = [k for k in per_rep[0] if all(k in r for r in per_rep)]
+    return {k: stats.summary([r[k] for r in per_rep]) for k in names}
+
+
+def token_digest(tokens: Sequence[int]) -> str:
+    """sha256 of the decimal ids joined by commas: easy to recompute in any language."""
+    return hashlib.sha256(",".join(str(t) for t in tokens).encode()).hexdigest()
+
+
+def first_divergence(reference: dict, other: dict) -> dict | None:
+    """The first token where level ``other`` differs from level ``reference``, session by session.
+
+    Both are level dicts (``concurrency`` and ``sessions``). A session that ended early
+    (cache miss, failure) is compared on the tokens it has; a session absent from the
+    reference is not compared here (verify checks that every level holds the same ids).
+    """
+    ref = {s["session_id"]: s for s in reference["sessions"]}
+    for s in other["sessions"]:
+        r = ref.get(s["session_id"])
+        if r is None:
+            continue
+        for i, (a, b) in enumerate(zip(r["tokens"], s["tokens"])):
+            if a != b:
+                return {
+                    "session_id": s["session_id"], "token_index": i,
+                    "reference_concurrency": reference["concurrency"], "concurrency": other["concurrency"],
+                    "reference_token": a, "token": b,
+                    "reference_margin": r["margins"][i] if i < len(r["margins"]) else None,
+                }
+    return None
+
+
+def sweep_divergence(levels: Sequence[dict], reference: dict | None = None) -> dict | None:
+    """The first divergence of any level from the reference: the sessions run alone when given
+    (a sweep of arrivals), else the first level."""
+    reference = reference or levels[0]
+    for lv in levels:
+        if lv is reference:
+            continue
+        div = first_divergence(reference, lv)
+        if div is not None:
+            return div
+    return None
+
+
+def fault_named(level: dict) -> set[tuple[str, int]]:
+    """(session, epoch) of every session an injected fault ended (its fault events name them)."""
+    return {(e["session_id"], e["epoch"]) for ev in level.get("fault_events", ()) for e in ev["sessions"]}
+
+
+def unfinished_sessions(levels: Sequence[dict]) -> int:
+    """Sessions that FAILED or never ended, except those an injected fault ended: such a sweep proves
+    nothing about corruption."""
+    count = 0
+    for lv in levels:
+        named = fault_named(lv)
+        count += sum(s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named
+                     for s in lv["sessions"])
+    return count
+
+
+def saturation_level(levels: Sequence[int], occupancy: Sequence[float], margin: float = SATURATION_MARGIN) -> int:
+    """The lowest level after which average occupancy stops rising by more than ``margin``."""
+    for i in range(len(levels) - 1):
+        if occupancy[i + 1] <= occupancy[i] * (1.0 + margin):
+            return levels[i]
+    return levels[-1]

@@ -1,0 +1,154 @@
+"""Isolation proven by perturbation: no session's output depends on another session's content.
+
+A level is run again with the prompts of some sessions replaced by other tokens of the same lengths.
+The lengths stay, so the schedule must stay: every tick record (the decode feed reduced to sessions
+and positions) must equal the level's. Every session that was not perturbed must then give the same
+tokens AND the same margins, bit for bit: margins catch a contamination that does not flip a token.
+
+Which sessions each pass perturbs is a separating family: session i gets a distinct subset S_i of
+size floor(m/2) of the m passes (C(m, floor(m/2)) >= N), and pass p perturbs every i with p in S_i.
+For every ordered pair (i, j), S_j is not inside S_i, so some pass perturbs j and not i: 6 passes
+for 16 sessions, 8 for 64. A session that changed is then tested against each suspect alone
+(a confirmation pass per suspect), so a leak is reported with both sessions named.
+
+End of sequence: a perturbed session is pinned to its length in the level (``end_at``), stop
+tokens or not, so its neighbours see the same schedule; an unperturbed one keeps the workload's
+eos policy and must end where it ended. The proof is about content: it cannot see a dependence on
+a neighbour's length or timing, which the schedule fixes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+from typing import Sequence
+
+import numpy as np
+
+from meshbench.analysis.figures import deterministic_ticks
+from meshbench.scheduler.session import GenerationRequest
+
+METHOD = ("perturbation: the level rerun with the prompt content of chosen sessions replaced (same lengths, "
+          "so the same schedule, checked tick by tick); every other session's tokens and margins compared bit "
+          "for bit; perturbed sets form a separating family (every ordered pair (i, j) has a pass perturbing j "
+          "and not i); a changed session is confirmed against each suspect alone")
+MAX_CONFIRMATIONS = 16  # single-suspect passes per level at most
+
+
+def pass_count(sessions: int) -> int:
+    """The fewest passes m whose subsets of size floor(m/2) number at least ``sessions`` (0 for one session)."""
+    if sessions <= 1:
+        return 0
+    m = 1
+    while math.comb(m, m // 2) < sessions:
+        m += 1
+    return m
+
+
+def perturbed_sets(ids: Sequence[str]) -> list[list[str]]:
+    """The sessions each pass perturbs: session k takes the k-th subset (lexicographic) of size floor(m/2)."""
+    m = pass_count(len(ids))
+    subsets = list(itertools.islice(itertools.combinations(range(m), m // 2), len(ids)))
+    return [[sid for sid, sub in zip(ids, subsets) if p in sub] for p in range(m)]
+
+
+def separates(ids: Sequence[str], sets: Sequence[Sequence[str]]) -> bool:
+    """Every ordered pair (i, j), i != j, has a set holding j and not i."""
+    return all(any(j in s and i not in s for s in sets) for i in ids for j in ids if i != j)
+
+
+def perturb(prompt: Sequence[int], vocab_size: int, seed: int, index: int) -> tuple[int, ...]:
+    """Other tokens of the same length: every position moved by a nonzero offset (seeded per session)."""
+    rng = np.random.default_rng([seed, index, 0x150])
+    offsets = rng.integers(1, vocab_size, len(prompt))  # (prompt,): never 0, so every token changes
+    return tuple(int((t + o) % vocab_size) for t, o in zip(prompt, offsets))
+
+
+def requests_for(requests: Sequence[GenerationRequest], perturbed: Sequence[str], baseline: dict[str, dict],
+                 vocab_size: int, seed: int) -> list[GenerationRequest]:
+    """The pass's requests: perturbed sessions with other prompt content, pinned to their baseline length."""
+    out = []
+    for k, r in enumerate(requests):
+        if r.session_id in perturbed:
+            r = dataclasses.replace(r, prompt_tokens=perturb(r.prompt_tokens, vocab_size, seed, k))
+            if r.session_id in baseline:  # (one the level refused is refused again: same lengths, same queue)
+                r = dataclasses.replace(r, end_at=max(len(baseline[r.session_id]["tokens"]), 1))
+        out.append(r)
+    return out
+
+
+def schedule_view(ticks: Sequence[dict]) -> list[dict]:
+    """Deterministic tick records with the decode feed reduced to (session, position): the schedule."""
+    return [{**t, "decode_feed": [f[:2] for f in t["decode_feed"]]} for t in ticks]
+
+
+def digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def pass_record(perturbed: Sequence[str], ticks: Sequence[dict], sessions: Sequence[dict], confirm: bool) -> dict:
+    """One perturbation pass as results.json holds it: whom it perturbed, its schedule's digest, and each
+    session's token and margin digests."""
+    return {"perturbed": list(perturbed), "confirm": confirm, "schedule_digest": digest(schedule_view(ticks)),
+            "sessions": [{"session_id": s["session_id"], "digest": s["digest"], "margins_digest": digest(s["margins"])}
+                         for s in sessions]}
+
+
+def changed(level: dict, p: dict) -> list[str]:
+    """Sessions the pass did not perturb whose tokens or margins differ from the level's."""
+    base = {s["session_id"]: (s["digest"], digest(s["margins"])) for s in level["sessions"]}
+    return sorted(s["session_id"] for s in p["sessions"]
+                  if s["session_id"] not in p["perturbed"]
+                  and base.get(s["session_id"]) != (s["digest"], s["margins_digest"]))
+
+
+def suspects(victim: str, family: Sequence[dict], changed_in: Sequence[list[str]], ids: Sequence[str]) -> list[str]:
+    """Sessions whose perturbation matches exactly the family passes in which ``victim`` changed."""
+    seen = [(set(p["perturbed"]), victim in c) for p, c in zip(family, changed_in) if victim not in p["perturbed"]]
+    return [j for j in ids if j != victim and all((j in s) == hit for s, hit in seen)]
+
+
+def run_level(run, requests: Sequence[GenerationRequest], baseline, vocab_size: int, seed: int) -> dict:
+    """The level's perturbation passes: the separating family, then one pass per suspect of each session
+    that changed. ``run(requests)`` runs one pass of the level and returns its sweep.Pass; ``baseline``
+    is the level's own first pass."""
+    ids = [r.session_id for r in requests]
+    by_id = {s["session_id"]: s for s in baseline.sessions}
+    level = {"sessions": baseline.sessions}
+
+    def one(perturbed: list[str], confirm: bool) -> dict:
+        p = run(requests_for(requests, perturbed, by_id, vocab_size, seed))
+        return pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm)
+
+    family = [one(sets, False) for sets in perturbed_sets(ids)]
+    changed_in = [changed(level, p) for p in family]
+    wanted = sorted({(v, j) for c in changed_in for v in c for j in suspects(v, family, changed_in, ids)},
+                    key=lambda x: (x[1], x[0]))
+    culprits = list(dict.fromkeys(j for _, j in wanted))[:MAX_CONFIRMATIONS]
+    return {"sessions": ids, "passes": family + [one([j], True) for j in culprits], "reason": None}
+
+
+def verdict(level: dict) -> dict:
+    """The level's isolation verdict, recomputed from its records (what the sweep writes and verify checks)."""
+    iso = level["isolation"]
+    if iso["passes"] is None:
+        return {"ran": False, "holds": None, "schedule_changed": [], "changed": [], "leaks": [], "separating": None,
+                "family_passes": 0, "confirmations": 0, "suspects": {}, "reason": iso["reason"]}
+    base = digest(schedule_view(level["tick_records"]))
+    passes = iso["passes"]
+    schedule = [k for k, p in enumerate(passes) if p["schedule_digest"] != base]
+    changed_in = [changed(level, p) for p in passes]
+    leaks = sorted({(victim, p["perturbed"][0]) for p, c in zip(passes, changed_in) if p["confirm"]
+                    for victim in c})
+    victims = sorted({v for c in changed_in for v in c})
+    ids = iso["sessions"]  # every arrival, served or refused
+    family = [p for p in passes if not p["confirm"]]
+    return {"ran": True, "holds": not schedule and not victims,
+            "schedule_changed": schedule, "changed": victims,
+            "leaks": [list(x) for x in leaks], "separating": separates(ids, [p["perturbed"] for p in family]),
+            "family_passes": len(family), "confirmations": len(passes) - len(family),
+            "suspects": {v: suspects(v, family, [changed(level, p) for p in family], ids) for v in victims},
+            "reason": None}

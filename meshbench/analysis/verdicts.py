@@ -1,0 +1,45 @@
+"""The sweep's verdicts, recomputed from its records by the sweep and by verify alike.
+
+Three properties, each said separately:
+- isolation (content independence): proven per level by perturbation (meshbench.analysis.isolation);
+- batch invariance: every session's tokens byte-identical across levels (the seed's check);
+- corruption_free: no session failed, and isolation holds at every level where it was run; where a
+  level could not run it (wall clock, injected faults, or isolation off), batch invariance is the only
+  evidence, as in the seed, and must hold too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from meshbench.analysis import figures, isolation
+
+
+@dataclass(slots=True)
+class ConcurrencySweep:
+    levels: list[dict]  # one results.json level record each
+    corruption_free: bool
+    first_divergence: dict | None
+    batch_invariant: bool
+    isolation: dict  # meshbench.analysis.verdicts: how isolation was proven, at how many levels, and whether it holds
+    saturation_concurrency: int | None  # None for a sweep of arrival rates
+    reference_concurrency: int
+    reference: dict | None = None  # arrival sweeps: every session run alone
+    saturation_rates: dict | None = None  # arrival sweeps: per concurrency, the first rate a full queue refused
+
+
+def sweep_verdicts(levels: Sequence[dict], reference: dict | None) -> dict:
+    divergence = figures.sweep_divergence(levels, reference)
+    per_level = [isolation.verdict(lv) for lv in levels]
+    ran = [v for v in per_level if v["ran"]]
+    every_level = len(ran) == len(per_level)
+    isolated = all(v["holds"] for v in ran)
+    unfinished = figures.unfinished_sessions(levels)
+    return {
+        "corruption_free": isolated and unfinished == 0 and (every_level or divergence is None),
+        "batch_invariant": divergence is None,
+        "first_divergence": divergence,
+        "isolation": {"method": isolation.METHOD, "levels_run": len(ran), "every_level": every_level,
+                      "holds": isolated if ran else None},
+    }

@@ -1,0 +1,207 @@
+"""Evidence bundles: a folder with results.json, README.md, commands.txt and a chart.
+
+Writing one is two steps around the run. ``prepare`` checks the destination and
+creates a staging folder beside it before any work is done (so a destination that
+cannot be written is refused at once, by really creating something there). ``commit``
+fills the staging folder and renames it into place, so an interruption or a crash never
+leaves a partial bundle. ``--force`` replaces only a folder that is itself a meshbench
+bundle: a folder holding anything else is never touched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import signal
+import stat
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from meshbench import files
+from meshbench.errors import MeshbenchError
+from meshbench.names import CHART, README, RESULTS
+from meshbench.results import chart, report
+from meshbench.results import document as results
+
+COMMANDS = "commands.txt"
+
+BUNDLE_FILES = (RESULTS, README, COMMANDS, CHART)
+MAX_RESULTS_BYTES = 256 << 20
+
+
+def is_bundle(folder: Path) -> bool:
+    """Does ``folder`` hold a results.json that meshbench wrote (a schema_version and a meshbench_version)?"""
+    rj = folder / RESULTS
+    try:
+        st = rj.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RESULTS_BYTES:
+            return False
+        data = json.loads(rj.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return (isinstance(data, dict) and isinstance(data.get("schema_version"), int)
+            and isinstance(data.get("meshbench_version"), str))
+
+
+def check_destination(out: Path, force: bool) -> None:
+    """Refuse a destination we must not write, before any work is done."""
+    if out.name in ("", ".", ".."):
+        raise MeshbenchError(f"--out {str(out)!r}: name the bundle folder to create or replace "
+                             "(not '.', '..' or an empty path)")
+    try:
+        out.lstat()
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # a name too long, a path through a file, a loop ...
+        raise MeshbenchError(f"--out {out}: cannot create a folder there ({e.strerror})") from None
+    if out.is_symlink():
+        raise MeshbenchError(f"--out {out}: is a symbolic link (to {os.readlink(out)}); give the folder itself")
+    if out.exists() and not out.is_dir():
+        raise MeshbenchError(f"--out {out}: exists and is not a directory")
+    if out.is_dir():
+        if os.path.ismount(out):
+            raise MeshbenchError(f"--out {out}: is a mount point; write the bundle into a folder below it")
+        entries = sorted(os.listdir(out))
+        if entries:
+            if not is_bundle(out):
+                raise MeshbenchError(f"--out {out}: holds files that are not a meshbench bundle ({entries[0]}"
+                                     f"{', ...' if len(entries) > 1 else ''}); meshbench replaces only its own "
+                                     "bundles, so choose another folder")
+            foreign = [e for e in entries if e not in BUNDLE_FILES]
+            if foreign:
+                raise MeshbenchError(f"--out {out}: the bundle there also holds {foreign[0]}, which meshbench did "
+                                     "not write; move it away first")
+            if not force:
+                raise MeshbenchError(f"--out {out}: a meshbench bundle already exists there; pass --force to "
+                                     "replace it")
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise MeshbenchError(f"--out {out}: parent directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MeshbenchError(f"--out {out}: directory {parent} is not writable")
+
+
+def prepare(out: Path, force: bool) -> Path:
+    """Check ``out`` and create the staging folder beside it; returns the staging folder.
+
+    The caller removes it with ``discard`` when the run fails, or hands it to ``commit``.
+    """
+    check_destination(out, force)
+    parent = out.absolute().parent
+    try:
+        if not out.exists():  # really try the name itself (too long, a read-only file system, /proc ...)
+            os.mkdir(out)
+            os.rmdir(out)
+        staging = Path(tempfile.mkdtemp(prefix=".meshbench-tmp-", dir=parent))
+    except OSError as e:
+        raise MeshbenchError(f"--out {out}: cannot create a folder there ({e.strerror})") from None
+    os.chmod(staging, files.umask_mode(0o777))
+    return staging
+
+
+def discard(staging: Path | None) -> None:
+    if staging is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def commit(staging: Path, out: Path, data: dict, force: bool = False) -> list[str]:
+    """Validate ``data``, write the bundle into ``staging`` and rename it to ``out``.
+
+    Returns the file names written. ``staging`` is gone afterwards, whatever happens.
+    """
+    try:
+        errors = results.schema_errors(data)
+        if errors:
+            raise MeshbenchError(f"results.json would not validate: {errors[0]}")
+        check_destination(out, force)  # again: the folder may have changed during the run
+        name = out.name if str(out) == out.name else str(out)
+        mode = files.umask_mode(0o666)
+        written = [RESULTS, README, COMMANDS]
+        for fname, text in ((RESULTS, results.dumps(data)), (README, report.render_readme(data, name)),
+                            (COMMANDS, report.render_commands(data, name))):
+            (staging / fname).write_text(text)
+        if chart.write(data, staging / CHART):
+            written.append(CHART)
+        for fname in written:
+            os.chmod(staging / fname, mode)
+        with _signals_held():
+            _swap_in(staging, out, force)
+        return written
+    except OSError as e:
+        raise MeshbenchError(f"--out {out}: cannot write the bundle ({e.strerror or e}); nothing was "
+                             "written") from None
+    finally:
+        discard(staging)
+
+
+def write(out: Path, data: dict, force: bool = False) -> list[str]:
+    """prepare + commit, for callers that already have the results."""
+    return commit(prepare(out, force), out, data, force)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (False then): renameat2(RENAME_NOREPLACE) where the C
+    library has it, else rename(2), which refuses a non-empty folder (a bundle never is empty)."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is not None:
+        if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.ENOSYS, errno.EINVAL):  # (those two: a C library or file system without it)
+            raise OSError(err, os.strerror(err))
+    try:
+        if dst.exists():
+            return False
+        os.rename(src, dst)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
+        raise
+
+
+@contextmanager
+def _signals_held():
+    """Hold SIGINT and SIGTERM while the old bundle is swapped for the new one."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, OSError):  # no sigmask on this platform
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _swap_in(staging: Path, out: Path, force: bool = False) -> None:
+    if not force and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()  # an empty folder holds nothing to lose: the bundle takes its place
+    if not out.exists() or not force:
+        # Without --force the last step is exclusive: of two runs racing to one --out, one wins and the
+        # other is refused, its bundle discarded (nothing is replaced, nothing lost).
+        if not _rename_noreplace(staging, out):
+            raise MeshbenchError(f"--out {out}: another run wrote a bundle there while this one ran; nothing was "
+                                 "replaced (pass --force to replace it)")
+        return
+    # The old bundle moves into a fresh folder of a fixed-length name: no name can get too long.
+    old = Path(tempfile.mkdtemp(prefix=".meshbench-old-", dir=out.absolute().parent))
+    os.replace(out, old / "bundle")
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        os.replace(old / "bundle", out)  # put the previous bundle back: never lose data
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,91 @@
+"""results.json: built from a sweep, validated against the schema, read back strictly."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from meshbench import __version__, files, validation
+from meshbench.analysis.figures import SATURATION_MARGIN
+from meshbench.analysis.verdicts import ConcurrencySweep
+from meshbench.errors import MeshbenchError
+from meshbench.workload.config import RunConfig
+
+SCHEMA_VERSION = 3
+SCHEMA = "results.schema.json"
+
+
+def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environment: dict, command: str) -> dict:
+    """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "meshbench_version": __version__,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "story": cfg.story,
+        "title": cfg.title,
+        "config": cfg.to_dict(),
+        "engine": engine_info,
+        "workload": cfg.workload.to_dict(),  # copies of the config echo's, checked equal by verify
+        "budget": cfg.budget.to_dict(),
+        "environment": environment,
+        "levels": sweep.levels,
+        "corruption_free": sweep.corruption_free,
+        "batch_invariant": sweep.batch_invariant,
+        "isolation": sweep.isolation,
+        "first_divergence": sweep.first_divergence,
+        "saturation_concurrency": sweep.saturation_concurrency,
+        "saturation_margin": SATURATION_MARGIN,
+        "reference_concurrency": sweep.reference_concurrency,
+        "reference": sweep.reference,
+        "saturation_rates": sweep.saturation_rates,
+    }
+
+
+def check_version(data: dict, where: str) -> None:
+    v = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise MeshbenchError(f"{where}: schema_version is missing or not an integer; not a meshbench results file")
+    if v > SCHEMA_VERSION:
+        raise MeshbenchError(
+            f"{where}: schema_version {v} is newer than this meshbench understands ({SCHEMA_VERSION}); "
+            "upgrade meshbench to read it"
+        )
+    if v < SCHEMA_VERSION:
+        raise MeshbenchError(
+            f"{where}: schema_version {v} was written by an older meshbench (this one writes {SCHEMA_VERSION}, "
+            "with isolation passes and the decode feed); re-run its sweep command (commands.txt beside it) with this "
+            "version"
+        )
+
+
+def schema_errors(data: dict) -> list[str]:
+    return validation.errors(data, SCHEMA)
+
+
+def dumps(data: dict) -> str:
+    return json.dumps(data, indent=1, sort_keys=False, allow_nan=False) + "\n"
+
+
+MAX_BYTES = 256 << 20  # a results.json of 100000 sessions is well under this
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (meshbench never writes it)")
+
+
+def load(path: Path) -> dict:
+    """Parse a results.json strictly: a regular UTF-8 file, standard JSON only (no NaN or Infinity)."""
+    text = files.read_text(path, "results", MAX_BYTES)
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise MeshbenchError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+    except ValueError as e:
+        raise MeshbenchError(f"{path}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise MeshbenchError(f"{path}: nested too deeply to be a meshbench results file") from None
+    if not isinstance(data, dict):
+        raise MeshbenchError(f"{path}: expected a JSON object at the top level")
+    return data

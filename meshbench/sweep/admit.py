@@ -1,0 +1,69 @@
+"""`meshbench admit`: submit a workload (or a burst) to a fresh scheduler and report every decision.
+
+With every session at once, the sessions are submitted and no tick runs. With arrivals over
+time, the node runs: each session is submitted before its arrival tick, and each decision is
+reported with its tick (the timeline), as the sweep records it.
+"""
+
+from __future__ import annotations
+
+from meshbench.engine import factory
+from meshbench.engine.base import check_context
+from meshbench.engine.setup import close_engine
+from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+from meshbench.sweep.run import node
+from meshbench.workload import arrivals, prompts
+from meshbench.workload.config import RunConfig, Workload
+
+
+def run(cfg: RunConfig, burst: int | None = None) -> dict:
+    """On the node the config describes (its RPC workers too, started and stopped around the run)."""
+    cfg = prompts.apply(cfg)
+    with node(cfg) as on:
+        return _run(cfg, burst, on.endpoints)
+
+
+def _run(cfg: RunConfig, burst: int | None, endpoints) -> dict:
+    budget = cfg.budget
+    wl = cfg.workload
+    if burst is not None:
+        wl = Workload((wl.prompt_tokens[0],) * burst, (wl.new_tokens[0],) * burst, wl.seed, wl.arrivals)
+    process = arrivals.parse(wl.arrivals)
+    setup = factory.setup(cfg.engine, wl.longest, budget.max_active_sessions, endpoints=endpoints)
+    try:
+        return _decide(cfg, wl, process, setup)
+    finally:
+        setup.close()  # while the workers still serve its buffers
+
+
+def _decide(cfg: RunConfig, wl: Workload, process, setup) -> dict:
+    budget = cfg.budget
+    check_context(wl.longest, setup.context_length)  # one rule for admit and sweep
+    engine = setup.make(budget.engine_limits())
+    try:
+        return _report(setup, budget, process, wl, ContinuousBatchScheduler(engine, budget, prefill_policy=cfg.prefill))
+    finally:
+        close_engine(engine)
+
+
+def _report(setup, budget, process, wl: Workload, sched: ContinuousBatchScheduler) -> dict:
+    requests = wl.requests(setup.vocab_size)
+    if process.all_at_once:
+        decisions = [dict(sched.submit(r).to_dict(), tick=0) for r in requests]
+    else:
+        decisions = []
+        schedule = list(zip(process.ticks(wl.sessions, wl.seed), requests))
+        sched.run_to_completion(arrivals=schedule,
+                                on_submit=lambda tick, d: decisions.append(dict(d.to_dict(), tick=tick)))
+    return {
+        "engine": {k: setup.info[k] for k in ("kind", "kv_bytes_per_token", "weight_bytes",
+                                               "scratch_bytes_per_session")},
+        "budget": budget.to_dict(),
+        "effective_active_cap": sched.active_cap,
+        "arrivals": process.label(),
+        "ticks": len(sched.ticks()),
+        "decisions": decisions,
+        "summary": {reason: sum(d["reason"] == reason for d in decisions)
+                    for reason in sorted({d["reason"] for d in decisions})},
+        "telemetry": sched.telemetry().to_dict(),
+    }

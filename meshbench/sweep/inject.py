@@ -1,0 +1,171 @@
+"""A fault row acting on one pass: between ticks on the scheduler and the node's processes, and inside
+the engine calls through a wrapper engine. After the pass, each fault becomes an event: the tick it
+fired, where it hit, and what happened to which session (id, epoch, end).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from meshbench.engine.base import (
+    DecodeItem,
+    InjectedFault,
+    PrefillChunk,
+    SessionHandle,
+    StepResult,
+    TickResult,
+    step_with_faults,
+)
+from meshbench.errors import MeshbenchError
+from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+from meshbench.scheduler.session import Session, SessionStatus
+from meshbench.workload.faults import Fault
+
+ORDER = {"cancel": 0, "evict": 1, "raise": 2, "abort-engine": 2, "kill-worker": 3, "kill-engine": 4}
+
+
+class FaultPlan:
+    def __init__(self, faults: Sequence[Fault], kill_engine: Callable[[], None] | None = None,
+                 kill_worker: Callable[[int], None] | None = None) -> None:
+        self.faults = list(faults)  # the row's order: the events come out in it
+        self._order = sorted(range(len(self.faults)), key=lambda i: (self.faults[i].tick, ORDER[self.faults[i].kind]))
+        self._kill_engine, self._kill_worker = kill_engine, kill_worker
+        self.sched: ContinuousBatchScheduler | None = None
+        self.tick = -1
+        self._fired: dict[int, dict] = {}  # fault index -> what was known when it fired
+        self._pending = [i for i in self._order if self.faults[i].call]  # inside-call faults not yet fired
+
+    def wrap(self, engine):
+        return FaultyEngine(engine, self) if self.faults else engine
+
+    def before_tick(self, tick: int) -> None:
+        self.tick = tick
+        for i in self._order:  # at one tick: cancels, evictions, then kills
+            f = self.faults[i]
+            if f.tick == tick and f.between_ticks:
+                self._fired[i] = {"tick": tick, **self._apply(f)}
+
+    def _apply(self, f: Fault) -> dict:
+        sched = self.sched
+        if f.kind in ("cancel", "evict"):
+            s = sched.session(f.target)
+            hit = _state(s)
+            if s is None or s.status is SessionStatus.FINISHED:
+                return {"hit": hit, "target": None}
+            if f.kind == "cancel":
+                sched.cancel(f.target)
+            elif s.status is SessionStatus.RUNNING:
+                sched.engine.release(f.target)  # the engine drops it; the scheduler learns at its next decode
+            else:
+                return {"hit": hit, "target": None}  # no KV yet: nothing to evict
+            return {"hit": hit, "target": [s.session_id, s.epoch]}
+        resident = len(sched.running_ids())
+        if f.kind == "kill-engine":
+            self._kill_engine()
+            return {"hit": f"between ticks, {resident} session(s) resident in the engine"}
+        self._kill_worker(f.target)
+        return {"hit": f"between ticks, worker {f.target} killed, {resident} session(s) resident"}
+
+    def take(self, call: str) -> Fault | None:
+        """The first fault pending for ``call`` whose tick has come: it fires now."""
+        for i in self._pending:
+            f = self.faults[i]
+            if f.call == call and f.tick <= self.tick:
+                self._pending.remove(i)
+                self._fired[i] = {"tick": self.tick, "hit": f"inside the {call} call"}
+                return f
+        return None
+
+    def events(self, concurrency: int, ticks: int) -> list[dict]:
+        """One event per fault, in the row's order; a fault that never fired is the input's error."""
+        sessions = self.sched.sessions()
+        losses = self.sched.losses()
+        out = {}
+        for i in self._order:  # in tick order, so each lost engine is claimed by the fault that lost it
+            f = self.faults[i]
+            fired = self._fired.get(i)
+            if fired is None:
+                what = f"no {f.call} call ran from tick {f.tick}" if f.call else f"tick {f.tick} is never reached"
+                raise MeshbenchError(f"fault {f.label}: at concurrency {concurrency} the pass ran {ticks} ticks: "
+                                     f"{what} (no session reaches it)")
+            out[i] = {"fault": f.label, "tick": fired["tick"], "hit": fired["hit"],
+                      **_outcome(f, fired, sessions, losses)}
+        return [out[i] for i in range(len(self.faults))]
+
+
+def _state(s: Session | None) -> str:
+    if s is None:
+        return "not yet submitted"
+    if s.status is SessionStatus.FINISHED:
+        return f"already ended: {s.done_reason.value}"
+    return {SessionStatus.QUEUED: "queued", SessionStatus.ADMITTED: "awaiting prefill",
+            SessionStatus.RUNNING: f"decoding ({len(s.tokens)} token(s) so far)"}[s.status]
+
+
+def _outcome(f: Fault, fired: dict, sessions: list[Session], losses: list[dict]) -> dict:
+    """The sessions the fault ended (id, epoch, done reason, error) and, for a lost engine, the cause and
+    the resubmissions."""
+    ends = {(s.session_id, s.epoch): s for s in sessions}
+    if f.kind in ("cancel", "evict"):
+        hit = [ends[tuple(fired["target"])]] if fired["target"] else []
+        return {"sessions": [_end(s) for s in hit], "cause": None, "resubmitted": []}
+    if f.kind == "raise":
+        hit = [s for s in sessions if s.end_tick == fired["tick"] and s.error and "InjectedFault" in s.error]
+        return {"sessions": [_end(s) for s in hit], "cause": None, "resubmitted": []}
+    loss = next((x for x in losses if x["tick"] >= fired["tick"] and not x.get("claimed")), None)
+    if loss is None:
+        return {"sessions": [], "cause": None, "resubmitted": []}
+    loss["claimed"] = True
+    lost = {tuple(x) for x in loss["lost"]}
+    later = [s for s in sessions if (s.session_id, s.epoch) not in lost and s.error
+             and s.error.startswith(loss["cause"]) and s.end_tick >= loss["tick"]]  # failed without an engine
+    hit = sorted([ends[k] for k in lost] + later, key=lambda s: s.arrival)
+    return {"sessions": [_end(s) for s in hit], "cause": loss["cause"], "resubmitted": loss["resubmitted"]}
+
+
+def _end(s: Session) -> dict:
+    return {"session_id": s.session_id, "epoch": s.epoch, "done_reason": s.done_reason.value,
+            "end_tick": s.end_tick, "error": s.error}
+
+
+class FaultyEngine:
+    """The engine a fault plan runs through: an armed ``raise`` raises inside the call (inside the
+    child when the engine is isolated), an armed ``abort-engine`` aborts the child."""
+
+    def __init__(self, inner, plan: FaultPlan) -> None:
+        self.inner, self.plan = inner, plan
+
+    def __getattr__(self, name):  # the figures, kv_bytes_in_use and close(): the inner engine's
+        return getattr(self.inner, name)
+
+    def _arm(self, call: str) -> bool:
+        """The fault due in this ``call`` part: True when it must raise here (an engine in the node's
+        process); an isolated engine is armed to raise, or abort, inside its process."""
+        f = self.plan.take(call)
+        if f is None:
+            return False
+        if f.kind == "abort-engine":
+            self.inner.arm(call, "abort")
+        elif hasattr(self.inner, "arm"):
+            self.inner.arm(call, "raise")
+        else:
+            return True
+        return False
+
+    def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+        raise_decode = bool(decode) and self._arm("decode")
+        raise_prefill = bool(prefill) and self._arm("prefill")
+        return step_with_faults(self.inner, decode, prefill, raise_decode, raise_prefill)
+
+    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
+        if self._arm("prefill"):
+            raise InjectedFault("injected into the prefill call")
+        return self.inner.prefill(session, prompt_tokens)
+
+    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
+        if self._arm("decode"):
+            raise InjectedFault("injected into the decode call")
+        return self.inner.decode_batch(items)
+
+    def release(self, session_id: str) -> None:
+        self.inner.release(session_id)

@@ -1,0 +1,190 @@
+"""One sweep from a RunConfig to a results dict: what `sweep` and `verify --rerun` share."""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from meshbench import files
+from meshbench.analysis import divergence
+from meshbench.engine import factory, rpc
+from meshbench.engine.base import check_context
+from meshbench.engine.process import workers
+from meshbench.engine.process.supervisor import Supervisor
+from meshbench.engine.rpc import Endpoint
+from meshbench.engine.setup import EngineSetup
+from meshbench.errors import MeshbenchError
+from meshbench.model import gguf_io
+from meshbench.results import document as results
+from meshbench.results import envinfo
+from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.telemetry import TickRecord
+from meshbench.sweep import replay
+from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.workload import config, prompts
+from meshbench.workload.config import RunConfig, validate_levels
+
+
+@dataclass(slots=True)
+class Node:
+    """The RPC workers an engine uses: the user's (endpoints only) or spawned for the run (a pool)."""
+
+    endpoints: list[Endpoint] = field(default_factory=list)
+    pool: workers.Pool | None = None
+
+
+def prepare(cfg: RunConfig, verbose: bool = False, on: Node | None = None) -> EngineSetup:
+    """Check the config against the model before any work, then load the engine (in its own process
+    when the config isolates it)."""
+    validate_levels(cfg.levels, cfg.workload.sessions)
+    on = on or Node()
+    longest = cfg.workload.longest
+    sizes = (longest, max(cfg.levels), max(cfg.workload.prompt_tokens))
+    if cfg.engine.isolated:
+        setup = Supervisor(cfg.engine, sizes, verbose, on.pool, on.endpoints).setup()
+    else:
+        setup = factory.setup(cfg.engine, *sizes, verbose, on.endpoints)
+        setup.info["isolated"] = False
+    try:
+        check_context(longest, setup.context_length)  # one rule for sweep and admit
+        check_budget_fits_one_session(cfg, setup, longest)
+    except MeshbenchError:
+        setup.close()
+        raise
+    return setup
+
+
+def check_budget_fits_one_session(cfg: RunConfig, setup: EngineSetup, longest: int) -> None:
+    """A budget that cannot hold even one session would refuse everything: say which one."""
+    per_token = setup.info["kv_bytes_per_token"]
+    need = longest * per_token
+    if cfg.budget.kv_bytes < need:
+        raise MeshbenchError(
+            f"budget.kv_bytes {cfg.budget.kv_bytes} cannot hold a single session: the longest needs {need} "
+            f"bytes ({longest} tokens x {per_token} bytes per token)"
+        )
+    scratch = setup.info["scratch_bytes_per_session"]
+    if cfg.budget.scratch_bytes < scratch:
+        raise MeshbenchError(
+            f"budget.scratch_bytes {cfg.budget.scratch_bytes} cannot hold a single session's scratch of "
+            f"{scratch} bytes"
+        )
+
+
+@contextmanager
+def node(cfg: RunConfig) -> Iterator[Node]:
+    """The RPC workers the config names (engine.rpc), or spawns for the block (engine.workers); or none."""
+    if cfg.engine.rpc or cfg.engine.workers:
+        rpc.libraries()  # an RPC-capable build, or the one line that says how to get it, before any process starts
+    if cfg.engine.rpc:
+        yield Node(rpc.parse_endpoints(cfg.engine.rpc, "engine.rpc"))
+        return
+    with workers.spawned(cfg.engine.workers, cfg.engine.threads) as pool:
+        yield Node(pool.endpoints, pool if cfg.engine.workers else None)
+
+
+def sweep_on_node(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
+                  verbose: bool = False) -> dict:
+    """Start the node's workers, load the engine, sweep, and free the engine before the workers stop
+    (llama.cpp aborts when it frees buffers on a worker that is gone)."""
+    cfg = prompts.apply(cfg)  # real prompts: tokenized by the model before anything runs
+    with node(cfg) as on:
+        setup = prepare(cfg, verbose, on)
+        try:
+            return run_sweep(cfg, command, on_tick, setup)
+        finally:
+            setup.close()
+
+
+def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
+              setup: EngineSetup | None = None) -> dict:
+    setup = setup or prepare(cfg)
+    sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, cfg.budget, setup.make, on_tick=on_tick,
+                                  repeat=cfg.repeat, warmup=cfg.warmup, rates=cfg.rates, slo=cfg.slo,
+                                  wall=cfg.clock == "wall", fault_rows=cfg.faults, node=setup,
+                                  restart=cfg.restart_engine, prefill=cfg.prefill, prove_isolation=cfg.isolation)
+    data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
+    if cfg.workload.prompts:  # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
+        data["inputs"] = {"workload.prompts": {"sha256": files.sha256(Path(cfg.workload.prompts))}}
+    # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
+    div = data["first_divergence"]
+    if div is not None and cfg.engine.kind == "gguf":
+        div["classification"] = divergence.classify(cfg, data, lambda other: run_sweep(other, "(classification)"))
+        div["logit_deviation"] = _logit_deviation(cfg, setup, data, div)
+    return data
+
+
+def _logit_deviation(cfg: RunConfig, setup: EngineSetup, data: dict, div: dict) -> dict | None:
+    """The diverging session's logits at its first batched step, against the reference level's, from a replay
+    of both levels' recorded schedules (in this process: an isolated engine's logits never leave its own)."""
+    if cfg.engine.isolated or data["reference"] is not None:
+        return None
+    by_c = {lv["concurrency"]: lv for lv in data["levels"]}
+    prompts = {r.session_id: r.prompt_tokens for r in cfg.workload.requests(setup.vocab_size, setup.eog)}
+    make = lambda lv: setup.make(NodeBudget(**lv["budget"]).engine_limits())  # noqa: E731
+    return replay.deviation(make, by_c[div["reference_concurrency"]], by_c[div["concurrency"]], prompts,
+                            div["session_id"], div["token_index"])
+
+
+def _check_inputs(data: dict, cfg: RunConfig) -> None:
+    """An input file that changed since the bundle was made is refused before anything runs: the difference
+    would otherwise be blamed on the bundle."""
+    recorded = (data.get("inputs") or {}).get("workload.prompts")
+    if recorded is None or not cfg.workload.prompts:
+        return
+    path = files.regular_file(cfg.workload.prompts, "workload.prompts")
+    now = files.sha256(path)
+    if now != recorded["sha256"]:
+        raise MeshbenchError(f"workload.prompts {cfg.workload.prompts} changed since the bundle was made (sha256 "
+                             f"{recorded['sha256'][:12]}... recorded, {now[:12]}... now): rerun with the file it "
+                             "was made from")
+
+
+def _locate(name: str, bundle: Path) -> str:
+    """A relative input path as given, if it exists from here; else the first bundle ancestor that has it."""
+    given = Path(name)
+    if given.is_absolute() or given.exists():
+        return name
+    for folder in bundle.absolute().parents:
+        if (folder / given).exists():
+            return str(folder / given)
+    return name
+
+
+def config_from_results(data: dict) -> RunConfig:
+    """The RunConfig a bundle recorded (its config echo).
+
+    A bundle can come from anyone: a model it says how to generate (make_model) goes into
+    meshbench's own cache, never to the path the bundle names.
+    """
+    cfg = config.from_mapping(data["config"], "results.json")
+    if cfg.engine.make_model:
+        model = str(cached_model_path(cfg.engine.make_model))
+        cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=model))
+    return cfg
+
+
+def cached_model_path(recipe: dict) -> Path:
+    r = {"preset": "dgr-012", "type": "q8_0", "seed": 0, **recipe}
+    # The writer's format version is in the name: a model an older meshbench cached (no vocabulary) is
+    # never taken for the one this version writes.
+    return (files.cache_dir() / "models"
+            / f"{r['preset']}-{r['type']}-seed{r['seed']}-v{gguf_io.WRITER_VERSION}.gguf")
+
+
+def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None = None) -> dict:
+    """The deterministic part again: one pass per level is enough, every repetition being identical. A bundle
+    can come from anyone: RPC endpoints it names are connected to only when the verifier says so. A relative
+    prompts file is looked for from here, then from the bundle's folder upwards (``bundle``)."""
+    cfg = dataclasses.replace(config_from_results(data), repeat=1, warmup=0)
+    if cfg.workload.prompts and bundle is not None:
+        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(
+            cfg.workload, prompts=_locate(cfg.workload.prompts, bundle)))
+    _check_inputs(data, cfg)
+    if cfg.engine.rpc and not trust_endpoints:
+        raise MeshbenchError(f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
+                             "the model to them; pass --trust-endpoints if they are yours")
+    return sweep_on_node(cfg, data["command"])

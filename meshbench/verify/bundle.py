@@ -1,0 +1,150 @@
+"""verify: many small named checks over an evidence bundle, every failure reported.
+
+Each failure reads ``<file>: <field> expected=<x> found=<y>``. Problems that make a
+bundle unusable (no folder, no results.json, not JSON, a newer schema_version, a
+schema violation) raise MeshbenchError instead: there is nothing to check.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from meshbench import files, validation
+from meshbench.analysis.checks import Checks
+from meshbench.errors import MeshbenchError
+from meshbench.results import bundle, fault_report, report
+from meshbench.results import document as results
+from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
+from meshbench.verify import recompute
+from meshbench.workload import config
+
+
+def load_bundle(path: Path) -> dict:
+    if not path.exists():
+        raise MeshbenchError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise MeshbenchError(f"{path}: not a directory (a bundle is a folder holding results.json)")
+    rj = path / bundle.RESULTS
+    if not rj.exists():
+        raise MeshbenchError(f"{path}: not a bundle: no {bundle.RESULTS}")
+    data = results.load(rj)
+    results.check_version(data, str(rj))
+    try:
+        errors = results.schema_errors(data) or config_echo_errors(data["config"])
+    except RecursionError:
+        raise MeshbenchError(f"{rj}: nested too deeply to be a meshbench results file") from None
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise MeshbenchError(f"{rj}: fails the results schema: {errors[0]}{more}")
+    return data
+
+
+def config_echo_errors(echo: dict) -> list[str]:
+    """The config echo must be a whole config: valid against the config schema, every key present."""
+    errors = [f"config.{e}" for e in validation.errors(echo, "config.schema.json")]
+    for key, default in config.DEFAULTS.items():
+        if key not in echo:
+            errors.append(f"config: '{key}' is missing")
+        elif isinstance(default, dict):
+            errors += [f"config.{key}: '{k}' is missing" for k in default if k not in echo[key]]
+    return errors
+
+
+Rerun = Callable[[dict], dict]  # a bundle's results -> the same configuration's results, run again
+
+
+def check_bundle(path: Path, rerun: Rerun | None = None) -> Checks:
+    return checked_bundle(path, rerun)[1]
+
+
+def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks]:
+    """The bundle's results and every check of it; with ``rerun`` (the runner, injected: checking a file
+    never loads an engine), its deterministic records compared with a fresh run's."""
+    data = load_bundle(path)
+    c = check_data(data)
+    check_readme(c, data, path)
+    if rerun is not None:
+        check_rerun(c, data, rerun)
+    return data, c
+
+
+def check_data(data: dict) -> Checks:
+    """Every check that needs only the results (what ``sweep`` runs on its own output)."""
+    c = Checks()
+    recompute.check_data(c, data)
+    return c
+
+
+def check_readme(c: Checks, data: dict, path: Path) -> None:
+    readme = path / bundle.README
+    if not readme.is_file():
+        c.equal(bundle.README, "(file)", "present", "missing")
+        return
+    text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
+    expected = report.render_readme(data, bundle_name(text, path))
+    if text != expected:  # generated from results.json: every line is checked, prose included
+        want, got = expected.splitlines(), text.splitlines()
+        k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        c.equal(bundle.README, f"line {k + 1} (the README as results.json renders it)",
+                want[k] if k < len(want) else "(end of file)", got[k] if k < len(got) else "(end of file)")
+    _check_table(c, "sweep table", report.parse_table(text), report.table_rows(data), report.TABLE_FIELDS, "levels")
+    faults = fault_report.table_rows(data)
+    if faults:
+        _check_table(c, "fault matrix", report.parse_table(text, fault_report.TABLE_HEADER), faults,
+                     [h.strip() for h in fault_report.TABLE_HEADER.strip("|").split("|")], "fault matrix rows")
+
+
+def bundle_name(text: str, path: Path) -> str:
+    """The name the bundle was written under, as its README quotes it (``meshbench verify NAME --rerun``):
+    a name is presentation, every other line is checked against results.json."""
+    for line in text.splitlines():
+        if line.startswith("meshbench verify ") and line.endswith(" --rerun"):
+            return line[len("meshbench verify "):-len(" --rerun")]
+    return path.name
+
+
+def _check_table(c: Checks, name: str, rows: list[list[str]] | None, expected: list[list[str]], fields, at: str):
+    if rows is None:
+        c.equal(bundle.README, name, "present", "missing")
+        return
+    c.equal(bundle.README, f"{name} rows", len(expected), len(rows))
+    for i, (e_row, f_row) in enumerate(zip(expected, rows)):
+        for field, e, f in zip(fields, e_row, f_row + [""] * (len(e_row) - len(f_row))):
+            c.equal(bundle.README, f"{at}[{i}].{field}", e, f)
+
+
+def deterministic_view(data: dict) -> dict:
+    """Every field a rerun must reproduce exactly; wall-clock and environment excluded.
+
+    On the wall clock admission depends on speed: only the engine, the verdict and the sessions run
+    alone (the reference every completed session was checked against) must be reproduced."""
+    # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
+    # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared.
+    out = {"engine": {k: v for k, v in data["engine"].items() if k not in ("rpc", "model")},
+           "corruption_free": data["corruption_free"], "saturation_concurrency": data["saturation_concurrency"],
+           "isolation": data["isolation"], "inputs": data.get("inputs")}
+    if data["reference"] is not None:
+        for j, s in enumerate(data["reference"]["sessions"]):
+            out[f"reference.sessions[{j}].digest"] = s["digest"]
+    if data["config"]["clock"] == "wall":
+        return out
+    # (on the wall clock which sessions share a batch depends on speed: so may the tokens of a batch-variant engine)
+    out["batch_invariant"], out["first_divergence"] = data["batch_invariant"], data["first_divergence"]
+    for i, lv in enumerate(data["levels"]):
+        at = f"levels[{i}]"
+        for k in DETERMINISTIC_LEVEL_FIELDS:
+            out[f"{at}.{k}"] = lv[k]
+        for j, s in enumerate(lv["sessions"]):
+            out[f"{at}.sessions[{j}]"] = s  # ids, epochs, ends, tokens, margins: all of it
+        for t in lv["tick_records"]:  # deterministic fields only
+            for k, v in t.items():
+                out[f"{at}.tick_records[{t['tick']}].{k}"] = v
+    return out
+
+
+def check_rerun(c: Checks, data: dict, rerun: Rerun) -> None:
+    fresh = rerun(data)
+    old, new = deterministic_view(data), deterministic_view(fresh)
+    for k in sorted(set(old) | set(new)):
+        c.equal(f"{bundle.RESULTS} (rerun)", k, new.get(k, "(absent)"), old.get(k, "(absent)"))

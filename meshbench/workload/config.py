@@ -1,0 +1,330 @@
+"""Run configs: embedded defaults <- a YAML file <- command-line flags.
+
+The merged mapping is validated against schemas/config.schema.json, then turned into
+typed settings. Every problem is a MeshbenchError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import yaml
+
+from meshbench import files, validation
+from meshbench.engine import rpc
+from meshbench.engine.spec import EngineSpec
+from meshbench.errors import MeshbenchError
+from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.session import GenerationRequest
+from meshbench.workload import arrivals, faults
+from meshbench.workload.faults import Fault
+
+# The DGR-012 run: 8 sessions, 4-token prompts, 8 new tokens, levels 1/2/4/8, budgets
+# sized so KV never evicts (the corruption check is then unambiguous).
+DEFAULTS: dict = {
+    "story": None,  # null: named by what ran (config._story); the embedded DGR-012 run names itself (load)
+    "title": None,
+    "levels": [1, 2, 4, 8],
+    "rates": None,  # with a poisson or gamma process: each rate (sessions per tick) is a level, per concurrency
+    "repeat": 1,
+    "warmup": 1,  # the first pass of a process is measurably slower on both engines (README, "Repetitions")
+    "engine": {
+        "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
+        "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
+        "rpc": None, "workers": 0, "split": None, "isolate": None, "mixed_batch": False,
+        "repack": False, "tiled_mm": "auto", "package": None,
+    },
+    "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once",
+                 "prompts": None, "eos": None},
+    "isolation": True,  # prove isolation at every level by perturbation passes (meshbench.analysis.isolation)
+    "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
+    "slo": {"ttft": None, "tpot": None},  # goodput counts completed sessions within both (ticks, or ms on the wall)
+    "faults": [],  # fault rows (meshbench.workload.faults), each run at every level
+    "restart_engine": False,  # after an engine loss: a fresh engine, the lost sessions resubmitted
+    "prefill": "whole",  # or chunked: the prefill budget filled exactly, prompts split across ticks
+    "budget": {
+        "weight_bytes": 1 << 30,
+        "kv_bytes": 1 << 24,
+        "scratch_bytes": 1 << 26,
+        "max_active_sessions": 8,
+        "max_queue_depth": 8,
+        "max_batch_size": 8,
+        "max_prefill_tokens_per_tick": 4,
+    },
+}
+
+
+DGR_012_NAME = {"story": "DGR-012", "title": "Continuous batching and bounded admission"}
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One prompt length and one new-token count per session; prompt ids drawn from ``seed``."""
+
+    prompt_tokens: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+    seed: int = 0
+    arrivals: str = "all-at-once"  # meshbench.workload.arrivals.parse reads it
+    prompts: str | None = None  # a file of real prompts, tokenized by the model (meshbench.workload.prompts)
+    prompt_ids: tuple[tuple[int, ...], ...] | None = None  # their token ids, once tokenized
+    eos: str = "continue"  # stop | ban | continue: what an end-of-generation token does (EOS_POLICIES)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens:
+            raise MeshbenchError("workload: at least one session is needed")
+        if len(self.prompt_tokens) != len(self.new_tokens):
+            raise MeshbenchError(
+                f"workload: {len(self.prompt_tokens)} prompt lengths but {len(self.new_tokens)} new-token counts"
+            )
+        for name, values in (("prompt_tokens", self.prompt_tokens), ("new_tokens", self.new_tokens)):
+            bad = [v for v in values if v < 1]
+            if bad:
+                raise MeshbenchError(f"workload: {name} must be >= 1 for every session, got {bad[0]}")
+
+    @classmethod
+    def uniform(cls, sessions: int, prompt_tokens: int, new_tokens: int, seed: int = 0) -> "Workload":
+        return cls((prompt_tokens,) * sessions, (new_tokens,) * sessions, seed)
+
+    @property
+    def sessions(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def longest(self) -> int:
+        """Positions the longest session needs: prompt plus every new token."""
+        return max(p + n for p, n in zip(self.prompt_tokens, self.new_tokens))
+
+    def session_ids(self) -> list[str]:
+        width = len(str(self.sessions - 1))
+        return [f"s{i:0{width}d}" for i in range(self.sessions)]
+
+    def requests(self, vocab_size: int, eog: frozenset[int] = frozenset()) -> list[GenerationRequest]:
+        """One request per session; with ``eos: stop`` each ends at any of the model's ``eog`` tokens."""
+        stop = eog if self.eos == "stop" else frozenset()
+        if self.prompt_ids is not None:  # real prompts: their ids, as the model's tokenizer gave them
+            return [GenerationRequest(sid, ids, n, stop)
+                    for sid, ids, n in zip(self.session_ids(), self.prompt_ids, self.new_tokens)]
+        rng = np.random.default_rng(self.seed)
+        return [
+            GenerationRequest(sid, tuple(int(t) for t in rng.integers(0, vocab_size, p)), n, stop)
+            for sid, p, n in zip(self.session_ids(), self.prompt_tokens, self.new_tokens)
+        ]
+
+    def to_dict(self) -> dict:
+        return {"sessions": self.sessions, "prompt_tokens": list(self.prompt_tokens),
+                "new_tokens": list(self.new_tokens), "seed": self.seed, "arrivals": self.arrivals,
+                "prompts": self.prompts, "eos": self.eos}
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    story: str
+    title: str
+    levels: tuple[int, ...]
+    engine: EngineSpec
+    workload: Workload
+    budget: NodeBudget  # max_active_sessions/max_batch_size are set per level by a sweep
+    source: str  # where the config came from, for messages and the results echo
+    repeat: int = 1  # recorded passes per level
+    warmup: int = 0  # unrecorded passes per level before them
+    rates: tuple[float, ...] | None = None  # arrival rates crossed with the levels
+    slo: dict | None = None  # {"ttft": x | None, "tpot": x | None}: ticks, or ms on the wall clock
+    clock: str = "tick"
+    faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows, each run at every level
+    restart_engine: bool = False
+    prefill: str = "whole"  # the prefill policy: whole | chunked
+    isolation: bool = True  # perturbation passes at every level (meshbench.analysis.isolation)
+
+    def to_dict(self) -> dict:
+        return {
+            "story": self.story, "title": self.title, "levels": list(self.levels),
+            "rates": None if self.rates is None else list(self.rates), "repeat": self.repeat,
+            "warmup": self.warmup, "slo": dict(self.slo or {"ttft": None, "tpot": None}), "clock": self.clock,
+            "faults": [",".join(f.label for f in row) for row in self.faults], "restart_engine": self.restart_engine,
+            "prefill": self.prefill, "isolation": self.isolation,
+            "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
+        }
+
+
+def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
+    """The levels in ascending order, or a MeshbenchError naming the bad one."""
+    if not levels:
+        raise MeshbenchError("levels: at least one concurrency level is needed")
+    bad = [lv for lv in levels if lv < 1]
+    if bad:
+        raise MeshbenchError(f"levels: every level must be >= 1, got {bad[0]}")
+    if len(set(levels)) != len(levels):
+        raise MeshbenchError(f"levels: duplicate level in {','.join(map(str, levels))}")
+    over = [lv for lv in levels if lv > sessions]
+    if over:
+        raise MeshbenchError(
+            f"levels: level {over[0]} exceeds the {sessions} sessions of the workload (refused, not clamped: "
+            "a level above the session count measures nothing new)"
+        )
+    return sorted(levels)
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; 1 MiB holds 100000 per-session entries
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load without aliases (no alias bombs) and without silently repeated keys."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            raise yaml.composer.ComposerError(None, None, f"aliases (*{event.anchor}) are not allowed in a config",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    text = files.read_text(p, "config", MAX_CONFIG_BYTES)
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise MeshbenchError(f"config {p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise MeshbenchError(f"config {p}: nested too deeply") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise MeshbenchError(f"config {p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _per_session(value, n: int, field: str, source: str) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,) * n
+    if len(value) != n:
+        raise MeshbenchError(f"{source}: workload.{field} has {len(value)} entries for {n} sessions")
+    return tuple(value)
+
+
+def load(path: str | Path | None = None, overrides: dict | None = None) -> RunConfig:
+    """Defaults, then the file at ``path``, then ``overrides`` (a nested mapping of flags)."""
+    source = str(path) if path else "defaults"
+    data = merge(DEFAULTS, read_yaml(path)) if path else copy.deepcopy(DEFAULTS)
+    if path:
+        file_errors = validation.errors(data, "config.schema.json")
+        if file_errors:
+            raise MeshbenchError(f"config {source}: {file_errors[0]}")
+    # Every key of the schema is optional and none depends on another, so the flags are
+    # checked on their own: the file's (possibly long) lists are validated once.
+    flag_errors = validation.errors(overrides or {}, "config.schema.json")
+    if flag_errors:
+        raise MeshbenchError(f"flags: {flag_errors[0]}")
+    data = merge(data, overrides or {})
+    if not path and data["story"] is None and not any(k in (overrides or {}) for k in
+                                                      ("engine", "workload", "budget", "prefill")):
+        data = {**data, "story": DGR_012_NAME["story"], "title": data["title"] or DGR_012_NAME["title"]}
+    if source == "defaults" and overrides:
+        source = "defaults+flags"
+    elif overrides:
+        source = f"{source}+flags"
+    return from_mapping(data, source)
+
+
+def from_mapping(data: dict, source: str) -> RunConfig:
+    """Typed settings from a whole, schema-valid config mapping (a merged config, or a bundle's echo)."""
+    wl = data["workload"]
+    n = wl["sessions"]
+    eng = data["engine"]
+    # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
+    eos = wl["eos"] or ("stop" if wl["prompts"] is not None else "continue")
+    if eos != "continue" and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: workload.eos {eos} needs the gguf engine (a model with end-of-generation "
+                             "tokens); the synthetic engine has none")
+    workload = Workload(
+        _per_session(wl["prompt_tokens"], n, "prompt_tokens", source),
+        _per_session(wl["new_tokens"], n, "new_tokens", source),
+        wl["seed"],
+        wl["arrivals"],
+        wl["prompts"],
+        eos=eos,
+    )
+    process = arrivals.parse(wl["arrivals"], f"{source}: workload.arrivals")
+    process.ticks(n, wl["seed"])  # a trace of the wrong length, or arrivals too late, are refused now
+    if data["rates"] is not None:
+        for r in data["rates"]:
+            process.with_rate(r)
+    _check_engine(eng, wl, source)
+    devices = len(rpc.parse_endpoints(eng["rpc"])) if eng["rpc"] else eng["workers"]
+    if eng["split"] is not None and len(eng["split"]) != devices:
+        raise MeshbenchError(f"{source}: engine.split has {len(eng['split'])} shares for {devices} RPC workers")
+    spec = EngineSpec(**eng, ban_eog=eos == "ban")
+    rows = tuple(faults.parse_row(row, f"{source}: faults[{i}]") for i, row in enumerate(data["faults"]))
+    faults.check_rows(rows, set(workload.session_ids()), spec.isolated, spec.workers, f"{source}: faults")
+    if rows and (data["rates"] is not None or data["clock"] == "wall"):
+        raise MeshbenchError(f"{source}: faults run on the tick clock with every session at once or an arrival "
+                             "process, not with rates or the wall clock")
+    return RunConfig(
+        story=data["story"] or _story(spec), title=data["title"] or "Concurrency sweep", levels=tuple(data["levels"]),
+        engine=spec, workload=workload, budget=NodeBudget(**data["budget"]), source=source,
+        repeat=data["repeat"], warmup=data["warmup"],
+        rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]), clock=data["clock"],
+        faults=rows, restart_engine=data["restart_engine"], prefill=data["prefill"], isolation=data["isolation"],
+    )
+
+
+def _check_engine(eng: dict, wl: dict, source: str) -> None:
+    """The engine's cross-field rules: what needs the gguf engine, what excludes what."""
+    if eng["kind"] == "gguf" and not eng.get("model") and not eng.get("package"):
+        raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
+    if eng["package"] and eng["model"]:
+        raise MeshbenchError(f"{source}: give engine.model or engine.package, not both")
+    if eng["kind"] != "gguf" and (eng["repack"] or eng["tiled_mm"] != "auto" or eng["package"]):
+        raise MeshbenchError(f"{source}: engine.repack, engine.tiled_mm and engine.package need the gguf engine")
+    if eng["tiled_mm"] != "auto" and eng["isolate"] is False:
+        raise MeshbenchError(f"{source}: engine.tiled_mm {eng['tiled_mm']} is a process-wide llama.cpp switch: it "
+                             "needs the engine in its own process (drop isolate: false)")
+    if wl["prompts"] is not None and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: workload.prompts needs the gguf engine (the model's own tokenizer)")
+    if eng["mixed_batch"] and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
+                             "synthetic engine always runs its batched decode and each prompt in one call")
+    if (eng["rpc"] or eng["workers"]) and eng["kind"] != "gguf":
+        raise MeshbenchError(f"{source}: engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
+    if (eng["rpc"] or eng["workers"]) and eng["isolate"] is False:
+        raise MeshbenchError(f"{source}: engine.rpc and engine.workers run the engine in its own process (a worker "
+                             "that misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate")
+    if eng["rpc"] and eng["workers"]:
+        raise MeshbenchError(f"{source}: give engine.rpc (workers you run) or engine.workers (spawned), not both")
+    if eng["rpc"]:
+        rpc.parse_endpoints(eng["rpc"], f"{source}: engine.rpc")
+
+
+def _story(spec: EngineSpec) -> str:
+    """A sweep without a story is named by what it ran: the packaged model, the model file, or the preset."""
+    if spec.package:
+        return spec.package
+    if spec.kind == "gguf" and spec.model:
+        return Path(spec.model).stem[:200] or "gguf"
+    return f"synthetic-{spec.preset}"
