@@ -8,8 +8,8 @@ from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.model.config import ModelConfig, preset
 from meshbench.model.weights import Weights, init_weights
 from meshbench.scheduler.budget import NodeBudget
-from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest
+from meshbench.sweep.driver import NodeDriver
 
 BIG = 1 << 30
 
@@ -53,12 +53,12 @@ def budget(**overrides) -> NodeBudget:
     return NodeBudget(**values)
 
 
-def scheduler(engine_=None, clock=None, prefill_policy="whole", **overrides) -> ContinuousBatchScheduler:
+def scheduler(engine_=None, clock=None, prefill_policy="whole", **overrides) -> NodeDriver:
     b = budget(**overrides)
     e = engine_ if engine_ is not None else engine(b.kv_bytes)
     if clock:
-        return ContinuousBatchScheduler(e, b, clock, prefill_policy=prefill_policy)
-    return ContinuousBatchScheduler(e, b, prefill_policy=prefill_policy)
+        return NodeDriver(e, b, clock, prefill_policy=prefill_policy)
+    return NodeDriver(e, b, prefill_policy=prefill_policy)
 
 
 def request(sid: str, prompt=(1, 2, 3, 4), new: int = 8) -> GenerationRequest:

@@ -64,7 +64,7 @@ def _run(trace, **budget):
     events = []
     reqs = [f.request(f"s{i}", new=8) for i in range(len(trace))]
     recs = s.run_to_completion(arrivals=list(zip(trace, reqs)),
-                               on_submit=lambda tick, d: events.append((tick, d.session_id, d.reason)))
+                               on_submit=lambda tick, d, *_: events.append((tick, d.session_id, d.reason)))
     return s, events, recs
 
 
@@ -108,7 +108,7 @@ def test_every_offered_session_ends_one_way_and_bounds_hold(trace, slots, queue,
     sched = f.scheduler(max_active_sessions=slots, max_batch_size=min(batch, slots), max_queue_depth=queue)
     decisions = []
     reqs = [f.request(f"s{i}", (1, 2, 3), new) for i in range(len(trace))]
-    recs = sched.run_to_completion(arrivals=list(zip(trace, reqs)), on_submit=lambda t, d: decisions.append(d))
+    recs = sched.run_to_completion(arrivals=list(zip(trace, reqs)), on_submit=lambda t, d, *_: decisions.append(d))
     assert all(r.queued <= queue and r.active <= slots for r in recs)
     ended = {s.session_id: s.done_reason.value for s in sched.sessions()}
     rejected = {d.session_id for d in decisions if not d.accepted}

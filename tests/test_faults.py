@@ -14,17 +14,17 @@ from typer.testing import CliRunner
 
 from meshbench.analysis import fault_matrix as fault_checks
 from meshbench.cli import app
-from meshbench.engine.base import DecodeItem, EngineLost, InjectedFault, SessionHandle
+from meshbench.engine.base import DecodeItem, EngineLost, PrefillChunk, SessionHandle
 from meshbench.engine.process import proxy as isolated
 from meshbench.engine.process.proxy import EngineProcess, ProxyEngine
 from meshbench.engine.spec import EngineSpec
-from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.workload import faults
 
 runner = CliRunner()
 SPEC = EngineSpec("synthetic", "dgr-012", None, 0, "cpu", None)
 BUDGET = NodeBudget(1 << 30, 1 << 24, 1 << 26, 4, 8, 4, 4)
+LIMITS = BUDGET.engine_limits()
 
 
 def sweep(*args) -> dict:
@@ -181,52 +181,63 @@ def test_a_raise_fires_at_the_first_such_call_at_or_after_its_tick():
 
 
 # --- the engine in its own process ---------------------------------------------------------
+def prefill(e, sid: str, tokens, capacity: int = 12):
+    """A whole prompt through the engine's one call."""
+    return e.step([], [PrefillChunk(SessionHandle(sid, 1, capacity), tuple(tokens), 0, True)]).prefill[0]
+
+
+def decode(e, *items: DecodeItem):
+    return e.step(list(items), []).decode
+
+
 def test_the_proxy_keeps_the_contract_and_reports_the_kv(process):
-    e = ProxyEngine(process, BUDGET)
-    r = e.prefill(SessionHandle("a", 1, 12), [1, 2, 3, 4])
+    e = ProxyEngine(process, LIMITS)
+    r = prefill(e, "a", [1, 2, 3, 4])
     assert e.kv_bytes_in_use == 4 * e.kv_bytes_per_token
-    (d,) = e.decode_batch([DecodeItem("a", 1, 4, r.token)])
+    (d,) = decode(e, DecodeItem("a", 1, 4, r.token))
     assert d.session_id == "a" and not d.cache_miss and e.kv_bytes_in_use == 5 * e.kv_bytes_per_token
-    (miss,) = e.decode_batch([DecodeItem("b", 1, 4, 1)])
+    (miss,) = decode(e, DecodeItem("b", 1, 4, 1))
     assert miss.cache_miss and miss.token is None
     e.release("a")
     assert e.kv_bytes_in_use == 0
-    with pytest.raises(MeshbenchError, match="exceed the model's context_length"):
-        e.prefill(SessionHandle("c", 1, 10_000), [1])
+    bad = prefill(e, "c", [1], capacity=10_000)  # an engine's exception fails the session, not the call
+    assert bad.token is None and "exceed the model's context_length" in bad.error
+    assert bad.cause == "prefill: MeshbenchError"
     e.arm("decode", "raise")
-    with pytest.raises(InjectedFault):
-        e.decode_batch([])
-    assert process.alive and process.calls == 7  # make, prefill, 2 decodes, release, and the 2 that raised
+    (raised,) = decode(e, DecodeItem("a", 1, 4, 1))
+    assert raised.error == "decode_batch: InjectedFault: injected into the decode call"
+    assert raised.cause == "decode_batch: InjectedFault"
+    assert process.alive and process.calls == 7  # make, prefill, 2 decodes, release, the refused prefill, the raise
 
 
 @pytest.mark.parametrize("sig,cause", [(signal.SIGKILL, "SIGKILL"), (signal.SIGTERM, "SIGTERM")])
 def test_a_dead_engine_process_is_engine_lost_with_its_cause(process, sig, cause):
-    e = ProxyEngine(process, BUDGET)
-    e.prefill(SessionHandle("a", 1, 12), [1, 2, 3, 4])
+    e = ProxyEngine(process, LIMITS)
+    prefill(e, "a", [1, 2, 3, 4])
     os.kill(process.pid, sig)
     process.proc.wait()
     with pytest.raises(EngineLost, match=f"^engine lost: {cause}$"):
-        e.decode_batch([DecodeItem("a", 1, 4, 1)])
+        decode(e, DecodeItem("a", 1, 4, 1))
     assert e.kv_bytes_in_use == 0  # its KV went with it
     e.release("a")  # a no-op on a lost engine
     with pytest.raises(EngineLost, match=f"engine lost: {cause}"):
-        e.prefill(SessionHandle("b", 1, 12), [1])
+        prefill(e, "b", [1])
 
 
 def test_an_engine_that_exits_is_lost_with_its_exit_status(process):
-    e = ProxyEngine(process, BUDGET)
+    e = ProxyEngine(process, LIMITS)
     process._conn.send(("exit",))  # the child leaves its loop: a clean exit 0 behind the proxy's back
     process.proc.wait()
     with pytest.raises(EngineLost, match="^engine lost: exit 0$"):
-        e.prefill(SessionHandle("a", 1, 12), [1, 2])
+        prefill(e, "a", [1, 2])
 
 
 def test_an_engine_that_stops_answering_is_killed_after_the_call_timeout(process, monkeypatch):
-    e = ProxyEngine(process, BUDGET)
+    e = ProxyEngine(process, LIMITS)
     monkeypatch.setattr(isolated, "CALL_TIMEOUT_S", 0.5)
     os.kill(process.pid, signal.SIGSTOP)
     with pytest.raises(EngineLost, match="^engine lost: no answer within 0.5 s \\(killed\\)$"):
-        e.prefill(SessionHandle("a", 1, 12), [1, 2])
+        prefill(e, "a", [1, 2])
     assert process.proc.poll() is not None  # killed, not left stopped
 
 

@@ -82,7 +82,7 @@ def test_admission_rejects_when_per_session_scratch_exceeds_budget():
 def test_scratch_envelope_caps_active_sessions():
     e = f.engine()
     s = f.scheduler(e, scratch_bytes=3 * e.scratch_bytes_per_session, max_active_sessions=8, max_batch_size=2)
-    assert s.active_cap == 3
+    assert s.sched.active_cap == 3
     assert [s.submit(f.request(x)).reason for x in "abcd"] == [R.ADMITTED] * 3 + [R.QUEUED]
 
 
@@ -314,3 +314,55 @@ def test_run_to_completion_stops_at_max_ticks():
     with pytest.raises(MeshbenchError, match="did not finish within 2 ticks"):
         s.run_to_completion(max_ticks=2)
     assert len(s.ticks()) == 2 and s.has_work()
+
+
+# --- the scheduler alone: it decides, it never calls an engine ---------------------------------
+def _bare(**overrides):
+    from meshbench.engine.base import EngineFigures
+    from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+
+    return ContinuousBatchScheduler(EngineFigures(kv_bytes_per_token=BPT, weight_bytes=1, scratch_bytes_per_session=1),
+                                    f.budget(**overrides))
+
+
+def _answer(plan, token=7):
+    """What an engine would answer to ``plan``: a token per decode item and per prompt's last chunk."""
+    from meshbench.engine.base import StepResult, TickResult
+
+    return TickResult([StepResult(it.session_id, token, 1.0) for it in plan.feed],
+                      [StepResult(c.session.session_id, token if c.last else None, 1.0) for c in plan.chunks])
+
+
+def test_the_scheduler_plans_a_tick_and_applies_an_answer_without_any_engine():
+    s = _bare(max_active_sessions=2, max_batch_size=2, max_prefill_tokens_per_tick=4)
+    for sid in "abc":
+        s.submit(f.request(sid, new=2))
+    plan = s.schedule()  # tick 0: a's whole 4-token prompt fits the prefill budget, b's waits
+    assert (plan.tick, plan.decode, [c.session.session_id for c in plan.chunks]) == (0, [], ["a"])
+    assert s.apply(plan, _answer(plan)) == []  # nothing ended: nothing to release
+    rec = s.record(plan, kv_bytes=4 * BPT)
+    assert rec.prefill_sessions == ("a",) and rec.kv_bytes == 4 * BPT and rec.stored_tokens == 4
+    plan = s.schedule()  # tick 1: a decodes its last token, b prefills
+    assert [it.session_id for it in plan.feed] == ["a"] and plan.feed[0].position == 4
+    assert [c.session.session_id for c in plan.chunks] == ["b"]
+    assert s.apply(plan, _answer(plan)) == ["a"]  # a completed: the driver must release its KV
+    rec = s.record(plan, kv_bytes=4 * BPT)
+    assert rec.completed == ("a",) and rec.admitted == ("c",)
+    assert s.session("a").tokens == [7, 7]
+
+
+def test_a_lost_engine_fails_its_sessions_and_the_resubmission_starts_a_new_epoch():
+    s = _bare()
+    s.submit(f.request("a", new=3))
+    plan = s.schedule()
+    s.apply(plan, _answer(plan))
+    s.record(plan, 0)
+    plan = s.schedule()
+    lost = s.engine_lost(plan, "engine lost: SIGKILL")
+    assert [x.session_id for x in lost] == ["a"] and s.take_releases() == ["a"]
+    s.resubmit(lost)
+    assert s.apply(plan, None) == []
+    rec = s.record(plan, 0)
+    assert rec.ended == ("a",) and rec.resubmitted == ("a",) and s.session("a").epoch == 2
+    assert s.losses()[0]["resubmitted"] == [{"session_id": "a", "epoch": 2, "decision": "ADMITTED"}]
+    assert s.telemetry(kv_bytes=0).failed_by_cause == {"engine lost: SIGKILL": 1}

@@ -3,7 +3,7 @@
 Both sides decode the same batches on fresh contexts of the same model: B sessions,
 each prefilled alone, then ``steps`` decode steps of all B. The raw loop fills the
 llama_batch, calls llama_decode and takes each row's argmax, with no scheduler. The
-scheduler side is ContinuousBatchScheduler driving GgufEngine; only its full-batch
+scheduler side is the node (NodeDriver) driving GgufEngine; only its full-batch
 decode ticks are timed (tick_ns, so the scheduler's own work is inside the timing).
 Figures are medians of per-step times over two interleaved rounds of each side.
 """
@@ -21,8 +21,8 @@ from meshbench.engine.gguf_engine import GgufEngine
 from meshbench.engine.llama_model import LoadedModel
 from meshbench.engine.process import workers
 from meshbench.scheduler.budget import NodeBudget
-from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest
+from meshbench.sweep.driver import NodeDriver
 
 
 def _prompts(b: int, prompt: int, vocab: int, seed: int) -> list[list[int]]:
@@ -63,7 +63,7 @@ def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threa
     e = GgufEngine(model, b, prompt + steps + 4, threads, max_prompt=prompt)
     budget = NodeBudget(weight_bytes=1 << 40, kv_bytes=1 << 40, scratch_bytes=1 << 40, max_active_sessions=b,
                         max_queue_depth=0, max_batch_size=b, max_prefill_tokens_per_tick=prompt)
-    sched = ContinuousBatchScheduler(e, budget)
+    sched = NodeDriver(e, budget)
     for i, p in enumerate(_prompts(b, prompt, model.vocab_size, seed)):
         sched.submit(GenerationRequest(f"s{i}", tuple(p), steps + 2))
     timed = []

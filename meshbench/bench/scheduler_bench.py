@@ -14,10 +14,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from meshbench.engine.base import DecodeItem, SessionHandle, StepResult
+from meshbench.engine.base import DecodeItem, PrefillChunk, StepResult, TickResult
 from meshbench.scheduler.budget import NodeBudget
-from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest
+from meshbench.sweep.driver import NodeDriver
 
 PROMPT = (1, 2, 3, 4)
 NEVER_ENDS = 1 << 30  # new tokens: no session finishes while it is timed
@@ -33,28 +33,29 @@ class NullEngine:
     scratch_bytes_per_session = 1
     kv_bytes_in_use = 0
 
-    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:  # noqa: ARG002
-        return StepResult(session.session_id, 0, 1.0)
-
-    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
-        return [StepResult(it.session_id, 0, 1.0) for it in items]
+    def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+        return TickResult([StepResult(it.session_id, 0, 1.0) for it in decode],
+                          [StepResult(c.session.session_id, 0 if c.last else None, 1.0) for c in prefill])
 
     def release(self, session_id: str) -> None:
         pass
 
+    def close(self) -> None:
+        pass
 
-def _scheduler(live: int, batch: int) -> ContinuousBatchScheduler:
+
+def _scheduler(live: int, batch: int) -> NodeDriver:
     budget = NodeBudget(weight_bytes=1, kv_bytes=1 << 50, scratch_bytes=1 << 50, max_active_sessions=batch,
                         max_queue_depth=live, max_batch_size=batch,
                         max_prefill_tokens_per_tick=len(PROMPT) * batch)
-    sched = ContinuousBatchScheduler(NullEngine(), budget)
+    sched = NodeDriver(NullEngine(), budget)
     for i in range(live):
         assert sched.submit(GenerationRequest(f"s{i}", PROMPT, NEVER_ENDS)).accepted
     sched.run_tick()  # prefills the first ``batch`` sessions: from here on every tick is the same
     return sched
 
 
-def tick_ms(sched: ContinuousBatchScheduler, ticks: int) -> list[float]:
+def tick_ms(sched: NodeDriver, ticks: int) -> list[float]:
     out = []
     for _ in range(ticks):
         t0 = time.perf_counter_ns()

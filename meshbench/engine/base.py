@@ -61,6 +61,7 @@ class StepResult:
     margin: float = float("nan")
     cache_miss: bool = False
     error: str | None = None  # the call failed for this session: "decode_batch: Type: message"
+    cause: str | None = None  # what failed, counted by the node: "decode_batch: Type", or a lost engine's cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +86,35 @@ class TickResult:
     prefill_ns: int = 0
 
 
+def failure(session_id: str, error: str, cause: str) -> StepResult:
+    """A session's failed answer: the whole ``error`` it ends with, and the ``cause`` it is counted by."""
+    return StepResult(session_id, None, error=error, cause=cause)
+
+
+def raised(session_id: str, where: str, exc: BaseException) -> StepResult:
+    """A session's answer when the ``where`` part of a call (decode_batch, prefill, step) raised ``exc``."""
+    kind = type(exc).__name__
+    return failure(session_id, f"{where}: {kind}: {exc}", f"{where}: {kind}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFigures:
+    """What the scheduler budgets against: an engine's KV cost per token, resident weights, and scratch."""
+
+    kv_bytes_per_token: int
+    weight_bytes: int
+    scratch_bytes_per_session: int
+
+    @classmethod
+    def of(cls, engine: "BatchEngine") -> "EngineFigures":
+        return cls(engine.kv_bytes_per_token, engine.weight_bytes, engine.scratch_bytes_per_session)
+
+
 @runtime_checkable
 class BatchEngine(Protocol):
+    """The one contract between the node and an engine: its figures, one call per tick, a release per ended
+    session, and close. Engines see sessions and tokens, never queues or budgets."""
+
     @property
     def recipe_fingerprint(self) -> str: ...
 
@@ -105,15 +133,18 @@ class BatchEngine(Protocol):
     @property
     def kv_bytes_in_use(self) -> int: ...
 
-    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult: ...
+    def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
+        """The tick's one call: a result per decode item and per prompt chunk, in order. An exception in a
+        part fails that part's sessions (``raised``); only a lost engine (EngineLost) is raised."""
+        ...
 
-    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]: ...
+    def release(self, session_id: str) -> None:
+        """Forget a session's KV (it ended, or a fault evicts it)."""
+        ...
 
-    # Optional, and what the scheduler calls when present (``engine_step``):
-    #   step(decode, prefill) -> TickResult     one call per tick for the decode batch and the prompt chunks
-    #   prefill_chunk(chunk) -> StepResult      a prompt's piece (chunked prefill needs it)
-
-    def release(self, session_id: str) -> None: ...
+    def close(self) -> None:
+        """Free native state now, not at garbage collection."""
+        ...
 
 
 def fingerprint(recipe: dict) -> str:
@@ -132,9 +163,9 @@ def batch_results(items: Sequence[DecodeItem], live: Sequence[DecodeItem], rows,
 
 
 def separate_step(engine, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
-    """A tick's work as separate calls inside one: the batched decode, then each chunk alone. An
-    exception fails the part it came from (the decode batch, or one chunk), not the tick; a lost
-    engine is raised."""
+    """``step`` for an engine built of parts: its ``decode_batch``, then each chunk alone (``prefill`` for a
+    whole prompt, ``prefill_chunk`` for a piece). An exception fails the part it came from (the decode batch,
+    or one chunk), not the tick; a lost engine is raised."""
     t0 = time.perf_counter_ns()
     out = TickResult()
     if decode:
@@ -143,8 +174,7 @@ def separate_step(engine, decode: Sequence[DecodeItem], prefill: Sequence[Prefil
         except EngineLost:
             raise
         except Exception as e:
-            out.decode = [StepResult(it.session_id, None, error=f"decode_batch: {type(e).__name__}: {e}")
-                          for it in decode]
+            out.decode = [raised(it.session_id, "decode_batch", e) for it in decode]
     t1 = time.perf_counter_ns()
     for c in prefill:
         try:
@@ -152,27 +182,16 @@ def separate_step(engine, decode: Sequence[DecodeItem], prefill: Sequence[Prefil
         except EngineLost:
             raise
         except Exception as e:
-            out.prefill.append(StepResult(c.session.session_id, None, error=f"prefill: {type(e).__name__}: {e}"))
+            out.prefill.append(raised(c.session.session_id, "prefill", e))
     out.decode_ns, out.prefill_ns = t1 - t0, time.perf_counter_ns() - t1
     return out
 
 
 def _prefill_chunk(engine, chunk: PrefillChunk) -> StepResult:
-    """A whole prompt is ``engine.prefill``; a piece of one, ``engine.prefill_chunk`` (an engine without it
-    prefills whole prompts only)."""
+    """A whole prompt is ``engine.prefill``; a piece of one, ``engine.prefill_chunk``."""
     if chunk.start == 0 and chunk.last:
         return engine.prefill(chunk.session, chunk.tokens)
-    method = getattr(engine, "prefill_chunk", None)
-    if method is None:
-        raise MeshbenchError("this engine prefills whole prompts only (no prefill_chunk): use prefill whole")
-    return method(chunk)
-
-
-def engine_step(engine, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
-    """The tick's one call: ``engine.step``, or for an engine with only decode_batch and prefill, those
-    two run by ``separate_step``."""
-    method = getattr(engine, "step", None)
-    return method(decode, prefill) if method is not None else separate_step(engine, decode, prefill)
+    return engine.prefill_chunk(chunk)
 
 
 def step_with_faults(engine, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk], raise_decode: bool,
@@ -180,15 +199,15 @@ def step_with_faults(engine, decode: Sequence[DecodeItem], prefill: Sequence[Pre
     """``engine.step`` with an injected exception in its decode part (every decode item fails) or in its
     first chunk (that session fails), as if the engine had raised there."""
     if not raise_decode and not raise_prefill:
-        return engine_step(engine, decode, prefill)
+        return engine.step(decode, prefill)
     skip_decode, skip_chunk = raise_decode and bool(decode), raise_prefill and bool(prefill)
-    out = engine_step(engine, [] if skip_decode else decode, prefill[1:] if skip_chunk else prefill)
+    out = engine.step([] if skip_decode else decode, prefill[1:] if skip_chunk else prefill)
     if skip_decode:
-        out.decode = [StepResult(it.session_id, None, error="decode_batch: InjectedFault: injected into the decode "
-                                                            "call") for it in decode]
+        out.decode = [raised(it.session_id, "decode_batch", InjectedFault("injected into the decode call"))
+                      for it in decode]
     if skip_chunk:
-        out.prefill.insert(0, StepResult(prefill[0].session.session_id, None,
-                                         error="prefill: InjectedFault: injected into the prefill call"))
+        out.prefill.insert(0, raised(prefill[0].session.session_id, "prefill",
+                                     InjectedFault("injected into the prefill call")))
     return out
 
 

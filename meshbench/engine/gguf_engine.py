@@ -34,6 +34,7 @@ from meshbench.engine.base import (
     check_token_ids,
     fingerprint,
     greedy_step,
+    raised,
     separate_step,
 )
 from meshbench.engine.llama_model import (
@@ -220,9 +221,8 @@ class GgufEngine:
         except EngineLost:
             raise
         except Exception as e:
-            why = f"step: {type(e).__name__}: {e}"
-            out = TickResult([StepResult(it.session_id, None, error=why) for it in decode],
-                             [StepResult(c.session.session_id, None, error=why) for c in prefill])
+            out = TickResult([raised(it.session_id, "step", e) for it in decode],
+                             [raised(c.session.session_id, "step", e) for c in prefill])
         out.decode_ns = time.perf_counter_ns() - t0  # one call: it all counts as the decode's wait
         return out
 

@@ -31,9 +31,7 @@ class EngineSetup:
 def close_engine(engine: BatchEngine) -> None:
     """Free an engine's native state now (a llama.cpp context), not at garbage collection: before its
     model, and while the RPC workers holding its buffers still serve them."""
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
+    engine.close()
 
 
 def describe(probe: BatchEngine, kind: str, **facts) -> dict:

@@ -139,6 +139,9 @@ class SyntheticEngine:
     def release(self, session_id: str) -> None:
         self.kv.release(session_id)
 
+    def close(self) -> None:
+        """Nothing native to free: the KV arrays go with the engine."""
+
 
 def setup_synthetic(spec: EngineSpec) -> EngineSetup:
     """Seeded weights of a preset, or the dequantized weights of a GGUF file."""

@@ -1,15 +1,16 @@
-"""ContinuousBatchScheduler: bounded admission and decode-first continuous batching.
+"""ContinuousBatchScheduler: bounded admission and decode-first continuous batching. It decides; it never
+calls an engine (meshbench.sweep.driver does, and hands back the answers).
 
-The whole policy is ``run_tick``, with the budgets passed in from it: pick the decode batch (every
+A tick is ``schedule`` -> the driver runs the plan's ONE engine call -> ``apply`` -> the driver releases what
+ended -> ``record``. ``schedule`` is where the policy reads top to bottom: pick the decode batch (every
 decoding session, at most max_batch_size, least-recently-decoded first), then the prefill work
-(first-in-first-out within max_prefill_tokens_per_tick: whole prompts, or ``chunked`` pieces that
-fill the budget exactly), run both in ONE engine call (``step``), apply its answers, then
-end-of-tick releases and promotion.
+(first-in-first-out within max_prefill_tokens_per_tick: whole prompts, or ``chunked`` pieces that fill the
+budget exactly). ``apply`` takes each session's answer, then the end-of-tick releases and promotion.
 
-An engine that is lost (``EngineLost``: its process died) takes the sessions resident in it
-along: they end FAILED with the cause. With a ``recover`` policy the scheduler then runs on a
-fresh engine and submits the lost sessions again under a new epoch (from their prompts);
-without one the node stays up and every session that needs the engine later fails too.
+An engine that is lost (its process died) takes the sessions resident in it along: ``engine_lost`` ends
+them FAILED with the cause; the driver then restarts the engine and ``resubmit``s them under a new epoch
+(from their prompts), or declares the node ``engine_down``: every session that needs the engine later
+fails too.
 """
 
 from __future__ import annotations
@@ -17,19 +18,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from meshbench.engine.base import (
-    BatchEngine,
-    DecodeItem,
-    EngineLost,
-    PrefillChunk,
-    SessionHandle,
-    StepResult,
-    TickResult,
-    engine_step,
-)
+from meshbench.engine.base import DecodeItem, EngineFigures, PrefillChunk, SessionHandle, TickResult
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason, NodeBudget
 from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
@@ -45,25 +37,47 @@ class CancelResult:
     detail: str  # "cancelled", "unknown session", "already finished: COMPLETED", ...
 
 
+@dataclass(slots=True)
+class TickPlan:
+    """One tick's decisions, then (filled by ``apply``) what came of them."""
+
+    tick: int
+    started_ns: int
+    decode: list[Session]  # the decode batch, in arrival order
+    prefill: list[tuple[Session, int, int]]  # (session, first position, tokens) to prefill, first in first out
+    down: str | None  # no engine any more (the loss's cause): the prefill work fails with it
+    feed: list[DecodeItem]  # what each decoding session feeds the engine: its last token, at the next position
+    chunks: list[PrefillChunk]  # the prefill work as the engine takes it
+    decoded: int = 0
+    prefilled: list[Session] = field(default_factory=list)  # sessions whose prompt's last piece ran
+    pieces: list[tuple[str, int, int]] = field(default_factory=list)  # (session, start, tokens) written
+    finished: list[Session] = field(default_factory=list)
+    promoted: list[Session] = field(default_factory=list)
+    decode_ns: int = 0
+    prefill_ns: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
 class ContinuousBatchScheduler:
     def __init__(
         self,
-        engine: BatchEngine,
+        figures: EngineFigures,
         budget: NodeBudget,
         clock: Callable[[], int] = time.monotonic_ns,
-        recover: Callable[[], BatchEngine] | None = None,
         prefill_policy: str = "whole",
     ) -> None:
         if prefill_policy not in PREFILL_POLICIES:
             raise MeshbenchError(f"prefill must be one of {', '.join(PREFILL_POLICIES)}, got {prefill_policy!r}")
         self.prefill_policy = prefill_policy
-        self.engine = engine
-        self.recover = recover  # the restart policy: a fresh engine after a loss (None: no restart)
+        self.figures = figures  # the engine's figures the budgets are checked against
         self.budget = budget
         self.clock = clock
-        self.scratch_per_session = engine.scratch_bytes_per_session
+        self.scratch_per_session = figures.scratch_bytes_per_session
         self.active_cap = budget.effective_active_cap(self.scratch_per_session)
-        self.kv_bytes_per_token = engine.kv_bytes_per_token
+        self.kv_bytes_per_token = figures.kv_bytes_per_token
         self._lock = threading.RLock()
         # Live sessions by id, and each lifecycle stage in its own ordered container, so a
         # tick costs O(running + prefills), never O(everything queued).
@@ -87,7 +101,8 @@ class ContinuousBatchScheduler:
         self._down: str | None = None  # the cause, once an engine was lost and not restarted
         self._ended: list[Session] = []  # ended otherwise than completing since the last tick record
         self._resubmitted: list[Session] = []  # resubmitted since the last tick record
-        self._resubmitted_work = 0  # tokens resubmissions added: they extend run_to_completion's bound
+        self._releases: list[str] = []  # sessions ended holding KV, for the driver to release in the engine
+        self.resubmitted_work = 0  # tokens resubmissions added: they extend the driver's bound on ticks
 
     # --- admission --------------------------------------------------------------
     def submit(self, request: GenerationRequest) -> AdmissionDecision:
@@ -124,7 +139,7 @@ class ContinuousBatchScheduler:
             return AdmissionDecision(reason=reason, **decision)
 
     def cancel(self, session_id: str) -> CancelResult:
-        """End a queued or active session as CANCELLED and free its KV and slot now."""
+        """End a queued or active session as CANCELLED and free its slot now (its KV: ``take_releases``)."""
         with self._lock:
             s = self._live.get(session_id)
             if s is None:
@@ -137,26 +152,43 @@ class ContinuousBatchScheduler:
             return CancelResult(session_id, True, "cancelled")
 
     # --- the policy ---------------------------------------------------------------
-    def run_tick(self) -> TickRecord:
-        """One tick: choose the decode batch, then the prefill work within the budget; ONE engine call
-        runs both; then end-of-tick releases; then record it."""
+    def schedule(self) -> TickPlan:
+        """The tick's decisions: the decode batch, then the prefill work within the budget. The driver runs
+        both in ONE engine call and hands the answer to ``apply``."""
         with self._lock:
             t0 = self.clock()
             if self._first_tick_ns is None:
                 self._first_tick_ns = t0
-            tick = len(self._ticks)
             chosen = self._pick_decode(self.budget.max_batch_size)
-            chunks = self._pick_prefill(self.budget.max_prefill_tokens_per_tick)
-            items = [self._decode_item(s) for s in chosen]  # the feed: what the engine is given, and recorded
-            fed = items if self._down is None else []
-            result, decode_ns, prefill_ns = self._step(tick, chosen, items, chunks)
-            decoded = self._apply_decode(tick, chosen, result)
-            prefilled, pieces = self._apply_prefill(chunks, result)
-            finished, promoted = self._end_of_tick(tick, [*chosen, *prefilled])
-            rec = self._record(tick, t0, chosen, decoded, prefilled, pieces, finished, promoted, decode_ns,
-                               prefill_ns, fed)
+            picks = self._pick_prefill(self.budget.max_prefill_tokens_per_tick)
+            chunks = [PrefillChunk(SessionHandle(s.session_id, s.epoch, s.request.total_tokens),
+                                   s.request.prompt_tokens[start:start + n], start, start + n == s.prompt_len)
+                      for s, start, n in picks]
+            feed = [self._decode_item(s) for s in chosen]
+            return TickPlan(len(self._ticks), t0, chosen, picks, self._down, feed, chunks)
+
+    def apply(self, plan: TickPlan, result: TickResult | None, decode_ns: int = 0, prefill_ns: int = 0) -> list[str]:
+        """The engine's answer to ``plan`` (None: the engine was lost in the call, ``engine_lost`` said so):
+        each session's token, cache miss or failure; then end-of-tick releases and promotion. Returns the
+        sessions whose KV the driver must now release in the engine (then ``record``)."""
+        with self._lock:
+            plan.decode_ns, plan.prefill_ns = decode_ns, prefill_ns
+            plan.decoded = self._apply_decode(plan.tick, plan.decode, result)
+            plan.prefilled, plan.pieces = self._apply_prefill(plan.prefill, result)
+            plan.finished, plan.promoted = self._end_of_tick(plan.tick, [*plan.decode, *plan.prefilled])
+            return self.take_releases()
+
+    def record(self, plan: TickPlan, kv_bytes: int) -> TickRecord:
+        """The tick's record, with the KV the engine holds after its releases."""
+        with self._lock:
+            rec = self._record(plan, kv_bytes)
             self._ticks.append(rec)
             return rec
+
+    @staticmethod
+    def _decode_item(s: Session) -> DecodeItem:
+        """What a decoding session feeds the engine: its last token at the position after what it holds."""
+        return DecodeItem(s.session_id, s.epoch, s.position, s.tokens[-1])
 
     def _pick_decode(self, max_batch: int) -> list[Session]:
         """Every running session, at most ``max_batch`` of them, in arrival order: the decode batch."""
@@ -191,37 +223,6 @@ class ContinuousBatchScheduler:
             spent += left
         return picks
 
-    def _step(self, tick: int, chosen: list[Session], items: list[DecodeItem], chunks: list[tuple[Session, int, int]]):
-        """The tick's one engine call. Returns its TickResult (None: the engine was lost in it) and the
-        time the decode and the prefill waited (the call's own overhead counts as the decode's)."""
-        if self._down is not None:  # no engine any more: nothing to prefill on
-            why = f"{self._down} (not restarted)"
-            return TickResult([], [StepResult(s.session_id, None, error=why) for s, _, _ in chunks]), 0, 0
-        if not chosen and not chunks:
-            return TickResult(), 0, 0
-        pieces = [PrefillChunk(SessionHandle(s.session_id, s.epoch, s.request.total_tokens),
-                               s.request.prompt_tokens[start:start + n], start, start + n == s.prompt_len)
-                  for s, start, n in chunks]
-        e0 = self.clock()
-        try:
-            result = engine_step(self.engine, items, pieces)
-        except EngineLost as exc:
-            ns = self.clock() - e0
-            self._engine_lost(tick, [*chosen, *(s for s, _, _ in chunks)], exc)
-            return None, ns if chosen else 0, 0 if chosen else ns
-        except Exception as exc:  # a step that raised as a whole: every session in it fails
-            why = f"step: {type(exc).__name__}: {exc}"
-            result = TickResult([StepResult(it.session_id, None, error=why) for it in items],
-                                [StepResult(c.session.session_id, None, error=why) for c in pieces])
-        ns = self.clock() - e0
-        prefill_ns = min(result.prefill_ns, ns) if chosen else ns
-        return result, ns - prefill_ns, prefill_ns
-
-    @staticmethod
-    def _decode_item(s: Session) -> DecodeItem:
-        """What a decoding session feeds the engine: its last token at the position after what it holds."""
-        return DecodeItem(s.session_id, s.epoch, s.position, s.tokens[-1])
-
     def _apply_decode(self, tick: int, chosen: list[Session], result: TickResult | None) -> int:
         """Each decoding session's answer: a token, a cache miss, or the failure of its call."""
         if result is None:
@@ -232,7 +233,7 @@ class ContinuousBatchScheduler:
             assert r.session_id == s.session_id, (r.session_id, s.session_id)
             s.last_decode_tick = tick
             if r.error is not None:
-                self._fail(s, r.error)
+                self._fail(s, r.error, r.cause)
             elif r.cache_miss:
                 self._end(s, DoneReason.CACHE_MISS)
             else:
@@ -250,7 +251,7 @@ class ContinuousBatchScheduler:
         prefilled, pieces = [], []
         for (s, start, n), r in zip(chunks, result.prefill):
             if r.error is not None:
-                self._fail(s, r.error)
+                self._fail(s, r.error, r.cause)
                 continue
             if r.cache_miss:  # its earlier chunks were evicted under KV pressure
                 self._end(s, DoneReason.CACHE_MISS)
@@ -277,87 +278,94 @@ class ContinuousBatchScheduler:
             self._end(s, DoneReason.COMPLETED)
         return finished, self._promote(next_tick=tick + 1)
 
-    def _record(self, tick: int, t0: int, chosen: list[Session], decoded: int, prefilled: list[Session],
-                pieces: list[tuple[str, int, int]], finished: list[Session], promoted: list[Session],
-                decode_ns: int, prefill_ns: int, feed: list[DecodeItem]) -> TickRecord:
+    def _record(self, plan: TickPlan, kv_bytes: int) -> TickRecord:
         t1 = self.clock()
         self._last_tick_end_ns = t1
         ended, self._ended = self._ended, []
         resubmitted, self._resubmitted = self._resubmitted, []
+        feed = plan.feed if plan.down is None else []  # with no engine, nothing was fed
         return TickRecord(
-            tick=tick,
-            decode_batch=len(chosen),
-            decode_sessions=tuple(s.session_id for s in chosen),
-            decode_tokens=decoded,
-            prefill_tokens=sum(n for _, _, n in pieces),
-            prefill_sessions=tuple(s.session_id for s in prefilled),
-            prefill_chunks=tuple(pieces),
-            kv_bytes=self.engine.kv_bytes_in_use,
+            tick=plan.tick,
+            decode_batch=len(plan.decode),
+            decode_sessions=tuple(s.session_id for s in plan.decode),
+            decode_tokens=plan.decoded,
+            prefill_tokens=sum(n for _, _, n in plan.pieces),
+            prefill_sessions=tuple(s.session_id for s in plan.prefilled),
+            prefill_chunks=tuple(plan.pieces),
+            kv_bytes=kv_bytes,
             stored_tokens=(sum(s.prompt_len + len(s.tokens) - 1 for s in self._running.values())
                            + sum(s.prefilled for s in self._admitted.values())),
             active=self._active_count(),
             queued=len(self._queue),
-            completed=tuple(s.session_id for s in finished),
-            admitted=tuple(s.session_id for s in promoted),
+            completed=tuple(s.session_id for s in plan.finished),
+            admitted=tuple(s.session_id for s in plan.promoted),
             ended=tuple(s.session_id for s in ended),
             resubmitted=tuple(s.session_id for s in resubmitted),
-            tick_ns=t1 - t0,
-            decode_ns=decode_ns,
-            prefill_ns=prefill_ns,
+            tick_ns=t1 - plan.started_ns,
+            decode_ns=plan.decode_ns,
+            prefill_ns=plan.prefill_ns,
             decode_feed=tuple((it.session_id, it.position, it.token) for it in feed),
         )
 
-    def run_to_completion(
-        self,
-        max_ticks: int | None = None,
-        on_tick: Callable[[TickRecord], None] | None = None,
-        arrivals: Sequence[tuple[int, GenerationRequest]] = (),
-        on_submit: Callable[[int, AdmissionDecision], None] | None = None,
-        before_tick: Callable[[int], None] | None = None,
-    ) -> list[TickRecord]:
-        """Tick until no session waits, runs or is still to arrive; ``on_tick`` sees every tick's record.
-
-        ``arrivals`` are (tick, request) pairs counted from the first tick of this call: before
-        that tick runs, the request is submitted (in the given order), and ``on_submit`` sees the
-        decision. A tick with nothing live still runs while arrivals remain (the node idles).
-        ``before_tick`` then sees the tick's number (a fault plan acts there), before it runs.
-        Bounded: admission only accepts sessions that fit a slot and a free slot always goes to
-        the queue, so every tick with live sessions prefills or decodes at least one token
-        (asserted); the last arrival plus the pending tokens bound the ticks. Running past the
-        bound (``max_ticks``, or sessions submitted from outside during the run) raises MeshbenchError.
-        """
+    # --- an engine lost -------------------------------------------------------------
+    def engine_lost(self, plan: TickPlan, cause: str) -> list[Session]:
+        """The engine's process is gone in ``plan``'s call: the sessions resident in it (running, or in the
+        call) end FAILED with the cause, their KV gone with it. Returns them, in arrival order; the driver
+        then restarts the engine and ``resubmit``s them, or declares ``engine_down``."""
         with self._lock:
-            start = len(self._ticks)
-            schedule = sorted(((t, i, r) for i, (t, r) in enumerate(arrivals)), key=lambda x: (x[0], x[1]))
-            # Every tick with live sessions writes a prompt position or a token, or ends a session.
-            pending = (sum(s.request.total_tokens for s in self._live.values())
-                       + sum(r.total_tokens for _, _, r in schedule))
-            bound = max_ticks if max_ticks is not None else max((t for t, _, _ in schedule), default=0) + pending + 1
-            k = 0
-            while self.has_work() or k < len(schedule):
-                tick = len(self._ticks) - start
-                if tick >= bound + self._resubmitted_work:
-                    raise MeshbenchError(f"scheduler did not finish within {bound} ticks")
-                while k < len(schedule) and schedule[k][0] <= tick:
-                    decision = self.submit(schedule[k][2])
-                    if on_submit is not None:
-                        on_submit(tick, decision)
-                    k += 1
-                if before_tick is not None:
-                    before_tick(tick)
-                live_before = len(self._live)
-                rec = self.run_tick()
-                assert (not live_before or rec.decode_batch or rec.prefill_chunks or rec.ended
-                        or len(self._live) < live_before), (
-                    f"a tick made no progress with {len(self._live)} live sessions (active cap {self.active_cap})")
-                if on_tick is not None:
-                    on_tick(rec)
-            return self._ticks[start:]
+            in_call = [*plan.decode, *(s for s, _, _ in plan.prefill)]
+            resident = [*self._running.values(), *(s for s in self._admitted.values() if s.prefilled), *in_call]
+            lost = sorted({id(s): s for s in resident}.values(), key=lambda s: s.arrival)
+            for s in lost:
+                self._failed_by_cause[cause] += 1
+                self._end(s, DoneReason.FAILED, cause)
+            self._losses.append({"tick": plan.tick, "cause": cause, "lost": [[s.session_id, s.epoch] for s in lost],
+                                 "resubmitted": []})
+            return lost
+
+    def engine_down(self, cause: str, restart_error: str | None = None) -> None:
+        """No engine any more (not restarted, or its restart failed): every session that needs it fails."""
+        with self._lock:
+            self._down = cause
+            if restart_error is not None:
+                self._losses[-1]["restart_error"] = restart_error
+
+    def resubmit(self, lost: Sequence[Session]) -> None:
+        """The lost sessions again, from their prompts, under a new epoch, through admission like any arrival."""
+        with self._lock:
+            record = self._losses[-1]
+            for s in lost:
+                d = self.submit(s.request)
+                record["resubmitted"].append({"session_id": s.session_id, "epoch": d.epoch,
+                                              "decision": d.reason.value})
+                if d.reason.accepted:
+                    self._resubmitted.append(self._live[s.session_id])
+                    self.resubmitted_work += s.request.total_tokens
+
+    def take_releases(self) -> list[str]:
+        """The sessions that ended holding KV since the last call, in the order they ended."""
+        with self._lock:
+            out, self._releases = self._releases, []
+            return out
+
+    def release_failed(self, exc: Exception) -> None:
+        """A release the engine refused: counted by its type (the node stays up)."""
+        with self._lock:
+            self._failed_by_cause[f"release: {type(exc).__name__}"] += 1
 
     # --- read-outs ----------------------------------------------------------------
     def has_work(self) -> bool:
         with self._lock:
             return bool(self._live)
+
+    def live_count(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+    def pending_tokens(self) -> int:
+        """Positions the live sessions may still write: with the arrivals to come, they bound the ticks."""
+        with self._lock:
+            return sum(s.request.total_tokens for s in self._live.values())
 
     def sessions(self) -> list[Session]:
         """Every session accepted so far, ended or not, in arrival order."""
@@ -367,6 +375,10 @@ class ContinuousBatchScheduler:
     def ticks(self) -> list[TickRecord]:
         with self._lock:
             return list(self._ticks)
+
+    def tick_count(self) -> int:
+        with self._lock:
+            return len(self._ticks)
 
     def session(self, session_id: str) -> Session | None:
         """The live session of that id, else its latest ended one (None: never submitted)."""
@@ -380,16 +392,16 @@ class ContinuousBatchScheduler:
 
     def losses(self) -> list[dict]:
         """One record per engine loss: the tick, the cause, the sessions lost (id, epoch), and the
-        resubmissions (id, epoch, decision) when the scheduler recovered."""
+        resubmissions (id, epoch, decision) when the engine was restarted."""
         with self._lock:
             return [dict(r) for r in self._losses]
 
-    def telemetry(self) -> SchedulerTelemetry:
+    def telemetry(self, kv_bytes: int) -> SchedulerTelemetry:
+        """The node's figures, with the KV the engine holds now."""
         with self._lock:
             done = self._done_counts
             active = self._active_count()
             batches = [t.decode_batch for t in self._ticks if t.decode_batch]
-            kv = self.engine.kv_bytes_in_use
             scratch = active * self.scratch_per_session
             elapsed = 0.0
             if self._first_tick_ns is not None and self._last_tick_end_ns is not None:
@@ -402,13 +414,13 @@ class ContinuousBatchScheduler:
                 batch_occupancy_last=self._ticks[-1].decode_batch if self._ticks else 0,
                 batch_occupancy_avg=sum(batches) / len(batches) if batches else 0.0,
                 batch_occupancy_max=max(batches, default=0),
-                kv_bytes=kv,
+                kv_bytes=kv_bytes,
                 kv_budget_bytes=self.budget.kv_bytes,
-                kv_pressure=kv / self.budget.kv_bytes,
+                kv_pressure=kv_bytes / self.budget.kv_bytes,
                 scratch_bytes=scratch,
                 scratch_budget_bytes=self.budget.scratch_bytes,
                 scratch_pressure=scratch / self.budget.scratch_bytes,
-                weight_bytes=self.engine.weight_bytes,
+                weight_bytes=self.figures.weight_bytes,
                 weight_budget_bytes=self.budget.weight_bytes,
                 prefill_tokens=self._prefill_tokens,
                 decode_tokens=self._decode_tokens,
@@ -453,6 +465,7 @@ class ContinuousBatchScheduler:
         return promoted
 
     def _end(self, s: Session, reason: DoneReason, error: str | None = None) -> None:
+        """End a session: out of its stage, counted; if the engine may hold its KV, it is to be released."""
         had_kv = s.status is SessionStatus.RUNNING or s.prefilled > 0 or reason is DoneReason.FAILED
         {SessionStatus.QUEUED: self._queue, SessionStatus.ADMITTED: self._admitted,
          SessionStatus.RUNNING: self._running}[s.status].pop(s.session_id)
@@ -465,42 +478,10 @@ class ContinuousBatchScheduler:
         self._last_done[s.session_id] = s
         self._done_counts[reason.value] += 1
         if had_kv:
-            try:
-                self.engine.release(s.session_id)
-            except EngineLost:
-                pass  # its KV went with the process; the next engine call reports the loss
-            except Exception as exc:  # a release fault must not take the node down either
-                self._failed_by_cause[f"release: {type(exc).__name__}"] += 1
+            self._releases.append(s.session_id)
 
-    def _engine_lost(self, tick: int, in_call: Sequence[Session], exc: EngineLost) -> None:
-        """The engine's process is gone: the sessions resident in it (running, or in the failed call)
-        end FAILED with the cause, their KV gone with it; then recover, or stay down."""
-        resident = [*self._running.values(), *(s for s in self._admitted.values() if s.prefilled), *in_call]
-        lost = sorted({id(s): s for s in resident}.values(), key=lambda s: s.arrival)
-        cause = str(exc)
-        for s in lost:
-            self._failed_by_cause[cause] += 1
-            self._end(s, DoneReason.FAILED, cause)
-        record = {"tick": tick, "cause": cause, "lost": [[s.session_id, s.epoch] for s in lost], "resubmitted": []}
-        self._losses.append(record)
-        if self.recover is None:
-            self._down = cause
-            return
-        try:
-            self.engine = self.recover()
-        except Exception as e:  # the node stays up without an engine: the rest fails, it does not hang
-            self._down = f"{cause}; restart failed: {e}"
-            record["restart_error"] = str(e)
-            return
-        for s in lost:  # from the prompt, under a new epoch, through admission like any arrival
-            d = self.submit(s.request)
-            record["resubmitted"].append({"session_id": s.session_id, "epoch": d.epoch, "decision": d.reason.value})
-            if d.reason.accepted:
-                self._resubmitted.append(self._live[s.session_id])
-                self._resubmitted_work += s.request.total_tokens
-
-    def _fail(self, s: Session, error: str) -> None:
-        """End a session FAILED with the engine's error ("decode_batch: Type: message"), counted by cause
-        (where and type, or the lost engine's cause)."""
-        self._failed_by_cause[": ".join(error.removesuffix(" (not restarted)").split(": ")[:2])] += 1
+    def _fail(self, s: Session, error: str, cause: str | None) -> None:
+        """End a session FAILED with the engine's error, counted by its cause (where and what type, or the
+        lost engine's cause)."""
+        self._failed_by_cause[cause or error] += 1
         self._end(s, DoneReason.FAILED, error)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from meshbench.engine import factory
 from meshbench.engine.base import check_context
 from meshbench.engine.setup import close_engine
-from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+from meshbench.sweep.driver import NodeDriver
 from meshbench.sweep.run import node
 from meshbench.workload import arrivals, prompts
 from meshbench.workload.config import RunConfig, Workload
@@ -41,29 +41,29 @@ def _decide(cfg: RunConfig, wl: Workload, process, setup) -> dict:
     check_context(wl.longest, setup.context_length)  # one rule for admit and sweep
     engine = setup.make(budget.engine_limits())
     try:
-        return _report(setup, budget, process, wl, ContinuousBatchScheduler(engine, budget, prefill_policy=cfg.prefill))
+        return _report(setup, budget, process, wl, NodeDriver(engine, budget, prefill_policy=cfg.prefill))
     finally:
         close_engine(engine)
 
 
-def _report(setup, budget, process, wl: Workload, sched: ContinuousBatchScheduler) -> dict:
+def _report(setup, budget, process, wl: Workload, node: NodeDriver) -> dict:
     requests = wl.requests(setup.vocab_size)
     if process.all_at_once:
-        decisions = [dict(sched.submit(r).to_dict(), tick=0) for r in requests]
+        decisions = [dict(node.submit(r).to_dict(), tick=0) for r in requests]
     else:
         decisions = []
         schedule = list(zip(process.ticks(wl.sessions, wl.seed), requests))
-        sched.run_to_completion(arrivals=schedule,
-                                on_submit=lambda tick, d: decisions.append(dict(d.to_dict(), tick=tick)))
+        node.run_to_completion(arrivals=schedule,
+                               on_submit=lambda tick, d, _at, _now: decisions.append(dict(d.to_dict(), tick=tick)))
     return {
         "engine": {k: setup.info[k] for k in ("kind", "kv_bytes_per_token", "weight_bytes",
                                                "scratch_bytes_per_session")},
         "budget": budget.to_dict(),
-        "effective_active_cap": sched.active_cap,
+        "effective_active_cap": node.sched.active_cap,
         "arrivals": process.label(),
-        "ticks": len(sched.ticks()),
+        "ticks": len(node.ticks()),
         "decisions": decisions,
         "summary": {reason: sum(d["reason"] == reason for d in decisions)
                     for reason in sorted({d["reason"] for d in decisions})},
-        "telemetry": sched.telemetry().to_dict(),
+        "telemetry": node.telemetry().to_dict(),
     }

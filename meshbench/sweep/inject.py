@@ -7,17 +7,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from meshbench.engine.base import (
-    DecodeItem,
-    InjectedFault,
-    PrefillChunk,
-    SessionHandle,
-    StepResult,
-    TickResult,
-    step_with_faults,
-)
+from meshbench.engine.base import DecodeItem, PrefillChunk, TickResult, step_with_faults
+from meshbench.engine.process.proxy import ProxyEngine
 from meshbench.errors import MeshbenchError
-from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import Session, SessionStatus
 from meshbench.workload.faults import Fault
 
@@ -30,7 +22,7 @@ class FaultPlan:
         self.faults = list(faults)  # the row's order: the events come out in it
         self._order = sorted(range(len(self.faults)), key=lambda i: (self.faults[i].tick, ORDER[self.faults[i].kind]))
         self._kill_engine, self._kill_worker = kill_engine, kill_worker
-        self.sched: ContinuousBatchScheduler | None = None
+        self.node = None  # the NodeDriver of the pass (meshbench.sweep.driver), set once it exists
         self.tick = -1
         self._fired: dict[int, dict] = {}  # fault index -> what was known when it fired
         self._pending = [i for i in self._order if self.faults[i].call]  # inside-call faults not yet fired
@@ -46,20 +38,20 @@ class FaultPlan:
                 self._fired[i] = {"tick": tick, **self._apply(f)}
 
     def _apply(self, f: Fault) -> dict:
-        sched = self.sched
+        node = self.node
         if f.kind in ("cancel", "evict"):
-            s = sched.session(f.target)
+            s = node.session(f.target)
             hit = _state(s)
             if s is None or s.status is SessionStatus.FINISHED:
                 return {"hit": hit, "target": None}
             if f.kind == "cancel":
-                sched.cancel(f.target)
+                node.cancel(f.target)
             elif s.status is SessionStatus.RUNNING:
-                sched.engine.release(f.target)  # the engine drops it; the scheduler learns at its next decode
+                node.engine.release(f.target)  # the engine drops it; the scheduler learns at its next decode
             else:
                 return {"hit": hit, "target": None}  # no KV yet: nothing to evict
             return {"hit": hit, "target": [s.session_id, s.epoch]}
-        resident = len(sched.running_ids())
+        resident = len(node.running_ids())
         if f.kind == "kill-engine":
             self._kill_engine()
             return {"hit": f"between ticks, {resident} session(s) resident in the engine"}
@@ -78,8 +70,8 @@ class FaultPlan:
 
     def events(self, concurrency: int, ticks: int) -> list[dict]:
         """One event per fault, in the row's order; a fault that never fired is the input's error."""
-        sessions = self.sched.sessions()
-        losses = self.sched.losses()
+        sessions = self.node.sessions()
+        losses = self.node.losses()
         out = {}
         for i in self._order:  # in tick order, so each lost engine is claimed by the fault that lost it
             f = self.faults[i]
@@ -135,7 +127,7 @@ class FaultyEngine:
     def __init__(self, inner, plan: FaultPlan) -> None:
         self.inner, self.plan = inner, plan
 
-    def __getattr__(self, name):  # the figures, kv_bytes_in_use and close(): the inner engine's
+    def __getattr__(self, name):  # the figures and kv_bytes_in_use: the inner engine's
         return getattr(self.inner, name)
 
     def _arm(self, call: str) -> bool:
@@ -146,7 +138,7 @@ class FaultyEngine:
             return False
         if f.kind == "abort-engine":
             self.inner.arm(call, "abort")
-        elif hasattr(self.inner, "arm"):
+        elif isinstance(self.inner, ProxyEngine):
             self.inner.arm(call, "raise")
         else:
             return True
@@ -157,15 +149,8 @@ class FaultyEngine:
         raise_prefill = bool(prefill) and self._arm("prefill")
         return step_with_faults(self.inner, decode, prefill, raise_decode, raise_prefill)
 
-    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
-        if self._arm("prefill"):
-            raise InjectedFault("injected into the prefill call")
-        return self.inner.prefill(session, prompt_tokens)
-
-    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
-        if self._arm("decode"):
-            raise InjectedFault("injected into the decode call")
-        return self.inner.decode_batch(items)
-
     def release(self, session_id: str) -> None:
         self.inner.release(session_id)
+
+    def close(self) -> None:
+        self.inner.close()

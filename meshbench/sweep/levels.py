@@ -22,9 +22,9 @@ from meshbench.engine.base import BatchEngine, EngineLimits
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import ACCEPTED, AdmissionDecision, NodeBudget
-from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.scheduler.telemetry import TickRecord
+from meshbench.sweep.driver import NodeDriver, WallClock
 from meshbench.sweep.inject import FaultPlan
 from meshbench.workload import arrivals as arrivals_mod
 from meshbench.workload.arrivals import Arrivals
@@ -110,24 +110,24 @@ def run_pass(
     recover: Callable[[], BatchEngine] | None = None,
     prefill: str = "whole",
 ) -> Pass:
-    """Submit each request before its arrival tick, run the scheduler to completion, keep the raw records.
+    """Submit each request before its arrival tick, run the node to completion, keep the raw records.
 
     ``plan``: the faults this pass suffers; ``recover``: the restart policy after an engine loss."""
     plan = plan or FaultPlan(())
     wrapped = plan.wrap(engine)
-    sched = ContinuousBatchScheduler(wrapped, budget, clock, prefill_policy=prefill,
-                                     recover=(lambda: plan.wrap(recover())) if recover else None)
-    plan.sched = sched
+    node = NodeDriver(wrapped, budget, clock, prefill_policy=prefill,
+                      recover=(lambda: plan.wrap(recover())) if recover else None)
+    plan.node = node
     events: list[dict] = []
     t0 = clock()
     try:
-        sched.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_ticks, requests)),
-                                on_submit=lambda tick, d: events.append(submit_event(tick, d)),
-                                before_tick=plan.before_tick)
+        node.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_ticks, requests)),
+                               on_submit=lambda tick, d, _at, _now: events.append(submit_event(tick, d)),
+                               before_tick=plan.before_tick)
     finally:
-        if sched.engine is not wrapped:  # a restarted engine is this pass's to free
-            close_engine(sched.engine)
-    return finished_pass(sched, events, t0, clock(), plan.events(budget.max_active_sessions, len(sched.ticks())))
+        if node.engine is not wrapped:  # a restarted engine is this pass's to free
+            close_engine(node.engine)
+    return finished_pass(node, events, t0, clock(), plan.events(budget.max_active_sessions, len(node.ticks())))
 
 
 def submit_event(tick: int, d: AdmissionDecision, **extra) -> dict:
@@ -136,14 +136,14 @@ def submit_event(tick: int, d: AdmissionDecision, **extra) -> dict:
             "active": d.active_sessions, "queued": d.queue_depth, **extra}
 
 
-def finished_pass(sched: ContinuousBatchScheduler, events: list[dict], t0: int, t1: int,
+def finished_pass(node: NodeDriver, events: list[dict], t0: int, t1: int,
                   fault_events: list[dict] | None = None) -> Pass:
     """The raw records of a pass that started at ``t0`` and ended at ``t1`` (clock nanoseconds)."""
-    ended = sched.sessions()
-    tel = sched.telemetry().to_dict()
-    return Pass([session_record(s) for s in ended], [t.to_dict() for t in sched.ticks()],
+    ended = node.sessions()
+    tel = node.telemetry().to_dict()
+    return Pass([session_record(s) for s in ended], [t.to_dict() for t in node.ticks()],
                 [session_timing(s, t0) for s in ended], events, (t1 - t0) / 1e9, tel["cache_misses"], tel["failed"],
-                {k: tel[k] for k in COUNTERS}, fault_events or [], sched.losses())
+                {k: tel[k] for k in COUNTERS}, fault_events or [], node.losses())
 
 
 def run_pass_wall(
@@ -159,29 +159,16 @@ def run_pass_wall(
     """The wall clock: a session is submitted once its arrival time has passed (checked before each tick);
     when nothing is live the node sleeps until the next arrival. Ticks run only with live sessions, so
     admission depends on speed: such a pass is reported, not compared by --rerun."""
-    sched = ContinuousBatchScheduler(engine, budget, clock, prefill_policy=prefill)
-    order = sorted(range(len(requests)), key=lambda i: (arrival_s[i], i))
+    node = NodeDriver(engine, budget, clock, prefill_policy=prefill)
     events: list[dict] = []
-    bound = sum(r.max_new_tokens for r in requests) + 1
     t0 = clock()
-    k = 0
-    while k < len(order) or sched.has_work():
-        now_s = (clock() - t0) / 1e9
-        while k < len(order) and arrival_s[order[k]] <= now_s:
-            d = sched.submit(requests[order[k]])
-            events.append(submit_event(len(sched.ticks()), d, arrival_ms=arrival_s[order[k]] * 1e3,
-                                       submit_ms=now_s * 1e3))
-            k += 1
-        if not sched.has_work():
-            if k < len(order):
-                sleep(max(0.0, arrival_s[order[k]] - now_s))
-            continue
-        if len(sched.ticks()) >= bound:
-            raise MeshbenchError(f"scheduler did not finish within {bound} ticks")
-        rec = sched.run_tick()
-        if on_tick is not None:
-            on_tick(rec)
-    return finished_pass(sched, events, t0, clock())
+
+    def submitted(tick: int, d: AdmissionDecision, arrival: float, now: float) -> None:
+        events.append(submit_event(tick, d, arrival_ms=arrival * 1e3, submit_ms=now * 1e3))
+
+    node.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_s, requests)), on_submit=submitted,
+                           wall=WallClock(t0, sleep))
+    return finished_pass(node, events, t0, clock())
 
 
 def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dict,

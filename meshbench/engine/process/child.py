@@ -77,13 +77,6 @@ def _run(setup, state: dict, msg: tuple):
     if op == "release":
         return engine.release(msg[1])
     _fault(msg[-1], op)
-    if op == "prefill":
-        _, sid, epoch, capacity, tokens, _ = msg
-        r = engine.prefill(SessionHandle(sid, epoch, capacity), tokens)
-        return r.token, r.margin
-    if op == "decode":
-        results = engine.decode_batch([DecodeItem(*it) for it in msg[1]])
-        return [(r.token, r.margin, r.cache_miss) for r in results]
     if op == "step":
         _, decode, chunks, faults = msg
         out = step_with_faults(engine, [DecodeItem(*it) for it in decode],
@@ -94,7 +87,7 @@ def _run(setup, state: dict, msg: tuple):
 
 
 def _result(r: StepResult) -> tuple:
-    return r.token, r.margin, r.cache_miss, r.error
+    return r.token, r.margin, r.cache_miss, r.error, r.cause
 
 
 def _fault(fault, op: str) -> None:
@@ -109,9 +102,8 @@ def _fault(fault, op: str) -> None:
 
 def _close(state: dict) -> None:
     engine, state["engine"] = state["engine"], None
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
+    if engine is not None:
+        engine.close()
 
 
 if __name__ == "__main__":  # the child: python -m meshbench.engine.process.child FD

@@ -30,7 +30,6 @@ from meshbench.engine.base import (
     EngineLost,
     InjectedFault,
     PrefillChunk,
-    SessionHandle,
     StepResult,
     TickResult,
 )
@@ -237,16 +236,6 @@ class ProxyEngine:
     @property
     def kv_bytes_in_use(self) -> int:
         return 0 if self.process.lost else self.process.kv_bytes
-
-    def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
-        token, margin = self.process.call(("prefill", session.session_id, session.epoch, session.capacity,
-                                           tuple(prompt_tokens), self._armed.pop("prefill", None)))
-        return StepResult(session.session_id, token, margin)
-
-    def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
-        rows = [(it.session_id, it.epoch, it.position, it.token) for it in items]
-        answers = self.process.call(("decode", rows, self._armed.pop("decode", None)))
-        return [StepResult(it.session_id, tok, margin, miss) for it, (tok, margin, miss) in zip(items, answers)]
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """The tick's one round trip: the decode items and the prompt chunks together."""
