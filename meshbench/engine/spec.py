@@ -1,18 +1,23 @@
-"""What engine to build: the settings an engine kind reads (the config's ``engine`` section, typed)."""
+"""What engine to build: the config's ``engine`` section, typed, with its defaults and its rules (one source:
+meshbench.workload.config derives the embedded defaults from these fields, and a test holds the config
+schema's keys equal to them)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from meshbench.engine import rpc
+from meshbench.errors import MeshbenchError
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    kind: str
-    preset: str
-    model: str | None
-    seed: int
-    device: str
-    threads: int | None
+    kind: str = "synthetic"  # synthetic | gguf
+    preset: str = "dgr-012"  # the synthetic model's preset (meshbench.model.config)
+    model: str | None = None  # a GGUF file
+    seed: int = 0  # the synthetic weights' seed
+    device: str = "cpu"
+    threads: int | None = None  # llama.cpp's threads (None: its default)
     flash_attn: bool = False
     kv_unified: bool = False
     kv_type: str = "f16"
@@ -30,6 +35,37 @@ class EngineSpec:
     def __post_init__(self) -> None:
         if self.split is not None:
             object.__setattr__(self, "split", tuple(self.split))
+        self._check_kind()
+        self._check_process()
+
+    def _check_kind(self) -> None:
+        """What needs the gguf engine, and what excludes what."""
+        gguf = self.kind == "gguf"
+        if gguf and not self.model and not self.package:
+            raise MeshbenchError("engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
+        if self.package and self.model:
+            raise MeshbenchError("give engine.model or engine.package, not both")
+        if not gguf and (self.repack or self.tiled_mm != "auto" or self.package):
+            raise MeshbenchError("engine.repack, engine.tiled_mm and engine.package need the gguf engine")
+        if self.mixed_batch and not gguf:
+            raise MeshbenchError("engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
+                                 "synthetic engine always runs its batched decode and each prompt in one call")
+        if (self.rpc or self.workers) and not gguf:
+            raise MeshbenchError("engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
+
+    def _check_process(self) -> None:
+        """What must run the engine in its own process, and the RPC workers' layout."""
+        if self.tiled_mm != "auto" and self.isolate is False:
+            raise MeshbenchError(f"engine.tiled_mm {self.tiled_mm} is a process-wide llama.cpp switch: it needs the "
+                                 "engine in its own process (drop isolate: false)")
+        if (self.rpc or self.workers) and self.isolate is False:
+            raise MeshbenchError("engine.rpc and engine.workers run the engine in its own process (a worker that "
+                                 "misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate")
+        if self.rpc and self.workers:
+            raise MeshbenchError("give engine.rpc (workers you run) or engine.workers (spawned), not both")
+        devices = len(rpc.parse_endpoints(self.rpc, "engine.rpc")) if self.rpc else self.workers
+        if self.split is not None and len(self.split) != devices:
+            raise MeshbenchError(f"engine.split has {len(self.split)} shares for {devices} RPC workers")
 
     @property
     def isolated(self) -> bool:

@@ -7,7 +7,7 @@ typed settings. Every problem is a MeshbenchError naming the file and the field.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -15,7 +15,6 @@ import numpy as np
 import yaml
 
 from meshbench import files, validation
-from meshbench.engine import rpc
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
@@ -23,41 +22,9 @@ from meshbench.scheduler.session import GenerationRequest
 from meshbench.workload import arrivals, faults
 from meshbench.workload.faults import Fault
 
-# The DGR-012 run: 8 sessions, 4-token prompts, 8 new tokens, levels 1/2/4/8, budgets
-# sized so KV never evicts (the corruption check is then unambiguous).
-DEFAULTS: dict = {
-    "story": None,  # null: named by what ran (config._story); the embedded DGR-012 run names itself (load)
-    "title": None,
-    "levels": [1, 2, 4, 8],
-    "rates": None,  # with a poisson or gamma process: each rate (sessions per tick) is a level, per concurrency
-    "repeat": 1,
-    "warmup": 1,  # the first pass of a process is measurably slower on both engines (README, "Repetitions")
-    "engine": {
-        "kind": "synthetic", "preset": "dgr-012", "model": None, "seed": 0, "device": "cpu", "threads": None,
-        "flash_attn": False, "kv_unified": False, "kv_type": "f16", "make_model": None,
-        "rpc": None, "workers": 0, "split": None, "isolate": None, "mixed_batch": False,
-        "repack": False, "tiled_mm": "auto", "package": None,
-    },
-    "workload": {"sessions": 8, "prompt_tokens": 4, "new_tokens": 8, "seed": 0, "arrivals": "all-at-once",
-                 "prompts": None, "eos": None},
-    "isolation": True,  # prove isolation at every level by perturbation passes (meshbench.analysis.isolation)
-    "clock": "tick",  # or "wall": arrivals at rates per second, reported rather than compared
-    "slo": {"ttft": None, "tpot": None},  # goodput counts completed sessions within both (ticks, or ms on the wall)
-    "faults": [],  # fault rows (meshbench.workload.faults), each run at every level
-    "restart_engine": False,  # after an engine loss: a fresh engine, the lost sessions resubmitted
-    "prefill": "whole",  # or chunked: the prefill budget filled exactly, prompts split across ticks
-    "budget": {
-        "weight_bytes": 1 << 30,
-        "kv_bytes": 1 << 24,
-        "scratch_bytes": 1 << 26,
-        "max_active_sessions": 8,
-        "max_queue_depth": 8,
-        "max_batch_size": 8,
-        "max_prefill_tokens_per_tick": 4,
-    },
-}
-
-
+# The DGR-012 run's budgets: sized so KV never evicts (the corruption check is then unambiguous).
+DGR_012_BUDGET = NodeBudget(weight_bytes=1 << 30, kv_bytes=1 << 24, scratch_bytes=1 << 26, max_active_sessions=8,
+                            max_queue_depth=8, max_batch_size=8, max_prefill_tokens_per_tick=4)
 DGR_012_NAME = {"story": "DGR-012", "title": "Continuous batching and bounded admission"}
 
 
@@ -121,23 +88,65 @@ class Workload:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadSection:
+    """The config's ``workload`` section as written, with the DGR-012 run's defaults: 8 sessions, 4-token
+    prompts, 8 new tokens; a length is one for every session or a list of one per session."""
+
+    sessions: int = 8
+    prompt_tokens: int | tuple[int, ...] = 4
+    new_tokens: int | tuple[int, ...] = 8
+    seed: int = 0
+    arrivals: str = "all-at-once"  # meshbench.workload.arrivals.parse reads it
+    prompts: str | None = None  # a file of real prompts (meshbench.workload.prompts)
+    eos: str | None = None  # null: stop for real prompts, continue for synthetic ones (the seed's behaviour)
+
+    def build(self, source: str) -> Workload:
+        # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
+        eos = self.eos or ("stop" if self.prompts is not None else "continue")
+        n = self.sessions
+        return Workload(_per_session(self.prompt_tokens, n, "prompt_tokens", source),
+                        _per_session(self.new_tokens, n, "new_tokens", source), self.seed, self.arrivals,
+                        self.prompts, eos=eos)
+
+
+@dataclass(frozen=True, slots=True)
 class RunConfig:
-    story: str
-    title: str
-    levels: tuple[int, ...]
-    engine: EngineSpec
-    workload: Workload
-    budget: NodeBudget  # max_active_sessions/max_batch_size are set per level by a sweep
-    source: str  # where the config came from, for messages and the results echo
+    """A whole run, typed. Every field's default is the embedded default (DEFAULTS is derived from them);
+    the rules that tie sections together are ``__post_init__``'s."""
+
+    story: str | None = None  # null: named by what ran (_story); the embedded DGR-012 run names itself (load)
+    title: str | None = None
+    levels: tuple[int, ...] = (1, 2, 4, 8)
+    rates: tuple[float, ...] | None = None  # with a poisson or gamma process: each rate (sessions per tick) a level
     repeat: int = 1  # recorded passes per level
-    warmup: int = 0  # unrecorded passes per level before them
-    rates: tuple[float, ...] | None = None  # arrival rates crossed with the levels
-    slo: dict | None = None  # {"ttft": x | None, "tpot": x | None}: ticks, or ms on the wall clock
-    clock: str = "tick"
-    faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows, each run at every level
-    restart_engine: bool = False
-    prefill: str = "whole"  # the prefill policy: whole | chunked
+    warmup: int = 1  # unrecorded passes per level first: a process's first pass is measurably slower
+    engine: EngineSpec = EngineSpec()
+    workload: Workload = field(default_factory=lambda: WorkloadSection().build("defaults"))
     isolation: bool = True  # perturbation passes at every level (meshbench.analysis.isolation)
+    clock: str = "tick"  # or "wall": arrivals at rates per second, reported rather than compared
+    slo: dict = field(default_factory=lambda: {"ttft": None, "tpot": None})  # ticks, or ms on the wall clock
+    faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows (meshbench.workload.faults), each run at every level
+    restart_engine: bool = False  # after an engine loss: a fresh engine, the lost sessions resubmitted
+    prefill: str = "whole"  # or chunked: the prefill budget filled exactly, prompts split across ticks
+    budget: NodeBudget = DGR_012_BUDGET  # max_active_sessions/max_batch_size are set per level by a sweep
+    source: str = "defaults"  # where the config came from, for messages and the results echo
+
+    def __post_init__(self) -> None:
+        if self.story is None:
+            object.__setattr__(self, "story", _story(self.engine))
+        if self.title is None:
+            object.__setattr__(self, "title", "Concurrency sweep")
+        gguf = self.engine.kind == "gguf"
+        if self.workload.eos != "continue" and not gguf:
+            raise MeshbenchError(f"workload.eos {self.workload.eos} needs the gguf engine (a model with "
+                                 "end-of-generation tokens); the synthetic engine has none")
+        if self.workload.prompts is not None and not gguf:
+            raise MeshbenchError("workload.prompts needs the gguf engine (the model's own tokenizer)")
+        faults.check_rows(self.faults, set(self.workload.session_ids()), self.engine.isolated, self.engine.workers,
+                          "faults")
+        if self.faults and (self.rates is not None or self.clock == "wall"):
+            raise MeshbenchError("faults run on the tick clock with every session at once or an arrival process, "
+                                 "not with rates or the wall clock")
 
     def to_dict(self) -> dict:
         return {
@@ -148,6 +157,26 @@ class RunConfig:
             "prefill": self.prefill, "isolation": self.isolation,
             "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
         }
+
+
+SECTIONS = ("engine", "workload", "budget")
+
+
+def _plain(value):
+    """A default as YAML would write it: tuples as lists."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _defaults() -> dict:
+    """The embedded defaults (the DGR-012 run) as a config mapping, from the dataclasses' own defaults."""
+    top = {f.name: _plain(f.default_factory() if f.default_factory is not MISSING else f.default)
+           for f in fields(RunConfig) if f.name not in (*SECTIONS, "source")}
+    return {**top, "engine": EngineSpec().to_dict(), "workload": {k: _plain(v) for k, v in
+                                                                 asdict(WorkloadSection()).items()},
+            "budget": DGR_012_BUDGET.to_dict()}
+
+
+DEFAULTS: dict = _defaults()
 
 
 def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
@@ -220,11 +249,11 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _per_session(value, n: int, field: str, source: str) -> tuple[int, ...]:
+def _per_session(value, n: int, name: str, source: str) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,) * n
     if len(value) != n:
-        raise MeshbenchError(f"{source}: workload.{field} has {len(value)} entries for {n} sessions")
+        raise MeshbenchError(f"{source}: workload.{name} has {len(value)} entries for {n} sessions")
     return tuple(value)
 
 
@@ -253,72 +282,25 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> RunCo
 
 
 def from_mapping(data: dict, source: str) -> RunConfig:
-    """Typed settings from a whole, schema-valid config mapping (a merged config, or a bundle's echo)."""
-    wl = data["workload"]
-    n = wl["sessions"]
-    eng = data["engine"]
-    # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
-    eos = wl["eos"] or ("stop" if wl["prompts"] is not None else "continue")
-    if eos != "continue" and eng["kind"] != "gguf":
-        raise MeshbenchError(f"{source}: workload.eos {eos} needs the gguf engine (a model with end-of-generation "
-                             "tokens); the synthetic engine has none")
-    workload = Workload(
-        _per_session(wl["prompt_tokens"], n, "prompt_tokens", source),
-        _per_session(wl["new_tokens"], n, "new_tokens", source),
-        wl["seed"],
-        wl["arrivals"],
-        wl["prompts"],
-        eos=eos,
-    )
-    process = arrivals.parse(wl["arrivals"], f"{source}: workload.arrivals")
-    process.ticks(n, wl["seed"])  # a trace of the wrong length, or arrivals too late, are refused now
-    if data["rates"] is not None:
-        for r in data["rates"]:
-            process.with_rate(r)
-    _check_engine(eng, wl, source)
-    devices = len(rpc.parse_endpoints(eng["rpc"])) if eng["rpc"] else eng["workers"]
-    if eng["split"] is not None and len(eng["split"]) != devices:
-        raise MeshbenchError(f"{source}: engine.split has {len(eng['split'])} shares for {devices} RPC workers")
-    spec = EngineSpec(**eng, ban_eog=eos == "ban")
+    """Typed settings from a whole, schema-valid config mapping (a merged config, or a bundle's echo). The rules
+    are the dataclasses' own; an error names the config's source."""
+    workload = WorkloadSection(**data["workload"]).build(source)
+    process = arrivals.parse(workload.arrivals, f"{source}: workload.arrivals")
+    process.ticks(workload.sessions, workload.seed)  # a trace of the wrong length, or arrivals too late: refused now
+    for r in data["rates"] or ():
+        process.with_rate(r)
     rows = tuple(faults.parse_row(row, f"{source}: faults[{i}]") for i, row in enumerate(data["faults"]))
-    faults.check_rows(rows, set(workload.session_ids()), spec.isolated, spec.workers, f"{source}: faults")
-    if rows and (data["rates"] is not None or data["clock"] == "wall"):
-        raise MeshbenchError(f"{source}: faults run on the tick clock with every session at once or an arrival "
-                             "process, not with rates or the wall clock")
-    return RunConfig(
-        story=data["story"] or _story(spec), title=data["title"] or "Concurrency sweep", levels=tuple(data["levels"]),
-        engine=spec, workload=workload, budget=NodeBudget(**data["budget"]), source=source,
-        repeat=data["repeat"], warmup=data["warmup"],
-        rates=None if data["rates"] is None else tuple(data["rates"]), slo=dict(data["slo"]), clock=data["clock"],
-        faults=rows, restart_engine=data["restart_engine"], prefill=data["prefill"], isolation=data["isolation"],
-    )
-
-
-def _check_engine(eng: dict, wl: dict, source: str) -> None:
-    """The engine's cross-field rules: what needs the gguf engine, what excludes what."""
-    if eng["kind"] == "gguf" and not eng.get("model") and not eng.get("package"):
-        raise MeshbenchError(f"{source}: engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
-    if eng["package"] and eng["model"]:
-        raise MeshbenchError(f"{source}: give engine.model or engine.package, not both")
-    if eng["kind"] != "gguf" and (eng["repack"] or eng["tiled_mm"] != "auto" or eng["package"]):
-        raise MeshbenchError(f"{source}: engine.repack, engine.tiled_mm and engine.package need the gguf engine")
-    if eng["tiled_mm"] != "auto" and eng["isolate"] is False:
-        raise MeshbenchError(f"{source}: engine.tiled_mm {eng['tiled_mm']} is a process-wide llama.cpp switch: it "
-                             "needs the engine in its own process (drop isolate: false)")
-    if wl["prompts"] is not None and eng["kind"] != "gguf":
-        raise MeshbenchError(f"{source}: workload.prompts needs the gguf engine (the model's own tokenizer)")
-    if eng["mixed_batch"] and eng["kind"] != "gguf":
-        raise MeshbenchError(f"{source}: engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
-                             "synthetic engine always runs its batched decode and each prompt in one call")
-    if (eng["rpc"] or eng["workers"]) and eng["kind"] != "gguf":
-        raise MeshbenchError(f"{source}: engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
-    if (eng["rpc"] or eng["workers"]) and eng["isolate"] is False:
-        raise MeshbenchError(f"{source}: engine.rpc and engine.workers run the engine in its own process (a worker "
-                             "that misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate")
-    if eng["rpc"] and eng["workers"]:
-        raise MeshbenchError(f"{source}: give engine.rpc (workers you run) or engine.workers (spawned), not both")
-    if eng["rpc"]:
-        rpc.parse_endpoints(eng["rpc"], f"{source}: engine.rpc")
+    try:
+        spec = EngineSpec(**data["engine"], ban_eog=workload.eos == "ban")
+        return RunConfig(
+            story=data["story"], title=data["title"], levels=tuple(data["levels"]),
+            rates=None if data["rates"] is None else tuple(data["rates"]), repeat=data["repeat"],
+            warmup=data["warmup"], engine=spec, workload=workload, isolation=data["isolation"], clock=data["clock"],
+            slo=dict(data["slo"]), faults=rows, restart_engine=data["restart_engine"], prefill=data["prefill"],
+            budget=NodeBudget(**data["budget"]), source=source,
+        )
+    except MeshbenchError as e:
+        raise MeshbenchError(f"{source}: {e}") from None
 
 
 def _story(spec: EngineSpec) -> str:
