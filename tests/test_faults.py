@@ -17,6 +17,7 @@ from meshbench.cli import app
 from meshbench.engine.base import DecodeItem, EngineLost, PrefillChunk, SessionHandle
 from meshbench.engine.process import proxy as isolated
 from meshbench.engine.process.proxy import EngineProcess, ProxyEngine
+from meshbench.engine.setup import EngineSizing
 from meshbench.engine.spec import EngineSpec
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.workload import faults
@@ -70,7 +71,7 @@ def no_leftover_processes():
 
 @pytest.fixture
 def process():
-    p = EngineProcess(SPEC, (12, 4, 4))
+    p = EngineProcess(SPEC, EngineSizing(12, 4, 4))
     try:
         yield p
     finally:

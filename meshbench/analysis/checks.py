@@ -12,6 +12,7 @@ class Failure:
     field: str
     expected: object
     found: object
+    check: str | None = None  # the named check it belongs to (a fault-matrix column), where one applies
 
     def __str__(self) -> str:
         return f"{self.file}: {self.field} expected={self.expected} found={self.found}"
@@ -22,11 +23,11 @@ class Checks:
         self.failures: list[Failure] = []
         self.count = 0
 
-    def equal(self, file: str, field: str, expected, found) -> None:
+    def equal(self, file: str, field: str, expected, found, check: str | None = None) -> None:
         """Exact equality; floats within 1e-12 (the same arithmetic in another order)."""
         self.count += 1
         if not _same(expected, found):
-            self.failures.append(Failure(file, field, expected, found))
+            self.failures.append(Failure(file, field, expected, found, check))
 
 
 def _same(a, b) -> bool:

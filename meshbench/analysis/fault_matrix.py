@@ -21,13 +21,16 @@ from collections import Counter
 
 from meshbench.analysis import figures
 from meshbench.analysis.checks import Checks
+from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.scheduler.budget import ACCEPTED
-from meshbench.workload.faults import PROCESS_KINDS
+from meshbench.workload import faults
+from meshbench.workload.faults import FaultKind
 
 CHECKS = ("ends once", "KV to zero", "untouched identical", "resubmitted identical", "accounting")
-EXPECTED_END = {"cancel": ("CANCELLED",), "evict": ("CACHE_MISS",), "raise": ("FAILED",), "kill-engine": ("FAILED",),
-                "abort-engine": ("FAILED",), "kill-worker": ("FAILED",)}
+EXPECTED_END = {FaultKind.CANCEL: ("CANCELLED",), FaultKind.EVICT: ("CACHE_MISS",), FaultKind.RAISE: ("FAILED",),
+                FaultKind.KILL_ENGINE: ("FAILED",), FaultKind.ABORT_ENGINE: ("FAILED",),
+                FaultKind.KILL_WORKER: ("FAILED",)}
 
 
 def check_level(c: Checks, data: dict, lv: dict, at: str) -> None:
@@ -45,7 +48,7 @@ def verdicts(data: dict, lv: dict) -> dict[str, bool | None]:
     """Per named check: did the level pass it (None: nothing to check), as the README's matrix prints."""
     c = Checks()
     check_level(c, data, lv, "level")
-    failed = {f.field.split("[", 2)[1].split("]")[0] for f in c.failures if f.field.startswith("level.faults[")}
+    failed = {f.check for f in c.failures if f.check in CHECKS}
     named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
     applies = {"untouched identical": any((s["session_id"], s["epoch"]) not in named | resubmitted
                                           for s in lv["sessions"]),
@@ -59,8 +62,9 @@ def _resubmitted(lv: dict) -> set[tuple[str, int]]:
             if r["decision"] in ACCEPTED}
 
 
-def _field(at: str, check: str, what: str) -> str:
-    return f"{at}.faults[{check}] {what}"
+def _equal(c: Checks, at: str, check: str, what: str, expected, found) -> None:
+    """One comparison of the named fault ``check`` (a column of the README's matrix)."""
+    c.equal(RESULTS, f"{at}.faults[{check}] {what}", expected, found, check=check)
 
 
 def _ends_once(c: Checks, lv: dict, at: str) -> None:
@@ -68,36 +72,40 @@ def _ends_once(c: Checks, lv: dict, at: str) -> None:
     for s in lv["sessions"]:
         by_id.setdefault(s["session_id"], []).append(s["epoch"])
         where = f"{s['session_id']}#{s['epoch']}"
-        c.equal(RESULTS, _field(at, "ends once", f"{where} ended"), True, s["done_reason"] != "UNFINISHED")
+        _equal(c, at, "ends once", f"{where} ended", True, s["done_reason"] != "UNFINISHED")
         if s["done_reason"] == "FAILED":
-            c.equal(RESULTS, _field(at, "ends once", f"{where} has a cause"), True, bool(s["error"]))
+            _equal(c, at, "ends once", f"{where} has a cause", True, bool(s["error"]))
     for sid, epochs in sorted(by_id.items()):
-        c.equal(RESULTS, _field(at, "ends once", f"{sid} epochs"), list(range(1, len(epochs) + 1)), sorted(epochs))
+        _equal(c, at, "ends once", f"{sid} epochs", list(range(1, len(epochs) + 1)), sorted(epochs))
     ends = {(s["session_id"], s["epoch"]): s for s in lv["sessions"]}
-    c.equal(RESULTS, _field(at, "ends once", "one event per fault, in the row's order"), lv["faults"],
+    _equal(c, at, "ends once", "one event per fault, in the row's order", lv["faults"],
             [e["fault"] for e in lv["fault_events"]])
     ticks = {t["tick"]: t for t in lv["tick_records"]}
     causes = {loss["cause"] for loss in lv["engine_losses"]}
     for e in lv["fault_events"]:
-        kind = e["fault"].split("@")[0].split(":")[0]
-        if kind in PROCESS_KINDS and e["sessions"]:  # a process fault's cause is the engine loss it caused
-            c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} cause (an engine loss's)"), True,
+        try:
+            kind = faults.parse(e["fault"], "fault_events").kind  # the recorded spec, read by its parser
+        except MeshbenchError as exc:
+            _equal(c, at, "ends once", f"{e['fault']} is a fault spec", True, str(exc))
+            continue
+        if kind.needs_process and e["sessions"]:  # a process fault's cause is the engine loss it caused
+            _equal(c, at, "ends once", f"{e['fault']} cause (an engine loss's)", True,
                     e["cause"] in causes)
         for named in e["sessions"]:
             end = named["end_tick"]
             if end is not None:
-                c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} fired (tick {e['tick']}) before "
-                                                         f"{named['session_id']} ended (tick {end})"),
+                _equal(c, at, "ends once", f"{e['fault']} fired (tick {e['tick']}) before "
+                                                         f"{named['session_id']} ended (tick {end})",
                         True, e["tick"] is not None and e["tick"] <= end)
                 t = ticks.get(end)
-                c.equal(RESULTS, _field(at, "ends once", f"{e['fault']}: tick {end} records "
-                                                         f"{named['session_id']} ending"), True,
+                _equal(c, at, "ends once", f"{e['fault']}: tick {end} records "
+                                                         f"{named['session_id']} ending", True,
                         t is not None and named["session_id"] in (*t["ended"], *t["completed"]))
             s = ends.get((named["session_id"], named["epoch"]))
             found = None if s is None else {k: s[k] for k in ("done_reason", "end_tick", "error")}
-            c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} names {named['session_id']}#{named['epoch']}"),
+            _equal(c, at, "ends once", f"{e['fault']} names {named['session_id']}#{named['epoch']}",
                     {k: named[k] for k in ("done_reason", "end_tick", "error")}, found)
-            c.equal(RESULTS, _field(at, "ends once", f"{e['fault']} ended it as"), True,
+            _equal(c, at, "ends once", f"{e['fault']} ended it as", True,
                     named["done_reason"] in EXPECTED_END.get(kind, ()))
 
 
@@ -107,10 +115,10 @@ def _kv_to_zero(c: Checks, data: dict, lv: dict, at: str) -> None:
     for t in lv["tick_records"]:
         held = t["stored_tokens"] * per_token
         ok = t["kv_bytes"] <= held if evicted else t["kv_bytes"] == held
-        c.equal(RESULTS, _field(at, "KV to zero", f"tick {t['tick']} kv_bytes vs stored_tokens x {per_token}"),
+        _equal(c, at, "KV to zero", f"tick {t['tick']} kv_bytes vs stored_tokens x {per_token}",
                 True, ok)
     last = lv["tick_records"][-1]["kv_bytes"] if lv["tick_records"] else 0
-    c.equal(RESULTS, _field(at, "KV to zero", "kv_bytes at the end"), 0, last)
+    _equal(c, at, "KV to zero", "kv_bytes at the end", 0, last)
 
 
 def _identical(c: Checks, lv: dict, at: str, reference: dict[str, list[int]]) -> None:
@@ -121,11 +129,11 @@ def _identical(c: Checks, lv: dict, at: str, reference: dict[str, list[int]]) ->
             continue
         check = "resubmitted identical" if key in resubmitted else "untouched identical"
         where = f"{s['session_id']}#{s['epoch']}"
-        c.equal(RESULTS, _field(at, check, f"{where} done_reason"), "COMPLETED", s["done_reason"])
-        c.equal(RESULTS, _field(at, check, f"{where} tokens = the reference's"), True,
+        _equal(c, at, check, f"{where} done_reason", "COMPLETED", s["done_reason"])
+        _equal(c, at, check, f"{where} tokens = the reference's", True,
                 s["tokens"] == reference.get(s["session_id"]))
     for key in sorted(resubmitted):  # each resubmission ran: its session is in the level's records
-        c.equal(RESULTS, _field(at, "resubmitted identical", f"{key[0]}#{key[1]} recorded"), True,
+        _equal(c, at, "resubmitted identical", f"{key[0]}#{key[1]} recorded", True,
                 any((s["session_id"], s["epoch"]) == key for s in lv["sessions"]))
 
 
@@ -138,8 +146,8 @@ def _accounting(c: Checks, lv: dict, at: str) -> None:
            "cache_misses": ends["CACHE_MISS"], "rejected_admissions": refused,
            "engine_losses": len(lv["engine_losses"]), "resubmitted": len(resubmissions)}
     for k, v in raw.items():
-        c.equal(RESULTS, _field(at, "accounting", f"counts.{k} (the scheduler's) = the records'"), v, lv["counts"][k])
+        _equal(c, at, "accounting", f"counts.{k} (the scheduler's) = the records'", v, lv["counts"][k])
     offered = len(lv["submit_events"]) + len(resubmissions)
     closed = raw["completed"] + raw["cancelled"] + raw["failed"] + raw["cache_misses"] + refused
-    c.equal(RESULTS, _field(at, "accounting", "offered (arrivals + resubmissions) = every end + every refusal"),
+    _equal(c, at, "accounting", "offered (arrivals + resubmissions) = every end + every refusal",
             offered, closed)

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from meshbench.engine.gguf_engine import setup_gguf
 from meshbench.engine.rpc import Endpoint  # llama_cpp itself is imported on first use
-from meshbench.engine.setup import EngineSetup
+from meshbench.engine.setup import EngineSetup, EngineSizing
 from meshbench.engine.spec import EngineSpec
 from meshbench.engine.synthetic import setup_synthetic
 from meshbench.errors import MeshbenchError
@@ -28,12 +28,12 @@ def ensure_model(spec: EngineSpec) -> None:
         gguf_io.write(Path(spec.model), cfg, init_weights(cfg, recipe.get("seed", 0)), recipe.get("type", "q8_0"))
 
 
-def setup(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512,
-          verbose: bool = False, endpoints: Sequence[Endpoint] = ()) -> EngineSetup:
+def setup(spec: EngineSpec, sizing: EngineSizing, verbose: bool = False,
+          endpoints: Sequence[Endpoint] = ()) -> EngineSetup:
     """Prepare the engine once (weights, model file); ``make`` then builds one per level."""
     ensure_model(spec)
     if spec.kind == "synthetic":
         return setup_synthetic(spec)
     if spec.kind == "gguf":
-        return setup_gguf(spec, max_total_tokens, max_sessions, max_prompt, verbose, endpoints)
+        return setup_gguf(spec, sizing.max_total_tokens, sizing.max_sessions, sizing.max_prompt, verbose, endpoints)
     raise MeshbenchError(f"engine.kind must be synthetic or gguf, got {spec.kind!r}")

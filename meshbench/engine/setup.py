@@ -8,6 +8,16 @@ from typing import Callable
 from meshbench.engine.base import BatchEngine, EngineLimits
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSizing:
+    """What a run will ask of its engines, known before any is built: the longest session's positions, the
+    most sessions at once, the longest prompt (a llama.cpp context is sized by them)."""
+
+    max_total_tokens: int
+    max_sessions: int
+    max_prompt: int = 512
+
+
 @dataclass(slots=True)
 class EngineSetup:
     make: Callable[[EngineLimits], BatchEngine]  # one fresh engine (fresh KV) per call

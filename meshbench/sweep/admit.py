@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from meshbench.engine import factory
 from meshbench.engine.base import check_context
-from meshbench.engine.setup import close_engine
+from meshbench.engine.setup import EngineSizing, close_engine
 from meshbench.sweep.driver import NodeDriver
 from meshbench.sweep.run import node
 from meshbench.workload import arrivals, prompts
@@ -29,7 +29,7 @@ def _run(cfg: RunConfig, burst: int | None, endpoints) -> dict:
     if burst is not None:
         wl = Workload((wl.prompt_tokens[0],) * burst, (wl.new_tokens[0],) * burst, wl.seed, wl.arrivals)
     process = arrivals.parse(wl.arrivals)
-    setup = factory.setup(cfg.engine, wl.longest, budget.max_active_sessions, endpoints=endpoints)
+    setup = factory.setup(cfg.engine, EngineSizing(wl.longest, budget.max_active_sessions), endpoints=endpoints)
     try:
         return _decide(cfg, wl, process, setup)
     finally:

@@ -11,9 +11,11 @@ from meshbench.engine.base import DecodeItem, PrefillChunk, TickResult, step_wit
 from meshbench.engine.process.proxy import ProxyEngine
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.session import Session, SessionStatus
-from meshbench.workload.faults import Fault
+from meshbench.workload.faults import Fault, FaultKind
 
-ORDER = {"cancel": 0, "evict": 1, "raise": 2, "abort-engine": 2, "kill-worker": 3, "kill-engine": 4}
+# At one tick: cancels, evictions, then what fires inside a call, then kills.
+ORDER = {FaultKind.CANCEL: 0, FaultKind.EVICT: 1, FaultKind.RAISE: 2, FaultKind.ABORT_ENGINE: 2,
+         FaultKind.KILL_WORKER: 3, FaultKind.KILL_ENGINE: 4}
 
 
 class FaultPlan:
@@ -39,12 +41,12 @@ class FaultPlan:
 
     def _apply(self, f: Fault) -> dict:
         node = self.node
-        if f.kind in ("cancel", "evict"):
+        if f.kind.on_session:
             s = node.session(f.target)
             hit = _state(s)
             if s is None or s.status is SessionStatus.FINISHED:
                 return {"hit": hit, "target": None}
-            if f.kind == "cancel":
+            if f.kind is FaultKind.CANCEL:
                 node.cancel(f.target)
             elif s.status is SessionStatus.RUNNING:
                 node.engine.release(f.target)  # the engine drops it; the scheduler learns at its next decode
@@ -52,7 +54,7 @@ class FaultPlan:
                 return {"hit": hit, "target": None}  # no KV yet: nothing to evict
             return {"hit": hit, "target": [s.session_id, s.epoch]}
         resident = len(node.running_ids())
-        if f.kind == "kill-engine":
+        if f.kind is FaultKind.KILL_ENGINE:
             self._kill_engine()
             return {"hit": f"between ticks, {resident} session(s) resident in the engine"}
         self._kill_worker(f.target)
@@ -98,10 +100,10 @@ def _outcome(f: Fault, fired: dict, sessions: list[Session], losses: list[dict])
     """The sessions the fault ended (id, epoch, done reason, error) and, for a lost engine, the cause and
     the resubmissions."""
     ends = {(s.session_id, s.epoch): s for s in sessions}
-    if f.kind in ("cancel", "evict"):
+    if f.kind.on_session:
         hit = [ends[tuple(fired["target"])]] if fired["target"] else []
         return {"sessions": [_end(s) for s in hit], "cause": None, "resubmitted": []}
-    if f.kind == "raise":
+    if f.kind is FaultKind.RAISE:
         hit = [s for s in sessions if s.end_tick == fired["tick"] and s.error and "InjectedFault" in s.error]
         return {"sessions": [_end(s) for s in hit], "cause": None, "resubmitted": []}
     loss = next((x for x in losses if x["tick"] >= fired["tick"] and not x.get("claimed")), None)
@@ -136,7 +138,7 @@ class FaultyEngine:
         f = self.plan.take(call)
         if f is None:
             return False
-        if f.kind == "abort-engine":
+        if f.kind is FaultKind.ABORT_ENGINE:
             self.inner.arm(call, "abort")
         elif isinstance(self.inner, ProxyEngine):
             self.inner.arm(call, "raise")

@@ -15,7 +15,7 @@ from meshbench.engine.base import check_context
 from meshbench.engine.process import workers
 from meshbench.engine.process.supervisor import Supervisor
 from meshbench.engine.rpc import Endpoint
-from meshbench.engine.setup import EngineSetup
+from meshbench.engine.setup import EngineSetup, EngineSizing
 from meshbench.errors import MeshbenchError
 from meshbench.model import gguf_io
 from meshbench.results import document as results
@@ -42,11 +42,11 @@ def prepare(cfg: RunConfig, verbose: bool = False, on: Node | None = None) -> En
     validate_levels(cfg.levels, cfg.workload.sessions)
     on = on or Node()
     longest = cfg.workload.longest
-    sizes = (longest, max(cfg.levels), max(cfg.workload.prompt_tokens))
+    sizing = EngineSizing(longest, max(cfg.levels), max(cfg.workload.prompt_tokens))
     if cfg.engine.isolated:
-        setup = Supervisor(cfg.engine, sizes, verbose, on.pool, on.endpoints).setup()
+        setup = Supervisor(cfg.engine, sizing, verbose, on.pool, on.endpoints).setup()
     else:
-        setup = factory.setup(cfg.engine, *sizes, verbose, on.endpoints)
+        setup = factory.setup(cfg.engine, sizing, verbose, on.endpoints)
         setup.info["isolated"] = False
     try:
         check_context(longest, setup.context_length)  # one rule for sweep and admit

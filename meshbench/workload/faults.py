@@ -16,49 +16,72 @@ A row is one or more specs joined by commas; every row is run at every level.
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
 from meshbench.errors import MeshbenchError
 
+
+class FaultKind(str, enum.Enum):
+    """What a fault does (its value is how a spec and results.json spell it)."""
+
+    CANCEL = "cancel"
+    EVICT = "evict"
+    RAISE = "raise"
+    KILL_ENGINE = "kill-engine"
+    ABORT_ENGINE = "abort-engine"
+    KILL_WORKER = "kill-worker"
+
+    @property
+    def needs_process(self) -> bool:
+        """It acts on the engine's own process (or its workers): the engine must be isolated."""
+        return self in (FaultKind.KILL_ENGINE, FaultKind.ABORT_ENGINE, FaultKind.KILL_WORKER)
+
+    @property
+    def on_session(self) -> bool:
+        """It ends one named session (cancel, evict)."""
+        return self in (FaultKind.CANCEL, FaultKind.EVICT)
+
+
 SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<target>[^@,\s]+))?@(?P<tick>\d{1,9})$")
-TARGETS = {"cancel": "session", "evict": "session", "raise": "call", "kill-engine": None, "abort-engine": None,
-           "kill-worker": "worker"}
-PROCESS_KINDS = ("kill-engine", "abort-engine", "kill-worker")  # need the engine in its own process
+TARGETS = {FaultKind.CANCEL: "session", FaultKind.EVICT: "session", FaultKind.RAISE: "call",
+           FaultKind.KILL_ENGINE: None, FaultKind.ABORT_ENGINE: None, FaultKind.KILL_WORKER: "worker"}
 MAX_FAULTS_PER_ROW = 64
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    kind: str
+    kind: FaultKind
     target: str | int | None
     tick: int
 
     @property
     def label(self) -> str:
-        return f"{self.kind}{'' if self.target is None else f':{self.target}'}@{self.tick}"
+        return f"{self.kind.value}{'' if self.target is None else f':{self.target}'}@{self.tick}"
 
     @property
     def between_ticks(self) -> bool:
         """Applied before its tick runs; the others fire inside an engine call."""
-        return self.kind not in ("raise", "abort-engine")
+        return self.kind not in (FaultKind.RAISE, FaultKind.ABORT_ENGINE)
 
     @property
     def call(self) -> str | None:
         """The engine call it fires in: "prefill" or "decode" (None: between ticks)."""
-        return {"raise": self.target, "abort-engine": "decode"}.get(self.kind)
+        return {FaultKind.RAISE: self.target, FaultKind.ABORT_ENGINE: "decode"}.get(self.kind)
 
 
 def parse(spec: str, where: str = "--inject") -> Fault:
     m = SPEC.match(spec.strip())
-    if not m or m.group("kind") not in TARGETS:
-        raise MeshbenchError(f"{where}: {spec!r} is not a fault (KIND[:TARGET]@TICK; kinds: {', '.join(TARGETS)})")
-    kind, target, tick = m.group("kind"), m.group("target"), int(m.group("tick"))
-    want = TARGETS[kind]
+    if not m or m.group("kind") not in {k.value for k in FaultKind}:
+        kinds = ", ".join(k.value for k in FaultKind)
+        raise MeshbenchError(f"{where}: {spec!r} is not a fault (KIND[:TARGET]@TICK; kinds: {kinds})")
+    kind, target, tick = FaultKind(m.group("kind")), m.group("target"), int(m.group("tick"))
+    want, name = TARGETS[kind], kind.value
     if want is None and target is not None:
-        raise MeshbenchError(f"{where}: {spec!r}: {kind} takes no target ({kind}@TICK)")
+        raise MeshbenchError(f"{where}: {spec!r}: {name} takes no target ({name}@TICK)")
     if want is not None and target is None:
-        raise MeshbenchError(f"{where}: {spec!r}: {kind} needs a {want} ({kind}:{want.upper()}@TICK)")
+        raise MeshbenchError(f"{where}: {spec!r}: {name} needs a {want} ({name}:{want.upper()}@TICK)")
     if want == "call" and target not in ("prefill", "decode"):
         raise MeshbenchError(f"{where}: {spec!r}: raise takes prefill or decode")
     if want == "worker":
@@ -83,10 +106,10 @@ def check_rows(rows: tuple[tuple[Fault, ...], ...], session_ids: set[str], isola
     """Each fault names something the run has: a session of the workload, a process, a spawned worker."""
     for row in rows:
         for f in row:
-            if f.kind in ("cancel", "evict") and f.target not in session_ids:
+            if f.kind.on_session and f.target not in session_ids:
                 raise MeshbenchError(f"{where}: {f.label}: no session {f.target!r} in the workload")
-            if f.kind in PROCESS_KINDS and not isolate:
+            if f.kind.needs_process and not isolate:
                 raise MeshbenchError(f"{where}: {f.label} needs the engine in its own process (--isolate)")
-            if f.kind == "kill-worker" and f.target >= workers:
+            if f.kind is FaultKind.KILL_WORKER and f.target >= workers:
                 raise MeshbenchError(f"{where}: {f.label}: the run spawns {workers} RPC worker(s) "
                                      "(engine.workers); worker indexes count from 0")

@@ -22,16 +22,17 @@ from meshbench.engine.base import (
     step_with_faults,
 )
 from meshbench.engine.rpc import Endpoint
+from meshbench.engine.setup import EngineSizing
 from meshbench.engine.spec import EngineSpec
 
 
-def serve(conn, spec: EngineSpec, sizes: tuple[int, int, int], verbose: bool, endpoints: list[Endpoint]) -> None:
+def serve(conn, spec: EngineSpec, sizing: EngineSizing, verbose: bool, endpoints: list[Endpoint]) -> None:
     """The child's loop: set up the engine kind once, then answer one command at a time until told to
     exit or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file behind
     try:
-        setup = factory.setup(spec, *sizes, verbose=verbose, endpoints=endpoints)
+        setup = factory.setup(spec, sizing, verbose=verbose, endpoints=endpoints)
     except Exception as e:  # a bad model or spec: the parent reports it as the user's error
         conn.send(("err", (type(e).__name__, str(e)), 0, 0))
         return

@@ -35,6 +35,7 @@ from meshbench.engine.base import (
 )
 from meshbench.engine.process.children import die_with_parent
 from meshbench.engine.rpc import Endpoint
+from meshbench.engine.setup import EngineSizing
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import EngineUnavailable, MeshbenchError
 
@@ -80,7 +81,7 @@ def child_environment(tiled_mm: str = "auto") -> dict:
 class EngineProcess:
     """One child process running the engine kind ``spec`` names; stopped by the code that started it."""
 
-    def __init__(self, spec: EngineSpec, sizes: tuple[int, int, int], verbose: bool = False,
+    def __init__(self, spec: EngineSpec, sizing: EngineSizing, verbose: bool = False,
                  endpoints: Sequence[Endpoint] = ()) -> None:
         ours, theirs = socket.socketpair()
         # A fresh interpreter (no llama.cpp threads forked, no main module re-imported), given its end
@@ -103,7 +104,7 @@ class EngineProcess:
         self._stopped = threading.Event()
         threading.Thread(target=self._watch, name="meshbench-engine-watchdog", daemon=True).start()
         try:
-            self._conn.send((spec, sizes, verbose, list(endpoints)))
+            self._conn.send((spec, sizing, verbose, list(endpoints)))
             hello = self._receive(START_TIMEOUT_S)
         except EngineLost as e:  # it died loading the model: the user's problem to see, in one line
             words = self.last_words().splitlines()

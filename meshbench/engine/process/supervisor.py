@@ -14,15 +14,15 @@ from meshbench.engine.base import EngineLimits
 from meshbench.engine.process.proxy import EngineProcess, ProxyEngine
 from meshbench.engine.process.workers import Pool
 from meshbench.engine.rpc import Endpoint
-from meshbench.engine.setup import EngineSetup
+from meshbench.engine.setup import EngineSetup, EngineSizing
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 
 
 class Supervisor:
-    def __init__(self, spec: EngineSpec, sizes: tuple[int, int, int], verbose: bool = False,
+    def __init__(self, spec: EngineSpec, sizing: EngineSizing, verbose: bool = False,
                  pool: Pool | None = None, endpoints: Sequence[Endpoint] = ()) -> None:
-        self.spec, self.sizes, self.verbose = spec, sizes, verbose
+        self.spec, self.sizing, self.verbose = spec, sizing, verbose
         self.pool, self._endpoints = pool, list(endpoints)
         self.starts = 0
         self.process = self._start()
@@ -30,7 +30,7 @@ class Supervisor:
 
     def _start(self) -> EngineProcess:
         endpoints = self.pool.endpoints if self.pool is not None else self._endpoints
-        process = EngineProcess(self.spec, self.sizes, self.verbose, endpoints)
+        process = EngineProcess(self.spec, self.sizing, self.verbose, endpoints)
         self.starts += 1
         if self.starts > 1 and process.info["recipe_fingerprint"] != self.info["recipe_fingerprint"]:
             process.stop()
