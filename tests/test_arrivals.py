@@ -234,13 +234,13 @@ class SlowEngine:
 
 
 def test_the_wall_clock_submits_on_arrival_and_sleeps_while_idle():
-    from meshbench.sweep.levels import run_concurrency_sweep
+    from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
     from meshbench.workload.config import Workload
 
     clock = FakeClock()
     wl = Workload((4, 4), (8, 8), 0, "trace:0,50")  # on the wall clock a trace is in ms
-    sweep = run_concurrency_sweep([1], wl, f.budget(max_queue_depth=0), lambda b: SlowEngine(f.engine(), clock),
-                                  clock=clock, wall=True, sleep=clock.sleep)
+    sweep = run_concurrency_sweep(SweepPlan([1], wl, f.budget(max_queue_depth=0), wall=True),
+                                  lambda b: SlowEngine(f.engine(), clock), clock=clock, sleep=clock.sleep)
     lv = sweep.levels[0]
     assert lv["arrival_times"] == [0.0, 50.0]
     e0, e1 = lv["submit_events"]

@@ -16,7 +16,7 @@ from meshbench.engine.base import StepResult, TickResult, separate_step
 from meshbench.engine.synthetic import setup_synthetic
 from meshbench.results import bundle, envinfo
 from meshbench.results import document as results
-from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.workload import config
 
 runner = CliRunner()
@@ -123,9 +123,8 @@ def make_bundle(path: Path, scale=1.0, seed=0, edit=None, sessions=4, repeat=5) 
                                  "workload": {"sessions": sessions, "prompt_tokens": 4, "new_tokens": 6}})
     setup = setup_synthetic(cfg.engine)
     clock, rng = Clock(), random.Random(seed)
-    sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, cfg.budget,
-                                  lambda b: TimedEngine(setup.make(b), clock, scale, rng, edit), clock=clock,
-                                  repeat=cfg.repeat, warmup=cfg.warmup)
+    plan = SweepPlan(list(cfg.levels), cfg.workload, cfg.budget, repeat=cfg.repeat, warmup=cfg.warmup)
+    sweep = run_concurrency_sweep(plan, lambda b: TimedEngine(setup.make(b), clock, scale, rng, edit), clock=clock)
     bundle.write(path, results.build(cfg, sweep, setup.info, envinfo.environment(), "test"))
     return path
 

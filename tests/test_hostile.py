@@ -26,7 +26,7 @@ from meshbench.cli import app
 from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.results import chart
 from meshbench.scheduler.session import DoneReason
-from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.workload.config import Workload
 
 runner = CliRunner()
@@ -200,7 +200,7 @@ def test_non_finite_logits_fail_the_session_and_the_sweep():
     saved = bad.copy()
     bad[0, 0] = np.nan
     try:
-        sweep = run_concurrency_sweep([1, 2], Workload.uniform(2, 4, 3), f.budget(),
+        sweep = run_concurrency_sweep(SweepPlan([1, 2], Workload.uniform(2, 4, 3), f.budget()),
                                       lambda b: SyntheticEngine(cfg, w, b.kv_bytes))
     finally:
         bad[:] = saved

@@ -11,7 +11,7 @@ import pytest
 from meshbench.analysis import isolation, verdicts
 from meshbench.engine.base import DecodeItem
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
-from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.verify import bundle as verify
 from meshbench.workload.config import Workload
 
@@ -19,7 +19,7 @@ from meshbench.workload.config import Workload
 def _sweep(levels=(1, 2, 4, 8), factory=None, workload=None):
     workload = workload or Workload.uniform(8, 4, 8)
     factory = factory or (lambda b: f.engine(b.kv_bytes))
-    return run_concurrency_sweep(list(levels), workload, f.budget(kv_bytes=1 << 24), factory)
+    return run_concurrency_sweep(SweepPlan(list(levels), workload, f.budget(kv_bytes=1 << 24)), factory)
 
 
 @pytest.mark.parametrize("sessions, passes", [(1, 0), (2, 2), (3, 3), (6, 4), (7, 5), (8, 5), (10, 5), (11, 6),
@@ -173,7 +173,7 @@ def _bundle_data(factory) -> dict:
     from meshbench.workload import config
 
     cfg = config.load(None, {"levels": [2], "isolation": False})
-    sw = run_concurrency_sweep([2], cfg.workload, cfg.budget, factory)
+    sw = run_concurrency_sweep(SweepPlan([2], cfg.workload, cfg.budget), factory)
     info = {"kind": "synthetic", "recipe_fingerprint": "x", "kv_bytes_per_token": 1536, "weight_bytes": 1,
             "scratch_bytes_per_session": 1}
     data = results.build(cfg, sw, info, envinfo.environment(), "test")

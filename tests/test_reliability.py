@@ -11,7 +11,7 @@ from meshbench.results import bundle
 from meshbench.results import document as results
 from meshbench.scheduler.budget import AdmissionReason
 from meshbench.scheduler.session import DoneReason
-from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.workload.config import Workload, load
 
 
@@ -74,7 +74,7 @@ def test_a_sweep_records_failures_and_verify_fails_the_bundle(tmp_path):
     from meshbench.results import envinfo
 
     factory = lambda b: FaultyEngine(f.engine(b.kv_bytes), decode_faults={3})  # noqa: E731
-    sweep = run_concurrency_sweep([1, 2], Workload.uniform(4, 4, 4), f.budget(), factory)
+    sweep = run_concurrency_sweep(SweepPlan([1, 2], Workload.uniform(4, 4, 4), f.budget()), factory)
     assert [lv["failed"] for lv in sweep.levels] == [1, 2]
     cfg = load(overrides={"workload": {"sessions": 4, "new_tokens": 4}, "levels": [1, 2]})
     data = results.build(cfg, sweep, _engine_info(), envinfo.environment(), "test")

@@ -4,14 +4,14 @@ import factories as f
 
 from meshbench.analysis.figures import saturation_level, summarize_ticks, token_digest
 from meshbench.engine.base import StepResult, separate_step
-from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.workload.config import Workload
 
 
 def _sweep(levels=(1, 2, 4, 8), workload=None, engine_factory=None):
     workload = workload or Workload.uniform(8, 4, 8)
     factory = engine_factory or (lambda b: f.engine(b.kv_bytes))
-    return run_concurrency_sweep(list(levels), workload, f.budget(kv_bytes=1 << 24), factory)
+    return run_concurrency_sweep(SweepPlan(list(levels), workload, f.budget(kv_bytes=1 << 24)), factory)
 
 
 def test_concurrency_sweep_reproduces_dgr012_exactly():

@@ -28,7 +28,7 @@ from meshbench.sweep.driver import NodeDriver, WallClock
 from meshbench.sweep.inject import FaultPlan
 from meshbench.workload import arrivals as arrivals_mod
 from meshbench.workload.arrivals import Arrivals
-from meshbench.workload.config import Workload, validate_levels
+from meshbench.workload.config import RunConfig, Workload, validate_levels
 from meshbench.workload.faults import Fault
 
 # The scheduler's own counters, per pass: verify checks each against the raw records.
@@ -226,33 +226,44 @@ def level_orders(count: int, repeat: int) -> list[list[int]]:
     return [list(range(r % count, count)) + list(range(r % count)) for r in range(repeat)]
 
 
+@dataclass(frozen=True, slots=True)
+class SweepPlan:
+    """What a sweep runs: the levels, the jobs, the node's budget, and how (``SweepPlan.of`` a run config)."""
+
+    levels: Sequence[int]
+    workload: Workload
+    budget: NodeBudget
+    repeat: int = 1  # recorded passes per level
+    warmup: int = 0  # unrecorded passes per level first
+    rates: Sequence[float] | None = None  # arrival rates crossed with the levels
+    slo: dict | None = None
+    wall: bool = False  # arrivals on the wall clock (rates per second): admission depends on speed
+    fault_rows: Sequence[tuple[Fault, ...]] = ()  # each row of faults is run at every level
+    restart: bool = False  # a lost engine is replaced and its sessions resubmitted
+    prefill: str = "whole"
+    prove_isolation: bool = True
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "SweepPlan":
+        return cls(list(cfg.levels), cfg.workload, cfg.budget, cfg.repeat, cfg.warmup, cfg.rates, cfg.slo,
+                   cfg.clock == "wall", cfg.faults, cfg.restart_engine, cfg.prefill, cfg.isolation)
+
+
 def run_concurrency_sweep(
-    levels: Sequence[int],
-    workload: Workload,
-    budget: NodeBudget,
+    sweep: SweepPlan,
     engine_factory: Callable[[EngineLimits], BatchEngine],
-    clock: Callable[[], int] = time.monotonic_ns,
-    on_tick: Callable[[int, TickRecord], None] | None = None,
-    repeat: int = 1,
-    warmup: int = 0,
-    rates: Sequence[float] | None = None,
-    slo: dict | None = None,
-    wall: bool = False,
-    sleep: Callable[[float], None] = time.sleep,
-    fault_rows: Sequence[tuple[Fault, ...]] = (),
     node: EngineSetup | None = None,
-    restart: bool = False,
-    prefill: str = "whole",
-    prove_isolation: bool = True,
+    clock: Callable[[], int] = time.monotonic_ns,
+    sleep: Callable[[float], None] = time.sleep,
+    on_tick: Callable[[int, TickRecord], None] | None = None,
 ) -> ConcurrencySweep:
     """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved; then each level's
-    isolation passes. ``wall``: arrivals on the wall clock (rates per second), so admission depends on speed.
-    ``fault_rows``: each row of faults is run at every level, on ``node``'s processes; ``restart``:
-    a lost engine is replaced (``node.restart``) and its sessions resubmitted."""
-    plan = sweep_levels(levels, workload, rates, fault_rows)
-    slo = slo or {"ttft": None, "tpot": None}
-    budgets = [level_budget(budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
-    times_of = arrival_times(plan, workload, wall, repeat)
+    isolation passes. Faults act on ``node``'s processes, and a lost engine is replaced by ``node.restart``."""
+    workload, wall = sweep.workload, sweep.wall
+    plan = sweep_levels(sweep.levels, workload, sweep.rates, sweep.fault_rows)
+    slo = sweep.slo or {"ttft": None, "tpot": None}
+    budgets = [level_budget(sweep.budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
+    times_of = arrival_times(plan, workload, wall, sweep.repeat)
     eog = node.eog if node is not None else frozenset()
 
     def one_pass(i: int, requests: Sequence[GenerationRequest] | None = None) -> Pass:
@@ -263,28 +274,29 @@ def run_concurrency_sweep(
         try:
             if wall:
                 return run_pass_wall(requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock,
-                                     per_level, sleep, prefill)
+                                     per_level, sleep, sweep.prefill)
             faults = FaultPlan(plan[i].faults, node and node.kill_engine, node and node.kill_worker)
-            recover = _restarter(node, budgets[i]) if restart else None
-            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover, prefill)
+            recover = _restarter(node, budgets[i]) if sweep.restart else None
+            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover,
+                            sweep.prefill)
         finally:
             close_engine(engine)
 
-    for _ in range(warmup):
+    for _ in range(sweep.warmup):
         for i in range(len(plan)):
             one_pass(i)
     passes: list[list[tuple[int, int, Pass]]] = [[] for _ in plan]
-    for r, order in enumerate(level_orders(len(plan), repeat)):
+    for r, order in enumerate(level_orders(len(plan), sweep.repeat)):
         for position, i in enumerate(order):
             passes[i].append((r, position, one_pass(i)))
     records = [level_record(lv, budgets[i], times_of[i], slo, passes[i], wall) for i, lv in enumerate(plan)]
     vocab = node.vocab_size if node is not None else _vocab(engine_factory, budgets[0])
     for i, lv in enumerate(plan):
         prove_level(records[i], lv, lambda reqs, i=i: one_pass(i, reqs), workload.requests(vocab, eog),
-                    passes[i][0][2], vocab, workload.seed, isolation_skipped(lv, wall, prove_isolation))
+                    passes[i][0][2], vocab, workload.seed, isolation_skipped(lv, wall, sweep.prove_isolation))
     reference = None
-    if not all(lv.arrivals.all_at_once for lv in plan) or fault_rows:
-        reference = alone_reference(workload, budget, engine_factory, clock, prefill, eog)
+    if not all(lv.arrivals.all_at_once for lv in plan) or sweep.fault_rows:
+        reference = alone_reference(workload, sweep.budget, engine_factory, clock, sweep.prefill, eog)
     return sweep_verdicts(records, reference)
 
 

@@ -23,7 +23,7 @@ from meshbench.results import envinfo
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import replay
-from meshbench.sweep.levels import run_concurrency_sweep
+from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.workload import config, prompts
 from meshbench.workload.config import RunConfig, validate_levels
 
@@ -102,10 +102,7 @@ def sweep_on_node(cfg: RunConfig, command: str, on_tick: Callable[[int, TickReco
 def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
               setup: EngineSetup | None = None) -> dict:
     setup = setup or prepare(cfg)
-    sweep = run_concurrency_sweep(list(cfg.levels), cfg.workload, cfg.budget, setup.make, on_tick=on_tick,
-                                  repeat=cfg.repeat, warmup=cfg.warmup, rates=cfg.rates, slo=cfg.slo,
-                                  wall=cfg.clock == "wall", fault_rows=cfg.faults, node=setup,
-                                  restart=cfg.restart_engine, prefill=cfg.prefill, prove_isolation=cfg.isolation)
+    sweep = run_concurrency_sweep(SweepPlan.of(cfg), setup.make, node=setup, on_tick=on_tick)
     data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
     if cfg.workload.prompts:  # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
         data["inputs"] = {"workload.prompts": {"sha256": files.sha256(Path(cfg.workload.prompts))}}
