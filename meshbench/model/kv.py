@@ -88,10 +88,6 @@ class HotKvStateManager:
         with self._lock:
             return sum(e.length for e in self._entries.values()) * self.bytes_per_token
 
-    def session_bytes(self, session_id: str) -> int:
-        with self._lock:
-            return sum(e.length for e in self._entries.values() if e.session_id == session_id) * self.bytes_per_token
-
     def _held_bytes(self) -> int:
         return sum(e.length + e.reserved for e in self._entries.values()) * self.bytes_per_token
 
@@ -200,15 +196,6 @@ class HotKvStateManager:
                 del self._entries[k]
             self._evicted = {k for k in self._evicted if k[0] != session_id}
             return freed
-
-    def evict_lru(self) -> SessionKey | None:
-        """Evict the least recently used entry (to make room on request)."""
-        with self._lock:
-            if not self._entries:
-                return None
-            key = next(iter(self._entries))
-            self._evict(key)
-            return key
 
     def _evict(self, key: SessionKey) -> None:
         del self._entries[key]

@@ -21,6 +21,7 @@ from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine.base import BatchEngine, EngineLimits
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
+from meshbench.records import LevelRecord, SessionRecord, SessionTiming, SubmitEvent, TickDict
 from meshbench.scheduler.budget import ACCEPTED, AdmissionDecision, NodeBudget
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.scheduler.telemetry import TickRecord
@@ -42,7 +43,7 @@ def _finite(x):
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def session_record(s: Session) -> dict:
+def session_record(s: Session) -> SessionRecord:
     """A session's deterministic record, as results.json holds it."""
     return {
         "session_id": s.session_id, "epoch": s.epoch, "end_tick": s.end_tick,
@@ -53,7 +54,7 @@ def session_record(s: Session) -> dict:
     }
 
 
-def session_timing(s: Session, t0: int) -> dict:
+def session_timing(s: Session, t0: int) -> SessionTiming:
     """A session's stamps in one repetition, relative to the start of that pass."""
     return {"session_id": s.session_id, "epoch": s.epoch, "digest": figures.token_digest(s.tokens),
             "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
@@ -87,10 +88,10 @@ class Level:
 class Pass:
     """One run of one level: its deterministic records and its timing."""
 
-    sessions: list[dict]
-    ticks: list[dict]  # full tick records, timing included
-    timing: list[dict]
-    events: list[dict]  # one per arrival: tick, session, decision, active and queued at that moment
+    sessions: list[SessionRecord]
+    ticks: list[TickDict]  # full tick records, timing included
+    timing: list[SessionTiming]
+    events: list[SubmitEvent]  # one per arrival: tick, session, decision, active and queued at that moment
     wall_s: float
     cache_misses: int
     failed: int
@@ -130,7 +131,7 @@ def run_pass(
     return finished_pass(node, events, t0, clock(), plan.events(budget.max_active_sessions, len(node.ticks())))
 
 
-def submit_event(tick: int, d: AdmissionDecision, **extra) -> dict:
+def submit_event(tick: int, d: AdmissionDecision, **extra) -> SubmitEvent:
     """One arrival's record: the tick before which it was submitted, the decision and the node's state."""
     return {"tick": tick, "session_id": d.session_id, "epoch": d.epoch, "decision": d.reason.value,
             "active": d.active_sessions, "queued": d.queue_depth, **extra}
@@ -172,7 +173,7 @@ def run_pass_wall(
 
 
 def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dict,
-                 passes: Sequence[tuple[int, int, Pass]], wall: bool = False) -> dict:
+                 passes: Sequence[tuple[int, int, Pass]], wall: bool = False) -> LevelRecord:
     """The results.json record of a level: repetition 0's deterministic records, every repetition's raw
     timing and wall figures, and their summary. ``passes`` are (repetition, position in its order, pass)."""
     first = passes[0][2]
@@ -182,7 +183,7 @@ def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dic
          "wall": figures.wall_figures(p.timing, p.ticks, p.wall_s)}
         for r, position, p in passes
     ]
-    record = {
+    record: LevelRecord = {
         "concurrency": level.concurrency,
         "arrivals": level.arrivals.label(),
         "rate": level.rate,
