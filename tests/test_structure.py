@@ -8,10 +8,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "meshbench"
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
-# The top-level modules (errors, limits, files, names, validation) are the floor every layer uses.
+# The top-level modules (errors, limits, files, names, records, validation) are the floor every layer uses.
 LAYERS = [
     ("core", ["meshbench", "meshbench.errors", "meshbench.limits", "meshbench.files", "meshbench.names",
-              "meshbench.validation"]),
+              "meshbench.records", "meshbench.validation"]),
     ("model", ["meshbench.model"]),  # the numpy dense Llama, its KV state, GGUF files of its weights
     ("engine", ["meshbench.engine"]),  # what runs a batch, and the process it may run in
     ("scheduler", ["meshbench.scheduler"]),  # admission and the batching policy: no arrays, no engine calls

@@ -17,7 +17,7 @@ DETERMINISTIC_LEVEL_FIELDS = ("concurrency", "faults", *figures.TICK_FIGURES, *L
 
 RERUN = "rerun"  # a fresh run of the recorded config must reproduce it exactly (verify --rerun)
 RECOMPUTED = "recomputed"  # plain verify recomputes it from other records, or checks it against them
-WALL = "wall"  # measured time: reported; checked for plausibility (meshbench.verify.recompute.check_timing, check_wall)
+WALL = "wall"  # measured time: reported; checked for plausibility (meshbench.verify.timing)
 PROVENANCE = "provenance"  # who, when, where: recorded, schema-checked, not reproducible by nature
 
 CLASSES: dict[str, str] = {

@@ -16,7 +16,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.results import bundle, fault_report, report
 from meshbench.results import document as results
 from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
-from meshbench.verify import recompute
+from meshbench.verify import checks
 from meshbench.workload import config
 
 
@@ -72,7 +72,7 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
 def check_data(data: dict) -> Checks:
     """Every check that needs only the results (what ``sweep`` runs on its own output)."""
     c = Checks()
-    recompute.check_data(c, data)
+    checks.check_data(c, data)
     return c
 
 

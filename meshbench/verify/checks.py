@@ -1,0 +1,44 @@
+"""Every check plain verify runs on a results.json, family by family: the figures and verdicts recomputed
+(``figures``), the schedule replayed from the tick records (``schedule``), the wall-clock data's plausibility
+(``timing``), and the fault matrix (meshbench.analysis.fault_matrix)."""
+
+from __future__ import annotations
+
+from meshbench.analysis import fault_matrix as fault_checks
+from meshbench.analysis.checks import Checks
+from meshbench.verify.figures import (
+    check_config_copies,
+    check_level_accounting,
+    check_level_budget,
+    check_level_figures,
+    check_sweep,
+)
+from meshbench.verify.schedule import (
+    check_arrivals,
+    check_feed,
+    check_isolation,
+    check_sessions,
+    check_tick_ends,
+    check_tick_replay,
+)
+from meshbench.verify.timing import check_repetitions, check_timing, check_wall
+
+
+def check_data(c: Checks, data: dict) -> None:
+    check_config_copies(c, data)
+    for i, lv in enumerate(data["levels"]):
+        at = f"levels[{i}]"
+        check_level_figures(c, data, lv, at)
+        check_level_accounting(c, data, lv, at)
+        check_level_budget(c, data, lv, at)
+        check_tick_replay(c, data, lv, at)
+        check_arrivals(c, data, lv, at)
+        check_repetitions(c, data, lv, at, i)
+        check_wall(c, lv, at)
+        check_feed(c, lv, at)
+        check_isolation(c, data, lv, at)
+        check_timing(c, data, lv, at)
+        check_tick_ends(c, data, lv, at)
+        fault_checks.check_level(c, data, lv, at)
+    check_sessions(c, data)
+    check_sweep(c, data)
