@@ -244,3 +244,9 @@ ArrivalsOpt = Annotated[Optional[str], typer.Option(
     "--arrivals", rich_help_panel="Load",
     help="all-at-once (default) | poisson:RATE | gamma:RATE:CV | trace:T0,T1,... | trace:FILE "
          "(rates in sessions per tick).")]
+
+
+def engine_overrides(engine, preset, model, device, threads, seed, rpc=None, workers=None) -> dict:
+    # --model alone keeps the configured engine kind: on the synthetic engine it swaps the weights.
+    return {"kind": engine, "preset": preset, "model": model, "device": device, "threads": threads, "seed": seed,
+            "rpc": rpc, "workers": workers}
