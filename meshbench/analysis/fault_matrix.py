@@ -77,41 +77,49 @@ def _ends_once(c: Checks, lv: dict, at: str) -> None:
             _equal(c, at, "ends once", f"{where} has a cause", True, bool(s["error"]))
     for sid, epochs in sorted(by_id.items()):
         _equal(c, at, "ends once", f"{sid} epochs", list(range(1, len(epochs) + 1)), sorted(epochs))
-    ends = {(s["session_id"], s["epoch"]): s for s in lv["sessions"]}
     _equal(c, at, "ends once", "one event per fault, in the row's order", lv["faults"],
-            [e["fault"] for e in lv["fault_events"]])
-    ticks = {t["tick"]: t for t in lv["tick_records"]}
+           [e["fault"] for e in lv["fault_events"]])
     causes = {loss["cause"] for loss in lv["engine_losses"]}
     for e in lv["fault_events"]:
-        try:
-            kind = faults.parse(e["fault"], "fault_events").kind  # the recorded spec, read by its parser
-        except MeshbenchError as exc:
-            _equal(c, at, "ends once", f"{e['fault']} is a fault spec", True, str(exc))
+        kind = _kind(e)
+        if kind is None:
+            _equal(c, at, "ends once", f"{e['fault']} is a fault spec", True, False)
             continue
         if kind.needs_process and e["sessions"]:  # a process fault's cause is the engine loss it caused
-            _equal(c, at, "ends once", f"{e['fault']} cause (an engine loss's)", True,
-                    e["cause"] in causes)
+            _equal(c, at, "ends once", f"{e['fault']} cause (an engine loss's)", True, e["cause"] in causes)
         for named in e["sessions"]:
-            end = named["end_tick"]
-            if end is not None:
-                _equal(c, at, "ends once", f"{e['fault']} fired (tick {e['tick']}) before "
-                                                         f"{named['session_id']} ended (tick {end})",
-                        True, e["tick"] is not None and e["tick"] <= end)
-                t = ticks.get(end)
-                _equal(c, at, "ends once", f"{e['fault']}: tick {end} records "
-                                                         f"{named['session_id']} ending", True,
-                        t is not None and named["session_id"] in (*t["ended"], *t["completed"]))
-            s = ends.get((named["session_id"], named["epoch"]))
-            found = None if s is None else {k: s[k] for k in ("done_reason", "end_tick", "error")}
-            _equal(c, at, "ends once", f"{e['fault']} names {named['session_id']}#{named['epoch']}",
-                    {k: named[k] for k in ("done_reason", "end_tick", "error")}, found)
-            _equal(c, at, "ends once", f"{e['fault']} ended it as", True,
-                    named["done_reason"] in EXPECTED_END.get(kind, ()))
+            _event_end(c, lv, at, e, kind, named)
+
+
+def _kind(event: dict) -> FaultKind | None:
+    """The recorded fault's kind, read by the spec parser (None: not a fault spec)."""
+    try:
+        return faults.parse(event["fault"], "fault_events").kind
+    except MeshbenchError:
+        return None
+
+
+def _event_end(c: Checks, lv: dict, at: str, e: dict, kind: FaultKind, named: dict) -> None:
+    """A session a fault event names: it ended after the fault fired, at a tick that records it, as the
+    session's own record says, and as the fault's kind must end it."""
+    end = named["end_tick"]
+    if end is not None:
+        _equal(c, at, "ends once", f"{e['fault']} fired (tick {e['tick']}) before {named['session_id']} ended "
+                                   f"(tick {end})", True, e["tick"] is not None and e["tick"] <= end)
+        t = next((t for t in lv["tick_records"] if t["tick"] == end), None)
+        _equal(c, at, "ends once", f"{e['fault']}: tick {end} records {named['session_id']} ending", True,
+               t is not None and named["session_id"] in (*t["ended"], *t["completed"]))
+    s = next((s for s in lv["sessions"] if (s["session_id"], s["epoch"]) == (named["session_id"], named["epoch"])),
+             None)
+    found = None if s is None else {k: s[k] for k in ("done_reason", "end_tick", "error")}
+    _equal(c, at, "ends once", f"{e['fault']} names {named['session_id']}#{named['epoch']}",
+           {k: named[k] for k in ("done_reason", "end_tick", "error")}, found)
+    _equal(c, at, "ends once", f"{e['fault']} ended it as", True, named["done_reason"] in EXPECTED_END.get(kind, ()))
 
 
 def _kv_to_zero(c: Checks, data: dict, lv: dict, at: str) -> None:
     per_token = data["engine"]["kv_bytes_per_token"]
-    evicted = any(e["fault"].startswith("evict:") and e["sessions"] for e in lv["fault_events"])
+    evicted = any(_kind(e) is FaultKind.EVICT and e["sessions"] for e in lv["fault_events"])
     for t in lv["tick_records"]:
         held = t["stored_tokens"] * per_token
         ok = t["kv_bytes"] <= held if evicted else t["kv_bytes"] == held

@@ -96,16 +96,7 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
     per_batch, rates = [], {1: n * steps / alone_s}
     for b in batches:
         rows, s = decode(list(range(b))) if b > 1 else (alone, alone_s)
-        diffs = [[float(np.max(np.abs(x - y))) for x, y in zip(rows[i], alone[i])] for i in range(b)]
-        worst = max((max(d) for d in diffs), default=0.0)
-        first = min((k for d in diffs for k, v in enumerate(d) if v > 0), default=None)
-        # at the first step that differs the sessions were still fed the same tokens: that difference is the
-        # kernels'; later steps may compare streams that already took different tokens
-        at_first = None if first is None else max(d[first] for d in diffs)
-        per_batch.append({"batch": b, "bitwise": worst == 0.0, "max_abs_logit_diff": worst,
-                          "first_differing_step": first, "diff_at_first_differing_step": at_first,
-                          "tokens_identical": all(int(np.argmax(x)) == int(np.argmax(y)) for i in range(b)
-                                                  for x, y in zip(rows[i], alone[i]))})
+        per_batch.append(_compare_batch(b, rows, alone))
         if b > 1:
             rates[b] = b * steps / s
     largest = 0
@@ -116,6 +107,20 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
     broken = next((r["batch"] for r in per_batch if not r["bitwise"]), None)
     return {"largest_invariant_batch": largest, "first_variant_batch": broken, "per_batch": per_batch,
             "decode_tokens_per_s": {str(b): rates[b] for b in (1, 8, 16) if b in rates}}
+
+
+def _compare_batch(b: int, rows: dict, alone: dict) -> dict:
+    """Batch ``b``'s logits against each session's alone, step by step."""
+    diffs = [[float(np.max(np.abs(x - y))) for x, y in zip(rows[i], alone[i])] for i in range(b)]
+    worst = max((max(d) for d in diffs), default=0.0)
+    first = min((k for d in diffs for k, v in enumerate(d) if v > 0), default=None)
+    # at the first step that differs the sessions were still fed the same tokens: that difference is the
+    # kernels'; later steps may compare streams that already took different tokens
+    at_first = None if first is None else max(d[first] for d in diffs)
+    return {"batch": b, "bitwise": worst == 0.0, "max_abs_logit_diff": worst, "first_differing_step": first,
+            "diff_at_first_differing_step": at_first,
+            "tokens_identical": all(int(np.argmax(x)) == int(np.argmax(y)) for i in range(b)
+                                    for x, y in zip(rows[i], alone[i]))}
 
 
 def _child(args: dict) -> None:

@@ -36,15 +36,21 @@ def check_level_figures(c: Checks, data: dict, lv: dict, at: str) -> None:
 
 def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
     """Tokens, KV and session ends add up."""
-    per_token = data["engine"]["kv_bytes_per_token"]
     sessions, ticks = lv["sessions"], lv["tick_records"]
     prefilled = [sid for t in ticks for sid in t["prefill_sessions"]]  # a resubmitted session: once per epoch
-    by_id = {s["session_id"]: s for s in sessions}
     c.equal(RESULTS, f"{at}.prefill_tokens (sum of the prompt pieces written)",
             sum(n for t in ticks for _, _, n in t["prefill_chunks"]), lv["prefill_tokens"])
-    check_prompt_positions(c, lv, at, by_id)
+    check_prompt_positions(c, lv, at, {s["session_id"]: s for s in sessions})
     c.equal(RESULTS, f"{at}.sessions tokens (prefills + decode_tokens)",
             len(prefilled) + lv["decode_tokens"], sum(len(s["tokens"]) for s in sessions))
+    _check_tick_kv(c, data, lv, at)
+    _check_session_ends(c, data, lv, at)
+    _check_end_counts(c, data, lv, at)
+
+
+def _check_tick_kv(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Every tick's KV is its stored positions' (at most, after an eviction), and nothing is held at the end."""
+    per_token, ticks = data["engine"]["kv_bytes_per_token"], lv["tick_records"]
     for t in ticks:
         where = f"{at}.tick_records[{t['tick']}]"
         if lv["cache_misses"] == 0:  # (a lost engine's KV went with it: exact too)
@@ -56,9 +62,13 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
         c.equal(RESULTS, f"{where}.decode_batch", len(t["decode_sessions"]), t["decode_batch"])
     if ticks:
         c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (all KV released)", 0, ticks[-1]["kv_bytes"])
+
+
+def _check_session_ends(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """Each session's token count, its end-of-generation tokens under its eos policy, and how it ended."""
     named = figures.fault_named(lv)
     eos, eog = data["workload"]["eos"], set(data["engine"].get("eog_tokens", []))
-    for j, s in enumerate(sessions):
+    for j, s in enumerate(lv["sessions"]):
         where = f"{at}.sessions[{j}]"
         if s["done_reason"] == "COMPLETED":
             early = eos == "stop" and bool(s["tokens"]) and s["tokens"][-1] in eog
@@ -72,6 +82,11 @@ def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
         if s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named:
             c.equal(RESULTS, f"{where}.done_reason (only an injected fault may end a session so)", "COMPLETED",
                     f"{s['done_reason']} ({s['error']})")
+
+
+def _check_end_counts(c: Checks, data: dict, lv: dict, at: str) -> None:
+    """The level's counts of misses, failures and sessions, from the sessions' own records."""
+    sessions, named = lv["sessions"], figures.fault_named(lv)
     c.equal(RESULTS, f"{at}.cache_misses", sum(s["done_reason"] == "CACHE_MISS" for s in sessions),
             lv["cache_misses"])
     c.equal(RESULTS, f"{at}.failed", sum(s["done_reason"] == "FAILED" for s in sessions), lv["failed"])

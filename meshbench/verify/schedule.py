@@ -71,6 +71,13 @@ def check_arrivals(c: Checks, data: dict, lv: dict, at: str) -> None:
     else:
         c.equal(RESULTS, f"{at}.submit_events (tick, session) in arrival order", [list(x) for x in expected],
                 [[e["tick"], e["session_id"]] for e in events])
+    _check_admissions(c, data, lv, at, wall)
+
+
+def _check_admissions(c: Checks, data: dict, lv: dict, at: str, wall: bool) -> None:
+    """The accepted arrivals (and resubmissions) are exactly the level's sessions; the refusals and the
+    backpressure figures recomputed from the submit events."""
+    events = lv["submit_events"]
     accepted = sorted([e["session_id"] for e in events if e["decision"] in ACCEPTED]
                       + [r["session_id"] for loss in lv["engine_losses"] for r in loss["resubmitted"]
                          if r["decision"] in ACCEPTED])
