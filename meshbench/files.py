@@ -62,8 +62,9 @@ def replaceable_file(path: Path, flag: str = "--force") -> None:
     if stat.S_ISDIR(mode):
         raise MeshbenchError(f"{path}: is a directory, expected a file path")
     if not stat.S_ISREG(mode):
-        raise MeshbenchError(f"{path}: exists and is not a regular file ({_kind(mode)}); {flag} replaces only "
-                             "regular files")
+        raise MeshbenchError(
+            f"{path}: exists and is not a regular file ({_kind(mode)}); {flag} replaces only regular files"
+        )
 
 
 def umask_mode(base: int) -> int:
@@ -82,8 +83,13 @@ def cache_dir() -> Path:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
         if test(mode):
             return name
     return "not a regular file"

@@ -34,7 +34,6 @@ class SessionTiming(TypedDict):
 
 
 class _Tick(TypedDict):
-
     tick: int
     decode_batch: int
     decode_sessions: list[str]
@@ -62,7 +61,6 @@ class TickDict(_Tick, total=False):
 
 
 class _Submit(TypedDict):
-
     tick: int
     session_id: str
     epoch: int | None

@@ -46,8 +46,13 @@ def engine(kv_bytes: int = BIG, name: str = "dgr-012") -> SyntheticEngine:
 
 def budget(**overrides) -> NodeBudget:
     values = dict(
-        weight_bytes=BIG, kv_bytes=BIG, scratch_bytes=BIG, max_active_sessions=8, max_queue_depth=8,
-        max_batch_size=8, max_prefill_tokens_per_tick=4,
+        weight_bytes=BIG,
+        kv_bytes=BIG,
+        scratch_bytes=BIG,
+        max_active_sessions=8,
+        max_queue_depth=8,
+        max_batch_size=8,
+        max_prefill_tokens_per_tick=4,
     )
     values.update(overrides)
     return NodeBudget(**values)

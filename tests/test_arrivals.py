@@ -31,9 +31,16 @@ def test_specs_parse_and_bad_ones_are_named():
     g = arrivals.parse("gamma:2:0.5")
     assert (g.rate, g.cv) == (2.0, 0.5)
     assert arrivals.parse("trace:0,3,3,10").ticks(4, 0) == [0, 3, 3, 10]
-    for spec, expect in (("poisson", "rate"), ("poisson:x", "not a number"), ("poisson:0", "between"),
-                         ("gamma:1:0", "CV"), ("trace:1,-2", "trace tick -2 is not between 0"),
-                         ("trace:1,x", "no such file"), ("uniform:1", "not one of"), ("poisson:nan", "finite")):
+    for spec, expect in (
+        ("poisson", "rate"),
+        ("poisson:x", "not a number"),
+        ("poisson:0", "between"),
+        ("gamma:1:0", "CV"),
+        ("trace:1,-2", "trace tick -2 is not between 0"),
+        ("trace:1,x", "no such file"),
+        ("uniform:1", "not one of"),
+        ("poisson:nan", "finite"),
+    ):
         with pytest.raises(MeshbenchError, match=expect):
             arrivals.parse(spec)
     with pytest.raises(MeshbenchError, match="3 ticks for 4 sessions"):
@@ -63,16 +70,22 @@ def _run(trace, **budget):
     s = f.scheduler(**budget)
     events = []
     reqs = [f.request(f"s{i}", new=8) for i in range(len(trace))]
-    recs = s.run_to_completion(arrivals=list(zip(trace, reqs)),
-                               on_submit=lambda tick, d, *_: events.append((tick, d.session_id, d.reason)))
+    recs = s.run_to_completion(
+        arrivals=list(zip(trace, reqs)), on_submit=lambda tick, d, *_: events.append((tick, d.session_id, d.reason))
+    )
     return s, events, recs
 
 
 def test_a_burst_larger_than_slots_and_queue():
     s, events, recs = _run([0, 0, 0, 1, 1, 5], max_active_sessions=2, max_batch_size=2, max_queue_depth=1)
-    assert events == [(0, "s0", R.ADMITTED), (0, "s1", R.ADMITTED), (0, "s2", R.QUEUED),
-                      (1, "s3", R.REJECTED_QUEUE_FULL), (1, "s4", R.REJECTED_QUEUE_FULL),
-                      (5, "s5", R.REJECTED_QUEUE_FULL)]
+    assert events == [
+        (0, "s0", R.ADMITTED),
+        (0, "s1", R.ADMITTED),
+        (0, "s2", R.QUEUED),
+        (1, "s3", R.REJECTED_QUEUE_FULL),
+        (1, "s4", R.REJECTED_QUEUE_FULL),
+        (5, "s5", R.REJECTED_QUEUE_FULL),
+    ]
     # s0: prefill at tick 0, seven decodes (ticks 1-7), ends at tick 7; s2 takes its slot then.
     assert recs[0].prefill_sessions == ("s0",) and recs[1].prefill_sessions == ("s1",)
     assert recs[7].completed == ("s0",) and recs[7].admitted == ("s2",)
@@ -95,15 +108,23 @@ def test_an_arrival_in_the_tick_a_slot_frees_is_refused_the_next_is_admitted():
     # No queue at all: s1 arrives before tick 7 runs, while s0 still holds the only slot (it frees
     # it at the END of tick 7); s2 arrives before tick 8 and finds the slot free.
     s, events, recs = _run([0, 7, 8], max_active_sessions=1, max_batch_size=1, max_queue_depth=0)
-    assert [(t, sid, r) for t, sid, r in events] == [(0, "s0", R.ADMITTED), (7, "s1", R.REJECTED_QUEUE_FULL),
-                                                     (8, "s2", R.ADMITTED)]
+    assert [(t, sid, r) for t, sid, r in events] == [
+        (0, "s0", R.ADMITTED),
+        (7, "s1", R.REJECTED_QUEUE_FULL),
+        (8, "s2", R.ADMITTED),
+    ]
     assert recs[7].completed == ("s0",) and recs[8].prefill_sessions == ("s2",)
 
 
 # --- properties -----------------------------------------------------------------------------------
 @settings(max_examples=40, deadline=None)
-@given(trace=st.lists(st.integers(0, 30), min_size=1, max_size=12), slots=st.integers(1, 4),
-       queue=st.integers(0, 4), new=st.integers(1, 5), batch=st.integers(1, 4))
+@given(
+    trace=st.lists(st.integers(0, 30), min_size=1, max_size=12),
+    slots=st.integers(1, 4),
+    queue=st.integers(0, 4),
+    new=st.integers(1, 5),
+    batch=st.integers(1, 4),
+)
 def test_every_offered_session_ends_one_way_and_bounds_hold(trace, slots, queue, new, batch):
     sched = f.scheduler(max_active_sessions=slots, max_batch_size=min(batch, slots), max_queue_depth=queue)
     decisions = []
@@ -122,8 +143,23 @@ def test_every_offered_session_ends_one_way_and_bounds_hold(trace, slots, queue,
 @pytest.fixture(scope="module")
 def rate_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("bp") / "b"
-    r = invoke("sweep", "--arrivals", "poisson:0.1", "--rates", "0.1,0.5,2", "--levels", "2,4", "--sessions", "12",
-               "--max-queue-depth", "2", "--slo-ttft", "6", "--out", out)
+    r = invoke(
+        "sweep",
+        "--arrivals",
+        "poisson:0.1",
+        "--rates",
+        "0.1,0.5,2",
+        "--levels",
+        "2,4",
+        "--sessions",
+        "12",
+        "--max-queue-depth",
+        "2",
+        "--slo-ttft",
+        "6",
+        "--out",
+        out,
+    )
     assert r.exit_code == 0, r.output
     return out
 
@@ -133,7 +169,13 @@ def test_a_rate_sweep_is_corruption_free_against_each_session_alone(rate_bundle)
     assert data["corruption_free"] and data["reference"]["concurrency"] == 1
     assert len(data["reference"]["sessions"]) == 12
     assert [(lv["rate"], lv["concurrency"]) for lv in data["levels"]] == [
-        (0.1, 2), (0.1, 4), (0.5, 2), (0.5, 4), (2.0, 2), (2.0, 4)]
+        (0.1, 2),
+        (0.1, 4),
+        (0.5, 2),
+        (0.5, 4),
+        (2.0, 2),
+        (2.0, 4),
+    ]
     assert data["saturation_concurrency"] is None
     full = [lv["backpressure"]["rejected_by_reason"].get("REJECTED_QUEUE_FULL", 0) for lv in data["levels"]]
     assert full[0] == 0 and full[-2] > 0  # no refusal at the lowest rate, refusals at the highest
@@ -178,14 +220,17 @@ def test_verify_catches_a_tampered_admission_record_and_rejection_count(rate_bun
 
 def test_backpressure_figures_by_hand():
     level = {
-        "submit_events": [{"tick": 0, "session_id": "a", "decision": "ADMITTED", "active": 0, "queued": 0},
-                          {"tick": 0, "session_id": "b", "decision": "QUEUED", "active": 1, "queued": 0},
-                          {"tick": 1, "session_id": "c", "decision": "REJECTED_QUEUE_FULL", "active": 1, "queued": 1}],
+        "submit_events": [
+            {"tick": 0, "session_id": "a", "decision": "ADMITTED", "active": 0, "queued": 0},
+            {"tick": 0, "session_id": "b", "decision": "QUEUED", "active": 1, "queued": 0},
+            {"tick": 1, "session_id": "c", "decision": "REJECTED_QUEUE_FULL", "active": 1, "queued": 1},
+        ],
         "tick_records": [
             {"tick": 0, "prefill_sessions": ["a"], "decode_sessions": [], "admitted": [], "queued": 1},
             {"tick": 1, "prefill_sessions": [], "decode_sessions": ["a"], "admitted": ["b"], "queued": 0},
             {"tick": 2, "prefill_sessions": ["b"], "decode_sessions": [], "admitted": [], "queued": 0},
-            {"tick": 3, "prefill_sessions": [], "decode_sessions": ["b"], "admitted": [], "queued": 0}],
+            {"tick": 3, "prefill_sessions": [], "decode_sessions": ["b"], "admitted": [], "queued": 0},
+        ],
         "sessions": [{"session_id": "a", "done_reason": "COMPLETED"}, {"session_id": "b", "done_reason": "COMPLETED"}],
     }
     b = backpressure.level_figures(level, {"ttft": 2, "tpot": None})
@@ -239,8 +284,12 @@ def test_the_wall_clock_submits_on_arrival_and_sleeps_while_idle():
 
     clock = FakeClock()
     wl = Workload((4, 4), (8, 8), 0, "trace:0,50")  # on the wall clock a trace is in ms
-    sweep = run_concurrency_sweep(SweepPlan([1], wl, f.budget(max_queue_depth=0), wall=True),
-                                  lambda b: SlowEngine(f.engine(), clock), clock=clock, sleep=clock.sleep)
+    sweep = run_concurrency_sweep(
+        SweepPlan([1], wl, f.budget(max_queue_depth=0), wall=True),
+        lambda b: SlowEngine(f.engine(), clock),
+        clock=clock,
+        sleep=clock.sleep,
+    )
     lv = sweep.levels[0]
     assert lv["arrival_times"] == [0.0, 50.0]
     e0, e1 = lv["submit_events"]
@@ -254,8 +303,25 @@ def test_the_wall_clock_submits_on_arrival_and_sleeps_while_idle():
 
 def test_a_wall_clock_bundle_verifies_and_reruns(tmp_path):
     out = tmp_path / "w"
-    r = invoke("sweep", "--clock", "wall", "--arrivals", "poisson:2000", "--rates", "500,8000", "--levels", "2",
-               "--sessions", "10", "--max-queue-depth", "1", "--slo-ttft", "50", "--out", out)
+    r = invoke(
+        "sweep",
+        "--clock",
+        "wall",
+        "--arrivals",
+        "poisson:2000",
+        "--rates",
+        "500,8000",
+        "--levels",
+        "2",
+        "--sessions",
+        "10",
+        "--max-queue-depth",
+        "1",
+        "--slo-ttft",
+        "50",
+        "--out",
+        out,
+    )
     assert r.exit_code == 0, r.output
     data = json.loads((out / "results.json").read_text())
     assert data["config"]["clock"] == "wall" and data["corruption_free"]

@@ -17,8 +17,9 @@ def _json(*args):
 
 
 def test_bench_engine_reports_every_field():
-    d = _json("bench", "engine", "--preset", "dgr-012", "--batches", "1,2,4", "--repeats", "2", "--context", "8",
-              "--json")
+    d = _json(
+        "bench", "engine", "--preset", "dgr-012", "--batches", "1,2,4", "--repeats", "2", "--context", "8", "--json"
+    )
     assert d["bandwidth_gb_s"] > 0 and d["peak_gflop_s"] > 0
     assert [b["batch"] for b in d["batches"]] == [1, 2, 4]
     for b in d["batches"]:
@@ -31,8 +32,13 @@ def test_bench_layouts_reports_each_layout():
     d = _json("bench", "layouts", "--batches", "1,2", "--weights", "4", "--shape", "256,128", "--json")
     assert [b["batch"] for b in d["batches"]] == [1, 2]
     assert (d["weights"], d["shape"], d["bytes"]) == (4, [256, 128], 4 * 256 * 128 * 4)
-    assert set(d["batches"][0]["ms"]) == {"x @ w.T", "w @ x.T (contiguous)", "4 row blocks", "einsum",
-                                          "meshbench linear()"}
+    assert set(d["batches"][0]["ms"]) == {
+        "x @ w.T",
+        "w @ x.T (contiguous)",
+        "4 row blocks",
+        "einsum",
+        "meshbench linear()",
+    }
 
 
 def test_bench_scheduler_reports_each_size():
@@ -52,10 +58,10 @@ def test_bench_gguf_and_invariance(tmp_path):
     for b in d["batches"]:
         assert b["ratio"] == pytest.approx(b["raw_step_ms"] / b["scheduler_step_ms"])
         assert b["samples"] == 8  # two rounds of four steps
-    inv = _json("bench", "invariance", "--model", m, "--threads", "2", "--steps", "3", "--batches", "1,2,8",
-                "--json")
-    default = next(r for r in inv["recipes"] if not r["repack"] and r["tiled_mm"] == "auto"
-                   and r["context"] == "default")
+    inv = _json("bench", "invariance", "--model", m, "--threads", "2", "--steps", "3", "--batches", "1,2,8", "--json")
+    default = next(
+        r for r in inv["recipes"] if not r["repack"] and r["tiled_mm"] == "auto" and r["context"] == "default"
+    )
     assert default["largest_invariant_batch"] == 8 and default["first_variant_batch"] is None  # Q8_0: no tiled path
     assert [b["batch"] for b in default["per_batch"]] == [1, 2, 8]
     assert all(b["bitwise"] and b["tokens_identical"] for b in default["per_batch"])
@@ -72,7 +78,8 @@ def test_bench_tables_print_without_json():
     r = runner.invoke(app, ["bench", "scheduler", "--live", "8,32", "--batch", "4", "--ticks", "3", "--rounds", "2"])
     assert r.exit_code == 0, r.output
     assert "ms/tick" in r.stdout
-    r = runner.invoke(app, ["bench", "engine", "--preset", "dgr-012", "--batches", "1,2", "--repeats", "1",
-                            "--context", "4"])
+    r = runner.invoke(
+        app, ["bench", "engine", "--preset", "dgr-012", "--batches", "1,2", "--repeats", "1", "--context", "4"]
+    )
     assert r.exit_code == 0, r.output
     assert "step/floor" in r.stdout

@@ -68,10 +68,23 @@ def test_default_sweep_json_holds_the_dgr012_figures_exactly():
     r = invoke("sweep", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    got = [[lv["concurrency"], lv["ticks"], lv["avg_batch_occupancy"], lv["max_batch_occupancy"],
-            lv["tokens_per_tick"], lv["peak_kv_bytes"]] for lv in data["levels"]]
-    assert got == [[1, 64, 1.0, 1, 88 / 64, 15360], [2, 33, 1.75, 2, 88 / 33, 29184],
-                   [4, 19, 28 / 9, 4, 88 / 19, 52224], [8, 15, 4.0, 7, 88 / 15, 75264]]
+    got = [
+        [
+            lv["concurrency"],
+            lv["ticks"],
+            lv["avg_batch_occupancy"],
+            lv["max_batch_occupancy"],
+            lv["tokens_per_tick"],
+            lv["peak_kv_bytes"],
+        ]
+        for lv in data["levels"]
+    ]
+    assert got == [
+        [1, 64, 1.0, 1, 88 / 64, 15360],
+        [2, 33, 1.75, 2, 88 / 33, 29184],
+        [4, 19, 28 / 9, 4, 88 / 19, 52224],
+        [8, 15, 4.0, 7, 88 / 15, 75264],
+    ]
     assert (data["corruption_free"], data["saturation_concurrency"]) == (True, 8)
 
 
@@ -89,8 +102,7 @@ def test_flags_override_config_which_overrides_defaults(tmp_path):
     cfg.write_text("workload: {sessions: 4, new_tokens: 3}\nlevels: [1, 4]\n")
     data = json.loads(invoke("sweep", "--config", cfg, "--json").stdout)
     assert data["workload"]["new_tokens"] == [3, 3, 3, 3] and data["config"]["levels"] == [1, 4]
-    data = json.loads(invoke("sweep", "--config", cfg, "--levels", "1,2", "--new-tokens", "2,3,4,5",
-                             "--json").stdout)
+    data = json.loads(invoke("sweep", "--config", cfg, "--levels", "1,2", "--new-tokens", "2,3,4,5", "--json").stdout)
     assert data["workload"]["new_tokens"] == [2, 3, 4, 5] and data["config"]["levels"] == [1, 2]
     assert data["workload"]["prompt_tokens"] == [4, 4, 4, 4]  # the default
 
@@ -217,8 +229,18 @@ def test_verify_refuses_an_older_schema_version_with_what_to_do(copy_of):
 
 
 def test_admit_prints_each_decision_with_its_numbers():
-    r = invoke("admit", "--burst", "12", "--max-active-sessions", "4", "--max-batch-size", "4",
-               "--max-queue-depth", "6", "--json")
+    r = invoke(
+        "admit",
+        "--burst",
+        "12",
+        "--max-active-sessions",
+        "4",
+        "--max-batch-size",
+        "4",
+        "--max-queue-depth",
+        "6",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["summary"] == {"ADMITTED": 4, "QUEUED": 6, "REJECTED_QUEUE_FULL": 2}

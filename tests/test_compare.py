@@ -119,8 +119,14 @@ class TimedEngine:
 
 
 def make_bundle(path: Path, scale=1.0, seed=0, edit=None, sessions=4, repeat=5) -> Path:
-    cfg = config.load(overrides={"levels": [1, 2, 4], "repeat": repeat, "warmup": 0,
-                                 "workload": {"sessions": sessions, "prompt_tokens": 4, "new_tokens": 6}})
+    cfg = config.load(
+        overrides={
+            "levels": [1, 2, 4],
+            "repeat": repeat,
+            "warmup": 0,
+            "workload": {"sessions": sessions, "prompt_tokens": 4, "new_tokens": 6},
+        }
+    )
     setup = setup_synthetic(cfg.engine)
     clock, rng = Clock(), random.Random(seed)
     plan = SweepPlan(list(cfg.levels), cfg.workload, cfg.budget, repeat=cfg.repeat, warmup=cfg.warmup)
@@ -149,8 +155,13 @@ def test_the_same_engine_twice_is_unchanged(baseline, tmp_path):
     r = invoke("compare", baseline, cand, "--json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
-    assert report["summary"] == {"outputs_changed": [], "scheduler_changed": [], "regressed": [], "improved": [],
-                                 "weak": []}
+    assert report["summary"] == {
+        "outputs_changed": [],
+        "scheduler_changed": [],
+        "regressed": [],
+        "improved": [],
+        "weak": [],
+    }
     verdicts = {v["verdict"] for lv in report["levels"] for v in lv["performance"].values()}
     assert verdicts == {"unchanged"}
 
@@ -221,8 +232,10 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(baseline, tmp_path):
         assert r.exit_code == 2, r.output
         assert len(r.stderr.strip().splitlines()) == 1 and expect in r.stderr, r.stderr
         assert r.stdout == "" and not md.exists()
-    for flag, value, expect in (("--perf", "maybe", "--perf must be fail, warn or ignore"),
-                                ("--tolerance", "five", "--tolerance: 'five' is not a percentage")):
+    for flag, value, expect in (
+        ("--perf", "maybe", "--perf must be fail, warn or ignore"),
+        ("--tolerance", "five", "--tolerance: 'five' is not a percentage"),
+    ):
         r = invoke("compare", baseline, baseline, flag, value)
         assert r.exit_code == 2 and expect in r.stderr
 

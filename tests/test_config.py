@@ -19,12 +19,15 @@ def names(cls, skip=()) -> set[str]:
     return {f.name for f in fields(cls)} - set(skip)
 
 
-@pytest.mark.parametrize("section,cls,skip", [
-    (None, config.RunConfig, ("source",)),  # where the config came from: not a key anyone writes
-    ("engine", EngineSpec, ("ban_eog",)),  # derived from workload.eos
-    ("workload", config.WorkloadSection, ()),
-    ("budget", NodeBudget, ()),
-])
+@pytest.mark.parametrize(
+    "section,cls,skip",
+    [
+        (None, config.RunConfig, ("source",)),  # where the config came from: not a key anyone writes
+        ("engine", EngineSpec, ("ban_eog",)),  # derived from workload.eos
+        ("workload", config.WorkloadSection, ()),
+        ("budget", NodeBudget, ()),
+    ],
+)
 def test_the_schema_names_exactly_the_dataclass_fields(section, cls, skip):
     props = SCHEMA["properties"] if section is None else SCHEMA["properties"][section]["properties"]
     assert set(props) == names(cls, skip)
@@ -43,13 +46,16 @@ def test_the_embedded_defaults_are_the_dataclass_defaults_and_valid():
     assert (cfg.story, cfg.levels) == ("DGR-012", (1, 2, 4, 8))
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"kind": "gguf"}, "engine.kind gguf needs engine.model"),
-    ({"repack": True}, "need the gguf engine"),
-    ({"kind": "gguf", "model": "m.gguf", "rpc": "127.0.0.1:1", "workers": 1}, "not both"),
-    ({"kind": "gguf", "model": "m.gguf", "workers": 2, "split": (1.0,)}, "engine.split has 1 shares for 2"),
-    ({"kind": "gguf", "model": "m.gguf", "tiled_mm": "off", "isolate": False}, "process-wide"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"kind": "gguf"}, "engine.kind gguf needs engine.model"),
+        ({"repack": True}, "need the gguf engine"),
+        ({"kind": "gguf", "model": "m.gguf", "rpc": "127.0.0.1:1", "workers": 1}, "not both"),
+        ({"kind": "gguf", "model": "m.gguf", "workers": 2, "split": (1.0,)}, "engine.split has 1 shares for 2"),
+        ({"kind": "gguf", "model": "m.gguf", "tiled_mm": "off", "isolate": False}, "process-wide"),
+    ],
+)
 def test_an_engine_spec_refuses_what_cannot_run_wherever_it_is_built(kwargs, message):
     with pytest.raises(MeshbenchError, match=message):
         EngineSpec(**kwargs)

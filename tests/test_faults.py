@@ -80,46 +80,69 @@ def process():
 
 # --- specs ---------------------------------------------------------------------------------
 def test_fault_specs_parse_and_label_round_trip():
-    row = faults.parse_row("cancel:s1@2, evict:s0@3,raise:prefill@0,raise:decode@4,kill-engine@5,abort-engine@6,"
-                           "kill-worker:1@7")
-    assert [f.label for f in row] == ["cancel:s1@2", "evict:s0@3", "raise:prefill@0", "raise:decode@4",
-                                      "kill-engine@5", "abort-engine@6", "kill-worker:1@7"]
+    row = faults.parse_row(
+        "cancel:s1@2, evict:s0@3,raise:prefill@0,raise:decode@4,kill-engine@5,abort-engine@6,kill-worker:1@7"
+    )
+    assert [f.label for f in row] == [
+        "cancel:s1@2",
+        "evict:s0@3",
+        "raise:prefill@0",
+        "raise:decode@4",
+        "kill-engine@5",
+        "abort-engine@6",
+        "kill-worker:1@7",
+    ]
     assert [f.call for f in row] == [None, None, "prefill", "decode", None, "decode", None]
     assert row[-1].target == 1
 
 
-@pytest.mark.parametrize("spec,expect", [
-    ("bogus@3", "is not a fault"),
-    ("cancel@3", "cancel needs a session"),
-    ("kill-engine:1@3", "kill-engine takes no target"),
-    ("raise:release@3", "raise takes prefill or decode"),
-    ("kill-worker:x@3", "kill-worker takes a worker index"),
-    ("cancel:s1@-1", "is not a fault"),
-    ("cancel:s1", "is not a fault"),
-])
+@pytest.mark.parametrize(
+    "spec,expect",
+    [
+        ("bogus@3", "is not a fault"),
+        ("cancel@3", "cancel needs a session"),
+        ("kill-engine:1@3", "kill-engine takes no target"),
+        ("raise:release@3", "raise takes prefill or decode"),
+        ("kill-worker:x@3", "kill-worker takes a worker index"),
+        ("cancel:s1@-1", "is not a fault"),
+        ("cancel:s1", "is not a fault"),
+    ],
+)
 def test_a_malformed_fault_is_one_line_and_exit_2(spec, expect):
     run_refused("sweep", "--inject", spec, expect=expect)
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["--inject", "cancel:s9@1"], "no session 's9' in the workload"),
-    (["--inject", "kill-engine@3"], "kill-engine@3 needs the engine in its own process (--isolate)"),
-    (["--inject", "abort-engine@3"], "needs the engine in its own process"),
-    (["--inject", "kill-worker:0@3", "--isolate"], "the run spawns 0 RPC worker(s)"),
-    (["--inject", "cancel:s1@1", "--arrivals", "poisson:0.5", "--rates", "0.5"], "not with rates"),
-    (["--inject", ""], "faults.0: '' should be non-empty"),
-    (["--inject", ","], "an empty fault row"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--inject", "cancel:s9@1"], "no session 's9' in the workload"),
+        (["--inject", "kill-engine@3"], "kill-engine@3 needs the engine in its own process (--isolate)"),
+        (["--inject", "abort-engine@3"], "needs the engine in its own process"),
+        (["--inject", "kill-worker:0@3", "--isolate"], "the run spawns 0 RPC worker(s)"),
+        (["--inject", "cancel:s1@1", "--arrivals", "poisson:0.5", "--rates", "0.5"], "not with rates"),
+        (["--inject", ""], "faults.0: '' should be non-empty"),
+        (["--inject", ","], "an empty fault row"),
+    ],
+)
 def test_a_fault_the_run_cannot_have_is_refused_before_it_runs(args, expect):
     run_refused("sweep", *args, expect=expect)
 
 
-@pytest.mark.parametrize("fault,expect", [
-    ("cancel:s1@500", "fault cancel:s1@500: at concurrency 8 the pass ran 15 ticks: tick 500 is never reached "
-                      "(no session reaches it)"),
-    ("raise:prefill@9", "fault raise:prefill@9: at concurrency 8 the pass ran 15 ticks: no prefill call ran from "
-                        "tick 9 (no session reaches it)"),
-])
+@pytest.mark.parametrize(
+    "fault,expect",
+    [
+        (
+            "cancel:s1@500",
+            "fault cancel:s1@500: at concurrency 8 the pass ran 15 ticks: tick 500 is never reached "
+            "(no session reaches it)",
+        ),
+        (
+            "raise:prefill@9",
+            "fault raise:prefill@9: at concurrency 8 the pass ran 15 ticks: no prefill call ran from "
+            "tick 9 (no session reaches it)",
+        ),
+    ],
+)
 def test_a_fault_no_session_reaches_is_exit_2_and_writes_nothing(tmp_path, fault, expect):
     r = runner.invoke(app, ["sweep", "--levels", "8", "--inject", fault, "--out", str(tmp_path / "b")])
     assert r.exit_code == 2 and r.stdout == ""
@@ -137,7 +160,7 @@ def test_cancel_hits_a_decoding_an_admitted_and_a_queued_session():
     assert lv["counts"]["cancelled"] == 3 and lv["counts"]["completed"] == 5
     assert lv["tick_records"][2]["ended"] == ["s1", "s3", "s6"]  # cancelled before tick 2: recorded in it
     ref = reference_tokens(data)
-    assert all(s["tokens"] == ref[s["session_id"]][:len(s["tokens"])] for s in lv["sessions"])
+    assert all(s["tokens"] == ref[s["session_id"]][: len(s["tokens"])] for s in lv["sessions"])
     assert data["corruption_free"] is True
     assert lv["tick_records"][-1]["kv_bytes"] == 0
 
@@ -169,8 +192,15 @@ def test_raise_in_prefill_and_in_decode_fail_exactly_the_sessions_in_the_call():
     data = sweep("--levels", "4", "--inject", "raise:prefill@2", "--inject", "raise:decode@4")
     pre, dec = level(data, 4, "raise:prefill"), level(data, 4, "raise:decode")
     assert ended(pre)[("s2", 1)] == ("FAILED", "prefill: InjectedFault: injected into the prefill call")
-    assert pre["counts"] == {"completed": 7, "cancelled": 0, "failed": 1, "cache_misses": 0,
-                             "rejected_admissions": 0, "engine_losses": 0, "resubmitted": 0}
+    assert pre["counts"] == {
+        "completed": 7,
+        "cancelled": 0,
+        "failed": 1,
+        "cache_misses": 0,
+        "rejected_admissions": 0,
+        "engine_losses": 0,
+        "resubmitted": 0,
+    }
     failed = [k for k, (end, _) in ended(dec).items() if end == "FAILED"]
     assert failed == [("s0", 1), ("s1", 1), ("s2", 1), ("s3", 1)]  # the decode batch of tick 4
     assert data["corruption_free"] is True  # the failures are the faults'; every other session is identical
@@ -257,8 +287,14 @@ def test_kill_engine_without_restart_fails_the_resident_then_everything_that_nee
     ends = ended(lv)
     assert [ends[(f"s{i}", 1)] for i in range(4)] == [("FAILED", "engine lost: SIGKILL")] * 4
     assert [ends[(f"s{i}", 1)] for i in range(4, 8)] == [("FAILED", "engine lost: SIGKILL (not restarted)")] * 4
-    assert lv["engine_losses"] == [{"tick": 5, "cause": "engine lost: SIGKILL",
-                                    "lost": [["s0", 1], ["s1", 1], ["s2", 1], ["s3", 1]], "resubmitted": []}]
+    assert lv["engine_losses"] == [
+        {
+            "tick": 5,
+            "cause": "engine lost: SIGKILL",
+            "lost": [["s0", 1], ["s1", 1], ["s2", 1], ["s3", 1]],
+            "resubmitted": [],
+        }
+    ]
     assert lv["tick_records"][-1]["kv_bytes"] == 0 and data["engine"]["isolated"] is True
 
 
@@ -282,9 +318,26 @@ def test_with_restart_the_lost_sessions_resubmit_and_end_identical(fault, cause,
 
 def test_a_fault_bundle_verifies_and_reruns_exactly(tmp_path, no_leftover_processes):
     out = tmp_path / "b"
-    r = runner.invoke(app, ["sweep", "--levels", "2,4", "--repeat", "2", "--warmup", "0", "--isolate",
-                            "--restart-engine", "--inject", "cancel:s1@2,evict:s0@3", "--inject", "kill-engine@4",
-                            "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--levels",
+            "2,4",
+            "--repeat",
+            "2",
+            "--warmup",
+            "0",
+            "--isolate",
+            "--restart-engine",
+            "--inject",
+            "cancel:s1@2,evict:s0@3",
+            "--inject",
+            "kill-engine@4",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     readme = (out / "README.md").read_text()
     assert "## Fault matrix" in readme and "| 4 | `kill-engine@4` | 4 |" in readme
@@ -295,8 +348,24 @@ def test_a_fault_bundle_verifies_and_reruns_exactly(tmp_path, no_leftover_proces
 @pytest.fixture(scope="module")
 def fault_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("fb") / "b"
-    r = runner.invoke(app, ["sweep", "--levels", "4", "--warmup", "0", "--isolate", "--restart-engine",
-                            "--inject", "cancel:s5@2", "--inject", "kill-engine@5", "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--levels",
+            "4",
+            "--warmup",
+            "0",
+            "--isolate",
+            "--restart-engine",
+            "--inject",
+            "cancel:s5@2",
+            "--inject",
+            "kill-engine@5",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     return out
 
@@ -368,7 +437,8 @@ def test_verify_catches_a_fault_matrix_cell_that_lies(fault_bundle, tmp_path):
     (out / "results.json").write_text((fault_bundle / "results.json").read_text())
     readme = (fault_bundle / "README.md").read_text()
     assert "| yes | yes | yes | n/a | yes |" in readme and "| yes | yes | yes | yes | yes |" in readme
-    (out / "README.md").write_text(readme.replace("s0, s1, s2, s3 FAILED (engine lost: SIGKILL)",
-                                                  "s0 FAILED (engine lost: SIGKILL)", 1))
+    (out / "README.md").write_text(
+        readme.replace("s0, s1, s2, s3 FAILED (engine lost: SIGKILL)", "s0 FAILED (engine lost: SIGKILL)", 1)
+    )
     r = runner.invoke(app, ["verify", str(out)])
     assert r.exit_code == 1 and "fault matrix rows[1].what happened" in r.stdout, r.stdout

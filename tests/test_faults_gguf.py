@@ -22,28 +22,61 @@ def model(tmp_path_factory):
 
 
 def sweep(model, *args) -> dict:
-    r = runner.invoke(app, ["sweep", "--json", "--engine", "gguf", "--model", str(model), "--threads", "1",
-                            "--warmup", "0", *map(str, args)])
+    r = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--json",
+            "--engine",
+            "gguf",
+            "--model",
+            str(model),
+            "--threads",
+            "1",
+            "--warmup",
+            "0",
+            *map(str, args),
+        ],
+    )
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 
 
 def test_in_process_faults_on_llama_cpp(model):
-    data = sweep(model, "--levels", "4", "--inject", "cancel:s1@2,cancel:s3@2,cancel:s6@2", "--inject", "evict:s0@3",
-                 "--inject", "raise:prefill@2", "--inject", "raise:decode@4")
+    data = sweep(
+        model,
+        "--levels",
+        "4",
+        "--inject",
+        "cancel:s1@2,cancel:s3@2,cancel:s6@2",
+        "--inject",
+        "evict:s0@3",
+        "--inject",
+        "raise:prefill@2",
+        "--inject",
+        "raise:decode@4",
+    )
     assert data["engine"]["isolated"] is False
     cancel, evict, pre, dec = data["levels"]
     assert [ended(cancel)[(s, 1)][0] for s in ("s1", "s3", "s6")] == ["CANCELLED"] * 3
     assert ended(evict)[("s0", 1)] == ("CACHE_MISS", None)  # llama.cpp's sequence removed: the miss path
     assert ended(pre)[("s2", 1)][1] == "prefill: InjectedFault: injected into the prefill call"
-    assert [k for k, (end, _) in ended(dec).items() if end == "FAILED"] == [("s0", 1), ("s1", 1), ("s2", 1),
-                                                                            ("s3", 1)]
+    assert [k for k, (end, _) in ended(dec).items() if end == "FAILED"] == [("s0", 1), ("s1", 1), ("s2", 1), ("s3", 1)]
     assert data["corruption_free"] is True and all(lv["tick_records"][-1]["kv_bytes"] == 0 for lv in data["levels"])
 
 
 def test_llama_cpp_in_its_own_process_survives_a_kill_and_an_abort(model, no_leftover_processes):  # noqa: F811
-    data = sweep(model, "--levels", "2", "--isolate", "--restart-engine", "--inject", "kill-engine@3",
-                 "--inject", "abort-engine@5")
+    data = sweep(
+        model,
+        "--levels",
+        "2",
+        "--isolate",
+        "--restart-engine",
+        "--inject",
+        "kill-engine@3",
+        "--inject",
+        "abort-engine@5",
+    )
     ref = reference_tokens(data)
     for lv, cause in zip(data["levels"], ("SIGKILL", "SIGABRT")):
         assert lv["engine_losses"][0]["cause"] == f"engine lost: {cause}"

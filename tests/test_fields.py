@@ -58,8 +58,11 @@ def _leaves(value, path: str = ""):
     """(schema path, container, key) of every scalar in ``value``, the first element of each list only."""
     if isinstance(value, dict):
         for k, v in value.items():
-            yield from _leaves(v, f"{path}.{k}" if path else k) if isinstance(v, (dict, list)) else [
-                (f"{path}.{k}" if path else k, value, k)]
+            yield from (
+                _leaves(v, f"{path}.{k}" if path else k)
+                if isinstance(v, (dict, list))
+                else [(f"{path}.{k}" if path else k, value, k)]
+            )
     elif isinstance(value, list) and value:
         if isinstance(value[0], (dict, list)):
             yield from _leaves(value[0], path + "[]")
@@ -110,10 +113,15 @@ def test_a_forged_recomputed_or_rerun_field_is_caught(bundle):
     assert missed == [], "\n".join(missed)
 
 
-@pytest.mark.parametrize("name,typed", [
-    ("session", "SessionRecord"), ("session_timing", "SessionTiming"), ("timed_tick_record", "TickDict"),
-    ("level", "LevelRecord"),
-])
+@pytest.mark.parametrize(
+    "name,typed",
+    [
+        ("session", "SessionRecord"),
+        ("session_timing", "SessionTiming"),
+        ("timed_tick_record", "TickDict"),
+        ("level", "LevelRecord"),
+    ],
+)
 def test_the_named_records_have_exactly_the_schema_keys(name, typed):
     from meshbench import records
 

@@ -62,7 +62,13 @@ def test_make_tiny_round_trips_the_synthetic_weights(models):
     cfg, w = f.weights()
     cfg2, w2 = gguf_io.read_weights(models["f32"])
     assert (cfg2.dim, cfg2.n_layers, cfg2.n_heads, cfg2.n_kv_heads, cfg2.ffn_dim, cfg2.vocab_size) == (
-        cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim, cfg.vocab_size)
+        cfg.dim,
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.ffn_dim,
+        cfg.vocab_size,
+    )
     for (n1, a), (n2, b) in zip(w.named_tensors(), w2.named_tensors()):
         assert n1 == n2 and a.shape == b.shape
         np.testing.assert_array_equal(a.astype(np.float32), b)
@@ -242,10 +248,20 @@ def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
     from meshbench.workload import config
 
     cfg = config.load(overrides={"engine": {"kind": "gguf", "model": str(models["q8_0"])}, "levels": [1, 8]})
-    div = {"session_id": "s0", "token_index": 3, "reference_concurrency": 1, "concurrency": 8,
-           "reference_token": 1, "token": 2, "reference_margin": 1e-4}
-    data = {"first_divergence": div, "engine": {"architecture": "llama"},
-            "isolation": {"holds": True, "every_level": True}}
+    div = {
+        "session_id": "s0",
+        "token_index": 3,
+        "reference_concurrency": 1,
+        "concurrency": 8,
+        "reference_token": 1,
+        "token": 2,
+        "reference_margin": 1e-4,
+    }
+    data = {
+        "first_divergence": div,
+        "engine": {"architecture": "llama"},
+        "isolation": {"holds": True, "every_level": True},
+    }
     text = classify(cfg, data, lambda c: run_sweep(c, "test"))
     assert text.startswith("engine batch variance (shape-dependent numerics)") and "(a near-tie)" in text
     assert text.endswith("numpy oracle: agrees across levels [1, 8] on the same weights")
@@ -265,8 +281,19 @@ def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(model
     m = models["q8_0"]
     run_refused("bench", "gguf", "--model", m, "--prompt-tokens", "600", expect="context length is 512")
     run_refused("bench", "gguf", "--model", m, "--batches", "1,300", expect="300 is above the maximum 256")
-    run_refused("sweep", "--engine", "gguf", "--model", m, "--sessions", "300", "--levels", "1,300",
-                expect="concurrency 300: a llama.cpp context holds at most 256 sequences", cwd_files=tmp_path)
+    run_refused(
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        m,
+        "--sessions",
+        "300",
+        "--levels",
+        "1,300",
+        expect="concurrency 300: a llama.cpp context holds at most 256 sequences",
+        cwd_files=tmp_path,
+    )
     with pytest.raises(MeshbenchError, match="llama.cpp takes 1 to 512 threads"):
         GgufEngine(loaded["q8_0"], 1, 16, threads=100_000)
 

@@ -133,8 +133,16 @@ def test_make_tiny_force_replaces_a_regular_file_with_the_umask(tmp_path):
 # --- 3. values that reach native code are bounded ----------------------------------------
 def test_threads_beyond_llama_cpp_s_limit_are_refused(tmp_path):
     for n in ("100000", "99999999999"):
-        run_refused("sweep", "--engine", "gguf", "--model", "m.gguf", "--threads", n,
-                    expect="Invalid value for '--threads': Input should be less than or equal to 512")
+        run_refused(
+            "sweep",
+            "--engine",
+            "gguf",
+            "--model",
+            "m.gguf",
+            "--threads",
+            n,
+            expect="Invalid value for '--threads': Input should be less than or equal to 512",
+        )
     cfg = tmp_path / "c.yaml"
     cfg.write_text("engine: {threads: 100000}\n")
     run_refused("sweep", "--config", cfg, expect="engine.threads: 100000 is greater than the maximum of 512")
@@ -200,8 +208,9 @@ def test_non_finite_logits_fail_the_session_and_the_sweep():
     saved = bad.copy()
     bad[0, 0] = np.nan
     try:
-        sweep = run_concurrency_sweep(SweepPlan([1, 2], Workload.uniform(2, 4, 3), f.budget()),
-                                      lambda b: SyntheticEngine(cfg, w, b.kv_bytes))
+        sweep = run_concurrency_sweep(
+            SweepPlan([1, 2], Workload.uniform(2, 4, 3), f.budget()), lambda b: SyntheticEngine(cfg, w, b.kv_bytes)
+        )
     finally:
         bad[:] = saved
     sessions = [s for lv in sweep.levels for s in lv["sessions"]]
@@ -222,16 +231,23 @@ def test_a_model_with_non_finite_weights_is_refused_at_load(tmp_path):
         t = next(t for t in reader.tensors if t.name == "blk.1.attn_q.weight")
         raw = t.data.view(np.uint8).reshape(-1)
         # F32: one value becomes +Inf; Q8_0: the first block's float16 scale becomes NaN.
-        raw[:4] = np.frombuffer(np.float32(np.inf).tobytes(), np.uint8) if qtype == "f32" else \
-            np.frombuffer(np.float16(np.nan).tobytes() + b"\0\0", np.uint8)
+        raw[:4] = (
+            np.frombuffer(np.float32(np.inf).tobytes(), np.uint8)
+            if qtype == "f32"
+            else np.frombuffer(np.float16(np.nan).tobytes() + b"\0\0", np.uint8)
+        )
         del reader, t, raw  # flush the writable memmap
         run_refused("sweep", "--model", p, expect="tensor blk.1.attn_q.weight holds 1 non-finite values")
 
 
 # --- 5. YAML alias bombs, duplicate keys, floats, huge lists --------------------------------
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
-) + "title: *i\n"
+BOMB = (
+    "a: &a [x, x, x, x, x, x, x, x, x]\n"
+    + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+    )
+    + "title: *i\n"
+)
 
 HOSTILE_CONFIGS = {
     "alias-bomb": (BOMB, "aliases (*a) are not allowed"),
@@ -298,8 +314,21 @@ def _default_sigint():
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_to_a_running_sweep_leaves_nothing(tmp_path, sig, code, isolate):
     out = tmp_path / "b"
-    cmd = [*CLI, "sweep", "--preset", "bench", "--sessions", "8", "--prompt-tokens", "64", "--new-tokens", "64",
-           isolate, "--out", str(out)]
+    cmd = [
+        *CLI,
+        "sweep",
+        "--preset",
+        "bench",
+        "--sessions",
+        "8",
+        "--prompt-tokens",
+        "64",
+        "--new-tokens",
+        "64",
+        isolate,
+        "--out",
+        str(out),
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
     try:
         seen = _wait_for(p, b"sweep: level 1 started")  # the sweep is running
@@ -387,9 +416,13 @@ def test_out_destinations_that_cannot_be_a_bundle(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(real)
     cases = {
-        ".": "name the bundle folder", "": "name the bundle folder", "..": "name the bundle folder",
-        str(dangling): "is a symbolic link", str(link): "is a symbolic link",
-        "/proc": "is a mount point", "/proc/x": "cannot create a folder there",
+        ".": "name the bundle folder",
+        "": "name the bundle folder",
+        "..": "name the bundle folder",
+        str(dangling): "is a symbolic link",
+        str(link): "is a symbolic link",
+        "/proc": "is a mount point",
+        "/proc/x": "cannot create a folder there",
         str(tmp_path / ("x" * 300)): "cannot create a folder there (File name too long)",
     }
     for out, expect in cases.items():
@@ -412,8 +445,14 @@ def test_bundles_respect_the_umask(tmp_path):
 
 # --- full disks and closed outputs ----------------------------------------------------------
 def _shell(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHON": sys.executable})
+    return subprocess.run(
+        ["bash", "-c", cmd],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
 
 
 def test_output_that_cannot_be_written_is_an_error(tmp_path, good_bundle):
@@ -470,8 +509,9 @@ def test_a_sweep_with_failed_sessions_exits_1_and_says_why(tmp_path, monkeypatch
     r = cli("sweep", "--levels", "1", "--out", tmp_path / "b")
     assert r.exit_code == 1, r.output
     assert "corruption_free=False" in r.stdout
-    assert ("sweep: results.json: levels[0].failed (no session may fail but by an injected fault) expected=0 "
-            "found=8") in r.stderr
+    assert (
+        "sweep: results.json: levels[0].failed (no session may fail but by an injected fault) expected=0 found=8"
+    ) in r.stderr
     assert (tmp_path / "b" / "results.json").exists()  # the evidence of the failure is kept
 
 

@@ -102,10 +102,12 @@ TIMING_FORGERIES = {
     "stamps emptied": lambda rep: rep["sessions"][0].update(token_ns=[]),
     "stamps reversed": lambda rep: rep["sessions"][0].update(token_ns=rep["sessions"][0]["token_ns"][::-1]),
     "engine time over tick time": lambda rep: rep["tick_records"][1].update(
-        decode_ns=rep["tick_records"][1]["tick_ns"] + 5),
+        decode_ns=rep["tick_records"][1]["tick_ns"] + 5
+    ),
     "wall_s / 100": lambda rep: rep.update(wall_s=rep["wall_s"] / 100),
     "submit after the first token": lambda rep: rep["sessions"][1].update(
-        submit_ns=rep["sessions"][1]["token_ns"][0] + 1),
+        submit_ns=rep["sessions"][1]["token_ns"][0] + 1
+    ),
 }
 
 
@@ -215,8 +217,9 @@ def test_compare_compares_every_fault_row(tmp_path):
     assert (1, ("cancel:s1@2",)) in names and (2, ("cancel:s1@2",)) in names  # the shared row, both levels
 
 
-@pytest.mark.parametrize("value, fraction", [("10%", 0.10), ("10", 0.10), ("5", 0.05), ("0", 0.0), ("1000%", 10.0),
-                                             (" 2.5 % ", 0.025)])
+@pytest.mark.parametrize(
+    "value, fraction", [("10%", 0.10), ("10", 0.10), ("5", 0.05), ("0", 0.0), ("1000%", 10.0), (" 2.5 % ", 0.025)]
+)
 def test_tolerance_is_a_percentage_with_or_without_the_sign(value, fraction):
     assert cli_compare._tolerance(value) == pytest.approx(fraction)
 
@@ -250,8 +253,20 @@ def test_compare_names_the_workload_field_that_differs(tmp_path):
 
 
 def test_a_sweep_too_large_to_verify_is_refused_before_it_runs(tmp_path):
-    r = runner.invoke(app, ["sweep", "--arrivals", "poisson:0.0001", "--levels", "1,2,4,8", "--repeat", "4",
-                            "--out", str(tmp_path / "big")])
+    r = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--arrivals",
+            "poisson:0.0001",
+            "--levels",
+            "1,2,4,8",
+            "--repeat",
+            "4",
+            "--out",
+            str(tmp_path / "big"),
+        ],
+    )
     assert r.exit_code == 2 and "results.json can hold" in r.stderr and not (tmp_path / "big").exists()
 
 
@@ -275,8 +290,26 @@ def test_workers_die_with_a_killed_sweep(tmp_path):
         pytest.skip("this llama-cpp-python has no RPC backend")
     model = tmp_path / "m.gguf"
     assert runner.invoke(app, ["model", "make-tiny", str(model), "--type", "q8_0"]).exit_code == 0
-    cmd = [sys.executable, "-m", "meshbench.cli", "sweep", "--engine", "gguf", "--model", str(model), "--workers", "2",
-           "--sessions", "8", "--new-tokens", "400", "--levels", "1", "--out", str(tmp_path / "b")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshbench.cli",
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        str(model),
+        "--workers",
+        "2",
+        "--sessions",
+        "8",
+        "--new-tokens",
+        "400",
+        "--levels",
+        "1",
+        "--out",
+        str(tmp_path / "b"),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         workers = _wait_for_children(proc.pid, "node", 2)
@@ -335,15 +368,28 @@ def test_verbose_on_the_gguf_engine_is_not_a_traceback(tmp_path, isolate):
     pytest.importorskip("llama_cpp")
     model = tmp_path / "m.gguf"
     assert runner.invoke(app, ["model", "make-tiny", str(model), "--type", "q8_0"]).exit_code == 0
-    cmd = [sys.executable, "-m", "meshbench.cli", "sweep", "--engine", "gguf", "--model", str(model), "--levels", "1,2",
-           "--verbose", *isolate]
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshbench.cli",
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        str(model),
+        "--levels",
+        "1,2",
+        "--verbose",
+        *isolate,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 def test_bench_gguf_refuses_workers_with_rpc(tmp_path):
-    r = runner.invoke(app, ["bench", "gguf", "--model", str(tmp_path / "m.gguf"), "--workers", "0,1", "--rpc",
-                            "127.0.0.1:5"])
+    r = runner.invoke(
+        app, ["bench", "gguf", "--model", str(tmp_path / "m.gguf"), "--workers", "0,1", "--rpc", "127.0.0.1:5"]
+    )
     assert r.exit_code == 2 and "give --workers or --rpc, not both" in r.stderr
 
 
@@ -395,8 +441,12 @@ def test_node_serve_says_listening_only_once_bound_and_resolves_localhost():
     from meshbench.engine.process.workers import free_port
 
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "meshbench.cli", "node", "serve", "--host", "localhost", "--port",
-                          str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "meshbench.cli", "node", "serve", "--host", "localhost", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = ""
         while "listening" not in line:

@@ -22,8 +22,10 @@ def _sweep(levels=(1, 2, 4, 8), factory=None, workload=None):
     return run_concurrency_sweep(SweepPlan(list(levels), workload, f.budget(kv_bytes=1 << 24)), factory)
 
 
-@pytest.mark.parametrize("sessions, passes", [(1, 0), (2, 2), (3, 3), (6, 4), (7, 5), (8, 5), (10, 5), (11, 6),
-                                              (16, 6), (20, 6), (21, 7), (64, 8)])
+@pytest.mark.parametrize(
+    "sessions, passes",
+    [(1, 0), (2, 2), (3, 3), (6, 4), (7, 5), (8, 5), (10, 5), (11, 6), (16, 6), (20, 6), (21, 7), (64, 8)],
+)
 def test_pass_count_is_the_smallest_separating_family(sessions, passes):
     assert isolation.pass_count(sessions) == passes
 
@@ -52,8 +54,18 @@ def test_isolation_holds_for_the_seed_sweep_at_every_level():
     assert sw.isolation["every_level"] and sw.isolation["holds"] and sw.isolation["levels_run"] == 4
     for lv in sw.levels:
         v = lv["isolation_verdict"]
-        assert v == {"ran": True, "holds": True, "schedule_changed": [], "changed": [], "leaks": [],
-                     "separating": True, "family_passes": 5, "confirmations": 0, "suspects": {}, "reason": None}
+        assert v == {
+            "ran": True,
+            "holds": True,
+            "schedule_changed": [],
+            "changed": [],
+            "leaks": [],
+            "separating": True,
+            "family_passes": 5,
+            "confirmations": 0,
+            "suspects": {},
+            "reason": None,
+        }
 
 
 class Leaker(f.DecodeWrapper):
@@ -71,8 +83,7 @@ class Leaker(f.DecodeWrapper):
             self.shared += 1
             if self.shared == self.at:
                 theirs = items[ids.index(self.culprit)].token
-                items = [dataclasses.replace(it, token=theirs) if it.session_id == self.victim else it
-                         for it in items]
+                items = [dataclasses.replace(it, token=theirs) if it.session_id == self.victim else it for it in items]
         return self.inner.decode_batch(items)
 
 
@@ -151,8 +162,12 @@ def test_a_planted_wrong_position_is_caught_by_the_feed_check(monkeypatch, tmp_p
     class OwnCursor(f.DecodeWrapper):
         def decode_batch(self, items):
             kv = self.inner.kv
-            fixed = [DecodeItem(it.session_id, it.epoch, kv.lookup(it.session_id, it.epoch).length, it.token)
-                     if kv.contains(it.session_id, it.epoch) else it for it in items]
+            fixed = [
+                DecodeItem(it.session_id, it.epoch, kv.lookup(it.session_id, it.epoch).length, it.token)
+                if kv.contains(it.session_id, it.epoch)
+                else it
+                for it in items
+            ]
             return self.inner.decode_batch(fixed)
 
     monkeypatch.setattr(ContinuousBatchScheduler, "_decode_item", staticmethod(wrong))
@@ -174,8 +189,13 @@ def _bundle_data(factory) -> dict:
 
     cfg = config.load(None, {"levels": [2], "isolation": False})
     sw = run_concurrency_sweep(SweepPlan([2], cfg.workload, cfg.budget), factory)
-    info = {"kind": "synthetic", "recipe_fingerprint": "x", "kv_bytes_per_token": 1536, "weight_bytes": 1,
-            "scratch_bytes_per_session": 1}
+    info = {
+        "kind": "synthetic",
+        "recipe_fingerprint": "x",
+        "kv_bytes_per_token": 1536,
+        "weight_bytes": 1,
+        "scratch_bytes_per_session": 1,
+    }
     data = results.build(cfg, sw, info, envinfo.environment(), "test")
     return json.loads(results.dumps(data))
 

@@ -121,7 +121,7 @@ def test_rope_rotates_adjacent_pairs_like_llama_cpp():
     out = llama.rope(x, np.array([3]), theta=10000.0)
     # pair i rotates by pos * theta^(-2i/hd): angle 3 for i=0, 3 * 10000^(-1/2) for i=1
     np.testing.assert_allclose(out[0, 0, :2], [np.cos(3.0), np.sin(3.0)], atol=1e-15)
-    a = 3.0 * 10000.0 ** -0.5
+    a = 3.0 * 10000.0**-0.5
     np.testing.assert_allclose(out[0, 0, 2:], [np.cos(a), np.sin(a)], atol=1e-15)
 
 

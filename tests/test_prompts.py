@@ -44,29 +44,75 @@ def test_text_lines_and_jsonl_give_the_same_ids(models, tmp_path):
 def test_a_model_without_a_vocabulary_is_refused_not_aborted(models, tmp_path):
     p = tmp_path / "p.txt"
     p.write_text("hello\n")
-    run_refused("sweep", "--engine", "gguf", "--model", models / "none.gguf", "--prompts", p, "--sessions", 1,
-                "--levels", 1, expect="has no tokenizer (vocabulary type none)")
+    run_refused(
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        models / "none.gguf",
+        "--prompts",
+        p,
+        "--sessions",
+        1,
+        "--levels",
+        1,
+        expect="has no tokenizer (vocabulary type none)",
+    )
 
 
-@pytest.mark.parametrize("content,expect", [
-    ("", "no prompts in it"),
-    ("one\n", "1 prompts for 2 sessions"),
-    ('{"prompt": "a"}\n{"text": "b"}\n', "line 2 is not a JSON object with a non-empty string 'prompt'"),
-])
+@pytest.mark.parametrize(
+    "content,expect",
+    [
+        ("", "no prompts in it"),
+        ("one\n", "1 prompts for 2 sessions"),
+        ('{"prompt": "a"}\n{"text": "b"}\n', "line 2 is not a JSON object with a non-empty string 'prompt'"),
+    ],
+)
 def test_bad_prompt_files_are_one_line(models, tmp_path, content, expect):
     p = tmp_path / "p.txt"
     p.write_text(content)
-    run_refused("sweep", "--engine", "gguf", "--model", models / "vocab.gguf", "--prompts", p, "--sessions", 2,
-                "--levels", 1, expect=expect)
+    run_refused(
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        models / "vocab.gguf",
+        "--prompts",
+        p,
+        "--sessions",
+        2,
+        "--levels",
+        1,
+        expect=expect,
+    )
 
 
 def test_a_prompts_bundle_reruns_and_a_changed_file_is_caught(models, tmp_path):
     p = tmp_path / "p.txt"
     p.write_text("hello world\nsecond prompt here\n")
     out = tmp_path / "b"
-    r = runner.invoke(app, ["sweep", "--engine", "gguf", "--model", str(models / "vocab.gguf"), "--threads", "1",
-                            "--prompts", str(p), "--sessions", "2", "--new-tokens", "3", "--levels", "1,2",
-                            "--out", str(out)])
+    r = runner.invoke(
+        app,
+        [
+            "sweep",
+            "--engine",
+            "gguf",
+            "--model",
+            str(models / "vocab.gguf"),
+            "--threads",
+            "1",
+            "--prompts",
+            str(p),
+            "--sessions",
+            "2",
+            "--new-tokens",
+            "3",
+            "--levels",
+            "1,2",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert runner.invoke(app, ["verify", str(out), "--rerun"]).exit_code == 0
     p.write_text("a different first prompt entirely\nsecond prompt here\n")

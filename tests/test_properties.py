@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from meshbench.scheduler.session import DoneReason, GenerationRequest
 
 settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("thorough", max_examples=1000, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 BPT = 1536
@@ -32,7 +31,8 @@ sessions_st = st.lists(
         st.integers(1, 6),  # new tokens
         st.integers(0, 6),  # arrival tick
     ),
-    min_size=1, max_size=8,
+    min_size=1,
+    max_size=8,
 )
 
 
@@ -66,8 +66,15 @@ def test_scheduler_invariants(sessions, active, batch_frac, queue, prefill, kv_t
     batch = max(1, round(active * batch_frac))
     kv_budget = kv_tokens * BPT
     e = f.engine(kv_bytes=kv_budget)
-    s = f.scheduler(e, kv_bytes=kv_budget, max_active_sessions=active, max_batch_size=batch,
-                    max_queue_depth=queue, max_prefill_tokens_per_tick=prefill, prefill_policy=policy)
+    s = f.scheduler(
+        e,
+        kv_bytes=kv_budget,
+        max_active_sessions=active,
+        max_batch_size=batch,
+        max_queue_depth=queue,
+        max_prefill_tokens_per_tick=prefill,
+        prefill_policy=policy,
+    )
     requests = [GenerationRequest(f"s{i}", p, n) for i, (p, n, _) in enumerate(sessions)]
     arrivals = {i: a for i, (_, _, a) in enumerate(sessions)}
     accepted = set()

@@ -19,22 +19,34 @@ BUNDLES = sorted(p for p in (ROOT / "evidence").iterdir() if (p / "results.json"
 
 def test_readme_is_short_and_links_the_docs():
     assert len(README.splitlines()) <= 200
-    for page in ("docs/concepts/determinism.md", "docs/evidence.md", "docs/reference/cli.md", "evidence/INDEX.md",
-                 "docs/architecture.md"):
+    for page in (
+        "docs/concepts/determinism.md",
+        "docs/evidence.md",
+        "docs/reference/cli.md",
+        "evidence/INDEX.md",
+        "docs/architecture.md",
+    ):
         assert page in README and (ROOT / page).is_file(), page
 
 
 def test_the_cli_reference_is_generated_from_the_app():
-    done = subprocess.run([sys.executable, "-m", "typer", "meshbench.cli", "utils", "docs", "--name", "meshbench"],
-                          capture_output=True, text=True, check=True, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "typer", "meshbench.cli", "utils", "docs", "--name", "meshbench"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
     assert (ROOT / "docs" / "reference" / "cli.md").read_text().rstrip() == done.stdout.rstrip(), (
         "docs/reference/cli.md is stale: python -m typer meshbench.cli utils docs --name meshbench "
-        "--output docs/reference/cli.md")
+        "--output docs/reference/cli.md"
+    )
 
 
 def test_the_evidence_index_is_the_bundles():
     assert (ROOT / "evidence" / "INDEX.md").read_text() == evidence_index.render(ROOT / "evidence"), (
-        "evidence/INDEX.md is stale: python -m meshbench.results.index evidence > evidence/INDEX.md")
+        "evidence/INDEX.md is stale: python -m meshbench.results.index evidence > evidence/INDEX.md"
+    )
 
 
 def test_readme_opens_with_the_two_setup_commands():

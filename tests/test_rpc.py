@@ -83,12 +83,28 @@ def _serving_pids() -> set[int]:
 
 def test_refusals(model, tmp_path):
     free = workers.free_port()
-    run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", "127.0.0.1", expect="is not HOST:PORT",
-                cwd_files=tmp_path)
-    run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", "127.0.0.1:70000",
-                expect="is not HOST:PORT")
-    run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", f"127.0.0.1:{free}",
-                expect=f"rpc worker 127.0.0.1:{free}: cannot connect")
+    run_refused(
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        model,
+        "--rpc",
+        "127.0.0.1",
+        expect="is not HOST:PORT",
+        cwd_files=tmp_path,
+    )
+    run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", "127.0.0.1:70000", expect="is not HOST:PORT")
+    run_refused(
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        model,
+        "--rpc",
+        f"127.0.0.1:{free}",
+        expect=f"rpc worker 127.0.0.1:{free}: cannot connect",
+    )
     run_refused("sweep", "--rpc", f"127.0.0.1:{free}", expect="need the gguf engine")
     run_refused("node", "serve", "--host", "0.0.0.0", expect="not a loopback address")
 
@@ -108,8 +124,16 @@ def test_something_that_is_not_an_rpc_worker_is_refused(model):
             conn.close()
 
         threading.Thread(target=answer_like_a_web_server, daemon=True).start()
-        run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", f"127.0.0.1:{port}",
-                    expect="not a llama.cpp RPC server")
+        run_refused(
+            "sweep",
+            "--engine",
+            "gguf",
+            "--model",
+            model,
+            "--rpc",
+            f"127.0.0.1:{port}",
+            expect="not a llama.cpp RPC server",
+        )
 
 
 def test_a_port_in_use_is_refused():
@@ -122,15 +146,26 @@ def test_a_port_in_use_is_refused():
 
 def test_rpc_on_a_build_without_rpc_says_how_to_rebuild(model, monkeypatch):
     monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)
-    line = run_refused("sweep", "--engine", "gguf", "--model", model, "--rpc", "127.0.0.1:50052",
-                       expect="built without RPC; rebuild it with: pip cache remove llama_cpp_python")
+    line = run_refused(
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        model,
+        "--rpc",
+        "127.0.0.1:50052",
+        expect="built without RPC; rebuild it with: pip cache remove llama_cpp_python",
+    )
     assert "-DGGML_RPC=on" in line
 
 
 def test_node_serve_exits_0_on_sigterm():
     port = workers.free_port()
-    p = subprocess.Popen([sys.executable, "-m", "meshbench.cli", "node", "serve", "--port", str(port),
-                          "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "meshbench.cli", "node", "serve", "--port", str(port), "--threads", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         workers._wait_ready(p, rpc.Endpoint("127.0.0.1", port))
         os.kill(p.pid, 15)
@@ -141,8 +176,24 @@ def test_node_serve_exits_0_on_sigterm():
 
 
 def test_bench_gguf_measures_local_against_workers(model):
-    r = runner.invoke(app, ["bench", "gguf", "--model", str(model), "--workers", "0,1", "--batches", "1,2",
-                            "--steps", "4", "--threads", "1", "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "gguf",
+            "--model",
+            str(model),
+            "--workers",
+            "0,1",
+            "--batches",
+            "1,2",
+            "--steps",
+            "4",
+            "--threads",
+            "1",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["worker_counts"] == [0, 1] and [row["batch"] for row in d["batches"]] == [1, 2]
@@ -154,29 +205,70 @@ def test_bench_gguf_measures_local_against_workers(model):
 
 
 def test_split_puts_the_given_share_of_layers_on_each_worker(model):
-    data = sweep_json("--engine", "gguf", "--model", model, "--levels", "1,4", "--workers", "2", "--split", "1,3",
-                      "--threads", "1", "--warmup", "0")
+    data = sweep_json(
+        "--engine",
+        "gguf",
+        "--model",
+        model,
+        "--levels",
+        "1,4",
+        "--workers",
+        "2",
+        "--split",
+        "1,3",
+        "--threads",
+        "1",
+        "--warmup",
+        "0",
+    )
     topo = data["engine"]["rpc"]
     first, second = topo["devices"]  # RPC device names count up within a process
     assert topo["split"] == [1.0, 3.0] and topo["layers"] == {first: [0], second: [1, 2, 3]}
     local = sweep_json("--engine", "gguf", "--model", model, "--levels", "1,4", "--threads", "1", "--warmup", "0")
     assert digests(data) == digests(local)
-    run_refused("sweep", "--engine", "gguf", "--model", model, "--workers", "2", "--split", "1,2,3",
-                expect="engine.split has 3 shares for 2 RPC workers")
+    run_refused(
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        model,
+        "--workers",
+        "2",
+        "--split",
+        "1,2,3",
+        expect="engine.split has 3 shares for 2 RPC workers",
+    )
 
 
 def test_admit_runs_on_spawned_workers_and_stops_them(model):
     before = _serving_pids()
-    r = runner.invoke(app, ["admit", "--engine", "gguf", "--model", str(model), "--workers", "1", "--burst", "3",
-                            "--json"])
+    r = runner.invoke(
+        app, ["admit", "--engine", "gguf", "--model", str(model), "--workers", "1", "--burst", "3", "--json"]
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["summary"] == {"ADMITTED": 3}
     assert _serving_pids() == before
 
 
 def test_bench_gguf_on_given_workers(model, two_workers):
-    r = runner.invoke(app, ["bench", "gguf", "--model", str(model), "--rpc", str(two_workers[0]), "--batches", "1",
-                            "--steps", "3", "--threads", "1", "--json"])
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "gguf",
+            "--model",
+            str(model),
+            "--rpc",
+            str(two_workers[0]),
+            "--batches",
+            "1",
+            "--steps",
+            "3",
+            "--threads",
+            "1",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["rpc"] == [str(two_workers[0])] and d["batches"][0]["raw_tokens_per_s"] > 0

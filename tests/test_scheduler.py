@@ -107,8 +107,15 @@ def test_weight_budget_is_reported_in_telemetry():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("kv_bytes", 0), ("scratch_bytes", -1), ("max_active_sessions", 0), ("max_batch_size", 0),
-     ("max_prefill_tokens_per_tick", 0), ("max_queue_depth", -1), ("max_batch_size", 9)],
+    [
+        ("kv_bytes", 0),
+        ("scratch_bytes", -1),
+        ("max_active_sessions", 0),
+        ("max_batch_size", 0),
+        ("max_prefill_tokens_per_tick", 0),
+        ("max_queue_depth", -1),
+        ("max_batch_size", 9),
+    ],
 )
 def test_invalid_budget_is_refused_naming_the_field(field, value):
     with pytest.raises(MeshbenchError, match=field):
@@ -267,10 +274,28 @@ def test_telemetry_reports_every_required_signal_with_deterministic_rates():
     s.run_to_completion()
     d = s.telemetry().to_dict()
     required = {
-        "active_sessions", "queue_depth", "batch_occupancy_last", "batch_occupancy_avg", "batch_occupancy_max",
-        "kv_bytes", "kv_budget_bytes", "kv_pressure", "scratch_bytes", "scratch_pressure", "weight_bytes",
-        "prefill_tokens", "decode_tokens", "prefill_tokens_per_s", "decode_tokens_per_s", "ticks",
-        "rejected_admissions", "rejected_by_reason", "cache_misses", "completed", "cancelled", "failed",
+        "active_sessions",
+        "queue_depth",
+        "batch_occupancy_last",
+        "batch_occupancy_avg",
+        "batch_occupancy_max",
+        "kv_bytes",
+        "kv_budget_bytes",
+        "kv_pressure",
+        "scratch_bytes",
+        "scratch_pressure",
+        "weight_bytes",
+        "prefill_tokens",
+        "decode_tokens",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "ticks",
+        "rejected_admissions",
+        "rejected_by_reason",
+        "cache_misses",
+        "completed",
+        "cancelled",
+        "failed",
     }
     assert required <= set(d)
     assert (d["prefill_tokens"], d["decode_tokens"], d["ticks"], d["completed"]) == (8, 4, 4, 2)
@@ -321,16 +346,19 @@ def _bare(**overrides):
     from meshbench.engine.base import EngineFigures
     from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 
-    return ContinuousBatchScheduler(EngineFigures(kv_bytes_per_token=BPT, weight_bytes=1, scratch_bytes_per_session=1),
-                                    f.budget(**overrides))
+    return ContinuousBatchScheduler(
+        EngineFigures(kv_bytes_per_token=BPT, weight_bytes=1, scratch_bytes_per_session=1), f.budget(**overrides)
+    )
 
 
 def _answer(plan, token=7):
     """What an engine would answer to ``plan``: a token per decode item and per prompt's last chunk."""
     from meshbench.engine.base import StepResult, TickResult
 
-    return TickResult([StepResult(it.session_id, token, 1.0) for it in plan.feed],
-                      [StepResult(c.session.session_id, token if c.last else None, 1.0) for c in plan.chunks])
+    return TickResult(
+        [StepResult(it.session_id, token, 1.0) for it in plan.feed],
+        [StepResult(c.session.session_id, token if c.last else None, 1.0) for c in plan.chunks],
+    )
 
 
 def test_the_scheduler_plans_a_tick_and_applies_an_answer_without_any_engine():

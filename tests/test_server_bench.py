@@ -25,17 +25,36 @@ def test_a_missing_or_unusable_server_binary_is_one_line(tmp_path):
     run_refused("bench", "server", "--llama-server", plain, expect="needs a gguf config")
 
 
-@pytest.mark.skipif(not os.environ.get("MESHBENCH_LLAMA_SERVER"), reason="no llama-server binary given "
-                    "($MESHBENCH_LLAMA_SERVER); README says how to build one from the llama-cpp-python sdist")
+@pytest.mark.skipif(
+    not os.environ.get("MESHBENCH_LLAMA_SERVER"),
+    reason="no llama-server binary given "
+    "($MESHBENCH_LLAMA_SERVER); README says how to build one from the llama-cpp-python sdist",
+)
 def test_llama_server_gives_meshbench_s_tokens(tmp_path):
     pytest.importorskip("llama_cpp")
     model = tmp_path / "bench.gguf"
     f.tiny_gguf(model, "q8_0", "bench")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"engine: {{kind: gguf, model: {model}, threads: 2}}\nworkload: {{sessions: 4, prompt_tokens: 8, "
-                   "new_tokens: 8}\nbudget: {max_prefill_tokens_per_tick: 16}\n")
-    r = runner.invoke(app, ["bench", "server", "--llama-server", os.environ["MESHBENCH_LLAMA_SERVER"], "--config",
-                            str(cfg), "--levels", "1,2", "--repeat", "1", "--json"])
+    cfg.write_text(
+        f"engine: {{kind: gguf, model: {model}, threads: 2}}\nworkload: {{sessions: 4, prompt_tokens: 8, "
+        "new_tokens: 8}\nbudget: {max_prefill_tokens_per_tick: 16}\n"
+    )
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "server",
+            "--llama-server",
+            os.environ["MESHBENCH_LLAMA_SERVER"],
+            "--config",
+            str(cfg),
+            "--levels",
+            "1,2",
+            "--repeat",
+            "1",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert [lv["tokens_identical"] for lv in res["levels"]] == [True, True]

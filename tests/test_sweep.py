@@ -17,8 +17,14 @@ def _sweep(levels=(1, 2, 4, 8), workload=None, engine_factory=None):
 def test_concurrency_sweep_reproduces_dgr012_exactly():
     sw = _sweep()
     table = [
-        (r["concurrency"], r["ticks"], round(r["avg_batch_occupancy"], 3), r["max_batch_occupancy"],
-         round(r["tokens_per_tick"], 3), r["peak_kv_bytes"])
+        (
+            r["concurrency"],
+            r["ticks"],
+            round(r["avg_batch_occupancy"], 3),
+            r["max_batch_occupancy"],
+            round(r["tokens_per_tick"], 3),
+            r["peak_kv_bytes"],
+        )
         for r in sw.levels
     ]
     assert table == [
@@ -37,8 +43,13 @@ def test_concurrency_sweep_reproduces_dgr012_exactly():
 
 
 def _tick(batch: int, prefill: int, decode: int, kv: int) -> dict:
-    return {"decode_batch": batch, "decode_sessions": [f"s{i}" for i in range(batch)], "prefill_tokens": prefill,
-            "decode_tokens": decode, "kv_bytes": kv}
+    return {
+        "decode_batch": batch,
+        "decode_sessions": [f"s{i}" for i in range(batch)],
+        "prefill_tokens": prefill,
+        "decode_tokens": decode,
+        "kv_bytes": kv,
+    }
 
 
 def test_summaries_against_hand_computed_figures():
@@ -53,9 +64,15 @@ def test_summaries_against_hand_computed_figures():
         "prefill_tokens": 9,
         "decode_tokens": 5,
     }
-    assert summarize_ticks([]) == {"ticks": 0, "avg_batch_occupancy": 0.0, "max_batch_occupancy": 0,
-                                   "tokens_per_tick": 0.0, "peak_kv_bytes": 0, "prefill_tokens": 0,
-                                   "decode_tokens": 0}
+    assert summarize_ticks([]) == {
+        "ticks": 0,
+        "avg_batch_occupancy": 0.0,
+        "max_batch_occupancy": 0,
+        "tokens_per_tick": 0.0,
+        "peak_kv_bytes": 0,
+        "prefill_tokens": 0,
+        "decode_tokens": 0,
+    }
 
 
 def test_concurrency_sweep_saturates_below_max_when_load_is_small():
@@ -95,8 +112,10 @@ def test_a_swapping_engine_is_reported_as_corruption_with_the_first_divergence()
                 self.batches += 1
                 if self.batches == 3:
                     i, j = ids.index("s0"), ids.index("s1")
-                    out[i], out[j] = (StepResult("s0", out[j].token, out[j].margin),
-                                      StepResult("s1", out[i].token, out[i].margin))
+                    out[i], out[j] = (
+                        StepResult("s0", out[j].token, out[j].margin),
+                        StepResult("s1", out[i].token, out[i].margin),
+                    )
             return out
 
     ref = _sweep(levels=(1,))

@@ -30,9 +30,15 @@ def _pct(values: Sequence[float], qs=(50, 95, 99)) -> dict:
 
 def session_ticks(level: dict) -> dict[str, dict]:
     """Per accepted session: arrival, admission (first prefillable tick) and token ticks."""
-    out = {e["session_id"]: {"arrival": e["tick"], "admit": e["tick"] if e["decision"] == "ADMITTED" else None,
-                             "tokens": []}
-           for e in level["submit_events"] if e["decision"] in ACCEPTED}
+    out = {
+        e["session_id"]: {
+            "arrival": e["tick"],
+            "admit": e["tick"] if e["decision"] == "ADMITTED" else None,
+            "tokens": [],
+        }
+        for e in level["submit_events"]
+        if e["decision"] in ACCEPTED
+    }
     for t in level["tick_records"]:  # ids that no event accepted are verify's to report, not counted here
         for sid in (*t["prefill_sessions"], *t["decode_sessions"]):
             if sid in out:
@@ -102,8 +108,11 @@ def wall_figures(level: dict, timing: Sequence[dict], wall_s: float, slo: dict) 
         ttft.append(first)
         gaps = len(s["token_ns"]) - 1
         tpot = (s["token_ns"][-1] - s["token_ns"][0]) / 1e6 / gaps if gaps else 0.0
-        if ended.get(s["session_id"]) == "COMPLETED" and (slo.get("ttft") is None or first <= slo["ttft"]) \
-                and (slo.get("tpot") is None or tpot <= slo["tpot"]):
+        if (
+            ended.get(s["session_id"]) == "COMPLETED"
+            and (slo.get("ttft") is None or first <= slo["ttft"])
+            and (slo.get("tpot") is None or tpot <= slo["tpot"])
+        ):
             good += 1
     decisions = Counter(e["decision"] for e in level["submit_events"])
 

@@ -32,8 +32,13 @@ class Checks:
 
 def _same(a, b) -> bool:
     if isinstance(a, float) or isinstance(b, float):
-        return (isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
-                and not isinstance(b, bool) and math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12))
+        return (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+            and math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+        )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return a == b

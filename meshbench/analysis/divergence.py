@@ -22,16 +22,22 @@ def classify(cfg: RunConfig, data: dict, run_sweep: Callable[[RunConfig], dict])
     """The divergence's class from the sweep's own isolation verdict, plus the oracle where it applies."""
     div, iso = data["first_divergence"], data["isolation"]
     margin = div.get("reference_margin")
-    where = (f"session {div['session_id']} token {div['token_index']} at level {div['concurrency']}, "
-             f"reference margin {margin if margin is None else f'{margin:.3g}'}")
+    where = (
+        f"session {div['session_id']} token {div['token_index']} at level {div['concurrency']}, "
+        f"reference margin {margin if margin is None else f'{margin:.3g}'}"
+    )
     if iso["holds"] is False:
-        base = (f"contamination between sessions: perturbation showed outputs depending on other sessions' "
-                f"content (see the levels' isolation verdicts); {where}")
+        base = (
+            f"contamination between sessions: perturbation showed outputs depending on other sessions' "
+            f"content (see the levels' isolation verdicts); {where}"
+        )
     elif iso["holds"] and iso["every_level"]:
         tie = " (a near-tie)" if margin is not None and margin < NEAR_TIE else ""
-        base = (f"engine batch variance (shape-dependent numerics): isolation proven by perturbation at every "
-                f"level, so the output depends on the batch's shape, never on the other sessions' content; "
-                f"{where}{tie}")
+        base = (
+            f"engine batch variance (shape-dependent numerics): isolation proven by perturbation at every "
+            f"level, so the output depends on the batch's shape, never on the other sessions' content; "
+            f"{where}{tie}"
+        )
     else:
         base = f"unclassified: isolation was not proven at every level; {where}"
     return f"{base}; numpy oracle: {_oracle(cfg, div, data, run_sweep)}"
@@ -41,12 +47,17 @@ def _oracle(cfg: RunConfig, div: dict, data: dict, run_sweep: Callable[[RunConfi
     """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
     arch = data["engine"].get("architecture")
     if arch != "llama" or cfg.workload.prompts is not None or cfg.workload.eos != "continue":
-        return (f"not applicable (it runs llama-architecture weights on synthetic prompts with eos continue; "
-                f"this is {arch!r}" + (", real prompts" if cfg.workload.prompts else "")
-                + (f", eos {cfg.workload.eos}" if cfg.workload.eos != "continue" else "") + ")")
+        return (
+            f"not applicable (it runs llama-architecture weights on synthetic prompts with eos continue; "
+            f"this is {arch!r}"
+            + (", real prompts" if cfg.workload.prompts else "")
+            + (f", eos {cfg.workload.eos}" if cfg.workload.eos != "continue" else "")
+            + ")"
+        )
     levels = sorted({div["reference_concurrency"], div["concurrency"]})
-    synthetic = dataclasses.replace(cfg, levels=tuple(levels), isolation=False,
-                                    engine=dataclasses.replace(cfg.engine, kind="synthetic"))
+    synthetic = dataclasses.replace(
+        cfg, levels=tuple(levels), isolation=False, engine=dataclasses.replace(cfg.engine, kind="synthetic")
+    )
     try:
         other = run_sweep(synthetic)
     except MeshbenchError as e:

@@ -28,9 +28,14 @@ from meshbench.workload import faults
 from meshbench.workload.faults import FaultKind
 
 CHECKS = ("ends once", "KV to zero", "untouched identical", "resubmitted identical", "accounting")
-EXPECTED_END = {FaultKind.CANCEL: ("CANCELLED",), FaultKind.EVICT: ("CACHE_MISS",), FaultKind.RAISE: ("FAILED",),
-                FaultKind.KILL_ENGINE: ("FAILED",), FaultKind.ABORT_ENGINE: ("FAILED",),
-                FaultKind.KILL_WORKER: ("FAILED",)}
+EXPECTED_END = {
+    FaultKind.CANCEL: ("CANCELLED",),
+    FaultKind.EVICT: ("CACHE_MISS",),
+    FaultKind.RAISE: ("FAILED",),
+    FaultKind.KILL_ENGINE: ("FAILED",),
+    FaultKind.ABORT_ENGINE: ("FAILED",),
+    FaultKind.KILL_WORKER: ("FAILED",),
+}
 
 
 def check_level(c: Checks, data: dict, lv: dict, at: str) -> None:
@@ -50,16 +55,21 @@ def verdicts(data: dict, lv: dict) -> dict[str, bool | None]:
     check_level(c, data, lv, "level")
     failed = {f.check for f in c.failures if f.check in CHECKS}
     named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
-    applies = {"untouched identical": any((s["session_id"], s["epoch"]) not in named | resubmitted
-                                          for s in lv["sessions"]),
-               "resubmitted identical": bool(resubmitted)}
+    applies = {
+        "untouched identical": any((s["session_id"], s["epoch"]) not in named | resubmitted for s in lv["sessions"]),
+        "resubmitted identical": bool(resubmitted),
+    }
     return {name: (name not in failed) if applies.get(name, True) else None for name in CHECKS}
 
 
 def _resubmitted(lv: dict) -> set[tuple[str, int]]:
     """(session, epoch) of every accepted resubmission."""
-    return {(r["session_id"], r["epoch"]) for loss in lv["engine_losses"] for r in loss["resubmitted"]
-            if r["decision"] in ACCEPTED}
+    return {
+        (r["session_id"], r["epoch"])
+        for loss in lv["engine_losses"]
+        for r in loss["resubmitted"]
+        if r["decision"] in ACCEPTED
+    }
 
 
 def _equal(c: Checks, at: str, check: str, what: str, expected, found) -> None:
@@ -77,8 +87,14 @@ def _ends_once(c: Checks, lv: dict, at: str) -> None:
             _equal(c, at, "ends once", f"{where} has a cause", True, bool(s["error"]))
     for sid, epochs in sorted(by_id.items()):
         _equal(c, at, "ends once", f"{sid} epochs", list(range(1, len(epochs) + 1)), sorted(epochs))
-    _equal(c, at, "ends once", "one event per fault, in the row's order", lv["faults"],
-           [e["fault"] for e in lv["fault_events"]])
+    _equal(
+        c,
+        at,
+        "ends once",
+        "one event per fault, in the row's order",
+        lv["faults"],
+        [e["fault"] for e in lv["fault_events"]],
+    )
     causes = {loss["cause"] for loss in lv["engine_losses"]}
     for e in lv["fault_events"]:
         kind = _kind(e)
@@ -104,16 +120,35 @@ def _event_end(c: Checks, lv: dict, at: str, e: dict, kind: FaultKind, named: di
     session's own record says, and as the fault's kind must end it."""
     end = named["end_tick"]
     if end is not None:
-        _equal(c, at, "ends once", f"{e['fault']} fired (tick {e['tick']}) before {named['session_id']} ended "
-                                   f"(tick {end})", True, e["tick"] is not None and e["tick"] <= end)
+        _equal(
+            c,
+            at,
+            "ends once",
+            f"{e['fault']} fired (tick {e['tick']}) before {named['session_id']} ended (tick {end})",
+            True,
+            e["tick"] is not None and e["tick"] <= end,
+        )
         t = next((t for t in lv["tick_records"] if t["tick"] == end), None)
-        _equal(c, at, "ends once", f"{e['fault']}: tick {end} records {named['session_id']} ending", True,
-               t is not None and named["session_id"] in (*t["ended"], *t["completed"]))
-    s = next((s for s in lv["sessions"] if (s["session_id"], s["epoch"]) == (named["session_id"], named["epoch"])),
-             None)
+        _equal(
+            c,
+            at,
+            "ends once",
+            f"{e['fault']}: tick {end} records {named['session_id']} ending",
+            True,
+            t is not None and named["session_id"] in (*t["ended"], *t["completed"]),
+        )
+    s = next(
+        (s for s in lv["sessions"] if (s["session_id"], s["epoch"]) == (named["session_id"], named["epoch"])), None
+    )
     found = None if s is None else {k: s[k] for k in ("done_reason", "end_tick", "error")}
-    _equal(c, at, "ends once", f"{e['fault']} names {named['session_id']}#{named['epoch']}",
-           {k: named[k] for k in ("done_reason", "end_tick", "error")}, found)
+    _equal(
+        c,
+        at,
+        "ends once",
+        f"{e['fault']} names {named['session_id']}#{named['epoch']}",
+        {k: named[k] for k in ("done_reason", "end_tick", "error")},
+        found,
+    )
     _equal(c, at, "ends once", f"{e['fault']} ended it as", True, named["done_reason"] in EXPECTED_END.get(kind, ()))
 
 
@@ -123,8 +158,7 @@ def _kv_to_zero(c: Checks, data: dict, lv: dict, at: str) -> None:
     for t in lv["tick_records"]:
         held = t["stored_tokens"] * per_token
         ok = t["kv_bytes"] <= held if evicted else t["kv_bytes"] == held
-        _equal(c, at, "KV to zero", f"tick {t['tick']} kv_bytes vs stored_tokens x {per_token}",
-                True, ok)
+        _equal(c, at, "KV to zero", f"tick {t['tick']} kv_bytes vs stored_tokens x {per_token}", True, ok)
     last = lv["tick_records"][-1]["kv_bytes"] if lv["tick_records"] else 0
     _equal(c, at, "KV to zero", "kv_bytes at the end", 0, last)
 
@@ -138,24 +172,35 @@ def _identical(c: Checks, lv: dict, at: str, reference: dict[str, list[int]]) ->
         check = "resubmitted identical" if key in resubmitted else "untouched identical"
         where = f"{s['session_id']}#{s['epoch']}"
         _equal(c, at, check, f"{where} done_reason", "COMPLETED", s["done_reason"])
-        _equal(c, at, check, f"{where} tokens = the reference's", True,
-                s["tokens"] == reference.get(s["session_id"]))
+        _equal(c, at, check, f"{where} tokens = the reference's", True, s["tokens"] == reference.get(s["session_id"]))
     for key in sorted(resubmitted):  # each resubmission ran: its session is in the level's records
-        _equal(c, at, "resubmitted identical", f"{key[0]}#{key[1]} recorded", True,
-                any((s["session_id"], s["epoch"]) == key for s in lv["sessions"]))
+        _equal(
+            c,
+            at,
+            "resubmitted identical",
+            f"{key[0]}#{key[1]} recorded",
+            True,
+            any((s["session_id"], s["epoch"]) == key for s in lv["sessions"]),
+        )
 
 
 def _accounting(c: Checks, lv: dict, at: str) -> None:
     ends = Counter(s["done_reason"] for s in lv["sessions"])
     resubmissions = [r for loss in lv["engine_losses"] for r in loss["resubmitted"]]
-    refused = (sum(e["decision"] not in ACCEPTED for e in lv["submit_events"])
-               + sum(r["decision"] not in ACCEPTED for r in resubmissions))
-    raw = {"completed": ends["COMPLETED"], "cancelled": ends["CANCELLED"], "failed": ends["FAILED"],
-           "cache_misses": ends["CACHE_MISS"], "rejected_admissions": refused,
-           "engine_losses": len(lv["engine_losses"]), "resubmitted": len(resubmissions)}
+    refused = sum(e["decision"] not in ACCEPTED for e in lv["submit_events"]) + sum(
+        r["decision"] not in ACCEPTED for r in resubmissions
+    )
+    raw = {
+        "completed": ends["COMPLETED"],
+        "cancelled": ends["CANCELLED"],
+        "failed": ends["FAILED"],
+        "cache_misses": ends["CACHE_MISS"],
+        "rejected_admissions": refused,
+        "engine_losses": len(lv["engine_losses"]),
+        "resubmitted": len(resubmissions),
+    }
     for k, v in raw.items():
         _equal(c, at, "accounting", f"counts.{k} (the scheduler's) = the records'", v, lv["counts"][k])
     offered = len(lv["submit_events"]) + len(resubmissions)
     closed = raw["completed"] + raw["cancelled"] + raw["failed"] + raw["cache_misses"] + refused
-    _equal(c, at, "accounting", "offered (arrivals + resubmissions) = every end + every refusal",
-            offered, closed)
+    _equal(c, at, "accounting", "offered (arrivals + resubmissions) = every end + every refusal", offered, closed)

@@ -17,8 +17,15 @@ from meshbench.analysis import stats
 SATURATION_MARGIN = 0.05  # occupancy must rise by more than 5% to count as still rising
 
 # The per-level figures summarize_ticks returns: deterministic, compared exactly by --rerun.
-TICK_FIGURES = ("ticks", "avg_batch_occupancy", "max_batch_occupancy", "tokens_per_tick", "peak_kv_bytes",
-                "prefill_tokens", "decode_tokens")
+TICK_FIGURES = (
+    "ticks",
+    "avg_batch_occupancy",
+    "max_batch_occupancy",
+    "tokens_per_tick",
+    "peak_kv_bytes",
+    "prefill_tokens",
+    "decode_tokens",
+)
 
 
 def summarize_ticks(ticks: Sequence[dict]) -> dict:
@@ -72,13 +79,19 @@ def wall_figures(sessions: Sequence[dict], ticks: Sequence[dict], wall_s: float)
         "decode_tokens_per_s": decode / (decode_ns / 1e9) if decode_ns > 0 else 0.0,
         "prefill_tokens_per_s": prefill / (prefill_ns / 1e9) if prefill_ns > 0 else 0.0,
         "ttft_ms": percentiles([(s["token_ns"][0] - s["submit_ns"]) / 1e6 for s in timed]),
-        "queue_ms": percentiles([(s["admit_ns"] - s["submit_ns"]) / 1e6 for s in sessions
-                                 if s["admit_ns"] is not None]),
+        "queue_ms": percentiles(
+            [(s["admit_ns"] - s["submit_ns"]) / 1e6 for s in sessions if s["admit_ns"] is not None]
+        ),
         "e2e_ms": percentiles([(s["token_ns"][-1] - s["submit_ns"]) / 1e6 for s in timed]),
         "itl_ms": percentiles([(b - a) / 1e6 for s in timed for a, b in zip(s["token_ns"], s["token_ns"][1:])]),
         # TPOT, vLLM's definition: a session's mean gap between its tokens after the first.
-        "tpot_ms": percentiles([(s["token_ns"][-1] - s["token_ns"][0]) / 1e6 / (len(s["token_ns"]) - 1)
-                                for s in timed if len(s["token_ns"]) > 1]),
+        "tpot_ms": percentiles(
+            [
+                (s["token_ns"][-1] - s["token_ns"][0]) / 1e6 / (len(s["token_ns"]) - 1)
+                for s in timed
+                if len(s["token_ns"]) > 1
+            ]
+        ),
         "scheduler_share": (tick_ns - decode_ns - prefill_ns) / tick_ns if tick_ns > 0 else 0.0,
     }
 
@@ -121,9 +134,12 @@ def first_divergence(reference: dict, other: dict) -> dict | None:
         for i, (a, b) in enumerate(zip(r["tokens"], s["tokens"])):
             if a != b:
                 return {
-                    "session_id": s["session_id"], "token_index": i,
-                    "reference_concurrency": reference["concurrency"], "concurrency": other["concurrency"],
-                    "reference_token": a, "token": b,
+                    "session_id": s["session_id"],
+                    "token_index": i,
+                    "reference_concurrency": reference["concurrency"],
+                    "concurrency": other["concurrency"],
+                    "reference_token": a,
+                    "token": b,
                     "reference_margin": r["margins"][i] if i < len(r["margins"]) else None,
                 }
     return None
@@ -153,8 +169,10 @@ def unfinished_sessions(levels: Sequence[dict]) -> int:
     count = 0
     for lv in levels:
         named = fault_named(lv)
-        count += sum(s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named
-                     for s in lv["sessions"])
+        count += sum(
+            s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named
+            for s in lv["sessions"]
+        )
     return count
 
 

@@ -31,10 +31,12 @@ import numpy as np
 from meshbench.analysis.figures import deterministic_ticks
 from meshbench.scheduler.session import GenerationRequest
 
-METHOD = ("perturbation: the level rerun with the prompt content of chosen sessions replaced (same lengths, "
-          "so the same schedule, checked tick by tick); every other session's tokens and margins compared bit "
-          "for bit; perturbed sets form a separating family (every ordered pair (i, j) has a pass perturbing j "
-          "and not i); a changed session is confirmed against each suspect alone")
+METHOD = (
+    "perturbation: the level rerun with the prompt content of chosen sessions replaced (same lengths, "
+    "so the same schedule, checked tick by tick); every other session's tokens and margins compared bit "
+    "for bit; perturbed sets form a separating family (every ordered pair (i, j) has a pass perturbing j "
+    "and not i); a changed session is confirmed against each suspect alone"
+)
 MAX_CONFIRMATIONS = 16  # single-suspect passes per level at most
 
 
@@ -67,8 +69,13 @@ def perturb(prompt: Sequence[int], vocab_size: int, seed: int, index: int) -> tu
     return tuple(int((t + o) % vocab_size) for t, o in zip(prompt, offsets))
 
 
-def requests_for(requests: Sequence[GenerationRequest], perturbed: Sequence[str], baseline: dict[str, dict],
-                 vocab_size: int, seed: int) -> list[GenerationRequest]:
+def requests_for(
+    requests: Sequence[GenerationRequest],
+    perturbed: Sequence[str],
+    baseline: dict[str, dict],
+    vocab_size: int,
+    seed: int,
+) -> list[GenerationRequest]:
     """The pass's requests: perturbed sessions with other prompt content, pinned to their baseline length."""
     out = []
     for k, r in enumerate(requests):
@@ -92,17 +99,25 @@ def digest(value) -> str:
 def pass_record(perturbed: Sequence[str], ticks: Sequence[dict], sessions: Sequence[dict], confirm: bool) -> dict:
     """One perturbation pass as results.json holds it: whom it perturbed, its schedule's digest, and each
     session's token and margin digests."""
-    return {"perturbed": list(perturbed), "confirm": confirm, "schedule_digest": digest(schedule_view(ticks)),
-            "sessions": [{"session_id": s["session_id"], "digest": s["digest"], "margins_digest": digest(s["margins"])}
-                         for s in sessions]}
+    return {
+        "perturbed": list(perturbed),
+        "confirm": confirm,
+        "schedule_digest": digest(schedule_view(ticks)),
+        "sessions": [
+            {"session_id": s["session_id"], "digest": s["digest"], "margins_digest": digest(s["margins"])}
+            for s in sessions
+        ],
+    }
 
 
 def changed(level: dict, p: dict) -> list[str]:
     """Sessions the pass did not perturb whose tokens or margins differ from the level's."""
     base = {s["session_id"]: (s["digest"], digest(s["margins"])) for s in level["sessions"]}
-    return sorted(s["session_id"] for s in p["sessions"]
-                  if s["session_id"] not in p["perturbed"]
-                  and base.get(s["session_id"]) != (s["digest"], s["margins_digest"]))
+    return sorted(
+        s["session_id"]
+        for s in p["sessions"]
+        if s["session_id"] not in p["perturbed"] and base.get(s["session_id"]) != (s["digest"], s["margins_digest"])
+    )
 
 
 def suspects(victim: str, family: Sequence[dict], changed_in: Sequence[list[str]], ids: Sequence[str]) -> list[str]:
@@ -125,8 +140,10 @@ def run_level(run, requests: Sequence[GenerationRequest], baseline, vocab_size: 
 
     family = [one(sets, False) for sets in perturbed_sets(ids)]
     changed_in = [changed(level, p) for p in family]
-    wanted = sorted({(v, j) for c in changed_in for v in c for j in suspects(v, family, changed_in, ids)},
-                    key=lambda x: (x[1], x[0]))
+    wanted = sorted(
+        {(v, j) for c in changed_in for v in c for j in suspects(v, family, changed_in, ids)},
+        key=lambda x: (x[1], x[0]),
+    )
     culprits = list(dict.fromkeys(j for _, j in wanted))[:MAX_CONFIRMATIONS]
     return {"sessions": ids, "passes": family + [one([j], True) for j in culprits], "reason": None}
 
@@ -135,20 +152,35 @@ def verdict(level: dict) -> dict:
     """The level's isolation verdict, recomputed from its records (what the sweep writes and verify checks)."""
     iso = level["isolation"]
     if iso["passes"] is None:
-        return {"ran": False, "holds": None, "schedule_changed": [], "changed": [], "leaks": [], "separating": None,
-                "family_passes": 0, "confirmations": 0, "suspects": {}, "reason": iso["reason"]}
+        return {
+            "ran": False,
+            "holds": None,
+            "schedule_changed": [],
+            "changed": [],
+            "leaks": [],
+            "separating": None,
+            "family_passes": 0,
+            "confirmations": 0,
+            "suspects": {},
+            "reason": iso["reason"],
+        }
     base = digest(schedule_view(level["tick_records"]))
     passes = iso["passes"]
     schedule = [k for k, p in enumerate(passes) if p["schedule_digest"] != base]
     changed_in = [changed(level, p) for p in passes]
-    leaks = sorted({(victim, p["perturbed"][0]) for p, c in zip(passes, changed_in) if p["confirm"]
-                    for victim in c})
+    leaks = sorted({(victim, p["perturbed"][0]) for p, c in zip(passes, changed_in) if p["confirm"] for victim in c})
     victims = sorted({v for c in changed_in for v in c})
     ids = iso["sessions"]  # every arrival, served or refused
     family = [p for p in passes if not p["confirm"]]
-    return {"ran": True, "holds": not schedule and not victims,
-            "schedule_changed": schedule, "changed": victims,
-            "leaks": [list(x) for x in leaks], "separating": separates(ids, [p["perturbed"] for p in family]),
-            "family_passes": len(family), "confirmations": len(passes) - len(family),
-            "suspects": {v: suspects(v, family, [changed(level, p) for p in family], ids) for v in victims},
-            "reason": None}
+    return {
+        "ran": True,
+        "holds": not schedule and not victims,
+        "schedule_changed": schedule,
+        "changed": victims,
+        "leaks": [list(x) for x in leaks],
+        "separating": separates(ids, [p["perturbed"] for p in family]),
+        "family_passes": len(family),
+        "confirmations": len(passes) - len(family),
+        "suspects": {v: suspects(v, family, [changed(level, p) for p in family], ids) for v in victims},
+        "reason": None,
+    }

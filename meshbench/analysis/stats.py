@@ -26,8 +26,15 @@ def summary(values: Sequence[float]) -> dict:
     """Median, min, max and (n >= 5) the order-statistics confidence interval of the median."""
     a = np.sort(np.asarray(values, dtype=np.float64))  # (n,)
     n = int(a.size)
-    out = {"n": n, "median": float(np.median(a)), "min": float(a[0]), "max": float(a[-1]),
-           "ci_low": None, "ci_high": None, "ci_level": None}
+    out = {
+        "n": n,
+        "median": float(np.median(a)),
+        "min": float(a[0]),
+        "max": float(a[-1]),
+        "ci_low": None,
+        "ci_high": None,
+        "ci_level": None,
+    }
     if n >= MIN_STRONG:
         k, level = median_ci_rank(n)
         out.update(ci_low=float(a[k - 1]), ci_high=float(a[n - k]), ci_level=level)
@@ -64,12 +71,16 @@ class Verdict:
     reason: str
 
     def to_dict(self) -> dict:
-        return {"verdict": self.verdict, "strong": self.strong, "change": self.change, "p_value": self.p_value,
-                "reason": self.reason}
+        return {
+            "verdict": self.verdict,
+            "strong": self.strong,
+            "change": self.change,
+            "p_value": self.p_value,
+            "reason": self.reason,
+        }
 
 
-def judge(baseline: Sequence[float], candidate: Sequence[float], higher_is_better: bool,
-          tolerance: float) -> Verdict:
+def judge(baseline: Sequence[float], candidate: Sequence[float], higher_is_better: bool, tolerance: float) -> Verdict:
     """A change counts only when it exceeds ``tolerance`` AND the samples tell the two runs apart."""
     base, cand = float(np.median(baseline)), float(np.median(candidate))
     # Relative change; from a zero baseline any change counts as +-100% (JSON has no infinity).
@@ -80,11 +91,17 @@ def judge(baseline: Sequence[float], candidate: Sequence[float], higher_is_bette
     if abs(change) <= tolerance:
         return Verdict("unchanged", strong, change, None, f"within the {tolerance:.0%} tolerance")
     if not strong:
-        return Verdict(direction, False, change, None,
-                       f"beyond the {tolerance:.0%} tolerance, but fewer than {MIN_STRONG} repetitions on a side: "
-                       "a weak verdict that does not gate")
+        return Verdict(
+            direction,
+            False,
+            change,
+            None,
+            f"beyond the {tolerance:.0%} tolerance, but fewer than {MIN_STRONG} repetitions on a side: "
+            "a weak verdict that does not gate",
+        )
     p = rank_test_p(baseline, candidate)
     if p < ALPHA:
         return Verdict(direction, True, change, p, f"beyond the tolerance and the rank test says p = {p:.4f}")
-    return Verdict("unchanged", True, change, p,
-                   f"beyond the tolerance, but the spread cannot tell the runs apart (p = {p:.4f})")
+    return Verdict(
+        "unchanged", True, change, p, f"beyond the tolerance, but the spread cannot tell the runs apart (p = {p:.4f})"
+    )

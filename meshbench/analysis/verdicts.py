@@ -40,6 +40,10 @@ def sweep_verdicts(levels: Sequence[dict], reference: dict | None) -> dict:
         "corruption_free": isolated and unfinished == 0 and (every_level or divergence is None),
         "batch_invariant": divergence is None,
         "first_divergence": divergence,
-        "isolation": {"method": isolation.METHOD, "levels_run": len(ran), "every_level": every_level,
-                      "holds": isolated if ran else None},
+        "isolation": {
+            "method": isolation.METHOD,
+            "levels_run": len(ran),
+            "every_level": every_level,
+            "holds": isolated if ran else None,
+        },
     }

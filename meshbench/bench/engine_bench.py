@@ -57,8 +57,14 @@ def peak_gflop_s(dtype, n: int = 2048, repeats: int = 3) -> float:
     return 2 * n**3 / best  # FLOP per ns == GFLOP/s
 
 
-def run(preset: str, batches: list[int], context: int, repeats: int, seed: int,
-        progress: Callable[[str], None] = lambda msg: None) -> dict:
+def run(
+    preset: str,
+    batches: list[int],
+    context: int,
+    repeats: int,
+    seed: int,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
     cfg = get_preset(preset)
     if context + repeats + 2 > cfg.context_length:
         raise MeshbenchError(f"--context {context}: exceeds the preset's context_length {cfg.context_length}")
@@ -74,29 +80,46 @@ def run(preset: str, batches: list[int], context: int, repeats: int, seed: int,
     rows = []
     for b in batches:
         progress(f"batch {b}")
-        slots = []
-        for i in range(b):
-            s = kv.open(f"b{b}s{i}", 0, cfg.context_length)
-            s.k[:, :context] = rng.standard_normal(s.k[:, :context].shape).astype(cfg.np_dtype)
-            s.v[:, :context] = rng.standard_normal(s.v[:, :context].shape).astype(cfg.np_dtype)
-            s.length = context  # a warm cache: timing depends on its length, not its contents
-            slots.append(s)
-        tokens = [int(t) for t in rng.integers(0, cfg.vocab_size, b)]
-        step_ms = _median_ms(lambda: llama.decode(cfg, w, slots, tokens), repeats)
-        loop_ms = _median_ms(lambda: [llama.decode(cfg, w, [s], [t]) for s, t in zip(slots, tokens)], repeats)
-        for i in range(b):
-            kv.release(f"b{b}s{i}")
-        floor_ms = max(weight_bytes / bandwidth, b * flops / peak) / 1e6
-        tps = b / (step_ms / 1e3)
-        rows.append({
-            "batch": b, "step_ms": step_ms, "tokens_per_s": tps, "loop_step_ms": loop_ms,
-            "loop_tokens_per_s": b / (loop_ms / 1e3), "floor_ms": floor_ms, "step_over_floor": step_ms / floor_ms,
-        })
+        rows.append(_batch_row(cfg, w, kv, rng, b, context, repeats, max(weight_bytes / bandwidth, b * flops / peak)))
     one = next((r for r in rows if r["batch"] == 1), rows[0])
     for r in rows:
         r["speedup_vs_batch1"] = r["tokens_per_s"] / one["tokens_per_s"]
     return {
-        "preset": preset, "params": cfg.n_params, "dtype": cfg.dtype, "weight_bytes": weight_bytes,
-        "decode_flops_per_token": flops, "context": context, "repeats": repeats,
-        "threads": os.cpu_count(), "bandwidth_gb_s": bandwidth, "peak_gflop_s": peak, "batches": rows,
+        "preset": preset,
+        "params": cfg.n_params,
+        "dtype": cfg.dtype,
+        "weight_bytes": weight_bytes,
+        "decode_flops_per_token": flops,
+        "context": context,
+        "repeats": repeats,
+        "threads": os.cpu_count(),
+        "bandwidth_gb_s": bandwidth,
+        "peak_gflop_s": peak,
+        "batches": rows,
+    }
+
+
+def _batch_row(cfg, w, kv: HotKvStateManager, rng, b: int, context: int, repeats: int, floor_ns: float) -> dict:
+    """One batch size: a decode step of ``b`` warm sessions batched, and the same ``b`` one at a time."""
+    slots = []
+    for i in range(b):
+        s = kv.open(f"b{b}s{i}", 0, cfg.context_length)
+        s.k[:, :context] = rng.standard_normal(s.k[:, :context].shape).astype(cfg.np_dtype)
+        s.v[:, :context] = rng.standard_normal(s.v[:, :context].shape).astype(cfg.np_dtype)
+        s.length = context  # a warm cache: timing depends on its length, not its contents
+        slots.append(s)
+    tokens = [int(t) for t in rng.integers(0, cfg.vocab_size, b)]
+    step_ms = _median_ms(lambda: llama.decode(cfg, w, slots, tokens), repeats)
+    loop_ms = _median_ms(lambda: [llama.decode(cfg, w, [s], [t]) for s, t in zip(slots, tokens)], repeats)
+    for i in range(b):
+        kv.release(f"b{b}s{i}")
+    floor_ms = floor_ns / 1e6
+    return {
+        "batch": b,
+        "step_ms": step_ms,
+        "tokens_per_s": b / (step_ms / 1e3),
+        "loop_step_ms": loop_ms,
+        "loop_tokens_per_s": b / (loop_ms / 1e3),
+        "floor_ms": floor_ms,
+        "step_over_floor": step_ms / floor_ms,
     }

@@ -51,18 +51,26 @@ def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: in
         for s in range(b):
             batch.token[s], batch.pos[s] = last[s], prompt + step
         assert lib.llama_decode(ctx, batch) == 0
-        last = [int(np.argmax(np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, s), (model.vocab_size,))))
-                for s in range(b)]
+        last = [
+            int(np.argmax(np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, s), (model.vocab_size,))))
+            for s in range(b)
+        ]
         times.append(time.perf_counter_ns() - t0)
     e.close()
     return times[1:]  # the first step is a warm-up
 
 
-def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None,
-                      seed: int) -> list[int]:
+def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None, seed: int) -> list[int]:
     e = GgufEngine(model, b, prompt + steps + 4, threads, max_prompt=prompt)
-    budget = NodeBudget(weight_bytes=1 << 40, kv_bytes=1 << 40, scratch_bytes=1 << 40, max_active_sessions=b,
-                        max_queue_depth=0, max_batch_size=b, max_prefill_tokens_per_tick=prompt)
+    budget = NodeBudget(
+        weight_bytes=1 << 40,
+        kv_bytes=1 << 40,
+        scratch_bytes=1 << 40,
+        max_active_sessions=b,
+        max_queue_depth=0,
+        max_batch_size=b,
+        max_prefill_tokens_per_tick=prompt,
+    )
     sched = NodeDriver(e, budget)
     for i, p in enumerate(_prompts(b, prompt, model.vocab_size, seed)):
         sched.submit(GenerationRequest(f"s{i}", tuple(p), steps + 2))
@@ -75,8 +83,16 @@ def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threa
     return timed[1:]  # the first full-batch tick is the warm-up, as on the raw side
 
 
-def run(model_path: Path, batches: list[int], prompt: int, steps: int, threads: int | None, seed: int,
-        progress: Callable[[str], None] = lambda msg: None, endpoints=()) -> dict:
+def run(
+    model_path: Path,
+    batches: list[int],
+    prompt: int,
+    steps: int,
+    threads: int | None,
+    seed: int,
+    progress: Callable[[str], None] = lambda msg: None,
+    endpoints=(),
+) -> dict:
     model = LoadedModel(model_path, "cpu", False, endpoints)
     check_context(prompt + steps + 4, model.n_ctx_train)
     rows = []
@@ -89,19 +105,42 @@ def run(model_path: Path, batches: list[int], prompt: int, steps: int, threads: 
                 fn = raw_step_ns if out is raw else scheduler_step_ns
                 out += fn(model, b, prompt, steps, threads, seed)
         raw_ms, sch_ms = float(np.median(raw)) / 1e6, float(np.median(sch)) / 1e6
-        rows.append({"batch": b, "scheduler_tokens_per_s": b / sch_ms * 1e3, "raw_tokens_per_s": b / raw_ms * 1e3,
-                     "ratio": raw_ms / sch_ms, "raw_step_ms": raw_ms, "scheduler_step_ms": sch_ms,
-                     "samples": len(raw)})
-    info = {"model": str(model_path), "model_sha256": model.sha256, "weight_bytes": model.weight_bytes,
-            "prompt_tokens": prompt, "steps": steps, "threads": threads,
-            "rpc": [str(e) for e in endpoints] or None, "batches": rows}
+        rows.append(
+            {
+                "batch": b,
+                "scheduler_tokens_per_s": b / sch_ms * 1e3,
+                "raw_tokens_per_s": b / raw_ms * 1e3,
+                "ratio": raw_ms / sch_ms,
+                "raw_step_ms": raw_ms,
+                "scheduler_step_ms": sch_ms,
+                "samples": len(raw),
+            }
+        )
+    info = {
+        "model": str(model_path),
+        "model_sha256": model.sha256,
+        "weight_bytes": model.weight_bytes,
+        "prompt_tokens": prompt,
+        "steps": steps,
+        "threads": threads,
+        "rpc": [str(e) for e in endpoints] or None,
+        "batches": rows,
+    }
     model.close()
     return info
 
 
-def run_workers(model_path: Path, worker_counts: list[int], batches: list[int], prompt: int, steps: int,
-                threads: int | None, seed: int, rounds: int = 2,
-                progress: Callable[[str], None] = lambda msg: None) -> dict:
+def run_workers(
+    model_path: Path,
+    worker_counts: list[int],
+    batches: list[int],
+    prompt: int,
+    steps: int,
+    threads: int | None,
+    seed: int,
+    rounds: int = 2,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
     """Decode tokens/s through the scheduler with the layers local (0) or on 1, 2, ... spawned RPC workers.
 
     Rounds alternate the worker counts (0, 1, 2, then 2, 1, 0, ...) so drift hits each alike; each
@@ -109,7 +148,7 @@ def run_workers(model_path: Path, worker_counts: list[int], batches: list[int], 
     """
     samples: dict[int, dict[int, list[int]]] = {w: {b: [] for b in batches} for w in worker_counts}
     for r in range(rounds):
-        for w in (worker_counts if r % 2 == 0 else list(reversed(worker_counts))):
+        for w in worker_counts if r % 2 == 0 else list(reversed(worker_counts)):
             progress(f"round {r + 1}: {w} worker(s)")
             with workers.spawned(w, threads) as pool:
                 model = LoadedModel(model_path, "cpu", False, pool.endpoints)
@@ -126,5 +165,12 @@ def run_workers(model_path: Path, worker_counts: list[int], batches: list[int], 
             ms = float(np.median(samples[w][b])) / 1e6
             row[f"workers_{w}"] = {"tokens_per_s": b / ms * 1e3, "step_ms": ms, "samples": len(samples[w][b])}
         rows.append(row)
-    return {"model": str(model_path), "prompt_tokens": prompt, "steps": steps, "threads": threads,
-            "rounds": rounds, "worker_counts": worker_counts, "batches": rows}
+    return {
+        "model": str(model_path),
+        "prompt_tokens": prompt,
+        "steps": steps,
+        "threads": threads,
+        "rounds": rounds,
+        "worker_counts": worker_counts,
+        "batches": rows,
+    }

@@ -27,39 +27,79 @@ import numpy as np
 from meshbench.engine.process.proxy import child_environment
 
 BATCHES = (1, 2, 4, 6, 7, 8, 12, 16, 24, 32, 48, 64)
-CONTEXTS = (("default", {}), ("flash_attn", {"flash_attn": True}), ("kv_unified", {"kv_unified": True}),
-            ("flash_attn+kv_unified", {"flash_attn": True, "kv_unified": True}))
+CONTEXTS = (
+    ("default", {}),
+    ("flash_attn", {"flash_attn": True}),
+    ("kv_unified", {"kv_unified": True}),
+    ("flash_attn+kv_unified", {"flash_attn": True, "kv_unified": True}),
+)
 # (repack, tiled_mm) groups, each in its own process; the contexts above run in each of the first two,
 # the tiled switch with the default context only.
-GROUPS = ((False, "auto", [c for c, _ in CONTEXTS]), (True, "auto", [c for c, _ in CONTEXTS]),
-          (False, "off", ["default"]), (False, "force", ["default"]))
+GROUPS = (
+    (False, "auto", [c for c, _ in CONTEXTS]),
+    (True, "auto", [c for c, _ in CONTEXTS]),
+    (False, "off", ["default"]),
+    (False, "force", ["default"]),
+)
 CHILD_TIMEOUT_S = 3600
 
 
-def run(model_path: Path, batches: Sequence[int], steps: int, threads: int | None, seed: int,
-        progress: Callable[[str], None] = lambda msg: None) -> dict:
+def run(
+    model_path: Path,
+    batches: Sequence[int],
+    steps: int,
+    threads: int | None,
+    seed: int,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
     recipes = []
     for repack, tiled, contexts in GROUPS:
         progress(f"repack {'on' if repack else 'off'}, tiled_mm {tiled}: {', '.join(contexts)}")
         recipes += _group(model_path, repack, tiled, contexts, batches, steps, threads, seed)
-    return {"model": str(model_path), "batches": list(batches), "steps": steps, "threads": threads, "seed": seed,
-            "recipes": recipes}
+    return {
+        "model": str(model_path),
+        "batches": list(batches),
+        "steps": steps,
+        "threads": threads,
+        "seed": seed,
+        "recipes": recipes,
+    }
 
 
 def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -> list[dict]:
-    args = json.dumps({"model": str(model_path), "repack": repack, "tiled_mm": tiled, "contexts": contexts,
-                       "batches": list(batches), "steps": steps, "threads": threads, "seed": seed})
+    args = json.dumps(
+        {
+            "model": str(model_path),
+            "repack": repack,
+            "tiled_mm": tiled,
+            "contexts": contexts,
+            "batches": list(batches),
+            "steps": steps,
+            "threads": threads,
+            "seed": seed,
+        }
+    )
     try:
-        done = subprocess.run([sys.executable, "-m", "meshbench.bench.invariance", args], capture_output=True,
-                              text=True, env=child_environment(tiled), stdin=subprocess.DEVNULL,
-                              timeout=CHILD_TIMEOUT_S)
+        done = subprocess.run(
+            [sys.executable, "-m", "meshbench.bench.invariance", args],
+            capture_output=True,
+            text=True,
+            env=child_environment(tiled),
+            stdin=subprocess.DEVNULL,
+            timeout=CHILD_TIMEOUT_S,
+        )
         code, text = done.returncode, done.stdout
     except subprocess.TimeoutExpired:
         code, text = None, ""
     if code == 0:
         return json.loads(text)
-    why = (f"timed out after {CHILD_TIMEOUT_S} s" if code is None
-           else f"died with {signal.Signals(-code).name}" if code < 0 else f"exited {code}")
+    why = (
+        f"timed out after {CHILD_TIMEOUT_S} s"
+        if code is None
+        else f"died with {signal.Signals(-code).name}"
+        if code < 0
+        else f"exited {code}"
+    )
     return [{"repack": repack, "tiled_mm": tiled, "context": c, "error": why} for c in contexts]
 
 
@@ -105,8 +145,12 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
             break
         largest = r["batch"]
     broken = next((r["batch"] for r in per_batch if not r["bitwise"]), None)
-    return {"largest_invariant_batch": largest, "first_variant_batch": broken, "per_batch": per_batch,
-            "decode_tokens_per_s": {str(b): rates[b] for b in (1, 8, 16) if b in rates}}
+    return {
+        "largest_invariant_batch": largest,
+        "first_variant_batch": broken,
+        "per_batch": per_batch,
+        "decode_tokens_per_s": {str(b): rates[b] for b in (1, 8, 16) if b in rates},
+    }
 
 
 def _compare_batch(b: int, rows: dict, alone: dict) -> dict:
@@ -117,10 +161,16 @@ def _compare_batch(b: int, rows: dict, alone: dict) -> dict:
     # at the first step that differs the sessions were still fed the same tokens: that difference is the
     # kernels'; later steps may compare streams that already took different tokens
     at_first = None if first is None else max(d[first] for d in diffs)
-    return {"batch": b, "bitwise": worst == 0.0, "max_abs_logit_diff": worst, "first_differing_step": first,
-            "diff_at_first_differing_step": at_first,
-            "tokens_identical": all(int(np.argmax(x)) == int(np.argmax(y)) for i in range(b)
-                                    for x, y in zip(rows[i], alone[i]))}
+    return {
+        "batch": b,
+        "bitwise": worst == 0.0,
+        "max_abs_logit_diff": worst,
+        "first_differing_step": first,
+        "diff_at_first_differing_step": at_first,
+        "tokens_identical": all(
+            int(np.argmax(x)) == int(np.argmax(y)) for i in range(b) for x, y in zip(rows[i], alone[i])
+        ),
+    }
 
 
 def _child(args: dict) -> None:

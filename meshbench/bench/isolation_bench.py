@@ -26,28 +26,35 @@ def _one_pass(setup: EngineSetup, cfg: RunConfig, c: int) -> dict:
     process = getattr(engine, "process", None)
     before = (process.round_trip_ns, process.engine_ns) if process else (0, 0)
     try:
-        p = run_pass(cfg.workload.requests(setup.vocab_size), [0] * cfg.workload.sessions, budget, engine,
-                     prefill=cfg.prefill)
+        p = run_pass(
+            cfg.workload.requests(setup.vocab_size), [0] * cfg.workload.sessions, budget, engine, prefill=cfg.prefill
+        )
     finally:
         close_engine(engine)
     tick_ns = sum(t["tick_ns"] for t in p.ticks)
     proxy_ns = ((process.round_trip_ns - before[0]) - (process.engine_ns - before[1])) if process else 0
     wall = figures.wall_figures(p.timing, p.ticks, p.wall_s)
-    return {"decode_tokens_per_s": wall["decode_tokens_per_s"], "tokens_per_s": wall["tokens_per_s"],
-            "proxy_share": proxy_ns / tick_ns if tick_ns else 0.0, "proxy_us_per_tick": proxy_ns / 1e3 / len(p.ticks),
-            "tick_ms": tick_ns / 1e6 / len(p.ticks)}
+    return {
+        "decode_tokens_per_s": wall["decode_tokens_per_s"],
+        "tokens_per_s": wall["tokens_per_s"],
+        "proxy_share": proxy_ns / tick_ns if tick_ns else 0.0,
+        "proxy_us_per_tick": proxy_ns / 1e3 / len(p.ticks),
+        "tick_ms": tick_ns / 1e6 / len(p.ticks),
+    }
 
 
 def run(cfg: RunConfig, levels: list[int], rounds: int, progress: Callable[[str], None] = lambda m: None) -> dict:
     """``rounds`` rounds; in each, every level in both modes, the mode order alternating by round."""
-    setups = {m: prepare(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, isolate=m == "isolated")))
-              for m in MODES}
+    setups = {
+        m: prepare(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, isolate=m == "isolated")))
+        for m in MODES
+    }
     try:
         for m in MODES:  # one unrecorded pass each: the first pass of a process is measurably slower
             _one_pass(setups[m], cfg, levels[0])
         runs: dict[tuple[str, int], list[dict]] = {(m, c): [] for m in MODES for c in levels}
         for r in range(rounds):
-            for m in (MODES if r % 2 == 0 else MODES[::-1]):
+            for m in MODES if r % 2 == 0 else MODES[::-1]:
                 for c in levels:
                     progress(f"round {r + 1}/{rounds}: {m}, concurrency {c}")
                     runs[(m, c)].append(_one_pass(setups[m], cfg, c))
@@ -60,10 +67,12 @@ def run(cfg: RunConfig, levels: list[int], rounds: int, progress: Callable[[str]
 def _level(c: int, runs: dict) -> dict:
     local, iso = runs[("in-process", c)], runs[("isolated", c)]
     ratios = [b["decode_tokens_per_s"] / a["decode_tokens_per_s"] for a, b in zip(local, iso)]
-    return {"concurrency": c,
-            "in_process_decode_tokens_per_s": stats.summary([x["decode_tokens_per_s"] for x in local]),
-            "isolated_decode_tokens_per_s": stats.summary([x["decode_tokens_per_s"] for x in iso]),
-            "isolated_over_in_process": stats.summary(ratios),  # paired by round
-            "proxy_share_of_tick": stats.summary([x["proxy_share"] for x in iso]),
-            "proxy_us_per_tick": stats.summary([x["proxy_us_per_tick"] for x in iso]),
-            "tick_ms": stats.summary([x["tick_ms"] for x in iso])}
+    return {
+        "concurrency": c,
+        "in_process_decode_tokens_per_s": stats.summary([x["decode_tokens_per_s"] for x in local]),
+        "isolated_decode_tokens_per_s": stats.summary([x["decode_tokens_per_s"] for x in iso]),
+        "isolated_over_in_process": stats.summary(ratios),  # paired by round
+        "proxy_share_of_tick": stats.summary([x["proxy_share"] for x in iso]),
+        "proxy_us_per_tick": stats.summary([x["proxy_us_per_tick"] for x in iso]),
+        "tick_ms": stats.summary([x["tick_ms"] for x in iso]),
+    }

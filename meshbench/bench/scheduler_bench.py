@@ -34,8 +34,10 @@ class NullEngine:
     kv_bytes_in_use = 0
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
-        return TickResult([StepResult(it.session_id, 0, 1.0) for it in decode],
-                          [StepResult(c.session.session_id, 0 if c.last else None, 1.0) for c in prefill])
+        return TickResult(
+            [StepResult(it.session_id, 0, 1.0) for it in decode],
+            [StepResult(c.session.session_id, 0 if c.last else None, 1.0) for c in prefill],
+        )
 
     def release(self, session_id: str) -> None:
         pass
@@ -45,9 +47,15 @@ class NullEngine:
 
 
 def _scheduler(live: int, batch: int) -> NodeDriver:
-    budget = NodeBudget(weight_bytes=1, kv_bytes=1 << 50, scratch_bytes=1 << 50, max_active_sessions=batch,
-                        max_queue_depth=live, max_batch_size=batch,
-                        max_prefill_tokens_per_tick=len(PROMPT) * batch)
+    budget = NodeBudget(
+        weight_bytes=1,
+        kv_bytes=1 << 50,
+        scratch_bytes=1 << 50,
+        max_active_sessions=batch,
+        max_queue_depth=live,
+        max_batch_size=batch,
+        max_prefill_tokens_per_tick=len(PROMPT) * batch,
+    )
     sched = NodeDriver(NullEngine(), budget)
     for i in range(live):
         assert sched.submit(GenerationRequest(f"s{i}", PROMPT, NEVER_ENDS)).accepted
@@ -64,8 +72,13 @@ def tick_ms(sched: NodeDriver, ticks: int) -> list[float]:
     return out
 
 
-def run(live_counts: list[int], batch: int = 64, ticks: int = 50, rounds: int = 5,
-        progress: Callable[[str], None] = lambda msg: None) -> dict:
+def run(
+    live_counts: list[int],
+    batch: int = 64,
+    ticks: int = 50,
+    rounds: int = 5,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
     scheds = {}
     for n in live_counts:
         progress(f"submitting {n} sessions")
@@ -73,7 +86,7 @@ def run(live_counts: list[int], batch: int = 64, ticks: int = 50, rounds: int = 
     samples: dict[int, list[float]] = {n: [] for n in live_counts}
     for r in range(rounds):
         progress(f"round {r + 1} of {rounds}")
-        order = live_counts[r % len(live_counts):] + live_counts[: r % len(live_counts)]  # rotate each round
+        order = live_counts[r % len(live_counts) :] + live_counts[: r % len(live_counts)]  # rotate each round
         for n in order:
             samples[n] += tick_ms(scheds[n], ticks)
     base = float(np.median(samples[live_counts[0]]))
@@ -81,8 +94,14 @@ def run(live_counts: list[int], batch: int = 64, ticks: int = 50, rounds: int = 
     for n in live_counts:
         a = np.asarray(samples[n])
         med = float(np.median(a))
-        rows.append({"live": n, "ms_per_tick_median": med, "ms_per_tick_p10": float(np.percentile(a, 10)),
-                     "ms_per_tick_p90": float(np.percentile(a, 90)), "vs_first": med / base,
-                     "samples": int(a.size)})
-    return {"batch": batch, "prompt_tokens": len(PROMPT), "ticks_per_round": ticks, "rounds": rounds,
-            "sizes": rows}
+        rows.append(
+            {
+                "live": n,
+                "ms_per_tick_median": med,
+                "ms_per_tick_p10": float(np.percentile(a, 10)),
+                "ms_per_tick_p90": float(np.percentile(a, 90)),
+                "vs_first": med / base,
+                "samples": int(a.size),
+            }
+        )
+    return {"batch": batch, "prompt_tokens": len(PROMPT), "ticks_per_round": ticks, "rounds": rounds, "sizes": rows}

@@ -37,12 +37,14 @@ READY_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
 
 
-def run(cfg: RunConfig, server: Path, levels: list[int], repeat: int,
-        progress: Callable[[str], None] = lambda m: None) -> dict:
+def run(
+    cfg: RunConfig, server: Path, levels: list[int], repeat: int, progress: Callable[[str], None] = lambda m: None
+) -> dict:
     # llama-server's ignore_eos bans end-of-generation tokens: meshbench bans them too (eos: ban), so both
     # sides generate exactly max_new_tokens and pick the same argmax.
-    cfg = dataclasses.replace(cfg, workload=dataclasses.replace(cfg.workload, eos="ban"),
-                              engine=dataclasses.replace(cfg.engine, ban_eog=True))
+    cfg = dataclasses.replace(
+        cfg, workload=dataclasses.replace(cfg.workload, eos="ban"), engine=dataclasses.replace(cfg.engine, ban_eog=True)
+    )
     setup = prepare(cfg)  # checks every level against the workload and the model first
     try:
         requests = cfg.workload.requests(setup.vocab_size)
@@ -57,7 +59,7 @@ def run(cfg: RunConfig, server: Path, levels: list[int], repeat: int,
         for r, order in enumerate(level_orders(len(levels), repeat)):
             for i in order:
                 c = levels[i]
-                for side in (("meshbench", "llama-server") if r % 2 == 0 else ("llama-server", "meshbench")):
+                for side in ("meshbench", "llama-server") if r % 2 == 0 else ("llama-server", "meshbench"):
                     progress(f"repetition {r + 1}/{repeat}: {side}, concurrency {c}")
                     if side == "meshbench":
                         runs[c][side].append(_one_meshbench(cfg, setup, requests, c))
@@ -65,8 +67,12 @@ def run(cfg: RunConfig, server: Path, levels: list[int], repeat: int,
                         runs[c][side].append(_one_server(cfg, server, requests, c))
     finally:
         setup.close()
-    return {"config": cfg.source, "server": str(server), "repeat": repeat,
-            "levels": [_level(c, runs[c], served[c]) for c in levels]}
+    return {
+        "config": cfg.source,
+        "server": str(server),
+        "repeat": repeat,
+        "levels": [_level(c, runs[c], served[c]) for c in levels],
+    }
 
 
 def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict:
@@ -83,15 +89,45 @@ def _one_server(cfg: RunConfig, server: Path, requests, c: int, stream: bool = T
     port = free_port()
     longest = max(r.total_tokens for r in requests)
     batch = max(cfg.budget.max_prefill_tokens_per_tick, c)
-    cmd = [str(server), "-m", cfg.engine.model, "--host", "127.0.0.1", "--port", str(port), "-np", str(c),
-           "-c", str(c * (longest + 16)), "-b", str(batch), "-ub", str(batch), "--no-webui",
-           # meshbench's recipe: flash attention as the config says (off by default: batch-invariant),
-           # the KV cache type, no speculative decoding, and every slot its own cells.
-           "-fa", "on" if cfg.engine.flash_attn else "off", "-ctk", cfg.engine.kv_type, "-ctv", cfg.engine.kv_type,
-           "--kv-unified" if cfg.engine.kv_unified else "--no-kv-unified",
-           "-t", str(cfg.engine.threads or os.cpu_count() or 1), "-tb", str(cfg.engine.threads or os.cpu_count() or 1)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=die_with_parent())
+    cmd = [
+        str(server),
+        "-m",
+        cfg.engine.model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        str(c),
+        "-c",
+        str(c * (longest + 16)),
+        "-b",
+        str(batch),
+        "-ub",
+        str(batch),
+        "--no-webui",
+        # meshbench's recipe: flash attention as the config says (off by default: batch-invariant),
+        # the KV cache type, no speculative decoding, and every slot its own cells.
+        "-fa",
+        "on" if cfg.engine.flash_attn else "off",
+        "-ctk",
+        cfg.engine.kv_type,
+        "-ctv",
+        cfg.engine.kv_type,
+        "--kv-unified" if cfg.engine.kv_unified else "--no-kv-unified",
+        "-t",
+        str(cfg.engine.threads or os.cpu_count() or 1),
+        "-tb",
+        str(cfg.engine.threads or os.cpu_count() or 1),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),
+    )
     try:
         _wait_healthy(proc, port)
         return _drive(port, requests, c, stream)
@@ -158,9 +194,18 @@ def _drive(port: int, requests, c: int, stream: bool) -> dict:
 
 
 def _complete(port: int, r, t0: int, stream: bool) -> dict:
-    body = json.dumps({"prompt": list(r.prompt_tokens), "n_predict": r.max_new_tokens, "temperature": 0.0,
-                       "top_k": 1, "cache_prompt": False, "ignore_eos": True, "return_tokens": True,
-                       "stream": stream})
+    body = json.dumps(
+        {
+            "prompt": list(r.prompt_tokens),
+            "n_predict": r.max_new_tokens,
+            "temperature": 0.0,
+            "top_k": 1,
+            "cache_prompt": False,
+            "ignore_eos": True,
+            "return_tokens": True,
+            "stream": stream,
+        }
+    )
     submit = time.monotonic_ns() - t0
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
     conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
@@ -207,8 +252,13 @@ def _latency(timing: list[dict]) -> dict:
     # clients send the next only when one finishes, so time spent queued is not comparable; a slot is.
     ttft = figures.percentiles([(s["token_ns"][0] - s["admit_ns"]) / 1e6 for s in timed])
     itl = figures.percentiles([(b - a) / 1e6 for s in timed for a, b in zip(s["token_ns"], s["token_ns"][1:])])
-    return {"ttft_ms.p50": ttft["p50"], "ttft_ms.p99": ttft["p99"], "itl_ms.p50": itl["p50"], "itl_ms.p95": itl["p95"],
-            "itl_ms.p99": itl["p99"]}
+    return {
+        "ttft_ms.p50": ttft["p50"],
+        "ttft_ms.p99": ttft["p99"],
+        "itl_ms.p50": itl["p50"],
+        "itl_ms.p95": itl["p95"],
+        "itl_ms.p99": itl["p99"],
+    }
 
 
 def _level(c: int, runs: dict[str, list[dict]], served: dict) -> dict:
@@ -217,6 +267,9 @@ def _level(c: int, runs: dict[str, list[dict]], served: dict) -> dict:
     out = {"concurrency": c, "tokens_identical": identical}
     for k in ("tokens_per_s", "ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p95", "itl_ms.p99"):
         a, b = [x[k] for x in mesh], [x[k] for x in srv]
-        out[k] = {"meshbench": stats.summary(a), "llama-server": stats.summary(b),
-                  "ratio": stats.summary([x / y for x, y in zip(a, b)])}  # paired by repetition
+        out[k] = {
+            "meshbench": stats.summary(a),
+            "llama-server": stats.summary(b),
+            "ratio": stats.summary([x / y for x, y in zip(a, b)]),
+        }  # paired by repetition
     return out

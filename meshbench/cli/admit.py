@@ -42,49 +42,76 @@ def admit(
     prompt_tokens: PromptOpt = None,
     prompts: PromptsOpt = None,
     new_tokens: NewOpt = None,
-    burst: Annotated[Optional[int], typer.Option(
-        "--burst", min=1, max=limits.MAX_SESSIONS,
-        help="Submit N sessions shaped like the first of the workload.")] = None,
+    burst: Annotated[
+        Optional[int],
+        typer.Option(
+            "--burst", min=1, max=limits.MAX_SESSIONS, help="Submit N sessions shaped like the first of the workload."
+        ),
+    ] = None,
     arrivals: ArrivalsOpt = None,
     rpc: RpcOpt = None,
     workers: WorkersOpt = None,
-    kv_bytes: Annotated[Optional[int], typer.Option("--kv-bytes", min=1, max=limits.MAX_BYTES,
-                                                    help="Node KV budget in bytes.")] = None,
+    kv_bytes: Annotated[
+        Optional[int], typer.Option("--kv-bytes", min=1, max=limits.MAX_BYTES, help="Node KV budget in bytes.")
+    ] = None,
     scratch_bytes: Annotated[Optional[int], typer.Option("--scratch-bytes", min=1, max=limits.MAX_BYTES)] = None,
     weight_bytes: Annotated[Optional[int], typer.Option("--weight-bytes", min=1, max=limits.MAX_BYTES)] = None,
-    max_active: Annotated[Optional[int], typer.Option("--max-active-sessions", min=1,
-                                                      max=limits.MAX_SESSIONS)] = None,
-    max_queue_depth: Annotated[Optional[int], typer.Option("--max-queue-depth", min=0,
-                                                           max=limits.MAX_SESSIONS)] = None,
-    max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", min=1,
-                                                          max=limits.MAX_SESSIONS)] = None,
+    max_active: Annotated[Optional[int], typer.Option("--max-active-sessions", min=1, max=limits.MAX_SESSIONS)] = None,
+    max_queue_depth: Annotated[Optional[int], typer.Option("--max-queue-depth", min=0, max=limits.MAX_SESSIONS)] = None,
+    max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", min=1, max=limits.MAX_SESSIONS)] = None,
     seed: SeedOpt = None,
     prefill: PrefillOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Will these sessions fit on this node? Print every admission decision and the numbers behind it."""
-    overrides = drop_none({
-        "prefill": prefill,
-        "engine": engine_overrides(engine, preset, model, None, None, seed, rpc, workers),
-        "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts),
-        "budget": {"kv_bytes": kv_bytes, "scratch_bytes": scratch_bytes, "weight_bytes": weight_bytes,
-                   "max_active_sessions": max_active, "max_queue_depth": max_queue_depth,
-                   "max_batch_size": max_batch_size},
-    })
+    overrides = drop_none(
+        {
+            "prefill": prefill,
+            "engine": engine_overrides(engine, preset, model, None, None, seed, rpc, workers),
+            "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts),
+            "budget": {
+                "kv_bytes": kv_bytes,
+                "scratch_bytes": scratch_bytes,
+                "weight_bytes": weight_bytes,
+                "max_active_sessions": max_active,
+                "max_queue_depth": max_queue_depth,
+                "max_batch_size": max_batch_size,
+            },
+        }
+    )
     cfg = config_mod.load(config, overrides)
     result = admission.run(cfg, burst)
     if as_json:
         print_json(result)
         return
-    t = table(f"admission on a node with {result['effective_active_cap']} active slots, "
-              f"queue depth {cfg.budget.max_queue_depth}, arrivals {result['arrivals']}",
-              ("tick", "session", "decision", "KV needed", "KV budget", "scratch needed", "scratch budget", "active",
-               "queued"))
+    t = table(
+        f"admission on a node with {result['effective_active_cap']} active slots, "
+        f"queue depth {cfg.budget.max_queue_depth}, arrivals {result['arrivals']}",
+        (
+            "tick",
+            "session",
+            "decision",
+            "KV needed",
+            "KV budget",
+            "scratch needed",
+            "scratch budget",
+            "active",
+            "queued",
+        ),
+    )
     for d in result["decisions"]:
         color = "green" if d["reason"] == "ADMITTED" else "yellow" if d["reason"] == "QUEUED" else "red"
-        t.add_row(str(d["tick"]), d["session_id"], f"[{color}]{d['reason']}[/]", str(d["kv_needed_bytes"]),
-                  str(d["kv_budget_bytes"]), str(d["scratch_needed_bytes"]), str(d["scratch_budget_bytes"]),
-                  f"{d['active_sessions']}/{d['active_cap']}", f"{d['queue_depth']}/{d['max_queue_depth']}")
+        t.add_row(
+            str(d["tick"]),
+            d["session_id"],
+            f"[{color}]{d['reason']}[/]",
+            str(d["kv_needed_bytes"]),
+            str(d["kv_budget_bytes"]),
+            str(d["scratch_needed_bytes"]),
+            str(d["scratch_budget_bytes"]),
+            f"{d['active_sessions']}/{d['active_cap']}",
+            f"{d['queue_depth']}/{d['max_queue_depth']}",
+        )
     out.print(t)
     tel = result["telemetry"]
     out.print(" ".join(f"{k}={v}" for k, v in tel.items()))

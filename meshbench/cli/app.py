@@ -20,7 +20,10 @@ from meshbench.cli.group import MeshbenchGroup
 from meshbench.cli.node import node_app
 
 app = typer.Typer(
-    cls=MeshbenchGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    cls=MeshbenchGroup,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
     help="Reproducible evidence for how an LLM inference node schedules concurrent sessions.",
 )
 
@@ -33,8 +36,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
-                                                    help="Print the version and exit.")] = None,
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
 ) -> None:
     pass
 

@@ -47,36 +47,52 @@ bench_app = typer.Typer(help="Benchmarks: commands that print figures.", no_args
 def bench_engine(
     preset: Annotated[str, typer.Option("--preset", help="Synthetic model preset.")] = "bench",
     batches: Annotated[str, typer.Option("--batches", help="Batch sizes, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
-    context: Annotated[int, typer.Option("--context", min=1, max=limits.MAX_TOKENS,
-                                         help="Cached positions per session.")] = 64,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, max=10_000,
-                                         help="Timed decode steps per batch size.")] = 10,
+    context: Annotated[
+        int, typer.Option("--context", min=1, max=limits.MAX_TOKENS, help="Cached positions per session.")
+    ] = 64,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, max=10_000, help="Timed decode steps per batch size.")
+    ] = 10,
     seed: SeedOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Time batched decode of the synthetic engine against a loop of single-session decodes and this machine's floor."""
-    res = engine_bench.run(preset, int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH),
-                           context, repeats, seed or 0,
-                           progress=lambda msg: err.print(msg))
+    res = engine_bench.run(
+        preset,
+        int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH),
+        context,
+        repeats,
+        seed or 0,
+        progress=lambda msg: err.print(msg),
+    )
     if as_json:
         print_json(res)
         return
-    t = table(f"engine benchmark: preset {preset}, {res['threads']} BLAS threads; bandwidth "
-                    f"{res['bandwidth_gb_s']:.1f} GB/s, peak {res['peak_gflop_s']:.1f} GFLOP/s",
-              ("batch", "step ms", "tokens/s", "loop step ms", "loop tokens/s", "floor ms", "step/floor",
-              "vs batch 1"))
+    t = table(
+        f"engine benchmark: preset {preset}, {res['threads']} BLAS threads; bandwidth "
+        f"{res['bandwidth_gb_s']:.1f} GB/s, peak {res['peak_gflop_s']:.1f} GFLOP/s",
+        ("batch", "step ms", "tokens/s", "loop step ms", "loop tokens/s", "floor ms", "step/floor", "vs batch 1"),
+    )
     for b in res["batches"]:
-        t.add_row(str(b["batch"]), f"{b['step_ms']:.2f}", f"{b['tokens_per_s']:.1f}", f"{b['loop_step_ms']:.2f}",
-                  f"{b['loop_tokens_per_s']:.1f}", f"{b['floor_ms']:.2f}", f"{b['step_over_floor']:.2f}",
-                  f"{b['speedup_vs_batch1']:.2f}x")
+        t.add_row(
+            str(b["batch"]),
+            f"{b['step_ms']:.2f}",
+            f"{b['tokens_per_s']:.1f}",
+            f"{b['loop_step_ms']:.2f}",
+            f"{b['loop_tokens_per_s']:.1f}",
+            f"{b['floor_ms']:.2f}",
+            f"{b['step_over_floor']:.2f}",
+            f"{b['speedup_vs_batch1']:.2f}x",
+        )
     out.print(t)
 
 
 @bench_app.command("layouts")
 def bench_layouts(
     batches: Annotated[str, typer.Option("--batches", help="Activation rows, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
-    weights: Annotated[int, typer.Option("--weights", min=1, max=400,
-                                         help="Weight matrices per pass (40 x 2048 x 768 is 252 MB).")] = 40,
+    weights: Annotated[
+        int, typer.Option("--weights", min=1, max=400, help="Weight matrices per pass (40 x 2048 x 768 is 252 MB).")
+    ] = 40,
     shape: Annotated[str, typer.Option("--shape", help="Each weight's rows,columns (out,in).")] = "2048,768",
     as_json: JsonOpt = False,
 ) -> None:
@@ -84,14 +100,18 @@ def bench_layouts(
     dims = int_list(shape, "--shape", maximum=1 << 14)
     if len(dims) != 2:
         raise MeshbenchError(f"--shape: expected two numbers (rows,columns), got {shape!r}")
-    res = layouts.run(int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH), weights,
-                      (dims[0], dims[1]))
+    res = layouts.run(
+        int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH), weights, (dims[0], dims[1])
+    )
     if as_json:
         print_json(res)
         return
     names = list(res["batches"][0]["ms"])
-    t = table(f"{res['weights']} float32 weights of {res['shape'][0]} x {res['shape'][1]} "
-              f"({res['bytes'] / 1e6:.0f} MB): ms per pass, best of 5", ("rows", *names))
+    t = table(
+        f"{res['weights']} float32 weights of {res['shape'][0]} x {res['shape'][1]} "
+        f"({res['bytes'] / 1e6:.0f} MB): ms per pass, best of 5",
+        ("rows", *names),
+    )
     for b in res["batches"]:
         t.add_row(str(b["batch"]), *[f"{b['ms'][n]:.2f}" for n in names])
     out.print(t)
@@ -99,10 +119,12 @@ def bench_layouts(
 
 @bench_app.command("scheduler")
 def bench_scheduler(
-    live: Annotated[str, typer.Option("--live", help="Live sessions (running + queued), e.g. 100,1000,16000.")]
-    = "100,1000,16000",
-    batch: Annotated[int, typer.Option("--batch", min=1, max=limits.MAX_BENCH_BATCH,
-                                       help="Running sessions (the decode batch).")] = 64,
+    live: Annotated[
+        str, typer.Option("--live", help="Live sessions (running + queued), e.g. 100,1000,16000.")
+    ] = "100,1000,16000",
+    batch: Annotated[
+        int, typer.Option("--batch", min=1, max=limits.MAX_BENCH_BATCH, help="Running sessions (the decode batch).")
+    ] = 64,
     ticks: Annotated[int, typer.Option("--ticks", min=1, max=10_000, help="Timed ticks per round.")] = 50,
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Interleaved rounds.")] = 5,
     as_json: JsonOpt = False,
@@ -115,11 +137,19 @@ def bench_scheduler(
     if as_json:
         print_json(res)
         return
-    t = table(f"scheduler tick over a do-nothing engine: batch {batch}, {res['prompt_tokens']}-token prompts, "
-              f"median of {rounds} x {ticks} ticks", ("live sessions", "ms/tick", "p10", "p90", "vs first"))
+    t = table(
+        f"scheduler tick over a do-nothing engine: batch {batch}, {res['prompt_tokens']}-token prompts, "
+        f"median of {rounds} x {ticks} ticks",
+        ("live sessions", "ms/tick", "p10", "p90", "vs first"),
+    )
     for r in res["sizes"]:
-        t.add_row(str(r["live"]), f"{r['ms_per_tick_median']:.3f}", f"{r['ms_per_tick_p10']:.3f}",
-                  f"{r['ms_per_tick_p90']:.3f}", f"{r['vs_first']:.2f}x")
+        t.add_row(
+            str(r["live"]),
+            f"{r['ms_per_tick_median']:.3f}",
+            f"{r['ms_per_tick_p10']:.3f}",
+            f"{r['ms_per_tick_p90']:.3f}",
+            f"{r['vs_first']:.2f}x",
+        )
     out.print(t)
 
 
@@ -128,14 +158,20 @@ def bench_gguf(
     model: Annotated[Path, typer.Option("--model", help="A GGUF file (e.g. make-tiny --preset bench --type q8_0).")],
     batches: Annotated[str, typer.Option("--batches", help="Batch sizes, e.g. 1,2,4,8.")] = "1,2,4,8",
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, max=limits.MAX_TOKENS)] = 16,
-    steps: Annotated[int, typer.Option("--steps", min=2, max=limits.MAX_TOKENS,
-                                       help="Timed decode steps per batch size.")] = 32,
+    steps: Annotated[
+        int, typer.Option("--steps", min=2, max=limits.MAX_TOKENS, help="Timed decode steps per batch size.")
+    ] = 32,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
     rpc_workers: RpcOpt = None,
-    worker_counts: Annotated[Optional[str], typer.Option(
-        "--workers", help="Instead: the scheduler's decode tokens/s with the layers local (0) and on N spawned "
-                          "RPC workers, e.g. 0,1,2.")] = None,
+    worker_counts: Annotated[
+        Optional[str],
+        typer.Option(
+            "--workers",
+            help="Instead: the scheduler's decode tokens/s with the layers local (0) and on N spawned "
+            "RPC workers, e.g. 0,1,2.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Decode tokens/s of the GGUF engine driven by the scheduler vs a raw llama_decode loop (or vs RPC workers)."""
@@ -145,29 +181,43 @@ def bench_gguf(
     sizes = int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)
     if worker_counts is not None:
         counts = int_list(worker_counts, "--workers", minimum=0, unique=True, maximum=16)
-        res = gguf_bench.run_workers(path, counts, sizes, prompt_tokens, steps, threads, seed or 0,
-                                     progress=lambda msg: err.print(msg))
+        res = gguf_bench.run_workers(
+            path, counts, sizes, prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg)
+        )
         if as_json:
             print_json(res)
             return
-        t = table(f"decode tokens/s through the scheduler, layers local or on RPC workers (loopback): {model}",
-                  ("batch", *[f"{w} workers tok/s" for w in counts], *[f"{w} workers step ms" for w in counts]))
+        t = table(
+            f"decode tokens/s through the scheduler, layers local or on RPC workers (loopback): {model}",
+            ("batch", *[f"{w} workers tok/s" for w in counts], *[f"{w} workers step ms" for w in counts]),
+        )
         for row in res["batches"]:
-            t.add_row(str(row["batch"]), *[f"{row[f'workers_{w}']['tokens_per_s']:.1f}" for w in counts],
-                      *[f"{row[f'workers_{w}']['step_ms']:.2f}" for w in counts])
+            t.add_row(
+                str(row["batch"]),
+                *[f"{row[f'workers_{w}']['tokens_per_s']:.1f}" for w in counts],
+                *[f"{row[f'workers_{w}']['step_ms']:.2f}" for w in counts],
+            )
         out.print(t)
         return
     endpoints = rpc.parse_endpoints(rpc_workers) if rpc_workers else []
-    res = gguf_bench.run(path, sizes, prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg),
-                         endpoints=endpoints)
+    res = gguf_bench.run(
+        path, sizes, prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg), endpoints=endpoints
+    )
     if as_json:
         print_json(res)
         return
-    t = table(f"GGUF engine through the scheduler vs raw llama_decode: {model}",
-              ("batch", "scheduler tok/s", "raw tok/s", "ratio", "raw step ms"))
+    t = table(
+        f"GGUF engine through the scheduler vs raw llama_decode: {model}",
+        ("batch", "scheduler tok/s", "raw tok/s", "ratio", "raw step ms"),
+    )
     for b in res["batches"]:
-        t.add_row(str(b["batch"]), f"{b['scheduler_tokens_per_s']:.1f}", f"{b['raw_tokens_per_s']:.1f}",
-                  f"{b['ratio']:.3f}", f"{b['raw_step_ms']:.2f}")
+        t.add_row(
+            str(b["batch"]),
+            f"{b['scheduler_tokens_per_s']:.1f}",
+            f"{b['raw_tokens_per_s']:.1f}",
+            f"{b['ratio']:.3f}",
+            f"{b['raw_step_ms']:.2f}",
+        )
     out.print(t)
 
 
@@ -188,13 +238,31 @@ def bench_isolation(
     if as_json:
         print_json(res)
         return
-    t = table(f"the engine in its own process vs in the node's ({cfg.source}; median (min-max) of {rounds} rounds)",
-              ("concurrency", "in-process decode tok/s", "isolated decode tok/s", "isolated / in-process",
-               "proxy us/tick", "proxy share of tick"))
+    t = table(
+        f"the engine in its own process vs in the node's ({cfg.source}; median (min-max) of {rounds} rounds)",
+        (
+            "concurrency",
+            "in-process decode tok/s",
+            "isolated decode tok/s",
+            "isolated / in-process",
+            "proxy us/tick",
+            "proxy share of tick",
+        ),
+    )
     for lv in res["levels"]:
-        t.add_row(str(lv["concurrency"]), *[_spread(lv[k], f) for k, f in (
-            ("in_process_decode_tokens_per_s", ".1f"), ("isolated_decode_tokens_per_s", ".1f"),
-            ("isolated_over_in_process", ".3f"), ("proxy_us_per_tick", ".0f"), ("proxy_share_of_tick", ".2%"))])
+        t.add_row(
+            str(lv["concurrency"]),
+            *[
+                _spread(lv[k], f)
+                for k, f in (
+                    ("in_process_decode_tokens_per_s", ".1f"),
+                    ("isolated_decode_tokens_per_s", ".1f"),
+                    ("isolated_over_in_process", ".3f"),
+                    ("proxy_us_per_tick", ".0f"),
+                    ("proxy_share_of_tick", ".2%"),
+                )
+            ],
+        )
     out.print(t)
 
 
@@ -204,8 +272,12 @@ def _spread(s: dict, fmt: str) -> str:
 
 @bench_app.command("server")
 def bench_server(
-    llama_server: Annotated[Path, typer.Option("--llama-server", help="A llama-server binary (yours, or built from "
-                                                                      "the llama-cpp-python sdist; README).")],
+    llama_server: Annotated[
+        Path,
+        typer.Option(
+            "--llama-server", help="A llama-server binary (yours, or built from the llama-cpp-python sdist; README)."
+        ),
+    ],
     config_path: ConfigOpt = None,
     levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,8,16.")] = "1,4,8,16",
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
@@ -229,22 +301,37 @@ def bench_server(
     if as_json:
         print_json(res)
         return
-    t = table(f"meshbench vs llama-server ({cfg.source}, prefill {cfg.prefill}, mixed batch {cfg.engine.mixed_batch}; "
-              f"median (min-max) of {repeat})", ("C", "tokens identical", "meshbench tok/s", "llama-server tok/s",
-                                                 "tok/s ratio", "TTFT p50 ratio", "ITL p50 ratio", "ITL p95 ratio"))
+    t = table(
+        f"meshbench vs llama-server ({cfg.source}, prefill {cfg.prefill}, mixed batch {cfg.engine.mixed_batch}; "
+        f"median (min-max) of {repeat})",
+        (
+            "C",
+            "tokens identical",
+            "meshbench tok/s",
+            "llama-server tok/s",
+            "tok/s ratio",
+            "TTFT p50 ratio",
+            "ITL p50 ratio",
+            "ITL p95 ratio",
+        ),
+    )
     for lv in res["levels"]:
-        t.add_row(str(lv["concurrency"]), str(lv["tokens_identical"]),
-                  _spread(lv["tokens_per_s"]["meshbench"], ".1f"), _spread(lv["tokens_per_s"]["llama-server"], ".1f"),
-                  *[_spread(lv[k]["ratio"], ".3f") for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50",
-                                                              "itl_ms.p95")])
+        t.add_row(
+            str(lv["concurrency"]),
+            str(lv["tokens_identical"]),
+            _spread(lv["tokens_per_s"]["meshbench"], ".1f"),
+            _spread(lv["tokens_per_s"]["llama-server"], ".1f"),
+            *[_spread(lv[k]["ratio"], ".3f") for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50", "itl_ms.p95")],
+        )
     out.print(t)
 
 
 @bench_app.command("invariance")
 def bench_invariance(
     model: Annotated[Path, typer.Option("--model", help="A GGUF file.")],
-    batches: Annotated[str, typer.Option("--batches", help="Batch sizes compared with batch 1, ascending.")] =
-    ",".join(map(str, invariance.BATCHES)),
+    batches: Annotated[str, typer.Option("--batches", help="Batch sizes compared with batch 1, ascending.")] = ",".join(
+        map(str, invariance.BATCHES)
+    ),
     steps: Annotated[int, typer.Option("--steps", min=1, max=limits.MAX_TOKENS, help="Decode steps compared.")] = 6,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
@@ -254,25 +341,43 @@ def bench_invariance(
     sizes = int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)
     if sizes != sorted(sizes) or sizes[0] != 1:
         raise MeshbenchError(f"--batches must ascend from 1 (the reference), got {batches}")
-    res = invariance.run(regular_file(model, "model"), sizes, steps, threads, seed or 0,
-                         progress=lambda m: err.print(m))
+    res = invariance.run(
+        regular_file(model, "model"), sizes, steps, threads, seed or 0, progress=lambda m: err.print(m)
+    )
     if as_json:
         print_json(res)
         return
-    t = table(f"logits bitwise equal to batch 1: {model} ({res['steps']} decode steps, batches {batches})",
-              ("repack", "tiled_mm", "context", "largest invariant batch", "first variant batch",
-               "|logit diff| at its first differing step", "tok/s b1", "tok/s b8", "tok/s b16"))
+    t = table(
+        f"logits bitwise equal to batch 1: {model} ({res['steps']} decode steps, batches {batches})",
+        (
+            "repack",
+            "tiled_mm",
+            "context",
+            "largest invariant batch",
+            "first variant batch",
+            "|logit diff| at its first differing step",
+            "tok/s b1",
+            "tok/s b8",
+            "tok/s b16",
+        ),
+    )
     for r in res["recipes"]:
         if r["error"]:
             t.add_row("on" if r["repack"] else "off", r["tiled_mm"], r["context"], r["error"], "", "", "", "", "")
             continue
         rates = r["decode_tokens_per_s"]
         broken = next((b for b in r["per_batch"] if not b["bitwise"]), None)
-        t.add_row("on" if r["repack"] else "off", r["tiled_mm"], r["context"], str(r["largest_invariant_batch"]),
-                  str(r["first_variant_batch"] or "-"),
-                  "-" if broken is None else f"{broken['diff_at_first_differing_step']:.3g} (step "
-                                             f"{broken['first_differing_step']})",
-                  *[f"{rates[k]:.1f}" if k in rates else "-" for k in ("1", "8", "16")])
+        t.add_row(
+            "on" if r["repack"] else "off",
+            r["tiled_mm"],
+            r["context"],
+            str(r["largest_invariant_batch"]),
+            str(r["first_variant_batch"] or "-"),
+            "-"
+            if broken is None
+            else f"{broken['diff_at_first_differing_step']:.3g} (step {broken['first_differing_step']})",
+            *[f"{rates[k]:.1f}" if k in rates else "-" for k in ("1", "8", "16")],
+        )
     out.print(t)
 
 
@@ -298,4 +403,3 @@ def make_tiny(
         raise MeshbenchError(f"{out_path}: directory {out_path.parent} does not exist")
     size = gguf_io.write(out_path, cfg, init_weights(cfg, seed), qtype)
     err.print(f"wrote {out_path}: preset {preset}, {qtype}, seed {seed}, {cfg.n_params} parameters, {size} bytes")
-

@@ -28,8 +28,15 @@ def _width(stream) -> int | None:
 out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
 err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
-def int_list(value: str, flag: str, minimum: int = 1, unique: bool = False, maximum: int | None = None,
-             max_items: int = limits.MAX_LEVELS) -> list[int]:
+
+def int_list(
+    value: str,
+    flag: str,
+    minimum: int = 1,
+    unique: bool = False,
+    maximum: int | None = None,
+    max_items: int = limits.MAX_LEVELS,
+) -> list[int]:
     if value is None or not value.strip():
         raise MeshbenchError(f"{flag}: empty; expected comma-separated integers such as 1,2,4,8")
     items = []
@@ -80,32 +87,43 @@ def command_line() -> str:
 # --- sweep ------------------------------------------------------------------------------
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML run config (see configs/).")]
 EngineOpt = Annotated[Optional[str], typer.Option("--engine", rich_help_panel="Engine", help="synthetic | gguf")]
-PresetOpt = Annotated[Optional[str], typer.Option(
-    "--preset", rich_help_panel="Engine",
-    help="Synthetic model preset: dgr-012 | bench.")]
-ModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", rich_help_panel="Engine",
-    help="A GGUF file (gguf engine, or synthetic "
-         "engine reading its weights).")]
+PresetOpt = Annotated[
+    Optional[str], typer.Option("--preset", rich_help_panel="Engine", help="Synthetic model preset: dgr-012 | bench.")
+]
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model", rich_help_panel="Engine", help="A GGUF file (gguf engine, or synthetic engine reading its weights)."
+    ),
+]
 DeviceOpt = Annotated[Optional[str], typer.Option("--device", rich_help_panel="Engine", help="cpu | cuda | auto")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", rich_help_panel="Engine", min=1, max=limits.MAX_THREADS,
-                                                   help="Engine threads (gguf engine).")]
-SessionsOpt = Annotated[Optional[int], typer.Option(
-    "--sessions", rich_help_panel="Workload",
-    min=1, max=limits.MAX_SESSIONS,
-    help="Number of sessions.")]
-PromptOpt = Annotated[Optional[str], typer.Option("--prompt-tokens", rich_help_panel="Workload",
-                                                  help="Prompt length: one number, or one per session (4,8,...).")]
-NewOpt = Annotated[Optional[str], typer.Option(
-    "--new-tokens", rich_help_panel="Workload",
-    help="New tokens: one number, or one per session.")]
-SeedOpt = Annotated[Optional[int], typer.Option(
-    "--seed", rich_help_panel="Workload",
-    min=0, help="Seed of the prompts and of synthetic weights.")]
-JsonOpt = Annotated[bool, typer.Option(
-    "--json", rich_help_panel="Output",
-    help="Print JSON on stdout and nothing else.")]
-
+ThreadsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--threads", rich_help_panel="Engine", min=1, max=limits.MAX_THREADS, help="Engine threads (gguf engine)."
+    ),
+]
+SessionsOpt = Annotated[
+    Optional[int],
+    typer.Option("--sessions", rich_help_panel="Workload", min=1, max=limits.MAX_SESSIONS, help="Number of sessions."),
+]
+PromptOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prompt-tokens", rich_help_panel="Workload", help="Prompt length: one number, or one per session (4,8,...)."
+    ),
+]
+NewOpt = Annotated[
+    Optional[str],
+    typer.Option("--new-tokens", rich_help_panel="Workload", help="New tokens: one number, or one per session."),
+]
+SeedOpt = Annotated[
+    Optional[int],
+    typer.Option("--seed", rich_help_panel="Workload", min=0, help="Seed of the prompts and of synthetic weights."),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", rich_help_panel="Output", help="Print JSON on stdout and nothing else.")
+]
 
 
 def print_json(data: dict) -> None:
@@ -125,7 +143,7 @@ def write_stdout(text: str) -> None:
         return
     view = memoryview(text.encode())
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def table(title: str, headers: tuple[str, ...]) -> Table:
@@ -136,15 +154,25 @@ def table(title: str, headers: tuple[str, ...]) -> Table:
 
 
 def workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals=None, prompts=None) -> dict:
-    return {"sessions": sessions, "prompt_tokens": per_session(prompt_tokens, "--prompt-tokens"),
-            "new_tokens": per_session(new_tokens, "--new-tokens"), "seed": seed, "arrivals": arrivals,
-            "prompts": str(prompts) if prompts is not None else None}
+    return {
+        "sessions": sessions,
+        "prompt_tokens": per_session(prompt_tokens, "--prompt-tokens"),
+        "new_tokens": per_session(new_tokens, "--new-tokens"),
+        "seed": seed,
+        "arrivals": arrivals,
+        "prompts": str(prompts) if prompts is not None else None,
+    }
 
 
-PromptsOpt = Annotated[Optional[Path], typer.Option(
-    "--prompts", rich_help_panel="Workload",
-    help="Real prompts: a file of text lines, or JSONL with a 'prompt' field, one per session, "
-         "tokenized by the GGUF model's own tokenizer.")]
+PromptsOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--prompts",
+        rich_help_panel="Workload",
+        help="Real prompts: a file of text lines, or JSONL with a 'prompt' field, one per session, "
+        "tokenized by the GGUF model's own tokenizer.",
+    ),
+]
 
 
 def float_list(value: str, flag: str, unique: bool = True) -> list[float]:
@@ -165,13 +193,27 @@ def float_list(value: str, flag: str, unique: bool = True) -> list[float]:
     return items
 
 
-RatesOpt = Annotated[Optional[str], typer.Option(
-    "--rates", rich_help_panel="Load",
-    help="Arrival rates (sessions per tick) of the poisson or gamma process, each a level "
-         "(crossed with --levels), e.g. 0.25,0.5,1,2.")]
-QueueOpt = Annotated[Optional[int], typer.Option(
-    "--max-queue-depth", rich_help_panel="Load", min=0, max=limits.MAX_SESSIONS,
-    help="The node's queue (arrivals over time; all at once, the queue holds every session).")]
+RatesOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rates",
+        rich_help_panel="Load",
+        help="Arrival rates (sessions per tick) of the poisson or gamma process, each a level "
+        "(crossed with --levels), e.g. 0.25,0.5,1,2.",
+    ),
+]
+QueueOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-queue-depth",
+        rich_help_panel="Load",
+        min=0,
+        max=limits.MAX_SESSIONS,
+        help="The node's queue (arrivals over time; all at once, the queue holds every session).",
+    ),
+]
+
+
 def _slo(value: float | None) -> float | None:
     """An SLO is a finite positive time: NaN and infinities are refused as what they are, not as out of range."""
     if value is not None and not math.isfinite(value):
@@ -181,72 +223,172 @@ def _slo(value: float | None) -> float | None:
     return value
 
 
-SloTtftOpt = Annotated[Optional[float], typer.Option(
-    "--slo-ttft", rich_help_panel="Load",
-    callback=_slo, help="Goodput SLO: arrival to first token, in ticks (ms on --clock wall).")]
-SloTpotOpt = Annotated[Optional[float], typer.Option(
-    "--slo-tpot", rich_help_panel="Load",
-    callback=_slo, help="Goodput SLO: mean gap between tokens after the first, in ticks "
-                                      "(ms on --clock wall).")]
-ClockOpt = Annotated[Optional[str], typer.Option(
-    "--clock", rich_help_panel="Load",
-    help="tick (default: arrivals in ticks, exact and re-checkable) | wall (rates per second, "
-         "admission depends on speed: reported).")]
-RepeatOpt = Annotated[Optional[int], typer.Option(
-    "--repeat", rich_help_panel="Repetitions",
-    min=1, max=100, help="Recorded passes per level, interleaved (5 or more for a strong "
-                                     "compare verdict).")]
-WarmupOpt = Annotated[Optional[int], typer.Option(
-    "--warmup", rich_help_panel="Repetitions", min=0, max=10, help="Unrecorded passes per level first (default 1).")]
-RpcOpt = Annotated[Optional[str], typer.Option(
-    "--rpc", rich_help_panel="Engine",
-    help="llama.cpp RPC workers HOST:PORT[,HOST:PORT...] (meshbench node serve) for the model's layers.")]
-WorkersOpt = Annotated[Optional[int], typer.Option(
-    "--workers", rich_help_panel="Engine",
-    min=0, max=16, help="Start this many local RPC workers (loopback, free ports) for the run.")]
-SplitOpt = Annotated[Optional[str], typer.Option(
-    "--split", rich_help_panel="Engine",
-    help="Share of the layers per RPC worker, e.g. 1,3 (default: llama.cpp's proportional split).")]
-PrefillOpt = Annotated[Optional[str], typer.Option(
-    "--prefill", rich_help_panel="Workload",
-    help="whole (default: whole prompts within the prefill budget, the first always runs) | chunked "
-         "(the budget filled exactly, the last prompt split and continued next tick).")]
-MixedOpt = Annotated[Optional[bool], typer.Option(
-    "--mixed-batch/--no-mixed-batch", rich_help_panel="Engine",
-    help="GGUF engine: a tick's decode items and prompt chunks in ONE "
-         "llama_decode (default: separate calls).")]
-RepackOpt = Annotated[Optional[bool], typer.Option(
-    "--repack/--no-repack", rich_help_panel="Engine",
-    help="GGUF engine: llama.cpp's CPU weight repacking (default off: see docs/concepts/determinism.md).")]
-TiledOpt = Annotated[Optional[str], typer.Option(
-    "--tiled-mm", rich_help_panel="Engine",
-    help="GGUF engine: ggml's tiled K-quant matmul: auto (llama.cpp's choice, from 8 rows) | off | force.")]
-EosOpt = Annotated[Optional[str], typer.Option(
-    "--eos", rich_help_panel="Workload",
-    help="End of sequence: stop (the default with --prompts) | ban (llama-server's ignore_eos) | continue.")]
-IsolationOpt = Annotated[Optional[bool], typer.Option(
-    "--isolation/--no-isolation", rich_help_panel="Output",
-    help="Prove isolation at every level by perturbation passes (default on).")]
-IsolateOpt = Annotated[Optional[bool], typer.Option(
-    "--isolate/--no-isolate", rich_help_panel="Engine",
-    help="Run the engine in its own process behind a proxy (default: exactly when RPC "
-         "workers are used); the node then survives the engine dying.")]
-InjectOpt = Annotated[Optional[list[str]], typer.Option(
-    "--inject", rich_help_panel="Faults",
-    help="A fault row, KIND[:TARGET]@TICK[,...], run at every level; repeat the flag for more rows. "
-         "Kinds: cancel:SESSION, evict:SESSION, raise:prefill, raise:decode, kill-engine, abort-engine, "
-                     "kill-worker:I.")]
-RestartOpt = Annotated[Optional[bool], typer.Option(
-    "--restart-engine/--no-restart-engine", rich_help_panel="Faults",
-    help="After an engine loss: start a fresh engine (and fresh spawned "
-         "workers) and resubmit the lost sessions under a new epoch.")]
-ArrivalsOpt = Annotated[Optional[str], typer.Option(
-    "--arrivals", rich_help_panel="Load",
-    help="all-at-once (default) | poisson:RATE | gamma:RATE:CV | trace:T0,T1,... | trace:FILE "
-         "(rates in sessions per tick).")]
+SloTtftOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--slo-ttft",
+        rich_help_panel="Load",
+        callback=_slo,
+        help="Goodput SLO: arrival to first token, in ticks (ms on --clock wall).",
+    ),
+]
+SloTpotOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--slo-tpot",
+        rich_help_panel="Load",
+        callback=_slo,
+        help="Goodput SLO: mean gap between tokens after the first, in ticks (ms on --clock wall).",
+    ),
+]
+ClockOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--clock",
+        rich_help_panel="Load",
+        help="tick (default: arrivals in ticks, exact and re-checkable) | wall (rates per second, "
+        "admission depends on speed: reported).",
+    ),
+]
+RepeatOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--repeat",
+        rich_help_panel="Repetitions",
+        min=1,
+        max=100,
+        help="Recorded passes per level, interleaved (5 or more for a strong compare verdict).",
+    ),
+]
+WarmupOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--warmup", rich_help_panel="Repetitions", min=0, max=10, help="Unrecorded passes per level first (default 1)."
+    ),
+]
+RpcOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rpc",
+        rich_help_panel="Engine",
+        help="llama.cpp RPC workers HOST:PORT[,HOST:PORT...] (meshbench node serve) for the model's layers.",
+    ),
+]
+WorkersOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--workers",
+        rich_help_panel="Engine",
+        min=0,
+        max=16,
+        help="Start this many local RPC workers (loopback, free ports) for the run.",
+    ),
+]
+SplitOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--split",
+        rich_help_panel="Engine",
+        help="Share of the layers per RPC worker, e.g. 1,3 (default: llama.cpp's proportional split).",
+    ),
+]
+PrefillOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prefill",
+        rich_help_panel="Workload",
+        help="whole (default: whole prompts within the prefill budget, the first always runs) | chunked "
+        "(the budget filled exactly, the last prompt split and continued next tick).",
+    ),
+]
+MixedOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--mixed-batch/--no-mixed-batch",
+        rich_help_panel="Engine",
+        help="GGUF engine: a tick's decode items and prompt chunks in ONE llama_decode (default: separate calls).",
+    ),
+]
+RepackOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--repack/--no-repack",
+        rich_help_panel="Engine",
+        help="GGUF engine: llama.cpp's CPU weight repacking (default off: see docs/concepts/determinism.md).",
+    ),
+]
+TiledOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tiled-mm",
+        rich_help_panel="Engine",
+        help="GGUF engine: ggml's tiled K-quant matmul: auto (llama.cpp's choice, from 8 rows) | off | force.",
+    ),
+]
+EosOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--eos",
+        rich_help_panel="Workload",
+        help="End of sequence: stop (the default with --prompts) | ban (llama-server's ignore_eos) | continue.",
+    ),
+]
+IsolationOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--isolation/--no-isolation",
+        rich_help_panel="Output",
+        help="Prove isolation at every level by perturbation passes (default on).",
+    ),
+]
+IsolateOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--isolate/--no-isolate",
+        rich_help_panel="Engine",
+        help="Run the engine in its own process behind a proxy (default: exactly when RPC "
+        "workers are used); the node then survives the engine dying.",
+    ),
+]
+InjectOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--inject",
+        rich_help_panel="Faults",
+        help="A fault row, KIND[:TARGET]@TICK[,...], run at every level; repeat the flag for more rows. "
+        "Kinds: cancel:SESSION, evict:SESSION, raise:prefill, raise:decode, kill-engine, abort-engine, "
+        "kill-worker:I.",
+    ),
+]
+RestartOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--restart-engine/--no-restart-engine",
+        rich_help_panel="Faults",
+        help="After an engine loss: start a fresh engine (and fresh spawned "
+        "workers) and resubmit the lost sessions under a new epoch.",
+    ),
+]
+ArrivalsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--arrivals",
+        rich_help_panel="Load",
+        help="all-at-once (default) | poisson:RATE | gamma:RATE:CV | trace:T0,T1,... | trace:FILE "
+        "(rates in sessions per tick).",
+    ),
+]
 
 
 def engine_overrides(engine, preset, model, device, threads, seed, rpc=None, workers=None) -> dict:
     # --model alone keeps the configured engine kind: on the synthetic engine it swaps the weights.
-    return {"kind": engine, "preset": preset, "model": model, "device": device, "threads": threads, "seed": seed,
-            "rpc": rpc, "workers": workers}
+    return {
+        "kind": engine,
+        "preset": preset,
+        "model": model,
+        "device": device,
+        "threads": threads,
+        "seed": seed,
+        "rpc": rpc,
+        "workers": workers,
+    }

@@ -37,14 +37,24 @@ def _tolerance(value: str) -> float:
 def compare(
     baseline: Annotated[Path, typer.Argument(help="The bundle to compare against.")],
     candidate: Annotated[Path, typer.Argument(help="The new bundle.")],
-    tolerance: Annotated[str, typer.Option(
-        "--tolerance", help="Smallest relative change of a median that counts, e.g. 10%. The default is above "
-                            "the drift measured between back-to-back sweeps on a shared 2-core machine.")] = "10%",
-    perf: Annotated[str, typer.Option("--perf", help="A strong performance regression: fail (exit 1), warn "
-                                                     "(print it, exit 0) or ignore.")] = "fail",
-    markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write a Markdown summary here "
-                                                                        "(a new file, never inside a bundle).")]
-    = None,
+    tolerance: Annotated[
+        str,
+        typer.Option(
+            "--tolerance",
+            help="Smallest relative change of a median that counts, e.g. 10%. The default is above "
+            "the drift measured between back-to-back sweeps on a shared 2-core machine.",
+        ),
+    ] = "10%",
+    perf: Annotated[
+        str,
+        typer.Option(
+            "--perf", help="A strong performance regression: fail (exit 1), warn (print it, exit 0) or ignore."
+        ),
+    ] = "fail",
+    markdown: Annotated[
+        Optional[Path],
+        typer.Option("--markdown", help="Also write a Markdown summary here (a new file, never inside a bundle)."),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Let --markdown replace an existing file.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -99,28 +109,45 @@ def _colored(word: str, text: str | None = None) -> str:
 
 def _print(report: dict, perf: str) -> None:
     if report["differences"]:
-        t = table("what differs besides the workload" + (" (across machines)" if report["across_machines"] else ""),
-                  ("kind", "field", "baseline", "candidate"))
+        t = table(
+            "what differs besides the workload" + (" (across machines)" if report["across_machines"] else ""),
+            ("kind", "field", "baseline", "candidate"),
+        )
         for d in report["differences"]:
             t.add_row(d["kind"], d["field"], str(d["baseline"]), str(d["candidate"]))
         out.print(t)
-    t = table(f"{report['baseline']} -> {report['candidate']}: outputs and scheduler",
-              ("level", "outputs", "scheduler"))
+    t = table(
+        f"{report['baseline']} -> {report['candidate']}: outputs and scheduler", ("level", "outputs", "scheduler")
+    )
     for lv in report["levels"]:
         o, s = lv["outputs"], lv["scheduler"]
         o_text = o["verdict"] if o["first_divergence"] is None else f"changed: {o['first_divergence']}"
-        s_text = s["verdict"] if not s["changes"] else "changed: " + ", ".join(
-            f"{k} {v['baseline']} -> {v['candidate']}" for k, v in s["changes"].items())
+        s_text = (
+            s["verdict"]
+            if not s["changes"]
+            else "changed: " + ", ".join(f"{k} {v['baseline']} -> {v['candidate']}" for k, v in s["changes"].items())
+        )
         t.add_row(compare_report.level_name(lv), _colored(o["verdict"], o_text), _colored(s["verdict"], s_text))
     out.print(t)
-    t = table(f"performance, tolerance {report['tolerance']:.0%} (--perf {perf}): median baseline -> candidate",
-              ("level", "figure", "verdict", "baseline", "candidate", "change", "p"))
+    t = table(
+        f"performance, tolerance {report['tolerance']:.0%} (--perf {perf}): median baseline -> candidate",
+        ("level", "figure", "verdict", "baseline", "candidate", "change", "p"),
+    )
     for lv in report["levels"]:
         for figure, v in lv["performance"].items():
-            t.add_row(compare_report.level_name(lv), figure, _colored(v["verdict"], compare_report.verdict_text(v)),
-                      f"{v['baseline']['median']:.4g}", f"{v['candidate']['median']:.4g}", f"{v['change']:+.1%}",
-                      "-" if v["p_value"] is None else f"{v['p_value']:.3g}")
+            t.add_row(
+                compare_report.level_name(lv),
+                figure,
+                _colored(v["verdict"], compare_report.verdict_text(v)),
+                f"{v['baseline']['median']:.4g}",
+                f"{v['candidate']['median']:.4g}",
+                f"{v['change']:+.1%}",
+                "-" if v["p_value"] is None else f"{v['p_value']:.3g}",
+            )
     out.print(t)
     s = report["summary"]
-    out.print(f"outputs_changed={s['outputs_changed']} scheduler_changed={s['scheduler_changed']} "
-              f"regressed={s['regressed']} improved={s['improved']} weak={len(s['weak'])}", markup=False)
+    out.print(
+        f"outputs_changed={s['outputs_changed']} scheduler_changed={s['scheduler_changed']} "
+        f"regressed={s['regressed']} improved={s['improved']} weak={len(s['weak'])}",
+        markup=False,
+    )

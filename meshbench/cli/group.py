@@ -68,8 +68,9 @@ class MeshbenchGroup(TyperGroup):
 
     def _run(self, args, prog_name, complete_var, **extra) -> int:
         try:
-            rv = super().main(args=args, prog_name=prog_name or "meshbench", complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            rv = super().main(
+                args=args, prog_name=prog_name or "meshbench", complete_var=complete_var, standalone_mode=False, **extra
+            )
             if rv == 130:  # typer turns Ctrl-C into exit code 130 itself
                 typer.echo("interrupted: no partial bundle or file was left", err=True)
             return rv

@@ -14,38 +14,49 @@ from meshbench.cli.common import err
 from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
 
-node_app = typer.Typer(help="A llama.cpp RPC worker (ggml-rpc) for a node spread over processes or hosts.",
-                       no_args_is_help=True)
+node_app = typer.Typer(
+    help="A llama.cpp RPC worker (ggml-rpc) for a node spread over processes or hosts.", no_args_is_help=True
+)
 
 
 @node_app.command("serve")
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback unless --allow-remote).")]
-    = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (loopback unless --allow-remote).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 50052,
     threads: Annotated[Optional[int], typer.Option("--threads", min=1, max=512, help="CPU threads.")] = None,
     cache: Annotated[Optional[str], typer.Option("--cache", help="Folder for llama.cpp's tensor cache.")] = None,
-    allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Listen on a non-loopback address. "
-                                               "ggml-rpc is unauthenticated: only on a network you trust.")]
-    = False,
+    allow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--allow-remote",
+            help="Listen on a non-loopback address. ggml-rpc is unauthenticated: only on a network you trust.",
+        ),
+    ] = False,
 ) -> None:
     """Serve this machine's CPU to llama.cpp RPC clients until SIGTERM (exit 0) or SIGINT (exit 130)."""
     endpoint = rpc.Endpoint(_numeric(host), port)  # llama.cpp binds an address, not a name
     if not endpoint.loopback and not allow_remote:
-        raise MeshbenchError(f"--host {host}: not a loopback address; ggml-rpc has no authentication, so "
-                             "pass --allow-remote to expose it, and only on a network you trust")
+        raise MeshbenchError(
+            f"--host {host}: not a loopback address; ggml-rpc has no authentication, so "
+            "pass --allow-remote to expose it, and only on a network you trust"
+        )
     if not endpoint.loopback:
-        err.print(f"warning: serving llama.cpp RPC on {endpoint} without authentication: anyone who reaches this "
-                  "port can run tensors on this machine", markup=False)
+        err.print(
+            f"warning: serving llama.cpp RPC on {endpoint} without authentication: anyone who reaches this "
+            "port can run tensors on this machine",
+            markup=False,
+        )
     rpc.libraries()  # an RPC-capable build, or the one line that says how to get it
     _check_port_free(endpoint)
-    server = threading.Thread(target=rpc.serve, args=(endpoint, threads or os.cpu_count() or 1, cache),
-                              daemon=True)
+    server = threading.Thread(target=rpc.serve, args=(endpoint, threads or os.cpu_count() or 1, cache), daemon=True)
     try:  # from before the server can accept anything: a SIGTERM from then on is a clean stop
         server.start()
         if not _accepting(endpoint, server):  # "listening" only once it is: llama.cpp may fail to bind
-            raise MeshbenchError(f"llama.cpp's RPC server did not start listening on {endpoint} within "
-                                 f"{BIND_TIMEOUT_S:.0f} s")
+            raise MeshbenchError(
+                f"llama.cpp's RPC server did not start listening on {endpoint} within {BIND_TIMEOUT_S:.0f} s"
+            )
         err.print(f"listening on {endpoint}", markup=False)
         while server.is_alive():
             server.join(0.25)

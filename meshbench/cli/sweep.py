@@ -62,9 +62,14 @@ from meshbench.workload import config as config_mod
 
 def sweep(
     config: ConfigOpt = None,
-    levels: Annotated[Optional[str], typer.Option(
-        "--levels", help="Concurrency levels, e.g. 1,2,4,8. Each must be >= 1 and at most the session count: "
-                         "a higher level is refused, not clamped.")] = None,
+    levels: Annotated[
+        Optional[str],
+        typer.Option(
+            "--levels",
+            help="Concurrency levels, e.g. 1,2,4,8. Each must be >= 1 and at most the session count: "
+            "a higher level is refused, not clamped.",
+        ),
+    ] = None,
     engine: EngineOpt = None,
     preset: PresetOpt = None,
     model: ModelOpt = None,
@@ -86,9 +91,16 @@ def sweep(
     prompt_tokens: PromptOpt = None,
     prompts: PromptsOpt = None,
     new_tokens: NewOpt = None,
-    max_prefill_tokens_per_tick: Annotated[Optional[int], typer.Option(
-        "--max-prefill-tokens-per-tick", rich_help_panel="Workload", min=1, max=limits.MAX_TOKENS,
-        help="Prompt tokens prefilled per tick (first always runs).")] = None,
+    max_prefill_tokens_per_tick: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-prefill-tokens-per-tick",
+            rich_help_panel="Workload",
+            min=1,
+            max=limits.MAX_TOKENS,
+            help="Prompt tokens prefilled per tick (first always runs).",
+        ),
+    ] = None,
     seed: SeedOpt = None,
     arrivals: ArrivalsOpt = None,
     rates: RatesOpt = None,
@@ -98,13 +110,16 @@ def sweep(
     clock: ClockOpt = None,
     repeat: RepeatOpt = None,
     warmup: WarmupOpt = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", rich_help_panel="Output",
-                                                    help="Write an evidence bundle to this folder.")] = None,
-    force: Annotated[bool, typer.Option("--force", rich_help_panel="Output",
-                                        help="Replace an existing bundle at --out.")] = False,
+    out_dir: Annotated[
+        Optional[Path], typer.Option("--out", rich_help_panel="Output", help="Write an evidence bundle to this folder.")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", rich_help_panel="Output", help="Replace an existing bundle at --out.")
+    ] = False,
     as_json: JsonOpt = False,
-    verbose: Annotated[bool, typer.Option("--verbose", rich_help_panel="Output",
-                                          help="Let llama.cpp print its own log.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", rich_help_panel="Output", help="Let llama.cpp print its own log.")
+    ] = False,
 ) -> None:
     """Run the same sessions at every concurrency level and prove batching never mixes them.
 
@@ -113,28 +128,66 @@ def sweep(
     _sweep(config_mod.load(config, _sweep_overrides(**locals())), out_dir, force, as_json, verbose)
 
 
-def _sweep_overrides(levels, repeat, warmup, rates, slo_ttft, slo_tpot, clock, inject, restart_engine, prefill,
-                     isolation, engine, preset, model, device, threads, seed, rpc, workers, split, isolate,
-                     mixed_batch, repack, tiled_mm, sessions, prompt_tokens, new_tokens, arrivals, prompts, eos,
-                     max_prefill_tokens_per_tick, max_queue_depth, **_) -> dict:
+def _sweep_overrides(
+    levels,
+    repeat,
+    warmup,
+    rates,
+    slo_ttft,
+    slo_tpot,
+    clock,
+    inject,
+    restart_engine,
+    prefill,
+    isolation,
+    engine,
+    preset,
+    model,
+    device,
+    threads,
+    seed,
+    rpc,
+    workers,
+    split,
+    isolate,
+    mixed_batch,
+    repack,
+    tiled_mm,
+    sessions,
+    prompt_tokens,
+    new_tokens,
+    arrivals,
+    prompts,
+    eos,
+    max_prefill_tokens_per_tick,
+    max_queue_depth,
+    **_,
+) -> dict:
     """The sweep's flags as a nested config mapping (only the flags given)."""
-    return drop_none({
-        "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
-        "repeat": repeat,
-        "warmup": warmup,
-        "rates": float_list(rates, "--rates") if rates is not None else None,
-        "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
-        "clock": clock,
-        "faults": list(inject) if inject else None,
-        "restart_engine": restart_engine,
-        "prefill": prefill,
-        "isolation": isolation,
-        "engine": dict(engine_overrides(engine, preset, model, device, threads, seed, rpc, workers),
-                       split=float_list(split, "--split", unique=False) if split is not None else None,
-                       isolate=isolate, mixed_batch=mixed_batch, repack=repack, tiled_mm=tiled_mm),
-        "workload": dict(workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts), eos=eos),
-        "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
-    })
+    return drop_none(
+        {
+            "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
+            "repeat": repeat,
+            "warmup": warmup,
+            "rates": float_list(rates, "--rates") if rates is not None else None,
+            "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
+            "clock": clock,
+            "faults": list(inject) if inject else None,
+            "restart_engine": restart_engine,
+            "prefill": prefill,
+            "isolation": isolation,
+            "engine": dict(
+                engine_overrides(engine, preset, model, device, threads, seed, rpc, workers),
+                split=float_list(split, "--split", unique=False) if split is not None else None,
+                isolate=isolate,
+                mixed_batch=mixed_batch,
+                repack=repack,
+                tiled_mm=tiled_mm,
+            ),
+            "workload": dict(workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts), eos=eos),
+            "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
+        }
+    )
 
 
 def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json: bool, verbose: bool) -> None:
@@ -172,8 +225,15 @@ def _run_with_progress(cfg, verbose: bool) -> dict:
 
         return run.sweep_on_node(cfg, command_line(), on_line, verbose)
     total = sum(cfg.workload.new_tokens) * (cfg.repeat + cfg.warmup)
-    with Progress(TextColumn("[bold]level {task.fields[level]:>3}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("tokens"), TimeElapsedColumn(), console=err, transient=False) as progress:
+    with Progress(
+        TextColumn("[bold]level {task.fields[level]:>3}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("tokens"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as progress:
         tasks: dict[int, int] = {}
 
         def on_tick(level: int, rec) -> None:
@@ -185,22 +245,29 @@ def _run_with_progress(cfg, verbose: bool) -> dict:
 
 
 def _print_sweep(data: dict) -> None:
-    t = table(f"{data['story']}: {data['engine']['kind']} engine, {data['workload']['sessions']} sessions, "
-              f"{data['config']['repeat']} repetition(s): medians",
-              ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "decode tok/s",
-               "ITL p50 ms"))
+    t = table(
+        f"{data['story']}: {data['engine']['kind']} engine, {data['workload']['sessions']} sessions, "
+        f"{data['config']['repeat']} repetition(s): medians",
+        ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "decode tok/s", "ITL p50 ms"),
+    )
     for row, lv in zip(report.table_rows(data), data["levels"]):
         wall = lv["wall"]
         itl = wall.get("itl_ms.p50")
-        t.add_row(*row, f"{wall['tokens_per_s']['median']:.1f}", f"{wall['decode_tokens_per_s']['median']:.1f}",
-                  "-" if itl is None else f"{itl['median']:.2f}")
+        t.add_row(
+            *row,
+            f"{wall['tokens_per_s']['median']:.1f}",
+            f"{wall['decode_tokens_per_s']['median']:.1f}",
+            "-" if itl is None else f"{itl['median']:.2f}",
+        )
     out.print(t)
     div = data["first_divergence"]
-    out.print(f"corruption_free={data['corruption_free']} batch_invariant={data['batch_invariant']} "
-              f"isolation={data['isolation']['holds']} ({data['isolation']['levels_run']} of {len(data['levels'])} "
-              f"levels) saturation_concurrency={data['saturation_concurrency']} "
-              f"cache_misses={sum(lv['cache_misses'] for lv in data['levels'])} "
-              f"rejected_admissions={sum(lv['rejected_admissions'] for lv in data['levels'])} "
-              f"failed={sum(lv['failed'] for lv in data['levels'])}")
+    out.print(
+        f"corruption_free={data['corruption_free']} batch_invariant={data['batch_invariant']} "
+        f"isolation={data['isolation']['holds']} ({data['isolation']['levels_run']} of {len(data['levels'])} "
+        f"levels) saturation_concurrency={data['saturation_concurrency']} "
+        f"cache_misses={sum(lv['cache_misses'] for lv in data['levels'])} "
+        f"rejected_admissions={sum(lv['rejected_admissions'] for lv in data['levels'])} "
+        f"failed={sum(lv['failed'] for lv in data['levels'])}"
+    )
     if div:
         out.print(f"first divergence: {div}")

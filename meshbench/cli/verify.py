@@ -19,11 +19,21 @@ from meshbench.verify import bundle as verify_mod
 
 def verify(
     bundles: Annotated[list[Path], typer.Argument(help="Evidence bundle folders (each holds results.json).")],
-    rerun: Annotated[bool, typer.Option("--rerun", help="Run the recorded configuration again and require every "
-                                                        "deterministic field to be identical.")] = False,
-    trust_endpoints: Annotated[bool, typer.Option(
-        "--trust-endpoints", help="Let --rerun connect to the RPC endpoints a bundle names (engine.rpc); without "
-                                  "it such a bundle is refused: a rerun would send the model to them.")] = False,
+    rerun: Annotated[
+        bool,
+        typer.Option(
+            "--rerun",
+            help="Run the recorded configuration again and require every deterministic field to be identical.",
+        ),
+    ] = False,
+    trust_endpoints: Annotated[
+        bool,
+        typer.Option(
+            "--trust-endpoints",
+            help="Let --rerun connect to the RPC endpoints a bundle names (engine.rpc); without "
+            "it such a bundle is refused: a rerun would send the model to them.",
+        ),
+    ] = False,
 ) -> None:
     """Check evidence bundles: schema, recomputed figures and verdicts, the README, and (--rerun) reproduction.
 
@@ -33,8 +43,11 @@ def verify(
     for path in bundles:  # every bundle is reported; the exit code is the worst status
         try:
             checks = verify_mod.check_bundle(
-                path, rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints, bundle=path)
-                if rerun else None)
+                path,
+                rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints, bundle=path)
+                if rerun
+                else None,
+            )
         except MeshbenchError as e:
             err.print(f"error: {e}", markup=False)
             worst = max(worst, 2)
@@ -42,8 +55,11 @@ def verify(
         for f in checks.failures:
             out.print(f"{path}/{f}", markup=False)
         status = "FAIL" if checks.failures else "ok"
-        out.print(f"{path}: {status}: {checks.count} checks, {len(checks.failures)} failed"
-                  + (" (rerun included)" if rerun else ""), markup=False)
+        out.print(
+            f"{path}: {status}: {checks.count} checks, {len(checks.failures)} failed"
+            + (" (rerun included)" if rerun else ""),
+            markup=False,
+        )
         if checks.failures:
             worst = max(worst, 1)
     raise typer.Exit(worst)

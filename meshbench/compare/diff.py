@@ -15,12 +15,29 @@ from meshbench.errors import MeshbenchError
 from meshbench.verify import bundle as verify
 
 # (figure, higher is better): the figures a release gate reads.
-PERF_FIGURES = (("decode_tokens_per_s", True), ("prefill_tokens_per_s", True), ("ttft_ms.p50", False),
-                ("ttft_ms.p99", False), ("itl_ms.p50", False), ("itl_ms.p99", False), ("tpot_ms.p50", False),
-                ("tpot_ms.p99", False))
+PERF_FIGURES = (
+    ("decode_tokens_per_s", True),
+    ("prefill_tokens_per_s", True),
+    ("ttft_ms.p50", False),
+    ("ttft_ms.p99", False),
+    ("itl_ms.p50", False),
+    ("itl_ms.p99", False),
+    ("tpot_ms.p50", False),
+    ("tpot_ms.p99", False),
+)
 SCHEDULER_FIELDS = (*figures.TICK_FIGURES, "rejected_admissions", "cache_misses", "failed")
-ENGINE_KEYS = ("kind", "model_sha256", "recipe_fingerprint", "device", "dtype", "threads", "flash_attn",
-               "kv_unified", "kv_bytes_per_token", "weight_bytes")
+ENGINE_KEYS = (
+    "kind",
+    "model_sha256",
+    "recipe_fingerprint",
+    "device",
+    "dtype",
+    "threads",
+    "flash_attn",
+    "kv_unified",
+    "kv_bytes_per_token",
+    "weight_bytes",
+)
 MACHINE_KEYS = ("cpu", "cpu_count", "platform", "machine")
 SOFTWARE_KEYS = ("python", "numpy", "llama_cpp", "git_commit", "git_dirty")
 
@@ -32,19 +49,26 @@ def verified(path: Path, role: str) -> dict:
     except MeshbenchError as e:
         raise MeshbenchError(f"{role}: {e}") from None
     if checks.failures:
-        raise MeshbenchError(f"{role} {path} does not pass verify ({len(checks.failures)} failed checks, the first: "
-                             f"{checks.failures[0]}); run meshbench verify {path}")
+        raise MeshbenchError(
+            f"{role} {path} does not pass verify ({len(checks.failures)} failed checks, the first: "
+            f"{checks.failures[0]}); run meshbench verify {path}"
+        )
     return data
 
 
 def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     base, cand = verified(baseline, "baseline"), verified(candidate, "candidate")
     if base["workload"] != cand["workload"]:
-        fields = sorted(k for k in set(base["workload"]) | set(cand["workload"])
-                        if base["workload"].get(k) != cand["workload"].get(k))
+        fields = sorted(
+            k
+            for k in set(base["workload"]) | set(cand["workload"])
+            if base["workload"].get(k) != cand["workload"].get(k)
+        )
         named = ", ".join(f"workload.{k}" for k in fields)
-        raise MeshbenchError(f"{baseline} and {candidate} ran different workloads ({named} differ: {_workload(base)} "
-                             f"against {_workload(cand)}): there is nothing to compare")
+        raise MeshbenchError(
+            f"{baseline} and {candidate} ran different workloads ({named} differ: {_workload(base)} "
+            f"against {_workload(cand)}): there is nothing to compare"
+        )
     b_levels = {_level_key(lv): lv for lv in base["levels"]}
     c_levels = {_level_key(lv): lv for lv in cand["levels"]}
     common = sorted(set(b_levels) & set(c_levels), key=lambda k: (k[2], k[1] or 0.0, k[0]))
@@ -53,15 +77,29 @@ def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     # On the wall clock admission depends on speed: the scheduler figures are not compared, and the
     # outputs only for the sessions both sides completed.
     wall = "wall" in (base["config"]["clock"], cand["config"]["clock"])
-    levels = [{"concurrency": c[0], "rate": c[1], "faults": list(c[2]),
-               "outputs": outputs_verdict(b_levels[c], c_levels[c], common_only=wall),
-               "scheduler": ({"verdict": "not compared (wall clock)", "changes": {}} if wall else
-                             scheduler_verdict(base, b_levels[c], cand, c_levels[c])),
-               "performance": performance_verdicts(b_levels[c], c_levels[c], tolerance)} for c in common]
+    levels = [
+        {
+            "concurrency": c[0],
+            "rate": c[1],
+            "faults": list(c[2]),
+            "outputs": outputs_verdict(b_levels[c], c_levels[c], common_only=wall),
+            "scheduler": (
+                {"verdict": "not compared (wall clock)", "changes": {}}
+                if wall
+                else scheduler_verdict(base, b_levels[c], cand, c_levels[c])
+            ),
+            "performance": performance_verdicts(b_levels[c], c_levels[c], tolerance),
+        }
+        for c in common
+    ]
     return {
-        "baseline": str(baseline), "candidate": str(candidate), "tolerance": tolerance,
-        "differences": differences(base, cand), "across_machines": _machine(base) != _machine(cand),
-        "levels": levels, "summary": summarize(levels),
+        "baseline": str(baseline),
+        "candidate": str(candidate),
+        "tolerance": tolerance,
+        "differences": differences(base, cand),
+        "across_machines": _machine(base) != _machine(cand),
+        "levels": levels,
+        "summary": summarize(levels),
     }
 
 
@@ -79,9 +117,13 @@ def outputs_verdict(base: dict, cand: dict, common_only: bool = False) -> dict:
         b = {k: v for k, v in b.items() if k in c and v["done_reason"] == c[k]["done_reason"] == "COMPLETED"}
         c = {k: v for k, v in c.items() if k in b}
         base, cand = dict(base, sessions=list(b.values())), dict(cand, sessions=list(c.values()))
-    changed = sorted(sid for sid in set(b) | set(c)
-                     if sid not in b or sid not in c
-                     or figures.token_digest(b[sid]["tokens"]) != figures.token_digest(c[sid]["tokens"]))
+    changed = sorted(
+        sid
+        for sid in set(b) | set(c)
+        if sid not in b
+        or sid not in c
+        or figures.token_digest(b[sid]["tokens"]) != figures.token_digest(c[sid]["tokens"])
+    )
     if not changed:
         return {"verdict": "same", "sessions_changed": [], "first_divergence": None}
     div = figures.first_divergence(base, cand)
@@ -91,17 +133,22 @@ def outputs_verdict(base: dict, cand: dict, common_only: bool = False) -> dict:
         div = dict(div, margin=s["margins"][i] if i < len(s["margins"]) else None)
     else:  # equal where both have tokens: one side stopped earlier, or a session is missing
         sid = changed[0]
-        div = {"session_id": sid, "reference_tokens": len(b[sid]["tokens"]) if sid in b else None,
-               "tokens": len(c[sid]["tokens"]) if sid in c else None}
+        div = {
+            "session_id": sid,
+            "reference_tokens": len(b[sid]["tokens"]) if sid in b else None,
+            "tokens": len(c[sid]["tokens"]) if sid in c else None,
+        }
     return {"verdict": "changed", "sessions_changed": changed, "first_divergence": div}
 
 
 def _scheduler_figures(data: dict, level: dict) -> dict:
     sessions = level["sessions"]
-    return {**figures.summarize_ticks(level["tick_records"]),
-            "rejected_admissions": data["workload"]["sessions"] - len(sessions),
-            "cache_misses": sum(s["done_reason"] == "CACHE_MISS" for s in sessions),
-            "failed": sum(s["done_reason"] == "FAILED" for s in sessions)}
+    return {
+        **figures.summarize_ticks(level["tick_records"]),
+        "rejected_admissions": data["workload"]["sessions"] - len(sessions),
+        "cache_misses": sum(s["done_reason"] == "CACHE_MISS" for s in sessions),
+        "failed": sum(s["done_reason"] == "FAILED" for s in sessions),
+    }
 
 
 def scheduler_verdict(base_data: dict, base: dict, cand_data: dict, cand: dict) -> dict:
@@ -128,8 +175,7 @@ def performance_verdicts(base: dict, cand: dict, tolerance: float) -> dict:
         if not b or not c:
             continue
         v = stats.judge(b, c, higher, tolerance).to_dict()
-        out[figure] = {**v, "baseline": stats.summary(b), "candidate": stats.summary(c),
-                       "higher_is_better": higher}
+        out[figure] = {**v, "baseline": stats.summary(b), "candidate": stats.summary(c), "higher_is_better": higher}
     return out
 
 
@@ -186,5 +232,7 @@ def _machine(data: dict) -> tuple:
 
 def _workload(data: dict) -> str:
     w = data["workload"]
-    return (f"{w['sessions']} sessions, prompts {sorted(set(w['prompt_tokens']))}, new tokens "
-            f"{sorted(set(w['new_tokens']))}, seed {w['seed']}")
+    return (
+        f"{w['sessions']} sessions, prompts {sorted(set(w['prompt_tokens']))}, new tokens "
+        f"{sorted(set(w['new_tokens']))}, seed {w['seed']}"
+    )

@@ -36,23 +36,34 @@ def render(report: dict, perf_mode: str) -> str:
         "",
     ]
     if report["differences"]:
-        lines += ["## What differs besides the workload"
-                  + (" (a comparison across machines)" if report["across_machines"] else ""), "",
-                  "| kind | field | baseline | candidate |", "|---|---|---|---|"]
-        lines += [f"| {d['kind']} | {d['field']} | {d['baseline']} | {d['candidate']} |"
-                  for d in report["differences"]]
+        lines += [
+            "## What differs besides the workload"
+            + (" (a comparison across machines)" if report["across_machines"] else ""),
+            "",
+            "| kind | field | baseline | candidate |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {d['kind']} | {d['field']} | {d['baseline']} | {d['candidate']} |" for d in report["differences"]]
         lines.append("")
     lines += ["## Outputs and scheduler", "", "| level | outputs | scheduler |", "|---|---|---|"]
     for lv in report["levels"]:
         out, sch = lv["outputs"], lv["scheduler"]
         div = out["first_divergence"]
         out_text = "same" if div is None else f"changed: {div}"
-        sch_text = "same" if not sch["changes"] else "changed: " + ", ".join(
-            f"{k} {v['baseline']} -> {v['candidate']}" for k, v in sch["changes"].items())
+        sch_text = (
+            "same"
+            if not sch["changes"]
+            else "changed: " + ", ".join(f"{k} {v['baseline']} -> {v['candidate']}" for k, v in sch["changes"].items())
+        )
         lines.append(f"| {level_name(lv)} | {out_text} | {sch_text} |")
     names = [f for f, _ in PERF_FIGURES]
-    lines += ["", "## Performance (median of the repetitions, baseline -> candidate)", "",
-              "| level | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [
+        "",
+        "## Performance (median of the repetitions, baseline -> candidate)",
+        "",
+        "| level | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for lv in report["levels"]:
         cells = [perf_cell(lv["performance"][f]) if f in lv["performance"] else "-" for f in names]
         lines.append(f"| {level_name(lv)} | " + " | ".join(cells) + " |")

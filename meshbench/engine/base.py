@@ -152,8 +152,9 @@ def fingerprint(recipe: dict) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
 
 
-def batch_results(items: Sequence[DecodeItem], live: Sequence[DecodeItem], rows,
-                  banned: np.ndarray | None = None) -> list[StepResult]:
+def batch_results(
+    items: Sequence[DecodeItem], live: Sequence[DecodeItem], rows, banned: np.ndarray | None = None
+) -> list[StepResult]:
     """A decode batch's answer in ``items`` order: greedy steps for ``live`` (whose logits
     ``rows`` holds, row by row), a cache miss for every other item."""
     results = {it.session_id: StepResult(it.session_id, None, cache_miss=True) for it in items}
@@ -194,8 +195,9 @@ def _prefill_chunk(engine, chunk: PrefillChunk) -> StepResult:
     return engine.prefill_chunk(chunk)
 
 
-def step_with_faults(engine, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk], raise_decode: bool,
-                     raise_prefill: bool) -> TickResult:
+def step_with_faults(
+    engine, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk], raise_decode: bool, raise_prefill: bool
+) -> TickResult:
     """``engine.step`` with an injected exception in its decode part (every decode item fails) or in its
     first chunk (that session fails), as if the engine had raised there."""
     if not raise_decode and not raise_prefill:
@@ -203,11 +205,13 @@ def step_with_faults(engine, decode: Sequence[DecodeItem], prefill: Sequence[Pre
     skip_decode, skip_chunk = raise_decode and bool(decode), raise_prefill and bool(prefill)
     out = engine.step([] if skip_decode else decode, prefill[1:] if skip_chunk else prefill)
     if skip_decode:
-        out.decode = [raised(it.session_id, "decode_batch", InjectedFault("injected into the decode call"))
-                      for it in decode]
+        out.decode = [
+            raised(it.session_id, "decode_batch", InjectedFault("injected into the decode call")) for it in decode
+        ]
     if skip_chunk:
-        out.prefill.insert(0, raised(prefill[0].session.session_id, "prefill",
-                                     InjectedFault("injected into the prefill call")))
+        out.prefill.insert(
+            0, raised(prefill[0].session.session_id, "prefill", InjectedFault("injected into the prefill call"))
+        )
     return out
 
 

@@ -28,8 +28,9 @@ def ensure_model(spec: EngineSpec) -> None:
         gguf_io.write(Path(spec.model), cfg, init_weights(cfg, recipe.get("seed", 0)), recipe.get("type", "q8_0"))
 
 
-def setup(spec: EngineSpec, sizing: EngineSizing, verbose: bool = False,
-          endpoints: Sequence[Endpoint] = ()) -> EngineSetup:
+def setup(
+    spec: EngineSpec, sizing: EngineSizing, verbose: bool = False, endpoints: Sequence[Endpoint] = ()
+) -> EngineSetup:
     """Prepare the engine once (weights, model file); ``make`` then builds one per level."""
     ensure_model(spec)
     if spec.kind == "synthetic":

@@ -56,17 +56,30 @@ def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, th
     if threads is not None and not 1 <= threads <= limits.MAX_THREADS:
         raise MeshbenchError(f"engine.threads {threads}: llama.cpp takes 1 to {limits.MAX_THREADS} threads")
     if not 1 <= n_seq_max <= limits.MAX_LLAMA_SEQUENCES:
-        raise MeshbenchError(f"{n_seq_max} concurrent sessions: a llama.cpp context holds 1 to "
-                             f"{limits.MAX_LLAMA_SEQUENCES} sequences")
+        raise MeshbenchError(
+            f"{n_seq_max} concurrent sessions: a llama.cpp context holds 1 to {limits.MAX_LLAMA_SEQUENCES} sequences"
+        )
     if not 1 <= seq_capacity <= limits.MAX_TOKENS:
-        raise MeshbenchError(f"{seq_capacity} positions per session: a llama.cpp sequence here holds 1 to "
-                             f"{limits.MAX_TOKENS}")
+        raise MeshbenchError(
+            f"{seq_capacity} positions per session: a llama.cpp sequence here holds 1 to {limits.MAX_TOKENS}"
+        )
 
 
 class GgufEngine:
-    def __init__(self, model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None,
-                 flash_attn: bool = False, kv_unified: bool = False, kv_type: str = "f16",
-                 max_prompt: int = 512, mixed: bool = False, tiled_mm: str = "auto", ban_eog: bool = False) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        n_seq_max: int,
+        seq_capacity: int,
+        threads: int | None,
+        flash_attn: bool = False,
+        kv_unified: bool = False,
+        kv_type: str = "f16",
+        max_prompt: int = 512,
+        mixed: bool = False,
+        tiled_mm: str = "auto",
+        ban_eog: bool = False,
+    ) -> None:
         lib = llama_cpp_lib()
         check_native_sizes(model, n_seq_max, seq_capacity, threads)
         self.lib, self.model = lib, model
@@ -93,8 +106,9 @@ class GgufEngine:
         cp.no_perf = True
         self.ctx = lib.llama_init_from_model(model.ptr, cp)
         if not self.ctx:
-            raise MeshbenchError(f"llama.cpp could not create a context of {cp.n_ctx} cells for {n_seq_max} "
-                                 "sequences (out of memory?)")
+            raise MeshbenchError(
+                f"llama.cpp could not create a context of {cp.n_ctx} cells for {n_seq_max} sequences (out of memory?)"
+            )
         self.threads = n_threads
         self.n_seq_max = int(lib.llama_n_seq_max(self.ctx))
         self.seq_cells = int(lib.llama_n_ctx_seq(self.ctx))
@@ -110,10 +124,18 @@ class GgufEngine:
     # --- figures --------------------------------------------------------------------
     @property
     def recipe_fingerprint(self) -> str:
-        recipe = {"engine": "llama.cpp", "model_sha256": self.model.sha256, "flash_attn": self.flash_attn,
-                  "kv_unified": self.kv_unified, "kv_type": self.kv_type, "n_ubatch": self.n_batch,
-                  "device": self.model.device, "sampling": SAMPLING_CONTRACT, "repack": self.model.repack,
-                  "tiled_mm": self.tiled_mm}
+        recipe = {
+            "engine": "llama.cpp",
+            "model_sha256": self.model.sha256,
+            "flash_attn": self.flash_attn,
+            "kv_unified": self.kv_unified,
+            "kv_type": self.kv_type,
+            "n_ubatch": self.n_batch,
+            "device": self.model.device,
+            "sampling": SAMPLING_CONTRACT,
+            "repack": self.model.repack,
+            "tiled_mm": self.tiled_mm,
+        }
         if self.banned is not None:
             recipe["sampling"] = SAMPLING_CONTRACT + ":eog-banned"
         if self.mixed:  # (absent otherwise: the fingerprints of separate calls stay what they were)
@@ -167,7 +189,6 @@ class GgufEngine:
             self.tap(session_id, row)
         return row
 
-
     def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
         return self.prefill_chunk(PrefillChunk(session, tuple(prompt_tokens), 0, True))
 
@@ -175,11 +196,13 @@ class GgufEngine:
         check_token_ids(chunk.tokens, self.model.vocab_size)
         sid = chunk.session.session_id
         if len(chunk.tokens) > self.n_batch:
-            raise MeshbenchError(f"session {sid}: prompt of {len(chunk.tokens)} tokens exceeds the batch of "
-                                 f"{self.n_batch}")
+            raise MeshbenchError(
+                f"session {sid}: prompt of {len(chunk.tokens)} tokens exceeds the batch of {self.n_batch}"
+            )
         if chunk.session.capacity > self.seq_cells:
-            raise MeshbenchError(f"session {sid}: {chunk.session.capacity} positions exceed the "
-                                 f"{self.seq_cells} cells of a sequence")
+            raise MeshbenchError(
+                f"session {sid}: {chunk.session.capacity} positions exceed the {self.seq_cells} cells of a sequence"
+            )
 
     def _sequence(self, chunk: PrefillChunk) -> int | None:
         """The llama.cpp sequence a chunk writes: a fresh one for a prompt's first piece (the lowest free
@@ -221,8 +244,10 @@ class GgufEngine:
         except EngineLost:
             raise
         except Exception as e:
-            out = TickResult([raised(it.session_id, "step", e) for it in decode],
-                             [raised(c.session.session_id, "step", e) for c in prefill])
+            out = TickResult(
+                [raised(it.session_id, "step", e) for it in decode],
+                [raised(c.session.session_id, "step", e) for c in prefill],
+            )
         out.decode_ns = time.perf_counter_ns() - t0  # one call: it all counts as the decode's wait
         return out
 
@@ -239,8 +264,10 @@ class GgufEngine:
             seqs[c.session.session_id] = seq_id = self._sequence(c)
             if seq_id is not None:
                 n = len(c.tokens)
-                rows += [(t, seq_id, c.start + p, c.last and p == n - 1, ("prefill", c.session.session_id))
-                         for p, t in enumerate(c.tokens)]
+                rows += [
+                    (t, seq_id, c.start + p, c.last and p == n - 1, ("prefill", c.session.session_id))
+                    for p, t in enumerate(c.tokens)
+                ]
         if len(rows) > self.n_batch:
             raise MeshbenchError(f"a tick of {len(rows)} tokens exceeds the batch of {self.n_batch}")
         rows.sort(key=lambda r: (r[1], r[2]))  # llama.cpp wants each sequence's tokens together, in order
@@ -252,11 +279,17 @@ class GgufEngine:
         for c in prefill:
             if seqs[c.session.session_id] is not None:
                 self._stored[c.session.session_id] += len(c.tokens)
-        chunks = [StepResult(c.session.session_id, None, cache_miss=True) if seqs[c.session.session_id] is None
-                  else greedy_step(c.session.session_id, logits[("prefill", c.session.session_id)], self.banned)
-                  if c.last else StepResult(c.session.session_id, None) for c in prefill]
-        return TickResult(batch_results(decode, live, [logits[("decode", it.session_id)] for it in live],
-                                        self.banned), chunks)
+        chunks = [
+            StepResult(c.session.session_id, None, cache_miss=True)
+            if seqs[c.session.session_id] is None
+            else greedy_step(c.session.session_id, logits[("prefill", c.session.session_id)], self.banned)
+            if c.last
+            else StepResult(c.session.session_id, None)
+            for c in prefill
+        ]
+        return TickResult(
+            batch_results(decode, live, [logits[("decode", it.session_id)] for it in live], self.banned), chunks
+        )
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
         check_token_ids([it.token for it in items], self.model.vocab_size)
@@ -294,9 +327,73 @@ class GgufEngine:
             pass
 
 
-def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_prompt: int = 512,
-               verbose: bool = False, endpoints: Sequence[rpc.Endpoint] = ()) -> EngineSetup:
+def setup_gguf(
+    spec: EngineSpec,
+    max_total_tokens: int,
+    max_sessions: int,
+    max_prompt: int = 512,
+    verbose: bool = False,
+    endpoints: Sequence[rpc.Endpoint] = (),
+) -> EngineSetup:
     """Load the model once (on the RPC workers' devices when ``endpoints`` are given)."""
+    model = _load(spec, max_total_tokens, max_sessions, verbose, endpoints)
+
+    def make(limits: EngineLimits) -> GgufEngine:
+        # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs).
+        prefill = max(max_prompt, limits.max_prefill_tokens_per_tick) if spec.mixed_batch else max_prompt
+        return GgufEngine(
+            model,
+            limits.max_active_sessions,
+            max_total_tokens,
+            spec.threads,
+            spec.flash_attn,
+            spec.kv_unified,
+            spec.kv_type,
+            prefill,
+            spec.mixed_batch,
+            spec.tiled_mm,
+            spec.ban_eog,
+        )
+
+    with capture_log() as context_log:
+        probe = make(PROBE_LIMITS)
+    kv_log = kv_cache_log(context_log)
+    if model.n_swa:  # which layers slide is llama.cpp's architecture code: its SWA cache names them
+        model.geometry = model.geometry.with_windows(model.n_swa, kv_log["swa_layers"])
+    info = _record(probe, spec, model, kv_log, context_log)
+    probe.close()
+    return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model, eog=frozenset(model.eog))
+
+
+def _record(probe: GgufEngine, spec: EngineSpec, model: LoadedModel, kv_log: dict, context_log: list[str]) -> dict:
+    """The engine record of results.json: the model, the recipe, the KV geometry and llama.cpp's allocation."""
+    return describe(
+        probe,
+        "gguf",
+        preset=None,
+        model=spec.model,
+        model_sha256=model.sha256,
+        architecture=model.arch,
+        device=model.device,
+        dtype=f"weights per file; KV {spec.kv_type}",
+        threads=probe.threads,
+        flash_attn=spec.flash_attn,
+        kv_unified=spec.kv_unified,
+        mixed_batch=spec.mixed_batch,
+        repack=spec.repack,
+        tiled_mm=spec.tiled_mm,
+        model_name=model.name,
+        eog_tokens=list(model.eog),
+        kv_geometry=model.geometry.to_dict(KV_TYPES[spec.kv_type][1]),
+        kv_allocated=_allocation(probe, kv_log),
+        rpc=_rpc_record(model, spec, context_log) if model.endpoints else None,
+    )
+
+
+def _load(
+    spec: EngineSpec, max_total_tokens: int, max_sessions: int, verbose: bool, endpoints: Sequence[rpc.Endpoint]
+) -> LoadedModel:
+    """The model, loaded once, after every check that can refuse it without loading it."""
     if not spec.model:
         raise MeshbenchError("engine gguf needs --model PATH (a .gguf file; make one with meshbench model make-tiny)")
     path = files.regular_file(spec.model, "model")
@@ -306,30 +403,10 @@ def setup_gguf(spec: EngineSpec, max_total_tokens: int, max_sessions: int, max_p
     model = LoadedModel(path, spec.device, verbose, endpoints, spec.split, spec.repack)
     check_context(max_total_tokens, model.n_ctx_train)  # before any context is sized by it
     if max_sessions > limits.MAX_LLAMA_SEQUENCES:
-        raise MeshbenchError(f"concurrency {max_sessions}: a llama.cpp context holds at most "
-                             f"{limits.MAX_LLAMA_SEQUENCES} sequences")
-
-    def make(limits: EngineLimits) -> GgufEngine:
-        # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs).
-        prefill = max(max_prompt, limits.max_prefill_tokens_per_tick) if spec.mixed_batch else max_prompt
-        return GgufEngine(model, limits.max_active_sessions, max_total_tokens, spec.threads, spec.flash_attn,
-                          spec.kv_unified, spec.kv_type, prefill, spec.mixed_batch, spec.tiled_mm, spec.ban_eog)
-
-    with capture_log() as context_log:
-        probe = make(PROBE_LIMITS)
-    kv_log = kv_cache_log(context_log)
-    if model.n_swa:  # which layers slide is llama.cpp's architecture code: its SWA cache names them
-        model.geometry = model.geometry.with_windows(model.n_swa, kv_log["swa_layers"])
-    info = describe(probe, "gguf", preset=None, model=spec.model, model_sha256=model.sha256,
-                    architecture=model.arch, device=model.device, dtype=f"weights per file; KV {spec.kv_type}",
-                    threads=probe.threads, flash_attn=spec.flash_attn, kv_unified=spec.kv_unified,
-                    mixed_batch=spec.mixed_batch, repack=spec.repack, tiled_mm=spec.tiled_mm,
-                    model_name=model.name, eog_tokens=list(model.eog),
-                    kv_geometry=model.geometry.to_dict(KV_TYPES[spec.kv_type][1]),
-                    kv_allocated=_allocation(probe, kv_log),
-                    rpc=_rpc_record(model, spec, context_log) if model.endpoints else None)
-    probe.close()
-    return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model, eog=frozenset(model.eog))
+        raise MeshbenchError(
+            f"concurrency {max_sessions}: a llama.cpp context holds at most {limits.MAX_LLAMA_SEQUENCES} sequences"
+        )
+    return model
 
 
 def _allocation(probe: GgufEngine, kv_log: dict) -> dict:
@@ -338,8 +415,7 @@ def _allocation(probe: GgufEngine, kv_log: dict) -> dict:
     caches = kv_log["caches"]
     cells = caches[0]["cells"] if caches else 0
     mib = sum(c["k_mib"] + c["v_mib"] for c in caches)
-    return {"caches": caches, "cells": cells,
-            "bytes_per_cell": round(mib * (1 << 20) / cells, 1) if cells else None}
+    return {"caches": caches, "cells": cells, "bytes_per_cell": round(mib * (1 << 20) / cells, 1) if cells else None}
 
 
 def check_tiled_mm_environment(tiled_mm: str) -> None:
@@ -347,9 +423,11 @@ def check_tiled_mm_environment(tiled_mm: str) -> None:
     expected = {"auto": (None, None), "off": ("0", None), "force": (None, "1")}[tiled_mm]
     found = (os.environ.get("GGML_CPU_TILED_MM"), os.environ.get("GGML_CPU_TILED_MM_FORCE"))
     if found != expected:
-        raise MeshbenchError(f"engine.tiled_mm {tiled_mm}: this process has GGML_CPU_TILED_MM={found[0]} and "
-                             f"GGML_CPU_TILED_MM_FORCE={found[1]} in its environment; unset them (meshbench sets "
-                             "them for an engine process of its own)")
+        raise MeshbenchError(
+            f"engine.tiled_mm {tiled_mm}: this process has GGML_CPU_TILED_MM={found[0]} and "
+            f"GGML_CPU_TILED_MM_FORCE={found[1]} in its environment; unset them (meshbench sets "
+            "them for an engine process of its own)"
+        )
 
 
 def _rpc_record(model: LoadedModel, spec: EngineSpec, context_log: list[str]) -> dict:
@@ -357,7 +435,12 @@ def _rpc_record(model: LoadedModel, spec: EngineSpec, context_log: list[str]) ->
     llama.cpp logged them at load; KV buffers for a one-sequence probe context). Not in the recipe
     fingerprint: the tokens are checked to be the same with and without workers."""
     t = topology([*model.load_log, *context_log])
-    return {"endpoints": [str(e) for e in model.endpoints], "spawned": spec.workers > 0,
-            "protocol": model.protocols, "devices": model.device_names,
-            "split": None if spec.split is None else list(spec.split),
-            "layers": t["layers"], "buffers": t["buffers"]}
+    return {
+        "endpoints": [str(e) for e in model.endpoints],
+        "spawned": spec.workers > 0,
+        "protocol": model.protocols,
+        "devices": model.device_names,
+        "split": None if spec.split is None else list(spec.split),
+        "layers": t["layers"],
+        "buffers": t["buffers"],
+    }

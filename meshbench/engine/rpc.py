@@ -19,8 +19,10 @@ from pathlib import Path
 
 from meshbench.errors import MeshbenchError
 
-REBUILD = ("pip cache remove llama_cpp_python && CMAKE_ARGS=\"-DGGML_RPC=on -DLLAVA_BUILD=off\" "
-           "pip install --force-reinstall --no-deps 'llama-cpp-python~=0.3.36'")
+REBUILD = (
+    'pip cache remove llama_cpp_python && CMAKE_ARGS="-DGGML_RPC=on -DLLAVA_BUILD=off" '
+    "pip install --force-reinstall --no-deps 'llama-cpp-python~=0.3.36'"
+)
 GGML_BACKEND_DEVICE_TYPE_CPU, GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU = 0, 1, 2
 CONNECT_TIMEOUT_S = 3.0
 
@@ -78,8 +80,10 @@ def hello(endpoint: Endpoint, timeout: float = CONNECT_TIMEOUT_S) -> str:
             head = _recv_exact(s, 8)
             size = struct.unpack("<Q", head)[0]
             if size != 4 + RPC_CONN_CAPS_SIZE:
-                raise MeshbenchError(f"rpc worker {endpoint}: not a llama.cpp RPC server of a known protocol "
-                                     f"(HELLO answered with {size} bytes)")
+                raise MeshbenchError(
+                    f"rpc worker {endpoint}: not a llama.cpp RPC server of a known protocol "
+                    f"(HELLO answered with {size} bytes)"
+                )
             major, minor, patch = _recv_exact(s, size)[:3]
     except OSError as e:
         raise MeshbenchError(f"rpc worker {endpoint}: cannot connect ({e.strerror or e})") from None
@@ -134,8 +138,9 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
 
         supported = bool(llama_cpp.llama_supports_rpc())
     except Exception as e:  # not installed, or its native library failed to load
-        raise MeshbenchError(f"llama-cpp-python is not usable here ({type(e).__name__}); "
-                             "pip install 'meshbench[gguf]'") from None
+        raise MeshbenchError(
+            f"llama-cpp-python is not usable here ({type(e).__name__}); pip install 'meshbench[gguf]'"
+        ) from None
     path = _lib_dir() / "libggml-rpc.so"
     if not supported or not path.is_file():
         raise MeshbenchError(f"this llama-cpp-python was built without RPC; rebuild it with: {REBUILD}")
@@ -143,8 +148,13 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     rpc = ctypes.CDLL(str(path))
     rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
     rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
-    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
-                                                  ctypes.c_size_t, ctypes.c_void_p]
+    rpc.ggml_backend_rpc_start_server.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+    ]
     rpc.ggml_backend_rpc_start_server.restype = None
     return ggml, rpc
 
@@ -172,5 +182,6 @@ def serve(endpoint: Endpoint, threads: int, cache_dir: str | None) -> None:
     ggml, rpc = libraries()
     cpu = ggml.ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
     devs = (ctypes.c_void_p * 1)(cpu)
-    rpc.ggml_backend_rpc_start_server(str(endpoint).encode(), cache_dir.encode() if cache_dir else None,
-                                      threads, 1, devs)
+    rpc.ggml_backend_rpc_start_server(
+        str(endpoint).encode(), cache_dir.encode() if cache_dir else None, threads, 1, devs
+    )

@@ -48,19 +48,25 @@ class EngineSpec:
         if not gguf and (self.repack or self.tiled_mm != "auto" or self.package):
             raise MeshbenchError("engine.repack, engine.tiled_mm and engine.package need the gguf engine")
         if self.mixed_batch and not gguf:
-            raise MeshbenchError("engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
-                                 "synthetic engine always runs its batched decode and each prompt in one call")
+            raise MeshbenchError(
+                "engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
+                "synthetic engine always runs its batched decode and each prompt in one call"
+            )
         if (self.rpc or self.workers) and not gguf:
             raise MeshbenchError("engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
 
     def _check_process(self) -> None:
         """What must run the engine in its own process, and the RPC workers' layout."""
         if self.tiled_mm != "auto" and self.isolate is False:
-            raise MeshbenchError(f"engine.tiled_mm {self.tiled_mm} is a process-wide llama.cpp switch: it needs the "
-                                 "engine in its own process (drop isolate: false)")
+            raise MeshbenchError(
+                f"engine.tiled_mm {self.tiled_mm} is a process-wide llama.cpp switch: it needs the "
+                "engine in its own process (drop isolate: false)"
+            )
         if (self.rpc or self.workers) and self.isolate is False:
-            raise MeshbenchError("engine.rpc and engine.workers run the engine in its own process (a worker that "
-                                 "misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate")
+            raise MeshbenchError(
+                "engine.rpc and engine.workers run the engine in its own process (a worker that "
+                "misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate"
+            )
         if self.rpc and self.workers:
             raise MeshbenchError("give engine.rpc (workers you run) or engine.workers (spawned), not both")
         devices = len(rpc.parse_endpoints(self.rpc, "engine.rpc")) if self.rpc else self.workers

@@ -37,8 +37,9 @@ class SyntheticEngine:
     session's next decode returns a cache miss, never a recomputation.
     """
 
-    def __init__(self, cfg: ModelConfig, weights: Weights, kv_budget_bytes: int,
-                 layer_range: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, cfg: ModelConfig, weights: Weights, kv_budget_bytes: int, layer_range: tuple[int, int] | None = None
+    ) -> None:
         if layer_range is not None and tuple(layer_range) != (0, cfg.n_layers):
             raise MeshbenchError(
                 f"the synthetic engine needs the full model: layer_range {tuple(layer_range)} is a partial shard "
@@ -54,8 +55,14 @@ class SyntheticEngine:
     def recipe_fingerprint(self) -> str:
         if self._fingerprint is None:
             # "numpy-dense-llama" is a frozen identifier: committed bundles carry its hash.
-            self._fingerprint = fingerprint({"engine": "numpy-dense-llama", "weights_sha256": self.weights.sha256(),
-                                             "config": self.cfg.to_dict(), "sampling": SAMPLING_CONTRACT})
+            self._fingerprint = fingerprint(
+                {
+                    "engine": "numpy-dense-llama",
+                    "weights_sha256": self.weights.sha256(),
+                    "config": self.cfg.to_dict(),
+                    "sampling": SAMPLING_CONTRACT,
+                }
+            )
         return self._fingerprint
 
     @property
@@ -130,8 +137,9 @@ class SyntheticEngine:
         live = [it for it in items if it.session_id in slots and self.kv.contains(it.session_id, it.epoch)]
         rows = []
         if live:
-            rows = llama.decode(self.cfg, self.weights, [slots[it.session_id] for it in live],
-                                [it.token for it in live])  # (B, vocab)
+            rows = llama.decode(
+                self.cfg, self.weights, [slots[it.session_id] for it in live], [it.token for it in live]
+            )  # (B, vocab)
             for it in live:
                 self.kv.commit(it.session_id, it.epoch, 1)
         return batch_results(items, live, rows)
@@ -159,7 +167,16 @@ def setup_synthetic(spec: EngineSpec) -> EngineSetup:
     def make(limits: EngineLimits) -> SyntheticEngine:
         return SyntheticEngine(cfg, weights, limits.kv_bytes)
 
-    info = describe(make(PROBE_LIMITS), "synthetic", preset=None if spec.model else spec.preset, model=spec.model,
-                    model_sha256=model_sha, weights_seed=None if spec.model else spec.seed, device="cpu",
-                    dtype=cfg.dtype, threads=spec.threads, model_config=cfg.to_dict())
+    info = describe(
+        make(PROBE_LIMITS),
+        "synthetic",
+        preset=None if spec.model else spec.preset,
+        model=spec.model,
+        model_sha256=model_sha,
+        weights_seed=None if spec.model else spec.seed,
+        device="cpu",
+        dtype=cfg.dtype,
+        threads=spec.threads,
+        model_config=cfg.to_dict(),
+    )
     return EngineSetup(make, info, cfg.vocab_size, cfg.context_length)

@@ -82,12 +82,24 @@ PRESETS: dict[str, ModelConfig] = {
     # 3 layers x 2 KV heads x head_dim 16 x 8 bytes x (K, V) = 1536 KV bytes per token:
     # the figure that makes the DGR-012 evidence table's peak-KV column reproduce.
     "dgr-012": ModelConfig(
-        vocab_size=256, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=192, dtype="float64",
+        vocab_size=256,
+        dim=64,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=192,
+        dtype="float64",
         context_length=512,
     ),
     # float32, ~62M parameters (~250 MB): big enough that decode is memory-bound on a CPU.
     "bench": ModelConfig(
-        vocab_size=8192, dim=768, n_layers=8, n_heads=12, n_kv_heads=4, ffn_dim=2048, dtype="float32",
+        vocab_size=8192,
+        dim=768,
+        n_layers=8,
+        n_heads=12,
+        n_kv_heads=4,
+        ffn_dim=2048,
+        dtype="float32",
         context_length=2048,
     ),
 }

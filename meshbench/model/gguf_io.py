@@ -136,8 +136,9 @@ def check_finite(reader, path: Path) -> None:
         except (NotImplementedError, ValueError):  # a type gguf-py cannot read: the logits check stays
             continue
         if bad:
-            raise MeshbenchError(f"model {path}: tensor {t.name} holds {bad} non-finite values (NaN or Inf); "
-                                 "refusing to load it")
+            raise MeshbenchError(
+                f"model {path}: tensor {t.name} holds {bad} non-finite values (NaN or Inf); refusing to load it"
+            )
 
 
 def open_reader(path: Path):

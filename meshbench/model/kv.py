@@ -124,7 +124,8 @@ class HotKvStateManager:
                 del self._entries[key]
             self._evicted = {k for k in self._evicted if k[0] != session_id}
             cache = SessionCache(
-                session_id, epoch,
+                session_id,
+                epoch,
                 np.zeros((n_layers, capacity, n_kv, hd), self.dtype),
                 np.zeros((n_layers, capacity, n_kv, hd), self.dtype),
             )

@@ -145,4 +145,3 @@ def decode(cfg: ModelConfig, w: Weights, slots: Sequence[KvSlot], tokens: Sequen
         x = x + linear(lw.wo, a)
         x = x + _ffn(lw, rms_norm(x, lw.ffn_norm, cfg.norm_eps))
     return linear(w.output, rms_norm(x, w.out_norm, cfg.norm_eps))  # (B, vocab)
-

@@ -73,10 +73,14 @@ class Weights:
 
         layers = [
             LayerWeights(
-                attn_norm=t(f"blk.{i}.attn_norm.weight"), wq=t(f"blk.{i}.attn_q.weight"),
-                wk=t(f"blk.{i}.attn_k.weight"), wv=t(f"blk.{i}.attn_v.weight"),
-                wo=t(f"blk.{i}.attn_output.weight"), ffn_norm=t(f"blk.{i}.ffn_norm.weight"),
-                w_gate=t(f"blk.{i}.ffn_gate.weight"), w_up=t(f"blk.{i}.ffn_up.weight"),
+                attn_norm=t(f"blk.{i}.attn_norm.weight"),
+                wq=t(f"blk.{i}.attn_q.weight"),
+                wk=t(f"blk.{i}.attn_k.weight"),
+                wv=t(f"blk.{i}.attn_v.weight"),
+                wo=t(f"blk.{i}.attn_output.weight"),
+                ffn_norm=t(f"blk.{i}.ffn_norm.weight"),
+                w_gate=t(f"blk.{i}.ffn_gate.weight"),
+                w_up=t(f"blk.{i}.ffn_up.weight"),
                 w_down=t(f"blk.{i}.ffn_down.weight"),
             )
             for i in range(cfg.n_layers)

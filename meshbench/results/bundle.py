@@ -43,15 +43,19 @@ def is_bundle(folder: Path) -> bool:
         data = json.loads(rj.read_bytes())
     except (OSError, ValueError, RecursionError):
         return False
-    return (isinstance(data, dict) and isinstance(data.get("schema_version"), int)
-            and isinstance(data.get("meshbench_version"), str))
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("schema_version"), int)
+        and isinstance(data.get("meshbench_version"), str)
+    )
 
 
 def check_destination(out: Path, force: bool) -> None:
     """Refuse a destination we must not write, before any work is done."""
     if out.name in ("", ".", ".."):
-        raise MeshbenchError(f"--out {str(out)!r}: name the bundle folder to create or replace "
-                             "(not '.', '..' or an empty path)")
+        raise MeshbenchError(
+            f"--out {str(out)!r}: name the bundle folder to create or replace (not '.', '..' or an empty path)"
+        )
     try:
         out.lstat()
     except FileNotFoundError:
@@ -68,16 +72,21 @@ def check_destination(out: Path, force: bool) -> None:
         entries = sorted(os.listdir(out))
         if entries:
             if not is_bundle(out):
-                raise MeshbenchError(f"--out {out}: holds files that are not a meshbench bundle ({entries[0]}"
-                                     f"{', ...' if len(entries) > 1 else ''}); meshbench replaces only its own "
-                                     "bundles, so choose another folder")
+                raise MeshbenchError(
+                    f"--out {out}: holds files that are not a meshbench bundle ({entries[0]}"
+                    f"{', ...' if len(entries) > 1 else ''}); meshbench replaces only its own "
+                    "bundles, so choose another folder"
+                )
             foreign = [e for e in entries if e not in BUNDLE_FILES]
             if foreign:
-                raise MeshbenchError(f"--out {out}: the bundle there also holds {foreign[0]}, which meshbench did "
-                                     "not write; move it away first")
+                raise MeshbenchError(
+                    f"--out {out}: the bundle there also holds {foreign[0]}, which meshbench did "
+                    "not write; move it away first"
+                )
             if not force:
-                raise MeshbenchError(f"--out {out}: a meshbench bundle already exists there; pass --force to "
-                                     "replace it")
+                raise MeshbenchError(
+                    f"--out {out}: a meshbench bundle already exists there; pass --force to replace it"
+                )
     parent = out.absolute().parent
     if not parent.is_dir():
         raise MeshbenchError(f"--out {out}: parent directory {parent} does not exist")
@@ -121,8 +130,11 @@ def commit(staging: Path, out: Path, data: dict, force: bool = False) -> list[st
         name = out.name if str(out) == out.name else str(out)
         mode = files.umask_mode(0o666)
         written = [RESULTS, README, COMMANDS]
-        for fname, text in ((RESULTS, results.dumps(data)), (README, report.render_readme(data, name)),
-                            (COMMANDS, report.render_commands(data, name))):
+        for fname, text in (
+            (RESULTS, results.dumps(data)),
+            (README, report.render_readme(data, name)),
+            (COMMANDS, report.render_commands(data, name)),
+        ):
             (staging / fname).write_text(text)
         if chart.write(data, staging / CHART):
             written.append(CHART)
@@ -132,8 +144,7 @@ def commit(staging: Path, out: Path, data: dict, force: bool = False) -> list[st
             _swap_in(staging, out, force)
         return written
     except OSError as e:
-        raise MeshbenchError(f"--out {out}: cannot write the bundle ({e.strerror or e}); nothing was "
-                             "written") from None
+        raise MeshbenchError(f"--out {out}: cannot write the bundle ({e.strerror or e}); nothing was written") from None
     finally:
         discard(staging)
 
@@ -192,8 +203,10 @@ def _swap_in(staging: Path, out: Path, force: bool = False) -> None:
         # Without --force the last step is exclusive: of two runs racing to one --out, one wins and the
         # other is refused, its bundle discarded (nothing is replaced, nothing lost).
         if not _rename_noreplace(staging, out):
-            raise MeshbenchError(f"--out {out}: another run wrote a bundle there while this one ran; nothing was "
-                                 "replaced (pass --force to replace it)")
+            raise MeshbenchError(
+                f"--out {out}: another run wrote a bundle there while this one ran; nothing was "
+                "replaced (pass --force to replace it)"
+            )
         return
     # The old bundle moves into a fresh folder of a fixed-length name: no name can get too long.
     old = Path(tempfile.mkdtemp(prefix=".meshbench-old-", dir=out.absolute().parent))

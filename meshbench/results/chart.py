@@ -20,8 +20,10 @@ def write(data: dict, path: Path) -> bool:
         fig = _backpressure(plt, data)
     else:
         fig = _concurrency(plt, data)
-    fig.suptitle(f"{data['story']}: {data['engine']['kind']} engine"
-                 + (f", saturation at {data['saturation_concurrency']}" if data["reference"] is None else ""))
+    fig.suptitle(
+        f"{data['story']}: {data['engine']['kind']} engine"
+        + (f", saturation at {data['saturation_concurrency']}" if data["reference"] is None else "")
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -39,8 +41,12 @@ def _backpressure(plt, data: dict):
         ax[0].plot(rate, [x["accepted_per_100_ticks"] for x in b], "o-", label=f"c={c} accepted")
         ticks = [lv["ticks"] for lv in levels]
         for reason in sorted({r for x in b for r in x["rejected_by_reason"]}):
-            ax[0].plot(rate, [100.0 * x["rejected_by_reason"].get(reason, 0) / n for x, n in zip(b, ticks)], "x--",
-                       label=f"c={c} {reason.removeprefix('REJECTED_').lower()}")
+            ax[0].plot(
+                rate,
+                [100.0 * x["rejected_by_reason"].get(reason, 0) / n for x, n in zip(b, ticks)],
+                "x--",
+                label=f"c={c} {reason.removeprefix('REJECTED_').lower()}",
+            )
         ax[0].plot(rate, [x["goodput_per_100_ticks"] for x in b], "s-", label=f"c={c} goodput")
         ax[1].plot(rate, [x["queue_wait_ticks"]["p95"] or 0 for x in b], "o-", label=f"c={c} p95")
         ax[1].plot(rate, [x["queue_wait_ticks"]["p50"] or 0 for x in b], "s--", label=f"c={c} p50")
@@ -67,8 +73,13 @@ def _concurrency(plt, data: dict):
     ax[0, 1].plot(c, [lv["tokens_per_tick"] for lv in levels], "o-")
     ax[0, 1].set_title("tokens per tick")
     med = [d["median"] for d in decode]
-    ax[1, 0].errorbar(c, med, yerr=[[m - d["min"] for m, d in zip(med, decode)],
-                                    [d["max"] - m for m, d in zip(med, decode)]], fmt="o-", capsize=3)
+    ax[1, 0].errorbar(
+        c,
+        med,
+        yerr=[[m - d["min"] for m, d in zip(med, decode)], [d["max"] - m for m, d in zip(med, decode)]],
+        fmt="o-",
+        capsize=3,
+    )
     ax[1, 0].set_title("decode tokens/s (median, min-max over repetitions)")
     for a in (ax[0, 0], ax[0, 1], ax[1, 0]):
         a.set_xlabel("concurrency")

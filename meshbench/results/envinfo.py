@@ -25,12 +25,18 @@ def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the meshbench checkout, or (None, None) outside a git work tree."""
     where = cwd or Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
         # Dirty means the code differs from the commit; rewriting evidence bundles does not count.
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                 ":(exclude)evidence"], cwd=where, capture_output=True, text=True, timeout=10,
-                                check=True).stdout
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)evidence"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
         return None, None

@@ -6,8 +6,9 @@ from __future__ import annotations
 from meshbench.analysis import fault_matrix as fault_checks
 
 HEADING = "## Fault matrix (deterministic; verify checks every column)"
-TABLE_HEADER = ("| level | fault | fired at tick | where it hit | what happened | "
-                + " | ".join(fault_checks.CHECKS) + " |")
+TABLE_HEADER = (
+    "| level | fault | fired at tick | where it hit | what happened | " + " | ".join(fault_checks.CHECKS) + " |"
+)
 
 
 def table_rows(results: dict) -> list[list[str]]:
@@ -17,8 +18,7 @@ def table_rows(results: dict) -> list[list[str]]:
             continue
         checks = [{True: "yes", False: "NO", None: "n/a"}[ok] for ok in fault_checks.verdicts(results, lv).values()]
         for e in lv["fault_events"]:
-            rows.append([str(lv["concurrency"]), f"`{e['fault']}`", str(e["tick"]), e["hit"], outcome(e, lv),
-                         *checks])
+            rows.append([str(lv["concurrency"]), f"`{e['fault']}`", str(e["tick"]), e["hit"], outcome(e, lv), *checks])
     return rows
 
 
@@ -29,14 +29,19 @@ def outcome(event: dict, lv: dict) -> str:
     by_end: dict[str, list[str]] = {}
     for s in event["sessions"]:
         later = event["cause"] and s["error"] != event["cause"]  # failed afterwards, with no engine to run on
-        end = f"{s['done_reason']} ({event['cause']}{', later: not restarted' if later else ''})" if event["cause"] \
+        end = (
+            f"{s['done_reason']} ({event['cause']}{', later: not restarted' if later else ''})"
+            if event["cause"]
             else s["done_reason"]
+        )
         by_end.setdefault(end, []).append(_name(s["session_id"], s["epoch"]))
     parts = [f"{', '.join(ids)} {end}" for end, ids in by_end.items()]
     if event["resubmitted"]:
         ends = {(s["session_id"], s["epoch"]): s["done_reason"] for s in lv["sessions"]}
-        again = [f"{_name(r['session_id'], r['epoch'])} {ends.get((r['session_id'], r['epoch']), r['decision'])}"
-                 for r in event["resubmitted"]]
+        again = [
+            f"{_name(r['session_id'], r['epoch'])} {ends.get((r['session_id'], r['epoch']), r['decision'])}"
+            for r in event["resubmitted"]
+        ]
         parts.append("resubmitted: " + ", ".join(again))
     return "; ".join(parts)
 
@@ -50,10 +55,13 @@ def section(results: dict) -> list[str]:
     if not rows:
         return []
     cfg = results["config"]
-    policy = ("a lost engine is replaced (a fresh process, and fresh workers when the run spawned them) and its "
-              "sessions resubmitted under a new epoch" if cfg["restart_engine"] else
-              "no restart: a lost engine stays lost for the rest of the pass, and every session that needs it "
-              "fails; the next pass gets a fresh one")
+    policy = (
+        "a lost engine is replaced (a fresh process, and fresh workers when the run spawned them) and its "
+        "sessions resubmitted under a new epoch"
+        if cfg["restart_engine"]
+        else "no restart: a lost engine stays lost for the rest of the pass, and every session that needs it "
+        "fails; the next pass gets a fresh one"
+    )
     isolated = "in its own process behind a proxy" if results["engine"].get("isolated") else "in the node's process"
     return [
         HEADING,

@@ -12,8 +12,19 @@ from meshbench.analysis import figures
 # Per-level counts the scheduler reports beside the tick figures; with figures.TICK_FIGURES
 # and the level's concurrency, every deterministic per-level field of results.json.
 LEVEL_COUNTS = ("rejected_admissions", "cache_misses", "failed")
-DETERMINISTIC_LEVEL_FIELDS = ("concurrency", "faults", *figures.TICK_FIGURES, *LEVEL_COUNTS, "counts", "fault_events",
-                              "engine_losses", "submit_events", "backpressure", "isolation", "isolation_verdict")
+DETERMINISTIC_LEVEL_FIELDS = (
+    "concurrency",
+    "faults",
+    *figures.TICK_FIGURES,
+    *LEVEL_COUNTS,
+    "counts",
+    "fault_events",
+    "engine_losses",
+    "submit_events",
+    "backpressure",
+    "isolation",
+    "isolation_verdict",
+)
 
 RERUN = "rerun"  # a fresh run of the recorded config must reproduce it exactly (verify --rerun)
 RECOMPUTED = "recomputed"  # plain verify recomputes it from other records, or checks it against them
@@ -21,36 +32,70 @@ WALL = "wall"  # measured time: reported; checked for plausibility (meshbench.ve
 PROVENANCE = "provenance"  # who, when, where: recorded, schema-checked, not reproducible by nature
 
 CLASSES: dict[str, str] = {
-    "schema_version": RECOMPUTED, "meshbench_version": PROVENANCE, "created_at": PROVENANCE,
-    "command": PROVENANCE, "story": PROVENANCE, "title": PROVENANCE, "environment": PROVENANCE,
+    "schema_version": RECOMPUTED,
+    "meshbench_version": PROVENANCE,
+    "created_at": PROVENANCE,
+    "command": PROVENANCE,
+    "story": PROVENANCE,
+    "title": PROVENANCE,
+    "environment": PROVENANCE,
     "config": RECOMPUTED,  # validated as a whole config; re-run as recorded by --rerun
-    "workload": RECOMPUTED, "budget": RECOMPUTED,  # copies of the config echo's
+    "workload": RECOMPUTED,
+    "budget": RECOMPUTED,  # copies of the config echo's
     "engine": RERUN,  # the whole record, the recipe fingerprint and model digest included
     "engine.rpc": PROVENANCE,  # the workers' endpoints are free ports, new every run
     "engine.model": PROVENANCE,  # a path; the file's sha256 is compared
-    "corruption_free": RECOMPUTED, "batch_invariant": RECOMPUTED, "isolation": RECOMPUTED,
-    "first_divergence": RECOMPUTED, "first_divergence.classification": RERUN,
+    "corruption_free": RECOMPUTED,
+    "batch_invariant": RECOMPUTED,
+    "isolation": RECOMPUTED,
+    "first_divergence": RECOMPUTED,
+    "first_divergence.classification": RERUN,
     "first_divergence.logit_deviation": RERUN,
-    "saturation_concurrency": RECOMPUTED, "saturation_margin": RECOMPUTED, "saturation_rates": RECOMPUTED,
-    "reference_concurrency": RECOMPUTED, "reference": RERUN,
+    "saturation_concurrency": RECOMPUTED,
+    "saturation_margin": RECOMPUTED,
+    "saturation_rates": RECOMPUTED,
+    "reference_concurrency": RECOMPUTED,
+    "reference": RERUN,
     "inputs": RERUN,  # an input file's sha256: a rerun refuses a file that changed
     "levels": RECOMPUTED,
-    "levels[].concurrency": RERUN, "levels[].arrivals": RECOMPUTED, "levels[].rate": RECOMPUTED,
-    "levels[].arrival_times": RECOMPUTED, "levels[].budget": RECOMPUTED, "levels[].faults": RERUN,
-    "levels[].ticks": RECOMPUTED, "levels[].avg_batch_occupancy": RECOMPUTED,
-    "levels[].max_batch_occupancy": RECOMPUTED, "levels[].tokens_per_tick": RECOMPUTED,
-    "levels[].peak_kv_bytes": RECOMPUTED, "levels[].prefill_tokens": RECOMPUTED, "levels[].decode_tokens": RECOMPUTED,
-    "levels[].rejected_admissions": RECOMPUTED, "levels[].cache_misses": RECOMPUTED, "levels[].failed": RECOMPUTED,
-    "levels[].counts": RERUN, "levels[].fault_events": RERUN, "levels[].engine_losses": RERUN,
-    "levels[].submit_events": RERUN, "levels[].submit_events[].arrival_ms": WALL,
-    "levels[].submit_events[].submit_ms": WALL, "levels[].backpressure": RECOMPUTED,
-    "levels[].sessions": RERUN, "levels[].sessions[].digest": RECOMPUTED,
-    "levels[].tick_records": RERUN, "levels[].isolation": RERUN, "levels[].isolation_verdict": RECOMPUTED,
-    "levels[].repetitions": RECOMPUTED, "levels[].repetitions[].tick_records[].tick_ns": WALL,
-    "levels[].repetitions[].tick_records[].decode_ns": WALL, "levels[].repetitions[].tick_records[].prefill_ns": WALL,
-    "levels[].repetitions[].sessions[].submit_ns": WALL, "levels[].repetitions[].sessions[].admit_ns": WALL,
-    "levels[].repetitions[].sessions[].token_ns": WALL, "levels[].repetitions[].wall_s": WALL,
-    "levels[].repetitions[].wall": RECOMPUTED, "levels[].wall": RECOMPUTED,
+    "levels[].concurrency": RERUN,
+    "levels[].arrivals": RECOMPUTED,
+    "levels[].rate": RECOMPUTED,
+    "levels[].arrival_times": RECOMPUTED,
+    "levels[].budget": RECOMPUTED,
+    "levels[].faults": RERUN,
+    "levels[].ticks": RECOMPUTED,
+    "levels[].avg_batch_occupancy": RECOMPUTED,
+    "levels[].max_batch_occupancy": RECOMPUTED,
+    "levels[].tokens_per_tick": RECOMPUTED,
+    "levels[].peak_kv_bytes": RECOMPUTED,
+    "levels[].prefill_tokens": RECOMPUTED,
+    "levels[].decode_tokens": RECOMPUTED,
+    "levels[].rejected_admissions": RECOMPUTED,
+    "levels[].cache_misses": RECOMPUTED,
+    "levels[].failed": RECOMPUTED,
+    "levels[].counts": RERUN,
+    "levels[].fault_events": RERUN,
+    "levels[].engine_losses": RERUN,
+    "levels[].submit_events": RERUN,
+    "levels[].submit_events[].arrival_ms": WALL,
+    "levels[].submit_events[].submit_ms": WALL,
+    "levels[].backpressure": RECOMPUTED,
+    "levels[].sessions": RERUN,
+    "levels[].sessions[].digest": RECOMPUTED,
+    "levels[].tick_records": RERUN,
+    "levels[].isolation": RERUN,
+    "levels[].isolation_verdict": RECOMPUTED,
+    "levels[].repetitions": RECOMPUTED,
+    "levels[].repetitions[].tick_records[].tick_ns": WALL,
+    "levels[].repetitions[].tick_records[].decode_ns": WALL,
+    "levels[].repetitions[].tick_records[].prefill_ns": WALL,
+    "levels[].repetitions[].sessions[].submit_ns": WALL,
+    "levels[].repetitions[].sessions[].admit_ns": WALL,
+    "levels[].repetitions[].sessions[].token_ns": WALL,
+    "levels[].repetitions[].wall_s": WALL,
+    "levels[].repetitions[].wall": RECOMPUTED,
+    "levels[].wall": RECOMPUTED,
 }
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from meshbench.names import RESULTS
 
-HEADER = ("| bundle | title | engine, model | levels | corruption_free | batch_invariant | isolation proven at | "
-          "made by |\n|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| bundle | title | engine, model | levels | corruption_free | batch_invariant | isolation proven at | "
+    "made by |\n|---|---|---|---|---|---|---|---|"
+)
 
 
 def _row(folder: Path) -> str:
@@ -21,18 +23,28 @@ def _row(folder: Path) -> str:
     model = e.get("model_name") or e.get("preset") or Path(e.get("model") or "").name or "-"
     iso = d["isolation"]
     made = d["command"].split(" --out")[0]
-    return (f"| [{folder.name}]({folder.name}/README.md) | {d['title']} | {e['kind']}, {model} | "
-            f"{','.join(str(lv['concurrency']) for lv in d['levels'][:8])}{' ...' if len(d['levels']) > 8 else ''} | "
-            f"{d['corruption_free']} | {d['batch_invariant']} | {iso['levels_run']} of {len(d['levels'])} levels | "
-            f"`{made}` |")
+    return (
+        f"| [{folder.name}]({folder.name}/README.md) | {d['title']} | {e['kind']}, {model} | "
+        f"{','.join(str(lv['concurrency']) for lv in d['levels'][:8])}{' ...' if len(d['levels']) > 8 else ''} | "
+        f"{d['corruption_free']} | {d['batch_invariant']} | {iso['levels_run']} of {len(d['levels'])} levels | "
+        f"`{made}` |"
+    )
 
 
 def render(root: Path) -> str:
     bundles = sorted(p for p in root.iterdir() if (p / RESULTS).is_file())
-    return "\n".join(["# Evidence bundles", "",
-                      "Each folder holds results.json, its README (rendered from it), commands.txt and a chart; "
-                      "`meshbench verify evidence/*/ --rerun` checks them all (CI does).", "",
-                      HEADER, *[_row(b) for b in bundles], ""])
+    return "\n".join(
+        [
+            "# Evidence bundles",
+            "",
+            "Each folder holds results.json, its README (rendered from it), commands.txt and a chart; "
+            "`meshbench verify evidence/*/ --rerun` checks them all (CI does).",
+            "",
+            HEADER,
+            *[_row(b) for b in bundles],
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

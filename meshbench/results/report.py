@@ -11,14 +11,26 @@ TABLE_HEADER = "| concurrency | ticks | avg batch occupancy | max occupancy | to
 def table_rows(results: dict) -> list[list[str]]:
     """The deterministic table, one row of cells per level: what verify compares."""
     return [
-        [_level_name(lv, results["config"]["clock"]), str(lv["ticks"]), f"{lv['avg_batch_occupancy']:.3f}",
-         str(lv["max_batch_occupancy"]), f"{lv['tokens_per_tick']:.3f}", str(lv["peak_kv_bytes"])]
+        [
+            _level_name(lv, results["config"]["clock"]),
+            str(lv["ticks"]),
+            f"{lv['avg_batch_occupancy']:.3f}",
+            str(lv["max_batch_occupancy"]),
+            f"{lv['tokens_per_tick']:.3f}",
+            str(lv["peak_kv_bytes"]),
+        ]
         for lv in results["levels"]
     ]
 
 
-TABLE_FIELDS = ["concurrency", "ticks", "avg_batch_occupancy", "max_batch_occupancy", "tokens_per_tick",
-                "peak_kv_bytes"]
+TABLE_FIELDS = [
+    "concurrency",
+    "ticks",
+    "avg_batch_occupancy",
+    "max_batch_occupancy",
+    "tokens_per_tick",
+    "peak_kv_bytes",
+]
 
 
 def _level_name(lv: dict, clock: str) -> str:
@@ -49,9 +61,11 @@ def _engine_line(e: dict) -> str:
     else:
         src = f"preset `{e.get('preset')}`, weights from seed {e.get('weights_seed')}"
     threads = e.get("threads") if e.get("threads") is not None else "default"
-    return (f"- engine: **{e['kind']}**, {src}, dtype {e['dtype']}, device {e['device']}, threads {threads}; "
-            f"KV {e['kv_bytes_per_token']} bytes/token, weights {e['weight_bytes']} bytes, "
-            f"scratch {e['scratch_bytes_per_session']} bytes/session")
+    return (
+        f"- engine: **{e['kind']}**, {src}, dtype {e['dtype']}, device {e['device']}, threads {threads}; "
+        f"KV {e['kv_bytes_per_token']} bytes/token, weights {e['weight_bytes']} bytes, "
+        f"scratch {e['scratch_bytes_per_session']} bytes/session"
+    )
 
 
 def _limitations(results: dict) -> list[str]:
@@ -124,9 +138,12 @@ def _what_ran(results: dict) -> list[str]:
         + (str(b["max_queue_depth"]) if arrival_sweep(results) else ">= sessions")
         + f", max_prefill_tokens_per_tick {b['max_prefill_tokens_per_tick']}",
         "- at concurrency c the node allows c active sessions and a batch of c; "
-        + ("every session is submitted before the first tick" if not arrival_sweep(results) else
-           f"sessions arrive over time ({results['levels'][0]['arrivals'].split(':')[0]} process, arrival "
-           "ticks in results.json) and the configured queue applies"),
+        + (
+            "every session is submitted before the first tick"
+            if not arrival_sweep(results)
+            else f"sessions arrive over time ({results['levels'][0]['arrivals'].split(':')[0]} process, arrival "
+            "ticks in results.json) and the configured queue applies"
+        ),
         "- policy: decode first (one batch per tick), then bounded first-in-first-out prefill; finished sessions "
         "release their KV at the end of the tick",
         "",
@@ -139,13 +156,19 @@ def _kv_line(e: dict) -> list[str]:
     if not g:
         return []
     windows = sorted({w for w in g["window"] if w is not None})
-    return [f"- KV: {e['kv_bytes_per_token']} bytes per token from the model's geometry ({g['layers']} layers, K "
-            f"{'/'.join(map(str, sorted(set(g['k_values']))))} and V {'/'.join(map(str, sorted(set(g['v_values']))))} "
-            "values per layer"
-            + (f"; {sum(w is not None for w in g['window'])} sliding-window layers of {windows[0]} positions, stored "
-               "full-size by llama.cpp's default" if windows else "")
-            + f"); llama.cpp allocated {alloc['bytes_per_cell']} bytes per cell for the probe context"
-            + (f" ({len(alloc['caches'])} caches)" if alloc and len(alloc["caches"]) > 1 else "")]
+    return [
+        f"- KV: {e['kv_bytes_per_token']} bytes per token from the model's geometry ({g['layers']} layers, K "
+        f"{'/'.join(map(str, sorted(set(g['k_values']))))} and V {'/'.join(map(str, sorted(set(g['v_values']))))} "
+        "values per layer"
+        + (
+            f"; {sum(w is not None for w in g['window'])} sliding-window layers of {windows[0]} positions, stored "
+            "full-size by llama.cpp's default"
+            if windows
+            else ""
+        )
+        + f"); llama.cpp allocated {alloc['bytes_per_cell']} bytes per cell for the probe context"
+        + (f" ({len(alloc['caches'])} caches)" if alloc and len(alloc["caches"]) > 1 else "")
+    ]
 
 
 def _sweep_section(results: dict) -> list[str]:
@@ -158,8 +181,12 @@ def _sweep_section(results: dict) -> list[str]:
         "|---|---|---|---|---|---|",
         *[_row(r) for r in table_rows(results)],
         "",
-        (f"saturation_concurrency = {results['saturation_concurrency']} (occupancy rises by more than "
-         f"{results['saturation_margin']:.0%} up to it), " if results["reference"] is None else "")
+        (
+            f"saturation_concurrency = {results['saturation_concurrency']} (occupancy rises by more than "
+            f"{results['saturation_margin']:.0%} up to it), "
+            if results["reference"] is None
+            else ""
+        )
         + f"cache_misses = {totals['cache_misses']}, rejected_admissions = {totals['rejected_admissions']}, "
         f"failed = {totals['failed']}.",
         "",
@@ -172,14 +199,18 @@ def verdict_lines(results: dict) -> list[str]:
     """The three verdicts, each with what it proves, how, and what it cannot conclude."""
     iso, levels = results["isolation"], results["levels"]
     if iso["levels_run"]:
-        runs = ", ".join(f"{lv['concurrency']}: {lv['isolation_verdict']['family_passes']}"
-                         + (f"+{lv['isolation_verdict']['confirmations']}" if lv["isolation_verdict"]["confirmations"]
-                            else "") for lv in levels if lv["isolation_verdict"]["ran"])
+        runs = ", ".join(
+            f"{lv['concurrency']}: {lv['isolation_verdict']['family_passes']}"
+            + (f"+{lv['isolation_verdict']['confirmations']}" if lv["isolation_verdict"]["confirmations"] else "")
+            for lv in levels
+            if lv["isolation_verdict"]["ran"]
+        )
         how = f"perturbation passes per level ({runs})"
     else:
         how = "not run at any level (" + "; ".join(sorted({lv["isolation"]["reason"] for lv in levels})) + ")"
-    compared = (f"level {results['reference_concurrency']}'s" if results["reference"] is None
-                else "its tokens when run alone")
+    compared = (
+        f"level {results['reference_concurrency']}'s" if results["reference"] is None else "its tokens when run alone"
+    )
     lines = [
         "### Verdicts",
         "",
@@ -190,9 +221,12 @@ def verdict_lines(results: dict) -> list[str]:
     for lv in levels:
         v = lv["isolation_verdict"]
         if v["ran"] and not v["holds"]:
-            lines.append(f"  - level {lv['concurrency']}: schedule changed in passes {v['schedule_changed']}; "
-                         f"sessions whose output changed with another's content: {', '.join(v['changed']) or 'none'}"
-                         + "".join(f"; {a} depends on {b}" for a, b in v["leaks"]) + ".")
+            lines.append(
+                f"  - level {lv['concurrency']}: schedule changed in passes {v['schedule_changed']}; "
+                f"sessions whose output changed with another's content: {', '.join(v['changed']) or 'none'}"
+                + "".join(f"; {a} depends on {b}" for a, b in v["leaks"])
+                + "."
+            )
     lines += [
         f"- **batch invariance**: batch_invariant = {results['batch_invariant']}: whether every session's tokens at "
         f"every level equal {compared}, byte for byte. A failure here with isolation holding is the engine's "
@@ -204,11 +238,15 @@ def verdict_lines(results: dict) -> list[str]:
     ]
     div = results.get("first_divergence")
     if div:
-        lines += ["", f"First divergence: session {div['session_id']} token {div['token_index']}: level "
-                      f"{div['reference_concurrency']} gave {div['reference_token']}, level {div['concurrency']} "
-                      f"gave {div['token']} (reference top-1 minus top-2 logit margin {div['reference_margin']})"
-                      + (f"; classified as {div['classification']}" if div.get("classification") else "")
-                      + _deviation(div.get("logit_deviation")) + "."]
+        lines += [
+            "",
+            f"First divergence: session {div['session_id']} token {div['token_index']}: level "
+            f"{div['reference_concurrency']} gave {div['reference_token']}, level {div['concurrency']} "
+            f"gave {div['token']} (reference top-1 minus top-2 logit margin {div['reference_margin']})"
+            + (f"; classified as {div['classification']}" if div.get("classification") else "")
+            + _deviation(div.get("logit_deviation"))
+            + ".",
+        ]
     return lines
 
 
@@ -218,22 +256,34 @@ def _deviation(dev: dict | None) -> str:
     lo, hi = dev["logit_range"]
     out = "; replaying both levels' recorded schedules, its logits "
     if dev["first_batched_step"] is not None:
-        out += (f"moved by {dev['at_first_batched_step']:.3g} at its first batched step (token "
-                f"{dev['first_batched_step']}), ")
+        out += (
+            f"moved by {dev['at_first_batched_step']:.3g} at its first batched step (token "
+            f"{dev['first_batched_step']}), "
+        )
     if dev["first_differing_step"] is None:
         return out + "never differed before the divergence"
-    return (out + f"first differed at token {dev['first_differing_step']}, computed in a batch of "
-            f"{dev['batch_at_first_differing_step']}, by up to {dev['max_abs_logit_diff']:.3g} (logits span "
-            f"{lo:.1f} to {hi:.1f})")
+    return (
+        out + f"first differed at token {dev['first_differing_step']}, computed in a batch of "
+        f"{dev['batch_at_first_differing_step']}, by up to {dev['max_abs_logit_diff']:.3g} (logits span "
+        f"{lo:.1f} to {hi:.1f})"
+    )
 
 
 # The wall figures of the bundle README, in the order of its table.
-WALL_COLUMNS = (("tokens_per_s", "tokens/s", 1), ("decode_tokens_per_s", "decode tok/s", 1),
-                ("prefill_tokens_per_s", "prefill tok/s", 1), ("ttft_ms.p50", "TTFT p50 ms", 2),
-                ("ttft_ms.p99", "TTFT p99 ms", 2), ("queue_ms.p50", "queue p50 ms", 2),
-                ("itl_ms.p50", "ITL p50 ms", 2), ("itl_ms.p99", "ITL p99 ms", 2), ("tpot_ms.p50", "TPOT p50 ms", 2),
-                ("tpot_ms.p99", "TPOT p99 ms", 2), ("e2e_ms.p50", "E2E p50 ms", 1),
-                ("scheduler_share", "scheduler share", None))
+WALL_COLUMNS = (
+    ("tokens_per_s", "tokens/s", 1),
+    ("decode_tokens_per_s", "decode tok/s", 1),
+    ("prefill_tokens_per_s", "prefill tok/s", 1),
+    ("ttft_ms.p50", "TTFT p50 ms", 2),
+    ("ttft_ms.p99", "TTFT p99 ms", 2),
+    ("queue_ms.p50", "queue p50 ms", 2),
+    ("itl_ms.p50", "ITL p50 ms", 2),
+    ("itl_ms.p99", "ITL p99 ms", 2),
+    ("tpot_ms.p50", "TPOT p50 ms", 2),
+    ("tpot_ms.p99", "TPOT p99 ms", 2),
+    ("e2e_ms.p50", "E2E p50 ms", 1),
+    ("scheduler_share", "scheduler share", None),
+)
 
 
 def _spread(summary: dict | None, digits: int | None) -> str:
@@ -254,8 +304,10 @@ def _backpressure_section(results: dict) -> list[str]:
         return []
     slo = results["config"]["slo"]
     unit = "ms" if results["config"]["clock"] == "wall" else "ticks"
-    slos = [f"TTFT <= {slo['ttft']:g} {unit}" if slo["ttft"] is not None else "",
-            f"TPOT <= {slo['tpot']:g} {unit}" if slo["tpot"] is not None else ""]
+    slos = [
+        f"TTFT <= {slo['ttft']:g} {unit}" if slo["ttft"] is not None else "",
+        f"TPOT <= {slo['tpot']:g} {unit}" if slo["tpot"] is not None else "",
+    ]
     slos = " and ".join(x for x in slos if x) or "no SLO given: every completed session counts"
     lines = [
         "## Backpressure (deterministic, in ticks)",
@@ -271,18 +323,29 @@ def _backpressure_section(results: dict) -> list[str]:
         b = lv["backpressure"]
         rejected = ", ".join(f"{n} {r.removeprefix('REJECTED_').lower()}" for r, n in b["rejected_by_reason"].items())
         w, t = b["queue_wait_ticks"], b["ttft_ticks"]
-        lines.append(_row([
-            _level_name(lv, results["config"]["clock"]), str(b["offered"]), str(b["admitted_at_once"]),
-            str(b["queued"]), rejected or "0",
-            str(b["completed"]), f"{b['queue_depth_max']} / {b['queue_depth_mean']:.2f}",
-            " / ".join(_ticks(w[k]) for k in ("p50", "p95", "max")),
-            " / ".join(_ticks(t[k]) for k in ("p50", "p95", "p99")),
-            f"{b['accepted_per_100_ticks']:.1f}", f"{b['rejected_per_100_ticks']:.1f}",
-            f"{b['goodput_per_100_ticks']:.1f}",
-        ]))
+        lines.append(
+            _row(
+                [
+                    _level_name(lv, results["config"]["clock"]),
+                    str(b["offered"]),
+                    str(b["admitted_at_once"]),
+                    str(b["queued"]),
+                    rejected or "0",
+                    str(b["completed"]),
+                    f"{b['queue_depth_max']} / {b['queue_depth_mean']:.2f}",
+                    " / ".join(_ticks(w[k]) for k in ("p50", "p95", "max")),
+                    " / ".join(_ticks(t[k]) for k in ("p50", "p95", "p99")),
+                    f"{b['accepted_per_100_ticks']:.1f}",
+                    f"{b['rejected_per_100_ticks']:.1f}",
+                    f"{b['goodput_per_100_ticks']:.1f}",
+                ]
+            )
+        )
     unit = "s" if results["config"]["clock"] == "wall" else "tick"
-    sat = ", ".join(f"concurrency {c}: {'none up to the highest rate' if r is None else f'{r:g} sessions/{unit}'}"
-                    for c, r in results["saturation_rates"].items())
+    sat = ", ".join(
+        f"concurrency {c}: {'none up to the highest rate' if r is None else f'{r:g} sessions/{unit}'}"
+        for c, r in results["saturation_rates"].items()
+    )
     lines += ["", f"First rate at which a full queue refused a session (REJECTED_QUEUE_FULL): {sat}.", ""]
     if results["config"]["clock"] == "wall":
         lines += _wall_backpressure(results)
@@ -302,12 +365,20 @@ def _wall_backpressure(results: dict) -> list[str]:
     for lv in results["levels"]:
         b = lv["backpressure"]
         w, t = b["queue_wait_ms"], b["ttft_from_arrival_ms"]
-        lines.append(_row([
-            _level_name(lv, "wall"), f"{b['offered_per_s']:.1f}", f"{b['accepted_per_s']:.1f}",
-            f"{b['rejected_per_s']:.1f}", f"{b['completed_per_s']:.1f}",
-            " / ".join(_ms(w, k) for k in ("p50", "p95")), " / ".join(_ms(t, k) for k in ("p50", "p95", "p99")),
-            f"{b['goodput_per_s']:.1f}",
-        ]))
+        lines.append(
+            _row(
+                [
+                    _level_name(lv, "wall"),
+                    f"{b['offered_per_s']:.1f}",
+                    f"{b['accepted_per_s']:.1f}",
+                    f"{b['rejected_per_s']:.1f}",
+                    f"{b['completed_per_s']:.1f}",
+                    " / ".join(_ms(w, k) for k in ("p50", "p95")),
+                    " / ".join(_ms(t, k) for k in ("p50", "p95", "p99")),
+                    f"{b['goodput_per_s']:.1f}",
+                ]
+            )
+        )
     return [*lines, ""]
 
 
@@ -354,13 +425,15 @@ def _environment(env: dict) -> list[str]:
 
 
 def render_commands(results: dict, bundle_name: str) -> str:
-    return "\n".join([
-        "# The command that produced this bundle:",
-        results["command"],
-        "# Check it (schema, recomputed figures, this README) and rerun the deterministic part:",
-        f"meshbench verify {bundle_name} --rerun",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# The command that produced this bundle:",
+            results["command"],
+            "# Check it (schema, recomputed figures, this README) and rerun the deterministic part:",
+            f"meshbench verify {bundle_name} --rerun",
+            "",
+        ]
+    )
 
 
 def parse_table(readme: str, header: str = TABLE_HEADER) -> list[list[str]] | None:
@@ -371,7 +444,7 @@ def parse_table(readme: str, header: str = TABLE_HEADER) -> list[list[str]] | No
     except ValueError:
         return None
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([c.strip() for c in line.strip().strip("|").split("|")])

@@ -27,8 +27,12 @@ class NodeBudget:
 
     def __post_init__(self) -> None:
         for name in (
-            "weight_bytes", "kv_bytes", "scratch_bytes", "max_active_sessions",
-            "max_batch_size", "max_prefill_tokens_per_tick",
+            "weight_bytes",
+            "kv_bytes",
+            "scratch_bytes",
+            "max_active_sessions",
+            "max_batch_size",
+            "max_prefill_tokens_per_tick",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -48,8 +52,11 @@ class NodeBudget:
 
     def engine_limits(self) -> EngineLimits:
         """What an engine for this node is built for (the engine never sees the budget itself)."""
-        return EngineLimits(max_active_sessions=self.max_active_sessions, kv_bytes=self.kv_bytes,
-                            max_prefill_tokens_per_tick=self.max_prefill_tokens_per_tick)
+        return EngineLimits(
+            max_active_sessions=self.max_active_sessions,
+            kv_bytes=self.kv_bytes,
+            max_prefill_tokens_per_tick=self.max_prefill_tokens_per_tick,
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

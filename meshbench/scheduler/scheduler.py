@@ -112,10 +112,14 @@ class ContinuousBatchScheduler:
             kv_needed = request.total_tokens * self.kv_bytes_per_token
             decision = dict(
                 session_id=request.session_id,
-                kv_needed_bytes=kv_needed, kv_budget_bytes=self.budget.kv_bytes,
-                scratch_needed_bytes=self.scratch_per_session, scratch_budget_bytes=self.budget.scratch_bytes,
-                active_sessions=active, active_cap=self.active_cap,
-                queue_depth=queued, max_queue_depth=self.budget.max_queue_depth,
+                kv_needed_bytes=kv_needed,
+                kv_budget_bytes=self.budget.kv_bytes,
+                scratch_needed_bytes=self.scratch_per_session,
+                scratch_budget_bytes=self.budget.scratch_bytes,
+                active_sessions=active,
+                active_cap=self.active_cap,
+                queue_depth=queued,
+                max_queue_depth=self.budget.max_queue_depth,
             )
             if request.session_id in self._live:
                 reason = AdmissionReason.REJECTED_DUPLICATE
@@ -161,9 +165,15 @@ class ContinuousBatchScheduler:
                 self._first_tick_ns = t0
             chosen = self._pick_decode(self.budget.max_batch_size)
             picks = self._pick_prefill(self.budget.max_prefill_tokens_per_tick)
-            chunks = [PrefillChunk(SessionHandle(s.session_id, s.epoch, s.request.total_tokens),
-                                   s.request.prompt_tokens[start:start + n], start, start + n == s.prompt_len)
-                      for s, start, n in picks]
+            chunks = [
+                PrefillChunk(
+                    SessionHandle(s.session_id, s.epoch, s.request.total_tokens),
+                    s.request.prompt_tokens[start : start + n],
+                    start,
+                    start + n == s.prompt_len,
+                )
+                for s, start, n in picks
+            ]
             feed = [self._decode_item(s) for s in chosen]
             return TickPlan(len(self._ticks), t0, chosen, picks, self._down, feed, chunks)
 
@@ -272,8 +282,9 @@ class ContinuousBatchScheduler:
 
         Returns the finished sessions and the promoted ones (prefillable from the next tick).
         """
-        finished = sorted((s for s in touched if s.status is SessionStatus.RUNNING and s.has_all_tokens),
-                          key=lambda s: s.arrival)
+        finished = sorted(
+            (s for s in touched if s.status is SessionStatus.RUNNING and s.has_all_tokens), key=lambda s: s.arrival
+        )
         for s in finished:
             self._end(s, DoneReason.COMPLETED)
         return finished, self._promote(next_tick=tick + 1)
@@ -293,8 +304,10 @@ class ContinuousBatchScheduler:
             prefill_sessions=tuple(s.session_id for s in plan.prefilled),
             prefill_chunks=tuple(plan.pieces),
             kv_bytes=kv_bytes,
-            stored_tokens=(sum(s.prompt_len + len(s.tokens) - 1 for s in self._running.values())
-                           + sum(s.prefilled for s in self._admitted.values())),
+            stored_tokens=(
+                sum(s.prompt_len + len(s.tokens) - 1 for s in self._running.values())
+                + sum(s.prefilled for s in self._admitted.values())
+            ),
             active=self._active_count(),
             queued=len(self._queue),
             completed=tuple(s.session_id for s in plan.finished),
@@ -319,8 +332,9 @@ class ContinuousBatchScheduler:
             for s in lost:
                 self._failed_by_cause[cause] += 1
                 self._end(s, DoneReason.FAILED, cause)
-            self._losses.append({"tick": plan.tick, "cause": cause, "lost": [[s.session_id, s.epoch] for s in lost],
-                                 "resubmitted": []})
+            self._losses.append(
+                {"tick": plan.tick, "cause": cause, "lost": [[s.session_id, s.epoch] for s in lost], "resubmitted": []}
+            )
             return lost
 
     def engine_down(self, cause: str, restart_error: str | None = None) -> None:
@@ -336,8 +350,7 @@ class ContinuousBatchScheduler:
             record = self._losses[-1]
             for s in lost:
                 d = self.submit(s.request)
-                record["resubmitted"].append({"session_id": s.session_id, "epoch": d.epoch,
-                                              "decision": d.reason.value})
+                record["resubmitted"].append({"session_id": s.session_id, "epoch": d.epoch, "decision": d.reason.value})
                 if d.reason.accepted:
                     self._resubmitted.append(self._live[s.session_id])
                     self.resubmitted_work += s.request.total_tokens
@@ -446,9 +459,15 @@ class ContinuousBatchScheduler:
     def _accept(self, request: GenerationRequest, admitted: bool) -> None:
         self._epochs[request.session_id] += 1
         now = self.clock()
-        s = Session(request, self._arrivals, self._epochs[request.session_id], now,
-                    status=SessionStatus.ADMITTED if admitted else SessionStatus.QUEUED,
-                    admit_ns=now if admitted else None, admit_tick=len(self._ticks) if admitted else None)
+        s = Session(
+            request,
+            self._arrivals,
+            self._epochs[request.session_id],
+            now,
+            status=SessionStatus.ADMITTED if admitted else SessionStatus.QUEUED,
+            admit_ns=now if admitted else None,
+            admit_tick=len(self._ticks) if admitted else None,
+        )
         self._arrivals += 1
         self._live[s.session_id] = s
         (self._admitted if admitted else self._queue)[s.session_id] = s
@@ -467,8 +486,11 @@ class ContinuousBatchScheduler:
     def _end(self, s: Session, reason: DoneReason, error: str | None = None) -> None:
         """End a session: out of its stage, counted; if the engine may hold its KV, it is to be released."""
         had_kv = s.status is SessionStatus.RUNNING or s.prefilled > 0 or reason is DoneReason.FAILED
-        {SessionStatus.QUEUED: self._queue, SessionStatus.ADMITTED: self._admitted,
-         SessionStatus.RUNNING: self._running}[s.status].pop(s.session_id)
+        {
+            SessionStatus.QUEUED: self._queue,
+            SessionStatus.ADMITTED: self._admitted,
+            SessionStatus.RUNNING: self._running,
+        }[s.status].pop(s.session_id)
         s.finish(reason, error)
         s.end_tick = len(self._ticks)
         if reason is not DoneReason.COMPLETED:

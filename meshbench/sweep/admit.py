@@ -53,17 +53,20 @@ def _report(setup, budget, process, wl: Workload, node: NodeDriver) -> dict:
     else:
         decisions = []
         schedule = list(zip(process.ticks(wl.sessions, wl.seed), requests))
-        node.run_to_completion(arrivals=schedule,
-                               on_submit=lambda tick, d, _at, _now: decisions.append(dict(d.to_dict(), tick=tick)))
+        node.run_to_completion(
+            arrivals=schedule, on_submit=lambda tick, d, _at, _now: decisions.append(dict(d.to_dict(), tick=tick))
+        )
     return {
-        "engine": {k: setup.info[k] for k in ("kind", "kv_bytes_per_token", "weight_bytes",
-                                               "scratch_bytes_per_session")},
+        "engine": {
+            k: setup.info[k] for k in ("kind", "kv_bytes_per_token", "weight_bytes", "scratch_bytes_per_session")
+        },
         "budget": budget.to_dict(),
         "effective_active_cap": node.sched.active_cap,
         "arrivals": process.label(),
         "ticks": len(node.ticks()),
         "decisions": decisions,
-        "summary": {reason: sum(d["reason"] == reason for d in decisions)
-                    for reason in sorted({d["reason"] for d in decisions})},
+        "summary": {
+            reason: sum(d["reason"] == reason for d in decisions) for reason in sorted({d["reason"] for d in decisions})
+        },
         "telemetry": node.telemetry().to_dict(),
     }

@@ -35,8 +35,14 @@ class WallClock:
 
 
 class NodeDriver:
-    def __init__(self, engine: BatchEngine, budget: NodeBudget, clock: Callable[[], int] = time.monotonic_ns,
-                 recover: Callable[[], BatchEngine] | None = None, prefill_policy: str = "whole") -> None:
+    def __init__(
+        self,
+        engine: BatchEngine,
+        budget: NodeBudget,
+        clock: Callable[[], int] = time.monotonic_ns,
+        recover: Callable[[], BatchEngine] | None = None,
+        prefill_policy: str = "whole",
+    ) -> None:
         self.engine = engine
         self.recover = recover  # the restart policy: a fresh engine after a loss (None: no restart)
         self.clock = clock
@@ -114,10 +120,13 @@ class NodeDriver:
     def _progressing_tick(self, on_tick: Callable[[TickRecord], None] | None) -> None:
         live_before = self.sched.live_count()
         rec = self.run_tick()
-        assert (not live_before or rec.decode_batch or rec.prefill_chunks or rec.ended
-                or self.sched.live_count() < live_before), (
-            f"a tick made no progress with {self.sched.live_count()} live sessions (active cap "
-            f"{self.sched.active_cap})")
+        assert (
+            not live_before
+            or rec.decode_batch
+            or rec.prefill_chunks
+            or rec.ended
+            or self.sched.live_count() < live_before
+        ), f"a tick made no progress with {self.sched.live_count()} live sessions (active cap {self.sched.active_cap})"
         if on_tick is not None:
             on_tick(rec)
 
@@ -151,8 +160,10 @@ class NodeDriver:
             self._lost(plan, str(exc))
             return None, ns if plan.decode else 0, 0 if plan.decode else ns
         except Exception as exc:  # a step that raised as a whole: every session in it fails
-            result = TickResult([raised(it.session_id, "step", exc) for it in plan.feed],
-                                [raised(c.session.session_id, "step", exc) for c in plan.chunks])
+            result = TickResult(
+                [raised(it.session_id, "step", exc) for it in plan.feed],
+                [raised(c.session.session_id, "step", exc) for c in plan.chunks],
+            )
         ns = self.clock() - e0
         prefill_ns = min(result.prefill_ns, ns) if plan.decode else ns
         return result, ns - prefill_ns, prefill_ns

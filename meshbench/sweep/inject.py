@@ -14,13 +14,23 @@ from meshbench.scheduler.session import Session, SessionStatus
 from meshbench.workload.faults import Fault, FaultKind
 
 # At one tick: cancels, evictions, then what fires inside a call, then kills.
-ORDER = {FaultKind.CANCEL: 0, FaultKind.EVICT: 1, FaultKind.RAISE: 2, FaultKind.ABORT_ENGINE: 2,
-         FaultKind.KILL_WORKER: 3, FaultKind.KILL_ENGINE: 4}
+ORDER = {
+    FaultKind.CANCEL: 0,
+    FaultKind.EVICT: 1,
+    FaultKind.RAISE: 2,
+    FaultKind.ABORT_ENGINE: 2,
+    FaultKind.KILL_WORKER: 3,
+    FaultKind.KILL_ENGINE: 4,
+}
 
 
 class FaultPlan:
-    def __init__(self, faults: Sequence[Fault], kill_engine: Callable[[], None] | None = None,
-                 kill_worker: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        faults: Sequence[Fault],
+        kill_engine: Callable[[], None] | None = None,
+        kill_worker: Callable[[int], None] | None = None,
+    ) -> None:
         self.faults = list(faults)  # the row's order: the events come out in it
         self._order = sorted(range(len(self.faults)), key=lambda i: (self.faults[i].tick, ORDER[self.faults[i].kind]))
         self._kill_engine, self._kill_worker = kill_engine, kill_worker
@@ -80,10 +90,16 @@ class FaultPlan:
             fired = self._fired.get(i)
             if fired is None:
                 what = f"no {f.call} call ran from tick {f.tick}" if f.call else f"tick {f.tick} is never reached"
-                raise MeshbenchError(f"fault {f.label}: at concurrency {concurrency} the pass ran {ticks} ticks: "
-                                     f"{what} (no session reaches it)")
-            out[i] = {"fault": f.label, "tick": fired["tick"], "hit": fired["hit"],
-                      **_outcome(f, fired, sessions, losses)}
+                raise MeshbenchError(
+                    f"fault {f.label}: at concurrency {concurrency} the pass ran {ticks} ticks: "
+                    f"{what} (no session reaches it)"
+                )
+            out[i] = {
+                "fault": f.label,
+                "tick": fired["tick"],
+                "hit": fired["hit"],
+                **_outcome(f, fired, sessions, losses),
+            }
         return [out[i] for i in range(len(self.faults))]
 
 
@@ -92,8 +108,11 @@ def _state(s: Session | None) -> str:
         return "not yet submitted"
     if s.status is SessionStatus.FINISHED:
         return f"already ended: {s.done_reason.value}"
-    return {SessionStatus.QUEUED: "queued", SessionStatus.ADMITTED: "awaiting prefill",
-            SessionStatus.RUNNING: f"decoding ({len(s.tokens)} token(s) so far)"}[s.status]
+    return {
+        SessionStatus.QUEUED: "queued",
+        SessionStatus.ADMITTED: "awaiting prefill",
+        SessionStatus.RUNNING: f"decoding ({len(s.tokens)} token(s) so far)",
+    }[s.status]
 
 
 def _outcome(f: Fault, fired: dict, sessions: list[Session], losses: list[dict]) -> dict:
@@ -111,15 +130,26 @@ def _outcome(f: Fault, fired: dict, sessions: list[Session], losses: list[dict])
         return {"sessions": [], "cause": None, "resubmitted": []}
     loss["claimed"] = True
     lost = {tuple(x) for x in loss["lost"]}
-    later = [s for s in sessions if (s.session_id, s.epoch) not in lost and s.error
-             and s.error.startswith(loss["cause"]) and s.end_tick >= loss["tick"]]  # failed without an engine
+    later = [
+        s
+        for s in sessions
+        if (s.session_id, s.epoch) not in lost
+        and s.error
+        and s.error.startswith(loss["cause"])
+        and s.end_tick >= loss["tick"]
+    ]  # failed without an engine
     hit = sorted([ends[k] for k in lost] + later, key=lambda s: s.arrival)
     return {"sessions": [_end(s) for s in hit], "cause": loss["cause"], "resubmitted": loss["resubmitted"]}
 
 
 def _end(s: Session) -> dict:
-    return {"session_id": s.session_id, "epoch": s.epoch, "done_reason": s.done_reason.value,
-            "end_tick": s.end_tick, "error": s.error}
+    return {
+        "session_id": s.session_id,
+        "epoch": s.epoch,
+        "done_reason": s.done_reason.value,
+        "end_tick": s.end_tick,
+        "error": s.error,
+    }
 
 
 class FaultyEngine:

@@ -36,8 +36,6 @@ from meshbench.workload.faults import Fault
 COUNTERS = ("completed", "cancelled", "failed", "cache_misses", "rejected_admissions", "engine_losses", "resubmitted")
 
 
-
-
 def _finite(x):
     """JSON has no inf/nan: a margin that is not finite is recorded as null."""
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
@@ -46,27 +44,39 @@ def _finite(x):
 def session_record(s: Session) -> SessionRecord:
     """A session's deterministic record, as results.json holds it."""
     return {
-        "session_id": s.session_id, "epoch": s.epoch, "end_tick": s.end_tick,
-        "prompt_tokens": s.prompt_len, "max_new_tokens": s.request.max_new_tokens,
-        "tokens": list(s.tokens), "margins": [_finite(m) for m in s.margins],
+        "session_id": s.session_id,
+        "epoch": s.epoch,
+        "end_tick": s.end_tick,
+        "prompt_tokens": s.prompt_len,
+        "max_new_tokens": s.request.max_new_tokens,
+        "tokens": list(s.tokens),
+        "margins": [_finite(m) for m in s.margins],
         "digest": figures.token_digest(s.tokens),
-        "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED", "error": s.error,
+        "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
+        "error": s.error,
     }
 
 
 def session_timing(s: Session, t0: int) -> SessionTiming:
     """A session's stamps in one repetition, relative to the start of that pass."""
-    return {"session_id": s.session_id, "epoch": s.epoch, "digest": figures.token_digest(s.tokens),
-            "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
-            "submit_ns": s.submit_ns - t0, "admit_ns": None if s.admit_ns is None else s.admit_ns - t0,
-            "token_ns": [t - t0 for t in s.token_ns]}
+    return {
+        "session_id": s.session_id,
+        "epoch": s.epoch,
+        "digest": figures.token_digest(s.tokens),
+        "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
+        "submit_ns": s.submit_ns - t0,
+        "admit_ns": None if s.admit_ns is None else s.admit_ns - t0,
+        "token_ns": [t - t0 for t in s.token_ns],
+    }
 
 
 def level_budget(base: NodeBudget, concurrency: int, sessions: int, all_at_once: bool = True) -> NodeBudget:
     """At level c: c active sessions and a batch of c. With every session submitted at once the queue is
     raised to hold them all (the DGR-012 rule); with arrivals over time the configured queue is measured."""
     return dataclasses.replace(
-        base, max_active_sessions=concurrency, max_batch_size=concurrency,
+        base,
+        max_active_sessions=concurrency,
+        max_batch_size=concurrency,
         max_queue_depth=max(base.max_queue_depth, sessions) if all_at_once else base.max_queue_depth,
     )
 
@@ -116,15 +126,19 @@ def run_pass(
     ``plan``: the faults this pass suffers; ``recover``: the restart policy after an engine loss."""
     plan = plan or FaultPlan(())
     wrapped = plan.wrap(engine)
-    node = NodeDriver(wrapped, budget, clock, prefill_policy=prefill,
-                      recover=(lambda: plan.wrap(recover())) if recover else None)
+    node = NodeDriver(
+        wrapped, budget, clock, prefill_policy=prefill, recover=(lambda: plan.wrap(recover())) if recover else None
+    )
     plan.node = node
     events: list[dict] = []
     t0 = clock()
     try:
-        node.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_ticks, requests)),
-                               on_submit=lambda tick, d, _at, _now: events.append(submit_event(tick, d)),
-                               before_tick=plan.before_tick)
+        node.run_to_completion(
+            on_tick=on_tick,
+            arrivals=list(zip(arrival_ticks, requests)),
+            on_submit=lambda tick, d, _at, _now: events.append(submit_event(tick, d)),
+            before_tick=plan.before_tick,
+        )
     finally:
         if node.engine is not wrapped:  # a restarted engine is this pass's to free
             close_engine(node.engine)
@@ -133,18 +147,35 @@ def run_pass(
 
 def submit_event(tick: int, d: AdmissionDecision, **extra) -> SubmitEvent:
     """One arrival's record: the tick before which it was submitted, the decision and the node's state."""
-    return {"tick": tick, "session_id": d.session_id, "epoch": d.epoch, "decision": d.reason.value,
-            "active": d.active_sessions, "queued": d.queue_depth, **extra}
+    return {
+        "tick": tick,
+        "session_id": d.session_id,
+        "epoch": d.epoch,
+        "decision": d.reason.value,
+        "active": d.active_sessions,
+        "queued": d.queue_depth,
+        **extra,
+    }
 
 
-def finished_pass(node: NodeDriver, events: list[dict], t0: int, t1: int,
-                  fault_events: list[dict] | None = None) -> Pass:
+def finished_pass(
+    node: NodeDriver, events: list[dict], t0: int, t1: int, fault_events: list[dict] | None = None
+) -> Pass:
     """The raw records of a pass that started at ``t0`` and ended at ``t1`` (clock nanoseconds)."""
     ended = node.sessions()
     tel = node.telemetry().to_dict()
-    return Pass([session_record(s) for s in ended], [t.to_dict() for t in node.ticks()],
-                [session_timing(s, t0) for s in ended], events, (t1 - t0) / 1e9, tel["cache_misses"], tel["failed"],
-                {k: tel[k] for k in COUNTERS}, fault_events or [], node.losses())
+    return Pass(
+        [session_record(s) for s in ended],
+        [t.to_dict() for t in node.ticks()],
+        [session_timing(s, t0) for s in ended],
+        events,
+        (t1 - t0) / 1e9,
+        tel["cache_misses"],
+        tel["failed"],
+        {k: tel[k] for k in COUNTERS},
+        fault_events or [],
+        node.losses(),
+    )
 
 
 def run_pass_wall(
@@ -167,20 +198,33 @@ def run_pass_wall(
     def submitted(tick: int, d: AdmissionDecision, arrival: float, now: float) -> None:
         events.append(submit_event(tick, d, arrival_ms=arrival * 1e3, submit_ms=now * 1e3))
 
-    node.run_to_completion(on_tick=on_tick, arrivals=list(zip(arrival_s, requests)), on_submit=submitted,
-                           wall=WallClock(t0, sleep))
+    node.run_to_completion(
+        on_tick=on_tick, arrivals=list(zip(arrival_s, requests)), on_submit=submitted, wall=WallClock(t0, sleep)
+    )
     return finished_pass(node, events, t0, clock())
 
 
-def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dict,
-                 passes: Sequence[tuple[int, int, Pass]], wall: bool = False) -> LevelRecord:
+def level_record(
+    level: Level,
+    budget: NodeBudget,
+    arrival_times: list,
+    slo: dict,
+    passes: Sequence[tuple[int, int, Pass]],
+    wall: bool = False,
+) -> LevelRecord:
     """The results.json record of a level: repetition 0's deterministic records, every repetition's raw
     timing and wall figures, and their summary. ``passes`` are (repetition, position in its order, pass)."""
     first = passes[0][2]
     ticks = figures.deterministic_ticks(first.ticks)
     repetitions = [
-        {"repetition": r, "position": position, "wall_s": p.wall_s, "tick_records": p.ticks, "sessions": p.timing,
-         "wall": figures.wall_figures(p.timing, p.ticks, p.wall_s)}
+        {
+            "repetition": r,
+            "position": position,
+            "wall_s": p.wall_s,
+            "tick_records": p.ticks,
+            "sessions": p.timing,
+            "wall": figures.wall_figures(p.timing, p.ticks, p.wall_s),
+        }
         for r, position, p in passes
     ]
     record: LevelRecord = {
@@ -210,8 +254,12 @@ def level_record(level: Level, budget: NodeBudget, arrival_times: list, slo: dic
     return record
 
 
-def sweep_levels(levels: Sequence[int], workload: Workload, rates: Sequence[float] | None,
-                 fault_rows: Sequence[tuple[Fault, ...]] = ()) -> list[Level]:
+def sweep_levels(
+    levels: Sequence[int],
+    workload: Workload,
+    rates: Sequence[float] | None,
+    fault_rows: Sequence[tuple[Fault, ...]] = (),
+) -> list[Level]:
     """The levels in order: by rate (when rates are swept) or by fault row, then by concurrency."""
     ordered = validate_levels(levels, workload.sessions)
     process = arrivals_mod.parse(workload.arrivals)
@@ -246,8 +294,20 @@ class SweepPlan:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "SweepPlan":
-        return cls(list(cfg.levels), cfg.workload, cfg.budget, cfg.repeat, cfg.warmup, cfg.rates, cfg.slo,
-                   cfg.clock == "wall", cfg.faults, cfg.restart_engine, cfg.prefill, cfg.isolation)
+        return cls(
+            list(cfg.levels),
+            cfg.workload,
+            cfg.budget,
+            cfg.repeat,
+            cfg.warmup,
+            cfg.rates,
+            cfg.slo,
+            cfg.clock == "wall",
+            cfg.faults,
+            cfg.restart_engine,
+            cfg.prefill,
+            cfg.isolation,
+        )
 
 
 def run_concurrency_sweep(
@@ -274,12 +334,12 @@ def run_concurrency_sweep(
         requests = requests or workload.requests(engine.vocab_size, eog)
         try:
             if wall:
-                return run_pass_wall(requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock,
-                                     per_level, sleep, sweep.prefill)
+                return run_pass_wall(
+                    requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock, per_level, sleep, sweep.prefill
+                )
             faults = FaultPlan(plan[i].faults, node and node.kill_engine, node and node.kill_worker)
             recover = _restarter(node, budgets[i]) if sweep.restart else None
-            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover,
-                            sweep.prefill)
+            return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover, sweep.prefill)
         finally:
             close_engine(engine)
 
@@ -293,8 +353,16 @@ def run_concurrency_sweep(
     records = [level_record(lv, budgets[i], times_of[i], slo, passes[i], wall) for i, lv in enumerate(plan)]
     vocab = node.vocab_size if node is not None else _vocab(engine_factory, budgets[0])
     for i, lv in enumerate(plan):
-        prove_level(records[i], lv, lambda reqs, i=i: one_pass(i, reqs), workload.requests(vocab, eog),
-                    passes[i][0][2], vocab, workload.seed, isolation_skipped(lv, wall, sweep.prove_isolation))
+        prove_level(
+            records[i],
+            lv,
+            lambda reqs, i=i: one_pass(i, reqs),
+            workload.requests(vocab, eog),
+            passes[i][0][2],
+            vocab,
+            workload.seed,
+            isolation_skipped(lv, wall, sweep.prove_isolation),
+        )
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or sweep.fault_rows:
         reference = alone_reference(workload, sweep.budget, engine_factory, clock, sweep.prefill, eog)
@@ -323,22 +391,36 @@ def arrival_times(plan: Sequence[Level], workload: Workload, wall: bool, repeat:
 MAX_RECORDED_TICKS = 250_000
 
 
-def check_record_size(plan: Sequence[Level], times_of: Sequence[Sequence[int]], workload: Workload,
-                      repeat: int) -> None:
+def check_record_size(
+    plan: Sequence[Level], times_of: Sequence[Sequence[int]], workload: Workload, repeat: int
+) -> None:
     work = sum(p + n for p, n in zip(workload.prompt_tokens, workload.new_tokens))
     bound = sum((max(times, default=0) + work + 1) * (repeat + 1) for times in times_of)
     if bound > MAX_RECORDED_TICKS:
         last = max(max(times, default=0) for times in times_of)
-        raise MeshbenchError(f"this sweep could record up to {bound} ticks (the last session arrives at tick {last}, "
-                             f"{len(plan)} levels, {repeat} repetition(s)), more than the {MAX_RECORDED_TICKS} a "
-                             "results.json can hold: raise the arrival rate, or sweep fewer levels or repetitions")
+        raise MeshbenchError(
+            f"this sweep could record up to {bound} ticks (the last session arrives at tick {last}, "
+            f"{len(plan)} levels, {repeat} repetition(s)), more than the {MAX_RECORDED_TICKS} a "
+            "results.json can hold: raise the arrival rate, or sweep fewer levels or repetitions"
+        )
 
 
-def prove_level(record: dict, level: Level, run: Callable[[Sequence[GenerationRequest]], Pass],
-                requests: Sequence[GenerationRequest], baseline: Pass, vocab: int, seed: int, skipped: str | None):
+def prove_level(
+    record: dict,
+    level: Level,
+    run: Callable[[Sequence[GenerationRequest]], Pass],
+    requests: Sequence[GenerationRequest],
+    baseline: Pass,
+    vocab: int,
+    seed: int,
+    skipped: str | None,
+):
     """The level's isolation records (its perturbation passes, or why there are none) and their verdict."""
-    record["isolation"] = ({"sessions": None, "passes": None, "reason": skipped} if skipped is not None else
-                           isolation.run_level(run, requests, baseline, vocab, seed))
+    record["isolation"] = (
+        {"sessions": None, "passes": None, "reason": skipped}
+        if skipped is not None
+        else isolation.run_level(run, requests, baseline, vocab, seed)
+    )
     record["isolation_verdict"] = isolation.verdict(record)
 
 
@@ -362,14 +444,21 @@ def isolation_skipped(level: Level, wall: bool, wanted: bool) -> str | None:
     return None
 
 
-def alone_reference(workload: Workload, budget: NodeBudget, engine_factory: Callable[[EngineLimits], BatchEngine],
-                    clock: Callable[[], int], prefill: str = "whole", eog: frozenset[int] = frozenset()) -> dict:
+def alone_reference(
+    workload: Workload,
+    budget: NodeBudget,
+    engine_factory: Callable[[EngineLimits], BatchEngine],
+    clock: Callable[[], int],
+    prefill: str = "whole",
+    eog: frozenset[int] = frozenset(),
+) -> dict:
     """Each session run alone: the reference every completed session of an arrival sweep must equal."""
     alone = level_budget(budget, 1, workload.sessions)
     engine = engine_factory(alone.engine_limits())
     try:
-        first = run_pass(workload.requests(engine.vocab_size, eog), [0] * workload.sessions, alone, engine, clock,
-                         prefill=prefill)
+        first = run_pass(
+            workload.requests(engine.vocab_size, eog), [0] * workload.sessions, alone, engine, clock, prefill=prefill
+        )
     finally:
         close_engine(engine)
     return {"concurrency": 1, "sessions": first.sessions}
@@ -384,9 +473,11 @@ def sweep_verdicts(records: list[dict], reference: dict | None) -> ConcurrencySw
         first_divergence=v["first_divergence"],
         batch_invariant=v["batch_invariant"],
         isolation=v["isolation"],
-        saturation_concurrency=figures.saturation_level([r["concurrency"] for r in all_at_once],
-                                                        [r["avg_batch_occupancy"] for r in all_at_once])
-        if all_at_once else None,
+        saturation_concurrency=figures.saturation_level(
+            [r["concurrency"] for r in all_at_once], [r["avg_batch_occupancy"] for r in all_at_once]
+        )
+        if all_at_once
+        else None,
         reference_concurrency=(reference or records[0])["concurrency"],
         reference=reference,
         saturation_rates=backpressure.saturation_rates(records) if reference is not None else None,

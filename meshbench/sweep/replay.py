@@ -22,8 +22,15 @@ def session_rows(engine, level: dict, prompts: dict[str, Sequence[int]], session
     capacity = {s["session_id"]: s["prompt_tokens"] + s["max_new_tokens"] for s in level["sessions"]}
     for t in level["tick_records"]:
         decode = [DecodeItem(sid, 1, pos, tok) for sid, pos, tok in t["decode_feed"]]
-        pieces = [PrefillChunk(SessionHandle(sid, 1, capacity[sid]), tuple(prompts[sid][start:start + n]), start,
-                               start + n == len(prompts[sid])) for sid, start, n in t["prefill_chunks"]]
+        pieces = [
+            PrefillChunk(
+                SessionHandle(sid, 1, capacity[sid]),
+                tuple(prompts[sid][start : start + n]),
+                start,
+                start + n == len(prompts[sid]),
+            )
+            for sid, start, n in t["prefill_chunks"]
+        ]
         engine.step(decode, pieces)
         for sid in (*t["completed"], *t["ended"]):
             engine.release(sid)
@@ -43,8 +50,9 @@ def batch_sizes(level: dict, session_id: str) -> list[int]:
     return sizes
 
 
-def deviation(make, reference: dict, level: dict, prompts: dict[str, Sequence[int]],
-              session_id: str, upto: int) -> dict:
+def deviation(
+    make, reference: dict, level: dict, prompts: dict[str, Sequence[int]], session_id: str, upto: int
+) -> dict:
     """How ``session_id``'s logits moved between the two levels, step by step up to token ``upto`` (the first
     divergence: after it the two streams are fed different tokens): at its first batched step, and at the
     first step that differs at all, with the batch size that computed it."""
@@ -52,14 +60,19 @@ def deviation(make, reference: dict, level: dict, prompts: dict[str, Sequence[in
     for lv in (reference, level):
         engine = make(lv)  # an engine sized as that level's was
         try:
-            rows.append(session_rows(engine, lv, prompts, session_id)[:upto + 1])
+            rows.append(session_rows(engine, lv, prompts, session_id)[: upto + 1])
         finally:
             engine.close()
     diffs = [float(np.max(np.abs(a - b))) for a, b in zip(*rows)]  # per step, (vocab,) rows
     sizes = batch_sizes(level, session_id)
-    batched = next((k for k, n in enumerate(sizes[:len(diffs)]) if n > 1), None)
+    batched = next((k for k, n in enumerate(sizes[: len(diffs)]) if n > 1), None)
     first = next((k for k, d in enumerate(diffs) if d > 0), None)
     span = [float(min(r.min() for r in rows[0])), float(max(r.max() for r in rows[0]))]
-    return {"first_batched_step": batched, "at_first_batched_step": None if batched is None else diffs[batched],
-            "first_differing_step": first, "batch_at_first_differing_step": None if first is None else sizes[first],
-            "max_abs_logit_diff": None if first is None else diffs[first], "logit_range": span}
+    return {
+        "first_batched_step": batched,
+        "at_first_batched_step": None if batched is None else diffs[batched],
+        "first_differing_step": first,
+        "batch_at_first_differing_step": None if first is None else sizes[first],
+        "max_abs_logit_diff": None if first is None else diffs[first],
+        "logit_range": span,
+    }

@@ -69,8 +69,7 @@ def check_budget_fits_one_session(cfg: RunConfig, setup: EngineSetup, longest: i
     scratch = setup.info["scratch_bytes_per_session"]
     if cfg.budget.scratch_bytes < scratch:
         raise MeshbenchError(
-            f"budget.scratch_bytes {cfg.budget.scratch_bytes} cannot hold a single session's scratch of "
-            f"{scratch} bytes"
+            f"budget.scratch_bytes {cfg.budget.scratch_bytes} cannot hold a single session's scratch of {scratch} bytes"
         )
 
 
@@ -86,8 +85,9 @@ def node(cfg: RunConfig) -> Iterator[Node]:
         yield Node(pool.endpoints, pool if cfg.engine.workers else None)
 
 
-def sweep_on_node(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
-                  verbose: bool = False) -> dict:
+def sweep_on_node(
+    cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None, verbose: bool = False
+) -> dict:
     """Start the node's workers, load the engine, sweep, and free the engine before the workers stop
     (llama.cpp aborts when it frees buffers on a worker that is gone)."""
     cfg = prompts.apply(cfg)  # real prompts: tokenized by the model before anything runs
@@ -99,8 +99,12 @@ def sweep_on_node(cfg: RunConfig, command: str, on_tick: Callable[[int, TickReco
             setup.close()
 
 
-def run_sweep(cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None,
-              setup: EngineSetup | None = None) -> dict:
+def run_sweep(
+    cfg: RunConfig,
+    command: str,
+    on_tick: Callable[[int, TickRecord], None] | None = None,
+    setup: EngineSetup | None = None,
+) -> dict:
     setup = setup or prepare(cfg)
     sweep = run_concurrency_sweep(SweepPlan.of(cfg), setup.make, node=setup, on_tick=on_tick)
     data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
@@ -122,8 +126,14 @@ def _logit_deviation(cfg: RunConfig, setup: EngineSetup, data: dict, div: dict) 
     by_c = {lv["concurrency"]: lv for lv in data["levels"]}
     prompts = {r.session_id: r.prompt_tokens for r in cfg.workload.requests(setup.vocab_size, setup.eog)}
     make = lambda lv: setup.make(NodeBudget(**lv["budget"]).engine_limits())  # noqa: E731
-    return replay.deviation(make, by_c[div["reference_concurrency"]], by_c[div["concurrency"]], prompts,
-                            div["session_id"], div["token_index"])
+    return replay.deviation(
+        make,
+        by_c[div["reference_concurrency"]],
+        by_c[div["concurrency"]],
+        prompts,
+        div["session_id"],
+        div["token_index"],
+    )
 
 
 def _check_inputs(data: dict, cfg: RunConfig) -> None:
@@ -135,9 +145,11 @@ def _check_inputs(data: dict, cfg: RunConfig) -> None:
     path = files.regular_file(cfg.workload.prompts, "workload.prompts")
     now = files.sha256(path)
     if now != recorded["sha256"]:
-        raise MeshbenchError(f"workload.prompts {cfg.workload.prompts} changed since the bundle was made (sha256 "
-                             f"{recorded['sha256'][:12]}... recorded, {now[:12]}... now): rerun with the file it "
-                             "was made from")
+        raise MeshbenchError(
+            f"workload.prompts {cfg.workload.prompts} changed since the bundle was made (sha256 "
+            f"{recorded['sha256'][:12]}... recorded, {now[:12]}... now): rerun with the file it "
+            "was made from"
+        )
 
 
 def _locate(name: str, bundle: Path) -> str:
@@ -168,8 +180,7 @@ def cached_model_path(recipe: dict) -> Path:
     r = {"preset": "dgr-012", "type": "q8_0", "seed": 0, **recipe}
     # The writer's format version is in the name: a model an older meshbench cached (no vocabulary) is
     # never taken for the one this version writes.
-    return (files.cache_dir() / "models"
-            / f"{r['preset']}-{r['type']}-seed{r['seed']}-v{gguf_io.WRITER_VERSION}.gguf")
+    return files.cache_dir() / "models" / f"{r['preset']}-{r['type']}-seed{r['seed']}-v{gguf_io.WRITER_VERSION}.gguf"
 
 
 def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None = None) -> dict:
@@ -178,10 +189,13 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
     prompts file is looked for from here, then from the bundle's folder upwards (``bundle``)."""
     cfg = dataclasses.replace(config_from_results(data), repeat=1, warmup=0)
     if cfg.workload.prompts and bundle is not None:
-        cfg = dataclasses.replace(cfg, workload=dataclasses.replace(
-            cfg.workload, prompts=_locate(cfg.workload.prompts, bundle)))
+        cfg = dataclasses.replace(
+            cfg, workload=dataclasses.replace(cfg.workload, prompts=_locate(cfg.workload.prompts, bundle))
+        )
     _check_inputs(data, cfg)
     if cfg.engine.rpc and not trust_endpoints:
-        raise MeshbenchError(f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
-                             "the model to them; pass --trust-endpoints if they are yours")
+        raise MeshbenchError(
+            f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
+            "the model to them; pass --trust-endpoints if they are yours"
+        )
     return sweep_on_node(cfg, data["command"])

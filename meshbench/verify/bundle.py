@@ -86,13 +86,23 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
     if text != expected:  # generated from results.json: every line is checked, prose included
         want, got = expected.splitlines(), text.splitlines()
         k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
-        c.equal(bundle.README, f"line {k + 1} (the README as results.json renders it)",
-                want[k] if k < len(want) else "(end of file)", got[k] if k < len(got) else "(end of file)")
+        c.equal(
+            bundle.README,
+            f"line {k + 1} (the README as results.json renders it)",
+            want[k] if k < len(want) else "(end of file)",
+            got[k] if k < len(got) else "(end of file)",
+        )
     _check_table(c, "sweep table", report.parse_table(text), report.table_rows(data), report.TABLE_FIELDS, "levels")
     faults = fault_report.table_rows(data)
     if faults:
-        _check_table(c, "fault matrix", report.parse_table(text, fault_report.TABLE_HEADER), faults,
-                     [h.strip() for h in fault_report.TABLE_HEADER.strip("|").split("|")], "fault matrix rows")
+        _check_table(
+            c,
+            "fault matrix",
+            report.parse_table(text, fault_report.TABLE_HEADER),
+            faults,
+            [h.strip() for h in fault_report.TABLE_HEADER.strip("|").split("|")],
+            "fault matrix rows",
+        )
 
 
 def bundle_name(text: str, path: Path) -> str:
@@ -100,7 +110,7 @@ def bundle_name(text: str, path: Path) -> str:
     a name is presentation, every other line is checked against results.json."""
     for line in text.splitlines():
         if line.startswith("meshbench verify ") and line.endswith(" --rerun"):
-            return line[len("meshbench verify "):-len(" --rerun")]
+            return line[len("meshbench verify ") : -len(" --rerun")]
     return path.name
 
 
@@ -121,9 +131,13 @@ def deterministic_view(data: dict) -> dict:
     alone (the reference every completed session was checked against) must be reproduced."""
     # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
     # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared.
-    out = {"engine": {k: v for k, v in data["engine"].items() if k not in ("rpc", "model")},
-           "corruption_free": data["corruption_free"], "saturation_concurrency": data["saturation_concurrency"],
-           "isolation": data["isolation"], "inputs": data.get("inputs")}
+    out = {
+        "engine": {k: v for k, v in data["engine"].items() if k not in ("rpc", "model")},
+        "corruption_free": data["corruption_free"],
+        "saturation_concurrency": data["saturation_concurrency"],
+        "isolation": data["isolation"],
+        "inputs": data.get("inputs"),
+    }
     if data["reference"] is not None:
         for j, s in enumerate(data["reference"]["sessions"]):
             out[f"reference.sessions[{j}].digest"] = s["digest"]

@@ -30,19 +30,31 @@ def check_level_figures(c: Checks, data: dict, lv: dict, at: str) -> None:
         c.equal(RESULTS, f"{at}.{k} (independent recomputation)", v, lv[k])
     for j, s in enumerate(lv["sessions"]):
         c.equal(RESULTS, f"{at}.sessions[{j}].digest", figures.token_digest(s["tokens"]), s["digest"])
-        c.equal(RESULTS, f"{at}.sessions[{j}].digest (independent recomputation)",
-                hashlib.sha256(",".join(map(str, s["tokens"])).encode()).hexdigest(), s["digest"])
+        c.equal(
+            RESULTS,
+            f"{at}.sessions[{j}].digest (independent recomputation)",
+            hashlib.sha256(",".join(map(str, s["tokens"])).encode()).hexdigest(),
+            s["digest"],
+        )
 
 
 def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
     """Tokens, KV and session ends add up."""
     sessions, ticks = lv["sessions"], lv["tick_records"]
     prefilled = [sid for t in ticks for sid in t["prefill_sessions"]]  # a resubmitted session: once per epoch
-    c.equal(RESULTS, f"{at}.prefill_tokens (sum of the prompt pieces written)",
-            sum(n for t in ticks for _, _, n in t["prefill_chunks"]), lv["prefill_tokens"])
+    c.equal(
+        RESULTS,
+        f"{at}.prefill_tokens (sum of the prompt pieces written)",
+        sum(n for t in ticks for _, _, n in t["prefill_chunks"]),
+        lv["prefill_tokens"],
+    )
     check_prompt_positions(c, lv, at, {s["session_id"]: s for s in sessions})
-    c.equal(RESULTS, f"{at}.sessions tokens (prefills + decode_tokens)",
-            len(prefilled) + lv["decode_tokens"], sum(len(s["tokens"]) for s in sessions))
+    c.equal(
+        RESULTS,
+        f"{at}.sessions tokens (prefills + decode_tokens)",
+        len(prefilled) + lv["decode_tokens"],
+        sum(len(s["tokens"]) for s in sessions),
+    )
     _check_tick_kv(c, data, lv, at)
     _check_session_ends(c, data, lv, at)
     _check_end_counts(c, data, lv, at)
@@ -54,11 +66,19 @@ def _check_tick_kv(c: Checks, data: dict, lv: dict, at: str) -> None:
     for t in ticks:
         where = f"{at}.tick_records[{t['tick']}]"
         if lv["cache_misses"] == 0:  # (a lost engine's KV went with it: exact too)
-            c.equal(RESULTS, f"{where}.kv_bytes (stored_tokens x {per_token})", t["stored_tokens"] * per_token,
-                    t["kv_bytes"])
+            c.equal(
+                RESULTS,
+                f"{where}.kv_bytes (stored_tokens x {per_token})",
+                t["stored_tokens"] * per_token,
+                t["kv_bytes"],
+            )
         else:  # an evicted session holds no KV until the scheduler sees its miss
-            c.equal(RESULTS, f"{where}.kv_bytes <= stored_tokens x {per_token}", True,
-                    t["kv_bytes"] <= t["stored_tokens"] * per_token)
+            c.equal(
+                RESULTS,
+                f"{where}.kv_bytes <= stored_tokens x {per_token}",
+                True,
+                t["kv_bytes"] <= t["stored_tokens"] * per_token,
+            )
         c.equal(RESULTS, f"{where}.decode_batch", len(t["decode_sessions"]), t["decode_batch"])
     if ticks:
         c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (all KV released)", 0, ticks[-1]["kv_bytes"])
@@ -72,31 +92,49 @@ def _check_session_ends(c: Checks, data: dict, lv: dict, at: str) -> None:
         where = f"{at}.sessions[{j}]"
         if s["done_reason"] == "COMPLETED":
             early = eos == "stop" and bool(s["tokens"]) and s["tokens"][-1] in eog
-            c.equal(RESULTS, f"{where}.tokens (count: max_new_tokens, or fewer ending at an end-of-generation "
-                             "token under eos stop)", True,
-                    len(s["tokens"]) == s["max_new_tokens"] or (early and len(s["tokens"]) < s["max_new_tokens"]))
+            c.equal(
+                RESULTS,
+                f"{where}.tokens (count: max_new_tokens, or fewer ending at an end-of-generation token under eos stop)",
+                True,
+                len(s["tokens"]) == s["max_new_tokens"] or (early and len(s["tokens"]) < s["max_new_tokens"]),
+            )
         if eos == "ban" or eos == "stop":
             inside = [t for t in (s["tokens"] if eos == "ban" else s["tokens"][:-1]) if t in eog]
-            c.equal(RESULTS, f"{where}.tokens end-of-generation tokens (eos {eos}: "
-                             + ("never" if eos == "ban" else "only as the last") + ")", [], inside)
+            c.equal(
+                RESULTS,
+                f"{where}.tokens end-of-generation tokens (eos {eos}: "
+                + ("never" if eos == "ban" else "only as the last")
+                + ")",
+                [],
+                inside,
+            )
         if s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named:
-            c.equal(RESULTS, f"{where}.done_reason (only an injected fault may end a session so)", "COMPLETED",
-                    f"{s['done_reason']} ({s['error']})")
+            c.equal(
+                RESULTS,
+                f"{where}.done_reason (only an injected fault may end a session so)",
+                "COMPLETED",
+                f"{s['done_reason']} ({s['error']})",
+            )
 
 
 def _check_end_counts(c: Checks, data: dict, lv: dict, at: str) -> None:
     """The level's counts of misses, failures and sessions, from the sessions' own records."""
     sessions, named = lv["sessions"], figures.fault_named(lv)
-    c.equal(RESULTS, f"{at}.cache_misses", sum(s["done_reason"] == "CACHE_MISS" for s in sessions),
-            lv["cache_misses"])
+    c.equal(RESULTS, f"{at}.cache_misses", sum(s["done_reason"] == "CACHE_MISS" for s in sessions), lv["cache_misses"])
     c.equal(RESULTS, f"{at}.failed", sum(s["done_reason"] == "FAILED" for s in sessions), lv["failed"])
-    c.equal(RESULTS, f"{at}.failed (no session may fail but by an injected fault)",
-            sum(s["done_reason"] == "FAILED" and (s["session_id"], s["epoch"]) in named for s in sessions),
-            lv["failed"])
-    resubmitted = sum(r["decision"] in ACCEPTED for loss in lv["engine_losses"]
-                      for r in loss["resubmitted"])
-    c.equal(RESULTS, f"{at}.sessions (count: accepted arrivals and resubmissions)",
-            data["workload"]["sessions"] - _refused_arrivals(lv) + resubmitted, len(sessions))
+    c.equal(
+        RESULTS,
+        f"{at}.failed (no session may fail but by an injected fault)",
+        sum(s["done_reason"] == "FAILED" and (s["session_id"], s["epoch"]) in named for s in sessions),
+        lv["failed"],
+    )
+    resubmitted = sum(r["decision"] in ACCEPTED for loss in lv["engine_losses"] for r in loss["resubmitted"])
+    c.equal(
+        RESULTS,
+        f"{at}.sessions (count: accepted arrivals and resubmissions)",
+        data["workload"]["sessions"] - _refused_arrivals(lv) + resubmitted,
+        len(sessions),
+    )
 
 
 def _refused_arrivals(lv: dict) -> int:
@@ -110,8 +148,9 @@ def check_level_budget(c: Checks, data: dict, lv: dict, at: str) -> None:
     queue = base["max_queue_depth"]
     if lv["arrivals"] == "all-at-once":
         queue = max(queue, data["workload"]["sessions"])
-    expected = dict(base, max_active_sessions=lv["concurrency"], max_batch_size=lv["concurrency"],
-                    max_queue_depth=queue)
+    expected = dict(
+        base, max_active_sessions=lv["concurrency"], max_batch_size=lv["concurrency"], max_queue_depth=queue
+    )
     c.equal(RESULTS, f"{at}.budget", expected, lv["budget"])
 
 
@@ -119,35 +158,59 @@ def check_sweep(c: Checks, data: dict) -> None:
     levels = data["levels"]
     div = figures.sweep_divergence(levels, data["reference"])
     v = verdicts.sweep_verdicts(levels, data["reference"])
-    c.equal(RESULTS, "corruption_free (isolation at every level where it ran, no failed session)",
-            v["corruption_free"], data["corruption_free"])
+    c.equal(
+        RESULTS,
+        "corruption_free (isolation at every level where it ran, no failed session)",
+        v["corruption_free"],
+        data["corruption_free"],
+    )
     c.equal(RESULTS, "batch_invariant (no divergence across levels)", div is None, data["batch_invariant"])
     c.equal(RESULTS, "isolation", v["isolation"], data["isolation"])
-    c.equal(RESULTS, "batch_invariant (independent recomputation)",
-            _plain_batch_invariant(levels, data["reference"]), data["batch_invariant"])
+    c.equal(
+        RESULTS,
+        "batch_invariant (independent recomputation)",
+        _plain_batch_invariant(levels, data["reference"]),
+        data["batch_invariant"],
+    )
     found = data["first_divergence"]
     if found is not None:
         found = {k: found[k] for k in div} if div else found
     c.equal(RESULTS, "first_divergence", div, found)
-    c.equal(RESULTS, "reference_concurrency", (data["reference"] or levels[0])["concurrency"],
-            data["reference_concurrency"])
-    c.equal(RESULTS, "reference (present exactly for a sweep of arrivals or of faults)",
-            any(lv["arrivals"] != "all-at-once" or lv["faults"] for lv in levels), data["reference"] is not None)
+    c.equal(
+        RESULTS, "reference_concurrency", (data["reference"] or levels[0])["concurrency"], data["reference_concurrency"]
+    )
+    c.equal(
+        RESULTS,
+        "reference (present exactly for a sweep of arrivals or of faults)",
+        any(lv["arrivals"] != "all-at-once" or lv["faults"] for lv in levels),
+        data["reference"] is not None,
+    )
     # The margin is meshbench's constant, not the bundle's to choose.
     c.equal(RESULTS, "saturation_margin", figures.SATURATION_MARGIN, data["saturation_margin"])
     at_once = [lv for lv in levels if lv["rate"] is None and not lv["faults"]]
     if at_once:
         conc = [lv["concurrency"] for lv in at_once]
         occ = [lv["avg_batch_occupancy"] for lv in at_once]
-        c.equal(RESULTS, "saturation_concurrency", figures.saturation_level(conc, occ),
-                data["saturation_concurrency"])
-        c.equal(RESULTS, "saturation_concurrency (independent recomputation)", _plain_saturation(at_once),
-                data["saturation_concurrency"])
+        c.equal(RESULTS, "saturation_concurrency", figures.saturation_level(conc, occ), data["saturation_concurrency"])
+        c.equal(
+            RESULTS,
+            "saturation_concurrency (independent recomputation)",
+            _plain_saturation(at_once),
+            data["saturation_concurrency"],
+        )
     else:
-        c.equal(RESULTS, "saturation_concurrency (none for a sweep of rates or faults)", None,
-                data["saturation_concurrency"])
-    c.equal(RESULTS, "saturation_rates", backpressure.saturation_rates(levels) if data["reference"] else None,
-            data["saturation_rates"])
+        c.equal(
+            RESULTS,
+            "saturation_concurrency (none for a sweep of rates or faults)",
+            None,
+            data["saturation_concurrency"],
+        )
+    c.equal(
+        RESULTS,
+        "saturation_rates",
+        backpressure.saturation_rates(levels) if data["reference"] else None,
+        data["saturation_rates"],
+    )
 
 
 def workload_ids(data: dict) -> list[str]:
@@ -210,13 +273,21 @@ def check_prompt_positions(c: Checks, lv: dict, at: str, by_id: dict) -> None:
     next_pos: dict[str, int] = {}
     for t in lv["tick_records"]:
         where = f"{at}.tick_records[{t['tick']}]"
-        c.equal(RESULTS, f"{where}.prefill_tokens (its pieces)", sum(n for _, _, n in t["prefill_chunks"]),
-                t["prefill_tokens"])
+        c.equal(
+            RESULTS,
+            f"{where}.prefill_tokens (its pieces)",
+            sum(n for _, _, n in t["prefill_chunks"]),
+            t["prefill_tokens"],
+        )
         for sid, start, n in t["prefill_chunks"]:
             prompt = by_id[sid]["prompt_tokens"] if sid in by_id else 0
             ok = start in (0, next_pos.get(sid, 0)) and n >= 1 and start + n <= prompt
-            c.equal(RESULTS, f"{where}.prefill_chunks {sid}@{start}+{n} (after {next_pos.get(sid, 0)}, prompt "
-                             f"{prompt})", True, ok)
+            c.equal(
+                RESULTS,
+                f"{where}.prefill_chunks {sid}@{start}+{n} (after {next_pos.get(sid, 0)}, prompt {prompt})",
+                True,
+                ok,
+            )
             next_pos[sid] = start + n
         for sid in t["prefill_sessions"]:
             prompt = by_id[sid]["prompt_tokens"] if sid in by_id else None

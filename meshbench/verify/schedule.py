@@ -52,25 +52,44 @@ def check_arrivals(c: Checks, data: dict, lv: dict, at: str) -> None:
     wall = data["config"]["clock"] == "wall"
     try:
         process = arrivals.parse(lv["arrivals"])
-        expected_times = ([t * 1e3 for t in process.seconds(w["sessions"], w["seed"])] if wall
-                          else process.ticks(w["sessions"], w["seed"]))
+        expected_times = (
+            [t * 1e3 for t in process.seconds(w["sessions"], w["seed"])]
+            if wall
+            else process.ticks(w["sessions"], w["seed"])
+        )
     except MeshbenchError as e:
         c.equal(RESULTS, f"{at}.arrivals", "an arrival process", f"{lv['arrivals']!r} ({e})")
         return
     c.equal(RESULTS, f"{at}.rate", process.rate, lv["rate"])
-    c.equal(RESULTS, f"{at}.arrival_times (recomputed from the process and seed {w['seed']})", expected_times,
-            lv["arrival_times"])
+    c.equal(
+        RESULTS,
+        f"{at}.arrival_times (recomputed from the process and seed {w['seed']})",
+        expected_times,
+        lv["arrival_times"],
+    )
     ids = [f"s{i:0{len(str(w['sessions'] - 1))}d}" for i in range(w["sessions"])]
     expected = sorted(zip(expected_times, ids))
     events = lv["submit_events"]
     if wall:  # submitted before the first tick after arrival: the order is known, the tick is not
-        c.equal(RESULTS, f"{at}.submit_events (arrival, session) in arrival order", [list(x) for x in expected],
-                [[e.get("arrival_ms"), e["session_id"]] for e in events])
-        c.equal(RESULTS, f"{at}.submit_events ticks (never decreasing)", sorted(e["tick"] for e in events),
-                [e["tick"] for e in events])
+        c.equal(
+            RESULTS,
+            f"{at}.submit_events (arrival, session) in arrival order",
+            [list(x) for x in expected],
+            [[e.get("arrival_ms"), e["session_id"]] for e in events],
+        )
+        c.equal(
+            RESULTS,
+            f"{at}.submit_events ticks (never decreasing)",
+            sorted(e["tick"] for e in events),
+            [e["tick"] for e in events],
+        )
     else:
-        c.equal(RESULTS, f"{at}.submit_events (tick, session) in arrival order", [list(x) for x in expected],
-                [[e["tick"], e["session_id"]] for e in events])
+        c.equal(
+            RESULTS,
+            f"{at}.submit_events (tick, session) in arrival order",
+            [list(x) for x in expected],
+            [[e["tick"], e["session_id"]] for e in events],
+        )
     _check_admissions(c, data, lv, at, wall)
 
 
@@ -78,13 +97,22 @@ def _check_admissions(c: Checks, data: dict, lv: dict, at: str, wall: bool) -> N
     """The accepted arrivals (and resubmissions) are exactly the level's sessions; the refusals and the
     backpressure figures recomputed from the submit events."""
     events = lv["submit_events"]
-    accepted = sorted([e["session_id"] for e in events if e["decision"] in ACCEPTED]
-                      + [r["session_id"] for loss in lv["engine_losses"] for r in loss["resubmitted"]
-                         if r["decision"] in ACCEPTED])
-    c.equal(RESULTS, f"{at}.submit_events epochs (1 when accepted: a sweep never resubmits; none when refused)",
-            [1 if e["decision"] in ACCEPTED else None for e in events], [e["epoch"] for e in events])
-    c.equal(RESULTS, f"{at}.sessions (= the accepted arrivals and resubmissions)", accepted,
-            sorted(s["session_id"] for s in lv["sessions"]))
+    accepted = sorted(
+        [e["session_id"] for e in events if e["decision"] in ACCEPTED]
+        + [r["session_id"] for loss in lv["engine_losses"] for r in loss["resubmitted"] if r["decision"] in ACCEPTED]
+    )
+    c.equal(
+        RESULTS,
+        f"{at}.submit_events epochs (1 when accepted: a sweep never resubmits; none when refused)",
+        [1 if e["decision"] in ACCEPTED else None for e in events],
+        [e["epoch"] for e in events],
+    )
+    c.equal(
+        RESULTS,
+        f"{at}.sessions (= the accepted arrivals and resubmissions)",
+        accepted,
+        sorted(s["session_id"] for s in lv["sessions"]),
+    )
     rejected = sum(e["decision"] not in ACCEPTED for e in events)
     c.equal(RESULTS, f"{at}.rejected_admissions (from the submit events)", rejected, lv["rejected_admissions"])
     expected_figures = backpressure.level_figures(lv, {} if wall else data["config"]["slo"])
@@ -106,8 +134,12 @@ def check_feed(c: Checks, lv: dict, at: str) -> None:
     have: dict[str, int] = {}  # tokens each session has had, replayed
     for t in lv["tick_records"]:
         where = f"{at}.tick_records[{t['tick']}]"
-        c.equal(RESULTS, f"{where}.decode_feed sessions (= decode_sessions)", t["decode_sessions"],
-                [f[0] for f in t["decode_feed"]])
+        c.equal(
+            RESULTS,
+            f"{where}.decode_feed sessions (= decode_sessions)",
+            t["decode_sessions"],
+            [f[0] for f in t["decode_feed"]],
+        )
         for sid, pos, tok in t["decode_feed"]:
             s = by_id.get(sid)
             k = have.get(sid, 0)
@@ -115,16 +147,24 @@ def check_feed(c: Checks, lv: dict, at: str) -> None:
                 c.equal(RESULTS, f"{where}.decode_feed {sid} (a session with a first token)", True, False)
                 continue
             c.equal(RESULTS, f"{where}.decode_feed {sid} position", s["prompt_tokens"] + k - 1, pos)
-            c.equal(RESULTS, f"{where}.decode_feed {sid} token (its token {k - 1})",
-                    s["tokens"][k - 1] if k - 1 < len(s["tokens"]) else None, tok)
+            c.equal(
+                RESULTS,
+                f"{where}.decode_feed {sid} token (its token {k - 1})",
+                s["tokens"][k - 1] if k - 1 < len(s["tokens"]) else None,
+                tok,
+            )
         for sid in t["decode_sessions"]:
             have[sid] = have.get(sid, 0) + 1
         for sid in t["prefill_sessions"]:
             have[sid] = 1
     for s in lv["sessions"]:  # (a cache miss or failure in its last decode produced no token)
         if s["done_reason"] == "COMPLETED":
-            c.equal(RESULTS, f"{at}.sessions {s['session_id']} tokens (replayed from the feed)",
-                    have.get(s["session_id"], 0), len(s["tokens"]))
+            c.equal(
+                RESULTS,
+                f"{at}.sessions {s['session_id']} tokens (replayed from the feed)",
+                have.get(s["session_id"], 0),
+                len(s["tokens"]),
+            )
 
 
 def check_tick_ends(c: Checks, data: dict, lv: dict, at: str) -> None:
@@ -149,36 +189,68 @@ def check_tick_ends(c: Checks, data: dict, lv: dict, at: str) -> None:
         where = f"{at}.tick_records[{t['tick']}]"
         for sid in t["completed"]:
             s = by_id.get(sid, {})
-            c.equal(RESULTS, f"{where}.completed {sid} (ended COMPLETED in this tick)", ["COMPLETED", t["tick"]],
-                    [s.get("done_reason"), s.get("end_tick")])
+            c.equal(
+                RESULTS,
+                f"{where}.completed {sid} (ended COMPLETED in this tick)",
+                ["COMPLETED", t["tick"]],
+                [s.get("done_reason"), s.get("end_tick")],
+            )
         for sid in t["ended"]:
             s = by_id.get(sid, {})
-            c.equal(RESULTS, f"{where}.ended {sid} (ended otherwise in this tick)", [True, t["tick"]],
-                    [s.get("done_reason") not in (None, "COMPLETED"), s.get("end_tick")])
+            c.equal(
+                RESULTS,
+                f"{where}.ended {sid} (ended otherwise in this tick)",
+                [True, t["tick"]],
+                [s.get("done_reason") not in (None, "COMPLETED"), s.get("end_tick")],
+            )
         for sid in t["admitted"]:
-            c.equal(RESULTS, f"{where}.admitted {sid} (queued at or before this tick, prefilled after it)", True,
-                    sid in queued and queued[sid] <= t["tick"] and first_piece.get(sid, t["tick"] + 1) > t["tick"])
+            c.equal(
+                RESULTS,
+                f"{where}.admitted {sid} (queued at or before this tick, prefilled after it)",
+                True,
+                sid in queued and queued[sid] <= t["tick"] and first_piece.get(sid, t["tick"] + 1) > t["tick"],
+            )
 
 
 def check_isolation(c: Checks, data: dict, lv: dict, at: str) -> None:
     """The perturbation passes are the ones the method prescribes and the verdict is theirs."""
     iso = lv["isolation"]
     wanted = data["config"]["isolation"] and data["config"]["clock"] == "tick" and not lv["faults"]
-    c.equal(RESULTS, f"{at}.isolation (run exactly when isolation is on, on the tick clock, without faults)",
-            wanted, iso["passes"] is not None)
-    c.equal(RESULTS, f"{at}.isolation.sessions (the workload's, when run)",
-            None if iso["passes"] is None else workload_ids(data), iso["sessions"])
+    c.equal(
+        RESULTS,
+        f"{at}.isolation (run exactly when isolation is on, on the tick clock, without faults)",
+        wanted,
+        iso["passes"] is not None,
+    )
+    c.equal(
+        RESULTS,
+        f"{at}.isolation.sessions (the workload's, when run)",
+        None if iso["passes"] is None else workload_ids(data),
+        iso["sessions"],
+    )
     if iso["passes"] is not None:
         ids = workload_ids(data)
         served = [s["session_id"] for s in lv["sessions"]]
         family = [p["perturbed"] for p in iso["passes"] if not p["confirm"]]
-        c.equal(RESULTS, f"{at}.isolation.passes perturbed sets (the separating family)",
-                isolation.perturbed_sets(ids), family)
-        c.equal(RESULTS, f"{at}.isolation.passes confirmations (one suspect each)", [],
-                [p["perturbed"] for p in iso["passes"] if p["confirm"] and len(p["perturbed"]) != 1])
+        c.equal(
+            RESULTS,
+            f"{at}.isolation.passes perturbed sets (the separating family)",
+            isolation.perturbed_sets(ids),
+            family,
+        )
+        c.equal(
+            RESULTS,
+            f"{at}.isolation.passes confirmations (one suspect each)",
+            [],
+            [p["perturbed"] for p in iso["passes"] if p["confirm"] and len(p["perturbed"]) != 1],
+        )
         for k, p in enumerate(iso["passes"]):
-            c.equal(RESULTS, f"{at}.isolation.passes[{k}].sessions (the level's)", served,
-                    [s["session_id"] for s in p["sessions"]])
+            c.equal(
+                RESULTS,
+                f"{at}.isolation.passes[{k}].sessions (the level's)",
+                served,
+                [s["session_id"] for s in p["sessions"]],
+            )
     c.equal(RESULTS, f"{at}.isolation_verdict", isolation.verdict(lv), lv["isolation_verdict"])
 
 
@@ -204,7 +276,7 @@ def check_sessions(c: Checks, data: dict) -> None:
             if k is not None:
                 c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", w["prompt_tokens"][k], s["prompt_tokens"])
                 c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w["new_tokens"][k], s["max_new_tokens"])
-        named = {sid for t in lv["tick_records"]
-                 for sid in (*t["decode_sessions"], *t["prefill_sessions"], *t["completed"])}
-        c.equal(RESULTS, f"{at}.tick_records session ids not among the level's sessions", [],
-                sorted(named - set(ids)))
+        named = {
+            sid for t in lv["tick_records"] for sid in (*t["decode_sessions"], *t["prefill_sessions"], *t["completed"])
+        }
+        c.equal(RESULTS, f"{at}.tick_records session ids not among the level's sessions", [], sorted(named - set(ids)))

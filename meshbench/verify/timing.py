@@ -21,15 +21,24 @@ def check_repetitions(c: Checks, data: dict, lv: dict, at: str, index: int) -> N
         where = f"{at}.repetitions[{i}]"
         c.equal(RESULTS, f"{where}.repetition", i, rep["repetition"])
         rotated = list(range(i % count, count)) + list(range(i % count))
-        c.equal(RESULTS, f"{where}.position (level order rotated by the repetition)", rotated.index(index),
-                rep["position"])
+        c.equal(
+            RESULTS, f"{where}.position (level order rotated by the repetition)", rotated.index(index), rep["position"]
+        )
         if data["config"]["clock"] == "wall":
             continue  # admission depends on speed: repetitions differ by design, tokens are checked by the sweep
-        c.equal(RESULTS, f"{where}.tick_records (deterministic fields = repetition 0's)", True,
-                figures.deterministic_ticks(rep["tick_records"]) == lv["tick_records"])
+        c.equal(
+            RESULTS,
+            f"{where}.tick_records (deterministic fields = repetition 0's)",
+            True,
+            figures.deterministic_ticks(rep["tick_records"]) == lv["tick_records"],
+        )
         ends = [(s["session_id"], s["epoch"], s["digest"], s["done_reason"]) for s in rep["sessions"]]
-        c.equal(RESULTS, f"{where}.sessions (ids, epochs, digests, ends = repetition 0's)",
-                [(s["session_id"], s["epoch"], s["digest"], s["done_reason"]) for s in lv["sessions"]], ends)
+        c.equal(
+            RESULTS,
+            f"{where}.sessions (ids, epochs, digests, ends = repetition 0's)",
+            [(s["session_id"], s["epoch"], s["digest"], s["done_reason"]) for s in lv["sessions"]],
+            ends,
+        )
 
 
 def check_wall(c: Checks, lv: dict, at: str) -> None:
@@ -57,24 +66,39 @@ def check_timing(c: Checks, data: dict, lv: dict, at: str) -> None:
             count = tokens.get((s["session_id"], s["epoch"], s["digest"]))
             if count is not None:
                 c.equal(RESULTS, f"{who}.token_ns (one stamp per token)", count, len(stamps))
-            c.equal(RESULTS, f"{who}.token_ns (never decreasing)", True,
-                    all(a <= b for a, b in zip(stamps, stamps[1:])))
-            c.equal(RESULTS, f"{who} (0 <= submit <= admit <= first token)", True,
-                    _ordered([0, s["submit_ns"], s["admit_ns"], stamps[0] if stamps else None]))
+            c.equal(
+                RESULTS, f"{who}.token_ns (never decreasing)", True, all(a <= b for a, b in zip(stamps, stamps[1:]))
+            )
+            c.equal(
+                RESULTS,
+                f"{who} (0 <= submit <= admit <= first token)",
+                True,
+                _ordered([0, s["submit_ns"], s["admit_ns"], stamps[0] if stamps else None]),
+            )
             last = max([last, s["submit_ns"], *(stamps[-1:] or [0])])
         ticks = rep["tick_records"]
-        bad = [t["tick"] for t in ticks if not 0 <= t["decode_ns"] + t["prefill_ns"] <= t["tick_ns"]
-               or min(t["decode_ns"], t["prefill_ns"]) < 0]
+        bad = [
+            t["tick"]
+            for t in ticks
+            if not 0 <= t["decode_ns"] + t["prefill_ns"] <= t["tick_ns"] or min(t["decode_ns"], t["prefill_ns"]) < 0
+        ]
         c.equal(RESULTS, f"{where}.tick_records (0 <= decode_ns + prefill_ns <= tick_ns)", [], bad)
-        c.equal(RESULTS, f"{where}.wall_s (covers every stamp and every tick)", True,
-                rep["wall_s"] * 1e9 >= max(last, sum(t["tick_ns"] for t in ticks)))
+        c.equal(
+            RESULTS,
+            f"{where}.wall_s (covers every stamp and every tick)",
+            True,
+            rep["wall_s"] * 1e9 >= max(last, sum(t["tick_ns"] for t in ticks)),
+        )
     reps = [json.dumps([r["sessions"], [t["tick_ns"] for t in r["tick_records"]]]) for r in lv["repetitions"]]
-    c.equal(RESULTS, f"{at}.repetitions (timing never byte-identical between two: a copy, not a run)",
-            len(reps), len(set(reps)))
+    c.equal(
+        RESULTS,
+        f"{at}.repetitions (timing never byte-identical between two: a copy, not a run)",
+        len(reps),
+        len(set(reps)),
+    )
     m = re.search(r"--repeat[ =](\d+)", data["command"])
     if m:
-        c.equal(RESULTS, "config.repeat (= the recorded command's --repeat)", int(m.group(1)),
-                data["config"]["repeat"])
+        c.equal(RESULTS, "config.repeat (= the recorded command's --repeat)", int(m.group(1)), data["config"]["repeat"])
 
 
 def _ordered(stamps: list) -> bool:

@@ -90,8 +90,9 @@ def parse(spec: str, where: str = "arrivals") -> Arrivals:
         return Arrivals("gamma", _rate(rate, where), c)
     if kind == "trace" and rest:
         return Arrivals("trace", trace=_trace(rest, where))
-    raise MeshbenchError(f"{where}: {spec!r} is not one of all-at-once, poisson:RATE, gamma:RATE:CV, "
-                         "trace:T0,T1,... or trace:FILE")
+    raise MeshbenchError(
+        f"{where}: {spec!r} is not one of all-at-once, poisson:RATE, gamma:RATE:CV, trace:T0,T1,... or trace:FILE"
+    )
 
 
 def _number(text: str, what: str) -> float:

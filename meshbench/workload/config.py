@@ -23,8 +23,15 @@ from meshbench.workload import arrivals, faults
 from meshbench.workload.faults import Fault
 
 # The DGR-012 run's budgets: sized so KV never evicts (the corruption check is then unambiguous).
-DGR_012_BUDGET = NodeBudget(weight_bytes=1 << 30, kv_bytes=1 << 24, scratch_bytes=1 << 26, max_active_sessions=8,
-                            max_queue_depth=8, max_batch_size=8, max_prefill_tokens_per_tick=4)
+DGR_012_BUDGET = NodeBudget(
+    weight_bytes=1 << 30,
+    kv_bytes=1 << 24,
+    scratch_bytes=1 << 26,
+    max_active_sessions=8,
+    max_queue_depth=8,
+    max_batch_size=8,
+    max_prefill_tokens_per_tick=4,
+)
 DGR_012_NAME = {"story": "DGR-012", "title": "Continuous batching and bounded admission"}
 
 
@@ -73,8 +80,10 @@ class Workload:
         """One request per session; with ``eos: stop`` each ends at any of the model's ``eog`` tokens."""
         stop = eog if self.eos == "stop" else frozenset()
         if self.prompt_ids is not None:  # real prompts: their ids, as the model's tokenizer gave them
-            return [GenerationRequest(sid, ids, n, stop)
-                    for sid, ids, n in zip(self.session_ids(), self.prompt_ids, self.new_tokens)]
+            return [
+                GenerationRequest(sid, ids, n, stop)
+                for sid, ids, n in zip(self.session_ids(), self.prompt_ids, self.new_tokens)
+            ]
         rng = np.random.default_rng(self.seed)
         return [
             GenerationRequest(sid, tuple(int(t) for t in rng.integers(0, vocab_size, p)), n, stop)
@@ -82,9 +91,15 @@ class Workload:
         ]
 
     def to_dict(self) -> dict:
-        return {"sessions": self.sessions, "prompt_tokens": list(self.prompt_tokens),
-                "new_tokens": list(self.new_tokens), "seed": self.seed, "arrivals": self.arrivals,
-                "prompts": self.prompts, "eos": self.eos}
+        return {
+            "sessions": self.sessions,
+            "prompt_tokens": list(self.prompt_tokens),
+            "new_tokens": list(self.new_tokens),
+            "seed": self.seed,
+            "arrivals": self.arrivals,
+            "prompts": self.prompts,
+            "eos": self.eos,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +119,14 @@ class WorkloadSection:
         # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
         eos = self.eos or ("stop" if self.prompts is not None else "continue")
         n = self.sessions
-        return Workload(_per_session(self.prompt_tokens, n, "prompt_tokens", source),
-                        _per_session(self.new_tokens, n, "new_tokens", source), self.seed, self.arrivals,
-                        self.prompts, eos=eos)
+        return Workload(
+            _per_session(self.prompt_tokens, n, "prompt_tokens", source),
+            _per_session(self.new_tokens, n, "new_tokens", source),
+            self.seed,
+            self.arrivals,
+            self.prompts,
+            eos=eos,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,24 +158,38 @@ class RunConfig:
             object.__setattr__(self, "title", "Concurrency sweep")
         gguf = self.engine.kind == "gguf"
         if self.workload.eos != "continue" and not gguf:
-            raise MeshbenchError(f"workload.eos {self.workload.eos} needs the gguf engine (a model with "
-                                 "end-of-generation tokens); the synthetic engine has none")
+            raise MeshbenchError(
+                f"workload.eos {self.workload.eos} needs the gguf engine (a model with "
+                "end-of-generation tokens); the synthetic engine has none"
+            )
         if self.workload.prompts is not None and not gguf:
             raise MeshbenchError("workload.prompts needs the gguf engine (the model's own tokenizer)")
-        faults.check_rows(self.faults, set(self.workload.session_ids()), self.engine.isolated, self.engine.workers,
-                          "faults")
+        faults.check_rows(
+            self.faults, set(self.workload.session_ids()), self.engine.isolated, self.engine.workers, "faults"
+        )
         if self.faults and (self.rates is not None or self.clock == "wall"):
-            raise MeshbenchError("faults run on the tick clock with every session at once or an arrival process, "
-                                 "not with rates or the wall clock")
+            raise MeshbenchError(
+                "faults run on the tick clock with every session at once or an arrival process, "
+                "not with rates or the wall clock"
+            )
 
     def to_dict(self) -> dict:
         return {
-            "story": self.story, "title": self.title, "levels": list(self.levels),
-            "rates": None if self.rates is None else list(self.rates), "repeat": self.repeat,
-            "warmup": self.warmup, "slo": dict(self.slo or {"ttft": None, "tpot": None}), "clock": self.clock,
-            "faults": [",".join(f.label for f in row) for row in self.faults], "restart_engine": self.restart_engine,
-            "prefill": self.prefill, "isolation": self.isolation,
-            "engine": self.engine.to_dict(), "workload": self.workload.to_dict(), "budget": self.budget.to_dict(),
+            "story": self.story,
+            "title": self.title,
+            "levels": list(self.levels),
+            "rates": None if self.rates is None else list(self.rates),
+            "repeat": self.repeat,
+            "warmup": self.warmup,
+            "slo": dict(self.slo or {"ttft": None, "tpot": None}),
+            "clock": self.clock,
+            "faults": [",".join(f.label for f in row) for row in self.faults],
+            "restart_engine": self.restart_engine,
+            "prefill": self.prefill,
+            "isolation": self.isolation,
+            "engine": self.engine.to_dict(),
+            "workload": self.workload.to_dict(),
+            "budget": self.budget.to_dict(),
         }
 
 
@@ -169,11 +203,17 @@ def _plain(value):
 
 def _defaults() -> dict:
     """The embedded defaults (the DGR-012 run) as a config mapping, from the dataclasses' own defaults."""
-    top = {f.name: _plain(f.default_factory() if f.default_factory is not MISSING else f.default)
-           for f in fields(RunConfig) if f.name not in (*SECTIONS, "source")}
-    return {**top, "engine": EngineSpec().to_dict(), "workload": {k: _plain(v) for k, v in
-                                                                 asdict(WorkloadSection()).items()},
-            "budget": DGR_012_BUDGET.to_dict()}
+    top = {
+        f.name: _plain(f.default_factory() if f.default_factory is not MISSING else f.default)
+        for f in fields(RunConfig)
+        if f.name not in (*SECTIONS, "source")
+    }
+    return {
+        **top,
+        "engine": EngineSpec().to_dict(),
+        "workload": {k: _plain(v) for k, v in asdict(WorkloadSection()).items()},
+        "budget": DGR_012_BUDGET.to_dict(),
+    }
 
 
 DEFAULTS: dict = _defaults()
@@ -206,8 +246,9 @@ class _StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.get_event()
-            raise yaml.composer.ComposerError(None, None, f"aliases (*{event.anchor}) are not allowed in a config",
-                                              event.start_mark)
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not allowed in a config", event.start_mark
+            )
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
@@ -215,8 +256,7 @@ class _StrictLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -271,8 +311,11 @@ def load(path: str | Path | None = None, overrides: dict | None = None) -> RunCo
     if flag_errors:
         raise MeshbenchError(f"flags: {flag_errors[0]}")
     data = merge(data, overrides or {})
-    if not path and data["story"] is None and not any(k in (overrides or {}) for k in
-                                                      ("engine", "workload", "budget", "prefill")):
+    if (
+        not path
+        and data["story"] is None
+        and not any(k in (overrides or {}) for k in ("engine", "workload", "budget", "prefill"))
+    ):
         data = {**data, "story": DGR_012_NAME["story"], "title": data["title"] or DGR_012_NAME["title"]}
     if source == "defaults" and overrides:
         source = "defaults+flags"
@@ -293,11 +336,22 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     try:
         spec = EngineSpec(**data["engine"], ban_eog=workload.eos == "ban")
         return RunConfig(
-            story=data["story"], title=data["title"], levels=tuple(data["levels"]),
-            rates=None if data["rates"] is None else tuple(data["rates"]), repeat=data["repeat"],
-            warmup=data["warmup"], engine=spec, workload=workload, isolation=data["isolation"], clock=data["clock"],
-            slo=dict(data["slo"]), faults=rows, restart_engine=data["restart_engine"], prefill=data["prefill"],
-            budget=NodeBudget(**data["budget"]), source=source,
+            story=data["story"],
+            title=data["title"],
+            levels=tuple(data["levels"]),
+            rates=None if data["rates"] is None else tuple(data["rates"]),
+            repeat=data["repeat"],
+            warmup=data["warmup"],
+            engine=spec,
+            workload=workload,
+            isolation=data["isolation"],
+            clock=data["clock"],
+            slo=dict(data["slo"]),
+            faults=rows,
+            restart_engine=data["restart_engine"],
+            prefill=data["prefill"],
+            budget=NodeBudget(**data["budget"]),
+            source=source,
         )
     except MeshbenchError as e:
         raise MeshbenchError(f"{source}: {e}") from None

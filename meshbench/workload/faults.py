@@ -45,8 +45,14 @@ class FaultKind(str, enum.Enum):
 
 
 SPEC = re.compile(r"^(?P<kind>[a-z-]+)(?::(?P<target>[^@,\s]+))?@(?P<tick>\d{1,9})$")
-TARGETS = {FaultKind.CANCEL: "session", FaultKind.EVICT: "session", FaultKind.RAISE: "call",
-           FaultKind.KILL_ENGINE: None, FaultKind.ABORT_ENGINE: None, FaultKind.KILL_WORKER: "worker"}
+TARGETS = {
+    FaultKind.CANCEL: "session",
+    FaultKind.EVICT: "session",
+    FaultKind.RAISE: "call",
+    FaultKind.KILL_ENGINE: None,
+    FaultKind.ABORT_ENGINE: None,
+    FaultKind.KILL_WORKER: "worker",
+}
 MAX_FAULTS_PER_ROW = 64
 
 
@@ -101,8 +107,9 @@ def parse_row(row: str, where: str = "--inject") -> tuple[Fault, ...]:
     return tuple(parse(x, where) for x in specs)
 
 
-def check_rows(rows: tuple[tuple[Fault, ...], ...], session_ids: set[str], isolate: bool, workers: int,
-               where: str) -> None:
+def check_rows(
+    rows: tuple[tuple[Fault, ...], ...], session_ids: set[str], isolate: bool, workers: int, where: str
+) -> None:
     """Each fault names something the run has: a session of the workload, a process, a spawned worker."""
     for row in rows:
         for f in row:
@@ -111,5 +118,7 @@ def check_rows(rows: tuple[tuple[Fault, ...], ...], session_ids: set[str], isola
             if f.kind.needs_process and not isolate:
                 raise MeshbenchError(f"{where}: {f.label} needs the engine in its own process (--isolate)")
             if f.kind is FaultKind.KILL_WORKER and f.target >= workers:
-                raise MeshbenchError(f"{where}: {f.label}: the run spawns {workers} RPC worker(s) "
-                                     "(engine.workers); worker indexes count from 0")
+                raise MeshbenchError(
+                    f"{where}: {f.label}: the run spawns {workers} RPC worker(s) "
+                    "(engine.workers); worker indexes count from 0"
+                )

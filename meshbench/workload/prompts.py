@@ -31,8 +31,9 @@ def read(path: str) -> list[str]:
         except (ValueError, AttributeError):
             prompt = None
         if not isinstance(prompt, str) or not prompt:
-            raise MeshbenchError(f"workload.prompts {path}: line {i} is not a JSON object with a non-empty "
-                                 "string 'prompt'")
+            raise MeshbenchError(
+                f"workload.prompts {path}: line {i} is not a JSON object with a non-empty string 'prompt'"
+            )
         prompts.append(prompt)
     return prompts
 
@@ -50,9 +51,11 @@ def apply(cfg: RunConfig) -> RunConfig:
     texts = read(wl.prompts)
     if len(texts) < wl.sessions:
         raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(texts)} prompts for {wl.sessions} sessions")
-    ids = tokenize(cfg.engine.model, texts[:wl.sessions])
+    ids = tokenize(cfg.engine.model, texts[: wl.sessions])
     lengths = tuple(len(x) for x in ids)
     if cfg.source.startswith("results.json") and lengths != wl.prompt_tokens:
-        raise MeshbenchError(f"workload.prompts {wl.prompts}: its prompts now tokenize to other lengths than "
-                             "the bundle recorded (the file or the model changed)")
+        raise MeshbenchError(
+            f"workload.prompts {wl.prompts}: its prompts now tokenize to other lengths than "
+            "the bundle recorded (the file or the model changed)"
+        )
     return dataclasses.replace(cfg, workload=dataclasses.replace(wl, prompt_tokens=lengths, prompt_ids=tuple(ids)))

@@ -36,8 +36,19 @@ def serve(conn, spec: EngineSpec, sizing: EngineSizing, verbose: bool, endpoints
     except Exception as e:  # a bad model or spec: the parent reports it as the user's error
         conn.send(("err", (type(e).__name__, str(e)), 0, 0))
         return
-    conn.send(("ok", {"info": setup.info, "vocab_size": setup.vocab_size,
-                      "context_length": setup.context_length, "eog": sorted(setup.eog)}, 0, 0))
+    conn.send(
+        (
+            "ok",
+            {
+                "info": setup.info,
+                "vocab_size": setup.vocab_size,
+                "context_length": setup.context_length,
+                "eog": sorted(setup.eog),
+            },
+            0,
+            0,
+        )
+    )
     state = {"engine": None}
     try:
         while True:
@@ -59,8 +70,7 @@ def _answer(setup, state: dict, msg: tuple) -> tuple:
         value = _run(setup, state, msg)
     except Exception as e:
         engine = state["engine"]
-        return ("err", (type(e).__name__, str(e)), engine.kv_bytes_in_use if engine else 0,
-                time.perf_counter_ns() - t0)
+        return ("err", (type(e).__name__, str(e)), engine.kv_bytes_in_use if engine else 0, time.perf_counter_ns() - t0)
     engine = state["engine"]
     return ("ok", value, engine.kv_bytes_in_use if engine else 0, time.perf_counter_ns() - t0)
 
@@ -70,8 +80,16 @@ def _run(setup, state: dict, msg: tuple):
     if op == "make":
         _close(state)
         engine = state["engine"] = setup.make(msg[1])
-        return {k: getattr(engine, k) for k in ("recipe_fingerprint", "vocab_size", "kv_bytes_per_token",
-                                                "weight_bytes", "scratch_bytes_per_session")}
+        return {
+            k: getattr(engine, k)
+            for k in (
+                "recipe_fingerprint",
+                "vocab_size",
+                "kv_bytes_per_token",
+                "weight_bytes",
+                "scratch_bytes_per_session",
+            )
+        }
     engine = state["engine"]
     if op == "close":
         return _close(state)
@@ -80,9 +98,13 @@ def _run(setup, state: dict, msg: tuple):
     _fault(msg[-1], op)
     if op == "step":
         _, decode, chunks, faults = msg
-        out = step_with_faults(engine, [DecodeItem(*it) for it in decode],
-                               [PrefillChunk(SessionHandle(*h), tuple(t), start, last) for h, t, start, last in chunks],
-                               faults.get("decode") == "raise", faults.get("prefill") == "raise")
+        out = step_with_faults(
+            engine,
+            [DecodeItem(*it) for it in decode],
+            [PrefillChunk(SessionHandle(*h), tuple(t), start, last) for h, t, start, last in chunks],
+            faults.get("decode") == "raise",
+            faults.get("prefill") == "raise",
+        )
         return ([_result(r) for r in out.decode], [_result(r) for r in out.prefill], out.decode_ns, out.prefill_ns)
     raise ValueError(f"unknown engine command {op!r}")
 

@@ -41,8 +41,12 @@ from meshbench.errors import EngineUnavailable, MeshbenchError
 
 START_TIMEOUT_S = 300.0  # loading a model onto RPC workers sends every weight over the network
 CALL_TIMEOUT_S = 300.0  # one engine call; beyond it the child is killed and counted as lost
-_RAISED = {"MeshbenchError": MeshbenchError, "EngineUnavailable": EngineUnavailable, "EngineFault": EngineFault,
-           "InjectedFault": InjectedFault}
+_RAISED = {
+    "MeshbenchError": MeshbenchError,
+    "EngineUnavailable": EngineUnavailable,
+    "EngineFault": EngineFault,
+    "InjectedFault": InjectedFault,
+}
 
 
 def exit_cause(code: int | None) -> str:
@@ -77,21 +81,26 @@ def child_environment(tiled_mm: str = "auto") -> dict:
     return env
 
 
-
 class EngineProcess:
     """One child process running the engine kind ``spec`` names; stopped by the code that started it."""
 
-    def __init__(self, spec: EngineSpec, sizing: EngineSizing, verbose: bool = False,
-                 endpoints: Sequence[Endpoint] = ()) -> None:
+    def __init__(
+        self, spec: EngineSpec, sizing: EngineSizing, verbose: bool = False, endpoints: Sequence[Endpoint] = ()
+    ) -> None:
         ours, theirs = socket.socketpair()
         # A fresh interpreter (no llama.cpp threads forked, no main module re-imported), given its end
         # of the socket pair by descriptor; the settings are its first message.
         # Its output never reaches ours: llama.cpp's abort message goes to a file we read on a loss.
         self._stderr = None if verbose else tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "meshbench.engine.process.child", str(theirs.fileno())],
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                                     stdout=None if verbose else subprocess.DEVNULL, stderr=self._stderr,
-                                     env=child_environment(spec.tiled_mm), preexec_fn=die_with_parent())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "meshbench.engine.process.child", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            stdout=None if verbose else subprocess.DEVNULL,
+            stderr=self._stderr,
+            env=child_environment(spec.tiled_mm),
+            preexec_fn=die_with_parent(),
+        )
         theirs.close()
         self._conn = Connection(ours.detach())
         self.lost: str | None = None
@@ -109,8 +118,9 @@ class EngineProcess:
         except EngineLost as e:  # it died loading the model: the user's problem to see, in one line
             words = self.last_words().splitlines()
             self.stop()
-            raise MeshbenchError(f"the engine process died while loading the model ({e})"
-                                 + (f": {words[-1][:300]}" if words else "")) from None
+            raise MeshbenchError(
+                f"the engine process died while loading the model ({e})" + (f": {words[-1][:300]}" if words else "")
+            ) from None
         except BaseException:
             self.stop()
             raise
@@ -241,12 +251,23 @@ class ProxyEngine:
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """The tick's one round trip: the decode items and the prompt chunks together."""
         faults, self._armed = self._armed, {}
-        d, p, decode_ns, prefill_ns = self.process.call((
-            "step", [(it.session_id, it.epoch, it.position, it.token) for it in decode],
-            [((c.session.session_id, c.session.epoch, c.session.capacity), c.tokens, c.start, c.last) for c in prefill],
-            faults))
-        return TickResult([StepResult(it.session_id, *r) for it, r in zip(decode, d)],
-                          [StepResult(c.session.session_id, *r) for c, r in zip(prefill, p)], decode_ns, prefill_ns)
+        d, p, decode_ns, prefill_ns = self.process.call(
+            (
+                "step",
+                [(it.session_id, it.epoch, it.position, it.token) for it in decode],
+                [
+                    ((c.session.session_id, c.session.epoch, c.session.capacity), c.tokens, c.start, c.last)
+                    for c in prefill
+                ],
+                faults,
+            )
+        )
+        return TickResult(
+            [StepResult(it.session_id, *r) for it, r in zip(decode, d)],
+            [StepResult(c.session.session_id, *r) for c, r in zip(prefill, p)],
+            decode_ns,
+            prefill_ns,
+        )
 
     def release(self, session_id: str) -> None:
         if not self.process.lost:  # a lost engine's KV went with its process

@@ -20,8 +20,14 @@ from meshbench.errors import MeshbenchError
 
 
 class Supervisor:
-    def __init__(self, spec: EngineSpec, sizing: EngineSizing, verbose: bool = False,
-                 pool: Pool | None = None, endpoints: Sequence[Endpoint] = ()) -> None:
+    def __init__(
+        self,
+        spec: EngineSpec,
+        sizing: EngineSizing,
+        verbose: bool = False,
+        pool: Pool | None = None,
+        endpoints: Sequence[Endpoint] = (),
+    ) -> None:
         self.spec, self.sizing, self.verbose = spec, sizing, verbose
         self.pool, self._endpoints = pool, list(endpoints)
         self.starts = 0
@@ -34,8 +40,10 @@ class Supervisor:
         self.starts += 1
         if self.starts > 1 and process.info["recipe_fingerprint"] != self.info["recipe_fingerprint"]:
             process.stop()
-            raise MeshbenchError("the restarted engine is not the one the run started with (recipe fingerprint "
-                                 "changed: was the model file replaced?)")
+            raise MeshbenchError(
+                "the restarted engine is not the one the run started with (recipe fingerprint "
+                "changed: was the model file replaced?)"
+            )
         return process
 
     def _healthy(self) -> bool:
@@ -70,6 +78,14 @@ class Supervisor:
         self.process.stop()
 
     def setup(self) -> EngineSetup:
-        return EngineSetup(self.make, self.info, self.process.vocab_size, self.process.context_length,
-                           resource=self, restart=self.restart, kill_engine=self.kill_engine,
-                           kill_worker=self.kill_worker, eog=self.process.eog)
+        return EngineSetup(
+            self.make,
+            self.info,
+            self.process.vocab_size,
+            self.process.context_length,
+            resource=self,
+            restart=self.restart,
+            kill_engine=self.kill_engine,
+            kill_worker=self.kill_worker,
+            eog=self.process.eog,
+        )

@@ -47,9 +47,19 @@ class Pool:
             cmd = [sys.executable, "-m", "meshbench.cli", "node", "serve", "--host", ep.host, "--port", str(ep.port)]
             if self.threads:
                 cmd += ["--threads", str(self.threads)]
-            self._procs.append((subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                 stderr=subprocess.PIPE, start_new_session=True,
-                                                 preexec_fn=die_with_parent()), ep))
+            self._procs.append(
+                (
+                    subprocess.Popen(
+                        cmd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        start_new_session=True,
+                        preexec_fn=die_with_parent(),
+                    ),
+                    ep,
+                )
+            )
         for proc, ep in self._procs:
             _wait_ready(proc, ep)
 
@@ -90,8 +100,9 @@ def _wait_ready(proc: subprocess.Popen, ep: Endpoint) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             err = proc.stderr.read().decode(errors="replace").strip().splitlines()
-            raise MeshbenchError(f"rpc worker {ep} exited with {proc.returncode} before it was ready"
-                                 + (f": {err[-1]}" if err else ""))
+            raise MeshbenchError(
+                f"rpc worker {ep} exited with {proc.returncode} before it was ready" + (f": {err[-1]}" if err else "")
+            )
         try:
             with socket.create_connection((ep.host, ep.port), timeout=1.0):
                 return
