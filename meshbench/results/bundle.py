@@ -67,31 +67,34 @@ def check_destination(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise MeshbenchError(f"--out {out}: exists and is not a directory")
     if out.is_dir():
-        if os.path.ismount(out):
-            raise MeshbenchError(f"--out {out}: is a mount point; write the bundle into a folder below it")
-        entries = sorted(os.listdir(out))
-        if entries:
-            if not is_bundle(out):
-                raise MeshbenchError(
-                    f"--out {out}: holds files that are not a meshbench bundle ({entries[0]}"
-                    f"{', ...' if len(entries) > 1 else ''}); meshbench replaces only its own "
-                    "bundles, so choose another folder"
-                )
-            foreign = [e for e in entries if e not in BUNDLE_FILES]
-            if foreign:
-                raise MeshbenchError(
-                    f"--out {out}: the bundle there also holds {foreign[0]}, which meshbench did "
-                    "not write; move it away first"
-                )
-            if not force:
-                raise MeshbenchError(
-                    f"--out {out}: a meshbench bundle already exists there; pass --force to replace it"
-                )
+        _check_replaceable(out, force)
     parent = out.absolute().parent
     if not parent.is_dir():
         raise MeshbenchError(f"--out {out}: parent directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise MeshbenchError(f"--out {out}: directory {parent} is not writable")
+
+
+def _check_replaceable(out: Path, force: bool) -> None:
+    """An existing folder at --out: replaced only if it is empty, or a bundle meshbench wrote and --force."""
+    if os.path.ismount(out):
+        raise MeshbenchError(f"--out {out}: is a mount point; write the bundle into a folder below it")
+    entries = sorted(os.listdir(out))
+    if entries:
+        if not is_bundle(out):
+            raise MeshbenchError(
+                f"--out {out}: holds files that are not a meshbench bundle ({entries[0]}"
+                f"{', ...' if len(entries) > 1 else ''}); meshbench replaces only its own "
+                "bundles, so choose another folder"
+            )
+        foreign = [e for e in entries if e not in BUNDLE_FILES]
+        if foreign:
+            raise MeshbenchError(
+                f"--out {out}: the bundle there also holds {foreign[0]}, which meshbench did "
+                "not write; move it away first"
+            )
+        if not force:
+            raise MeshbenchError(f"--out {out}: a meshbench bundle already exists there; pass --force to replace it")
 
 
 def prepare(out: Path, force: bool) -> Path:
