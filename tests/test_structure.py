@@ -30,6 +30,7 @@ LAYERS = [
     ("results", ["meshbench.results"]),  # results.json, the bundle, its README and chart
     ("verify", ["meshbench.verify"]),  # checking a bundle: below the runner, which it never imports
     ("sweep", ["meshbench.sweep"]),  # the driver: engine calls, passes, levels, a run
+    ("endpoint", ["meshbench.endpoint"]),  # a serving endpoint as the node under test: HTTP clients, its sweep
     ("compare", ["meshbench.compare"]),
     ("bench", ["meshbench.bench"]),
     ("cli", ["meshbench.cli"]),

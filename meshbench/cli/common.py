@@ -87,6 +87,24 @@ def command_line() -> str:
 # --- sweep ------------------------------------------------------------------------------
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML run config (see configs/).")]
 EngineOpt = Annotated[Optional[str], typer.Option("--engine", rich_help_panel="Engine", help="synthetic | gguf")]
+TargetOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--target",
+        rich_help_panel="Engine",
+        help="A serving endpoint as the node under test, http://HOST:PORT (llama-server, or an OpenAI-compatible "
+        "server): C closed-loop clients per level; needs --prompts.",
+    ),
+]
+ApiOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--api",
+        rich_help_panel="Engine",
+        help="With --target: native (llama-server's /completion, token ids) | openai (/v1/completions, text) | "
+        "auto (native where the server answers /props).",
+    ),
+]
 PresetOpt = Annotated[
     Optional[str], typer.Option("--preset", rich_help_panel="Engine", help="Synthetic model preset: dgr-012 | bench.")
 ]

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from meshbench import limits
 from meshbench.cli.common import (
+    ApiOpt,
     ArrivalsOpt,
     ClockOpt,
     ConfigOpt,
@@ -39,6 +40,7 @@ from meshbench.cli.common import (
     SloTpotOpt,
     SloTtftOpt,
     SplitOpt,
+    TargetOpt,
     ThreadsOpt,
     TiledOpt,
     WarmupOpt,
@@ -54,7 +56,9 @@ from meshbench.cli.common import (
     table,
     workload_overrides,
 )
-from meshbench.results import bundle, report
+from meshbench.endpoint import sweep as endpoint_sweep
+from meshbench.results import bundle, envinfo, report
+from meshbench.results.endpoint_report import cell
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify_mod
 from meshbench.workload import config as config_mod
@@ -75,6 +79,8 @@ def sweep(
     model: ModelOpt = None,
     device: DeviceOpt = None,
     threads: ThreadsOpt = None,
+    target: TargetOpt = None,
+    api: ApiOpt = None,
     rpc: RpcOpt = None,
     workers: WorkersOpt = None,
     split: SplitOpt = None,
@@ -146,6 +152,8 @@ def _sweep_overrides(
     device,
     threads,
     seed,
+    target,
+    api,
     rpc,
     workers,
     split,
@@ -183,6 +191,8 @@ def _sweep_overrides(
                 mixed_batch=mixed_batch,
                 repack=repack,
                 tiled_mm=tiled_mm,
+                **({"kind": "endpoint", "url": target} if target is not None else {}),
+                api=api,
             ),
             "workload": dict(workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts), eos=eos),
             "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
@@ -193,13 +203,16 @@ def _sweep_overrides(
 def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json: bool, verbose: bool) -> None:
     staging = bundle.prepare(out_dir, force) if out_dir is not None else None
     try:
-        data = _run_with_progress(cfg, verbose)
+        data = _run_endpoint(cfg) if cfg.engine.kind == "endpoint" else _run_with_progress(cfg, verbose)
         if out_dir is not None:
             err.print(f"wrote {out_dir}: {', '.join(bundle.commit(staging, out_dir, data, force))}", markup=False)
             staging = None
     finally:
         bundle.discard(staging)
-    print_json(data) if as_json else _print_sweep(data)
+    if as_json:
+        print_json(data)
+    else:
+        _print_endpoint(data) if data.get("kind") == "endpoint" else _print_sweep(data)
     _check_own_evidence(data)
 
 
@@ -271,3 +284,45 @@ def _print_sweep(data: dict) -> None:
     )
     if div:
         out.print(f"first divergence: {div}")
+
+
+def _run_endpoint(cfg: config_mod.RunConfig) -> dict:
+    """The endpoint sweep, one progress line per pass on stderr."""
+    return endpoint_sweep.run(
+        cfg, command_line(), envinfo.environment(), lambda m: err.print(f"sweep: {m}", markup=False)
+    )
+
+
+def _print_endpoint(data: dict) -> None:
+    v = data["verdicts"]
+    t = table(
+        f"{data['story']}: {data['endpoint']['server']} at {data['endpoint']['url']} ({data['endpoint']['api']} API), "
+        f"{data['workload']['sessions']} sessions, {len(data['levels'][0]['repetitions'])} repetition(s): medians",
+        (
+            "level",
+            "differ from C=ref",
+            "max distinct",
+            "needle distinct",
+            "tok/s",
+            "TTFT p50 ms",
+            "ITL p50 ms",
+            "ITL p99 ms",
+        ),
+    )
+    for lv in data["levels"]:
+        c, f = str(lv["concurrency"]), lv["figures"]
+        t.add_row(
+            c,
+            str(len(v["differing_sessions"][c])),
+            str(max(v["distinct_outputs"][c].values(), default=0)),
+            str(v["needle"][c]["distinct"]),
+            cell(f["tokens_per_s"]),
+            cell(f["ttft_ms.p50"]),
+            cell(f["itl_ms.p50"]),
+            cell(f["itl_ms.p99"]),
+        )
+    out.print(t)
+    out.print(
+        f"compared={v['compared']} batch_invariant={v['batch_invariant']} "
+        f"run_to_run_deterministic={v['run_to_run_deterministic']} needle_stable={v['needle_stable']}"
+    )

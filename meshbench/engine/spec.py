@@ -12,7 +12,7 @@ from meshbench.errors import MeshbenchError
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    kind: str = "synthetic"  # synthetic | gguf
+    kind: str = "synthetic"  # synthetic | gguf | endpoint (a serving endpoint as the node under test)
     preset: str = "dgr-012"  # the synthetic model's preset (meshbench.model.config)
     model: str | None = None  # a GGUF file
     seed: int = 0  # the synthetic weights' seed
@@ -30,6 +30,8 @@ class EngineSpec:
     repack: bool = False  # GGUF: llama.cpp's CPU weight repacking (use_extra_bufts)
     tiled_mm: str = "auto"  # GGUF: ggml's tiled K-quant matmul, GGML_CPU_TILED_MM (auto | off | force)
     package: str | None = None  # a model a pip package ships (meshbench.engine.packaged)
+    url: str | None = None  # endpoint: the server's http://HOST:PORT
+    api: str = "auto"  # endpoint: native (llama-server's /completion) | openai (/v1/completions) | auto
     ban_eog: bool = False  # the workload's eos policy is ban: the engine masks end-of-generation tokens
 
     def __post_init__(self) -> None:
@@ -40,6 +42,10 @@ class EngineSpec:
 
     def _check_kind(self) -> None:
         """What needs the gguf engine, and what excludes what."""
+        if self.kind == "endpoint":
+            return self._check_endpoint()
+        if self.url is not None or self.api != "auto":
+            raise MeshbenchError("engine.url and engine.api are an endpoint's (engine.kind endpoint, --target)")
         gguf = self.kind == "gguf"
         if gguf and not self.model and not self.package:
             raise MeshbenchError("engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
@@ -54,6 +60,25 @@ class EngineSpec:
             )
         if (self.rpc or self.workers) and not gguf:
             raise MeshbenchError("engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
+
+    def _check_endpoint(self) -> None:
+        """A served model: its URL, and nothing that builds an engine of ours."""
+        if not self.url:
+            raise MeshbenchError("engine.kind endpoint needs engine.url (--target http://HOST:PORT)")
+        ours = {
+            "model": self.model,
+            "package": self.package,
+            "rpc": self.rpc,
+            "workers": self.workers,
+            "mixed_batch": self.mixed_batch,
+            "repack": self.repack,
+            "tiled_mm": self.tiled_mm != "auto",
+        }
+        given = [k for k, v in ours.items() if v]
+        if given:
+            raise MeshbenchError(
+                f"engine.{given[0]} builds an engine of meshbench's own; an endpoint (--target) is the server's"
+            )
 
     def _check_process(self) -> None:
         """What must run the engine in its own process, and the RPC workers' layout."""

@@ -43,8 +43,18 @@ def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environmen
     }
 
 
+ENDPOINT_SCHEMA = "endpoint.schema.json"
+ENDPOINT_VERSION = 1
+
+
 def check_version(data: dict, where: str) -> None:
     v = data.get("schema_version") if isinstance(data, dict) else None
+    if isinstance(data, dict) and data.get("kind") == "endpoint":  # an endpoint sweep's document
+        if v != ENDPOINT_VERSION:
+            raise MeshbenchError(
+                f"{where}: an endpoint bundle of schema_version {v!r}; this meshbench reads {ENDPOINT_VERSION}"
+            )
+        return
     if not isinstance(v, int) or isinstance(v, bool):
         raise MeshbenchError(f"{where}: schema_version is missing or not an integer; not a meshbench results file")
     if v > SCHEMA_VERSION:
@@ -61,7 +71,7 @@ def check_version(data: dict, where: str) -> None:
 
 
 def schema_errors(data: dict) -> list[str]:
-    return validation.errors(data, SCHEMA)
+    return validation.errors(data, ENDPOINT_SCHEMA if data.get("kind") == "endpoint" else SCHEMA)
 
 
 def dumps(data: dict) -> str:

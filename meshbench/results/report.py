@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshbench.results import fault_report
+from meshbench.results import endpoint_report, fault_report
 
 SWEEP_HEADING = "## Concurrency sweep (deterministic)"
 TABLE_HEADER = "| concurrency | ticks | avg batch occupancy | max occupancy | tokens/tick | peak KV bytes |"
@@ -94,6 +94,8 @@ def _limitations(results: dict) -> list[str]:
 
 
 def render_readme(results: dict, bundle_name: str) -> str:
+    if results.get("kind") == "endpoint":
+        return endpoint_report.render_readme(results, bundle_name)
     lines = [
         f"# {results['story']} — {results.get('title', '')}: evidence",
         "",
@@ -425,6 +427,8 @@ def _environment(env: dict) -> list[str]:
 
 
 def render_commands(results: dict, bundle_name: str) -> str:
+    if results.get("kind") == "endpoint":
+        return endpoint_report.render_commands(results, bundle_name)
     return "\n".join(
         [
             "# The command that produced this bundle:",

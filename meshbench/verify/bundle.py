@@ -16,7 +16,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.results import bundle, fault_report, report
 from meshbench.results import document as results
 from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
-from meshbench.verify import checks
+from meshbench.verify import checks, endpoint
 from meshbench.workload import config
 
 
@@ -65,6 +65,8 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
     c = check_data(data)
     check_readme(c, data, path)
     if rerun is not None:
+        if data.get("kind") == "endpoint":
+            raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
         check_rerun(c, data, rerun)
     return data, c
 
@@ -72,7 +74,7 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
 def check_data(data: dict) -> Checks:
     """Every check that needs only the results (what ``sweep`` runs on its own output)."""
     c = Checks()
-    checks.check_data(c, data)
+    (endpoint.check_data if data.get("kind") == "endpoint" else checks.check_data)(c, data)
     return c
 
 
@@ -92,6 +94,8 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
             want[k] if k < len(want) else "(end of file)",
             got[k] if k < len(got) else "(end of file)",
         )
+    if data.get("kind") == "endpoint":
+        return  # its table is checked with the whole README, and its figures by verify.endpoint
     _check_table(c, "sweep table", report.parse_table(text), report.table_rows(data), report.TABLE_FIELDS, "levels")
     faults = fault_report.table_rows(data)
     if faults:
@@ -109,8 +113,8 @@ def bundle_name(text: str, path: Path) -> str:
     """The name the bundle was written under, as its README quotes it (``meshbench verify NAME --rerun``):
     a name is presentation, every other line is checked against results.json."""
     for line in text.splitlines():
-        if line.startswith("meshbench verify ") and line.endswith(" --rerun"):
-            return line[len("meshbench verify ") : -len(" --rerun")]
+        if line.startswith("meshbench verify "):
+            return line[len("meshbench verify ") :].removesuffix(" --rerun")
     return path.name
 
 

@@ -156,7 +156,9 @@ class RunConfig:
             object.__setattr__(self, "story", _story(self.engine))
         if self.title is None:
             object.__setattr__(self, "title", "Concurrency sweep")
-        gguf = self.engine.kind == "gguf"
+        gguf = self.engine.kind in ("gguf", "endpoint")  # a model with a tokenizer and end-of-generation tokens
+        if self.engine.kind == "endpoint":
+            self._check_endpoint()
         if self.workload.eos != "continue" and not gguf:
             raise MeshbenchError(
                 f"workload.eos {self.workload.eos} needs the gguf engine (a model with "
@@ -171,6 +173,27 @@ class RunConfig:
             raise MeshbenchError(
                 "faults run on the tick clock with every session at once or an arrival process, "
                 "not with rates or the wall clock"
+            )
+
+    def _check_endpoint(self) -> None:
+        """An endpoint sweep: real prompts, C closed-loop clients per level, nothing of the node's own."""
+        if self.workload.prompts is None:
+            raise MeshbenchError(
+                "engine.kind endpoint needs workload.prompts (a file of real prompts the server tokenizes)"
+            )
+        node_only = {
+            "faults": bool(self.faults),
+            "rates": self.rates is not None,
+            "clock wall": self.clock == "wall",
+            "workload.arrivals": self.workload.arrivals != "all-at-once",
+            "restart_engine": self.restart_engine,
+            "prefill chunked": self.prefill != "whole",
+        }
+        given = [k for k, v in node_only.items() if v]
+        if given:
+            raise MeshbenchError(
+                f"{given[0]}: an endpoint sweep runs C closed-loop clients per level; arrivals over "
+                "time, faults and the prefill policy are a meshbench node's"
             )
 
     def to_dict(self) -> dict:
@@ -361,6 +384,8 @@ def _story(spec: EngineSpec) -> str:
     """A sweep without a story is named by what it ran: the packaged model, the model file, or the preset."""
     if spec.package:
         return spec.package
+    if spec.kind == "endpoint":
+        return f"endpoint-{spec.url.split('://', 1)[-1].replace(':', '-').rstrip('/')}"
     if spec.kind == "gguf" and spec.model:
         return Path(spec.model).stem[:200] or "gguf"
     return f"synthetic-{spec.preset}"

@@ -1,0 +1,161 @@
+"""An endpoint sweep's figures and verdicts, from its recorded completions alone (the sweep and verify both
+compute them here).
+
+The figures come from the client's stamps: TTFT (first token - submit), ITL (between a session's
+consecutive tokens, or chunks on the OpenAI API), TPOT ((last - first) / (tokens - 1)), E2E (last token -
+submit), tokens/s (generated, and prompt + generated, over the wall time of the pass), goodput (sessions
+within both SLOs, per second).
+
+Three verdicts, each saying what it cannot conclude (CONCLUSIONS):
+- batch invariance: every session's output at each level equals the lowest level's (repetition 0);
+- run-to-run determinism: one distinct output per session over the repetitions of a level;
+- the needle: one fixed prompt among different neighbours at each level, its distinct outputs and how
+  many differ from the needle alone.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+CONCLUSIONS = {
+    "batch_invariant": "True: every session's output was the same at every level, in these runs. False: a "
+    "session's output changed with the load. Over HTTP the server's schedule is not ours to see or fix, so a "
+    "change cannot be told apart as batch-variant numerics (batch shapes change the arithmetic) or as "
+    "sessions leaking into each other: the bundle does not guess.",
+    "run_to_run_deterministic": "True: at each level every session gave one output over the repetitions. "
+    "False: the same load gave different outputs from run to run (the server's batching varied, or its "
+    "kernels are not deterministic).",
+    "needle": "The same prompt among different neighbours: more than one distinct output, or an output "
+    "other than the needle's alone, means its output depends on what runs beside it.",
+}
+FIGURES = (
+    "tokens_per_s",
+    "total_tokens_per_s",
+    "ttft_ms.p50",
+    "ttft_ms.p99",
+    "itl_ms.p50",
+    "itl_ms.p99",
+    "tpot_ms.p50",
+    "e2e_ms.p50",
+    "e2e_ms.p99",
+    "goodput_per_s",
+    "completed",
+    "failed",
+    "early_stops",
+)
+
+
+def output(c: dict, compared: str) -> list | str:
+    """What is compared of a completion: its token ids, or its text."""
+    return c["tokens"] if compared == "tokens" else c["text"]
+
+
+def compared_by(api: str, completions: Sequence[dict]) -> str:
+    """Token ids where the API returns them and every answer's ids are whole (as many as the server says it
+    generated); else text (a streamed answer can hold back an incomplete UTF-8 token's id)."""
+    if api != "native":
+        return "text"
+    whole = all(
+        c["error"] is None and (c["predicted"] is None or c["predicted"] == len(c["tokens"])) for c in completions
+    )
+    return "tokens" if whole else "text"
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def pass_figures(
+    sessions: Sequence[dict], wall_s: float, prompt_lengths: dict[str, int], slo: dict, new_tokens: dict[str, int]
+) -> dict:
+    """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time)."""
+    ok = [c for c in sessions if c["error"] is None and c["token_ns"]]
+    ttft = [(c["token_ns"][0] - c["submit_ns"]) / 1e6 for c in ok]
+    itl = [(b - a) / 1e6 for c in ok for a, b in zip(c["token_ns"], c["token_ns"][1:])]
+    tpot = [
+        (c["token_ns"][-1] - c["token_ns"][0]) / 1e6 / (len(c["token_ns"]) - 1) for c in ok if len(c["token_ns"]) > 1
+    ]
+    e2e = [(c["token_ns"][-1] - c["submit_ns"]) / 1e6 for c in ok]
+    generated = sum(_generated(c) for c in ok)
+    prompt = sum(prompt_lengths[c["session_id"]] for c in ok)
+    good = sum(_within(c, slo) for c in ok)
+    return {
+        "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
+        "total_tokens_per_s": (generated + prompt) / wall_s if wall_s > 0 else 0.0,
+        "ttft_ms.p50": _pct(ttft, 50),
+        "ttft_ms.p99": _pct(ttft, 99),
+        "itl_ms.p50": _pct(itl, 50),
+        "itl_ms.p99": _pct(itl, 99),
+        "tpot_ms.p50": _pct(tpot, 50),
+        "e2e_ms.p50": _pct(e2e, 50),
+        "e2e_ms.p99": _pct(e2e, 99),
+        "goodput_per_s": good / wall_s if wall_s > 0 else 0.0,
+        "completed": len(ok),
+        "failed": sum(c["error"] is not None for c in sessions),
+        "early_stops": sum(c["error"] is None and _generated(c) < new_tokens[c["session_id"]] for c in sessions),
+    }
+
+
+def _generated(c: dict) -> int:
+    """Tokens the session produced: the server's own count where it gave one, else the stamped tokens."""
+    return c["predicted"] if c["predicted"] is not None else len(c["token_ns"])
+
+
+def _within(c: dict, slo: dict) -> bool:
+    ttft = (c["token_ns"][0] - c["submit_ns"]) / 1e6
+    n = len(c["token_ns"])
+    tpot = (c["token_ns"][-1] - c["token_ns"][0]) / 1e6 / (n - 1) if n > 1 else 0.0
+    return (slo.get("ttft") is None or ttft <= slo["ttft"]) and (slo.get("tpot") is None or tpot <= slo["tpot"])
+
+
+def summary(per_pass: Sequence[dict]) -> dict:
+    """Each figure over the repetitions: median, min and max (None where no pass had it)."""
+    out = {}
+    for k in FIGURES:
+        xs = [p[k] for p in per_pass if p[k] is not None]
+        out[k] = {"median": float(np.median(xs)), "min": float(min(xs)), "max": float(max(xs))} if xs else None
+    return out
+
+
+def verdicts(levels: Sequence[dict], needle_alone: dict | None, compared: str) -> dict:
+    """The three verdicts from the recorded outputs."""
+    ref = min(levels, key=lambda lv: lv["concurrency"])
+    reference = {c["session_id"]: output(c, compared) for c in ref["repetitions"][0]["sessions"] if c["error"] is None}
+    differing, distinct, needles = {}, {}, {}
+    for lv in levels:
+        c_ = str(lv["concurrency"])
+        first = {c["session_id"]: output(c, compared) for c in lv["repetitions"][0]["sessions"] if c["error"] is None}
+        differing[c_] = sorted(s for s, out in first.items() if s in reference and out != reference[s])
+        seen: dict[str, set] = {}
+        for rep in lv["repetitions"]:
+            for c in rep["sessions"]:
+                if c["error"] is None:
+                    seen.setdefault(c["session_id"], set()).add(_key(output(c, compared)))
+        distinct[c_] = {s: len(v) for s, v in sorted(seen.items())}
+        needles[c_] = _needle(lv["needle"], needle_alone, compared)
+    return {
+        "compared": compared,
+        "reference_concurrency": ref["concurrency"],
+        "batch_invariant": all(not d for d in differing.values()),
+        "differing_sessions": differing,
+        "run_to_run_deterministic": all(n == 1 for d in distinct.values() for n in d.values()),
+        "distinct_outputs": distinct,
+        "needle": needles,
+        "needle_stable": all(n["distinct"] <= 1 and n["differs_from_alone"] == 0 for n in needles.values()),
+    }
+
+
+def _key(x) -> str | tuple:
+    return tuple(x) if isinstance(x, list) else x
+
+
+def _needle(trials: Sequence[dict], alone: dict | None, compared: str) -> dict:
+    outs = [output(t["completion"], compared) for t in trials if t["completion"]["error"] is None]
+    base = None if alone is None or alone["error"] is not None else output(alone, compared)
+    return {
+        "trials": len(trials),
+        "distinct": len({_key(o) for o in outs}),
+        "differs_from_alone": sum(o != base for o in outs) if base is not None else None,
+    }

@@ -1,0 +1,54 @@
+"""Load on an endpoint: C closed-loop clients, each taking the next session as soon as its last answer is in.
+
+Every request goes through ``Endpoint.complete`` with one shared start (``t0``), so each completion's
+stamps are on one clock; a failed session is recorded as such and the level goes on.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from meshbench.endpoint.client import Completion, Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One session's request: its id and the API body the endpoint is sent."""
+
+    session_id: str
+    body: dict
+
+
+def closed_loop(endpoint: Endpoint, jobs: Sequence[Job], clients: int) -> tuple[list[Completion], float]:
+    """Run ``jobs`` in order on ``clients`` closed-loop clients. Returns the completions (in job order) and the
+    wall time from the first submission to the last answer."""
+    todo: queue.Queue = queue.Queue()
+    for i, job in enumerate(jobs):
+        todo.put((i, job))
+    done: list[Completion | None] = [None] * len(jobs)
+    t0 = time.monotonic_ns()
+
+    def client() -> None:
+        while True:
+            try:
+                i, job = todo.get_nowait()
+            except queue.Empty:
+                return
+            done[i] = endpoint.complete(job.session_id, job.body, t0)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall_s = (time.monotonic_ns() - t0) / 1e9
+    return [c for c in done if c is not None], wall_s
+
+
+def at_once(endpoint: Endpoint, jobs: Sequence[Job]) -> list[Completion]:
+    """Every job submitted together, one client each (the needle's batch)."""
+    return closed_loop(endpoint, jobs, len(jobs))[0]

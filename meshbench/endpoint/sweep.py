@@ -1,0 +1,155 @@
+"""An endpoint as the node under test: the same sessions at every concurrency level (C closed-loop clients),
+repetitions with the level order rotated, a needle at every level, the server's metrics around each pass.
+
+What the endpoint computes is the server's business; meshbench records what a client sees (every token's
+id or text, every chunk's arrival) and derives the figures and verdicts from that alone
+(meshbench.analysis.endpoint), so verify recomputes them from the bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from typing import Callable
+
+import numpy as np
+
+from meshbench import __version__
+from meshbench.analysis import endpoint as figures
+from meshbench.endpoint.client import Completion, Endpoint, parse_target
+from meshbench.endpoint.load import Job, at_once, closed_loop
+from meshbench.errors import MeshbenchError
+from meshbench.sweep.levels import level_orders
+from meshbench.workload import prompts as prompts_mod
+from meshbench.workload.config import RunConfig, validate_levels
+
+SCHEMA_VERSION = 1
+NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
+
+
+def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None) -> dict:
+    """The endpoint sweep of ``cfg`` (engine.kind endpoint): its results.json."""
+    levels = validate_levels(list(cfg.levels), cfg.workload.sessions)
+    endpoint = Endpoint(parse_target(cfg.engine.url), cfg.engine.api)
+    info = endpoint.probe()
+    texts, ids = _prompts(cfg, endpoint)
+    jobs = _jobs(cfg, endpoint, texts, ids)
+    rng = np.random.default_rng(cfg.workload.seed)
+    for w in range(cfg.warmup):
+        for c in levels:
+            progress(f"warm-up {w + 1}/{cfg.warmup}, concurrency {c}")
+            closed_loop(endpoint, jobs, c)
+    alone = at_once(endpoint, [Job(NEEDLE, jobs[0].body)])[0]
+    records = {c: {"concurrency": c, "repetitions": [], "needle": []} for c in levels}
+    for r, order in enumerate(level_orders(len(levels), cfg.repeat)):
+        for position, i in enumerate(order):
+            c = levels[i]
+            progress(f"repetition {r + 1}/{cfg.repeat}, concurrency {c}")
+            records[c]["repetitions"].append(_pass(endpoint, jobs, c, r, position))
+            records[c]["needle"].append(_needle(endpoint, jobs, c, r, rng))
+    return _document(cfg, command, environment, info, texts, ids, alone, [records[c] for c in levels])
+
+
+def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:
+    """The sessions' prompts, and their ids by the server's own tokenizer."""
+    wl = cfg.workload
+    texts = prompts_mod.read(wl.prompts)
+    if len(texts) < wl.sessions:
+        raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(texts)} prompts for {wl.sessions} sessions")
+    texts = texts[: wl.sessions]
+    return texts, endpoint.tokenize(texts)
+
+
+def _jobs(cfg: RunConfig, endpoint: Endpoint, texts: list[str], ids: list[list[int]]) -> list[Job]:
+    wl = cfg.workload
+    ban = wl.eos == "ban"
+    return [
+        Job(sid, endpoint.body(ids[i], texts[i], wl.new_tokens[i], ban, wl.seed))
+        for i, sid in enumerate(wl.session_ids())
+    ]
+
+
+def _pass(endpoint: Endpoint, jobs: list[Job], c: int, r: int, position: int) -> dict:
+    before = endpoint.metrics()
+    done, wall_s = closed_loop(endpoint, jobs, c)
+    after = endpoint.metrics()
+    return {
+        "repetition": r,
+        "position": position,
+        "wall_s": wall_s,
+        "sessions": [x.to_dict() for x in done],
+        "metrics_before": before,
+        "metrics_after": after,
+    }
+
+
+def _needle(endpoint: Endpoint, jobs: list[Job], c: int, r: int, rng) -> dict:
+    """The needle (the first session's prompt) at a random position among ``c - 1`` other sessions, all
+    submitted together."""
+    neighbours = (
+        [jobs[int(k)] for k in rng.choice(np.arange(1, len(jobs)), size=min(c - 1, len(jobs) - 1), replace=False)]
+        if c > 1
+        else []
+    )
+    at = int(rng.integers(0, len(neighbours) + 1))
+    batch = [*neighbours[:at], Job(NEEDLE, jobs[0].body), *neighbours[at:]]
+    done = at_once(endpoint, batch)
+    needle: Completion = done[at]
+    return {
+        "repetition": r,
+        "position": at,
+        "neighbours": [j.session_id for j in neighbours],
+        "completion": needle.to_dict(),
+    }
+
+
+def _document(
+    cfg: RunConfig,
+    command: str,
+    environment: dict,
+    info: dict,
+    texts: list[str],
+    ids: list[list[int]],
+    alone: Completion,
+    levels: list[dict],
+) -> dict:
+    wl = cfg.workload
+    lengths = {sid: len(x) for sid, x in zip(wl.session_ids(), ids)}
+    new = dict(zip(wl.session_ids(), wl.new_tokens))
+    slo = dict(cfg.slo or {})
+    for lv in levels:
+        for rep in lv["repetitions"]:
+            rep["figures"] = figures.pass_figures(rep["sessions"], rep["wall_s"], lengths, slo, new)
+        lv["figures"] = figures.summary([rep["figures"] for rep in lv["repetitions"]])
+    every = [c for lv in levels for rep in lv["repetitions"] for c in rep["sessions"]]
+    every += [t["completion"] for lv in levels for t in lv["needle"]] + [alone.to_dict()]
+    compared = figures.compared_by(info["api"], every)
+    return {
+        "kind": "endpoint",
+        "schema_version": SCHEMA_VERSION,
+        "meshbench_version": __version__,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "story": cfg.story,
+        "title": cfg.title,
+        "config": cfg.to_dict(),
+        "endpoint": info,
+        "environment": environment,
+        "workload": {
+            "sessions": wl.sessions,
+            "prompts": wl.prompts,
+            "prompts_sha256": _sha(texts),
+            "prompt_tokens": [lengths[s] for s in wl.session_ids()],
+            "new_tokens": list(wl.new_tokens),
+            "eos": wl.eos,
+            "seed": wl.seed,
+        },
+        "needle": {"prompt_of": wl.session_ids()[0], "alone": alone.to_dict()},
+        "levels": levels,
+        "verdicts": figures.verdicts(levels, alone.to_dict(), compared),
+        "conclusions": figures.CONCLUSIONS,
+    }
+
+
+def _sha(texts: list[str]) -> str:
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()

@@ -1,0 +1,110 @@
+"""An endpoint bundle checked from its own records: the passes' shape (every session once per repetition, the
+level order rotated), every completion's stamps in order, the figures and verdicts recomputed from the stamps
+and outputs (meshbench.analysis.endpoint), and the needle's trials."""
+
+from __future__ import annotations
+
+from meshbench.analysis import endpoint as figures
+from meshbench.analysis.checks import Checks
+from meshbench.names import RESULTS
+
+
+def check_data(c: Checks, data: dict) -> None:
+    wl, cfg = data["workload"], data["config"]
+    ids = [f"s{i:0{len(str(wl['sessions'] - 1))}d}" for i in range(wl["sessions"])]
+    c.equal(RESULTS, "config.engine.kind", "endpoint", cfg["engine"]["kind"])
+    c.equal(RESULTS, "workload.sessions (= config.workload.sessions)", cfg["workload"]["sessions"], wl["sessions"])
+    c.equal(
+        RESULTS,
+        "workload: one prompt length and one new-token count per session",
+        [wl["sessions"]] * 2,
+        [len(wl["prompt_tokens"]), len(wl["new_tokens"])],
+    )
+    c.equal(
+        RESULTS,
+        "levels (= config.levels, ascending)",
+        sorted(cfg["levels"]),
+        [lv["concurrency"] for lv in data["levels"]],
+    )
+    lengths, new = dict(zip(ids, wl["prompt_tokens"])), dict(zip(ids, wl["new_tokens"]))
+    slo = cfg["slo"]
+    for i, lv in enumerate(data["levels"]):
+        at = f"levels[{i}]"
+        _check_passes(c, lv, at, ids, cfg["repeat"], len(data["levels"]))
+        for r, rep in enumerate(lv["repetitions"]):
+            expected = figures.pass_figures(rep["sessions"], rep["wall_s"], lengths, slo, new)
+            c.equal(RESULTS, f"{at}.repetitions[{r}].figures (recomputed from the stamps)", expected, rep["figures"])
+        c.equal(
+            RESULTS,
+            f"{at}.figures (over the repetitions)",
+            figures.summary([rep["figures"] for rep in lv["repetitions"]]),
+            lv["figures"],
+        )
+        _check_needle(c, lv, at, ids)
+    _check_stamps(c, data)
+    every = [x for lv in data["levels"] for rep in lv["repetitions"] for x in rep["sessions"]]
+    every += [t["completion"] for lv in data["levels"] for t in lv["needle"]] + [data["needle"]["alone"]]
+    compared = figures.compared_by(data["endpoint"]["api"], every)
+    c.equal(
+        RESULTS,
+        "verdicts (recomputed from the outputs)",
+        figures.verdicts(data["levels"], data["needle"]["alone"], compared),
+        data["verdicts"],
+    )
+    c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, data["conclusions"])
+
+
+def _check_passes(c: Checks, lv: dict, at: str, ids: list[str], repeat: int, count: int) -> None:
+    """Each repetition answers every session once, in order; repetition r ran this level at its place in the
+    order rotated by r."""
+    c.equal(RESULTS, f"{at}.repetitions (count = config.repeat)", repeat, len(lv["repetitions"]))
+    for r, rep in enumerate(lv["repetitions"]):
+        c.equal(RESULTS, f"{at}.repetitions[{r}].repetition", r, rep["repetition"])
+        c.equal(
+            RESULTS,
+            f"{at}.repetitions[{r}].sessions (every session once, in order)",
+            ids,
+            [x["session_id"] for x in rep["sessions"]],
+        )
+        c.equal(RESULTS, f"{at}.repetitions[{r}].position (within 0..{count - 1})", True, 0 <= rep["position"] < count)
+
+
+def _check_needle(c: Checks, lv: dict, at: str, ids: list[str]) -> None:
+    c.equal(RESULTS, f"{at}.needle (one trial per repetition)", len(lv["repetitions"]), len(lv["needle"]))
+    for k, t in enumerate(lv["needle"]):
+        where = f"{at}.needle[{k}]"
+        c.equal(
+            RESULTS,
+            f"{where}.neighbours (C - 1 distinct other sessions)",
+            True,
+            len(t["neighbours"]) == min(lv["concurrency"] - 1, len(ids) - 1)
+            and len(set(t["neighbours"])) == len(t["neighbours"])
+            and all(n in ids[1:] for n in t["neighbours"]),
+        )
+        c.equal(RESULTS, f"{where}.position (among its neighbours)", True, 0 <= t["position"] <= len(t["neighbours"]))
+        c.equal(RESULTS, f"{where}.completion.session_id", "needle", t["completion"]["session_id"])
+
+
+def _check_stamps(c: Checks, data: dict) -> None:
+    """Every completion's token stamps never decrease and come after its submission; a native answer has one
+    stamp per token id."""
+    native = data["endpoint"]["api"] == "native"
+    for i, lv in enumerate(data["levels"]):
+        for r, rep in enumerate(lv["repetitions"]):
+            for x in rep["sessions"]:
+                where = f"levels[{i}].repetitions[{r}].{x['session_id']}"
+                stamps = x["token_ns"]
+                c.equal(
+                    RESULTS,
+                    f"{where}.token_ns (in order, after submit_ns)",
+                    True,
+                    all(a <= b for a, b in zip([x["submit_ns"], *stamps], stamps)),
+                )
+                if native:
+                    c.equal(RESULTS, f"{where}: one stamp per token id", len(x["tokens"]), len(stamps))
+                c.equal(
+                    RESULTS,
+                    f"{where}: within the pass's wall time",
+                    True,
+                    not stamps or stamps[-1] <= rep["wall_s"] * 1e9 + 1e6,
+                )

@@ -1,0 +1,284 @@
+"""A serving endpoint as the node under test (sweep --target), against a real server: llama-cpp-python's
+OpenAI-compatible server (the ``server`` extra) on a tiny model, on a free loopback port, stopped by its
+process id. Skips cleanly without the extra."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import factories as f
+import pytest
+from test_bad_input import run_refused
+from typer.testing import CliRunner
+
+from meshbench.cli import app
+from meshbench.engine.process.workers import free_port
+
+pytest.importorskip("llama_cpp.server", reason="the server extra (llama-cpp-python[server]) is not installed")
+
+runner = CliRunner()
+PROMPTS = ["The cat sat on the mat", "A quick brown fox", "Numbers go up", "Hello there", "One two three four"]
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("the server did not answer within the timeout")
+
+
+def _start(model: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "meshbench.endpoint.llama_cpp_server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "512",
+        "--n_threads",
+        "1",
+        "--interrupt_requests",
+        "False",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, url)
+    except RuntimeError:
+        _stop(proc)
+        raise
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)  # by the id we started
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return f.tiny_gguf(tmp_path_factory.mktemp("m") / "bench.gguf", "q8_0", "bench")  # a llama vocabulary
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    proc, url = _start(model)
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("p") / "prompts.txt"
+    p.write_text("\n".join(PROMPTS) + "\n")
+    return p
+
+
+def _sweep(url: str, prompts: Path, out: Path, *extra: str):
+    args = [
+        "sweep",
+        "--target",
+        url,
+        "--prompts",
+        str(prompts),
+        "--sessions",
+        "4",
+        "--new-tokens",
+        "5",
+        "--levels",
+        "1,2",
+        "--repeat",
+        "2",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+        *extra,
+    ]
+    return runner.invoke(app, args)
+
+
+@pytest.fixture(scope="module")
+def bundle(server, prompts, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("b") / "EP"
+    r = _sweep(server, prompts, out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_an_endpoint_sweep_writes_a_bundle_that_verifies(bundle):
+    data = json.loads((bundle / "results.json").read_text())
+    assert data["kind"] == "endpoint" and data["endpoint"]["api"] == "openai"
+    assert data["endpoint"]["server"] == "openai-compatible" and data["endpoint"]["loopback"] is True
+    v = data["verdicts"]
+    assert v["compared"] == "text" and v["reference_concurrency"] == 1
+    assert set(v["distinct_outputs"]) == {"1", "2"} and set(v["needle"]) == {"1", "2"}
+    for lv in data["levels"]:
+        assert len(lv["repetitions"]) == 2 and len(lv["needle"]) == 2
+        for rep in lv["repetitions"]:
+            assert [c["session_id"] for c in rep["sessions"]] == ["s0", "s1", "s2", "s3"]
+            assert all(c["error"] is None and c["token_ns"] for c in rep["sessions"])
+            assert rep["figures"]["completed"] == 4 and rep["figures"]["tokens_per_s"] > 0
+    # a server that runs one request at a time gives each session one output, whatever the load
+    assert v["run_to_run_deterministic"] is True
+    r = runner.invoke(app, ["verify", str(bundle)])
+    assert r.exit_code == 0 and "0 failed" in r.output, r.output
+
+
+def test_a_forged_output_or_stamp_fails_verify(bundle, tmp_path):
+    for forge, expect in [
+        (lambda d: d["levels"][1]["repetitions"][0]["sessions"][0].update(text="forged"), "verdicts"),
+        (lambda d: d["levels"][0]["repetitions"][1]["sessions"][2]["token_ns"].reverse(), "token_ns"),
+        (
+            lambda d: d["levels"][0]["repetitions"][0].update(wall_s=d["levels"][0]["repetitions"][0]["wall_s"] * 2),
+            "figures",
+        ),
+    ]:
+        copy = tmp_path / f"forged{len(list(tmp_path.iterdir()))}"
+        copy.mkdir()
+        data = json.loads((bundle / "results.json").read_text())
+        forge(data)
+        (copy / "results.json").write_text(json.dumps(data))
+        (copy / "README.md").write_text((bundle / "README.md").read_text())
+        r = runner.invoke(app, ["verify", str(copy)])
+        assert r.exit_code == 1 and expect in r.output, r.output
+
+
+def test_an_endpoint_bundle_is_not_rerun_without_its_server(bundle):
+    r = runner.invoke(app, ["verify", str(bundle), "--rerun"])
+    assert r.exit_code == 2 and "a rerun needs its server" in r.output
+
+
+def test_a_url_that_does_not_answer_is_one_line_and_nothing_is_written(prompts, tmp_path):
+    port = free_port()
+    run_refused(
+        "sweep",
+        "--target",
+        f"http://127.0.0.1:{port}",
+        "--prompts",
+        prompts,
+        "--sessions",
+        "2",
+        "--levels",
+        "1",
+        "--out",
+        tmp_path / "x",
+        expect="does not answer",
+    )
+    assert not (tmp_path / "x").exists()
+
+
+class _Static(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # noqa: ARG002
+        pass
+
+
+@pytest.mark.parametrize("files,expect", [({}, "HTTP 404"), ({"v1/models": "<html>not json</html>"}, "not JSON")])
+def test_a_server_that_is_not_an_llm_endpoint_is_one_line(tmp_path, prompts, files, expect):
+    """A real HTTP server (Python's own, serving a folder) that is no LLM endpoint."""
+    root = tmp_path / "www"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    root.mkdir(exist_ok=True)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _Static(*a, directory=str(root)))
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        run_refused(
+            "sweep",
+            "--target",
+            f"http://127.0.0.1:{httpd.server_address[1]}",
+            "--prompts",
+            prompts,
+            "--sessions",
+            "2",
+            "--levels",
+            "1",
+            expect=expect,
+        )
+    finally:
+        httpd.shutdown()
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["--target", "ftp://127.0.0.1:1"], "give http://HOST:PORT"),
+        (["--target", "http://127.0.0.1:1/v1"], "without a path"),
+        (["--target", "http://127.0.0.1:1", "--sessions", "2"], "needs workload.prompts"),
+        (["--target", "http://127.0.0.1:1", "--inject", "cancel:s0@1"], "a meshbench node's"),
+        (["--target", "http://127.0.0.1:1", "--engine", "gguf", "--model", "m.gguf"], "an engine of meshbench's own"),
+    ],
+)
+def test_an_endpoint_sweep_refuses_what_it_cannot_run(args, expect, prompts):
+    full = [*args] if "--sessions" in args else [*args, "--prompts", str(prompts), "--sessions", "2"]
+    run_refused("sweep", *full, "--levels", "1", expect=expect)
+
+
+def test_a_server_that_dies_mid_sweep_fails_its_sessions_and_the_sweep_goes_on(model, prompts, tmp_path):
+    proc, url = _start(model)
+    out = tmp_path / "EP"
+    try:
+        cmd = [
+            sys.executable,
+            "-m",
+            "meshbench.cli",
+            "sweep",
+            "--target",
+            url,
+            "--prompts",
+            str(prompts),
+            "--sessions",
+            "4",
+            "--new-tokens",
+            "40",
+            "--levels",
+            "1,2",
+            "--repeat",
+            "2",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ]
+        sweep = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        sweep.stderr.readline()  # "sweep: repetition 1/2, concurrency 1": the first pass has begun
+        time.sleep(0.5)
+    finally:
+        _stop(proc)
+    _, err = sweep.communicate(timeout=120)
+    assert sweep.returncode == 0, err
+    data = json.loads((out / "results.json").read_text())
+    failed = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"] if c["error"]]
+    assert failed and all(c["error"] for c in failed)
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
