@@ -55,11 +55,20 @@ def _oracle(cfg: RunConfig, div: dict, data: dict, run_sweep: Callable[[RunConfi
             + ")"
         )
     levels = sorted({div["reference_concurrency"], div["concurrency"]})
-    synthetic = dataclasses.replace(
-        cfg, levels=tuple(levels), isolation=False, engine=dataclasses.replace(cfg.engine, kind="synthetic")
-    )
     try:
-        other = run_sweep(synthetic)
+        # the same weights in numpy: llama.cpp's own settings (repacking, tiled matmul, RPC) do not apply there
+        engine = dataclasses.replace(
+            cfg.engine,
+            kind="synthetic",
+            repack=False,
+            tiled_mm="auto",
+            mixed_batch=False,
+            rpc=None,
+            workers=0,
+            split=None,
+            package=None,
+        )
+        other = run_sweep(dataclasses.replace(cfg, levels=tuple(levels), isolation=False, engine=engine))
     except MeshbenchError as e:
         return f"could not run these weights ({e})"
     if other["batch_invariant"]:

@@ -13,6 +13,7 @@ import typer
 from meshbench import files
 from meshbench.cli.common import JsonOpt, out, print_json, table
 from meshbench.compare import diff as compare_mod
+from meshbench.compare import endpoint as endpoint_cmp
 from meshbench.compare import report as compare_report
 from meshbench.errors import MeshbenchError
 from meshbench.results import bundle
@@ -68,10 +69,13 @@ def compare(
     if markdown is not None:
         _check_markdown(markdown, force)
     report = compare_mod.compare(baseline, candidate, _tolerance(tolerance))
+    served = "sides" in report  # an endpoint on one side or both
     if markdown is not None:
-        _write_markdown(markdown, compare_report.render(report, perf))
+        _write_markdown(markdown, endpoint_cmp.render(report) if served else compare_report.render(report, perf))
     if as_json:
         print_json(report)
+    elif served:
+        out.print(endpoint_cmp.render(report), markup=False)
     else:
         _print(report, perf)
     raise typer.Exit(compare_mod.exit_code(report, perf))

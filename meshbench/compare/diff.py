@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshbench.analysis import figures, stats
+from meshbench.compare import endpoint
 from meshbench.errors import MeshbenchError
 from meshbench.verify import bundle as verify
 
@@ -58,6 +59,9 @@ def verified(path: Path, role: str) -> dict:
 
 def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     base, cand = verified(baseline, "baseline"), verified(candidate, "candidate")
+    if "endpoint" in (base.get("kind"), cand.get("kind")):  # a served model on one side or both
+        report = endpoint.compare(base, cand, baseline, candidate, tolerance)
+        return {**report, "summary": endpoint.summarize(report)}
     if base["workload"] != cand["workload"]:
         fields = sorted(
             k

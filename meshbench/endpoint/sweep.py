@@ -8,7 +8,6 @@ id or text, every chunk's arrival) and derives the figures and verdicts from tha
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 from datetime import datetime, timezone
@@ -173,7 +172,7 @@ def _document(
         "workload": {
             "sessions": wl.sessions,
             "prompts": wl.prompts,
-            "prompts_sha256": _sha(texts),
+            "prompts_sha256": files.sha256(Path(wl.prompts)),
             "prompt_tokens": [lengths[s] for s in wl.session_ids()],
             "new_tokens": list(wl.new_tokens),
             "eos": wl.eos,
@@ -184,7 +183,3 @@ def _document(
         "verdicts": figures.verdicts(levels, alone.to_dict(), compared),
         "conclusions": figures.CONCLUSIONS,
     }
-
-
-def _sha(texts: list[str]) -> str:
-    return hashlib.sha256("\n".join(texts).encode()).hexdigest()

@@ -54,8 +54,6 @@ class EngineSpec:
         gguf = self.kind == "gguf"
         if gguf and not self.model and not self.package:
             raise MeshbenchError("engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
-        if self.package and self.model:
-            raise MeshbenchError("give engine.model or engine.package, not both")
         if not gguf and (self.repack or self.tiled_mm != "auto" or self.package):
             raise MeshbenchError("engine.repack, engine.tiled_mm and engine.package need the gguf engine")
         if self.mixed_batch and not gguf:

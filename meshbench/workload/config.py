@@ -357,6 +357,8 @@ def from_mapping(data: dict, source: str) -> RunConfig:
         process.with_rate(r)
     rows = tuple(faults.parse_row(row, f"{source}: faults[{i}]") for i, row in enumerate(data["faults"]))
     try:
+        if data["engine"]["package"] and data["engine"]["model"]:  # (a run resolves a package to its file)
+            raise MeshbenchError("give engine.model or engine.package, not both")
         spec = EngineSpec(**data["engine"], ban_eog=workload.eos == "ban")
         return RunConfig(
             story=data["story"],
