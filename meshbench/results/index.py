@@ -19,6 +19,8 @@ HEADER = (
 
 def _row(folder: Path) -> str:
     d = json.loads((folder / RESULTS).read_text())
+    if d.get("kind") == "endpoint":
+        return _endpoint_row(folder, d)
     e = d["engine"]
     model = e.get("model_name") or e.get("preset") or Path(e.get("model") or "").name or "-"
     iso = d["isolation"]
@@ -31,6 +33,19 @@ def _row(folder: Path) -> str:
     )
 
 
+def _endpoint_row(folder: Path, d: dict) -> str:
+    """A served model: corruption is not provable over HTTP (n/a); batch invariance is the served outputs'."""
+    e = d["endpoint"]
+    server = e.get("launched", {}).get("server") or e["server"]
+    model = e.get("launched", {}).get("model") or ", ".join(map(str, e["models"]))
+    made = d["command"].split(" --out")[0]
+    return (
+        f"| [{folder.name}]({folder.name}/README.md) | {d['title']} | endpoint ({server}), {model} | "
+        f"{','.join(str(lv['concurrency']) for lv in d['levels'])} | n/a (over HTTP) | "
+        f"{d['verdicts']['batch_invariant']} | not provable over HTTP | `{made}` |"
+    )
+
+
 def render(root: Path) -> str:
     bundles = sorted(p for p in root.iterdir() if (p / RESULTS).is_file())
     return "\n".join(
@@ -38,7 +53,8 @@ def render(root: Path) -> str:
             "# Evidence bundles",
             "",
             "Each folder holds results.json, its README (rendered from it), commands.txt and a chart; "
-            "`meshbench verify evidence/*/ --rerun` checks them all (CI does).",
+            "`meshbench verify evidence/*/ --rerun` checks them all (CI does; an endpoint bundle, a served model "
+            "measured over HTTP, is verified without --rerun: a rerun needs its server).",
             "",
             HEADER,
             *[_row(b) for b in bundles],

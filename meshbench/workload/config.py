@@ -240,6 +240,9 @@ def _defaults() -> dict:
 
 
 DEFAULTS: dict = _defaults()
+# Keys added to the config after results schema 3: a config echo written before them lacks them, and means
+# their defaults (the endpoint's, which a node bundle never uses).
+ADDED_KEYS: dict[str, frozenset[str]] = {"engine": frozenset({"url", "api", "serve", "server_args"})}
 
 
 def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
