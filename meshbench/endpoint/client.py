@@ -67,6 +67,7 @@ class Completion:
     token_ns: list[int] = field(default_factory=list)  # one stamp per token, as its chunk arrived
     stop: str | None = None  # the server's reason: "limit" (all tokens), "eos", "word", ... (None: unsaid)
     predicted: int | None = None  # the tokens the server says it generated
+    evaluated: int | None = None  # the prompt tokens the server says it evaluated (native)
     error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
 
     def to_dict(self) -> dict:
@@ -78,6 +79,7 @@ class Completion:
             "token_ns": self.token_ns,
             "stop": self.stop,
             "predicted": self.predicted,
+            "evaluated": self.evaluated,
             "error": self.error,
         }
 
@@ -201,9 +203,11 @@ class Endpoint:
             if resp.status != 200:
                 c.error = f"HTTP {resp.status}: {_excerpt(resp.read())}"
                 return c
-            if not self._read_stream(resp, c, t0):
+            if not body.get("stream", True):
+                _native_chunk(c, json.loads(resp.read()), time.monotonic_ns() - t0, stamped=False)
+            elif not self._read_stream(resp, c, t0):
                 c.error = "the stream closed before its end"
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, http.client.HTTPException, ValueError) as e:
             c.error = f"{type(e).__name__}: {e}"
         finally:
             conn.close()
@@ -227,15 +231,17 @@ class Endpoint:
         return False
 
 
-def _native_chunk(c: Completion, chunk: dict, now: int) -> bool:
-    """A llama-server chunk: its tokens' ids and text; True at the last (``stop``)."""
+def _native_chunk(c: Completion, chunk: dict, now: int, stamped: bool = True) -> bool:
+    """A llama-server chunk (or a whole answer, not ``stamped``): its tokens' ids and text; True at the last."""
     for t in chunk.get("tokens", []):
         c.tokens.append(int(t))
-        c.token_ns.append(now)
+        if stamped:
+            c.token_ns.append(now)
     c.text += chunk.get("content", "")
     if chunk.get("stop"):
         c.stop = chunk.get("stop_type")
         c.predicted = chunk.get("tokens_predicted", (chunk.get("timings") or {}).get("predicted_n"))
+        c.evaluated = chunk.get("tokens_evaluated")
         return True
     return False
 

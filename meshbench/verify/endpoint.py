@@ -42,6 +42,7 @@ def check_data(c: Checks, data: dict) -> None:
         )
         _check_needle(c, lv, at, ids)
     _check_stamps(c, data)
+    _check_evaluated(c, data, lengths)
     every = [x for lv in data["levels"] for rep in lv["repetitions"] for x in rep["sessions"]]
     every += [t["completion"] for lv in data["levels"] for t in lv["needle"]] + [data["needle"]["alone"]]
     compared = figures.compared_by(data["endpoint"]["api"], every)
@@ -107,4 +108,21 @@ def _check_stamps(c: Checks, data: dict) -> None:
                     f"{where}: within the pass's wall time",
                     True,
                     not stamps or stamps[-1] <= rep["wall_s"] * 1e9 + 1e6,
+                )
+
+
+def _check_evaluated(c: Checks, data: dict, lengths: dict[str, int]) -> None:
+    """Where the server says how many prompt tokens it evaluated, it evaluated exactly the session's prompt (no
+    BOS added to ids, no prompt cache reused)."""
+    first = data["needle"]["prompt_of"]
+    for i, lv in enumerate(data["levels"]):
+        answers = [x for rep in lv["repetitions"] for x in rep["sessions"]] + [t["completion"] for t in lv["needle"]]
+        for x in answers:
+            if x["evaluated"] is not None:
+                sid = first if x["session_id"] == "needle" else x["session_id"]
+                c.equal(
+                    RESULTS,
+                    f"levels[{i}] {x['session_id']}: prompt tokens the server evaluated",
+                    lengths[sid],
+                    x["evaluated"],
                 )
