@@ -8,6 +8,7 @@ id or text, every chunk's arrival) and derives the figures and verdicts from tha
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from datetime import datetime, timezone
@@ -67,6 +68,9 @@ def _sweep(
     if launched is not None:
         info["launched"] = launched
     texts, ids = _prompts(cfg, endpoint)
+    # the prompts' lengths as the server tokenized them, in the config echo too (as a node run records its own)
+    wl = dataclasses.replace(cfg.workload, prompt_tokens=tuple(len(x) for x in ids), prompt_ids=tuple(map(tuple, ids)))
+    cfg = dataclasses.replace(cfg, workload=wl)
     jobs = _jobs(cfg, endpoint, texts, ids)
     rng = np.random.default_rng(cfg.workload.seed)
     for w in range(cfg.warmup):

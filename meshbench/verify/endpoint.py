@@ -14,6 +14,8 @@ def check_data(c: Checks, data: dict) -> None:
     ids = [f"s{i:0{len(str(wl['sessions'] - 1))}d}" for i in range(wl["sessions"])]
     c.equal(RESULTS, "config.engine.kind", "endpoint", cfg["engine"]["kind"])
     c.equal(RESULTS, "workload.sessions (= config.workload.sessions)", cfg["workload"]["sessions"], wl["sessions"])
+    for k in ("prompt_tokens", "new_tokens", "eos", "seed", "prompts"):
+        c.equal(RESULTS, f"workload.{k} (= config.workload.{k})", cfg["workload"][k], wl[k])
     c.equal(
         RESULTS,
         "workload: one prompt length and one new-token count per session",
