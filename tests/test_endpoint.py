@@ -332,3 +332,38 @@ def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, pr
     assert all(c["evaluated"] == data["workload"]["prompt_tokens"][int(c["session_id"][1:])] for c in every)
     assert all(len(c["tokens"]) == len(c["token_ns"]) > 0 for c in every)
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+
+def test_compare_an_endpoint_bundle_with_itself_and_with_meshbench_s_node(bundle, model, prompts, tmp_path):
+    r = runner.invoke(app, ["compare", str(bundle), str(bundle), "--perf", "ignore"])
+    assert r.exit_code == 0, r.output
+    assert "| 1 | same |" in r.output and "ttft_ms.p50" in r.output
+    node = tmp_path / "NODE"
+    args = [
+        "sweep",
+        "--engine",
+        "gguf",
+        "--model",
+        str(model),
+        "--prompts",
+        str(prompts),
+        "--sessions",
+        "4",
+        "--new-tokens",
+        "5",
+        "--levels",
+        "1,2",
+        "--repeat",
+        "2",
+        "--warmup",
+        "0",
+        "--out",
+        str(node),
+    ]
+    assert runner.invoke(app, args).exit_code == 0
+    r = runner.invoke(app, ["compare", str(node), str(bundle), "--perf", "ignore", "--json"])
+    report = json.loads(r.stdout)
+    assert report["compared_by"] is None  # token ids on the node's side, text on the OpenAI endpoint's
+    assert all(lv["outputs"]["verdict"].startswith("not compared") for lv in report["levels"])
+    assert all(set(lv["performance"]) == {"total_tokens_per_s", "itl_ms.p50", "itl_ms.p99"} for lv in report["levels"])
+    assert any("closed-loop" in n for n in report["notes"])

@@ -30,6 +30,17 @@ PERF = (
 )
 
 
+QUEUE_SHAPED = ("ttft_ms.p50", "e2e_ms.p50")
+NOTE_QUEUE = (
+    "TTFT and E2E are left out: a node sweep submits every session at once (time queued counts), the endpoint's "
+    "clients are closed-loop; tokens/s and ITL compare."
+)
+NOTE_VERSIONS = (
+    "The two sides run different llama.cpp builds (or engines): their figures and each side's own determinism "
+    "compare; token identity between them holds only where both compute alike."
+)
+
+
 def side(data: dict) -> dict:
     """What a bundle of either kind offers a comparison: its name, workload, and per level the outputs and the
     per-repetition samples of each figure."""
@@ -50,8 +61,10 @@ def side(data: dict) -> dict:
             for lv in data["levels"]
         }
         name = data["endpoint"].get("launched", {}).get("server") or data["endpoint"]["server"]
+        version = data["endpoint"].get("launched", {}).get("version") or data["endpoint"].get("build_info")
         return {
             "name": name,
+            "version": version,
             "by": compared,
             "sha256": wl["prompts_sha256"],
             "prompt_tokens": wl["prompt_tokens"],
@@ -73,6 +86,7 @@ def side(data: dict) -> dict:
     sha = ((data.get("inputs") or {}).get("workload.prompts") or {}).get("sha256")
     return {
         "name": f"meshbench node ({data['engine']['kind']})",
+        "version": f"llama-cpp-python {data['environment'].get('llama_cpp')}",
         "by": "tokens",
         "sha256": sha,
         "prompt_tokens": data["workload"]["prompt_tokens"],
@@ -92,21 +106,30 @@ def compare(base_data: dict, cand_data: dict, baseline: Path, candidate: Path, t
     if not common:
         raise MeshbenchError(f"{baseline} and {candidate} share no concurrency level")
     by = b["by"] if b["by"] == c["by"] else None
+    # A node sweep submits every session at once (its TTFT and E2E include time queued); an endpoint's clients
+    # are closed-loop (a session is sent when a client is free): those two figures compare only like with like.
+    mixed = (base_data.get("kind") == "endpoint") != (cand_data.get("kind") == "endpoint")
+    figs = [f for f, _, _ in PERF if not (mixed and f in QUEUE_SHAPED)]
     levels = [
         {
             "concurrency": k,
             "outputs": _outputs(b["levels"][k], c["levels"][k], by),
-            "performance": _performance(b["levels"][k], c["levels"][k], tolerance),
+            "performance": _performance(b["levels"][k], c["levels"][k], tolerance, figs),
         }
         for k in common
     ]
+    notes = [NOTE_QUEUE] if mixed else []
+    if b["version"] != c["version"]:
+        notes.append(NOTE_VERSIONS)
     return {
         "baseline": str(baseline),
         "candidate": str(candidate),
         "sides": [b["name"], c["name"]],
+        "versions": [b["version"], c["version"]],
         "compared_by": by,
         "tolerance": tolerance,
         "levels": levels,
+        "notes": notes,
     }
 
 
@@ -118,11 +141,11 @@ def _outputs(b: dict, c: dict, by: str | None) -> dict:
     return {"verdict": "changed" if changed else "same", "sessions_compared": len(both), "sessions_changed": changed}
 
 
-def _performance(b: dict, c: dict, tolerance: float) -> dict:
+def _performance(b: dict, c: dict, tolerance: float, figs: list[str]) -> dict:
     out = {}
     for f, _, higher in PERF:
         xs, ys = b["samples"][f], c["samples"][f]
-        if xs and ys:
+        if f in figs and xs and ys:
             v = stats.judge(xs, ys, higher, tolerance).to_dict()
             out[f] = {
                 **v,
@@ -152,7 +175,10 @@ def render(report: dict) -> str:
         f"# {a} ({report['baseline']}) vs {b} ({report['candidate']})",
         "",
         f"Outputs compared by {report['compared_by'] or 'nothing (ids on one side, text on the other)'}; "
-        f"a change must exceed {report['tolerance']:.0%} and the spread of the repetitions.",
+        f"a change must exceed {report['tolerance']:.0%} and the spread of the repetitions. Versions: "
+        f"{report['versions'][0]} vs {report['versions'][1]}.",
+        "",
+        *(f"- {n}" for n in report["notes"]),
         "",
         "| C | outputs | figure | baseline median (min..max) | candidate median (min..max) | candidate / baseline "
         "| verdict |",
