@@ -251,19 +251,21 @@ def greedy_step(session_id: str, logits: np.ndarray, banned: np.ndarray | None =
     (eos: ban) are masked first, so the margin is over the tokens that could be chosen.
 
     Non-finite logits (NaN or Inf weights, an overflow) would make argmax return 0 for
-    every step and look like a valid stream: they are an engine fault instead.
+    every step and look like a valid stream: they are an engine fault instead. Three passes over the row and
+    no copy (the row may be a view of the engine's own buffer): the argmax (NaN and +Inf win it), the minimum
+    (-Inf and NaN reach it), and the largest of the rest for the margin.
     """
-    if not np.isfinite(logits).all():
+    tok = int(np.argmax(logits))
+    if not (np.isfinite(logits[tok]) and np.isfinite(logits.min())):
         bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
         raise EngineFault(f"non-finite logits: {bad} of {np.size(logits)} values are NaN or Inf")
     if banned is not None:
         logits = logits.copy()
         logits[banned] = -np.inf
-    tok = int(np.argmax(logits))
+        tok = int(np.argmax(logits))
     if logits.shape[-1] > 1:
-        rest = logits.copy()  # (vocab,): ten times cheaper than np.partition at vocab 8192
-        rest[tok] = -np.inf
-        margin = float(logits[tok] - rest.max())
+        second = max(logits[:tok].max(initial=-np.inf), logits[tok + 1 :].max(initial=-np.inf))
+        margin = float(logits[tok] - second)
     else:
         margin = float("inf")
     return StepResult(session_id, tok, margin)

@@ -204,8 +204,9 @@ class GgufEngine:
         ptr = self.lib.llama_get_logits_ith(self.ctx, i)
         if not ptr:
             raise RuntimeError(f"llama_get_logits_ith({i}) returned NULL")
-        row = np.ctypeslib.as_array(ptr, shape=(self.model.vocab_size,)).copy()  # (vocab,)
-        if self.tap is not None:
+        row = np.ctypeslib.as_array(ptr, shape=(self.model.vocab_size,))  # (vocab,): a view of llama.cpp's buffer,
+        if self.tap is not None:  # read before the next llama_decode overwrites it
+            row = row.copy()
             self.tap(session_id, row)
         return row
 
