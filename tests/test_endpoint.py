@@ -327,10 +327,12 @@ def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, pr
     data = json.loads((out / "results.json").read_text())
     e = data["endpoint"]
     assert e["server"] == "llama-server" and e["api"] == "native" and e["launched"]["args"][:2] == ["-np", "2"]
-    assert data["verdicts"]["compared"] == "tokens"
     every = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"]]
     assert all(c["evaluated"] == data["workload"]["prompt_tokens"][int(c["session_id"][1:])] for c in every)
     assert all(len(c["tokens"]) == len(c["token_ns"]) > 0 for c in every)
+    # ids where every answer's ids are whole; a streamed answer may hold back an incomplete UTF-8 token's id
+    whole = all(c["predicted"] == len(c["tokens"]) for c in every)
+    assert data["verdicts"]["compared"] == ("tokens" if whole else "text")
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
 
 
