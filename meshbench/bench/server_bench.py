@@ -95,7 +95,7 @@ def _one_server(cfg: RunConfig, server: Path, requests, c: int, setting: str, st
     longest = max(r.total_tokens for r in requests)
     with llama_server.serving(server, cfg.engine.model, _args(cfg, setting, c, longest)) as url:
         endpoint = Endpoint(parse_target(url), "native")
-        jobs = [Job(r.session_id, _body(r, stream)) for r in requests]
+        jobs = [Job(r.session_id, _body(endpoint, r, stream)) for r in requests]
         done, wall_s = closed_loop(endpoint, jobs, c)
     bad = [x for x in done if x.error]
     if bad:
@@ -110,18 +110,10 @@ def _one_server(cfg: RunConfig, server: Path, requests, c: int, setting: str, st
     return _figures({x.session_id: x.tokens for x in done}, timing, wall_s, requests)
 
 
-def _body(r, stream: bool) -> dict:
-    """Greedy, no prompt cache, every token generated (end-of-generation ignored, as meshbench bans it)."""
-    return {
-        "prompt": list(r.prompt_tokens),
-        "n_predict": r.max_new_tokens,
-        "temperature": 0.0,
-        "top_k": 1,
-        "cache_prompt": False,
-        "ignore_eos": True,
-        "return_tokens": True,
-        "stream": stream,
-    }
+def _body(endpoint: Endpoint, r, stream: bool) -> dict:
+    """The endpoint client's native body: greedy, no prompt cache, every token generated (end-of-generation
+    ignored, as meshbench bans it); streamed, or whole for the token comparison."""
+    return {**endpoint.body(list(r.prompt_tokens), "", r.max_new_tokens, True, 0), "stream": stream}
 
 
 def _args(cfg: RunConfig, setting: str, c: int, longest: int) -> list[str]:
