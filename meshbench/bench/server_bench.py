@@ -49,6 +49,7 @@ def run(
     )
     sides = ["meshbench", *(f"llama-server {s}" for s in settings)]
     setup = prepare(cfg)  # checks every level against the workload and the model first
+    sliding = any(w is not None for w in setup.info["kv_geometry"]["window"])
     try:
         requests = cfg.workload.requests(setup.vocab_size)
         _one_meshbench(cfg, setup, requests, levels[0])  # warm-up: the first pass of a process is slower
@@ -58,7 +59,7 @@ def run(
         served = {}
         for c in levels:
             progress(f"llama-server tokens, concurrency {c}")
-            served[c] = _one_server(cfg, server, requests, c, settings[0], stream=False)["tokens"]
+            served[c] = _one_server(cfg, server, requests, c, settings[0], sliding, stream=False)["tokens"]
         for r, order in enumerate(level_orders(len(levels), repeat)):
             for i in order:
                 c = levels[i]
@@ -67,7 +68,7 @@ def run(
                     if side == "meshbench":
                         runs[c][side].append(_one_meshbench(cfg, setup, requests, c))
                     else:
-                        runs[c][side].append(_one_server(cfg, server, requests, c, side.split()[1]))
+                        runs[c][side].append(_one_server(cfg, server, requests, c, side.split()[1], sliding))
     finally:
         setup.close()
     return {
@@ -75,7 +76,7 @@ def run(
         "server": str(server),
         "server_version": llama_server.version(server),
         "repeat": repeat,
-        "settings": {s: _args(cfg, s, 1, 0) for s in settings},
+        "settings": {s: _args(cfg, s, 1, 0, sliding) for s in settings},
         "levels": [_level(c, runs[c], served[c]) for c in levels],
     }
 
@@ -90,10 +91,12 @@ def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict
     return _figures({s["session_id"]: s["tokens"] for s in p.sessions}, p.timing, p.wall_s, requests)
 
 
-def _one_server(cfg: RunConfig, server: Path, requests, c: int, setting: str, stream: bool = True) -> dict:
+def _one_server(
+    cfg: RunConfig, server: Path, requests, c: int, setting: str, sliding: bool, stream: bool = True
+) -> dict:
     """The server at ``-np C`` on a free loopback port, C closed-loop clients of meshbench's endpoint client."""
     longest = max(r.total_tokens for r in requests)
-    with llama_server.serving(server, cfg.engine.model, _args(cfg, setting, c, longest)) as url:
+    with llama_server.serving(server, cfg.engine.model, _args(cfg, setting, c, longest, sliding)) as url:
         endpoint = Endpoint(parse_target(url), "native")
         jobs = [Job(r.session_id, _body(endpoint, r, stream)) for r in requests]
         done, wall_s = closed_loop(endpoint, jobs, c)
@@ -116,13 +119,17 @@ def _body(endpoint: Endpoint, r, stream: bool) -> dict:
     return {**endpoint.body(list(r.prompt_tokens), "", r.max_new_tokens, True, 0), "stream": stream}
 
 
-def _args(cfg: RunConfig, setting: str, c: int, longest: int) -> list[str]:
+def _args(cfg: RunConfig, setting: str, c: int, longest: int, sliding: bool) -> list[str]:
     """``defaults``: the server as a user runs it for C clients: C slots (-np C) and nothing else but what
-    identity needs (flash attention as meshbench's recipe has it, its thread count if the config sets one)
-    and what this machine needs (--no-repack where meshbench's engine does not repack: repacking dies with
-    SIGILL here). ``matched``: held to meshbench's recipe as well."""
+    identity needs and what this machine needs. Identity: flash attention as meshbench's recipe has it, its
+    thread count if the config sets one, and for a model with sliding-window layers ``--swa-full``: meshbench's
+    engine keeps llama.cpp's context default, a full-size cache for those layers, while the server defaults to
+    a window-sized one, and that alone changed near-tie tokens on Gemma 3 at one client (measured: 3 of 16
+    sessions, on both llama.cpp builds here). This machine: --no-repack where meshbench's engine does not repack
+    (repacking dies with SIGILL here). ``matched``: held to meshbench's recipe as well."""
+    identity = ["--swa-full"] if sliding else []
     if setting == "matched":
-        return _matched_args(cfg, c, longest)
+        return [*_matched_args(cfg, c, longest), *identity]
     threads = ["-t", str(cfg.engine.threads), "-tb", str(cfg.engine.threads)] if cfg.engine.threads else []
     return [
         "-np",
@@ -130,6 +137,7 @@ def _args(cfg: RunConfig, setting: str, c: int, longest: int) -> list[str]:
         "-fa",
         "on" if cfg.engine.flash_attn else "off",
         *threads,
+        *identity,
         *([] if cfg.engine.repack else ["--no-repack"]),
     ]
 
