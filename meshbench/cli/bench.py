@@ -289,8 +289,8 @@ def bench_server(
         typer.Option(
             "--settings",
             help="The server's settings: defaults (as a user runs it: -np C, flash attention as meshbench's "
-            "recipe, --no-repack where meshbench does not repack), matched (held to meshbench's batch sizes and KV "
-            "layout too), or both.",
+            "recipe, --swa-full for sliding-window layers, --no-repack where meshbench does not repack), "
+            "matched (held to meshbench's batch sizes and KV layout too), or both.",
         ),
     ] = "defaults,matched",
     prefill: PrefillOpt = None,
