@@ -11,19 +11,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from meshbench import __version__, files
+from meshbench import files
 from meshbench.analysis import endpoint as figures
 from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Completion, Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
+from meshbench.results import document
 from meshbench.sweep.levels import level_orders
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig, validate_levels
@@ -164,13 +164,7 @@ def _document(
     compared = figures.compared_by(info["api"], every)
     return {
         "kind": "endpoint",
-        "schema_version": SCHEMA_VERSION,
-        "meshbench_version": __version__,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": command,
-        "story": cfg.story,
-        "title": cfg.title,
-        "config": cfg.to_dict(),
+        **document.header(cfg, command, SCHEMA_VERSION),
         "endpoint": info,
         "environment": environment,
         "workload": {

@@ -16,16 +16,23 @@ SCHEMA_VERSION = 3
 SCHEMA = "results.schema.json"
 
 
-def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environment: dict, command: str) -> dict:
-    """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts."""
+def header(cfg: RunConfig, command: str, schema_version: int) -> dict:
+    """What every results.json opens with, a node's or an endpoint's: versions, time, command, the config echo."""
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema_version,
         "meshbench_version": __version__,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "story": cfg.story,
         "title": cfg.title,
         "config": cfg.to_dict(),
+    }
+
+
+def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environment: dict, command: str) -> dict:
+    """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts."""
+    return {
+        **header(cfg, command, SCHEMA_VERSION),
         "engine": engine_info,
         "workload": cfg.workload.to_dict(),  # copies of the config echo's, checked equal by verify
         "budget": cfg.budget.to_dict(),
