@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from meshbench.cli import app
 from meshbench.results import fields
 from meshbench.verify import bundle as verify
+from meshbench.verify import reproduce
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "schemas" / "results.schema.json").read_text())
 
@@ -89,7 +90,7 @@ def test_a_forged_recomputed_or_rerun_field_is_caught(bundle):
     """Each scalar of a real bundle is forged in turn: a recomputed one fails plain verify (or the schema), a
     rerun-compared one changes what --rerun compares."""
     data = json.loads((bundle / "results.json").read_text())
-    base_view = verify.deterministic_view(data)
+    base_view = reproduce.deterministic_view(data)
     missed = []
     checked = 0
     for path, _, _ in list(_leaves(data)):
@@ -101,7 +102,7 @@ def test_a_forged_recomputed_or_rerun_field_is_caught(bundle):
         if not _mutate(*target):
             continue
         checked += 1
-        if kind == fields.RERUN and verify.deterministic_view(forged) != base_view:
+        if kind == fields.RERUN and reproduce.deterministic_view(forged) != base_view:
             continue
         try:
             caught = bool(verify.check_data(forged).failures)

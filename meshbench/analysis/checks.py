@@ -22,6 +22,7 @@ class Checks:
     def __init__(self) -> None:
         self.failures: list[Failure] = []
         self.count = 0
+        self.notes: list[str] = []  # outcomes that are not failures: how a rerun reproduced, what it could not compare
 
     def equal(self, file: str, field: str, expected, found, check: str | None = None) -> None:
         """Exact equality; floats within 1e-12 (the same arithmetic in another order)."""

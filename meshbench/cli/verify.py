@@ -60,6 +60,8 @@ def verify(
             + (" (rerun included)" if rerun else ""),
             markup=False,
         )
+        for note in checks.notes:
+            out.print(f"{path}: {note}", markup=False)
         if checks.failures:
             worst = max(worst, 1)
     raise typer.Exit(worst)

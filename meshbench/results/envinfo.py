@@ -10,15 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from meshbench.results import fingerprint
+from meshbench.results.fingerprint import cpu_model
 
 
 def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
@@ -64,4 +57,5 @@ def environment() -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "argv0": Path(sys.argv[0]).name if sys.argv else None,
+        "compute": fingerprint.fingerprint(),
     }

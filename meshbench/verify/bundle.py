@@ -8,15 +8,14 @@ schema violation) raise MeshbenchError instead: there is nothing to check.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 from meshbench import files, validation
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
-from meshbench.results import bundle, fault_report, report
+from meshbench.results import bundle, fault_report, fingerprint, report
 from meshbench.results import document as results
-from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
-from meshbench.verify import checks, endpoint
+from meshbench.verify import checks, endpoint, reproduce
+from meshbench.verify.reproduce import Rerun
 from meshbench.workload import config
 
 
@@ -53,9 +52,6 @@ def config_echo_errors(echo: dict) -> list[str]:
     return errors
 
 
-Rerun = Callable[[dict], dict]  # a bundle's results -> the same configuration's results, run again
-
-
 def check_bundle(path: Path, rerun: Rerun | None = None) -> Checks:
     return checked_bundle(path, rerun)[1]
 
@@ -69,7 +65,7 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
     if rerun is not None:
         if data.get("kind") == "endpoint":
             raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
-        check_rerun(c, data, rerun)
+        c.notes.append(str(reproduce.check_rerun(c, data, rerun)))
     return data, c
 
 
@@ -77,6 +73,9 @@ def check_data(data: dict) -> Checks:
     """Every check that needs only the results (what ``sweep`` runs on its own output)."""
     c = Checks()
     (endpoint.check_data if data.get("kind") == "endpoint" else checks.check_data)(c, data)
+    compute = data["environment"].get("compute")
+    if compute is not None:  # a rerun trusts it to say whether floats must agree bit for bit
+        c.equal(bundle.RESULTS, "environment.compute.digest", fingerprint.digest(compute), compute["digest"])
     return c
 
 
@@ -128,43 +127,3 @@ def _check_table(c: Checks, name: str, rows: list[list[str]] | None, expected: l
     for i, (e_row, f_row) in enumerate(zip(expected, rows)):
         for field, e, f in zip(fields, e_row, f_row + [""] * (len(e_row) - len(f_row))):
             c.equal(bundle.README, f"{at}[{i}].{field}", e, f)
-
-
-def deterministic_view(data: dict) -> dict:
-    """Every field a rerun must reproduce exactly; wall-clock and environment excluded.
-
-    On the wall clock admission depends on speed: only the engine, the verdict and the sessions run
-    alone (the reference every completed session was checked against) must be reproduced."""
-    # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
-    # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared.
-    out = {
-        "engine": {k: v for k, v in data["engine"].items() if k not in ("rpc", "model")},
-        "corruption_free": data["corruption_free"],
-        "saturation_concurrency": data["saturation_concurrency"],
-        "isolation": data["isolation"],
-        "inputs": data.get("inputs"),
-    }
-    if data["reference"] is not None:
-        for j, s in enumerate(data["reference"]["sessions"]):
-            out[f"reference.sessions[{j}].digest"] = s["digest"]
-    if data["config"]["clock"] == "wall":
-        return out
-    # (on the wall clock which sessions share a batch depends on speed: so may the tokens of a batch-variant engine)
-    out["batch_invariant"], out["first_divergence"] = data["batch_invariant"], data["first_divergence"]
-    for i, lv in enumerate(data["levels"]):
-        at = f"levels[{i}]"
-        for k in DETERMINISTIC_LEVEL_FIELDS:
-            out[f"{at}.{k}"] = lv[k]
-        for j, s in enumerate(lv["sessions"]):
-            out[f"{at}.sessions[{j}]"] = s  # ids, epochs, ends, tokens, margins: all of it
-        for t in lv["tick_records"]:  # deterministic fields only
-            for k, v in t.items():
-                out[f"{at}.tick_records[{t['tick']}].{k}"] = v
-    return out
-
-
-def check_rerun(c: Checks, data: dict, rerun: Rerun) -> None:
-    fresh = rerun(data)
-    old, new = deterministic_view(data), deterministic_view(fresh)
-    for k in sorted(set(old) | set(new)):
-        c.equal(f"{bundle.RESULTS} (rerun)", k, new.get(k, "(absent)"), old.get(k, "(absent)"))

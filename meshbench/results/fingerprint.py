@@ -1,0 +1,108 @@
+"""The compute fingerprint: what selects the kernels a result's floating-point figures came from.
+
+Two machines with the same fingerprint run the same kernels on the same data, so every float they
+record must agree bit for bit; on different fingerprints, summation order and fused multiply-adds
+may differ, and floats agree only within a tolerance (``meshbench.verify.reproduce``). The CPU's
+model, the SIMD flags that select kernels, numpy's BLAS with the kernel it runs (threadpoolctl),
+``OPENBLAS_CORETYPE``, and llama.cpp's build with the backend features it reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# The x86 and Arm flags that ggml and OpenBLAS dispatch on (others do not change arithmetic).
+KERNEL_FLAGS = frozenset(
+    {
+        "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni",
+        "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16",
+        "avx512vbmi", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
+        "asimd", "asimddp", "sve", "sve2", "i8mm", "bf16", "fphp", "asimdhp",
+    }
+)  # fmt: skip
+
+
+def simd_flags(cpuinfo: str | None = None) -> list[str]:
+    """The kernel-selecting flags of the first CPU in /proc/cpuinfo, sorted (empty where it is unreadable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return sorted(KERNEL_FLAGS.intersection(value.split()))
+    return []
+
+
+def blas() -> dict | None:
+    """numpy's BLAS as threadpoolctl sees it loaded: library, version, the kernel it runs, threads."""
+    try:
+        import numpy  # noqa: F401, PLC0415 - loads the BLAS threadpoolctl inspects
+        from threadpoolctl import threadpool_info  # noqa: PLC0415
+    except ImportError:
+        return None
+    for lib in threadpool_info():
+        if lib.get("user_api") == "blas":
+            return {
+                "library": str(lib.get("internal_api")),
+                "version": None if lib.get("version") is None else str(lib["version"]),
+                "kernel": None if lib.get("architecture") is None else str(lib["architecture"]),
+                "threads": int(lib.get("num_threads") or 0),
+            }
+    return None
+
+
+def llama_cpp_build() -> dict | None:
+    """llama.cpp's version and the backend features it reports (``llama_print_system_info``), if installed."""
+    try:
+        import llama_cpp  # noqa: PLC0415 - optional dependency
+
+        info = llama_cpp.llama_print_system_info()
+        return {
+            "version": str(llama_cpp.__version__),
+            "system_info": (info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)).strip(),
+        }
+    except Exception:  # not installed, or its native library failed to load
+        return None
+
+
+def fingerprint() -> dict:
+    fp = {
+        "cpu": cpu_model(),
+        "simd": simd_flags(),
+        "blas": blas(),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "llama_cpp": llama_cpp_build(),
+    }
+    return {**fp, "digest": digest(fp)}
+
+
+def digest(fp: dict) -> str:
+    """sha256 over every field but the digest itself: equal digests, same kernels."""
+    body = {k: v for k, v in fp.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def describe(fp: dict | None) -> str:
+    """One phrase a reader can place: the CPU, and the BLAS kernel where there is one."""
+    if not fp:
+        return "an unrecorded machine"
+    kernel = (fp.get("blas") or {}).get("kernel")
+    return str(fp.get("cpu")) + (f" (BLAS kernel {kernel})" if kernel else "")

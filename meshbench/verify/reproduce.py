@@ -1,0 +1,244 @@
+"""verify --rerun: a fresh run of a bundle's recorded configuration held to its records, in two classes.
+
+**Machine-independent** records (tokens, the schedule, admission decisions and reasons, KV bytes,
+ticks, the decode feed, the verdicts) must be identical on any machine. **Floating-point** records
+(each token's logit margin, the isolation passes' margin digests, a divergence's logit deviation)
+come from kernels the compute fingerprint selects: on the recording fingerprint they must agree bit
+for bit; on another one the numbers must agree within ``tolerance`` (the largest deviation is
+reported), and digests of floats, which no tolerance can compare, are left to the rerun's own
+isolation verdict, which compares its passes bit for bit on this machine.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from meshbench.analysis.checks import Checks, Failure
+from meshbench.results import fingerprint
+from meshbench.results.bundle import RESULTS
+from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
+
+Rerun = Callable[[dict], dict]  # a bundle's results -> the same configuration's results, run again
+
+FILE = f"{RESULTS} (rerun)"
+# Float records: a margins list, a digest of margins, a logit deviation or a margin inside a divergence.
+_NUMBERS = re.compile(r"\.(margins|logit_deviation|reference_margin)$")
+_DIGESTS = re.compile(r"\.margins_digest$")
+
+
+def tolerance(engine: dict) -> float:
+    """The relative tolerance on another fingerprint: float64 arithmetic (the synthetic engine's dgr-012
+    preset) rounds at 2.2e-16 per operation, float32 and quantized llama.cpp kernels at 1.2e-7 over dot
+    products thousands long; both bounds leave three orders of magnitude above what reorderings give."""
+    return 1e-9 if engine.get("kind") == "synthetic" and engine.get("dtype") == "float64" else 1e-3
+
+
+def deterministic_view(data: dict) -> dict:
+    """Every field a rerun must reproduce, flattened to one key each; wall-clock and environment excluded.
+
+    On the wall clock admission depends on speed: only the engine, the verdict and the sessions run
+    alone (the reference every completed session was checked against) must be reproduced."""
+    # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
+    # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared.
+    out = {
+        "engine": {k: v for k, v in data["engine"].items() if k not in ("rpc", "model")},
+        "corruption_free": data["corruption_free"],
+        "saturation_concurrency": data["saturation_concurrency"],
+        "isolation": data["isolation"],
+        "inputs": data.get("inputs"),
+    }
+    if data["reference"] is not None:
+        for j, s in enumerate(data["reference"]["sessions"]):
+            out[f"reference.sessions[{j}].digest"] = s["digest"]
+    if data["config"]["clock"] == "wall":
+        return out
+    # (on the wall clock which sessions share a batch depends on speed: so may the tokens of a batch-variant engine)
+    out["batch_invariant"] = data["batch_invariant"]
+    out.update(_split("first_divergence", data["first_divergence"], ("logit_deviation", "reference_margin")))
+    for i, lv in enumerate(data["levels"]):
+        at = f"levels[{i}]"
+        for k in DETERMINISTIC_LEVEL_FIELDS:
+            if k != "isolation":
+                out[f"{at}.{k}"] = lv[k]
+        out.update(_isolation(f"{at}.isolation", lv["isolation"]))
+        for j, s in enumerate(lv["sessions"]):
+            out.update(_split(f"{at}.sessions[{j}]", s, ("margins",)))  # ids, epochs, ends, tokens; margins apart
+        for t in lv["tick_records"]:  # deterministic fields only
+            for k, v in t.items():
+                out[f"{at}.tick_records[{t['tick']}].{k}"] = v
+    return out
+
+
+def _split(at: str, record: dict | None, floats: tuple[str, ...]) -> dict:
+    if record is None:
+        return {at: None}
+    out = {at: {k: v for k, v in record.items() if k not in floats}}
+    out.update({f"{at}.{k}": record[k] for k in floats if k in record})
+    return out
+
+
+def _isolation(at: str, iso: dict) -> dict:
+    passes = iso.get("passes") or []
+    out = {
+        at: {
+            **iso,
+            "passes": None
+            if iso.get("passes") is None
+            else [
+                {**p, "sessions": [{k: v for k, v in s.items() if k != "margins_digest"} for s in p["sessions"]]}
+                for p in passes
+            ],
+        }
+    }
+    for k, p in enumerate(passes):
+        for j, s in enumerate(p["sessions"]):
+            out[f"{at}.passes[{k}].sessions[{j}].margins_digest"] = s["margins_digest"]
+    return out
+
+
+@dataclass
+class Outcome:
+    """How the floats compared: on which fingerprints, the largest deviation, the digests left to the rerun."""
+
+    same_fingerprint: bool
+    recorded_on: str
+    rerun_on: str
+    tolerance: float
+    deviation: float = 0.0
+    unequal_bits: int = 0
+    digests_skipped: int = 0
+
+    def __str__(self) -> str:
+        where = f"recorded on {self.recorded_on}, rerun on {self.rerun_on}"
+        if self.unequal_bits == 0 and self.digests_skipped == 0:
+            return f"reproduced here bit for bit ({where})"
+        text = (
+            f"reproduced here, floats within {self.deviation:.2g} of the recorded ones "
+            f"(relative tolerance {self.tolerance:g}, another compute fingerprint; {where})"
+        )
+        if self.digests_skipped:
+            text += (
+                f"; {self.digests_skipped} margin digests of isolation passes cannot be compared across kernels: "
+                "the rerun's own isolation verdict compared its passes bit for bit"
+            )
+        return text
+
+
+def check_rerun(c: Checks, data: dict, rerun: Rerun) -> Outcome:
+    fresh = rerun(data)
+    recorded = data["environment"].get("compute")
+    here = fresh["environment"].get("compute")
+    outcome = Outcome(
+        same_fingerprint=bool(recorded and here and recorded.get("digest") == here.get("digest")),
+        recorded_on=fingerprint.describe(recorded)
+        if recorded
+        else f"{data['environment'].get('cpu')} (no fingerprint recorded)",
+        rerun_on=fingerprint.describe(here),
+        tolerance=tolerance(data["engine"]),
+    )
+    old, new = deterministic_view(data), deterministic_view(fresh)
+    for k in sorted(set(old) | set(new)):
+        was, now = old.get(k, "(absent)"), new.get(k, "(absent)")
+        if _DIGESTS.search(k):
+            _digest(c, outcome, k, was, now)
+        elif _NUMBERS.search(k):
+            _numbers(c, outcome, k, was, now)
+        elif isinstance(was, dict) and isinstance(now, dict) and "tokens" in was and was != now:
+            _session(c, outcome, data, k, was, now)
+        else:
+            c.equal(FILE, k, now, was)
+    return outcome
+
+
+def _digest(c: Checks, o: Outcome, k: str, was, now) -> None:
+    if was == now or o.same_fingerprint:
+        c.equal(FILE, k, now, was)
+    else:
+        o.digests_skipped += 1
+
+
+def _numbers(c: Checks, o: Outcome, k: str, was, now) -> None:
+    c.count += 1
+    if _bits(was) == _bits(now):
+        return
+    o.unequal_bits += 1
+    worst = _deviation(was, now, o.tolerance)
+    if o.same_fingerprint:
+        c.failures.append(Failure(FILE, f"{k} (bit for bit on the recording fingerprint)", was, now))
+    elif worst is None:
+        c.failures.append(Failure(FILE, k, was, now))
+    elif worst[1]:
+        c.failures.append(
+            Failure(
+                FILE,
+                k,
+                f"within relative {o.tolerance:g} of the record",
+                f"off by {worst[0]:.3g} (recorded on {o.recorded_on}, rerun on {o.rerun_on})",
+            )
+        )
+    else:
+        o.deviation = max(o.deviation, worst[0])
+
+
+def _bits(v):
+    """Exact comparison, floats by their representation (so 0.1 and 0.1+1ulp differ, and NaN equals NaN)."""
+    if isinstance(v, float):
+        return ("f", v.hex())
+    if isinstance(v, dict):
+        return {k: _bits(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_bits(x) for x in v]
+    return v
+
+
+def _deviation(was, now, tol: float) -> tuple[float, bool] | None:
+    """(largest absolute deviation, whether any number is outside tol relative to max(1, |recorded|)), or None
+    where the two are not the same shape of numbers."""
+    if isinstance(was, bool) or isinstance(now, bool):
+        return (0.0, False) if was == now else None
+    if isinstance(was, (int, float)) and isinstance(now, (int, float)):
+        if not (math.isfinite(was) and math.isfinite(now)):
+            return (0.0, False) if _bits(float(was)) == _bits(float(now)) else None
+        d = abs(float(now) - float(was))
+        return d, d > tol * max(1.0, abs(float(was)))
+    if isinstance(was, list) and isinstance(now, list) and len(was) == len(now):
+        parts = [_deviation(a, b, tol) for a, b in zip(was, now)]
+    elif isinstance(was, dict) and isinstance(now, dict) and was.keys() == now.keys():
+        parts = [_deviation(was[k], now[k], tol) for k in was]
+    else:
+        return (0.0, False) if was == now else None
+    if any(p is None for p in parts):
+        return None
+    return max((p[0] for p in parts), default=0.0), any(p[1] for p in parts)  # type: ignore[index]
+
+
+def _session(c: Checks, o: Outcome, data: dict, k: str, was: dict, now: dict) -> None:
+    """A session's exact record differs: name the first token that differs and the margin it had."""
+    c.count += 1
+    a, b = was.get("tokens") or [], now.get("tokens") or []
+    t = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if a == b:
+        c.failures.append(Failure(FILE, k, was, now))
+        return
+    margins = _margins_of(data, k)
+    m = margins[t] if t < len(margins) else None
+    where = "on this hardware" if not o.same_fingerprint else "on the recording fingerprint"
+    c.failures.append(
+        Failure(
+            FILE,
+            f"{k} ({was.get('session_id')})",
+            f"token {t} = {a[t] if t < len(a) else '(end)'}, recorded margin {m}",
+            f"{b[t] if t < len(b) else '(end)'}: does not reproduce {where} "
+            f"(recorded on {o.recorded_on}, rerun on {o.rerun_on})",
+        )
+    )
+
+
+def _margins_of(data: dict, k: str) -> list:
+    m = re.fullmatch(r"levels\[(\d+)\]\.sessions\[(\d+)\]", k)
+    if not m:
+        return []
+    return data["levels"][int(m.group(1))]["sessions"][int(m.group(2))].get("margins") or []
