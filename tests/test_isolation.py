@@ -16,10 +16,11 @@ from meshbench.verify import bundle as verify
 from meshbench.workload.config import Workload
 
 
-def _sweep(levels=(1, 2, 4, 8), factory=None, workload=None):
+def _sweep(levels=(1, 2, 4, 8), factory=None, workload=None, rounds=4):
     workload = workload or Workload.uniform(8, 4, 8)
     factory = factory or (lambda b: f.engine(b.kv_bytes))
-    return run_concurrency_sweep(SweepPlan(list(levels), workload, f.budget(kv_bytes=1 << 24)), factory)
+    plan = SweepPlan(list(levels), workload, f.budget(kv_bytes=1 << 24), isolation_rounds=rounds)
+    return run_concurrency_sweep(plan, factory)
 
 
 @pytest.mark.parametrize(
@@ -42,10 +43,23 @@ def test_the_perturbed_sets_separate_every_ordered_pair(n):
 
 def test_perturbed_prompts_keep_their_length_and_change_every_token():
     prompt = (5, 7, 7, 0, 255)
-    other = isolation.perturb(prompt, 256, seed=0, index=3)
+    other = isolation.perturb(prompt, 256, seed=0, index=3, pass_no=0)
     assert len(other) == len(prompt)
     assert all(a != b for a, b in zip(prompt, other))
-    assert isolation.perturb(prompt, 256, seed=0, index=3) == other  # seeded
+    assert isolation.perturb(prompt, 256, seed=0, index=3, pass_no=0) == other  # seeded
+    # fresh content in every pass and for every session: no feature of one alternative survives them all
+    draws = {isolation.perturb(prompt, 256, seed=0, index=3, pass_no=p) for p in range(32)}
+    assert len(draws) == 32
+    assert {sum(d) % 2 for d in draws} == {0, 1}
+    assert isolation.perturb(prompt, 256, seed=0, index=4, pass_no=0) != other
+
+
+@pytest.mark.parametrize("n, rounds, bits", [(2, 1, 1), (2, 3, 3), (8, 1, 1), (8, 4, 4), (16, 2, 2), (1, 4, None)])
+def test_escape_bits_count_the_weakest_pairs_passes(n, rounds, bits):
+    ids = [f"s{i}" for i in range(n)]
+    sets = isolation.family_sets(ids, rounds)
+    assert len(sets) == isolation.pass_count(n) * rounds
+    assert isolation.escape_bits(ids, sets) == bits
 
 
 def test_isolation_holds_for_the_seed_sweep_at_every_level():
@@ -61,7 +75,8 @@ def test_isolation_holds_for_the_seed_sweep_at_every_level():
             "changed": [],
             "leaks": [],
             "separating": True,
-            "family_passes": 5,
+            "family_passes": 20,
+            "escape_bits": 4,
             "confirmations": 0,
             "suspects": {},
             "reason": None,
@@ -99,6 +114,46 @@ def test_a_planted_leak_is_caught_by_isolation_naming_both_sessions():
     # the verdict is recomputed from the records: verify agrees
     data = _results(sw)
     assert verdicts.sweep_verdicts(data["levels"], None)["corruption_free"] is False
+
+
+class ParityLeaker(f.DecodeWrapper):
+    """The probe's planted leak: while the victim shares a decode batch with a culprit whose prompt ids sum to an
+    odd number, the victim's token changes. A fixed alternative prompt that keeps the parity never shows it."""
+
+    def __init__(self, inner, victim="s1", culprits=("s2",)):
+        super().__init__(inner)
+        self.victim, self.culprits, self.odd = victim, culprits, {}
+
+    def prefill(self, session, tokens):
+        self.odd[session.session_id] = sum(tokens) % 2 == 1
+        return self.inner.prefill(session, tokens)
+
+    def decode_batch(self, items):
+        out = self.inner.decode_batch(items)
+        ids = [it.session_id for it in items]
+        if self.victim in ids and any(c in ids and self.odd.get(c) for c in self.culprits):
+            i = ids.index(self.victim)
+            out[i] = dataclasses.replace(out[i], token=(out[i].token + 1) % 256)
+        return out
+
+
+def test_a_leak_on_one_bit_of_a_neighbours_content_is_caught_and_named():
+    sw = _sweep(levels=(8,), factory=lambda b: ParityLeaker(f.engine(b.kv_bytes)), rounds=8)
+    v = sw.levels[0]["isolation_verdict"]
+    assert v["escape_bits"] == 8  # each pass perturbing s2 and not s1 flips the parity with probability 1/2
+    assert not v["holds"] and v["changed"] == ["s1"]
+    assert "s2" in v["suspects"]["s1"]  # with whoever shared every pass that changed s1
+    assert v["leaks"] == [["s1", "s2"]]  # the single-suspect passes acquit the others
+    assert not sw.corruption_free
+
+
+def test_a_victim_of_several_neighbours_names_them_all_as_suspects():
+    sw = _sweep(levels=(8,), factory=lambda b: ParityLeaker(f.engine(b.kv_bytes), culprits=("s2", "s5")), rounds=8)
+    v = sw.levels[0]["isolation_verdict"]
+    assert not v["holds"] and v["changed"] == ["s1"]
+    assert {"s2", "s5"} <= set(v["suspects"]["s1"])
+    # one is confirmed alone; the other can be masked (s1 already hit by the first's odd baseline parity)
+    assert v["leaks"] and all(b in ("s2", "s5") for _, b in v["leaks"])
 
 
 def test_a_leak_that_flips_no_token_is_still_caught_by_the_margins():

@@ -8,8 +8,16 @@ tokens AND the same margins, bit for bit: margins catch a contamination that doe
 Which sessions each pass perturbs is a separating family: session i gets a distinct subset S_i of
 size floor(m/2) of the m passes (C(m, floor(m/2)) >= N), and pass p perturbs every i with p in S_i.
 For every ordered pair (i, j), S_j is not inside S_i, so some pass perturbs j and not i: 6 passes
-for 16 sessions, 8 for 64. A session that changed is then tested against each suspect alone
-(a confirmation pass per suspect), so a leak is reported with both sessions named.
+for 16 sessions, 8 for 64. The family is run ``rounds`` times.
+
+Every perturbed session gets fresh random content in every pass (seeded by the workload seed, the
+pass and the session), so a dependence on any feature of a neighbour's content is caught with a
+stated probability rather than missed for good: a dependence of session i on one bit of session j's
+content (a parity, a token's low bit) flips with probability 1/2 in each pass that perturbs j and
+not i, and escapes all n such passes with probability 2^-n. ``escape_bits`` is the smallest n over
+the ordered pairs: the bound a level states. A session that changed is then tested against each
+suspect alone (up to CONFIRM_TRIES fresh passes per suspect), so a leak is reported with both
+sessions named.
 
 End of sequence: a perturbed session is pinned to its length in the level (``end_at``), stop
 tokens or not, so its neighbours see the same schedule; an unperturbed one keeps the workload's
@@ -32,12 +40,14 @@ from meshbench.analysis.figures import deterministic_ticks
 from meshbench.scheduler.session import GenerationRequest
 
 METHOD = (
-    "perturbation: the level rerun with the prompt content of chosen sessions replaced (same lengths, "
-    "so the same schedule, checked tick by tick); every other session's tokens and margins compared bit "
-    "for bit; perturbed sets form a separating family (every ordered pair (i, j) has a pass perturbing j "
-    "and not i); a changed session is confirmed against each suspect alone"
+    "perturbation: the level rerun with the prompt content of chosen sessions replaced by fresh random "
+    "tokens in every pass (same lengths, so the same schedule, checked tick by tick); every other session's "
+    "tokens and margins compared bit for bit; perturbed sets form a separating family (every ordered pair "
+    "(i, j) has a pass perturbing j and not i), run in rounds; a dependence on one bit of a neighbour's "
+    "content escapes n passes with probability 2^-n; a changed session is confirmed against each suspect alone"
 )
-MAX_CONFIRMATIONS = 16  # single-suspect passes per level at most
+MAX_CONFIRMATIONS = 16  # suspects confirmed per level at most
+CONFIRM_TRIES = 4  # fresh single-suspect passes per suspect, until one of its victims changes
 
 
 def pass_count(sessions: int) -> int:
@@ -57,14 +67,27 @@ def perturbed_sets(ids: Sequence[str]) -> list[list[str]]:
     return [[sid for sid, sub in zip(ids, subsets) if p in sub] for p in range(m)]
 
 
+def family_sets(ids: Sequence[str], rounds: int) -> list[list[str]]:
+    """The family's passes: the separating family, ``rounds`` times over (fresh content in each pass)."""
+    return perturbed_sets(ids) * rounds
+
+
+def escape_bits(ids: Sequence[str], sets: Sequence[Sequence[str]]) -> int | None:
+    """The fewest passes that perturb j and not i, over ordered pairs (i, j): a one-bit dependence escapes
+    every pass with probability 2^-escape_bits (None for a single session: no pair)."""
+    counts = [sum(1 for s in sets if j in s and i not in s) for i in ids for j in ids if i != j]
+    return min(counts) if counts else None
+
+
 def separates(ids: Sequence[str], sets: Sequence[Sequence[str]]) -> bool:
     """Every ordered pair (i, j), i != j, has a set holding j and not i."""
     return all(any(j in s and i not in s for s in sets) for i in ids for j in ids if i != j)
 
 
-def perturb(prompt: Sequence[int], vocab_size: int, seed: int, index: int) -> tuple[int, ...]:
-    """Other tokens of the same length: every position moved by a nonzero offset (seeded per session)."""
-    rng = np.random.default_rng([seed, index, 0x150])
+def perturb(prompt: Sequence[int], vocab_size: int, seed: int, index: int, pass_no: int) -> tuple[int, ...]:
+    """Other tokens of the same length: every position moved by a nonzero offset, drawn afresh for every
+    session in every pass."""
+    rng = np.random.default_rng([seed, pass_no, index, 0x150])
     offsets = rng.integers(1, vocab_size, len(prompt))  # (prompt,): never 0, so every token changes
     return tuple(int((t + o) % vocab_size) for t, o in zip(prompt, offsets))
 
@@ -75,12 +98,13 @@ def requests_for(
     baseline: dict[str, dict],
     vocab_size: int,
     seed: int,
+    pass_no: int,
 ) -> list[GenerationRequest]:
     """The pass's requests: perturbed sessions with other prompt content, pinned to their baseline length."""
     out = []
     for k, r in enumerate(requests):
         if r.session_id in perturbed:
-            r = dataclasses.replace(r, prompt_tokens=perturb(r.prompt_tokens, vocab_size, seed, k))
+            r = dataclasses.replace(r, prompt_tokens=perturb(r.prompt_tokens, vocab_size, seed, k, pass_no))
             if r.session_id in baseline:  # (one the level refused is refused again: same lengths, same queue)
                 r = dataclasses.replace(r, end_at=max(len(baseline[r.session_id]["tokens"]), 1))
         out.append(r)
@@ -121,31 +145,42 @@ def changed(level: dict, p: dict) -> list[str]:
 
 
 def suspects(victim: str, family: Sequence[dict], changed_in: Sequence[list[str]], ids: Sequence[str]) -> list[str]:
-    """Sessions whose perturbation matches exactly the family passes in which ``victim`` changed."""
-    seen = [(set(p["perturbed"]), victim in c) for p, c in zip(family, changed_in) if victim not in p["perturbed"]]
-    return [j for j in ids if j != victim and all((j in s) == hit for s, hit in seen)]
+    """Who ``victim`` may depend on: the sessions perturbed in every family pass where it changed, or, where no
+    one was (it depends on several), every session perturbed in any of them. Random content need not flip a
+    dependence, so a pass where the victim held acquits no one."""
+    hits = [set(p["perturbed"]) for p, c in zip(family, changed_in) if victim not in p["perturbed"] and victim in c]
+    if not hits:
+        return []
+    common = set.intersection(*hits)
+    return [j for j in ids if j != victim and j in (common or set.union(*hits))]
 
 
-def run_level(run, requests: Sequence[GenerationRequest], baseline, vocab_size: int, seed: int) -> dict:
-    """The level's perturbation passes: the separating family, then one pass per suspect of each session
-    that changed. ``run(requests)`` runs one pass of the level and returns its sweep.Pass; ``baseline``
-    is the level's own first pass."""
+def run_level(
+    run, requests: Sequence[GenerationRequest], baseline, vocab_size: int, seed: int, rounds: int = 1
+) -> dict:
+    """The level's perturbation passes: the separating family ``rounds`` times, then single-suspect passes for
+    each suspect of a session that changed. ``run(requests)`` runs one pass of the level and returns its
+    sweep.Pass; ``baseline`` is the level's own first pass."""
     ids = [r.session_id for r in requests]
     by_id = {s["session_id"]: s for s in baseline.sessions}
     level = {"sessions": baseline.sessions}
+    passes: list[dict] = []
 
     def one(perturbed: list[str], confirm: bool) -> dict:
-        p = run(requests_for(requests, perturbed, by_id, vocab_size, seed))
-        return pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm)
+        p = run(requests_for(requests, perturbed, by_id, vocab_size, seed, len(passes)))
+        passes.append(pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm))
+        return passes[-1]
 
-    family = [one(sets, False) for sets in perturbed_sets(ids)]
+    family = [one(sets, False) for sets in family_sets(ids, rounds)]
     changed_in = [changed(level, p) for p in family]
-    wanted = sorted(
-        {(v, j) for c in changed_in for v in c for j in suspects(v, family, changed_in, ids)},
-        key=lambda x: (x[1], x[0]),
-    )
-    culprits = list(dict.fromkeys(j for _, j in wanted))[:MAX_CONFIRMATIONS]
-    return {"sessions": ids, "passes": family + [one([j], True) for j in culprits], "reason": None}
+    blamed = {v: suspects(v, family, changed_in, ids) for c in changed_in for v in c}
+    culprits = list(dict.fromkeys(j for j in ids for v in sorted(blamed) if j in blamed[v]))[:MAX_CONFIRMATIONS]
+    for j in culprits:
+        victims = {v for v in blamed if j in blamed[v]}
+        for _ in range(CONFIRM_TRIES):
+            if victims & set(changed(level, one([j], True))):
+                break
+    return {"sessions": ids, "passes": passes, "reason": None}
 
 
 def verdict(level: dict) -> dict:
@@ -160,6 +195,7 @@ def verdict(level: dict) -> dict:
             "leaks": [],
             "separating": None,
             "family_passes": 0,
+            "escape_bits": None,
             "confirmations": 0,
             "suspects": {},
             "reason": iso["reason"],
@@ -180,6 +216,7 @@ def verdict(level: dict) -> dict:
         "leaks": [list(x) for x in leaks],
         "separating": separates(ids, [p["perturbed"] for p in family]),
         "family_passes": len(family),
+        "escape_bits": escape_bits(ids, [p["perturbed"] for p in family]),
         "confirmations": len(passes) - len(family),
         "suspects": {v: suspects(v, family, [changed(level, p) for p in family], ids) for v in victims},
         "reason": None,

@@ -376,6 +376,17 @@ IsolationOpt = Annotated[
         help="Prove isolation at every level by perturbation passes (default on).",
     ),
 ]
+IsolationRoundsOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--isolation-rounds",
+        min=1,
+        max=64,
+        rich_help_panel="Output",
+        help="Run the perturbation family this many times, fresh content every pass: a dependence on one bit "
+        "of a neighbour's content escapes n passes with probability 2^-n (default 4).",
+    ),
+]
 IsolateOpt = Annotated[
     Optional[bool],
     typer.Option(

@@ -12,7 +12,7 @@ from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
 from meshbench.workload.config import RunConfig
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = "results.schema.json"
 
 
@@ -51,7 +51,7 @@ def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environmen
 
 
 ENDPOINT_SCHEMA = "endpoint.schema.json"
-ENDPOINT_VERSION = 1
+ENDPOINT_VERSION = 2  # 2: failed answers fail the verdicts (verdicts.failed); deadline_s in the echo
 
 
 def check_version(data: dict, where: str) -> None:
@@ -59,7 +59,8 @@ def check_version(data: dict, where: str) -> None:
     if isinstance(data, dict) and data.get("kind") == "endpoint":  # an endpoint sweep's document
         if v != ENDPOINT_VERSION:
             raise MeshbenchError(
-                f"{where}: an endpoint bundle of schema_version {v!r}; this meshbench reads {ENDPOINT_VERSION}"
+                f"{where}: an endpoint bundle of schema_version {v!r}; this meshbench reads {ENDPOINT_VERSION} (re-run "
+                "its sweep command, commands.txt beside it, with this version)"
             )
         return
     if not isinstance(v, int) or isinstance(v, bool):
@@ -72,8 +73,8 @@ def check_version(data: dict, where: str) -> None:
     if v < SCHEMA_VERSION:
         raise MeshbenchError(
             f"{where}: schema_version {v} was written by an older meshbench (this one writes {SCHEMA_VERSION}, "
-            "with isolation passes and the decode feed); re-run its sweep command (commands.txt beside it) with this "
-            "version"
+            "whose isolation passes draw fresh perturbations every pass, and which records the compute fingerprint); "
+            "re-run its sweep command (commands.txt beside it) with this version"
         )
 
 

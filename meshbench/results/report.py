@@ -207,7 +207,14 @@ def verdict_lines(results: dict) -> list[str]:
             for lv in levels
             if lv["isolation_verdict"]["ran"]
         )
-        how = f"perturbation passes per level ({runs})"
+        bits = [lv["isolation_verdict"]["escape_bits"] for lv in levels if lv["isolation_verdict"]["ran"]]
+        bits = [b for b in bits if b is not None]
+        how = f"perturbation passes per level ({runs})" + (
+            f"; a dependence of one session on one bit of another's content escapes them with probability at most "
+            f"2^-{min(bits)} (the fewest passes, at any level, that perturb one session and not another)"
+            if bits
+            else ""
+        )
     else:
         how = "not run at any level (" + "; ".join(sorted({lv["isolation"]["reason"] for lv in levels})) + ")"
     compared = (
@@ -226,13 +233,14 @@ def verdict_lines(results: dict) -> list[str]:
             lines.append(
                 f"  - level {lv['concurrency']}: schedule changed in passes {v['schedule_changed']}; "
                 f"sessions whose output changed with another's content: {', '.join(v['changed']) or 'none'}"
+                + "".join(f"; suspects of {a}: {', '.join(b) or 'none'}" for a, b in sorted(v["suspects"].items()))
                 + "".join(f"; {a} depends on {b}" for a, b in v["leaks"])
                 + "."
             )
     lines += [
         f"- **batch invariance**: batch_invariant = {results['batch_invariant']}: whether every session's tokens at "
         f"every level equal {compared}, byte for byte. A failure here with isolation holding is the engine's "
-        "shape-dependent numerics, not a leak between sessions.",
+        "shape-dependent numerics, not a leak between sessions, within the bound the isolation passes state.",
         f"- **corruption_free = {results['corruption_free']}**: no session failed, and isolation holds at every "
         "level where it ran"
         + ("" if iso["every_level"] else "; where it could not run, batch invariance must hold too, as in the seed")

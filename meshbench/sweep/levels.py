@@ -291,6 +291,7 @@ class SweepPlan:
     restart: bool = False  # a lost engine is replaced and its sessions resubmitted
     prefill: str = "whole"
     prove_isolation: bool = True
+    isolation_rounds: int = 4  # the separating family's rounds (meshbench.analysis.isolation), as RunConfig's
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "SweepPlan":
@@ -307,6 +308,7 @@ class SweepPlan:
             cfg.restart_engine,
             cfg.prefill,
             cfg.isolation,
+            cfg.isolation_rounds,
         )
 
 
@@ -362,6 +364,7 @@ def run_concurrency_sweep(
             vocab,
             workload.seed,
             isolation_skipped(lv, wall, sweep.prove_isolation),
+            sweep.isolation_rounds,
         )
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or sweep.fault_rows:
@@ -414,12 +417,13 @@ def prove_level(
     vocab: int,
     seed: int,
     skipped: str | None,
+    rounds: int = 1,
 ):
     """The level's isolation records (its perturbation passes, or why there are none) and their verdict."""
     record["isolation"] = (
         {"sessions": None, "passes": None, "reason": skipped}
         if skipped is not None
-        else isolation.run_level(run, requests, baseline, vocab, seed)
+        else isolation.run_level(run, requests, baseline, vocab, seed, rounds)
     )
     record["isolation_verdict"] = isolation.verdict(record)
 

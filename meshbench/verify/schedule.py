@@ -235,7 +235,7 @@ def check_isolation(c: Checks, data: dict, lv: dict, at: str) -> None:
         c.equal(
             RESULTS,
             f"{at}.isolation.passes perturbed sets (the separating family)",
-            isolation.perturbed_sets(ids),
+            isolation.family_sets(ids, data["config"]["isolation_rounds"]),
             family,
         )
         c.equal(

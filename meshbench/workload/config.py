@@ -143,6 +143,7 @@ class RunConfig:
     engine: EngineSpec = EngineSpec()
     workload: Workload = field(default_factory=lambda: WorkloadSection().build("defaults"))
     isolation: bool = True  # perturbation passes at every level (meshbench.analysis.isolation)
+    isolation_rounds: int = 4  # the separating family run this many times, fresh content in every pass
     clock: str = "tick"  # or "wall": arrivals at rates per second, reported rather than compared
     slo: dict = field(default_factory=lambda: {"ttft": None, "tpot": None})  # ticks, or ms on the wall clock
     faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows (meshbench.workload.faults), each run at every level
@@ -210,6 +211,7 @@ class RunConfig:
             "restart_engine": self.restart_engine,
             "prefill": self.prefill,
             "isolation": self.isolation,
+            "isolation_rounds": self.isolation_rounds,
             "engine": self.engine.to_dict(),
             "workload": self.workload.to_dict(),
             "budget": self.budget.to_dict(),
@@ -242,7 +244,7 @@ def _defaults() -> dict:
 DEFAULTS: dict = _defaults()
 # Keys added to the config after results schema 3: a config echo written before them lacks them, and means
 # their defaults (the endpoint's, which a node bundle never uses).
-ADDED_KEYS: dict[str, frozenset[str]] = {"engine": frozenset({"url", "api", "serve", "server_args"})}
+ADDED_KEYS: dict[str, frozenset[str]] = {"engine": frozenset({"url", "api", "serve", "server_args", "deadline_s"})}
 
 
 def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
@@ -373,6 +375,7 @@ def from_mapping(data: dict, source: str) -> RunConfig:
             engine=spec,
             workload=workload,
             isolation=data["isolation"],
+            isolation_rounds=data["isolation_rounds"],
             clock=data["clock"],
             slo=dict(data["slo"]),
             faults=rows,
