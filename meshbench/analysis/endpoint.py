@@ -6,6 +6,9 @@ consecutive tokens, or chunks on the OpenAI API), TPOT ((last - first) / (tokens
 submit), tokens/s (generated, and prompt + generated, over the wall time of the pass), goodput (sessions
 within both SLOs, per second).
 
+A verdict passes only on outputs that exist: a failed session (an HTTP error, a malformed or cut answer,
+the deadline) fails every verdict of its level, and is counted.
+
 Three verdicts, each saying what it cannot conclude (CONCLUSIONS):
 - batch invariance: every session's output at each level equals the lowest level's (repetition 0);
 - run-to-run determinism: one distinct output per session over the repetitions of a level;
@@ -29,6 +32,8 @@ CONCLUSIONS = {
     "kernels are not deterministic).",
     "needle": "The same prompt among different neighbours: more than one distinct output, or an output "
     "other than the needle's alone, means its output depends on what runs beside it.",
+    "failed": "A session that failed (an HTTP error, a malformed or cut answer, the deadline) has no output to "
+    "compare: every verdict of a run with failed sessions is False, and the failures are counted per level.",
 }
 FIGURES = (
     "tokens_per_s",
@@ -57,9 +62,8 @@ def compared_by(api: str, completions: Sequence[dict]) -> str:
     generated); else text (a streamed answer can hold back an incomplete UTF-8 token's id)."""
     if api != "native":
         return "text"
-    whole = all(
-        c["error"] is None and (c["predicted"] is None or c["predicted"] == len(c["tokens"])) for c in completions
-    )
+    # (a failed answer has no output either way: it never switches the comparison)
+    whole = all(c["predicted"] is None or c["predicted"] == len(c["tokens"]) for c in completions if c["error"] is None)
     return "tokens" if whole else "text"
 
 
@@ -71,7 +75,8 @@ def pass_figures(
     sessions: Sequence[dict], wall_s: float, prompt_lengths: dict[str, int], slo: dict, new_tokens: dict[str, int]
 ) -> dict:
     """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time)."""
-    ok = [c for c in sessions if c["error"] is None and c["token_ns"]]
+    answered = [c for c in sessions if c["error"] is None]
+    ok = [c for c in answered if c["token_ns"]]  # (an answer of no tokens has no latencies)
     ttft = [(c["token_ns"][0] - c["submit_ns"]) / 1e6 for c in ok]
     itl = [(b - a) / 1e6 for c in ok for a, b in zip(c["token_ns"], c["token_ns"][1:])]
     tpot = [
@@ -92,15 +97,16 @@ def pass_figures(
         "e2e_ms.p50": _pct(e2e, 50),
         "e2e_ms.p99": _pct(e2e, 99),
         "goodput_per_s": good / wall_s if wall_s > 0 else 0.0,
-        "completed": len(ok),
+        "completed": len(answered),
         "failed": sum(c["error"] is not None for c in sessions),
         "early_stops": sum(c["error"] is None and _generated(c) < new_tokens[c["session_id"]] for c in sessions),
     }
 
 
 def _generated(c: dict) -> int:
-    """Tokens the session produced: the server's own count where it gave one, else the stamped tokens."""
-    return c["predicted"] if c["predicted"] is not None else len(c["token_ns"])
+    """Tokens the session received: its stamps (one per token id, or per streamed piece on the OpenAI API),
+    never the server's own claim."""
+    return len(c["token_ns"])
 
 
 def _within(c: dict, slo: dict) -> bool:
@@ -123,9 +129,11 @@ def verdicts(levels: Sequence[dict], needle_alone: dict | None, compared: str) -
     """The three verdicts from the recorded outputs."""
     ref = min(levels, key=lambda lv: lv["concurrency"])
     reference = {c["session_id"]: output(c, compared) for c in ref["repetitions"][0]["sessions"] if c["error"] is None}
-    differing, distinct, needles = {}, {}, {}
+    differing, distinct, needles, failed = {}, {}, {}, {}
     for lv in levels:
         c_ = str(lv["concurrency"])
+        answers = [c for rep in lv["repetitions"] for c in rep["sessions"]] + [t["completion"] for t in lv["needle"]]
+        failed[c_] = sum(c["error"] is not None for c in answers)
         first = {c["session_id"]: output(c, compared) for c in lv["repetitions"][0]["sessions"] if c["error"] is None}
         differing[c_] = sorted(s for s, out in first.items() if s in reference and out != reference[s])
         seen: dict[str, set] = {}
@@ -135,15 +143,17 @@ def verdicts(levels: Sequence[dict], needle_alone: dict | None, compared: str) -
                     seen.setdefault(c["session_id"], set()).add(_key(output(c, compared)))
         distinct[c_] = {s: len(v) for s, v in sorted(seen.items())}
         needles[c_] = _needle(lv["needle"], needle_alone, compared)
+    whole = not any(failed.values()) and (needle_alone is None or needle_alone["error"] is None)
     return {
         "compared": compared,
         "reference_concurrency": ref["concurrency"],
-        "batch_invariant": all(not d for d in differing.values()),
+        "failed": failed,
+        "batch_invariant": whole and all(not d for d in differing.values()),
         "differing_sessions": differing,
-        "run_to_run_deterministic": all(n == 1 for d in distinct.values() for n in d.values()),
+        "run_to_run_deterministic": whole and all(n == 1 for d in distinct.values() for n in d.values()),
         "distinct_outputs": distinct,
         "needle": needles,
-        "needle_stable": all(n["distinct"] <= 1 and n["differs_from_alone"] == 0 for n in needles.values()),
+        "needle_stable": whole and all(n["distinct"] <= 1 and n["differs_from_alone"] == 0 for n in needles.values()),
     }
 
 

@@ -49,10 +49,9 @@ def side(data: dict) -> dict:
         wl = data["workload"]
         levels = {
             lv["concurrency"]: {
-                "outputs": {
-                    c["session_id"]: endpoint_figures.output(c, compared)
+                "outputs": {  # (None: the session failed, and has no output)
+                    c["session_id"]: endpoint_figures.output(c, compared) if c["error"] is None else None
                     for c in lv["repetitions"][0]["sessions"]
-                    if c["error"] is None
                 },
                 "samples": {
                     f: [r["figures"][f] for r in lv["repetitions"] if r["figures"][f] is not None] for f, _, _ in PERF
@@ -80,7 +79,9 @@ def side(data: dict) -> dict:
             for r in lv["repetitions"]
         ]
         levels[lv["concurrency"]] = {
-            "outputs": {s["session_id"]: s["tokens"] for s in lv["sessions"] if s["done_reason"] == "COMPLETED"},
+            "outputs": {
+                s["session_id"]: s["tokens"] if s["done_reason"] == "COMPLETED" else None for s in lv["sessions"]
+            },
             "samples": {f: [r[node] for r in per_rep if node in r] for f, node, _ in PERF},
         }
     sha = ((data.get("inputs") or {}).get("workload.prompts") or {}).get("sha256")
@@ -137,7 +138,10 @@ def _outputs(b: dict, c: dict, by: str | None) -> dict:
     if by is None:
         return {"verdict": "not compared (token ids on one side, text on the other)", "sessions_changed": []}
     both = sorted(set(b["outputs"]) & set(c["outputs"]))
-    changed = [s for s in both if b["outputs"][s] != c["outputs"][s]]
+    # A session that failed on either side has no output to call the same: it counts as changed.
+    changed = [
+        s for s in both if b["outputs"][s] is None or c["outputs"][s] is None or b["outputs"][s] != c["outputs"][s]
+    ]
     return {"verdict": "changed" if changed else "same", "sessions_compared": len(both), "sessions_changed": changed}
 
 

@@ -8,12 +8,18 @@ Two APIs:
 - ``openai``: ``/v1/completions``: a text prompt, ``max_tokens``, ``temperature`` 0, a seed, streamed
   with ``stream_options.include_usage``; ``min_tokens`` = ``max_tokens`` under eos ban (where the server
   knows it). Text comes back, not ids: the outputs compared are texts.
+
+A server's answer is input: every chunk is checked for its shape, and an answer of the wrong shape, one
+that never ends, says it generated more than it sent, sends more tokens than asked, stops early under an
+eos ban, or ends without saying why is that session's failure (``Completion.error``), never the run's.
+Each request has a deadline (``deadline_s``) and each streamed line a size cap.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -25,6 +31,10 @@ from meshbench.errors import MeshbenchError
 APIS = ("auto", "native", "openai")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PROBE_TIMEOUT_S = 10.0
+DEADLINE_S = 300.0  # one request, from its submission to its last byte (engine.deadline_s)
+MAX_LINE_BYTES = 1 << 20  # one server-sent event line
+HOLD_BACK = 3  # token ids a stream may hold back at its end (an incomplete UTF-8 character spans up to 4 bytes)
+MAX_TEXT_PER_TOKEN = 64  # characters of text per asked token (a token's piece is a few bytes)
 METRIC_PREFIXES = ("llamacpp:", "vllm:", "sglang:")  # the serving engines' own gauges and counters
 
 
@@ -84,9 +94,13 @@ class Completion:
         }
 
 
+class Malformed(Exception):
+    """A server's answer of the wrong shape or content: the session's failure, with what was wrong."""
+
+
 class Endpoint:
-    def __init__(self, target: Target, api: str, timeout_s: float = 600.0) -> None:
-        self.target, self.api, self.timeout_s = target, api, timeout_s
+    def __init__(self, target: Target, api: str, deadline_s: float = DEADLINE_S) -> None:
+        self.target, self.api, self.deadline_s = target, api, deadline_s
 
     # --- plain requests ---------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None):
@@ -124,13 +138,15 @@ class Endpoint:
         if self.api == "auto":
             self.api = "native" if isinstance(props, dict) else "openai"
         models = self._json("GET", "/v1/models")
-        names = [m.get("id") for m in models.get("data", [])] if isinstance(models, dict) else []
-        info = {"url": self.target.url, "loopback": self.target.loopback, "api": self.api, "models": names}
+        data = models.get("data") if isinstance(models, dict) else None
+        names = [_text(m.get("id"), 200) for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        info = {"url": self.target.url, "loopback": self.target.loopback, "api": self.api, "models": names[:16]}
         if isinstance(props, dict):
+            slots = props.get("total_slots")
             info["server"] = "llama-server"
-            info["build_info"] = props.get("build_info")
-            info["model_path"] = props.get("model_path")
-            info["total_slots"] = props.get("total_slots")
+            info["build_info"] = _text(props.get("build_info"), 200)
+            info["model_path"] = _text(props.get("model_path"), 1000)
+            info["total_slots"] = slots if _count(slots) and slots <= 1 << 16 else None
         else:
             info["server"] = "openai-compatible"
         return info
@@ -144,7 +160,11 @@ class Endpoint:
                 d = self._json("POST", "/tokenize", {"content": text, "add_special": True})
             else:
                 d = self._json("POST", "/extras/tokenize", {"input": text})
-            out.append([int(t) for t in d["tokens"]])
+            tokens = d.get("tokens") if isinstance(d, dict) else None
+            if not isinstance(tokens, list) or not all(_token(t) for t in tokens):
+                path = "/tokenize" if self.api == "native" else "/extras/tokenize"
+                raise MeshbenchError(f"{self.target.url}{path}: the answer holds no list of token ids")
+            out.append(list(tokens))
         return out
 
     def metrics(self) -> dict | None:
@@ -159,7 +179,7 @@ class Endpoint:
         try:
             for family in text_string_to_metric_families(raw.decode(errors="replace")):
                 for s in family.samples:
-                    if s.name.startswith(METRIC_PREFIXES) and not s.labels:
+                    if s.name.startswith(METRIC_PREFIXES) and not s.labels and math.isfinite(s.value):
                         found[s.name] = s.value
         except ValueError:
             return None
@@ -193,73 +213,187 @@ class Endpoint:
 
     def complete(self, session_id: str, body: dict, t0: int) -> Completion:
         """Send one request and read its stream, stamping each chunk as it arrives (ns from ``t0``). A failure
-        (an HTTP error, a stream closed before its end, a timeout) is the session's, not the run's."""
+        (an HTTP error, a malformed answer, a stream closed before its end, the deadline) is the session's,
+        not the run's."""
         c = Completion(session_id, time.monotonic_ns() - t0)
         path = "/completion" if self.api == "native" else "/v1/completions"
-        conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.timeout_s)
+        deadline = time.monotonic() + self.deadline_s
+        conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.deadline_s)
         try:
             conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
             resp = conn.getresponse()
             if resp.status != 200:
-                c.error = f"HTTP {resp.status}: {_excerpt(resp.read())}"
+                c.error = f"HTTP {resp.status}: {_excerpt(resp.read(4096))}"
                 return c
-            if not body.get("stream", True):
-                _native_chunk(c, json.loads(resp.read()), time.monotonic_ns() - t0, stamped=False)
-            elif not self._read_stream(resp, c, t0):
-                c.error = "the stream closed before its end"
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            c.error = f"{type(e).__name__}: {e}"
+            _Stream(self.api, body, c, t0, deadline, conn).read(resp)
+        except Malformed as e:
+            c.error = f"malformed answer: {e}"
+        except TimeoutError:
+            c.error = f"no answer within the deadline ({self.deadline_s:g} s)"
+        except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
+            c.error = f"{type(e).__name__}: {_excerpt(str(e).encode())}"
         finally:
             conn.close()
         return c
 
-    def _read_stream(self, resp, c: Completion, t0: int) -> bool:
-        """Read server-sent events until the last one; True when the stream ended as the API says it must."""
-        for line in resp:
+
+class _Stream:
+    """One streamed answer read into a Completion, every chunk checked, within the deadline and the caps."""
+
+    def __init__(self, api: str, body: dict, c: Completion, t0: int, deadline: float, conn) -> None:
+        self.api, self.c, self.t0, self.deadline, self.conn = api, c, t0, deadline, conn
+        self.asked = int(body.get("n_predict", body.get("max_tokens", 0)))
+        self.ban = bool(body.get("ignore_eos") or body.get("min_tokens"))
+        self.streamed = body.get("stream", True)
+        self.finished = False  # native: a chunk with stop; openai: a finish_reason
+
+    def read(self, resp) -> None:
+        if not self.streamed:  # a whole native answer (bench server's token comparison)
+            raw = resp.read(MAX_LINE_BYTES + 1)
+            if len(raw) > MAX_LINE_BYTES:
+                raise Malformed(f"an answer over {MAX_LINE_BYTES} bytes")
+            self.finished = _native_chunk(self.c, json.loads(raw), 0, stamped=False)
+        elif not self._events(resp):
+            raise Malformed("the stream closed before its end")
+        if not self.finished:
+            raise Malformed("the stream ended without a finish reason (cut by the server)")
+        self._check_counts()
+
+    def _events(self, resp) -> bool:
+        """Server-sent events until the last one; True when the stream ended as the API says it must."""
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            if self.conn.sock is not None:
+                self.conn.sock.settimeout(remaining)
+            line = resp.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return False
+            if len(line) > MAX_LINE_BYTES:
+                raise Malformed(f"a line over {MAX_LINE_BYTES} bytes")
             if not line.startswith(b"data: "):
                 continue
             data = line[6:].strip()
             if data == b"[DONE]":
                 return True
             chunk = json.loads(data)
-            now = time.monotonic_ns() - t0
+            now = time.monotonic_ns() - self.t0
             if self.api == "native":
-                if _native_chunk(c, chunk, now):
+                if _native_chunk(self.c, chunk, now):
+                    self.finished = True
                     return True
-            else:
-                _openai_chunk(c, chunk, now)
-        return False
+            elif _openai_chunk(self.c, chunk, now):
+                self.finished = True
+            if len(self.c.token_ns) > self.asked + HOLD_BACK or len(self.c.text) > MAX_TEXT_PER_TOKEN * (
+                self.asked + HOLD_BACK
+            ):
+                raise Malformed(f"more than the {self.asked} tokens asked for")
+
+    def _check_counts(self) -> None:
+        """What the server says it generated against what it sent, and an eos ban honoured."""
+        c = self.c
+        native = self.api == "native"
+        received = len(c.tokens) if native else len(c.token_ns)  # (an OpenAI chunk carries at least one token)
+        if received > self.asked:
+            raise Malformed(f"{received} tokens for the {self.asked} asked for")
+        if c.predicted is not None:
+            if received == 0 and c.predicted > 0:
+                raise Malformed(f"the server says it generated {c.predicted} tokens; it sent none")
+            high = min(self.asked, received + HOLD_BACK) if native else self.asked
+            if not received <= c.predicted <= high:
+                raise Malformed(f"the server says it generated {c.predicted} tokens; it sent {received}")
+        generated = c.predicted if c.predicted is not None else received
+        if self.ban and generated < self.asked:
+            raise Malformed(f"stopped at {generated} of {self.asked} tokens under eos ban (the ban was not honoured)")
 
 
-def _native_chunk(c: Completion, chunk: dict, now: int, stamped: bool = True) -> bool:
+def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
     """A llama-server chunk (or a whole answer, not ``stamped``): its tokens' ids and text; True at the last."""
-    for t in chunk.get("tokens", []):
-        c.tokens.append(int(t))
+    if not isinstance(chunk, dict):
+        raise Malformed(f"a chunk is {type(chunk).__name__}, not an object")
+    tokens = chunk.get("tokens", [])
+    if not isinstance(tokens, list) or not all(_token(t) for t in tokens):
+        raise Malformed("'tokens' is not a list of token ids")
+    content = chunk.get("content", "")
+    if not isinstance(content, str):
+        raise Malformed(f"'content' is {type(content).__name__}, not text")
+    for t in tokens:
+        c.tokens.append(t)
         if stamped:
             c.token_ns.append(now)
-    c.text += chunk.get("content", "")
+    c.text += content
     if chunk.get("stop"):
-        c.stop = chunk.get("stop_type")
-        c.predicted = chunk.get("tokens_predicted", (chunk.get("timings") or {}).get("predicted_n"))
-        c.evaluated = chunk.get("tokens_evaluated")
+        timings = chunk.get("timings")
+        c.stop = _reason(chunk.get("stop_type"), "stop_type")
+        c.predicted = _counted(
+            chunk.get("tokens_predicted", (timings or {}).get("predicted_n") if isinstance(timings, dict) else None),
+            "tokens_predicted",
+        )
+        c.evaluated = _counted(chunk.get("tokens_evaluated"), "tokens_evaluated")
         return True
     return False
 
 
-def _openai_chunk(c: Completion, chunk: dict, now: int) -> None:
-    """An OpenAI completion chunk: a piece of text (a token, as the server streams them), or the usage."""
-    for choice in chunk.get("choices", []):
+def _openai_chunk(c: Completion, chunk, now: int) -> bool:
+    """An OpenAI completion chunk: a piece of text (a token, as the server streams them), or the usage. True
+    when it gave a finish reason."""
+    if not isinstance(chunk, dict):
+        raise Malformed(f"a chunk is {type(chunk).__name__}, not an object")
+    choices = chunk.get("choices", [])
+    if not isinstance(choices, list) or not all(isinstance(x, dict) for x in choices):
+        raise Malformed("'choices' is not a list of objects")
+    finished = False
+    for choice in choices:
         piece = choice.get("text", "")
+        if piece is None:
+            piece = ""
+        if not isinstance(piece, str):
+            raise Malformed(f"a choice's 'text' is {type(piece).__name__}, not text")
         if piece:
             c.text += piece
             c.token_ns.append(now)
-        if choice.get("finish_reason"):
-            c.stop = {"length": "limit", "stop": "eos"}.get(choice["finish_reason"], choice["finish_reason"])
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            reason = _reason(reason, "finish_reason")
+            c.stop = {"length": "limit", "stop": "eos"}.get(reason, reason)
+            finished = True
     usage = chunk.get("usage")
-    if usage:
-        c.predicted = usage.get("completion_tokens")
+    if usage is not None:
+        if not isinstance(usage, dict):
+            raise Malformed(f"'usage' is {type(usage).__name__}, not an object")
+        c.predicted = _counted(usage.get("completion_tokens"), "usage.completion_tokens")
+    return finished
+
+
+def _token(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31
+
+
+def _count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def _counted(n, name: str) -> int | None:
+    if n is None:
+        return None
+    if not _count(n) or n > 1 << 31:
+        raise Malformed(f"'{name}' is {_excerpt(json.dumps(n).encode(), 40)}, not a count")
+    return n
+
+
+def _reason(r, name: str) -> str:
+    if not isinstance(r, str) or not 0 < len(r) <= 32:
+        raise Malformed(f"'{name}' is {_excerpt(json.dumps(r).encode(), 40)}, not a reason")
+    return r
+
+
+def _text(v, limit: int) -> str | None:
+    """A server's string field, kept only when it is one, and cut to ``limit`` characters."""
+    return v[:limit] if isinstance(v, str) else None
 
 
 def _excerpt(raw: bytes, limit: int = 200) -> str:
-    """The start of a server's answer, on one line."""
-    return " ".join(raw[:limit].decode(errors="replace").split())
+    """The start of a server's answer, on one line, printable (no lone surrogates, no control characters)."""
+    text = raw[:limit].decode(errors="replace").encode("utf-8", "replace").decode()
+    return " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())

@@ -38,7 +38,10 @@ def closed_loop(endpoint: Endpoint, jobs: Sequence[Job], clients: int) -> tuple[
                 i, job = todo.get_nowait()
             except queue.Empty:
                 return
-            done[i] = endpoint.complete(job.session_id, job.body, t0)
+            try:
+                done[i] = endpoint.complete(job.session_id, job.body, t0)
+            except Exception as e:  # noqa: BLE001 - whatever went wrong is this session's, never its neighbours'
+                done[i] = Completion(job.session_id, time.monotonic_ns() - t0, error=f"{type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:
@@ -46,6 +49,7 @@ def closed_loop(endpoint: Endpoint, jobs: Sequence[Job], clients: int) -> tuple[
     for t in threads:
         t.join()
     wall_s = (time.monotonic_ns() - t0) / 1e9
+    assert all(c is not None for c in done), "a client thread ended with sessions unanswered"
     return [c for c in done if c is not None], wall_s
 
 

@@ -28,7 +28,6 @@ from meshbench.sweep.levels import level_orders
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig, validate_levels
 
-SCHEMA_VERSION = 1
 NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
 
 
@@ -63,7 +62,7 @@ def _sweep(
     launched: dict | None = None,
 ) -> dict:
     levels = sorted(cfg.levels)
-    endpoint = Endpoint(parse_target(url), cfg.engine.api)
+    endpoint = Endpoint(parse_target(url), cfg.engine.api, cfg.engine.deadline_s)
     info = endpoint.probe()
     if launched is not None:
         info["launched"] = launched
@@ -164,7 +163,7 @@ def _document(
     compared = figures.compared_by(info["api"], every)
     return {
         "kind": "endpoint",
-        **document.header(cfg, command, SCHEMA_VERSION),
+        **document.header(cfg, command, document.ENDPOINT_VERSION),
         "endpoint": info,
         "environment": environment,
         "workload": {

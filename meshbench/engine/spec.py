@@ -34,6 +34,7 @@ class EngineSpec:
     api: str = "auto"  # endpoint: native (llama-server's /completion) | openai (/v1/completions) | auto
     serve: str | None = None  # endpoint: llama-server, started by meshbench on engine.model (or .package)
     server_args: str | None = None  # endpoint: the started server's own flags (its defaults otherwise)
+    deadline_s: float = 300.0  # endpoint: one request's deadline, submission to last byte (its session fails then)
     ban_eog: bool = False  # the workload's eos policy is ban: the engine masks end-of-generation tokens
 
     def __post_init__(self) -> None:
@@ -46,10 +47,16 @@ class EngineSpec:
         """What needs the gguf engine, and what excludes what."""
         if self.kind == "endpoint":
             return self._check_endpoint()
-        if self.url is not None or self.api != "auto" or self.serve is not None or self.server_args is not None:
+        if (
+            self.url is not None
+            or self.api != "auto"
+            or self.serve is not None
+            or self.server_args is not None
+            or self.deadline_s != 300.0
+        ):
             raise MeshbenchError(
-                "engine.url, engine.api, engine.serve and engine.server_args are an endpoint's (engine.kind "
-                "endpoint: --target, --serve)"
+                "engine.url, engine.api, engine.serve, engine.server_args and engine.deadline_s are an endpoint's "
+                "(engine.kind endpoint: --target, --serve)"
             )
         gguf = self.kind == "gguf"
         if gguf and not self.model and not self.package:
@@ -76,12 +83,23 @@ class EngineSpec:
             raise MeshbenchError("engine.serve needs the model to serve: engine.model or engine.package")
         if self.server_args is not None and not self.serve:
             raise MeshbenchError("engine.server_args are for a server meshbench starts (engine.serve)")
+        if not (isinstance(self.deadline_s, (int, float)) and 0 < self.deadline_s <= 86400):
+            raise MeshbenchError(f"engine.deadline_s {self.deadline_s!r}: give seconds, above 0 and at most 86400")
         ours = {
             "rpc": self.rpc,
             "workers": self.workers,
             "mixed_batch": self.mixed_batch,
             "repack": self.repack,
             "tiled_mm": self.tiled_mm != "auto",
+            "threads": self.threads is not None,
+            "isolate": self.isolate is not None,
+            "device": self.device != "cpu",
+            "preset": self.preset != "dgr-012",
+            "flash_attn": self.flash_attn,
+            "kv_unified": self.kv_unified,
+            "kv_type": self.kv_type != "f16",
+            "split": self.split is not None,
+            "make_model": self.make_model is not None,
         }
         if not self.serve:
             ours.update(model=self.model, package=self.package)

@@ -45,6 +45,7 @@ def check_data(c: Checks, data: dict) -> None:
         _check_needle(c, lv, at, ids)
     _check_stamps(c, data)
     _check_evaluated(c, data, lengths)
+    _check_answered(c, data)
     every = [x for lv in data["levels"] for rep in lv["repetitions"] for x in rep["sessions"]]
     every += [t["completion"] for lv in data["levels"] for t in lv["needle"]] + [data["needle"]["alone"]]
     compared = figures.compared_by(data["endpoint"]["api"], every)
@@ -111,6 +112,23 @@ def _check_stamps(c: Checks, data: dict) -> None:
                     True,
                     not stamps or stamps[-1] <= rep["wall_s"] * 1e9 + 1e6,
                 )
+
+
+def _check_answered(c: Checks, data: dict) -> None:
+    """Every request was answered: a failed one has no output for a verdict to judge (as a node's session may
+    fail only by an injected fault)."""
+    alone = data["needle"]["alone"]
+    c.equal(RESULTS, "needle.alone: answered", "answered", "answered" if alone["error"] is None else alone["error"])
+    for i, lv in enumerate(data["levels"]):
+        for r, rep in enumerate(lv["repetitions"]):
+            for x in rep["sessions"]:
+                if x["error"] is not None:
+                    c.equal(
+                        RESULTS, f"levels[{i}].repetitions[{r}].{x['session_id']}: answered", "answered", x["error"]
+                    )
+        for k, t in enumerate(lv["needle"]):
+            if t["completion"]["error"] is not None:
+                c.equal(RESULTS, f"levels[{i}].needle[{k}]: answered", "answered", t["completion"]["error"])
 
 
 def _check_evaluated(c: Checks, data: dict, lengths: dict[str, int]) -> None:

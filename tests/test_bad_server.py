@@ -1,0 +1,153 @@
+"""An endpoint that answers the wrong way on purpose (tests/bad_server.py): every wrong answer is that session's
+failure, recorded as such; the level goes on, the verdicts fail, the sweep exits 1 with its bundle kept, and
+verify names every failed answer. Never a traceback, never a verdict passed on outputs that do not exist."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import bad_server
+import pytest
+from typer.testing import CliRunner
+
+from meshbench.cli import app
+
+runner = CliRunner()
+VERDICTS = ("batch_invariant", "run_to_run_deterministic", "needle_stable")
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("p") / "prompts.txt"
+    p.write_text("the cat sat\na quick brown fox\nnumbers go up\nhello there\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("c") / "deadline.yaml"
+    p.write_text("engine:\n  deadline_s: 3\n")
+    return p
+
+
+def _sweep(url: str, prompts: Path, config: Path, out: Path, *extra: str):
+    args = ["sweep", "--config", str(config), "--target", url, "--prompts", str(prompts), "--sessions", "4"]
+    args += ["--new-tokens", "3", "--levels", "1,2", "--repeat", "1", "--warmup", "0", "--out", str(out), *extra]
+    return runner.invoke(app, args)
+
+
+def _answers(data: dict) -> list[dict]:
+    every = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"]]
+    return every + [t["completion"] for lv in data["levels"] for t in lv["needle"]] + [data["needle"]["alone"]]
+
+
+@pytest.mark.parametrize("api", ["native", "openai"])
+def test_a_server_that_answers_well_passes(api, prompts, config, tmp_path):
+    with bad_server.serving("ok", api) as url:
+        r = _sweep(url, prompts, config, tmp_path / "B")
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "B" / "results.json").read_text())
+    assert all(data["verdicts"][v] is True for v in VERDICTS)
+    assert data["verdicts"]["compared"] == ("tokens" if api == "native" else "text")
+    assert runner.invoke(app, ["verify", str(tmp_path / "B")]).exit_code == 0
+
+
+WRONG = [("native", m) for m in bad_server.MODES_NATIVE if m not in ("ok", "metrics-1e400", "props-bad")] + [
+    ("openai", m) for m in bad_server.MODES_OPENAI if m != "ok"
+]
+
+
+@pytest.mark.parametrize("api, mode", WRONG)
+def test_a_wrong_answer_fails_its_session_and_every_verdict(api, mode, prompts, config, tmp_path):
+    out = tmp_path / "B"
+    extra = ["--eos", "ban"] if mode == "ignores-eos-ban" else []
+    with bad_server.serving(mode, api) as url:
+        r = _sweep(url, prompts, config, out, *extra)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output
+    assert r.exit_code == 1, r.output
+    data = json.loads((out / "results.json").read_text())  # the bundle is kept: the failures are evidence
+    failed = [c for c in _answers(data) if c["error"]]
+    assert failed, f"{mode}: no session failed"
+    assert all(data["verdicts"][v] is False for v in VERDICTS), data["verdicts"]
+    assert sum(data["verdicts"]["failed"].values()) > 0
+    v = runner.invoke(app, ["verify", str(out)])
+    assert v.exit_code == 1 and ": answered expected=answered found=" in v.output, v.output
+
+
+def test_a_server_that_sheds_load_fails_only_where_it_shed(prompts, config, tmp_path):
+    with bad_server.serving("shed") as url:
+        r = _sweep(url, prompts, config, tmp_path / "B")
+    assert r.exit_code == 1
+    data = json.loads((tmp_path / "B" / "results.json").read_text())
+    assert data["verdicts"]["failed"]["1"] == 0 and data["verdicts"]["failed"]["2"] > 0
+    assert all(c["error"] is None for c in data["levels"][0]["repetitions"][0]["sessions"])
+    assert all(data["verdicts"][v] is False for v in VERDICTS)
+
+
+@pytest.mark.parametrize(
+    "mode, expect",
+    [
+        ("http-500", "HTTP 500"),
+        ("non-utf8", "UnicodeDecodeError"),
+        ("content-int", "'content' is int, not text"),
+        ("chunk-list", "a chunk is list, not an object"),
+        ("predicted-lie", "the server says it generated 1000000 tokens; it sent 3"),
+        ("predicted-negative", "'tokens_predicted' is -1, not a count"),
+        ("too-many-tokens", "more than the 3 tokens asked for"),
+        ("never-ends", "more than the 3 tokens asked for"),
+        ("stall", "no answer within the deadline (3 s)"),
+        ("huge-line", "a line over 1048576 bytes"),
+        ("ignores-eos-ban", "stopped at 1 of 3 tokens under eos ban"),
+        ("close-early", "the stream closed before its end"),
+    ],
+)
+def test_each_failure_says_what_was_wrong(mode, expect, prompts, config, tmp_path):
+    extra = ["--eos", "ban"] if mode == "ignores-eos-ban" else []
+    with bad_server.serving(mode) as url:
+        _sweep(url, prompts, config, tmp_path / "B", *extra)
+    data = json.loads((tmp_path / "B" / "results.json").read_text())
+    errors = {c["error"] for c in _answers(data) if c["error"]}
+    assert any(expect in e for e in errors), errors
+
+
+def test_tok_s_counts_what_was_received_not_what_the_server_claims(prompts, config, tmp_path):
+    with bad_server.serving("predicted-lie") as url:
+        _sweep(url, prompts, config, tmp_path / "B")
+    data = json.loads((tmp_path / "B" / "results.json").read_text())
+    for lv in data["levels"]:
+        f = lv["repetitions"][0]["figures"]
+        assert f["completed"] == 0 and f["tokens_per_s"] == 0.0  # every answer failed: nothing was generated
+
+
+def test_an_openai_stream_cut_by_the_server_is_a_failure_not_an_early_stop(prompts, config, tmp_path):
+    with bad_server.serving("cut", "openai") as url:
+        _sweep(url, prompts, config, tmp_path / "B")
+    data = json.loads((tmp_path / "B" / "results.json").read_text())
+    assert {c["error"] for c in _answers(data)} == {
+        "malformed answer: the stream ended without a finish reason (cut by the server)"
+    }
+    assert all(lv["repetitions"][0]["figures"]["early_stops"] == 0 for lv in data["levels"])
+
+
+@pytest.mark.parametrize("mode", ["metrics-1e400", "props-bad"])
+def test_a_bad_side_answer_is_dropped_and_the_run_is_kept(mode, prompts, config, tmp_path):
+    with bad_server.serving(mode) as url:
+        r = _sweep(url, prompts, config, tmp_path / "B")
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "B" / "results.json").read_text())
+    if mode == "props-bad":
+        assert data["endpoint"]["total_slots"] is None and len(data["endpoint"]["model_path"]) == 1000
+    else:
+        assert all(rep["metrics_before"] == {} for lv in data["levels"] for rep in lv["repetitions"])
+
+
+def test_compare_refuses_a_bundle_whose_sessions_failed(prompts, config, tmp_path):
+    with bad_server.serving("ok") as url:
+        assert _sweep(url, prompts, config, tmp_path / "good").exit_code == 0
+    with bad_server.serving("http-500") as url:
+        assert _sweep(url, prompts, config, tmp_path / "bad").exit_code == 1
+    r = runner.invoke(app, ["compare", str(tmp_path / "good"), str(tmp_path / "bad"), "--perf", "ignore"])
+    assert r.exit_code == 2, r.output
+    assert "does not pass verify" in r.output and "answered expected=answered found=HTTP 500" in r.output
