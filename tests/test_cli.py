@@ -214,7 +214,13 @@ def test_verify_refuses_a_newer_schema_version_and_a_schema_violation(copy_of):
     _edit(dst, lambda d: d.__setitem__("schema_version", 99))
     r = invoke("verify", dst)
     assert r.exit_code == 2 and "schema_version 99 is newer" in r.stderr and "upgrade" in r.stderr
-    _edit(dst, lambda d: (d.__setitem__("schema_version", results.SCHEMA_VERSION), d["levels"][0].__setitem__("ticks", "many")))
+    _edit(
+        dst,
+        lambda d: (
+            d.__setitem__("schema_version", results.SCHEMA_VERSION),
+            d["levels"][0].__setitem__("ticks", "many"),
+        ),
+    )
     r = invoke("verify", dst)
     assert r.exit_code == 2 and "fails the results schema" in r.stderr and "levels.0.ticks" in r.stderr
 

@@ -213,14 +213,11 @@ def _sweep_overrides(
 
 
 def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json: bool, verbose: bool) -> None:
-    staging = bundle.prepare(out_dir, force) if out_dir is not None else None
-    try:
-        data = _run_endpoint(cfg) if cfg.engine.kind == "endpoint" else _run_with_progress(cfg, verbose)
-        if out_dir is not None:
-            err.print(f"wrote {out_dir}: {', '.join(bundle.commit(staging, out_dir, data, force))}", markup=False)
-            staging = None
-    finally:
-        bundle.discard(staging)
+    if out_dir is not None:
+        bundle.prepare(out_dir, force)
+    data = _run_endpoint(cfg) if cfg.engine.kind == "endpoint" else _run_with_progress(cfg, verbose)
+    if out_dir is not None:
+        err.print(f"wrote {out_dir}: {', '.join(bundle.commit(out_dir, data, force))}", markup=False)
     if as_json:
         print_json(data)
     else:

@@ -1,11 +1,12 @@
 """Evidence bundles: a folder with results.json, README.md, commands.txt and a chart.
 
-Writing one is two steps around the run. ``prepare`` checks the destination and
-creates a staging folder beside it before any work is done (so a destination that
-cannot be written is refused at once, by really creating something there). ``commit``
-fills the staging folder and renames it into place, so an interruption or a crash never
-leaves a partial bundle. ``--force`` replaces only a folder that is itself a meshbench
-bundle: a folder holding anything else is never touched.
+Writing one is two steps around the run. ``prepare`` checks the destination before any
+work is done (a destination that cannot be written is refused at once, by really creating
+something there and removing it). ``commit`` creates a staging folder beside it only when
+there is something to write, fills it and renames it into place, so an interruption or a
+crash never leaves a partial bundle (and a killed run leaves no staging folder behind but
+for the instant of writing). ``--force`` replaces only a folder that is itself a meshbench
+bundle of regular files: a folder holding anything else is never touched.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _check_replaceable(out: Path, force: bool) -> None:
                 f"{', ...' if len(entries) > 1 else ''}); meshbench replaces only its own "
                 "bundles, so choose another folder"
             )
-        foreign = [e for e in entries if e not in BUNDLE_FILES]
+        foreign = [e for e in entries if e not in BUNDLE_FILES or not stat.S_ISREG((out / e).lstat().st_mode)]
         if foreign:
             raise MeshbenchError(
                 f"--out {out}: the bundle there also holds {foreign[0]}, which meshbench did "
@@ -97,20 +98,21 @@ def _check_replaceable(out: Path, force: bool) -> None:
             raise MeshbenchError(f"--out {out}: a meshbench bundle already exists there; pass --force to replace it")
 
 
-def prepare(out: Path, force: bool) -> Path:
-    """Check ``out`` and create the staging folder beside it; returns the staging folder.
-
-    The caller removes it with ``discard`` when the run fails, or hands it to ``commit``.
-    """
+def prepare(out: Path, force: bool) -> None:
+    """Check ``out`` before any work: the name can be created, and a staging folder beside it (both are
+    created and removed at once)."""
     check_destination(out, force)
-    parent = out.absolute().parent
     try:
         if not out.exists():  # really try the name itself (too long, a read-only file system, /proc ...)
             os.mkdir(out)
             os.rmdir(out)
-        staging = Path(tempfile.mkdtemp(prefix=".meshbench-tmp-", dir=parent))
+        os.rmdir(_staging(out))
     except OSError as e:
         raise MeshbenchError(f"--out {out}: cannot create a folder there ({e.strerror})") from None
+
+
+def _staging(out: Path) -> Path:
+    staging = Path(tempfile.mkdtemp(prefix=".meshbench-tmp-", dir=out.absolute().parent))
     os.chmod(staging, files.umask_mode(0o777))
     return staging
 
@@ -120,16 +122,18 @@ def discard(staging: Path | None) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def commit(staging: Path, out: Path, data: dict, force: bool = False) -> list[str]:
-    """Validate ``data``, write the bundle into ``staging`` and rename it to ``out``.
+def commit(out: Path, data: dict, force: bool = False) -> list[str]:
+    """Validate ``data``, write the bundle into a staging folder beside ``out`` and rename it to ``out``.
 
-    Returns the file names written. ``staging`` is gone afterwards, whatever happens.
+    Returns the file names written. The staging folder is gone afterwards, whatever happens.
     """
+    staging = None
     try:
         errors = results.schema_errors(data)
         if errors:
             raise MeshbenchError(f"results.json would not validate: {errors[0]}")
         check_destination(out, force)  # again: the folder may have changed during the run
+        staging = _staging(out)
         name = out.name if str(out) == out.name else str(out)
         mode = files.umask_mode(0o666)
         written = [RESULTS, README, COMMANDS]
@@ -154,7 +158,8 @@ def commit(staging: Path, out: Path, data: dict, force: bool = False) -> list[st
 
 def write(out: Path, data: dict, force: bool = False) -> list[str]:
     """prepare + commit, for callers that already have the results."""
-    return commit(prepare(out, force), out, data, force)
+    prepare(out, force)
+    return commit(out, data, force)
 
 
 _RENAME_NOREPLACE = 1

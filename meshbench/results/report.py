@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from meshbench.results import endpoint_report, fault_report
 
 SWEEP_HEADING = "## Concurrency sweep (deterministic)"
@@ -94,6 +96,7 @@ def _limitations(results: dict) -> list[str]:
 
 
 def render_readme(results: dict, bundle_name: str) -> str:
+    bundle_name = shlex.quote(bundle_name)  # a command line a reader pastes: the name is one shell word
     if results.get("kind") == "endpoint":
         return endpoint_report.render_readme(results, bundle_name)
     lines = [
@@ -435,6 +438,7 @@ def _environment(env: dict) -> list[str]:
 
 
 def render_commands(results: dict, bundle_name: str) -> str:
+    bundle_name = shlex.quote(bundle_name)
     if results.get("kind") == "endpoint":
         return endpoint_report.render_commands(results, bundle_name)
     return "\n".join(

@@ -7,6 +7,8 @@ schema violation) raise MeshbenchError instead: there is nothing to check.
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 
 from meshbench import files, validation
@@ -17,6 +19,8 @@ from meshbench.results import document as results
 from meshbench.verify import checks, endpoint, reproduce
 from meshbench.verify.reproduce import Rerun
 from meshbench.workload import config
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def load_bundle(path: Path) -> dict:
@@ -95,6 +99,7 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
             want[k] if k < len(want) else "(end of file)",
             got[k] if k < len(got) else "(end of file)",
         )
+    check_other_files(c, data, path, bundle_name(text, path))
     if data.get("kind") == "endpoint":
         return  # its table is checked with the whole README, and its figures by verify.endpoint
     _check_table(c, "sweep table", report.parse_table(text), report.table_rows(data), report.TABLE_FIELDS, "levels")
@@ -110,12 +115,36 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
         )
 
 
+def check_other_files(c: Checks, data: dict, path: Path, name: str) -> None:
+    """commands.txt as results.json renders it; the chart a regular PNG file, drawn from results.json but not
+    compared (matplotlib's bytes differ by version), said so; any other file, said to be unchecked."""
+    commands = path / bundle.COMMANDS
+    if not commands.is_file() or commands.is_symlink():
+        c.equal(bundle.COMMANDS, "(file)", "present", "missing")
+    else:
+        text = files.read_text(commands, "commands.txt", bundle.MAX_RESULTS_BYTES)
+        c.equal(bundle.COMMANDS, "(as results.json renders it)", report.render_commands(data, name), text)
+    chart = path / bundle.CHART
+    if chart.exists() or chart.is_symlink():
+        regular = chart.is_file() and not chart.is_symlink()
+        c.equal(bundle.CHART, "(a regular PNG file)", True, regular and chart.open("rb").read(8) == PNG_MAGIC)
+        c.notes.append(f"{bundle.CHART}: drawn from {bundle.RESULTS}, not compared with it (unchecked)")
+    for entry in sorted(os.listdir(path)):
+        if entry not in bundle.BUNDLE_FILES:
+            c.notes.append(f"{entry}: not a file meshbench writes; unchecked")
+
+
 def bundle_name(text: str, path: Path) -> str:
-    """The name the bundle was written under, as its README quotes it (``meshbench verify NAME --rerun``):
-    a name is presentation, every other line is checked against results.json."""
+    """The name the bundle was written under, as its README quotes it (``meshbench verify NAME --rerun``, NAME
+    one shell word): a name is presentation, every other line is checked against results.json, and the line
+    itself is rendered again from the name (so a name that is not one quoted word fails)."""
     for line in text.splitlines():
         if line.startswith("meshbench verify "):
-            return line[len("meshbench verify ") :].removesuffix(" --rerun")
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                return path.name
+            return words[2] if len(words) > 2 else path.name
     return path.name
 
 
