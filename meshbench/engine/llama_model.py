@@ -216,8 +216,7 @@ def check_repack_runs(path: Path) -> None:
     if why is not None:
         raise MeshbenchError(
             f"engine.repack true: llama.cpp's repacked CPU kernels {why} on this machine in a "
-            "16-token probe (its AMX kernels need a CPU and kernel that can run them); use "
-            "engine.repack false"
+            "16-token probe of this model in a throwaway process; use engine.repack false"
         )
 
 
@@ -255,7 +254,8 @@ def repack_probe(path: str) -> None:
     cp = lib.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = 256, 32, 32
     ctx = lib.llama_init_from_model(model, cp)
-    batch = lib.llama_batch_get_one((lib.llama_token * 16)(*([1] * 16)), 16)
+    tokens = (lib.llama_token * 16)(*([1] * 16))  # kept alive: the batch holds only a pointer to it
+    batch = lib.llama_batch_get_one(tokens, 16)
     sys.exit(0 if lib.llama_decode(ctx, batch) == 0 else 1)
 
 
