@@ -187,3 +187,43 @@ def test_a_preset_too_small_for_a_vocabulary_gets_none():
     assert preset("dgr-012").vocab_size < vocab.MIN_VOCAB
     with pytest.raises(ValueError, match="at least 259 ids"):
         vocab.pieces(256)
+
+
+def _meta(**over):
+    from meshbench.engine import kv_geometry  # noqa: F401
+
+    m = {
+        "general.architecture": "x",
+        "x.block_count": 3,
+        "x.attention.head_count": [4, 8, 4],
+        "x.attention.head_count_kv": [4, 8, 4],
+        "x.embedding_length": 768,
+    }
+    m.update({f"x.{k}": v for k, v in over.items()})
+    return m
+
+
+def test_kv_geometry_takes_the_default_key_length_from_layer_0_as_llama_cpp_does():
+    from meshbench.engine import kv_geometry
+
+    g = kv_geometry.from_metadata(_meta())
+    assert [layer.k_values for layer in g.layers] == [4 * 192, 8 * 192, 4 * 192]  # 768 / head_count(0) = 192
+
+
+@pytest.mark.parametrize(
+    "over, expect",
+    [
+        ({"attention.head_count_kv": [4, 8]}, "has 2 values for 3 layers"),
+        ({"attention.head_count": 0}, "head_count is 0"),
+        ({"attention.key_length": "64"}, "key_length is '64'"),
+        ({"block_count": 10**9}, "block_count is 1000000000"),
+        ({"embedding_length": -1}, "embedding_length is -1"),
+        ({"attention.head_count_kv": True}, "head_count_kv is True"),
+    ],
+)
+def test_kv_geometry_refuses_metadata_it_cannot_trust(over, expect):
+    from meshbench.engine import kv_geometry
+    from meshbench.errors import MeshbenchError
+
+    with pytest.raises(MeshbenchError, match=expect):
+        kv_geometry.from_metadata(_meta(**over))

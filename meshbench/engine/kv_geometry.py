@@ -67,12 +67,26 @@ class KvGeometry:
         }
 
 
-def _per_layer(value, n_layers: int) -> list[int]:
+MAX_LAYERS = 4096  # far above any model's block_count; bounds what a file can make us allocate
+MAX_DIM = 1 << 20  # an embedding, a head count or a key length
+
+
+def _count(value, key: str, low: int = 1, high: int = MAX_DIM) -> int:
+    """A metadata count: an integer within [low, high], or a MeshbenchError naming the key."""
+    if hasattr(value, "item") and not isinstance(value, (list, tuple)):
+        value = value.item()  # (a numpy scalar, as the gguf package reads them)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise MeshbenchError(f"model: GGUF metadata {key} is {value!r}: need an integer in [{low}, {high}]")
+    return value
+
+
+def _per_layer(value, n_layers: int, key: str, low: int = 1) -> list[int]:
     """A metadata value that is one number for every layer, or one per layer."""
     if isinstance(value, (list, tuple)):
-        assert len(value) == n_layers, (len(value), n_layers)
-        return [int(v) for v in value]
-    return [int(value)] * n_layers
+        if len(value) != n_layers:
+            raise MeshbenchError(f"model: GGUF metadata {key} has {len(value)} values for {n_layers} layers")
+        return [_count(v, key, low) for v in value]
+    return [_count(value, key, low)] * n_layers
 
 
 def from_metadata(meta: dict) -> KvGeometry:
@@ -88,12 +102,14 @@ def from_metadata(meta: dict) -> KvGeometry:
 def _from_metadata(meta: dict) -> KvGeometry:
     arch = meta["general.architecture"]
     p = f"{arch}."
-    n_layers = int(meta[p + "block_count"])
-    heads = _per_layer(meta[p + "attention.head_count"], n_layers)
-    kv_heads = _per_layer(meta.get(p + "attention.head_count_kv", heads), n_layers)
-    embd = int(meta[p + "embedding_length"])
-    key = int(meta.get(p + "attention.key_length", embd // max(heads)))
-    value = int(meta.get(p + "attention.value_length", key))
+    n_layers = _count(meta[p + "block_count"], p + "block_count", 1, MAX_LAYERS)
+    heads = _per_layer(meta[p + "attention.head_count"], n_layers, p + "attention.head_count")
+    # (a layer of no KV heads is one llama.cpp keeps no cache for: some hybrid models have them)
+    kv_heads = _per_layer(meta.get(p + "attention.head_count_kv", heads), n_layers, p + "attention.head_count_kv", 0)
+    embd = _count(meta[p + "embedding_length"], p + "embedding_length")
+    # llama.cpp's default key length is the embedding over layer 0's head count (hparams.n_head(0)), not the largest
+    key = _count(meta.get(p + "attention.key_length", embd // heads[0]), p + "attention.key_length")
+    value = _count(meta.get(p + "attention.value_length", key), p + "attention.value_length")
     return KvGeometry(arch, tuple(LayerKv(h * key, h * value) for h in kv_heads))
 
 
