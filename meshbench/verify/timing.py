@@ -3,7 +3,6 @@ tick, repetitions whose deterministic records equal the first)."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from meshbench.analysis import figures
@@ -89,16 +88,68 @@ def check_timing(c: Checks, data: dict, lv: dict, at: str) -> None:
             True,
             rep["wall_s"] * 1e9 >= max(last, sum(t["tick_ns"] for t in ticks)),
         )
-    reps = [json.dumps([r["sessions"], [t["tick_ns"] for t in r["tick_records"]]]) for r in lv["repetitions"]]
     c.equal(
         RESULTS,
-        f"{at}.repetitions (timing never byte-identical between two: a copy, not a run)",
-        len(reps),
-        len(set(reps)),
+        f"{at}.repetitions (no two with every stamp within {COPY_NS} ns of the other's: a copy, not a run)",
+        [],
+        _copies(lv["repetitions"]),
     )
+    if data["config"]["clock"] == "tick":
+        _check_stamps_after_ticks(c, lv, at)
     m = re.search(r"--repeat[ =](\d+)", data["command"])
     if m:
         c.equal(RESULTS, "config.repeat (= the recorded command's --repeat)", int(m.group(1)), data["config"]["repeat"])
+
+
+COPY_NS = 1000  # two real passes differ by far more, summed over their ticks; a copy with jitter does not
+
+
+def _stamps(rep: dict) -> list[int]:
+    out = [t["tick_ns"] for t in rep["tick_records"]]
+    for s in rep["sessions"]:
+        out += [s["submit_ns"], s["admit_ns"] or 0, *s["token_ns"]]
+    return out
+
+
+def _copies(reps: list[dict]) -> list[list[int]]:
+    """Pairs of repetitions whose every stamp is within COPY_NS of the other's."""
+    stamps = [_stamps(r) for r in reps]
+    return [
+        [i, j]
+        for i in range(len(reps))
+        for j in range(i + 1, len(reps))
+        if len(stamps[i]) == len(stamps[j]) and all(abs(a - b) < COPY_NS for a, b in zip(stamps[i], stamps[j]))
+    ]
+
+
+def _check_stamps_after_ticks(c: Checks, lv: dict, at: str) -> None:
+    """On the tick clock the ticks run back to back from the pass's start, so the tick that made a token ended
+    no earlier than the sum of the durations before it: a token stamped earlier was never measured. Checked for
+    the sessions of one epoch that completed (their tokens' ticks are the record's: the last prompt chunk, then
+    each decode)."""
+    epochs = [s["session_id"] for s in lv["sessions"]]
+    if len(set(epochs)) != len(epochs):
+        return  # (a resubmitted session's ticks are shared by its epochs)
+    made: dict[str, list[int]] = {}
+    prompt = {s["session_id"]: s["prompt_tokens"] for s in lv["sessions"]}
+    for t in lv["tick_records"]:
+        for sid, start, n in t["prefill_chunks"]:
+            if start + n == prompt.get(sid):
+                made.setdefault(sid, []).append(t["tick"])
+        for sid in t["decode_sessions"]:
+            made.setdefault(sid, []).append(t["tick"])
+    for i, rep in enumerate(lv["repetitions"]):
+        ends = [0]
+        for t in rep["tick_records"]:
+            ends.append(ends[-1] + t["tick_ns"])  # ends[k]: the ticks before tick k took this long
+        early = [
+            f"{s['session_id']} token {k}"
+            for s in rep["sessions"]
+            if s["done_reason"] == "COMPLETED" and len(made.get(s["session_id"], [])) == len(s["token_ns"])
+            for k, (tick, stamp) in enumerate(zip(made[s["session_id"]], s["token_ns"]))
+            if tick < len(ends) and stamp < ends[tick]
+        ]
+        c.equal(RESULTS, f"{at}.repetitions[{i}] token stamps (none before the ticks that preceded it)", [], early[:5])
 
 
 def _ordered(stamps: list) -> bool:
