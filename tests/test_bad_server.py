@@ -151,3 +151,16 @@ def test_compare_refuses_a_bundle_whose_sessions_failed(prompts, config, tmp_pat
     r = runner.invoke(app, ["compare", str(tmp_path / "good"), str(tmp_path / "bad"), "--perf", "ignore"])
     assert r.exit_code == 2, r.output
     assert "does not pass verify" in r.output and "answered expected=answered found=HTTP 500" in r.output
+
+
+def test_an_endpoint_sweep_too_large_to_record_is_refused_before_sending(prompts, tmp_path):
+    from test_bad_input import run_refused
+
+    many = tmp_path / "many.txt"
+    many.write_text("a prompt\n" * 1000)
+    with bad_server.serving("never-ends") as url:  # nothing is sent: a request here would never end
+        run_refused(
+            "sweep", "--target", url, "--prompts", many, "--sessions", "1000", "--new-tokens", "100000",
+            "--levels", "1", "--out", tmp_path / "B", expect="more than the 4000000 a results.json can hold",
+        )  # fmt: skip
+    assert not (tmp_path / "B").exists()

@@ -29,12 +29,28 @@ from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig, validate_levels
 
 NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
+# Tokens an endpoint sweep may record (each an id, a stamp and its text, some 30 bytes): beyond this results.json
+# would grow past what verify loads, so such a sweep is refused before it sends anything.
+MAX_RECORDED_TOKENS = 4_000_000
+
+
+def check_record_size(cfg: RunConfig) -> None:
+    new = cfg.workload.new_tokens
+    passes = len(cfg.levels) * cfg.repeat
+    bound = sum(new) * passes + new[0] * (passes + 1)  # every session each pass, and the needle's trials
+    if bound > MAX_RECORDED_TOKENS:
+        raise MeshbenchError(
+            f"this endpoint sweep could record up to {bound} tokens ({len(new)} sessions, {len(cfg.levels)} levels, "
+            f"{cfg.repeat} repetition(s)), more than the {MAX_RECORDED_TOKENS} a results.json can hold: sweep fewer "
+            "sessions, new tokens, levels or repetitions"
+        )
 
 
 def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None) -> dict:
     """The endpoint sweep of ``cfg`` (engine.kind endpoint): its results.json. With ``engine.serve``, llama-server
     is started on the config's model for the sweep and stopped after it."""
     validate_levels(list(cfg.levels), cfg.workload.sessions)
+    check_record_size(cfg)
     if not cfg.engine.serve:
         return _sweep(cfg, cfg.engine.url, command, environment, progress)
     server = llama_server.binary(os.environ.get("MESHBENCH_LLAMA_SERVER"))
