@@ -164,3 +164,58 @@ def test_an_endpoint_sweep_too_large_to_record_is_refused_before_sending(prompts
             "--levels", "1", "--out", tmp_path / "B", expect="more than the 4000000 a results.json can hold",
         )  # fmt: skip
     assert not (tmp_path / "B").exists()
+
+
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["--serve", "llama-server", "--model", "m.gguf", "--server-args", '-np "1'], "No closing quotation"),
+        (["--serve", "llama-server", "--model", "m.gguf", "--server-args", "--host 0.0.0.0"], "--host: meshbench sets"),
+        (["--target", "http://127.0.0.1:9", "--eos", "continue"], "workload.eos continue"),
+        (["--target", "http://127.0.0.1:9", "--max-queue-depth", "3"], "budget: an endpoint sweep"),
+        (["--target", "http://127.0.0.1:9", "--threads", "2"], "engine.threads builds an engine of meshbench's own"),
+        (["--target", "http://127.0.0.1:9", "--isolate"], "engine.isolate builds an engine"),
+        (["--target", "http://127.0.0.1:9", "--serve", "llama-server"], "--target (a server you run) or --serve"),
+        (["--allow-remote"], "engine.allow_remote are an endpoint's"),
+    ],
+)
+def test_an_endpoint_sweep_refuses_what_a_user_cannot_mean(args, expect, prompts, tmp_path):
+    from test_bad_input import run_refused
+
+    run_refused("sweep", *args, "--prompts", prompts, "--sessions", "2", "--levels", "1", expect=expect)
+
+
+def test_a_target_off_this_machine_needs_allow_remote(prompts, tmp_path):
+    from test_bad_input import run_refused
+
+    # 192.0.2.1 is TEST-NET-1 (documentation only): refused before any connection is tried
+    run_refused(
+        "sweep", "--target", "http://192.0.2.1:9", "--prompts", prompts, "--sessions", "2", "--levels", "1",
+        expect="not on this machine (loopback)",
+    )  # fmt: skip
+
+
+def test_an_ipv6_target_keeps_its_brackets():
+    from meshbench.endpoint.client import parse_target
+
+    t = parse_target("http://[::1]:9")
+    assert t.url == "http://[::1]:9" and t.host == "::1" and t.loopback
+
+
+@pytest.mark.parametrize("script", ["sleep 60", "printf 'version: \\377\\376 b1\\n'"])
+def test_a_server_binary_with_a_bad_version_line_is_one_line_or_a_clean_version(script, tmp_path):
+    from meshbench.endpoint import llama_server
+    from meshbench.errors import MeshbenchError
+
+    fake = tmp_path / "llama-server"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    if script.startswith("sleep"):
+        import time
+
+        t0 = time.monotonic()
+        with pytest.raises(MeshbenchError, match="did not answer within 30 s"):
+            llama_server.version(fake)
+        assert time.monotonic() - t0 < 60
+    else:
+        assert llama_server.version(fake) == "\ufffd\ufffd b1"  # (replaced, printable)

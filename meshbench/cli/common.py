@@ -376,6 +376,14 @@ IsolationOpt = Annotated[
         help="Prove isolation at every level by perturbation passes (default on).",
     ),
 ]
+AllowRemoteOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--allow-remote",
+        rich_help_panel="Engine",
+        help="Let --target name a host off this machine; without it only loopback is sent load and prompts.",
+    ),
+]
 IsolationRoundsOpt = Annotated[
     Optional[int],
     typer.Option(

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from meshbench import limits
 from meshbench.cli.common import (
+    AllowRemoteOpt,
     ApiOpt,
     ArrivalsOpt,
     ClockOpt,
@@ -60,6 +61,7 @@ from meshbench.cli.common import (
     workload_overrides,
 )
 from meshbench.endpoint import sweep as endpoint_sweep
+from meshbench.errors import MeshbenchError
 from meshbench.results import bundle, envinfo, report
 from meshbench.results.endpoint_report import cell
 from meshbench.sweep import run
@@ -97,6 +99,7 @@ def sweep(
     eos: EosOpt = None,
     isolation: IsolationOpt = None,
     isolation_rounds: IsolationRoundsOpt = None,
+    allow_remote: AllowRemoteOpt = None,
     inject: InjectOpt = None,
     restart_engine: RestartOpt = None,
     sessions: SessionsOpt = None,
@@ -153,6 +156,7 @@ def _sweep_overrides(
     prefill,
     isolation,
     isolation_rounds,
+    allow_remote,
     engine,
     preset,
     model,
@@ -181,6 +185,8 @@ def _sweep_overrides(
     **_,
 ) -> dict:
     """The sweep's flags as a nested config mapping (only the flags given)."""
+    if target is not None and serve is not None:
+        raise MeshbenchError("give --target (a server you run) or --serve (one meshbench starts), not both")
     return drop_none(
         {
             "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
@@ -202,6 +208,7 @@ def _sweep_overrides(
                 repack=repack,
                 tiled_mm=tiled_mm,
                 **({"kind": "endpoint", "url": target} if target is not None else {}),
+                allow_remote=allow_remote,
                 **({"kind": "endpoint", "serve": serve} if serve is not None else {}),
                 server_args=server_args,
                 api=api,

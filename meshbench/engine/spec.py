@@ -4,10 +4,14 @@ schema's keys equal to them)."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass
 
 from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
+
+# The flags meshbench gives a server it starts (endpoint.llama_server.serving): not the user's to override.
+OWN_SERVER_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-mu", "--model-url", "-hf", "--hf-repo"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,7 @@ class EngineSpec:
     serve: str | None = None  # endpoint: llama-server, started by meshbench on engine.model (or .package)
     server_args: str | None = None  # endpoint: the started server's own flags (its defaults otherwise)
     deadline_s: float = 300.0  # endpoint: one request's deadline, submission to last byte (its session fails then)
+    allow_remote: bool = False  # endpoint: a url off this machine (not loopback) is refused unless this is set
     ban_eog: bool = False  # the workload's eos policy is ban: the engine masks end-of-generation tokens
 
     def __post_init__(self) -> None:
@@ -53,10 +58,11 @@ class EngineSpec:
             or self.serve is not None
             or self.server_args is not None
             or self.deadline_s != 300.0
+            or self.allow_remote
         ):
             raise MeshbenchError(
-                "engine.url, engine.api, engine.serve, engine.server_args and engine.deadline_s are an endpoint's "
-                "(engine.kind endpoint: --target, --serve)"
+                "engine.url, engine.api, engine.serve, engine.server_args, engine.deadline_s and engine.allow_remote "
+                "are an endpoint's (engine.kind endpoint: --target, --serve)"
             )
         gguf = self.kind == "gguf"
         if gguf and not self.model and not self.package:
@@ -83,6 +89,11 @@ class EngineSpec:
             raise MeshbenchError("engine.serve needs the model to serve: engine.model or engine.package")
         if self.server_args is not None and not self.serve:
             raise MeshbenchError("engine.server_args are for a server meshbench starts (engine.serve)")
+        taken = sorted(set(self.server_argv) & OWN_SERVER_FLAGS)
+        if taken:
+            raise MeshbenchError(
+                f"engine.server_args {taken[0]}: meshbench sets the server's model, host (loopback) and port itself"
+            )
         if not (isinstance(self.deadline_s, (int, float)) and 0 < self.deadline_s <= 86400):
             raise MeshbenchError(f"engine.deadline_s {self.deadline_s!r}: give seconds, above 0 and at most 86400")
         ours = {
@@ -126,6 +137,14 @@ class EngineSpec:
         devices = len(rpc.parse_endpoints(self.rpc, "engine.rpc")) if self.rpc else self.workers
         if self.split is not None and len(self.split) != devices:
             raise MeshbenchError(f"engine.split has {len(self.split)} shares for {devices} RPC workers")
+
+    @property
+    def server_argv(self) -> list[str]:
+        """The started server's own flags, split as a shell would (a MeshbenchError for an unterminated quote)."""
+        try:
+            return shlex.split(self.server_args or "")
+        except ValueError as e:
+            raise MeshbenchError(f"engine.server_args {self.server_args!r}: {e}") from None
 
     @property
     def isolated(self) -> bool:

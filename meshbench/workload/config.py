@@ -189,6 +189,10 @@ class RunConfig:
             "workload.arrivals": self.workload.arrivals != "all-at-once",
             "restart_engine": self.restart_engine,
             "prefill chunked": self.prefill != "whole",
+            "budget": self.budget != DGR_012_BUDGET,
+            "workload.eos continue (a server stops at its end-of-generation token, eos stop, or bans it, eos ban)": (
+                self.workload.eos == "continue"
+            ),
         }
         given = [k for k, v in node_only.items() if v]
         if given:
@@ -244,7 +248,9 @@ def _defaults() -> dict:
 DEFAULTS: dict = _defaults()
 # Keys added to the config after results schema 3: a config echo written before them lacks them, and means
 # their defaults (the endpoint's, which a node bundle never uses).
-ADDED_KEYS: dict[str, frozenset[str]] = {"engine": frozenset({"url", "api", "serve", "server_args", "deadline_s"})}
+ADDED_KEYS: dict[str, frozenset[str]] = {
+    "engine": frozenset({"url", "api", "serve", "server_args", "deadline_s", "allow_remote"})
+}
 
 
 def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
