@@ -219,3 +219,22 @@ def test_a_server_binary_with_a_bad_version_line_is_one_line_or_a_clean_version(
         assert time.monotonic() - t0 < 60
     else:
         assert llama_server.version(fake) == "\ufffd\ufffd b1"  # (replaced, printable)
+
+
+def test_verify_holds_the_endpoint_record_to_the_config_and_its_own_stamps(prompts, config, tmp_path):
+    with bad_server.serving("ok") as url:
+        assert _sweep(url, prompts, config, tmp_path / "B", "--repeat", "2").exit_code == 0
+    good = json.loads((tmp_path / "B" / "results.json").read_text())
+    forgeries = {
+        "endpoint.url (= config.engine.url)": lambda d: d["endpoint"].update(url="http://127.0.0.1:1"),
+        "endpoint.loopback": lambda d: d["endpoint"].update(loopback=False),
+        "endpoint.server (the api it answered)": lambda d: d["endpoint"].update(api="openai"),
+        "position (level order rotated by r)": lambda d: d["levels"][0]["repetitions"][1].update(position=0),
+        "needle[0].completion.token_ns": lambda d: d["levels"][1]["needle"][0]["completion"]["token_ns"].reverse(),
+    }
+    from meshbench.verify import bundle as verify
+
+    for name, forge in forgeries.items():
+        d = json.loads(json.dumps(good))
+        forge(d)
+        assert any(name in str(f) for f in verify.check_data(d).failures), name

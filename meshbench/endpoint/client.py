@@ -22,48 +22,19 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshbench.errors import MeshbenchError
+from meshbench.workload.target import Target, parse_target  # noqa: F401 - where an endpoint listens
 
 APIS = ("auto", "native", "openai")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PROBE_TIMEOUT_S = 10.0
 DEADLINE_S = 300.0  # one request, from its submission to its last byte (engine.deadline_s)
 MAX_LINE_BYTES = 1 << 20  # one server-sent event line
 HOLD_BACK = 3  # token ids a stream may hold back at its end (an incomplete UTF-8 character spans up to 4 bytes)
 MAX_TEXT_PER_TOKEN = 64  # characters of text per asked token (a token's piece is a few bytes)
 METRIC_PREFIXES = ("llamacpp:", "vllm:", "sglang:")  # the serving engines' own gauges and counters
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where the endpoint listens: ``http://HOST:PORT``."""
-
-    url: str
-    host: str
-    port: int
-
-    @property
-    def loopback(self) -> bool:
-        return self.host in LOOPBACK
-
-
-def parse_target(url: str) -> Target:
-    """``http://HOST:PORT`` (a path, a query, https or credentials are refused: one line, before any work)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as e:
-        raise MeshbenchError(f"--target {url!r}: not a URL ({e})") from None
-    if parts.scheme != "http" or not parts.hostname or port is None:
-        raise MeshbenchError(f"--target {url!r}: give http://HOST:PORT (an http URL with a host and a port)")
-    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
-        raise MeshbenchError(f"--target {url!r}: give the server's root, http://HOST:PORT, without a path")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 address keeps its brackets
-    return Target(f"http://{host}:{port}", parts.hostname, port)
 
 
 @dataclass(slots=True)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis.checks import Checks
+from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
+from meshbench.workload.target import Target, parse_target
 
 
 def check_data(c: Checks, data: dict) -> None:
@@ -28,11 +30,12 @@ def check_data(c: Checks, data: dict) -> None:
         sorted(cfg["levels"]),
         [lv["concurrency"] for lv in data["levels"]],
     )
+    _check_endpoint_record(c, data)
     lengths, new = dict(zip(ids, wl["prompt_tokens"])), dict(zip(ids, wl["new_tokens"]))
     slo = cfg["slo"]
     for i, lv in enumerate(data["levels"]):
         at = f"levels[{i}]"
-        _check_passes(c, lv, at, ids, cfg["repeat"], len(data["levels"]))
+        _check_passes(c, lv, at, ids, cfg["repeat"], len(data["levels"]), i)
         for r, rep in enumerate(lv["repetitions"]):
             expected = figures.pass_figures(rep["sessions"], rep["wall_s"], lengths, slo, new)
             c.equal(RESULTS, f"{at}.repetitions[{r}].figures (recomputed from the stamps)", expected, rep["figures"])
@@ -58,7 +61,33 @@ def check_data(c: Checks, data: dict) -> None:
     c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, data["conclusions"])
 
 
-def _check_passes(c: Checks, lv: dict, at: str, ids: list[str], repeat: int, count: int) -> None:
+def _check_endpoint_record(c: Checks, data: dict) -> None:
+    """The endpoint record agrees with the config echo: its url (a served one is on loopback), its api, and
+    whether it is on this machine."""
+    e, eng = data["endpoint"], data["config"]["engine"]
+    recorded = _target(e["url"])
+    c.equal(RESULTS, "endpoint.url (http://HOST:PORT)", True, recorded is not None)
+    if recorded is None:
+        return
+    if eng.get("url") is not None:
+        configured = _target(eng["url"])
+        c.equal(RESULTS, "endpoint.url (= config.engine.url)", configured and configured.url, recorded.url)
+    else:
+        c.equal(RESULTS, "endpoint.url (a served endpoint is on loopback)", True, recorded.loopback)
+    c.equal(RESULTS, "endpoint.loopback (= the url's host)", recorded.loopback, e["loopback"])
+    if eng.get("api", "auto") != "auto":
+        c.equal(RESULTS, "endpoint.api (= config.engine.api)", eng["api"], e["api"])
+    c.equal(RESULTS, "endpoint.server (the api it answered)", e["server"] == "llama-server", e["api"] == "native")
+
+
+def _target(url) -> Target | None:
+    try:
+        return parse_target(url)
+    except MeshbenchError:
+        return None
+
+
+def _check_passes(c: Checks, lv: dict, at: str, ids: list[str], repeat: int, count: int, index: int) -> None:
     """Each repetition answers every session once, in order; repetition r ran this level at its place in the
     order rotated by r."""
     c.equal(RESULTS, f"{at}.repetitions (count = config.repeat)", repeat, len(lv["repetitions"]))
@@ -70,7 +99,10 @@ def _check_passes(c: Checks, lv: dict, at: str, ids: list[str], repeat: int, cou
             ids,
             [x["session_id"] for x in rep["sessions"]],
         )
-        c.equal(RESULTS, f"{at}.repetitions[{r}].position (within 0..{count - 1})", True, 0 <= rep["position"] < count)
+        rotated = list(range(r % count, count)) + list(range(r % count))
+        c.equal(
+            RESULTS, f"{at}.repetitions[{r}].position (level order rotated by r)", rotated.index(index), rep["position"]
+        )
 
 
 def _check_needle(c: Checks, lv: dict, at: str, ids: list[str]) -> None:
@@ -87,6 +119,8 @@ def _check_needle(c: Checks, lv: dict, at: str, ids: list[str]) -> None:
         )
         c.equal(RESULTS, f"{where}.position (among its neighbours)", True, 0 <= t["position"] <= len(t["neighbours"]))
         c.equal(RESULTS, f"{where}.completion.session_id", "needle", t["completion"]["session_id"])
+        stamps = [t["completion"]["submit_ns"], *t["completion"]["token_ns"]]
+        c.equal(RESULTS, f"{where}.completion.token_ns (in order, after submit_ns)", True, stamps == sorted(stamps))
 
 
 def _check_stamps(c: Checks, data: dict) -> None:
