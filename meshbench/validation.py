@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import reprlib
 from functools import lru_cache
 from importlib import resources
@@ -57,3 +58,32 @@ def _short(e: jsonschema.ValidationError) -> str:
         return f"{_repr.repr(e.instance)} has {len(e.instance)} entries, more than the {e.validator_value} allowed"
     message = e.message
     return message if len(message) <= 200 else message[:200] + "..."
+
+
+def unrepresentable(value, path: str = "") -> str | None:
+    """The first value JSON Schema cannot judge and a results file must never hold: a float that is not finite
+    (YAML's .nan, JSON's 1e999) or a string with a lone surrogate (which no UTF-8 file can store). Its path, or
+    None. Iterative: a deeply nested value is walked without recursion."""
+    stack = [(path, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{where or '(top level)'}: {v!r} is not a finite number"
+        if isinstance(v, str) and _surrogate(v):
+            return f"{where or '(top level)'}: holds a lone surrogate (not encodable as UTF-8)"
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(k, str) and _surrogate(k):
+                    return f"{where or '(top level)'}: a key holds a lone surrogate (not encodable as UTF-8)"
+                stack.append((f"{where}.{k}" if where else str(k), x))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", x) for i, x in enumerate(v))
+    return None
+
+
+def _surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

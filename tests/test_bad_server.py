@@ -238,3 +238,13 @@ def test_verify_holds_the_endpoint_record_to_the_config_and_its_own_stamps(promp
         d = json.loads(json.dumps(good))
         forge(d)
         assert any(name in str(f) for f in verify.check_data(d).failures), name
+
+
+@pytest.mark.parametrize("flag", ["--hf_repo x/y", "-hfr x/y", "--host=0.0.0.0", "--port=1", "--model_url http://e"])
+def test_server_args_cannot_move_the_model_or_the_address_in_any_spelling(flag, prompts):
+    from test_bad_input import run_refused
+
+    run_refused(
+        "sweep", "--serve", "llama-server", "--model", "m.gguf", "--server-args", flag, "--prompts", prompts,
+        "--sessions", "2", "--levels", "1", expect="meshbench sets the server's model, host (loopback) and port",
+    )  # fmt: skip

@@ -61,7 +61,9 @@ def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: in
 
 
 def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None, seed: int) -> list[int]:
-    e = GgufEngine(model, b, prompt + steps + 4, threads, max_prompt=prompt)
+    # The prompts are prefilled one a tick, so the first session has made b - 1 tokens when the batch is
+    # first full: each session asks for b more, and every run has its ``steps`` full-batch ticks (never none).
+    e = GgufEngine(model, b, prompt + steps + b + 4, threads, max_prompt=prompt)
     budget = NodeBudget(
         weight_bytes=1 << 40,
         kv_bytes=1 << 40,
@@ -73,14 +75,15 @@ def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threa
     )
     sched = NodeDriver(e, budget)
     for i, p in enumerate(_prompts(b, prompt, model.vocab_size, seed)):
-        sched.submit(GenerationRequest(f"s{i}", tuple(p), steps + 2))
+        sched.submit(GenerationRequest(f"s{i}", tuple(p), steps + b + 2))
     timed = []
     while sched.has_work():
         rec = sched.run_tick()
         if rec.decode_batch == b and not rec.prefill_sessions and not rec.completed:
             timed.append(rec.tick_ns)
     e.close()
-    return timed[1:]  # the first full-batch tick is the warm-up, as on the raw side
+    assert len(timed) > steps, (len(timed), steps)
+    return timed[1 : steps + 1]  # the first full-batch tick is the warm-up, as on the raw side
 
 
 def run(
@@ -94,7 +97,7 @@ def run(
     endpoints=(),
 ) -> dict:
     model = LoadedModel(model_path, "cpu", False, endpoints)
-    check_context(prompt + steps + 4, model.n_ctx_train)
+    check_context(prompt + steps + max(batches) + 4, model.n_ctx_train)
     rows = []
     for b in batches:
         progress(f"batch {b}")
@@ -153,7 +156,7 @@ def run_workers(
             with workers.spawned(w, threads) as pool:
                 model = LoadedModel(model_path, "cpu", False, pool.endpoints)
                 try:
-                    check_context(prompt + steps + 4, model.n_ctx_train)
+                    check_context(prompt + steps + max(batches) + 4, model.n_ctx_train)
                     for b in batches:
                         samples[w][b] += scheduler_step_ns(model, b, prompt, steps, threads, seed)
                 finally:

@@ -24,7 +24,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from meshbench import files
 from meshbench.engine.process.proxy import child_environment
+from meshbench.model import gguf_io
 
 BATCHES = (1, 2, 4, 6, 7, 8, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (
@@ -52,6 +54,7 @@ def run(
     seed: int,
     progress: Callable[[str], None] = lambda msg: None,
 ) -> dict:
+    gguf_io.check_model_file(files.regular_file(str(model_path), "--model"))  # once, before any recipe's process
     recipes = []
     for repack, tiled, contexts in GROUPS:
         progress(f"repack {'on' if repack else 'off'}, tiled_mm {tiled}: {', '.join(contexts)}")

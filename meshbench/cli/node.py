@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -48,6 +49,8 @@ def serve(
             "port can run tensors on this machine",
             markup=False,
         )
+    if cache is not None and Path(cache).exists() and not Path(cache).is_dir():
+        raise MeshbenchError(f"--cache {cache}: exists and is not a directory (llama.cpp keeps its tensor cache there)")
     rpc.libraries()  # an RPC-capable build, or the one line that says how to get it
     _check_port_free(endpoint)
     server = threading.Thread(target=rpc.serve, args=(endpoint, threads or os.cpu_count() or 1, cache), daemon=True)

@@ -156,9 +156,14 @@ def _performance(b: dict, c: dict, tolerance: float, figs: list[str]) -> dict:
                 "baseline": stats.summary(xs),
                 "candidate": stats.summary(ys),
                 "higher_is_better": higher,
-                "ratio": stats.summary(ys)["median"] / stats.summary(xs)["median"],
+                "ratio": _ratio(stats.summary(ys)["median"], stats.summary(xs)["median"]),
             }
     return out
+
+
+def _ratio(candidate: float, baseline: float) -> float | None:
+    """candidate / baseline, None from a zero baseline (JSON has no infinity; the verdict says +-100%)."""
+    return candidate / baseline if baseline else None
 
 
 def summarize(report: dict) -> dict:
@@ -194,9 +199,10 @@ def render(report: dict) -> str:
             f" ({len(o['sessions_changed'])} of {o['sessions_compared']} differ)" if o["verdict"] == "changed" else ""
         )
         for f, v in lv["performance"].items():
+            ratio = "-" if v["ratio"] is None else f"{v['ratio']:.2f}"
             lines.append(
                 f"| {lv['concurrency']} | {outs} | {f} | {_s(v['baseline'])} | {_s(v['candidate'])} | "
-                f"{v['ratio']:.2f} | {v['verdict']}{'' if v['strong'] else ' (weak)'} |"
+                f"{ratio} | {v['verdict']}{'' if v['strong'] else ' (weak)'} |"
             )
     return "\n".join(lines) + "\n"
 

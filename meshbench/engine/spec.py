@@ -11,7 +11,11 @@ from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
 
 # The flags meshbench gives a server it starts (endpoint.llama_server.serving): not the user's to override.
-OWN_SERVER_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-mu", "--model-url", "-hf", "--hf-repo"})
+# (where the model comes from, too: a hub flag would make the server fetch and serve another model)
+OWN_SERVER_FLAGS = frozenset(
+    {"-m", "--model", "--host", "--port", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file",
+     "-dr", "--docker-repo", "-hft", "--hf-token", "--path", "--api-prefix"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,9 @@ class EngineSpec:
             raise MeshbenchError("engine.serve needs the model to serve: engine.model or engine.package")
         if self.server_args is not None and not self.serve:
             raise MeshbenchError("engine.server_args are for a server meshbench starts (engine.serve)")
-        taken = sorted(set(self.server_argv) & OWN_SERVER_FLAGS)
+        # llama.cpp reads --a_b as --a-b, and --flag=value as --flag value
+        flags = {a.split("=", 1)[0].replace("_", "-") if a.startswith("--") else a for a in self.server_argv}
+        taken = sorted(flags & OWN_SERVER_FLAGS)
         if taken:
             raise MeshbenchError(
                 f"engine.server_args {taken[0]}: meshbench sets the server's model, host (loopback) and port itself"

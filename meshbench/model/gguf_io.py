@@ -172,6 +172,18 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
+def _number(reader, key: str, kind: type, default=None):
+    """A metadata number of ``kind`` (an int, or a float that may be given as an int), never a list or a string:
+    the one-line refusal names the key."""
+    v = _field(reader, key, default)
+    if hasattr(v, "item") and not isinstance(v, (list, tuple)):
+        v = v.item()
+    ok = isinstance(v, (int, float) if kind is float else int) and not isinstance(v, bool)
+    if not ok or v < 0:
+        raise MeshbenchError(f"model: GGUF metadata {key} is {v!r}, not a {kind.__name__} >= 0")
+    return kind(v)
+
+
 def read_weights(path: Path) -> tuple[ModelConfig, Weights]:
     """The config and float32 weights of a llama-architecture GGUF (F32, F16, Q8_0, Q4_0)."""
     gguf = _gguf()
@@ -182,8 +194,8 @@ def read_weights(path: Path) -> tuple[ModelConfig, Weights]:
     if arch != ARCH:
         raise MeshbenchError(f"model {path}: architecture {arch!r} is not supported (only {ARCH!r})")
     p = f"{ARCH}."
-    n_heads = int(_field(reader, p + "attention.head_count"))
-    dim = int(_field(reader, p + "embedding_length"))
+    n_heads = _number(reader, p + "attention.head_count", int)
+    dim = _number(reader, p + "embedding_length", int)
     tensors = {}
     Q = gguf.GGMLQuantizationType
     for t in reader.tensors:
@@ -194,16 +206,16 @@ def read_weights(path: Path) -> tuple[ModelConfig, Weights]:
         tensors[t.name] = np.asarray(data, dtype=np.float32).reshape(shape)
     vocab = tensors["token_embd.weight"].shape[0] if "token_embd.weight" in tensors else None
     cfg = ModelConfig(
-        vocab_size=int(_field(reader, p + "vocab_size", vocab)),
+        vocab_size=_number(reader, p + "vocab_size", int, vocab),
         dim=dim,
-        n_layers=int(_field(reader, p + "block_count")),
+        n_layers=_number(reader, p + "block_count", int),
         n_heads=n_heads,
-        n_kv_heads=int(_field(reader, p + "attention.head_count_kv", n_heads)),
-        ffn_dim=int(_field(reader, p + "feed_forward_length")),
-        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
-        norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
+        n_kv_heads=_number(reader, p + "attention.head_count_kv", int, n_heads),
+        ffn_dim=_number(reader, p + "feed_forward_length", int),
+        rope_theta=_number(reader, p + "rope.freq_base", float, 10000.0),
+        norm_eps=_number(reader, p + "attention.layer_norm_rms_epsilon", float),
         dtype="float32",
-        context_length=int(_field(reader, p + "context_length")),
+        context_length=_number(reader, p + "context_length", int),
     )
     try:
         return cfg, Weights.from_named(cfg, tensors)

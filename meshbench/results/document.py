@@ -106,4 +106,7 @@ def load(path: Path) -> dict:
         raise MeshbenchError(f"{path}: nested too deeply to be a meshbench results file") from None
     if not isinstance(data, dict):
         raise MeshbenchError(f"{path}: expected a JSON object at the top level")
+    bad = validation.unrepresentable(data)
+    if bad:
+        raise MeshbenchError(f"{path}: {bad}")
     return data

@@ -4,6 +4,7 @@ compares)."""
 from __future__ import annotations
 
 from meshbench.names import RESULTS
+from meshbench.results import markdown
 
 TABLE_HEADER = (
     "| C | differ from C=ref | max distinct per session | needle distinct / differ from alone | "
@@ -67,7 +68,7 @@ def render_readme(data: dict, name: str) -> str:
     e, wl, v = data["endpoint"], data["workload"], data["verdicts"]
     reps = len(data["levels"][0]["repetitions"])
     lines = [
-        f"# {data['story']}: {data['title']}",
+        f"# {markdown.inline(data['story'])}: {markdown.inline(data['title'])}",
         "",
         f"A serving endpoint as the node under test: {e['server']} at {e['url']} ({e['api']} API"
         + (f", build {e['build_info']}" if e.get("build_info") else "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from meshbench.engine import factory
 from meshbench.engine.base import check_context
 from meshbench.engine.setup import EngineSizing, close_engine
+from meshbench.errors import MeshbenchError
 from meshbench.sweep.driver import NodeDriver
 from meshbench.sweep.run import node
 from meshbench.workload import arrivals, prompts
@@ -18,6 +19,11 @@ from meshbench.workload.config import RunConfig, Workload
 
 def run(cfg: RunConfig, burst: int | None = None) -> dict:
     """On the node the config describes (its RPC workers too, started and stopped around the run)."""
+    if cfg.engine.kind == "endpoint":
+        raise MeshbenchError(
+            "admit runs meshbench's own node's admission; a served endpoint admits by its own rules "
+            "(sweep --target measures it)"
+        )
     cfg = prompts.apply(cfg)
     with node(cfg) as on:
         return _run(cfg, burst, on.endpoints)

@@ -76,11 +76,24 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
 def check_data(data: dict) -> Checks:
     """Every check that needs only the results (what ``sweep`` runs on its own output)."""
     c = Checks()
+    served = data["config"]["engine"]["kind"] == "endpoint"
+    c.equal(bundle.RESULTS, "config.engine.kind (the records' kind)", served, data.get("kind") == "endpoint")
+    c.equal(
+        bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, _plain_command(data["command"])
+    )
     (endpoint.check_data if data.get("kind") == "endpoint" else checks.check_data)(c, data)
     compute = data["environment"].get("compute")
     if compute is not None:  # a rerun trusts it to say whether floats must agree bit for bit
         c.equal(bundle.RESULTS, "environment.compute.digest", fingerprint.digest(compute), compute["digest"])
     return c
+
+
+def _plain_command(command: str) -> bool:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return bool(words) and words[0] == "meshbench" and " ".join(shlex.quote(w) for w in words) == command
 
 
 def check_readme(c: Checks, data: dict, path: Path) -> None:

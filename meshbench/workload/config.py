@@ -310,6 +310,9 @@ def read_yaml(path: str | Path) -> dict:
         data = {}
     if not isinstance(data, dict):
         raise MeshbenchError(f"config {p}: expected a mapping at the top level, got {type(data).__name__}")
+    bad = validation.unrepresentable(data)
+    if bad:
+        raise MeshbenchError(f"config {p}: {bad}")
     return data
 
 
