@@ -251,7 +251,7 @@ def _bundle_data(factory) -> dict:
         "weight_bytes": 1,
         "scratch_bytes_per_session": 1,
     }
-    data = results.build(cfg, sw, info, envinfo.environment(), "test")
+    data = results.build(cfg, sw, info, envinfo.environment(), "meshbench sweep")
     return json.loads(results.dumps(data))
 
 
