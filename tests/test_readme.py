@@ -53,7 +53,7 @@ def test_readme_opens_with_the_two_setup_commands():
     block = README.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
     assert block[0] == "pip install -e . && meshbench sweep"
     flags = "-DGGML_RPC=on -DLLAVA_BUILD=off"
-    assert block[1].startswith(f"CMAKE_ARGS=\"{flags}\" pip install -e '.[gguf,dev]' && python -m pytest")
+    assert block[1].startswith(f"CMAKE_ARGS=\"{flags}\" pip install -e '.[gguf,dev,server]' && python -m pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     assert flags in ci  # CI installs the way a reader does
 

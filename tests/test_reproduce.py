@@ -153,3 +153,33 @@ def test_plain_verify_checks_the_fingerprint_digest(recorded):
     data = copy.deepcopy(recorded)
     data["environment"]["compute"]["cpu"] = "Forged CPU"
     assert [f.field for f in verify.check_data(data).failures] == ["environment.compute.digest"]
+
+
+def test_the_fingerprint_names_numpys_blas_whatever_was_loaded_first():
+    import subprocess
+    import sys
+
+    code = "from meshbench.results import fingerprint; print(fingerprint.fingerprint()['digest'])"
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    scipy_first = subprocess.run(
+        [sys.executable, "-c", "import scipy.linalg; " + code], capture_output=True, text=True, check=True
+    ).stdout
+    assert plain == scipy_first
+
+
+def test_the_smallest_margin_names_the_token_most_likely_to_flip_elsewhere(recorded):
+    from meshbench.analysis import figures
+    from meshbench.results import report
+
+    levels = copy.deepcopy(recorded["levels"])
+    levels[1]["sessions"][3]["margins"][2] = 0.001
+    levels[0]["sessions"][0]["margins"][0] = None  # a non-finite margin is not a near-tie
+    low = figures.smallest_margin(levels)
+    assert low == {"margin": 0.001, "session_id": "s3", "token": 2, "concurrency": levels[1]["concurrency"]}
+    text = report.render_readme(dict(recorded, levels=levels), "B")
+    assert "smallest top-1 minus top-2 margin: 0.001 (session s3 token 2 at level 2): a near-tie" in text
+    far = copy.deepcopy(recorded["levels"])
+    for lv in far:
+        for s in lv["sessions"]:
+            s["margins"] = [0.5 for _ in s["margins"]]
+    assert "no near-tie" in report.render_readme(dict(recorded, levels=far), "B")

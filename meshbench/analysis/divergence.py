@@ -11,11 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from meshbench.analysis.figures import NEAR_TIE
 from meshbench.errors import MeshbenchError
 from meshbench.workload.config import RunConfig
-
-# A top-1 minus top-2 logit margin below this is a near-tie that kernel rounding can flip.
-NEAR_TIE = 0.05
 
 
 def classify(cfg: RunConfig, data: dict, run_sweep: Callable[[RunConfig], dict]) -> str:

@@ -182,3 +182,20 @@ def saturation_level(levels: Sequence[int], occupancy: Sequence[float], margin: 
         if occupancy[i + 1] <= occupancy[i] * (1.0 + margin):
             return levels[i]
     return levels[-1]
+
+
+# A top-1 minus top-2 logit margin below this is a near-tie that kernel rounding can flip (on another CPU, another
+# BLAS kernel or another llama.cpp build): such a bundle may not reproduce token for token there.
+NEAR_TIE = 0.05
+
+
+def smallest_margin(levels: Sequence[dict]) -> dict | None:
+    """The smallest recorded margin of any token at any level, and where: the token most likely to flip on kernels
+    that round differently (None: no finite margin recorded)."""
+    best = None
+    for lv in levels:
+        for s in lv["sessions"]:
+            for t, m in enumerate(s["margins"]):
+                if m is not None and (best is None or m < best["margin"]):
+                    best = {"margin": m, "session_id": s["session_id"], "token": t, "concurrency": lv["concurrency"]}
+    return best

@@ -58,9 +58,11 @@ def blas() -> dict | None:
         from threadpoolctl import threadpool_info  # noqa: PLC0415
     except ImportError:
         return None
-    for lib in threadpool_info():
-        if lib.get("user_api") == "blas":
-            return {
+    libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    # numpy's own, whichever other library (scipy's) was loaded before it: the one the synthetic engine runs
+    libs.sort(key=lambda lib: "numpy" not in str(lib.get("filepath", "")))
+    for lib in libs[:1]:
+        return {
                 "library": str(lib.get("internal_api")),
                 "version": None if lib.get("version") is None else str(lib["version"]),
                 "kernel": None if lib.get("architecture") is None else str(lib["architecture"]),

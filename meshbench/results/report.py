@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from meshbench.analysis import figures
 from meshbench.results import endpoint_report, fault_report, markdown
 
 SWEEP_HEADING = "## Concurrency sweep (deterministic)"
@@ -111,6 +112,7 @@ def render_readme(results: dict, bundle_name: str) -> str:
         *_backpressure_section(results),
         *_wall_section(results),
         *_environment(results["environment"]),
+        *_reproduction(results),
         "## Reproduce",
         "",
         "```bash",
@@ -435,6 +437,43 @@ def _environment(env: dict) -> list[str]:
         + (" (dirty work tree)" if env.get("git_dirty") else ""),
         "",
     ]
+
+
+def _reproduction(results: dict) -> list[str]:
+    """What is machine-bound, and how close the closest call was."""
+    fp = results["environment"].get("compute")
+    low = figures.smallest_margin(results["levels"])
+    lines = [
+        "## Reproducing it on another machine",
+        "",
+        "`verify --rerun` holds tokens, the schedule, admission, KV bytes, ticks, the decode feed and the verdicts "
+        "identical on any machine; logit margins bit for bit on this compute fingerprint, and within a stated "
+        "tolerance on another (the largest deviation is reported).",
+        "",
+        f"- compute fingerprint {fp['digest'][:12]}: {fp['cpu']}; SIMD {' '.join(fp['simd']) or 'none read'}; "
+        + (
+            f"BLAS {fp['blas']['library']} {fp['blas']['version']}, kernel {fp['blas']['kernel']}"
+            if fp["blas"]
+            else "no BLAS"
+        )
+        + f"; OPENBLAS_CORETYPE {fp['openblas_coretype'] or 'unset'}; "
+        + (f"llama.cpp {fp['llama_cpp']['version']}" if fp["llama_cpp"] else "no llama.cpp")
+        if fp
+        else "- compute fingerprint: not recorded (a bundle from before meshbench recorded it)",
+    ]
+    if low is not None:
+        near = low["margin"] < figures.NEAR_TIE
+        lines.append(
+            f"- smallest top-1 minus top-2 margin: {low['margin']:.3g} (session {low['session_id']} token "
+            f"{low['token']} at level {low['concurrency']})"
+            + (
+                f": a near-tie (below {figures.NEAR_TIE}); kernels that round differently may flip that token, so this "
+                "bundle may not reproduce token for token on another CPU"
+                if near
+                else f": no near-tie (below {figures.NEAR_TIE}); rounding elsewhere is far too small to flip a token"
+            )
+        )
+    return [*lines, ""]
 
 
 def render_commands(results: dict, bundle_name: str) -> str:
