@@ -93,3 +93,24 @@ def test_a_killed_sweep_leaves_no_staging_folder(tmp_path):
         proc.wait(timeout=30)
         proc.stderr.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_readme_with_crlf_line_ends_is_not_what_results_json_renders(copy):
+    readme = copy / "README.md"
+    readme.write_bytes(readme.read_bytes().replace(b"\n", b"\r\n"))
+    r = _verify(copy)
+    assert r.exit_code == 1 and "README.md: line 1 (the README as results.json renders it)" in r.output
+
+
+def test_config_levels_that_disagree_with_the_bundles_levels_fail_verify(made, tmp_path):
+    import json
+
+    dst = tmp_path / "L"
+    shutil.copytree(made, dst)
+    data = json.loads((dst / "results.json").read_text())
+    data["config"]["levels"] = [1, 2, 4]
+    (dst / "results.json").write_text(json.dumps(data))
+    r = _verify(dst)
+    assert r.exit_code == 1 and "levels (config.levels ascending, once per rate or fault row)" in r.output.replace(
+        "\n", ""
+    )

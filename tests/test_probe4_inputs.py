@@ -129,3 +129,11 @@ def test_bench_gguf_with_steps_at_the_batch_measures_instead_of_nan(tmp_path):
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout)["batches"][0]
     assert row["ratio"] > 0 and row["ratio"] == row["ratio"]  # a number, not nan
+
+
+def test_yaml_tiled_mm_off_unquoted_means_off(tmp_path):
+    from meshbench.workload import config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("engine: {kind: gguf, model: m.gguf, tiled_mm: off}\n")
+    assert config.read_yaml(cfg)["engine"]["tiled_mm"] == "off"

@@ -63,11 +63,11 @@ def blas() -> dict | None:
     libs.sort(key=lambda lib: "numpy" not in str(lib.get("filepath", "")))
     for lib in libs[:1]:
         return {
-                "library": str(lib.get("internal_api")),
-                "version": None if lib.get("version") is None else str(lib["version"]),
-                "kernel": None if lib.get("architecture") is None else str(lib["architecture"]),
-                "threads": int(lib.get("num_threads") or 0),
-            }
+            "library": str(lib.get("internal_api")),
+            "version": None if lib.get("version") is None else str(lib["version"]),
+            "kernel": None if lib.get("architecture") is None else str(lib["architecture"]),
+            "threads": int(lib.get("num_threads") or 0),
+        }
     return None
 
 

@@ -246,8 +246,8 @@ def verdict_lines(results: dict) -> list[str]:
         f"- **batch invariance**: batch_invariant = {results['batch_invariant']}: whether every session's tokens at "
         f"every level equal {compared}, byte for byte. A failure here with isolation holding is the engine's "
         "shape-dependent numerics, not a leak between sessions, within the bound the isolation passes state.",
-        f"- **corruption_free = {results['corruption_free']}**: no session failed, and isolation holds at every "
-        "level where it ran"
+        f"- **corruption_free = {results['corruption_free']}**: no session failed but by an injected fault, and "
+        "isolation holds at every level where it ran"
         + ("" if iso["every_level"] else "; where it could not run, batch invariance must hold too, as in the seed")
         + ".",
     ]

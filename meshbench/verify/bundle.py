@@ -104,13 +104,14 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
     text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
     expected = report.render_readme(data, bundle_name(text, path))
     if text != expected:  # generated from results.json: every line is checked, prose included
-        want, got = expected.splitlines(), text.splitlines()
+        # (split on \n alone: a line ending in \r differs, and so does a missing or an extra last newline)
+        want, got = expected.split("\n"), text.split("\n")
         k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
         c.equal(
             bundle.README,
             f"line {k + 1} (the README as results.json renders it)",
-            want[k] if k < len(want) else "(end of file)",
-            got[k] if k < len(got) else "(end of file)",
+            repr(want[k]) if k < len(want) else "(end of file)",
+            repr(got[k]) if k < len(got) else "(end of file)",
         )
     check_other_files(c, data, path, bundle_name(text, path))
     if data.get("kind") == "endpoint":

@@ -20,6 +20,14 @@ def check_config_copies(c: Checks, data: dict) -> None:
     """The top-level workload and budget are copies of the config echo's."""
     c.equal(RESULTS, "workload (= config.workload)", data["config"]["workload"], data["workload"])
     c.equal(RESULTS, "budget (= config.budget)", data["config"]["budget"], data["budget"])
+    cfg = data["config"]
+    groups = len(cfg["faults"]) or len(cfg["rates"] or ()) or 1  # each fault row or rate runs every level
+    c.equal(
+        RESULTS,
+        "levels (config.levels ascending, once per rate or fault row)",
+        sorted(cfg["levels"]) * groups,
+        [lv["concurrency"] for lv in data["levels"]],
+    )
 
 
 def check_level_figures(c: Checks, data: dict, lv: dict, at: str) -> None:

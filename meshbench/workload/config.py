@@ -313,6 +313,9 @@ def read_yaml(path: str | Path) -> dict:
     bad = validation.unrepresentable(data)
     if bad:
         raise MeshbenchError(f"config {p}: {bad}")
+    engine = data.get("engine")
+    if isinstance(engine, dict) and engine.get("tiled_mm") is False:
+        engine["tiled_mm"] = "off"  # YAML 1.1 reads an unquoted off as false; the docs write it so
     return data
 
 
