@@ -62,13 +62,16 @@ def _short(e: jsonschema.ValidationError) -> str:
 
 def unrepresentable(value, path: str = "") -> str | None:
     """The first value JSON Schema cannot judge and a results file must never hold: a float that is not finite
-    (YAML's .nan, JSON's 1e999) or a string with a lone surrogate (which no UTF-8 file can store). Its path, or
-    None. Iterative: a deeply nested value is walked without recursion."""
+    (YAML's .nan, JSON's 1e999), an integer beyond 64 bits (no float holds it), or a string with a lone
+    surrogate (which no UTF-8 file can store). Its path, or None. Iterative: a deeply nested value is walked
+    without recursion."""
     stack = [(path, value)]
     while stack:
         where, v = stack.pop()
         if isinstance(v, float) and not math.isfinite(v):
             return f"{where or '(top level)'}: {v!r} is not a finite number"
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 1 << 63:
+            return f"{where or '(top level)'}: an integer beyond 64 bits"
         if isinstance(v, str) and _surrogate(v):
             return f"{where or '(top level)'}: holds a lone surrogate (not encodable as UTF-8)"
         if isinstance(v, dict):

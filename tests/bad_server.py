@@ -35,8 +35,11 @@ MODES_NATIVE = (
     "stall",  # sends headers, then nothing
     "huge-line",
     "ignores-eos-ban",  # stops after 1 token whatever was asked
+    "no-token-ids",  # ignores return_tokens: text only
+    "drip",  # a byte every 0.2 s, never a whole line
     "metrics-1e400",
     "props-bad",  # total_slots a string, a 5000-character model path
+    "props-drip",  # /props: a byte every 0.2 s for a minute
 )
 MODES_OPENAI = (
     "ok",
@@ -75,6 +78,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         mode, native = self.server.mode, self.server.api == "native"
         if self.path == "/props" and native:
+            if mode == "props-drip":
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                for _ in range(300):
+                    try:
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                    except OSError:
+                        return None
+                    time.sleep(0.2)
+                return None
             if mode == "props-bad":
                 return self._json({"build_info": "b1", "model_path": "m" * 5000, "total_slots": "many"})
             return self._json({"build_info": "bad-server 1", "model_path": "/models/tiny.gguf", "total_slots": 4})
@@ -148,6 +163,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._send(wrong[mode])
         if mode == "non-utf8":
             return self._send(b'{"content": "\xff\xfe", "tokens": [10]}')
+        if mode == "no-token-ids":
+            for i in range(n):
+                self._send({"content": f" t{i}", "stop": False})
+            return self._send({"content": "", "stop": True, "stop_type": "limit", "tokens_evaluated": evaluated})
+        if mode == "drip":
+            self.wfile.write(b"data: ")
+            for _ in range(300):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.2)
+            return None
         if mode == "huge-line":
             return self._send({"content": "x" * (2 << 20), "tokens": [10], "stop": False})
         count = {"too-many-tokens": 100_000, "ignores-eos-ban": 1}.get(mode, n)

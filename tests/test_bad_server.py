@@ -27,7 +27,7 @@ def prompts(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("c") / "deadline.yaml"
-    p.write_text("engine:\n  deadline_s: 3\n")
+    p.write_text("engine:\n  deadline_s: 2\n")
     return p
 
 
@@ -53,9 +53,9 @@ def test_a_server_that_answers_well_passes(api, prompts, config, tmp_path):
     assert runner.invoke(app, ["verify", str(tmp_path / "B")]).exit_code == 0
 
 
-WRONG = [("native", m) for m in bad_server.MODES_NATIVE if m not in ("ok", "metrics-1e400", "props-bad")] + [
-    ("openai", m) for m in bad_server.MODES_OPENAI if m != "ok"
-]
+WRONG = [
+    ("native", m) for m in bad_server.MODES_NATIVE if m not in ("ok", "metrics-1e400", "props-bad", "props-drip")
+] + [("openai", m) for m in bad_server.MODES_OPENAI if m != "ok"]
 
 
 @pytest.mark.parametrize("api, mode", WRONG)
@@ -97,10 +97,12 @@ def test_a_server_that_sheds_load_fails_only_where_it_shed(prompts, config, tmp_
         ("predicted-negative", "'tokens_predicted' is -1, not a count"),
         ("too-many-tokens", "more than the 3 tokens asked for"),
         ("never-ends", "more than the 3 tokens asked for"),
-        ("stall", "no answer within the deadline (3 s)"),
+        ("stall", "no answer within the deadline (2 s)"),
         ("huge-line", "a line over 1048576 bytes"),
         ("ignores-eos-ban", "stopped at 1 of 3 tokens under eos ban"),
         ("close-early", "the stream closed before its end"),
+        ("no-token-ids", "text but no token ids"),
+        ("drip", "no answer within the deadline (2 s)"),
     ],
 )
 def test_each_failure_says_what_was_wrong(mode, expect, prompts, config, tmp_path):
@@ -248,3 +250,17 @@ def test_server_args_cannot_move_the_model_or_the_address_in_any_spelling(flag, 
         "sweep", "--serve", "llama-server", "--model", "m.gguf", "--server-args", flag, "--prompts", prompts,
         "--sessions", "2", "--levels", "1", expect="meshbench sets the server's model, host (loopback) and port",
     )  # fmt: skip
+
+
+def test_a_server_that_drips_its_props_is_one_line_within_the_probe_timeout(prompts, tmp_path):
+    import time
+
+    from test_bad_input import run_refused
+
+    t0 = time.monotonic()
+    with bad_server.serving("props-drip") as url:
+        run_refused(
+            "sweep", "--target", url, "--prompts", prompts, "--sessions", "2", "--levels", "1",
+            expect="no whole answer within 10 s",
+        )  # fmt: skip
+    assert time.monotonic() - t0 < 30

@@ -269,3 +269,15 @@ def test_verify_catches_a_forged_isolation_verdict(tmp_path):
     r = CliRunner().invoke(app, ["verify", str(out)])
     assert r.exit_code == 1
     assert "levels[1].isolation_verdict" in r.output and "corruption_free" in r.output
+
+
+def test_verify_holds_confirmation_passes_to_the_suspects_they_confirm():
+    sw = _sweep(levels=(8,), factory=lambda b: ParityLeaker(f.engine(b.kv_bytes)), rounds=8)
+    lv = sw.levels[0]
+    assert [p["perturbed"] for p in lv["isolation"]["passes"] if p["confirm"]] == isolation.expected_confirmations(lv)
+    forged = json.loads(json.dumps(lv))
+    extra = dict(forged["isolation"]["passes"][0], perturbed=["s6"], confirm=True)  # s6 is nobody's suspect
+    forged["isolation"]["passes"].append(extra)
+    assert isolation.expected_confirmations(forged) != [
+        p["perturbed"] for p in forged["isolation"]["passes"] if p["confirm"]
+    ]

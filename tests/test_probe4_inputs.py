@@ -137,3 +137,45 @@ def test_yaml_tiled_mm_off_unquoted_means_off(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("engine: {kind: gguf, model: m.gguf, tiled_mm: off}\n")
     assert config.read_yaml(cfg)["engine"]["tiled_mm"] == "off"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "meshbench sweep --target http://203.0.113.5:8080 --allow-remote --prompts .env --out B",
+        "meshbench sweep --isolation-rounds 16 --out B",
+        "meshbench sweep --title $'x\\n## injected' --out B",
+    ],
+)
+def test_a_recorded_command_that_the_echo_does_not_bear_out_fails_verify(made, tmp_path, command):
+    def edit(text: str) -> str:
+        d = json.loads(text)
+        d["command"] = command if "$'" not in command else "meshbench sweep --title 'x\n## injected' --out B"
+        return json.dumps(d)
+
+    r = runner.invoke(app, ["verify", str(_forged(made, tmp_path, edit))])
+    assert r.exit_code == 1 and "results.json:command(" in "".join(r.output.split())
+
+
+def test_hostile_text_in_the_fingerprint_is_refused_or_shown_not_obeyed(made, tmp_path):
+    from meshbench.results import fingerprint
+
+    def edit(text: str, cpu: str) -> str:
+        d = json.loads(text)
+        fp = dict(d["environment"]["compute"], cpu=cpu)
+        d["environment"]["compute"] = {**fp, "digest": fingerprint.digest(fp)}
+        return json.dumps(d)
+
+    bad = _forged(made, tmp_path, lambda t: edit(t, "EPYC\n\n## Verdict"))
+    run_refused("verify", bad, expect="environment.compute.cpu")
+    shutil.rmtree(bad)
+    odd = _forged(made, tmp_path, lambda t: edit(t, "EPYC [signed](https://e) <img src=x>"))
+    from meshbench.results import report
+
+    text = report.render_readme(json.loads((odd / "results.json").read_text()), "F")
+    assert r"EPYC \[signed\](https://e) \<img src=x\>" in text
+
+
+def test_an_integer_beyond_64_bits_is_unusable_not_a_traceback(made, tmp_path):
+    bad = _forged(made, tmp_path, lambda t: t.replace('"margins": [', '"margins": [' + "9" * 400 + ", ", 1))
+    run_refused("verify", bad, expect="an integer beyond 64 bits")

@@ -57,3 +57,15 @@ def test_a_repetition_copied_with_jitter_fails(data):
     reps[2] = forged
     bad = _failures(d)
     assert any("a copy, not a run" in f and "[0, 2]" in f for f in bad), bad
+
+
+def test_a_copy_with_one_stamp_moved_is_still_a_copy(data):
+    d = copy.deepcopy(data)
+    reps = d["levels"][1]["repetitions"]
+    for i in (1, 2):
+        forged = copy.deepcopy(reps[0])
+        forged.update(repetition=i, position=reps[i]["position"])
+        forged["sessions"][0]["token_ns"][-1] += 1001 * i
+        reps[i] = forged
+    bad = _failures(d)
+    assert any("a copy, not a run" in f for f in bad), bad

@@ -172,15 +172,36 @@ def run_level(
         return passes[-1]
 
     family = [one(sets, False) for sets in family_sets(ids, rounds)]
-    changed_in = [changed(level, p) for p in family]
-    blamed = {v: suspects(v, family, changed_in, ids) for c in changed_in for v in c}
-    culprits = list(dict.fromkeys(j for j in ids for v in sorted(blamed) if j in blamed[v]))[:MAX_CONFIRMATIONS]
-    for j in culprits:
-        victims = {v for v in blamed if j in blamed[v]}
+    for j, victims in culprits(level, family, ids).items():
         for _ in range(CONFIRM_TRIES):
             if victims & set(changed(level, one([j], True))):
                 break
     return {"sessions": ids, "passes": passes, "reason": None}
+
+
+def culprits(level: dict, family: Sequence[dict], ids: Sequence[str]) -> dict[str, set[str]]:
+    """The suspects to confirm, in session order (at most MAX_CONFIRMATIONS), each with the victims it is
+    suspected of."""
+    changed_in = [changed(level, p) for p in family]
+    blamed = {v: suspects(v, family, changed_in, ids) for c in changed_in for v in c}
+    order = list(dict.fromkeys(j for j in ids for v in sorted(blamed) if j in blamed[v]))[:MAX_CONFIRMATIONS]
+    return {j: {v for v in blamed if j in blamed[v]} for j in order}
+
+
+def expected_confirmations(level: dict) -> list[list[str]]:
+    """The confirmation passes the method prescribes, given the recorded passes' outcomes: for each culprit in
+    order, single-suspect passes until one changes a victim of it, CONFIRM_TRIES at most."""
+    passes = level["isolation"]["passes"]
+    family = [p for p in passes if not p["confirm"]]
+    recorded = iter(p for p in passes if p["confirm"])
+    out: list[list[str]] = []
+    for j, victims in culprits(level, family, level["isolation"]["sessions"]).items():
+        for _ in range(CONFIRM_TRIES):
+            out.append([j])
+            p = next(recorded, None)
+            if p is None or victims & set(changed(level, p)):
+                break
+    return out
 
 
 def verdict(level: dict) -> dict:

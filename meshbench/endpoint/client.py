@@ -20,6 +20,8 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +32,7 @@ from meshbench.workload.target import Target, parse_target  # noqa: F401 - where
 
 APIS = ("auto", "native", "openai")
 PROBE_TIMEOUT_S = 10.0
+MAX_ANSWER_BYTES = 16 << 20  # a plain (not streamed) answer: /props, /tokenize, /v1/models, /metrics
 DEADLINE_S = 300.0  # one request, from its submission to its last byte (engine.deadline_s)
 MAX_LINE_BYTES = 1 << 20  # one server-sent event line
 HOLD_BACK = 3  # token ids a stream may hold back at its end (an incomplete UTF-8 character spans up to 4 bytes)
@@ -75,18 +78,32 @@ class Endpoint:
         self.target, self.api, self.deadline_s = target, api, deadline_s
 
     # --- plain requests ---------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None):
-        """(status, body bytes); a server that does not answer is the input's error, in one line."""
-        conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=timeout or PROBE_TIMEOUT_S)
+    def _request(self, method: str, path: str, body: dict | None = None):
+        """(status, body bytes), within PROBE_TIMEOUT_S from the request to the answer's last byte and at most
+        MAX_ANSWER_BYTES; a server that does not answer so is the input's error, in one line."""
+        conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=PROBE_TIMEOUT_S)
+        cut = None
         try:
+            cut = _Deadline(conn, PROBE_TIMEOUT_S)
             payload = None if body is None else json.dumps(body)
             conn.request(method, path, payload, {"Content-Type": "application/json"} if payload else {})
             resp = conn.getresponse()
-            return resp.status, resp.read()
-        except OSError as e:
-            raise MeshbenchError(f"{self.target.url}{path}: the endpoint does not answer ({e})") from None
+            raw = resp.read(MAX_ANSWER_BYTES + 1)
+            if cut.late():
+                raise OSError("cut at the deadline")
+        except (OSError, http.client.HTTPException) as e:
+            late = cut is not None and cut.late()
+            why = f"no whole answer within {PROBE_TIMEOUT_S:g} s" if late else f"{type(e).__name__}: {e}"
+            raise MeshbenchError(
+                f"{self.target.url}{path}: the endpoint does not answer ({_excerpt(why.encode())})"
+            ) from None
         finally:
+            if cut is not None:
+                cut.cancel()
             conn.close()
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise MeshbenchError(f"{self.target.url}{path}: an answer over {MAX_ANSWER_BYTES} bytes")
+        return resp.status, raw
 
     def _json(self, method: str, path: str, body: dict | None = None) -> dict | list:
         status, raw = self._request(method, path, body)
@@ -94,7 +111,7 @@ class Endpoint:
             raise MeshbenchError(f"{self.target.url}{path}: HTTP {status}: {_excerpt(raw)}")
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise MeshbenchError(f"{self.target.url}{path}: the answer is not JSON: {_excerpt(raw, 80)!r}") from None
 
     def probe(self) -> dict:
@@ -105,7 +122,7 @@ class Endpoint:
         if status == 200:
             try:
                 props = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 props = None
         if self.api == "auto":
             self.api = "native" if isinstance(props, dict) else "openai"
@@ -191,7 +208,9 @@ class Endpoint:
         path = "/completion" if self.api == "native" else "/v1/completions"
         deadline = time.monotonic() + self.deadline_s
         conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.deadline_s)
+        cut = None
         try:
+            cut = _Deadline(conn, self.deadline_s)
             conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
             resp = conn.getresponse()
             if resp.status != 200:
@@ -200,13 +219,46 @@ class Endpoint:
             _Stream(self.api, body, c, t0, deadline, conn).read(resp)
         except Malformed as e:
             c.error = f"malformed answer: {e}"
-        except TimeoutError:
-            c.error = f"no answer within the deadline ({self.deadline_s:g} s)"
         except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
-            c.error = f"{type(e).__name__}: {_excerpt(str(e).encode())}"
+            timed_out = (cut is not None and cut.late()) or isinstance(e, TimeoutError)
+            c.error = (
+                f"no answer within the deadline ({self.deadline_s:g} s)"
+                if timed_out
+                else f"{type(e).__name__}: {_excerpt(str(e).encode())}"
+            )
         finally:
+            if cut is not None:
+                cut.cancel()
             conn.close()
+        if cut is not None and cut.late():  # (whatever the cut stream looked like)
+            c.error = f"no answer within the deadline ({self.deadline_s:g} s)"
         return c
+
+
+class _Deadline:
+    """A wall-clock deadline on a connection: a timer shuts its socket down when it passes (a server that drips
+    a byte at a time never trips a per-read timeout). ``late()`` says whether it cut the connection."""
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
+        self.fired = threading.Event()
+        conn.connect()  # (within the socket timeout); the response keeps this socket when the connection lets go
+        self.sock = conn.sock
+        self.timer = threading.Timer(seconds, self._cut)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _cut(self) -> None:
+        self.fired.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def late(self) -> bool:
+        return self.fired.is_set()
+
+    def cancel(self) -> None:
+        self.timer.cancel()
 
 
 class _Stream:
@@ -237,8 +289,6 @@ class _Stream:
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            if self.conn.sock is not None:
-                self.conn.sock.settimeout(remaining)
             line = resp.readline(MAX_LINE_BYTES + 1)
             if not line:
                 return False
@@ -275,7 +325,11 @@ class _Stream:
             high = min(self.asked, received + HOLD_BACK) if native else self.asked
             if not received <= c.predicted <= high:
                 raise Malformed(f"the server says it generated {c.predicted} tokens; it sent {received}")
+        if native and c.text and not c.tokens:
+            raise Malformed("text but no token ids (return_tokens was not honoured)")
         generated = c.predicted if c.predicted is not None else received
+        if c.stop == "limit" and generated < self.asked:
+            raise Malformed(f"stopped at the limit after {generated} of the {self.asked} tokens asked for")
         if self.ban and generated < self.asked:
             raise Malformed(f"stopped at {generated} of {self.asked} tokens under eos ban (the ban was not honoured)")
 

@@ -431,9 +431,11 @@ def _environment(env: dict) -> list[str]:
     return [
         "## Environment",
         "",
-        f"- python {env['python']}, numpy {env['numpy']}, llama_cpp {env.get('llama_cpp') or 'not installed'}",
-        f"- {env['platform']}, CPU: {env['cpu']}",
-        f"- meshbench commit {env.get('git_commit') or 'unknown'}"
+        markdown.inline(
+            f"- python {env['python']}, numpy {env['numpy']}, llama_cpp {env.get('llama_cpp') or 'not installed'}"
+        ),
+        "- " + markdown.inline(f"{env['platform']}, CPU: {env['cpu']}"),
+        f"- meshbench commit {markdown.inline(env.get('git_commit') or 'unknown')}"
         + (" (dirty work tree)" if env.get("git_dirty") else ""),
         "",
     ]
@@ -443,6 +445,7 @@ def _reproduction(results: dict) -> list[str]:
     """What is machine-bound, and how close the closest call was."""
     fp = results["environment"].get("compute")
     low = figures.smallest_margin(results["levels"])
+    text = markdown.inline  # (every field of the fingerprint is the recording machine's say)
     lines = [
         "## Reproducing it on another machine",
         "",
@@ -450,14 +453,15 @@ def _reproduction(results: dict) -> list[str]:
         "identical on any machine; logit margins bit for bit on this compute fingerprint, and within a stated "
         "tolerance on another (the largest deviation is reported).",
         "",
-        f"- compute fingerprint {fp['digest'][:12]}: {fp['cpu']}; SIMD {' '.join(fp['simd']) or 'none read'}; "
+        f"- compute fingerprint {fp['digest'][:12]}: {text(fp['cpu'])}; "
+        + f"SIMD {text(' '.join(fp['simd'])) or 'none read'}; "
         + (
-            f"BLAS {fp['blas']['library']} {fp['blas']['version']}, kernel {fp['blas']['kernel']}"
+            text(f"BLAS {fp['blas']['library']} {fp['blas']['version']}, kernel {fp['blas']['kernel']}")
             if fp["blas"]
             else "no BLAS"
         )
-        + f"; OPENBLAS_CORETYPE {fp['openblas_coretype'] or 'unset'}; "
-        + (f"llama.cpp {fp['llama_cpp']['version']}" if fp["llama_cpp"] else "no llama.cpp")
+        + f"; OPENBLAS_CORETYPE {text(fp['openblas_coretype'] or 'unset')}; "
+        + (text(f"llama.cpp {fp['llama_cpp']['version']}") if fp["llama_cpp"] else "no llama.cpp")
         if fp
         else "- compute fingerprint: not recorded (a bundle from before meshbench recorded it)",
     ]

@@ -81,6 +81,8 @@ def check_data(data: dict) -> Checks:
     c.equal(
         bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, _plain_command(data["command"])
     )
+    flags = command_disagreements(data["command"], data["config"])
+    c.equal(bundle.RESULTS, "command (its flags = the config echo's)", [], flags)
     (endpoint.check_data if data.get("kind") == "endpoint" else checks.check_data)(c, data)
     compute = data["environment"].get("compute")
     if compute is not None:  # a rerun trusts it to say whether floats must agree bit for bit
@@ -89,11 +91,56 @@ def check_data(data: dict) -> Checks:
 
 
 def _plain_command(command: str) -> bool:
+    """One ``meshbench`` command line, its words quoted, no control character in any of them (its flags are
+    held to the echo by command_disagreements)."""
     try:
         words = shlex.split(command)
     except ValueError:
         return False
-    return bool(words) and words[0] == "meshbench" and " ".join(shlex.quote(w) for w in words) == command
+    return (
+        words[:1] == ["meshbench"]
+        and " ".join(shlex.quote(w) for w in words) == command
+        and validation.unrepresentable(words) is None
+        and all(ch.isprintable() for w in words for ch in w)
+    )
+
+
+# The flags of a recorded command that say where load, prompts or a model go, and how strong the proof is: each
+# must agree with the config echo, which is what a rerun runs (a forged command is what a reader would paste).
+COMMAND_FLAGS = {
+    "--target": ("engine", "url"),
+    "--serve": ("engine", "serve"),
+    "--rpc": ("engine", "rpc"),
+    "--model": ("engine", "model"),
+    "--prompts": ("workload", "prompts"),
+    "--server-args": ("engine", "server_args"),
+    "--isolation-rounds": ("isolation_rounds",),
+    "--repeat": ("repeat",),
+    "--warmup": ("warmup",),
+}
+
+
+def command_disagreements(command: str, echo: dict) -> list[str]:
+    """The recorded command's flags that disagree with the config echo (``--allow-remote`` given without
+    engine.allow_remote, a --target that is not engine.url, ...)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return ["(not a command line)"]
+    out = []
+    for k, w in enumerate(words):
+        flag, eq, value = w.partition("=")
+        if not eq:
+            value = words[k + 1] if k + 1 < len(words) else ""
+        if flag == "--allow-remote" and echo["engine"].get("allow_remote") is not True:
+            out.append(flag)
+        if flag in COMMAND_FLAGS:
+            node = echo
+            for key in COMMAND_FLAGS[flag]:
+                node = node.get(key) if isinstance(node, dict) else None
+            if str(node) != value:
+                out.append(f"{flag} {value} (the echo says {node})")
+    return out
 
 
 def check_readme(c: Checks, data: dict, path: Path) -> None:

@@ -1,4 +1,5 @@
-"""verify --rerun: a fresh run of a bundle's recorded configuration held to its records, in two classes.
+"""verify --rerun: a fresh run of a bundle's recorded configuration held to its records, in two classes (each
+failure reads expected = the recorded value, found = the rerun's).
 
 **Machine-independent** records (tokens, the schedule, admission decisions and reasons, KV bytes,
 ticks, the decode feed, the verdicts) must be identical on any machine. **Floating-point** records
@@ -110,9 +111,14 @@ class Outcome:
     deviation: float = 0.0
     unequal_bits: int = 0
     digests_skipped: int = 0
+    failed: int = 0  # records the rerun did not reproduce
 
     def __str__(self) -> str:
         where = f"recorded on {self.recorded_on}, rerun on {self.rerun_on}"
+        if self.failed:
+            return (
+                f"does not reproduce here: {self.failed} records differ ({where}; expected = recorded, found = rerun)"
+            )
         if self.unequal_bits == 0 and self.digests_skipped == 0:
             return f"reproduced here bit for bit ({where})"
         text = (
@@ -140,6 +146,7 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun) -> Outcome:
         tolerance=tolerance(data["engine"]),
     )
     old, new = deterministic_view(data), deterministic_view(fresh)
+    before = len(c.failures)
     for k in sorted(set(old) | set(new)):
         was, now = old.get(k, "(absent)"), new.get(k, "(absent)")
         if _DIGESTS.search(k):
@@ -149,13 +156,14 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun) -> Outcome:
         elif isinstance(was, dict) and isinstance(now, dict) and "tokens" in was and was != now:
             _session(c, outcome, data, k, was, now)
         else:
-            c.equal(FILE, k, now, was)
+            c.equal(FILE, k, was, now)
+    outcome.failed = len(c.failures) - before
     return outcome
 
 
 def _digest(c: Checks, o: Outcome, k: str, was, now) -> None:
     if was == now or o.same_fingerprint:
-        c.equal(FILE, k, now, was)
+        c.equal(FILE, k, was, now)
     else:
         o.digests_skipped += 1
 
