@@ -172,12 +172,13 @@ def test_the_smallest_margin_names_the_token_most_likely_to_flip_elsewhere(recor
     from meshbench.results import report
 
     levels = copy.deepcopy(recorded["levels"])
-    levels[1]["sessions"][3]["margins"][2] = 0.001
+    levels[1]["sessions"][3]["margins"][2] = 1e-7
     levels[0]["sessions"][0]["margins"][0] = None  # a non-finite margin is not a near-tie
     low = figures.smallest_margin(levels)
-    assert low == {"margin": 0.001, "session_id": "s3", "token": 2, "concurrency": levels[1]["concurrency"]}
+    assert low == {"margin": 1e-7, "session_id": "s3", "token": 2, "concurrency": levels[1]["concurrency"]}
     text = report.render_readme(dict(recorded, levels=levels), "B")
-    assert "smallest top-1 minus top-2 margin: 0.001 (session s3 token 2 at level 2): a near-tie" in text
+    assert "smallest top-1 minus top-2 margin: 1e-07 (session s3 token 2 at level 2): a near-tie (below 1e-06" in text
+    assert figures.near_tie({"kind": "gguf"}) == 0.05 and figures.near_tie(recorded["engine"]) == 1e-6
     far = copy.deepcopy(recorded["levels"])
     for lv in far:
         for s in lv["sessions"]:

@@ -187,6 +187,14 @@ def saturation_level(levels: Sequence[int], occupancy: Sequence[float], margin: 
 # A top-1 minus top-2 logit margin below this is a near-tie that kernel rounding can flip (on another CPU, another
 # BLAS kernel or another llama.cpp build): such a bundle may not reproduce token for token there.
 NEAR_TIE = 0.05
+# The numpy engine in float64 moves a margin by about 1e-14 between CPUs (measured: DGR-012 on an Intel Xeon and an
+# AMD EPYC); a margin a million times that is safe from any kernel's rounding.
+NEAR_TIE_FLOAT64 = 1e-6
+
+
+def near_tie(engine: dict) -> float:
+    """The margin below which kernels that round differently may flip a token, for this engine's arithmetic."""
+    return NEAR_TIE_FLOAT64 if engine.get("kind") == "synthetic" and engine.get("dtype") == "float64" else NEAR_TIE
 
 
 def smallest_margin(levels: Sequence[dict]) -> dict | None:

@@ -30,7 +30,9 @@ def _row(folder: Path) -> str:
     bits = [lv["isolation_verdict"]["escape_bits"] for lv in d["levels"] if lv["isolation_verdict"]["ran"]]
     bound = f", escape <= 2^-{min(bits)}" if bits and None not in bits else ""
     low = figures.smallest_margin(d["levels"])
-    tie = "-" if low is None else f"{low['margin']:.3g}" + (" (near-tie)" if low["margin"] < figures.NEAR_TIE else "")
+    tie = (
+        "-" if low is None else f"{low['margin']:.3g}" + (" (near-tie)" if low["margin"] < figures.near_tie(e) else "")
+    )
     return (
         f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(d['title'])} | {e['kind']}, {model} | "
         f"{','.join(str(lv['concurrency']) for lv in d['levels'][:8])}{' ...' if len(d['levels']) > 8 else ''} | "
@@ -68,7 +70,8 @@ def render(root: Path) -> str:
             "`meshbench verify evidence/*/ --rerun` checks them all (CI does; an endpoint bundle, a served model "
             "measured over HTTP, is verified without --rerun: a rerun needs its server). A rerun on another CPU holds "
             "every token, schedule and verdict identical and the margins within a stated tolerance; a bundle whose "
-            f"smallest margin is a near-tie (below {figures.NEAR_TIE}) may not reproduce token for token on kernels "
+            f"smallest margin is a near-tie (below {figures.NEAR_TIE} on llama.cpp, {figures.NEAR_TIE_FLOAT64:g} on the "
+            "float64 numpy engine) may not reproduce token for token on kernels "
             "that round differently ([determinism](../docs/concepts/determinism.md)).",
             "",
             HEADER,

@@ -466,15 +466,16 @@ def _reproduction(results: dict) -> list[str]:
         else "- compute fingerprint: not recorded (a bundle from before meshbench recorded it)",
     ]
     if low is not None:
-        near = low["margin"] < figures.NEAR_TIE
+        bound = figures.near_tie(results["engine"])
+        near = low["margin"] < bound
         lines.append(
             f"- smallest top-1 minus top-2 margin: {low['margin']:.3g} (session {low['session_id']} token "
             f"{low['token']} at level {low['concurrency']})"
             + (
-                f": a near-tie (below {figures.NEAR_TIE}); kernels that round differently may flip that token, so this "
+                f": a near-tie (below {bound:g} for this engine's arithmetic); kernels that round differently may flip that token, so this "
                 "bundle may not reproduce token for token on another CPU"
                 if near
-                else f": no near-tie (below {figures.NEAR_TIE}); rounding elsewhere is far too small to flip a token"
+                else f": no near-tie (below {bound:g} for this engine's arithmetic); rounding elsewhere is far too small to flip a token"
             )
         )
     return [*lines, ""]
