@@ -70,8 +70,8 @@ def render(root: Path) -> str:
             "`meshbench verify evidence/*/ --rerun` checks them all (CI does; an endpoint bundle, a served model "
             "measured over HTTP, is verified without --rerun: a rerun needs its server). A rerun on another CPU holds "
             "every token, schedule and verdict identical and the margins within a stated tolerance; a bundle whose "
-            f"smallest margin is a near-tie (below {figures.NEAR_TIE} on llama.cpp, {figures.NEAR_TIE_FLOAT64:g} on the "
-            "float64 numpy engine) may not reproduce token for token on kernels "
+            f"smallest margin is a near-tie (below {figures.NEAR_TIE} on llama.cpp, "
+            f"{figures.NEAR_TIE_FLOAT64:g} on the float64 numpy engine) may not reproduce token for token on kernels "
             "that round differently ([determinism](../docs/concepts/determinism.md)).",
             "",
             HEADER,

@@ -472,10 +472,12 @@ def _reproduction(results: dict) -> list[str]:
             f"- smallest top-1 minus top-2 margin: {low['margin']:.3g} (session {low['session_id']} token "
             f"{low['token']} at level {low['concurrency']})"
             + (
-                f": a near-tie (below {bound:g} for this engine's arithmetic); kernels that round differently may flip that token, so this "
+                f": a near-tie (below {bound:g} for this engine's arithmetic); kernels that round differently may "
+                "flip that token, so this "
                 "bundle may not reproduce token for token on another CPU"
                 if near
-                else f": no near-tie (below {bound:g} for this engine's arithmetic); rounding elsewhere is far too small to flip a token"
+                else f": no near-tie (below {bound:g} for this engine's arithmetic); rounding elsewhere is far too "
+                "small to flip a token"
             )
         )
     return [*lines, ""]
