@@ -16,14 +16,6 @@ from meshbench.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("b") / "B"
-    r = runner.invoke(app, ["sweep", "--levels", "1,2", "--isolation-rounds", "1", "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    return out
-
-
 def _forged(made: Path, tmp_path: Path, edit_text) -> Path:
     dst = tmp_path / "F"
     shutil.copytree(made, dst)
