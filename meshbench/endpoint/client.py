@@ -216,7 +216,7 @@ class Endpoint:
             if resp.status != 200:
                 c.error = f"HTTP {resp.status}: {_excerpt(resp.read(4096))}"
                 return c
-            _Stream(self.api, body, c, t0, deadline, conn).read(resp)
+            _Stream(self.api, body, c, t0, deadline).read(resp)
         except Malformed as e:
             c.error = f"malformed answer: {e}"
         except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
@@ -264,8 +264,8 @@ class _Deadline:
 class _Stream:
     """One streamed answer read into a Completion, every chunk checked, within the deadline and the caps."""
 
-    def __init__(self, api: str, body: dict, c: Completion, t0: int, deadline: float, conn) -> None:
-        self.api, self.c, self.t0, self.deadline, self.conn = api, c, t0, deadline, conn
+    def __init__(self, api: str, body: dict, c: Completion, t0: int, deadline: float) -> None:
+        self.api, self.c, self.t0, self.deadline = api, c, t0, deadline
         self.asked = int(body.get("n_predict", body.get("max_tokens", 0)))
         self.ban = bool(body.get("ignore_eos") or body.get("min_tokens"))
         self.streamed = body.get("stream", True)
