@@ -244,6 +244,7 @@ def test_gguf_sweep_is_corruption_free_and_recorded(models, tmp_path):
 
 def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
     from meshbench.analysis.divergence import NEAR_TIE, classify
+    from meshbench.sweep import prove
     from meshbench.sweep.run import run_sweep
     from meshbench.workload import config
 
@@ -262,15 +263,17 @@ def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
         "engine": {"architecture": "llama"},
         "isolation": {"holds": True, "every_level": True},
     }
-    text = classify(cfg, data, lambda c: run_sweep(c, "test"))
+    oracle = prove.oracle(cfg, div, data, lambda c: run_sweep(c, "test"))
+    assert oracle == "agrees across levels [1, 8] on the same weights"
+    text = classify(data, oracle)
     assert text.startswith("engine batch variance (shape-dependent numerics)") and "(a near-tie)" in text
     assert text.endswith("numpy oracle: agrees across levels [1, 8] on the same weights")
     div["reference_margin"] = 10 * NEAR_TIE
-    assert "near-tie" not in classify(cfg, data, lambda c: run_sweep(c, "test"))
+    assert "near-tie" not in classify(data, oracle)
     data["isolation"] = {"holds": False, "every_level": True}
-    assert classify(cfg, data, lambda c: run_sweep(c, "test")).startswith("contamination between sessions")
+    assert classify(data, oracle).startswith("contamination between sessions")
     data["isolation"] = {"holds": None, "every_level": False}
-    assert classify(cfg, data, lambda c: run_sweep(c, "test")).startswith("unclassified")
+    assert classify(data, oracle).startswith("unclassified")
 
 
 def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(models, loaded, tmp_path):

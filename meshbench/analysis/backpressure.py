@@ -16,19 +16,14 @@ from typing import Sequence
 
 import numpy as np
 
+from meshbench.analysis import latency
+from meshbench.records import JsonObject
 from meshbench.scheduler.budget import ACCEPTED
 
 REJECTIONS = ("REJECTED_KV_BUDGET", "REJECTED_SCRATCH_BUDGET", "REJECTED_QUEUE_FULL", "REJECTED_DUPLICATE")
 
 
-def _pct(values: Sequence[float], qs=(50, 95, 99)) -> dict:
-    if not values:
-        return {**{f"p{q}": None for q in qs}, "max": None}
-    a = np.asarray(values, dtype=np.float64)
-    return {**{f"p{q}": float(np.percentile(a, q)) for q in qs}, "max": float(a.max())}
-
-
-def session_ticks(level: dict) -> dict[str, dict]:
+def session_ticks(level: JsonObject) -> dict[str, JsonObject]:
     """Per accepted session: arrival, admission (first prefillable tick) and token ticks."""
     out = {
         e["session_id"]: {
@@ -49,7 +44,7 @@ def session_ticks(level: dict) -> dict[str, dict]:
     return out
 
 
-def level_figures(level: dict, slo: dict) -> dict:
+def level_figures(level: JsonObject, slo: JsonObject) -> JsonObject:
     events, ticks = level["submit_events"], level["tick_records"]
     decisions = Counter(e["decision"] for e in events)
     ended = {s["session_id"]: s["done_reason"] for s in level["sessions"]}
@@ -58,11 +53,14 @@ def level_figures(level: dict, slo: dict) -> dict:
     for sid, x in per.items():
         if x["admit"] is not None:
             waits.append(x["admit"] - x["arrival"])
-        if x["tokens"]:
-            ttft.append(x["tokens"][0] - x["arrival"] + 1)
-        if len(x["tokens"]) > 1:
-            tpot.append((x["tokens"][-1] - x["tokens"][0]) / (len(x["tokens"]) - 1))
-        if ended.get(sid) == "COMPLETED" and _within(x, slo):
+        if x["tokens"]:  # a token made in tick t is there at the end of t: its TTFT counts tick t
+            ttft.append(latency.ttft_ms(x["tokens"], x["arrival"] - 1, 1))
+        gap = latency.tpot_ms(x["tokens"], 1)
+        if gap is not None:
+            tpot.append(gap)
+        if ended.get(sid) == "COMPLETED" and (
+            not x["tokens"] or latency.within_slo(x["tokens"], x["arrival"] - 1, slo, 1)
+        ):
             good += 1
     n = len(ticks)
     completed = sum(r == "COMPLETED" for r in ended.values())
@@ -79,9 +77,9 @@ def level_figures(level: dict, slo: dict) -> dict:
         "completed": completed,
         "queue_depth_max": max(depth, default=0),
         "queue_depth_mean": float(np.mean(depth)) if depth else 0.0,
-        "queue_wait_ticks": _pct(waits, (50, 95)),
-        "ttft_ticks": _pct(ttft),
-        "tpot_ticks": _pct(tpot),
+        "queue_wait_ticks": latency.percentiles(waits, (50, 95), with_max=True),
+        "ttft_ticks": latency.percentiles(ttft, with_max=True),
+        "tpot_ticks": latency.percentiles(tpot, with_max=True),
         "good_sessions": good,
         "offered_per_100_ticks": per_100(len(events)),
         "accepted_per_100_ticks": per_100(decisions["ADMITTED"] + decisions["QUEUED"]),
@@ -91,7 +89,7 @@ def level_figures(level: dict, slo: dict) -> dict:
     }
 
 
-def wall_figures(level: dict, timing: Sequence[dict], wall_s: float, slo: dict) -> dict:
+def wall_figures(level: JsonObject, timing: Sequence[JsonObject], wall_s: float, slo: JsonObject) -> JsonObject:
     """The wall clock: waits and TTFT in ms from each session's arrival time, and rates per second.
 
     ``timing`` is the first repetition's session stamps (ns from the start of the pass)."""
@@ -104,15 +102,9 @@ def wall_figures(level: dict, timing: Sequence[dict], wall_s: float, slo: dict) 
             waits.append(s["admit_ns"] / 1e6 - a)
         if not s["token_ns"]:
             continue
-        first = s["token_ns"][0] / 1e6 - a
+        first = s["token_ns"][0] / 1e6 - a  # from the arrival, on the ms clock the arrivals were drawn on
         ttft.append(first)
-        gaps = len(s["token_ns"]) - 1
-        tpot = (s["token_ns"][-1] - s["token_ns"][0]) / 1e6 / gaps if gaps else 0.0
-        if (
-            ended.get(s["session_id"]) == "COMPLETED"
-            and (slo.get("ttft") is None or first <= slo["ttft"])
-            and (slo.get("tpot") is None or tpot <= slo["tpot"])
-        ):
+        if ended.get(s["session_id"]) == "COMPLETED" and latency.meets(slo, first, latency.tpot_ms(s["token_ns"])):
             good += 1
     decisions = Counter(e["decision"] for e in level["submit_events"])
 
@@ -120,8 +112,8 @@ def wall_figures(level: dict, timing: Sequence[dict], wall_s: float, slo: dict) 
         return k / wall_s if wall_s > 0 else 0.0
 
     return {
-        "queue_wait_ms": _pct(waits, (50, 95)),
-        "ttft_from_arrival_ms": _pct(ttft),
+        "queue_wait_ms": latency.percentiles(waits, (50, 95), with_max=True),
+        "ttft_from_arrival_ms": latency.percentiles(ttft, with_max=True),
         "offered_per_s": per_s(len(level["submit_events"])),
         "accepted_per_s": per_s(decisions["ADMITTED"] + decisions["QUEUED"]),
         "rejected_per_s": per_s(sum(decisions[r] for r in REJECTIONS)),
@@ -131,16 +123,7 @@ def wall_figures(level: dict, timing: Sequence[dict], wall_s: float, slo: dict) 
     }
 
 
-def _within(x: dict, slo: dict) -> bool:
-    if slo.get("ttft") is not None and x["tokens"][0] - x["arrival"] + 1 > slo["ttft"]:
-        return False
-    if slo.get("tpot") is not None and len(x["tokens"]) > 1:
-        if (x["tokens"][-1] - x["tokens"][0]) / (len(x["tokens"]) - 1) > slo["tpot"]:
-            return False
-    return True
-
-
-def saturation_rates(levels: Sequence[dict]) -> dict[str, float | None]:
+def saturation_rates(levels: Sequence[JsonObject]) -> dict[str, float | None]:
     """Per concurrency, the lowest offered rate at which a full queue refused a session (None: never)."""
     out: dict[str, float | None] = {}
     for lv in sorted((lv for lv in levels if lv["rate"] is not None), key=lambda lv: lv["rate"]):

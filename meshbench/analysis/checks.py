@@ -24,14 +24,14 @@ class Checks:
         self.count = 0
         self.notes: list[str] = []  # outcomes that are not failures: how a rerun reproduced, what it could not compare
 
-    def equal(self, file: str, field: str, expected, found, check: str | None = None) -> None:
+    def equal(self, file: str, field: str, expected: object, found: object, check: str | None = None) -> None:
         """Exact equality; floats within 1e-12 (the same arithmetic in another order)."""
         self.count += 1
         if not _same(expected, found):
             self.failures.append(Failure(file, field, expected, found, check))
 
 
-def _same(a, b) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return (
             isinstance(a, (int, float))
@@ -42,4 +42,4 @@ def _same(a, b) -> bool:
         )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
+    return bool(a == b)

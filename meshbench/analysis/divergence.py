@@ -8,16 +8,13 @@ numpy oracle is consulted too, as an extra check, never as the only one.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable
-
 from meshbench.analysis.figures import NEAR_TIE
-from meshbench.errors import MeshbenchError
-from meshbench.workload.config import RunConfig
+from meshbench.records import JsonObject
 
 
-def classify(cfg: RunConfig, data: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
-    """The divergence's class from the sweep's own isolation verdict, plus the oracle where it applies."""
+def classify(data: JsonObject, oracle: str) -> str:
+    """The divergence's class from the sweep's own isolation verdict, with the numpy oracle's finding
+    (``meshbench.sweep.prove.oracle``, run by the runner)."""
     div, iso = data["first_divergence"], data["isolation"]
     margin = div.get("reference_margin")
     where = (
@@ -38,37 +35,4 @@ def classify(cfg: RunConfig, data: dict, run_sweep: Callable[[RunConfig], dict])
         )
     else:
         base = f"unclassified: isolation was not proven at every level; {where}"
-    return f"{base}; numpy oracle: {_oracle(cfg, div, data, run_sweep)}"
-
-
-def _oracle(cfg: RunConfig, div: dict, data: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
-    """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
-    arch = data["engine"].get("architecture")
-    if arch != "llama" or cfg.workload.prompts is not None or cfg.workload.eos != "continue":
-        return (
-            f"not applicable (it runs llama-architecture weights on synthetic prompts with eos continue; "
-            f"this is {arch!r}"
-            + (", real prompts" if cfg.workload.prompts else "")
-            + (f", eos {cfg.workload.eos}" if cfg.workload.eos != "continue" else "")
-            + ")"
-        )
-    levels = sorted({div["reference_concurrency"], div["concurrency"]})
-    try:
-        # the same weights in numpy: llama.cpp's own settings (repacking, tiled matmul, RPC) do not apply there
-        engine = dataclasses.replace(
-            cfg.engine,
-            kind="synthetic",
-            repack=False,
-            tiled_mm="auto",
-            mixed_batch=False,
-            rpc=None,
-            workers=0,
-            split=None,
-            package=None,
-        )
-        other = run_sweep(dataclasses.replace(cfg, levels=tuple(levels), isolation=False, engine=engine))
-    except MeshbenchError as e:
-        return f"could not run these weights ({e})"
-    if other["batch_invariant"]:
-        return f"agrees across levels {levels} on the same weights"
-    return f"diverges across levels {levels} on the same weights too: the scheduler, not the kernels"
+    return f"{base}; numpy oracle: {oracle}"

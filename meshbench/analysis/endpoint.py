@@ -22,6 +22,9 @@ from typing import Sequence
 
 import numpy as np
 
+from meshbench.analysis import latency
+from meshbench.records import JsonObject
+
 CONCLUSIONS = {
     "batch_invariant": "True: every session's output was the same at every level, in these runs. False: a "
     "session's output changed with the load. Over HTTP the server's schedule is not ours to see or fix, so a "
@@ -52,12 +55,13 @@ FIGURES = (
 )
 
 
-def output(c: dict, compared: str) -> list | str:
+def output(c: JsonObject, compared: str) -> list[int] | str:
     """What is compared of a completion: its token ids, or its text."""
-    return c["tokens"] if compared == "tokens" else c["text"]
+    out: list[int] | str = c["tokens"] if compared == "tokens" else c["text"]
+    return out
 
 
-def compared_by(api: str, completions: Sequence[dict]) -> str:
+def compared_by(api: str, completions: Sequence[JsonObject]) -> str:
     """Token ids where the API returns them and every answer's ids are whole (as many as the server says it
     generated); else text (a streamed answer can hold back an incomplete UTF-8 token's id)."""
     if api != "native":
@@ -67,35 +71,31 @@ def compared_by(api: str, completions: Sequence[dict]) -> str:
     return "tokens" if whole else "text"
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
 def pass_figures(
-    sessions: Sequence[dict], wall_s: float, prompt_lengths: dict[str, int], slo: dict, new_tokens: dict[str, int]
-) -> dict:
+    sessions: Sequence[JsonObject],
+    wall_s: float,
+    prompt_lengths: dict[str, int],
+    slo: JsonObject,
+    new_tokens: dict[str, int],
+) -> JsonObject:
     """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time)."""
     answered = [c for c in sessions if c["error"] is None]
     ok = [c for c in answered if c["token_ns"]]  # (an answer of no tokens has no latencies)
-    ttft = [(c["token_ns"][0] - c["submit_ns"]) / 1e6 for c in ok]
-    itl = [(b - a) / 1e6 for c in ok for a, b in zip(c["token_ns"], c["token_ns"][1:])]
-    tpot = [
-        (c["token_ns"][-1] - c["token_ns"][0]) / 1e6 / (len(c["token_ns"]) - 1) for c in ok if len(c["token_ns"]) > 1
-    ]
-    e2e = [(c["token_ns"][-1] - c["submit_ns"]) / 1e6 for c in ok]
+    lat = latency.samples(ok)
+    ttft, itl, e2e = (latency.percentiles(x, (50, 99)) for x in (lat.ttft, lat.itl, lat.e2e))
     generated = sum(_generated(c) for c in ok)
     prompt = sum(prompt_lengths[c["session_id"]] for c in ok)
-    good = sum(_within(c, slo) for c in ok)
+    good = sum(latency.within_slo(c["token_ns"], c["submit_ns"], slo) for c in ok)
     return {
         "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
         "total_tokens_per_s": (generated + prompt) / wall_s if wall_s > 0 else 0.0,
-        "ttft_ms.p50": _pct(ttft, 50),
-        "ttft_ms.p99": _pct(ttft, 99),
-        "itl_ms.p50": _pct(itl, 50),
-        "itl_ms.p99": _pct(itl, 99),
-        "tpot_ms.p50": _pct(tpot, 50),
-        "e2e_ms.p50": _pct(e2e, 50),
-        "e2e_ms.p99": _pct(e2e, 99),
+        "ttft_ms.p50": ttft["p50"],
+        "ttft_ms.p99": ttft["p99"],
+        "itl_ms.p50": itl["p50"],
+        "itl_ms.p99": itl["p99"],
+        "tpot_ms.p50": latency.percentiles(lat.tpot, (50,))["p50"],
+        "e2e_ms.p50": e2e["p50"],
+        "e2e_ms.p99": e2e["p99"],
         "goodput_per_s": good / wall_s if wall_s > 0 else 0.0,
         "completed": len(answered),
         "failed": sum(c["error"] is not None for c in sessions),
@@ -103,20 +103,13 @@ def pass_figures(
     }
 
 
-def _generated(c: dict) -> int:
+def _generated(c: JsonObject) -> int:
     """Tokens the session received: its stamps (one per token id, or per streamed piece on the OpenAI API),
     never the server's own claim."""
     return len(c["token_ns"])
 
 
-def _within(c: dict, slo: dict) -> bool:
-    ttft = (c["token_ns"][0] - c["submit_ns"]) / 1e6
-    n = len(c["token_ns"])
-    tpot = (c["token_ns"][-1] - c["token_ns"][0]) / 1e6 / (n - 1) if n > 1 else 0.0
-    return (slo.get("ttft") is None or ttft <= slo["ttft"]) and (slo.get("tpot") is None or tpot <= slo["tpot"])
-
-
-def summary(per_pass: Sequence[dict]) -> dict:
+def summary(per_pass: Sequence[JsonObject]) -> JsonObject:
     """Each figure over the repetitions: median, min and max (None where no pass had it)."""
     out = {}
     for k in FIGURES:
@@ -125,7 +118,7 @@ def summary(per_pass: Sequence[dict]) -> dict:
     return out
 
 
-def verdicts(levels: Sequence[dict], needle_alone: dict | None, compared: str) -> dict:
+def verdicts(levels: Sequence[JsonObject], needle_alone: JsonObject | None, compared: str) -> JsonObject:
     """The three verdicts from the recorded outputs."""
     ref = min(levels, key=lambda lv: lv["concurrency"])
     reference = {c["session_id"]: output(c, compared) for c in ref["repetitions"][0]["sessions"] if c["error"] is None}
@@ -136,7 +129,7 @@ def verdicts(levels: Sequence[dict], needle_alone: dict | None, compared: str) -
         failed[c_] = sum(c["error"] is not None for c in answers)
         first = {c["session_id"]: output(c, compared) for c in lv["repetitions"][0]["sessions"] if c["error"] is None}
         differing[c_] = sorted(s for s, out in first.items() if s in reference and out != reference[s])
-        seen: dict[str, set] = {}
+        seen: dict[str, set[str | tuple[int, ...]]] = {}
         for rep in lv["repetitions"]:
             for c in rep["sessions"]:
                 if c["error"] is None:
@@ -157,11 +150,11 @@ def verdicts(levels: Sequence[dict], needle_alone: dict | None, compared: str) -
     }
 
 
-def _key(x) -> str | tuple:
+def _key(x: list[int] | str) -> str | tuple[int, ...]:
     return tuple(x) if isinstance(x, list) else x
 
 
-def _needle(trials: Sequence[dict], alone: dict | None, compared: str) -> dict:
+def _needle(trials: Sequence[JsonObject], alone: JsonObject | None, compared: str) -> JsonObject:
     outs = [output(t["completion"], compared) for t in trials if t["completion"]["error"] is None]
     base = None if alone is None or alone["error"] is not None else output(alone, compared)
     return {

@@ -23,6 +23,7 @@ from meshbench.analysis import figures
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
+from meshbench.records import JsonObject
 from meshbench.scheduler.budget import ACCEPTED
 from meshbench.workload import faults
 from meshbench.workload.faults import FaultKind
@@ -38,7 +39,7 @@ EXPECTED_END = {
 }
 
 
-def check_level(c: Checks, data: dict, lv: dict, at: str) -> None:
+def check_level(c: Checks, data: JsonObject, lv: JsonObject, at: str) -> None:
     """Every check of a level that ran faults; the accounting for every level."""
     _accounting(c, lv, at)
     if not lv["faults"]:
@@ -49,7 +50,7 @@ def check_level(c: Checks, data: dict, lv: dict, at: str) -> None:
     _identical(c, lv, at, reference)
 
 
-def verdicts(data: dict, lv: dict) -> dict[str, bool | None]:
+def verdicts(data: JsonObject, lv: JsonObject) -> dict[str, bool | None]:
     """Per named check: did the level pass it (None: nothing to check), as the README's matrix prints."""
     c = Checks()
     check_level(c, data, lv, "level")
@@ -62,7 +63,7 @@ def verdicts(data: dict, lv: dict) -> dict[str, bool | None]:
     return {name: (name not in failed) if applies.get(name, True) else None for name in CHECKS}
 
 
-def _resubmitted(lv: dict) -> set[tuple[str, int]]:
+def _resubmitted(lv: JsonObject) -> set[tuple[str, int]]:
     """(session, epoch) of every accepted resubmission."""
     return {
         (r["session_id"], r["epoch"])
@@ -72,12 +73,12 @@ def _resubmitted(lv: dict) -> set[tuple[str, int]]:
     }
 
 
-def _equal(c: Checks, at: str, check: str, what: str, expected, found) -> None:
+def _equal(c: Checks, at: str, check: str, what: str, expected: object, found: object) -> None:
     """One comparison of the named fault ``check`` (a column of the README's matrix)."""
     c.equal(RESULTS, f"{at}.faults[{check}] {what}", expected, found, check=check)
 
 
-def _ends_once(c: Checks, lv: dict, at: str) -> None:
+def _ends_once(c: Checks, lv: JsonObject, at: str) -> None:
     by_id: dict[str, list[int]] = {}
     for s in lv["sessions"]:
         by_id.setdefault(s["session_id"], []).append(s["epoch"])
@@ -107,7 +108,7 @@ def _ends_once(c: Checks, lv: dict, at: str) -> None:
             _event_end(c, lv, at, e, kind, named)
 
 
-def _kind(event: dict) -> FaultKind | None:
+def _kind(event: JsonObject) -> FaultKind | None:
     """The recorded fault's kind, read by the spec parser (None: not a fault spec)."""
     try:
         return faults.parse(event["fault"], "fault_events").kind
@@ -115,7 +116,7 @@ def _kind(event: dict) -> FaultKind | None:
         return None
 
 
-def _event_end(c: Checks, lv: dict, at: str, e: dict, kind: FaultKind, named: dict) -> None:
+def _event_end(c: Checks, lv: JsonObject, at: str, e: JsonObject, kind: FaultKind, named: JsonObject) -> None:
     """A session a fault event names: it ended after the fault fired, at a tick that records it, as the
     session's own record says, and as the fault's kind must end it."""
     end = named["end_tick"]
@@ -152,7 +153,7 @@ def _event_end(c: Checks, lv: dict, at: str, e: dict, kind: FaultKind, named: di
     _equal(c, at, "ends once", f"{e['fault']} ended it as", True, named["done_reason"] in EXPECTED_END.get(kind, ()))
 
 
-def _kv_to_zero(c: Checks, data: dict, lv: dict, at: str) -> None:
+def _kv_to_zero(c: Checks, data: JsonObject, lv: JsonObject, at: str) -> None:
     per_token = data["engine"]["kv_bytes_per_token"]
     evicted = any(_kind(e) is FaultKind.EVICT and e["sessions"] for e in lv["fault_events"])
     for t in lv["tick_records"]:
@@ -163,7 +164,7 @@ def _kv_to_zero(c: Checks, data: dict, lv: dict, at: str) -> None:
     _equal(c, at, "KV to zero", "kv_bytes at the end", 0, last)
 
 
-def _identical(c: Checks, lv: dict, at: str, reference: dict[str, list[int]]) -> None:
+def _identical(c: Checks, lv: JsonObject, at: str, reference: dict[str, list[int]]) -> None:
     named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
     for s in lv["sessions"]:
         key = (s["session_id"], s["epoch"])
@@ -184,7 +185,7 @@ def _identical(c: Checks, lv: dict, at: str, reference: dict[str, list[int]]) ->
         )
 
 
-def _accounting(c: Checks, lv: dict, at: str) -> None:
+def _accounting(c: Checks, lv: JsonObject, at: str) -> None:
     ends = Counter(s["done_reason"] for s in lv["sessions"])
     resubmissions = [r for loss in lv["engine_losses"] for r in loss["resubmitted"]]
     refused = sum(e["decision"] not in ACCEPTED for e in lv["submit_events"]) + sum(

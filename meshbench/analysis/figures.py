@@ -10,9 +10,8 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
-import numpy as np
-
-from meshbench.analysis import stats
+from meshbench.analysis import latency, stats
+from meshbench.records import JsonObject
 
 SATURATION_MARGIN = 0.05  # occupancy must rise by more than 5% to count as still rising
 
@@ -28,7 +27,7 @@ TICK_FIGURES = (
 )
 
 
-def summarize_ticks(ticks: Sequence[dict]) -> dict:
+def summarize_ticks(ticks: Sequence[JsonObject]) -> JsonObject:
     """The deterministic per-level figures (``TICK_FIGURES``) from raw per-tick records."""
     batches = [t["decode_batch"] for t in ticks if t["decode_batch"]]
     prefill = sum(t["prefill_tokens"] for t in ticks)
@@ -45,22 +44,15 @@ def summarize_ticks(ticks: Sequence[dict]) -> dict:
     }
 
 
-def percentiles(values: Sequence[float]) -> dict:
-    if not values:
-        return {"p50": None, "p95": None, "p99": None}
-    a = np.asarray(values, dtype=np.float64)
-    return {f"p{q}": float(np.percentile(a, q)) for q in (50, 95, 99)}
-
-
 TIMING_TICK_FIELDS = ("tick_ns", "decode_ns", "prefill_ns")  # wall-clock: reported, compared only by compare
 
 
-def deterministic_ticks(ticks: Sequence[dict]) -> list[dict]:
+def deterministic_ticks(ticks: Sequence[JsonObject]) -> list[JsonObject]:
     """Tick records without their timing: what every repetition must reproduce exactly."""
     return [{k: v for k, v in t.items() if k not in TIMING_TICK_FIELDS} for t in ticks]
 
 
-def wall_figures(sessions: Sequence[dict], ticks: Sequence[dict], wall_s: float) -> dict:
+def wall_figures(sessions: Sequence[JsonObject], ticks: Sequence[JsonObject], wall_s: float) -> JsonObject:
     """One repetition's wall-clock figures, from its monotonic nanosecond stamps.
 
     ``sessions`` hold submit_ns, admit_ns and token_ns; ``ticks`` are full tick records.
@@ -72,31 +64,22 @@ def wall_figures(sessions: Sequence[dict], ticks: Sequence[dict], wall_s: float)
     tick_ns = sum(t["tick_ns"] for t in ticks)
     decode_ns = sum(t["decode_ns"] for t in ticks)
     prefill_ns = sum(t["prefill_ns"] for t in ticks)
-    timed = [s for s in sessions if s["token_ns"]]
+    lat = latency.samples(sessions)
     return {
         "wall_s": wall_s,
         "tokens_per_s": (prefill + decode) / wall_s if wall_s > 0 else 0.0,
         "decode_tokens_per_s": decode / (decode_ns / 1e9) if decode_ns > 0 else 0.0,
         "prefill_tokens_per_s": prefill / (prefill_ns / 1e9) if prefill_ns > 0 else 0.0,
-        "ttft_ms": percentiles([(s["token_ns"][0] - s["submit_ns"]) / 1e6 for s in timed]),
-        "queue_ms": percentiles(
-            [(s["admit_ns"] - s["submit_ns"]) / 1e6 for s in sessions if s["admit_ns"] is not None]
-        ),
-        "e2e_ms": percentiles([(s["token_ns"][-1] - s["submit_ns"]) / 1e6 for s in timed]),
-        "itl_ms": percentiles([(b - a) / 1e6 for s in timed for a, b in zip(s["token_ns"], s["token_ns"][1:])]),
-        # TPOT, vLLM's definition: a session's mean gap between its tokens after the first.
-        "tpot_ms": percentiles(
-            [
-                (s["token_ns"][-1] - s["token_ns"][0]) / 1e6 / (len(s["token_ns"]) - 1)
-                for s in timed
-                if len(s["token_ns"]) > 1
-            ]
-        ),
+        "ttft_ms": latency.percentiles(lat.ttft),
+        "queue_ms": latency.percentiles(lat.queue),
+        "e2e_ms": latency.percentiles(lat.e2e),
+        "itl_ms": latency.percentiles(lat.itl),
+        "tpot_ms": latency.percentiles(lat.tpot),
         "scheduler_share": (tick_ns - decode_ns - prefill_ns) / tick_ns if tick_ns > 0 else 0.0,
     }
 
 
-def scalar_figures(wall: dict) -> dict[str, float]:
+def scalar_figures(wall: JsonObject) -> dict[str, float]:
     """A repetition's wall figures flattened to ``name`` or ``name.p50`` -> value (None percentiles left out)."""
     out = {}
     for k, v in wall.items():
@@ -107,7 +90,7 @@ def scalar_figures(wall: dict) -> dict[str, float]:
     return out
 
 
-def repetition_summary(walls: Sequence[dict]) -> dict:
+def repetition_summary(walls: Sequence[JsonObject]) -> JsonObject:
     """Per figure, over the repetitions: median, min, max and the median's confidence interval."""
     per_rep = [scalar_figures(w) for w in walls]
     names = [k for k in per_rep[0] if all(k in r for r in per_rep)]
@@ -119,7 +102,7 @@ def token_digest(tokens: Sequence[int]) -> str:
     return hashlib.sha256(",".join(str(t) for t in tokens).encode()).hexdigest()
 
 
-def first_divergence(reference: dict, other: dict) -> dict | None:
+def first_divergence(reference: JsonObject, other: JsonObject) -> JsonObject | None:
     """The first token where level ``other`` differs from level ``reference``, session by session.
 
     Both are level dicts (``concurrency`` and ``sessions``). A session that ended early
@@ -145,7 +128,7 @@ def first_divergence(reference: dict, other: dict) -> dict | None:
     return None
 
 
-def sweep_divergence(levels: Sequence[dict], reference: dict | None = None) -> dict | None:
+def sweep_divergence(levels: Sequence[JsonObject], reference: JsonObject | None = None) -> JsonObject | None:
     """The first divergence of any level from the reference: the sessions run alone when given
     (a sweep of arrivals), else the first level."""
     reference = reference or levels[0]
@@ -158,12 +141,12 @@ def sweep_divergence(levels: Sequence[dict], reference: dict | None = None) -> d
     return None
 
 
-def fault_named(level: dict) -> set[tuple[str, int]]:
+def fault_named(level: JsonObject) -> set[tuple[str, int]]:
     """(session, epoch) of every session an injected fault ended (its fault events name them)."""
     return {(e["session_id"], e["epoch"]) for ev in level.get("fault_events", ()) for e in ev["sessions"]}
 
 
-def unfinished_sessions(levels: Sequence[dict]) -> int:
+def unfinished_sessions(levels: Sequence[JsonObject]) -> int:
     """Sessions that FAILED or never ended, except those an injected fault ended: such a sweep proves
     nothing about corruption."""
     count = 0
@@ -192,12 +175,12 @@ NEAR_TIE = 0.05
 NEAR_TIE_FLOAT64 = 1e-6
 
 
-def near_tie(engine: dict) -> float:
+def near_tie(engine: JsonObject) -> float:
     """The margin below which kernels that round differently may flip a token, for this engine's arithmetic."""
     return NEAR_TIE_FLOAT64 if engine.get("kind") == "synthetic" and engine.get("dtype") == "float64" else NEAR_TIE
 
 
-def smallest_margin(levels: Sequence[dict]) -> dict | None:
+def smallest_margin(levels: Sequence[JsonObject]) -> JsonObject | None:
     """The smallest recorded margin of any token at any level, and where: the token most likely to flip on kernels
     that round differently (None: no finite margin recorded)."""
     best = None

@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from meshbench.analysis.figures import deterministic_ticks
+from meshbench.records import JsonObject
 from meshbench.scheduler.session import GenerationRequest
 
 METHOD = (
@@ -95,7 +95,7 @@ def perturb(prompt: Sequence[int], vocab_size: int, seed: int, index: int, pass_
 def requests_for(
     requests: Sequence[GenerationRequest],
     perturbed: Sequence[str],
-    baseline: dict[str, dict],
+    baseline: dict[str, JsonObject],
     vocab_size: int,
     seed: int,
     pass_no: int,
@@ -111,16 +111,18 @@ def requests_for(
     return out
 
 
-def schedule_view(ticks: Sequence[dict]) -> list[dict]:
+def schedule_view(ticks: Sequence[JsonObject]) -> list[JsonObject]:
     """Deterministic tick records with the decode feed reduced to (session, position): the schedule."""
     return [{**t, "decode_feed": [f[:2] for f in t["decode_feed"]]} for t in ticks]
 
 
-def digest(value) -> str:
+def digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, allow_nan=False).encode()).hexdigest()
 
 
-def pass_record(perturbed: Sequence[str], ticks: Sequence[dict], sessions: Sequence[dict], confirm: bool) -> dict:
+def pass_record(
+    perturbed: Sequence[str], ticks: Sequence[JsonObject], sessions: Sequence[JsonObject], confirm: bool
+) -> JsonObject:
     """One perturbation pass as results.json holds it: whom it perturbed, its schedule's digest, and each
     session's token and margin digests."""
     return {
@@ -134,7 +136,7 @@ def pass_record(perturbed: Sequence[str], ticks: Sequence[dict], sessions: Seque
     }
 
 
-def changed(level: dict, p: dict) -> list[str]:
+def changed(level: JsonObject, p: JsonObject) -> list[str]:
     """Sessions the pass did not perturb whose tokens or margins differ from the level's."""
     base = {s["session_id"]: (s["digest"], digest(s["margins"])) for s in level["sessions"]}
     return sorted(
@@ -144,7 +146,9 @@ def changed(level: dict, p: dict) -> list[str]:
     )
 
 
-def suspects(victim: str, family: Sequence[dict], changed_in: Sequence[list[str]], ids: Sequence[str]) -> list[str]:
+def suspects(
+    victim: str, family: Sequence[JsonObject], changed_in: Sequence[list[str]], ids: Sequence[str]
+) -> list[str]:
     """Who ``victim`` may depend on: the sessions perturbed in every family pass where it changed, or, where no
     one was (it depends on several), every session perturbed in any of them. Random content need not flip a
     dependence, so a pass where the victim held acquits no one."""
@@ -155,31 +159,7 @@ def suspects(victim: str, family: Sequence[dict], changed_in: Sequence[list[str]
     return [j for j in ids if j != victim and j in (common or set.union(*hits))]
 
 
-def run_level(
-    run, requests: Sequence[GenerationRequest], baseline, vocab_size: int, seed: int, rounds: int = 1
-) -> dict:
-    """The level's perturbation passes: the separating family ``rounds`` times, then single-suspect passes for
-    each suspect of a session that changed. ``run(requests)`` runs one pass of the level and returns its
-    sweep.Pass; ``baseline`` is the level's own first pass."""
-    ids = [r.session_id for r in requests]
-    by_id = {s["session_id"]: s for s in baseline.sessions}
-    level = {"sessions": baseline.sessions}
-    passes: list[dict] = []
-
-    def one(perturbed: list[str], confirm: bool) -> dict:
-        p = run(requests_for(requests, perturbed, by_id, vocab_size, seed, len(passes)))
-        passes.append(pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm))
-        return passes[-1]
-
-    family = [one(sets, False) for sets in family_sets(ids, rounds)]
-    for j, victims in culprits(level, family, ids).items():
-        for _ in range(CONFIRM_TRIES):
-            if victims & set(changed(level, one([j], True))):
-                break
-    return {"sessions": ids, "passes": passes, "reason": None}
-
-
-def culprits(level: dict, family: Sequence[dict], ids: Sequence[str]) -> dict[str, set[str]]:
+def culprits(level: JsonObject, family: Sequence[JsonObject], ids: Sequence[str]) -> dict[str, set[str]]:
     """The suspects to confirm, in session order (at most MAX_CONFIRMATIONS), each with the victims it is
     suspected of."""
     changed_in = [changed(level, p) for p in family]
@@ -188,7 +168,7 @@ def culprits(level: dict, family: Sequence[dict], ids: Sequence[str]) -> dict[st
     return {j: {v for v in blamed if j in blamed[v]} for j in order}
 
 
-def expected_confirmations(level: dict) -> list[list[str]]:
+def expected_confirmations(level: JsonObject) -> list[list[str]]:
     """The confirmation passes the method prescribes, given the recorded passes' outcomes: for each culprit in
     order, single-suspect passes until one changes a victim of it, CONFIRM_TRIES at most."""
     passes = level["isolation"]["passes"]
@@ -204,7 +184,7 @@ def expected_confirmations(level: dict) -> list[list[str]]:
     return out
 
 
-def verdict(level: dict) -> dict:
+def verdict(level: JsonObject) -> JsonObject:
     """The level's isolation verdict, recomputed from its records (what the sweep writes and verify checks)."""
     iso = level["isolation"]
     if iso["passes"] is None:

@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy import stats as sps
+from scipy import stats as sps  # type: ignore[import-untyped]
+
+from meshbench.records import JsonObject
 
 MIN_STRONG = 5  # repetitions on each side before a performance verdict is more than weak
 ALPHA = 0.01
 CI_TARGET = 0.95
 
 
-def summary(values: Sequence[float]) -> dict:
+def summary(values: Sequence[float]) -> JsonObject:
     """Median, min, max and (n >= 5) the order-statistics confidence interval of the median."""
     a = np.sort(np.asarray(values, dtype=np.float64))  # (n,)
     n = int(a.size)
@@ -70,7 +72,7 @@ class Verdict:
     p_value: float | None
     reason: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         return {
             "verdict": self.verdict,
             "strong": self.strong,

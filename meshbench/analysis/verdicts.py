@@ -14,24 +14,29 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from meshbench.analysis import figures, isolation
+from meshbench.records import JsonObject
 
 
 @dataclass(slots=True)
 class ConcurrencySweep:
-    levels: list[dict]  # one results.json level record each
+    levels: list[JsonObject]  # one results.json level record each
     corruption_free: bool
-    first_divergence: dict | None
+    first_divergence: JsonObject | None
     batch_invariant: bool
-    isolation: dict  # meshbench.analysis.verdicts: how isolation was proven, at how many levels, and whether it holds
+    isolation: (
+        JsonObject  # meshbench.analysis.verdicts: how isolation was proven, at how many levels, and whether it holds
+    )
     saturation_concurrency: int | None  # None for a sweep of arrival rates
     reference_concurrency: int
-    reference: dict | None = None  # arrival sweeps: every session run alone
-    saturation_rates: dict | None = None  # arrival sweeps: per concurrency, the first rate a full queue refused
+    reference: JsonObject | None = None  # arrival sweeps: every session run alone
+    saturation_rates: JsonObject | None = None  # arrival sweeps: per concurrency, the first rate a full queue refused
 
 
-def sweep_verdicts(levels: Sequence[dict], reference: dict | None) -> dict:
+def sweep_verdicts(
+    levels: Sequence[JsonObject], reference: JsonObject | None, per_level: Sequence[JsonObject]
+) -> JsonObject:
+    """The sweep's verdicts from its levels and each level's isolation verdict (``isolation.verdict``)."""
     divergence = figures.sweep_divergence(levels, reference)
-    per_level = [isolation.verdict(lv) for lv in levels]
     ran = [v for v in per_level if v["ran"]]
     every_level = len(ran) == len(per_level)
     isolated = all(v["holds"] for v in ran)

@@ -17,7 +17,8 @@ import numpy as np
 
 from meshbench.engine.setup import close_engine
 from meshbench.errors import MeshbenchError
-from meshbench.sweep.levels import level_budget, level_orders, run_pass
+from meshbench.sweep.passes import run_pass
+from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
 from meshbench.workload import prompts
 from meshbench.workload.config import RunConfig

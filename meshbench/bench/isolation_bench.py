@@ -13,7 +13,8 @@ from typing import Callable
 
 from meshbench.analysis import figures, stats
 from meshbench.engine.setup import EngineSetup, close_engine
-from meshbench.sweep.levels import level_budget, run_pass
+from meshbench.sweep.passes import run_pass
+from meshbench.sweep.plan import level_budget
 from meshbench.sweep.run import prepare
 from meshbench.workload.config import RunConfig
 

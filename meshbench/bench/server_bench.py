@@ -18,13 +18,14 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from meshbench.analysis import figures, stats
+from meshbench.analysis import latency, stats
 from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
-from meshbench.sweep.levels import level_budget, level_orders, run_pass
+from meshbench.sweep.passes import run_pass
+from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
 from meshbench.workload.config import RunConfig
 
@@ -178,11 +179,10 @@ def _figures(tokens: dict, timing: list[dict], wall_s: float, requests) -> dict:
 
 
 def _latency(timing: list[dict]) -> dict:
-    timed = [s for s in timing if s["token_ns"]]
     # From the moment a session got a slot: meshbench queues every session at once, the server's closed-loop
     # clients send the next only when one finishes, so time spent queued is not comparable; a slot is.
-    ttft = figures.percentiles([(s["token_ns"][0] - s["admit_ns"]) / 1e6 for s in timed])
-    itl = figures.percentiles([(b - a) / 1e6 for s in timed for a, b in zip(s["token_ns"], s["token_ns"][1:])])
+    lat = latency.samples(timing, since="admit_ns")
+    ttft, itl = latency.percentiles(lat.ttft), latency.percentiles(lat.itl)
     return {
         "ttft_ms.p50": ttft["p50"],
         "ttft_ms.p99": ttft["p99"],

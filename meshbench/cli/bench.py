@@ -40,6 +40,7 @@ from meshbench.files import regular_file, replaceable_file
 from meshbench.model import gguf_io
 from meshbench.model.config import preset as get_preset
 from meshbench.model.weights import init_weights
+from meshbench.results.markdown import median_range
 from meshbench.workload import config, prompts
 
 bench_app = typer.Typer(help="Benchmarks: commands that print figures.", no_args_is_help=True)
@@ -269,7 +270,7 @@ def bench_isolation(
 
 
 def _spread(s: dict, fmt: str) -> str:
-    return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
+    return median_range(s, fmt)
 
 
 @bench_app.command("server")

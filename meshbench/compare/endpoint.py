@@ -19,6 +19,7 @@ from pathlib import Path
 from meshbench.analysis import endpoint as endpoint_figures
 from meshbench.analysis import figures, stats
 from meshbench.errors import MeshbenchError
+from meshbench.results.markdown import median_range
 
 # (the endpoint's figure, the node's wall figure, higher is better)
 PERF = (
@@ -208,4 +209,4 @@ def render(report: dict) -> str:
 
 
 def _s(s: dict) -> str:
-    return f"{s['median']:.1f} ({s['min']:.1f}..{s['max']:.1f})"
+    return median_range(s, ".1f", sep="..")

@@ -23,7 +23,7 @@ from meshbench.endpoint.load import Job, at_once, closed_loop
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.results import document
-from meshbench.sweep.levels import level_orders
+from meshbench.sweep.plan import level_orders
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig, validate_levels
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from meshbench.names import RESULTS
 from meshbench.results import markdown
+from meshbench.results.markdown import median_range
 
 TABLE_HEADER = (
     "| C | differ from C=ref | max distinct per session | needle distinct / differ from alone | "
@@ -15,11 +16,7 @@ TABLE_HEADER = (
 
 def cell(spread: dict | None, digits: int = 1) -> str:
     """A figure over the repetitions: the median, and min..max when they differ."""
-    if spread is None:
-        return "-"
-    med = f"{spread['median']:.{digits}f}"
-    lo, hi = f"{spread['min']:.{digits}f}", f"{spread['max']:.{digits}f}"
-    return med if lo == hi else f"{med} ({lo}..{hi})"
+    return median_range(spread, f".{digits}f", sep="..", drop_equal=True)
 
 
 def _launched(e: dict) -> list[str]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import shlex
 
 from meshbench.analysis import figures
-from meshbench.results import endpoint_report, fault_report, markdown
+from meshbench.results import endpoint_report, fault_report, load_report, markdown
+from meshbench.results.load_report import arrival_sweep, level_name, row
 
 SWEEP_HEADING = "## Concurrency sweep (deterministic)"
 TABLE_HEADER = "| concurrency | ticks | avg batch occupancy | max occupancy | tokens/tick | peak KV bytes |"
@@ -15,7 +16,7 @@ def table_rows(results: dict) -> list[list[str]]:
     """The deterministic table, one row of cells per level: what verify compares."""
     return [
         [
-            _level_name(lv, results["config"]["clock"]),
+            level_name(lv, results["config"]["clock"]),
             str(lv["ticks"]),
             f"{lv['avg_batch_occupancy']:.3f}",
             str(lv["max_batch_occupancy"]),
@@ -34,28 +35,6 @@ TABLE_FIELDS = [
     "tokens_per_tick",
     "peak_kv_bytes",
 ]
-
-
-def _level_name(lv: dict, clock: str) -> str:
-    """A level's name in tables: its concurrency, and its arrival rate when sessions arrive over time."""
-    unit = "s" if clock == "wall" else "tick"
-    if lv["faults"]:
-        return f"{lv['concurrency']} · {','.join(lv['faults'])}"
-    return str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}/{unit}"
-
-
-def arrival_sweep(results: dict) -> bool:
-    """Sessions arrive over time (a process, or rates), rather than all before the first tick."""
-    return any(lv["arrivals"] != "all-at-once" for lv in results["levels"])
-
-
-def _row(cells) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def _ms(p: dict, key: str) -> str:
-    v = p.get(key)
-    return "-" if v is None else f"{v:.2f}"
 
 
 def _engine_line(e: dict) -> str:
@@ -109,8 +88,8 @@ def render_readme(results: dict, bundle_name: str) -> str:
         *_what_ran(results),
         *_sweep_section(results),
         *fault_report.section(results),
-        *_backpressure_section(results),
-        *_wall_section(results),
+        *load_report.backpressure_section(results),
+        *load_report.wall_section(results),
         *_environment(results["environment"]),
         *_reproduction(results),
         "## Reproduce",
@@ -186,7 +165,7 @@ def _sweep_section(results: dict) -> list[str]:
         "",
         TABLE_HEADER,
         "|---|---|---|---|---|---|",
-        *[_row(r) for r in table_rows(results)],
+        *[row(r) for r in table_rows(results)],
         "",
         (
             f"saturation_concurrency = {results['saturation_concurrency']} (occupancy rises by more than "
@@ -282,149 +261,6 @@ def _deviation(dev: dict | None) -> str:
         f"{dev['batch_at_first_differing_step']}, by up to {dev['max_abs_logit_diff']:.3g} (logits span "
         f"{lo:.1f} to {hi:.1f})"
     )
-
-
-# The wall figures of the bundle README, in the order of its table.
-WALL_COLUMNS = (
-    ("tokens_per_s", "tokens/s", 1),
-    ("decode_tokens_per_s", "decode tok/s", 1),
-    ("prefill_tokens_per_s", "prefill tok/s", 1),
-    ("ttft_ms.p50", "TTFT p50 ms", 2),
-    ("ttft_ms.p99", "TTFT p99 ms", 2),
-    ("queue_ms.p50", "queue p50 ms", 2),
-    ("itl_ms.p50", "ITL p50 ms", 2),
-    ("itl_ms.p99", "ITL p99 ms", 2),
-    ("tpot_ms.p50", "TPOT p50 ms", 2),
-    ("tpot_ms.p99", "TPOT p99 ms", 2),
-    ("e2e_ms.p50", "E2E p50 ms", 1),
-    ("scheduler_share", "scheduler share", None),
-)
-
-
-def _spread(summary: dict | None, digits: int | None) -> str:
-    """The median, and with more than one repetition its min-max range."""
-    if summary is None:
-        return "-"
-
-    def fmt(x: float) -> str:
-        return f"{x:.1%}" if digits is None else f"{x:.{digits}f}"
-
-    if summary["n"] == 1:
-        return fmt(summary["median"])
-    return f"{fmt(summary['median'])} ({fmt(summary['min'])}-{fmt(summary['max'])})"
-
-
-def _backpressure_section(results: dict) -> list[str]:
-    if not arrival_sweep(results):
-        return []
-    slo = results["config"]["slo"]
-    unit = "ms" if results["config"]["clock"] == "wall" else "ticks"
-    slos = [
-        f"TTFT <= {slo['ttft']:g} {unit}" if slo["ttft"] is not None else "",
-        f"TPOT <= {slo['tpot']:g} {unit}" if slo["tpot"] is not None else "",
-    ]
-    slos = " and ".join(x for x in slos if x) or "no SLO given: every completed session counts"
-    lines = [
-        "## Backpressure (deterministic, in ticks)",
-        "",
-        f"Queue depth {results['budget']['max_queue_depth']}. Goodput counts completed sessions within {slos}. "
-        "Rates are per 100 ticks of the level (arrivals, drain and idle ticks included).",
-        "",
-        "| level | offered | admitted at once | queued | rejected | completed | queue depth max / mean | "
-        "queue wait p50 / p95 / max | TTFT p50 / p95 / p99 | accepted /100t | rejected /100t | goodput /100t |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for lv in results["levels"]:
-        b = lv["backpressure"]
-        rejected = ", ".join(f"{n} {r.removeprefix('REJECTED_').lower()}" for r, n in b["rejected_by_reason"].items())
-        w, t = b["queue_wait_ticks"], b["ttft_ticks"]
-        lines.append(
-            _row(
-                [
-                    _level_name(lv, results["config"]["clock"]),
-                    str(b["offered"]),
-                    str(b["admitted_at_once"]),
-                    str(b["queued"]),
-                    rejected or "0",
-                    str(b["completed"]),
-                    f"{b['queue_depth_max']} / {b['queue_depth_mean']:.2f}",
-                    " / ".join(_ticks(w[k]) for k in ("p50", "p95", "max")),
-                    " / ".join(_ticks(t[k]) for k in ("p50", "p95", "p99")),
-                    f"{b['accepted_per_100_ticks']:.1f}",
-                    f"{b['rejected_per_100_ticks']:.1f}",
-                    f"{b['goodput_per_100_ticks']:.1f}",
-                ]
-            )
-        )
-    unit = "s" if results["config"]["clock"] == "wall" else "tick"
-    sat = ", ".join(
-        f"concurrency {c}: {'none up to the highest rate' if r is None else f'{r:g} sessions/{unit}'}"
-        for c, r in results["saturation_rates"].items()
-    )
-    lines += ["", f"First rate at which a full queue refused a session (REJECTED_QUEUE_FULL): {sat}.", ""]
-    if results["config"]["clock"] == "wall":
-        lines += _wall_backpressure(results)
-    return lines
-
-
-def _wall_backpressure(results: dict) -> list[str]:
-    lines = [
-        "On the wall clock (rates per second; admission depends on this machine's speed, so these figures and "
-        "the tick table above are reported, not reproduced by `--rerun`; the first repetition's stamps, waits "
-        "and TTFT from each session's arrival time; goodput within the SLO in ms):",
-        "",
-        "| level | offered /s | accepted /s | rejected /s | completed /s | queue wait p50 / p95 ms | "
-        "TTFT p50 / p95 / p99 ms | goodput /s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for lv in results["levels"]:
-        b = lv["backpressure"]
-        w, t = b["queue_wait_ms"], b["ttft_from_arrival_ms"]
-        lines.append(
-            _row(
-                [
-                    _level_name(lv, "wall"),
-                    f"{b['offered_per_s']:.1f}",
-                    f"{b['accepted_per_s']:.1f}",
-                    f"{b['rejected_per_s']:.1f}",
-                    f"{b['completed_per_s']:.1f}",
-                    " / ".join(_ms(w, k) for k in ("p50", "p95")),
-                    " / ".join(_ms(t, k) for k in ("p50", "p95", "p99")),
-                    f"{b['goodput_per_s']:.1f}",
-                ]
-            )
-        )
-    return [*lines, ""]
-
-
-def _ticks(x) -> str:
-    return "-" if x is None else f"{x:g}"
-
-
-def _wall_section(results: dict) -> list[str]:
-    repeat, warmup = results["config"]["repeat"], results["config"]["warmup"]
-    lines = [
-        "## Wall clock (this machine: reported; `meshbench compare` judges it)",
-        "",
-        f"{repeat} recorded repetition(s) per level after {warmup} warm-up pass(es), interleaved (the level order "
-        "rotates each repetition). Each cell is the median over the repetitions"
-        + (", with the min-max range." if repeat > 1 else "."),
-        "",
-        _row(["concurrency", *[name for _, name, _ in WALL_COLUMNS]]),
-        "|" + "---|" * (len(WALL_COLUMNS) + 1),
-    ]
-    for lv in results["levels"]:
-        lines.append(_row([str(lv["concurrency"]), *[_spread(lv["wall"].get(k), d) for k, _, d in WALL_COLUMNS]]))
-    return [
-        *lines,
-        "",
-        "decode (prefill) tok/s: decode (prompt) tokens / summed engine time of the decode (prefill) calls, as "
-        "llama-batched-bench's S_TG (S_PP); tokens/s: all tokens / wall time. TTFT and E2E count from "
-        "submission, queue time from submission to a slot; ITL pools every gap between consecutive tokens; "
-        "TPOT is each session's mean gap after its first token, then a percentile over sessions. Scheduler "
-        "share: tick time outside engine calls.",
-        "",
-    ]
 
 
 def _environment(env: dict) -> list[str]:

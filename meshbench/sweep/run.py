@@ -22,7 +22,7 @@ from meshbench.results import document as results
 from meshbench.results import envinfo
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.telemetry import TickRecord
-from meshbench.sweep import replay
+from meshbench.sweep import prove, replay
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.workload import config, prompts
 from meshbench.workload.config import RunConfig, validate_levels
@@ -113,7 +113,8 @@ def run_sweep(
     # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
     div = data["first_divergence"]
     if div is not None and cfg.engine.kind == "gguf":
-        div["classification"] = divergence.classify(cfg, data, lambda other: run_sweep(other, "(classification)"))
+        oracle = prove.oracle(cfg, div, data, lambda other: run_sweep(other, "(classification)"))
+        div["classification"] = divergence.classify(data, oracle)
         div["logit_deviation"] = _logit_deviation(cfg, setup, data, div)
     return data
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from meshbench.analysis import backpressure, figures, verdicts
+from meshbench.analysis import backpressure, figures, isolation, verdicts
 from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
 from meshbench.scheduler.budget import ACCEPTED
@@ -165,7 +165,7 @@ def check_level_budget(c: Checks, data: dict, lv: dict, at: str) -> None:
 def check_sweep(c: Checks, data: dict) -> None:
     levels = data["levels"]
     div = figures.sweep_divergence(levels, data["reference"])
-    v = verdicts.sweep_verdicts(levels, data["reference"])
+    v = verdicts.sweep_verdicts(levels, data["reference"], [isolation.verdict(lv) for lv in levels])
     c.equal(
         RESULTS,
         "corruption_free (isolation at every level where it ran, no failed session)",

@@ -3,7 +3,10 @@ them equal to the results schema). The sweep builds them; analysis, verify, repo
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
+
+# A results record read back from JSON, before the typed model takes it over (issue 30): the one name for it.
+from meshbench.records.model import JsonObject  # noqa: E402
 
 
 class SessionRecord(TypedDict):
@@ -40,7 +43,7 @@ class _Tick(TypedDict):
     decode_tokens: int
     prefill_tokens: int
     prefill_sessions: list[str]
-    prefill_chunks: list[list]  # [session, first position, tokens]
+    prefill_chunks: list[list[Any]]  # [session, first position, tokens]
     kv_bytes: int
     stored_tokens: int
     active: int
@@ -49,7 +52,7 @@ class _Tick(TypedDict):
     admitted: list[str]
     ended: list[str]
     resubmitted: list[str]
-    decode_feed: list[list]  # [session, position, token]
+    decode_feed: list[list[Any]]  # [session, position, token]
 
 
 class TickDict(_Tick, total=False):
@@ -82,9 +85,9 @@ class LevelRecord(TypedDict):
     concurrency: int
     arrivals: str
     rate: float | None
-    budget: dict
+    budget: JsonObject
     faults: list[str]
-    arrival_times: list
+    arrival_times: list[Any]
     ticks: int
     avg_batch_occupancy: float
     max_batch_occupancy: int
@@ -95,14 +98,14 @@ class LevelRecord(TypedDict):
     rejected_admissions: int
     cache_misses: int
     failed: int
-    counts: dict
+    counts: JsonObject
     sessions: list[SessionRecord]
     tick_records: list[TickDict]
     submit_events: list[SubmitEvent]
-    backpressure: dict
-    fault_events: list[dict]
-    engine_losses: list[dict]
-    wall: dict
-    repetitions: list[dict]
-    isolation: dict
-    isolation_verdict: dict
+    backpressure: JsonObject
+    fault_events: list[JsonObject]
+    engine_losses: list[JsonObject]
+    wall: JsonObject
+    repetitions: list[JsonObject]
+    isolation: JsonObject
+    isolation_verdict: JsonObject

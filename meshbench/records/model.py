@@ -1,0 +1,208 @@
+"""The records a node sweep's results.json holds, typed: frozen dataclasses, one per record, built complete.
+
+Field order is the order results.json writes. Only ``meshbench.records.serial`` turns them into JSON and
+back (tests/test_records.py holds every field to the results schema, both ways). A record's optional key
+(``SubmitEvent.arrival_ms``, a tick's timing) is a field that defaults to None and is left out when None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# What the model does not type yet: the config echo, the engine and environment, an arrival sweep's
+# backpressure figures, a level's fault events and engine losses (tests hold them to the schema).
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionRecord:
+    """A session as it ended: what it was asked, what it produced, how it ended."""
+
+    session_id: str
+    epoch: int  # 1, then one more per resubmission after an engine loss
+    end_tick: int | None
+    prompt_tokens: int
+    max_new_tokens: int
+    tokens: list[int]
+    margins: list[float | None]  # top-1 minus top-2 logit per token (None: not finite)
+    digest: str  # sha256 of the tokens (meshbench.analysis.figures.token_digest)
+    done_reason: str  # a DoneReason value, or UNFINISHED
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """A session's clock stamps in one pass, nanoseconds from the pass's start: the timing record a node's
+    session and an endpoint's completion share (``meshbench.analysis.latency`` reads nothing else)."""
+
+    session_id: str
+    epoch: int
+    digest: str
+    done_reason: str
+    submit_ns: int
+    admit_ns: int | None  # None: no slot ever took it
+    token_ns: list[int]  # one stamp per token received
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tick:
+    """One tick. A level's ``tick_records`` are deterministic (no times); a repetition's are timed."""
+
+    tick: int
+    decode_batch: int
+    decode_sessions: list[str]
+    decode_tokens: int
+    prefill_tokens: int
+    prefill_sessions: list[str]
+    prefill_chunks: list[list[Any]]  # [session, first position, tokens]
+    kv_bytes: int
+    stored_tokens: int
+    active: int
+    queued: int
+    completed: list[str]
+    admitted: list[str]
+    ended: list[str]
+    resubmitted: list[str]
+    tick_ns: int | None = None
+    decode_ns: int | None = None
+    prefill_ns: int | None = None
+    decode_feed: list[list[Any]]  # [session, position, token]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitEvent:
+    """One arrival: the tick before which it was submitted, the decision and the node's state then."""
+
+    tick: int
+    session_id: str
+    epoch: int | None
+    decision: str  # an AdmissionReason value
+    active: int
+    queued: int
+    arrival_ms: float | None = None  # the wall clock only
+    submit_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Percentiles:
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WallFigures:
+    """One repetition's wall-clock figures (``meshbench.analysis.figures.wall_figures``)."""
+
+    wall_s: float
+    tokens_per_s: float
+    decode_tokens_per_s: float
+    prefill_tokens_per_s: float
+    ttft_ms: Percentiles
+    queue_ms: Percentiles
+    e2e_ms: Percentiles
+    itl_ms: Percentiles
+    tpot_ms: Percentiles
+    scheduler_share: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    """A figure over the repetitions: median, min, max, and with n >= 5 the median's confidence interval."""
+
+    n: int
+    median: float
+    min: float
+    max: float
+    ci_low: float | None
+    ci_high: float | None
+    ci_level: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Repetition:
+    """One recorded pass of a level: its place in the run, its timed ticks and stamps, its wall figures."""
+
+    repetition: int
+    position: int  # in that repetition's (rotated) level order
+    wall_s: float
+    tick_records: list[Tick]
+    sessions: list[Timing]
+    wall: WallFigures
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassSession:
+    session_id: str
+    digest: str
+    margins_digest: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IsolationPass:
+    """One perturbation pass: whom it perturbed, its schedule's digest, each session's digests."""
+
+    perturbed: list[str]
+    confirm: bool
+    schedule_digest: str
+    sessions: list[PassSession]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IsolationRecords:
+    """A level's perturbation passes, or (``passes`` None) why it has none."""
+
+    sessions: list[str] | None
+    passes: list[IsolationPass] | None
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IsolationVerdict:
+    """A level's isolation verdict (``meshbench.analysis.isolation.verdict``)."""
+
+    ran: bool
+    holds: bool | None
+    schedule_changed: list[int]
+    changed: list[str]
+    leaks: list[list[str]]  # [victim, culprit]
+    separating: bool | None
+    family_passes: int
+    escape_bits: int | None
+    confirmations: int
+    suspects: dict[str, list[str]]
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LevelRecord:
+    """One concurrency level (one arrival rate, one fault row) of a sweep, complete when built."""
+
+    concurrency: int
+    arrivals: str
+    rate: float | None
+    budget: dict[str, int]
+    ticks: int
+    avg_batch_occupancy: float
+    max_batch_occupancy: int
+    tokens_per_tick: float
+    peak_kv_bytes: int
+    prefill_tokens: int
+    decode_tokens: int
+    rejected_admissions: int
+    cache_misses: int
+    failed: int
+    counts: dict[str, int]
+    faults: list[str]
+    fault_events: list[JsonObject]
+    engine_losses: list[JsonObject]
+    arrival_times: list[float]  # per session: its arrival tick (int), or on the wall clock its time in ms
+    submit_events: list[SubmitEvent]
+    sessions: list[SessionRecord]
+    tick_records: list[Tick]
+    backpressure: JsonObject
+    repetitions: list[Repetition]
+    wall: dict[str, Summary]
+    isolation: IsolationRecords
+    isolation_verdict: IsolationVerdict

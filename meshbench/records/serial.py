@@ -1,0 +1,81 @@
+"""The one module that knows results.json's keys: records to JSON values and back.
+
+``to_json`` writes a record's fields in order, leaving out an optional key (a field that defaults to None)
+when it is None. ``from_json`` builds the typed record from a JSON value that already passed the schema
+(verify checks the raw file first): numbers are taken as they are (an int stays an int), a key the record
+does not have, or a value of the wrong type, is a MeshbenchError naming the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+
+from meshbench.errors import MeshbenchError
+from meshbench.records import model
+
+T = TypeVar("T")
+
+
+def _exact(kind: type, name: str) -> Any:
+    """A number or string taken as it is: no coercion (3 stays 3, never 3.0; "3" is no int)."""
+    allowed = (int, float) if kind is float else (kind,)
+
+    def structure(value: Any, _: Any) -> Any:
+        if not isinstance(value, allowed) or (isinstance(value, bool) and kind is not bool):
+            raise TypeError(f"{value!r} is not {name}")
+        return value
+
+    return structure
+
+
+def _converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    for kind, name in ((int, "an integer"), (float, "a number"), (str, "a string"), (bool, "a boolean")):
+        conv.register_structure_hook(kind, _exact(kind, name))
+    for cls in _records():
+        optional = {
+            f.name: override(omit_if_default=True)
+            for f in dataclasses.fields(cls)
+            if f.default is None  # an optional key: absent when None
+        }
+        # (the overrides are keyword arguments by field name: mypy cannot tell them from the flags')
+        conv.register_unstructure_hook(cls, make_dict_unstructure_fn(cls, conv, **optional))  # type: ignore[arg-type]
+        conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True))
+    return conv
+
+
+def _records() -> list[type]:
+    return [
+        v
+        for v in vars(model).values()
+        if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == model.__name__
+    ]
+
+
+_CONVERTER = _converter()
+
+
+def to_json(record: Any) -> Any:
+    """A record (or a list of them) as the JSON value results.json holds."""
+    return _CONVERTER.unstructure(record)
+
+
+def from_json(value: Any, cls: type[T], where: str = "results.json") -> T:
+    """The typed record of ``cls`` from its JSON value (already checked against the schema)."""
+    try:
+        record: T = _CONVERTER.structure(value, cls)
+        return record
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as e:
+        raise MeshbenchError(f"{where}: not a {cls.__name__} record: {_reason(e)}") from None
+
+
+def _reason(e: BaseException) -> str:
+    """The first leaf of a cattrs error group, with where it was."""
+    if isinstance(e, cattrs.BaseValidationError):
+        notes = cattrs.transform_error(e)
+        return notes[0] if notes else str(e)
+    return str(e)

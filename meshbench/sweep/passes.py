@@ -1,0 +1,166 @@
+"""One pass of one level: submit the requests at their arrivals, run the node to completion, and keep what it
+did as raw records (sessions, ticks, stamps, submissions, faults). Every later step reads a ``Pass``."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from meshbench.analysis import figures
+from meshbench.engine.base import BatchEngine
+from meshbench.engine.setup import close_engine
+from meshbench.records import SessionRecord, SessionTiming, SubmitEvent, TickDict
+from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
+from meshbench.scheduler.session import GenerationRequest, Session
+from meshbench.scheduler.telemetry import TickRecord
+from meshbench.sweep.driver import NodeDriver, WallClock
+from meshbench.sweep.inject import FaultPlan
+
+# The scheduler's own counters, per pass: verify checks each against the raw records.
+COUNTERS = ("completed", "cancelled", "failed", "cache_misses", "rejected_admissions", "engine_losses", "resubmitted")
+
+
+def _finite(x):
+    """JSON has no inf/nan: a margin that is not finite is recorded as null."""
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def session_record(s: Session) -> SessionRecord:
+    """A session's deterministic record, as results.json holds it."""
+    return {
+        "session_id": s.session_id,
+        "epoch": s.epoch,
+        "end_tick": s.end_tick,
+        "prompt_tokens": s.prompt_len,
+        "max_new_tokens": s.request.max_new_tokens,
+        "tokens": list(s.tokens),
+        "margins": [_finite(m) for m in s.margins],
+        "digest": figures.token_digest(s.tokens),
+        "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
+        "error": s.error,
+    }
+
+
+def session_timing(s: Session, t0: int) -> SessionTiming:
+    """A session's stamps in one repetition, relative to the start of that pass."""
+    return {
+        "session_id": s.session_id,
+        "epoch": s.epoch,
+        "digest": figures.token_digest(s.tokens),
+        "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
+        "submit_ns": s.submit_ns - t0,
+        "admit_ns": None if s.admit_ns is None else s.admit_ns - t0,
+        "token_ns": [t - t0 for t in s.token_ns],
+    }
+
+
+@dataclass(slots=True)
+class Pass:
+    """One run of one level: its deterministic records and its timing."""
+
+    sessions: list[SessionRecord]
+    ticks: list[TickDict]  # full tick records, timing included
+    timing: list[SessionTiming]
+    events: list[SubmitEvent]  # one per arrival: tick, session, decision, active and queued at that moment
+    wall_s: float
+    cache_misses: int
+    failed: int
+    counts: dict  # the scheduler's COUNTERS
+    fault_events: list[dict]  # one per injected fault (meshbench.sweep.inject)
+    engine_losses: list[dict]  # one per engine loss: tick, cause, lost, resubmitted
+
+
+def run_pass(
+    requests: Sequence[GenerationRequest],
+    arrival_ticks: Sequence[int],
+    budget: NodeBudget,
+    engine: BatchEngine,
+    clock: Callable[[], int] = time.monotonic_ns,
+    on_tick: Callable[[TickRecord], None] | None = None,
+    plan: FaultPlan | None = None,
+    recover: Callable[[], BatchEngine] | None = None,
+    prefill: str = "whole",
+) -> Pass:
+    """Submit each request before its arrival tick, run the node to completion, keep the raw records.
+
+    ``plan``: the faults this pass suffers; ``recover``: the restart policy after an engine loss."""
+    plan = plan or FaultPlan(())
+    wrapped = plan.wrap(engine)
+    node = NodeDriver(
+        wrapped, budget, clock, prefill_policy=prefill, recover=(lambda: plan.wrap(recover())) if recover else None
+    )
+    plan.node = node
+    events: list[dict] = []
+    t0 = clock()
+    try:
+        node.run_to_completion(
+            on_tick=on_tick,
+            arrivals=list(zip(arrival_ticks, requests)),
+            on_submit=lambda tick, d, _at, _now: events.append(submit_event(tick, d)),
+            before_tick=plan.before_tick,
+        )
+    finally:
+        if node.engine is not wrapped:  # a restarted engine is this pass's to free
+            close_engine(node.engine)
+    return finished_pass(node, events, t0, clock(), plan.events(budget.max_active_sessions, len(node.ticks())))
+
+
+def submit_event(tick: int, d: AdmissionDecision, **extra) -> SubmitEvent:
+    """One arrival's record: the tick before which it was submitted, the decision and the node's state."""
+    return {
+        "tick": tick,
+        "session_id": d.session_id,
+        "epoch": d.epoch,
+        "decision": d.reason.value,
+        "active": d.active_sessions,
+        "queued": d.queue_depth,
+        **extra,
+    }
+
+
+def finished_pass(
+    node: NodeDriver, events: list[dict], t0: int, t1: int, fault_events: list[dict] | None = None
+) -> Pass:
+    """The raw records of a pass that started at ``t0`` and ended at ``t1`` (clock nanoseconds)."""
+    ended = node.sessions()
+    tel = node.telemetry().to_dict()
+    return Pass(
+        [session_record(s) for s in ended],
+        [t.to_dict() for t in node.ticks()],
+        [session_timing(s, t0) for s in ended],
+        events,
+        (t1 - t0) / 1e9,
+        tel["cache_misses"],
+        tel["failed"],
+        {k: tel[k] for k in COUNTERS},
+        fault_events or [],
+        node.losses(),
+    )
+
+
+def run_pass_wall(
+    requests: Sequence[GenerationRequest],
+    arrival_s: Sequence[float],
+    budget: NodeBudget,
+    engine: BatchEngine,
+    clock: Callable[[], int] = time.monotonic_ns,
+    on_tick: Callable[[TickRecord], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    prefill: str = "whole",
+) -> Pass:
+    """The wall clock: a session is submitted once its arrival time has passed (checked before each tick);
+    when nothing is live the node sleeps until the next arrival. Ticks run only with live sessions, so
+    admission depends on speed: such a pass is reported, not compared by --rerun."""
+    node = NodeDriver(engine, budget, clock, prefill_policy=prefill)
+    events: list[dict] = []
+    t0 = clock()
+
+    def submitted(tick: int, d: AdmissionDecision, arrival: float, now: float) -> None:
+        events.append(submit_event(tick, d, arrival_ms=arrival * 1e3, submit_ms=now * 1e3))
+
+    node.run_to_completion(
+        on_tick=on_tick, arrivals=list(zip(arrival_s, requests)), on_submit=submitted, wall=WallClock(t0, sleep)
+    )
+    return finished_pass(node, events, t0, clock())

@@ -1,0 +1,97 @@
+"""The passes that judge a sweep, run here and handed to ``meshbench.analysis``, which only judges them: each
+level's isolation passes (the separating family, then single-suspect confirmations), and the numpy oracle's
+sweep of two diverging levels."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+from meshbench.analysis import isolation
+from meshbench.analysis.figures import deterministic_ticks
+from meshbench.errors import MeshbenchError
+from meshbench.scheduler.session import GenerationRequest
+from meshbench.sweep.passes import Pass
+from meshbench.workload.config import RunConfig
+
+
+def isolation_passes(
+    run: Callable[[Sequence[GenerationRequest]], Pass],
+    requests: Sequence[GenerationRequest],
+    baseline: Pass,
+    vocab_size: int,
+    seed: int,
+    rounds: int = 1,
+) -> dict:
+    """The level's perturbation passes: the separating family ``rounds`` times, then single-suspect passes for
+    each suspect of a session that changed. ``run(requests)`` runs one pass of the level; ``baseline`` is the
+    level's own first pass."""
+    ids = [r.session_id for r in requests]
+    by_id = {s["session_id"]: s for s in baseline.sessions}
+    level = {"sessions": baseline.sessions}
+    passes: list[dict] = []
+
+    def one(perturbed: list[str], confirm: bool) -> dict:
+        p = run(isolation.requests_for(requests, perturbed, by_id, vocab_size, seed, len(passes)))
+        passes.append(isolation.pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm))
+        return passes[-1]
+
+    family = [one(sets, False) for sets in isolation.family_sets(ids, rounds)]
+    for j, victims in isolation.culprits(level, family, ids).items():
+        for _ in range(isolation.CONFIRM_TRIES):
+            if victims & set(isolation.changed(level, one([j], True))):
+                break
+    return {"sessions": ids, "passes": passes, "reason": None}
+
+
+def isolation_record(
+    baseline: Pass,
+    run: Callable[[Sequence[GenerationRequest]], Pass],
+    requests: Sequence[GenerationRequest],
+    vocab: int,
+    seed: int,
+    skipped: str | None,
+    rounds: int = 1,
+) -> tuple[dict, dict]:
+    """The level's isolation records (its perturbation passes, or why there are none) and their verdict, judged
+    against the level's own first pass ``baseline``."""
+    records = (
+        {"sessions": None, "passes": None, "reason": skipped}
+        if skipped is not None
+        else isolation_passes(run, requests, baseline, vocab, seed, rounds)
+    )
+    level = {"sessions": baseline.sessions, "tick_records": deterministic_ticks(baseline.ticks), "isolation": records}
+    return records, isolation.verdict(level)
+
+
+def oracle(cfg: RunConfig, div: dict, data: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
+    """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
+    arch = data["engine"].get("architecture")
+    if arch != "llama" or cfg.workload.prompts is not None or cfg.workload.eos != "continue":
+        return (
+            f"not applicable (it runs llama-architecture weights on synthetic prompts with eos continue; "
+            f"this is {arch!r}"
+            + (", real prompts" if cfg.workload.prompts else "")
+            + (f", eos {cfg.workload.eos}" if cfg.workload.eos != "continue" else "")
+            + ")"
+        )
+    levels = sorted({div["reference_concurrency"], div["concurrency"]})
+    try:
+        # the same weights in numpy: llama.cpp's own settings (repacking, tiled matmul, RPC) do not apply there
+        engine = dataclasses.replace(
+            cfg.engine,
+            kind="synthetic",
+            repack=False,
+            tiled_mm="auto",
+            mixed_batch=False,
+            rpc=None,
+            workers=0,
+            split=None,
+            package=None,
+        )
+        other = run_sweep(dataclasses.replace(cfg, levels=tuple(levels), isolation=False, engine=engine))
+    except MeshbenchError as e:
+        return f"could not run these weights ({e})"
+    if other["batch_invariant"]:
+        return f"agrees across levels {levels} on the same weights"
+    return f"diverges across levels {levels} on the same weights too: the scheduler, not the kernels"

@@ -1,0 +1,119 @@
+"""The typed result model against the results schema, both ways, and against every committed bundle: each
+record's fields are exactly its schema object's properties (the required ones exactly the fields without a
+default), every committed node bundle's levels go from JSON to records and back unchanged, and a value of
+the wrong type or a key no record has is refused in one line naming the record."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from meshbench.errors import MeshbenchError
+from meshbench.records import model, serial
+
+ROOT = Path(__file__).parent.parent
+SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
+
+
+def _node(path: str) -> dict:
+    """The schema object at ``path``: $defs names, then properties, ``[]`` for items, ``*`` for values."""
+    parts = path.split(".")
+    node = SCHEMA["$defs"][parts[0]]
+    for p in parts[1:]:
+        if p == "[]":
+            node = node["items"]
+        elif p == "*":
+            node = node["additionalProperties"]
+        else:
+            node = node["properties"][p]
+        if "$ref" in node:
+            node = SCHEMA["$defs"][node["$ref"].split("/")[-1]]
+    return node
+
+
+RECORDS = {
+    model.SessionRecord: "session",
+    model.Timing: "session_timing",
+    model.Tick: "timed_tick_record",
+    model.SubmitEvent: "level.submit_events.[]",
+    model.Percentiles: "percentiles",
+    model.WallFigures: "wall",
+    model.Summary: "level.wall.*",
+    model.Repetition: "level.repetitions.[]",
+    model.PassSession: "isolation_pass.sessions.[]",
+    model.IsolationPass: "isolation_pass",
+    model.IsolationRecords: "level.isolation",
+    model.IsolationVerdict: "level.isolation_verdict",
+    model.LevelRecord: "level",
+}
+
+
+def test_every_record_of_the_model_is_mapped_to_the_schema():
+    defined = {v for v in vars(model).values() if isinstance(v, type) and dataclasses.is_dataclass(v)}
+    assert defined == set(RECORDS)
+
+
+@pytest.mark.parametrize("cls", list(RECORDS), ids=lambda c: c.__name__)
+def test_a_record_has_exactly_its_schema_keys(cls):
+    node = _node(RECORDS[cls])
+    fields = dataclasses.fields(cls)
+    assert [f.name for f in fields if f.name not in node["properties"]] == []
+    assert [k for k in node["properties"] if k not in {f.name for f in fields}] == []
+    required = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    # (a tick's times are required where a tick is timed, and absent where it is not: the next test)
+    least = _node("tick_record") if cls is model.Tick else node
+    assert required == set(least.get("required", least["properties"]))
+
+
+def test_a_deterministic_tick_is_a_timed_one_without_its_times():
+    timed, plain = _node("timed_tick_record"), _node("tick_record")
+    optional = {f.name for f in dataclasses.fields(model.Tick) if f.default is None}
+    assert set(timed["properties"]) - set(plain["properties"]) == optional
+
+
+NODE_BUNDLES = sorted(
+    p for p in (ROOT / "evidence").glob("*/results.json") if json.loads(p.read_text()).get("kind") != "endpoint"
+)
+
+
+@pytest.mark.parametrize("path", NODE_BUNDLES, ids=lambda p: p.parent.name)
+def test_every_committed_level_goes_to_records_and_back_unchanged(path):
+    data = json.loads(path.read_text())
+    for level in data["levels"]:
+        record = serial.from_json(level, model.LevelRecord)
+        assert isinstance(record.tick_records[0], model.Tick)
+        assert serial.to_json(record) == level
+
+
+def test_a_wrong_type_or_an_unknown_key_is_one_line_naming_the_record():
+    level = json.loads(NODE_BUNDLES[0].read_text())["levels"][0]
+    bad = json.loads(json.dumps(level))
+    bad["sessions"][0]["epoch"] = 1.0  # an int field is never coerced
+    with pytest.raises(MeshbenchError, match=r"not a LevelRecord record: .*sessions\[0\]\.epoch"):
+        serial.from_json(bad, model.LevelRecord)
+    bad = json.loads(json.dumps(level))
+    bad["tick_records"][0]["forged"] = 1
+    with pytest.raises(MeshbenchError, match=r"extra fields found \(forged\)") as e:
+        serial.from_json(bad, model.LevelRecord)
+    assert "\n" not in str(e.value)
+    bad = json.loads(json.dumps(level))
+    bad["concurrency"] = True  # a bool is not an int here
+    with pytest.raises(MeshbenchError, match="concurrency"):
+        serial.from_json(bad, model.LevelRecord)
+
+
+def test_an_optional_key_is_left_out_when_none_and_numbers_keep_their_type():
+    event = model.SubmitEvent(tick=3, session_id="s0", epoch=1, decision="ADMITTED", active=0, queued=0)
+    assert serial.to_json(event) == {
+        "tick": 3,
+        "session_id": "s0",
+        "epoch": 1,
+        "decision": "ADMITTED",
+        "active": 0,
+        "queued": 0,
+    }
+    wall = serial.from_json({**serial.to_json(event), "arrival_ms": 0, "submit_ms": 0.5}, model.SubmitEvent)
+    assert wall.arrival_ms == 0 and type(wall.arrival_ms) is int and wall.submit_ms == 0.5
