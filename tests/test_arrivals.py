@@ -14,6 +14,7 @@ from meshbench.analysis import backpressure
 from meshbench.cli import app
 from meshbench.engine.base import separate_step
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
 from meshbench.scheduler.budget import AdmissionReason as R
 from meshbench.workload import arrivals
 
@@ -219,21 +220,19 @@ def test_verify_catches_a_tampered_admission_record_and_rejection_count(rate_bun
 
 
 def test_backpressure_figures_by_hand():
-    level = {
-        "submit_events": [
-            {"tick": 0, "session_id": "a", "decision": "ADMITTED", "active": 0, "queued": 0},
-            {"tick": 0, "session_id": "b", "decision": "QUEUED", "active": 1, "queued": 0},
-            {"tick": 1, "session_id": "c", "decision": "REJECTED_QUEUE_FULL", "active": 1, "queued": 1},
-        ],
-        "tick_records": [
-            {"tick": 0, "prefill_sessions": ["a"], "decode_sessions": [], "admitted": [], "queued": 1},
-            {"tick": 1, "prefill_sessions": [], "decode_sessions": ["a"], "admitted": ["b"], "queued": 0},
-            {"tick": 2, "prefill_sessions": ["b"], "decode_sessions": [], "admitted": [], "queued": 0},
-            {"tick": 3, "prefill_sessions": [], "decode_sessions": ["b"], "admitted": [], "queued": 0},
-        ],
-        "sessions": [{"session_id": "a", "done_reason": "COMPLETED"}, {"session_id": "b", "done_reason": "COMPLETED"}],
-    }
-    b = backpressure.level_figures(level, {"ttft": 2, "tpot": None})
+    events = [
+        f.submit_event(tick=0, session_id="a", decision="ADMITTED", active=0, queued=0),
+        f.submit_event(tick=0, session_id="b", decision="QUEUED", active=1, queued=0),
+        f.submit_event(tick=1, session_id="c", decision="REJECTED_QUEUE_FULL", active=1, queued=1, epoch=None),
+    ]
+    ticks = [
+        f.tick_record(tick=0, prefill_sessions=["a"], queued=1),
+        f.tick_record(tick=1, decode_sessions=["a"], admitted=["b"]),
+        f.tick_record(tick=2, prefill_sessions=["b"]),
+        f.tick_record(tick=3, decode_sessions=["b"]),
+    ]
+    sessions = [f.session_record(session_id="a"), f.session_record(session_id="b")]
+    b = backpressure.level_figures(events, ticks, sessions, {"ttft": 2, "tpot": None})
     assert (b["offered"], b["admitted_at_once"], b["queued"], b["completed"]) == (3, 1, 1, 2)
     assert b["rejected_by_reason"] == {"REJECTED_QUEUE_FULL": 1}
     assert b["queue_wait_ticks"] == {"p50": 1.0, "p95": 1.9, "max": 2.0}  # a: 0, b: admitted for tick 2
@@ -290,7 +289,7 @@ def test_the_wall_clock_submits_on_arrival_and_sleeps_while_idle():
         clock=clock,
         sleep=clock.sleep,
     )
-    lv = sweep.levels[0]
+    lv = serial.to_json(sweep.levels)[0]
     assert lv["arrival_times"] == [0.0, 50.0]
     e0, e1 = lv["submit_events"]
     assert (e0["decision"], e1["decision"]) == ("ADMITTED", "ADMITTED")

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from meshbench import __version__
 from meshbench.cli import app
 from meshbench.results import document as results
+from meshbench.results import kinds
 
 runner = CliRunner()
 
@@ -92,7 +93,7 @@ def test_sweep_json_carries_results_and_nothing_else():
     r = invoke("sweep", "--levels", "1,2", "--sessions", "2", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
-    assert results.schema_errors(data) == []
+    assert kinds.schema_errors(data) == []
     assert [lv["concurrency"] for lv in data["levels"]] == [1, 2]
     assert data["workload"]["sessions"] == 2
 

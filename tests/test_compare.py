@@ -1,6 +1,7 @@
 """Repetitions and `meshbench compare`: statistics on constructed data, and bundles made with a
 controllable clock, so that no assertion depends on this machine's timing."""
 
+import dataclasses
 import json
 import random
 import shutil
@@ -14,6 +15,7 @@ from meshbench.cli import app
 from meshbench.compare import diff as compare
 from meshbench.engine.base import StepResult, TickResult, separate_step
 from meshbench.engine.synthetic import setup_synthetic
+from meshbench.records import serial
 from meshbench.results import bundle, envinfo
 from meshbench.results import document as results
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
@@ -205,11 +207,11 @@ def test_one_changed_token_is_an_outputs_change_with_the_exact_divergence(baseli
 
 def test_a_scheduler_change_is_reported_field_by_field(baseline):
     data = json.loads((baseline / "results.json").read_text())
-    lv = data["levels"][0]
-    shorter = {**lv, "tick_records": lv["tick_records"][1:]}  # as if the first tick had not been needed
+    lv = serial.levels_of(data)[0]
+    shorter = dataclasses.replace(lv, tick_records=lv.tick_records[1:])  # as if the first tick had not been needed
     v = compare.scheduler_verdict(data, lv, data, shorter)
     assert v["verdict"] == "changed"
-    assert v["changes"]["ticks"] == {"baseline": lv["ticks"], "candidate": lv["ticks"] - 1}
+    assert v["changes"]["ticks"] == {"baseline": lv.ticks, "candidate": lv.ticks - 1}
     assert compare.scheduler_verdict(data, lv, data, lv) == {"verdict": "same", "changes": {}}
 
 

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from meshbench import limits, validation
 from meshbench.cli import app
 from meshbench.engine.synthetic import SyntheticEngine
+from meshbench.records import serial
 from meshbench.results import chart
 from meshbench.scheduler.session import DoneReason
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
@@ -213,7 +214,7 @@ def test_non_finite_logits_fail_the_session_and_the_sweep():
         )
     finally:
         bad[:] = saved
-    sessions = [s for lv in sweep.levels for s in lv["sessions"]]
+    sessions = [s for lv in serial.to_json(sweep.levels) for s in lv["sessions"]]
     assert {s["done_reason"] for s in sessions} == {DoneReason.FAILED.value}
     assert all("EngineFault: non-finite logits" in s["error"] for s in sessions), sessions[0]["error"]
     assert not sweep.corruption_free

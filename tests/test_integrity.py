@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import factories as f
 import pytest
 from typer.testing import CliRunner
 
@@ -16,6 +17,7 @@ from meshbench.cli import app
 from meshbench.cli import compare as cli_compare
 from meshbench.errors import MeshbenchError
 from meshbench.results import document as results
+from meshbench.results import kinds
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify
 
@@ -60,10 +62,9 @@ def _forged(src: Path, dst: Path, edit) -> Path:
     edit(data)
     dst.mkdir()
     (dst / "results.json").write_text(results.dumps(data))
-    from meshbench.results import report
 
     name = verify.bundle_name((src / "README.md").read_text(), src)
-    (dst / "README.md").write_text(report.render_readme(data, name))
+    (dst / "README.md").write_text(kinds.readme(data, name))
     return dst
 
 
@@ -118,13 +119,11 @@ def test_impossible_timing_fails_plain_verify(tmp_path, name):
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
 
     def forge(data):
-        from meshbench.analysis import figures
 
         lv = data["levels"][1]
         rep = lv["repetitions"][0]
         TIMING_FORGERIES[name](rep)
-        rep["wall"] = figures.wall_figures(rep["sessions"], rep["tick_records"], rep["wall_s"])
-        lv["wall"] = figures.repetition_summary([r["wall"] for r in lv["repetitions"]])
+        f.recompute_wall(lv)
 
     c = verify.check_bundle(_forged(out, tmp_path / "f", forge))
     assert c.failures, name

@@ -10,6 +10,8 @@ import pytest
 
 from meshbench.analysis import isolation, verdicts
 from meshbench.engine.base import DecodeItem
+from meshbench.records import serial
+from meshbench.records.model import LevelRecord
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.verify import bundle as verify
@@ -66,7 +68,7 @@ def test_isolation_holds_for_the_seed_sweep_at_every_level():
     sw = _sweep()
     assert sw.corruption_free and sw.batch_invariant
     assert sw.isolation["every_level"] and sw.isolation["holds"] and sw.isolation["levels_run"] == 4
-    for lv in sw.levels:
+    for lv in serial.to_json(sw.levels):
         v = lv["isolation_verdict"]
         assert v == {
             "ran": True,
@@ -104,7 +106,7 @@ class Leaker(f.DecodeWrapper):
 
 def test_a_planted_leak_is_caught_by_isolation_naming_both_sessions():
     sw = _sweep(levels=(1, 8), factory=lambda b: Leaker(f.engine(b.kv_bytes)))
-    alone, shared = (lv["isolation_verdict"] for lv in sw.levels)
+    alone, shared = (lv["isolation_verdict"] for lv in serial.to_json(sw.levels))
     assert alone["holds"]  # at concurrency 1 they never share a batch: nothing leaks
     assert not shared["holds"] and shared["schedule_changed"] == []
     assert shared["changed"] == ["s1"]
@@ -112,13 +114,8 @@ def test_a_planted_leak_is_caught_by_isolation_naming_both_sessions():
     assert "s5" in shared["suspects"]["s1"]
     assert not sw.corruption_free and sw.isolation["holds"] is False
     # the verdict is recomputed from the records: verify agrees
-    data = _results(sw)
-    assert (
-        verdicts.sweep_verdicts(data["levels"], None, [isolation.verdict(lv) for lv in data["levels"]])[
-            "corruption_free"
-        ]
-        is False
-    )
+    per_level = [isolation.verdict(lv.isolation, lv.sessions, lv.tick_records) for lv in sw.levels]
+    assert verdicts.sweep_verdicts(sw.levels, None, per_level)["corruption_free"] is False
 
 
 class ParityLeaker(f.DecodeWrapper):
@@ -144,7 +141,7 @@ class ParityLeaker(f.DecodeWrapper):
 
 def test_a_leak_on_one_bit_of_a_neighbours_content_is_caught_and_named():
     sw = _sweep(levels=(8,), factory=lambda b: ParityLeaker(f.engine(b.kv_bytes)), rounds=8)
-    v = sw.levels[0]["isolation_verdict"]
+    v = serial.to_json(sw.levels)[0]["isolation_verdict"]
     assert v["escape_bits"] == 8  # each pass perturbing s2 and not s1 flips the parity with probability 1/2
     assert not v["holds"] and v["changed"] == ["s1"]
     assert "s2" in v["suspects"]["s1"]  # with whoever shared every pass that changed s1
@@ -154,7 +151,7 @@ def test_a_leak_on_one_bit_of_a_neighbours_content_is_caught_and_named():
 
 def test_a_victim_of_several_neighbours_names_them_all_as_suspects():
     sw = _sweep(levels=(8,), factory=lambda b: ParityLeaker(f.engine(b.kv_bytes), culprits=("s2", "s5")), rounds=8)
-    v = sw.levels[0]["isolation_verdict"]
+    v = serial.to_json(sw.levels)[0]["isolation_verdict"]
     assert not v["holds"] and v["changed"] == ["s1"]
     assert {"s2", "s5"} <= set(v["suspects"]["s1"])
     # one is confirmed alone; the other can be masked (s1 already hit by the first's odd baseline parity)
@@ -173,13 +170,13 @@ def test_a_leak_that_flips_no_token_is_still_caught_by_the_margins():
             return out
 
     sw = _sweep(levels=(8,), factory=lambda b: MarginLeaker(f.engine(b.kv_bytes)))
-    v = sw.levels[0]["isolation_verdict"]
+    v = serial.to_json(sw.levels)[0]["isolation_verdict"]
     assert sw.batch_invariant  # no token moved
     assert not v["holds"] and ["s1", "s5"] in v["leaks"]
 
 
 def _results(sw) -> dict:
-    return {"levels": sw.levels}
+    return {"levels": serial.to_json(sw.levels)}
 
 
 def test_batch_variance_under_isolation_is_not_corruption():
@@ -200,7 +197,7 @@ def test_batch_variance_under_isolation_is_not_corruption():
 
 def test_the_decode_feed_is_recorded_and_checked(tmp_path):
     sw = _sweep(levels=(2,))
-    lv = sw.levels[0]
+    lv = serial.to_json(sw.levels)[0]
     fed = [f for t in lv["tick_records"] for f in t["decode_feed"]]
     s0 = next(s for s in lv["sessions"] if s["session_id"] == "s0")
     mine = [x for x in fed if x[0] == "s0"]
@@ -278,11 +275,13 @@ def test_verify_catches_a_forged_isolation_verdict(tmp_path):
 
 def test_verify_holds_confirmation_passes_to_the_suspects_they_confirm():
     sw = _sweep(levels=(8,), factory=lambda b: ParityLeaker(f.engine(b.kv_bytes)), rounds=8)
-    lv = sw.levels[0]
-    assert [p["perturbed"] for p in lv["isolation"]["passes"] if p["confirm"]] == isolation.expected_confirmations(lv)
+    lv = serial.to_json(sw.levels)[0]
+    assert [p["perturbed"] for p in lv["isolation"]["passes"] if p["confirm"]] == isolation.expected_confirmations(
+        sw.levels[0]
+    )
     forged = json.loads(json.dumps(lv))
     extra = dict(forged["isolation"]["passes"][0], perturbed=["s6"], confirm=True)  # s6 is nobody's suspect
     forged["isolation"]["passes"].append(extra)
-    assert isolation.expected_confirmations(forged) != [
+    assert isolation.expected_confirmations(serial.from_json(forged, LevelRecord)) != [
         p["perturbed"] for p in forged["isolation"]["passes"] if p["confirm"]
     ]

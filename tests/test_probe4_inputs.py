@@ -12,6 +12,7 @@ from test_bad_input import run_refused
 from typer.testing import CliRunner
 
 from meshbench.cli import app
+from meshbench.results import kinds
 
 runner = CliRunner()
 
@@ -162,9 +163,8 @@ def test_hostile_text_in_the_fingerprint_is_refused_or_shown_not_obeyed(made, tm
     run_refused("verify", bad, expect="environment.compute.cpu")
     shutil.rmtree(bad)
     odd = _forged(made, tmp_path, lambda t: edit(t, "EPYC [signed](https://e) <img src=x>"))
-    from meshbench.results import report
 
-    text = report.render_readme(json.loads((odd / "results.json").read_text()), "F")
+    text = kinds.readme(json.loads((odd / "results.json").read_text()), "F")
     assert r"EPYC \[signed\](https://e) \<img src=x\>" in text
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import factories as f
 import pytest
 
 from meshbench.errors import MeshbenchError
@@ -16,12 +17,16 @@ from meshbench.records import model, serial
 
 ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
+ENDPOINT = json.loads((ROOT / "schemas" / "endpoint.schema.json").read_text())
 
 
 def _node(path: str) -> dict:
-    """The schema object at ``path``: $defs names, then properties, ``[]`` for items, ``*`` for values."""
+    """The schema object at ``path``: $defs names, then properties, ``[]`` for items, ``*`` for values; an
+    endpoint record's path starts ``endpoint:``."""
+    if path.startswith("endpoint:"):
+        return ENDPOINT["$defs"][path.removeprefix("endpoint:")]
     parts = path.split(".")
-    node = SCHEMA["$defs"][parts[0]]
+    node = SCHEMA["$defs"][parts[0]] if parts[0] in SCHEMA["$defs"] else SCHEMA["properties"][parts[0]]
     for p in parts[1:]:
         if p == "[]":
             node = node["items"]
@@ -31,7 +36,8 @@ def _node(path: str) -> dict:
             node = node["properties"][p]
         if "$ref" in node:
             node = SCHEMA["$defs"][node["$ref"].split("/")[-1]]
-    return node
+    objects = [n for n in node.get("oneOf", []) if n.get("type") == "object"]  # (a record or null)
+    return objects[0] if objects else node
 
 
 RECORDS = {
@@ -48,6 +54,8 @@ RECORDS = {
     model.IsolationRecords: "level.isolation",
     model.IsolationVerdict: "level.isolation_verdict",
     model.LevelRecord: "level",
+    model.Reference: "reference",
+    model.Completion: "endpoint:completion",
 }
 
 
@@ -66,6 +74,18 @@ def test_a_record_has_exactly_its_schema_keys(cls):
     # (a tick's times are required where a tick is timed, and absent where it is not: the next test)
     least = _node("tick_record") if cls is model.Tick else node
     assert required == set(least.get("required", least["properties"]))
+
+
+@pytest.mark.parametrize("cls", list(RECORDS), ids=lambda c: c.__name__)
+def test_the_schema_refuses_every_key_a_record_does_not_have(cls):
+    # (so a file that passed the schema always builds its records: a forged key is the schema's one-line error)
+    assert _node(RECORDS[cls]).get("additionalProperties") is False
+
+
+def test_a_record_is_written_in_its_field_order():
+    timed = f.tick_record(tick_ns=5, decode_ns=1, prefill_ns=2)
+    assert list(serial.to_json(timed)) == [field.name for field in dataclasses.fields(model.Tick)]
+    assert "tick_ns" not in serial.to_json(f.tick_record())
 
 
 def test_a_deterministic_tick_is_a_timed_one_without_its_times():

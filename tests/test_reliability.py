@@ -7,6 +7,7 @@ import time
 import factories as f
 
 from meshbench.engine.base import separate_step
+from meshbench.records import serial
 from meshbench.results import bundle
 from meshbench.results import document as results
 from meshbench.scheduler.budget import AdmissionReason
@@ -76,7 +77,7 @@ def test_a_sweep_records_failures_and_verify_fails_the_bundle(tmp_path):
 
     factory = lambda b: FaultyEngine(f.engine(b.kv_bytes), decode_faults={3})  # noqa: E731
     sweep = run_concurrency_sweep(SweepPlan([1, 2], Workload.uniform(4, 4, 4), f.budget()), factory)
-    assert [lv["failed"] for lv in sweep.levels] == [1, 2]
+    assert [lv["failed"] for lv in serial.to_json(sweep.levels)] == [1, 2]
     cfg = load(overrides={"workload": {"sessions": 4, "new_tokens": 4}, "levels": [1, 2]})
     data = results.build(cfg, sweep, _engine_info(), envinfo.environment(), "meshbench sweep")
     out = tmp_path / "b"

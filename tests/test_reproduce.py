@@ -169,18 +169,20 @@ def test_the_fingerprint_names_numpys_blas_whatever_was_loaded_first():
 
 def test_the_smallest_margin_names_the_token_most_likely_to_flip_elsewhere(recorded):
     from meshbench.analysis import figures
-    from meshbench.results import report
+    from meshbench.records import serial
+    from meshbench.records.model import LevelRecord
+    from meshbench.results import kinds
 
     levels = copy.deepcopy(recorded["levels"])
     levels[1]["sessions"][3]["margins"][2] = 1e-7
     levels[0]["sessions"][0]["margins"][0] = None  # a non-finite margin is not a near-tie
-    low = figures.smallest_margin(levels)
+    low = figures.smallest_margin([serial.from_json(lv, LevelRecord) for lv in levels])
     assert low == {"margin": 1e-7, "session_id": "s3", "token": 2, "concurrency": levels[1]["concurrency"]}
-    text = report.render_readme(dict(recorded, levels=levels), "B")
+    text = kinds.readme(dict(recorded, levels=levels), "B")
     assert "smallest top-1 minus top-2 margin: 1e-07 (session s3 token 2 at level 2): a near-tie (below 1e-06" in text
     assert figures.near_tie({"kind": "gguf"}) == 0.05 and figures.near_tie(recorded["engine"]) == 1e-6
     far = copy.deepcopy(recorded["levels"])
     for lv in far:
         for s in lv["sessions"]:
             s["margins"] = [0.5 for _ in s["margins"]]
-    assert "no near-tie" in report.render_readme(dict(recorded, levels=far), "B")
+    assert "no near-tie" in kinds.readme(dict(recorded, levels=far), "B")

@@ -4,6 +4,7 @@ import factories as f
 
 from meshbench.analysis.figures import saturation_level, summarize_ticks, token_digest
 from meshbench.engine.base import StepResult, separate_step
+from meshbench.records import serial
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.workload.config import Workload
 
@@ -25,7 +26,7 @@ def test_concurrency_sweep_reproduces_dgr012_exactly():
             round(r["tokens_per_tick"], 3),
             r["peak_kv_bytes"],
         )
-        for r in sw.levels
+        for r in serial.to_json(sw.levels)
     ]
     assert table == [
         (1, 64, 1.000, 1, 1.375, 15360),
@@ -35,21 +36,22 @@ def test_concurrency_sweep_reproduces_dgr012_exactly():
     ]
     assert sw.corruption_free and sw.first_divergence is None
     assert sw.saturation_concurrency == 8
-    assert all(r["cache_misses"] == 0 and r["rejected_admissions"] == 0 and r["failed"] == 0 for r in sw.levels)
-    assert all((r["prefill_tokens"], r["decode_tokens"]) == (32, 56) for r in sw.levels)
-    digests = {tuple(s["digest"] for s in r["sessions"]) for r in sw.levels}
+    levels = serial.to_json(sw.levels)
+    assert all(r["cache_misses"] == 0 and r["rejected_admissions"] == 0 and r["failed"] == 0 for r in levels)
+    assert all((r["prefill_tokens"], r["decode_tokens"]) == (32, 56) for r in levels)
+    digests = {tuple(s["digest"] for s in r["sessions"]) for r in levels}
     assert len(digests) == 1
-    assert sw.levels[0]["sessions"][0]["digest"] == token_digest(sw.levels[0]["sessions"][0]["tokens"])
+    assert levels[0]["sessions"][0]["digest"] == token_digest(levels[0]["sessions"][0]["tokens"])
 
 
-def _tick(batch: int, prefill: int, decode: int, kv: int) -> dict:
-    return {
-        "decode_batch": batch,
-        "decode_sessions": [f"s{i}" for i in range(batch)],
-        "prefill_tokens": prefill,
-        "decode_tokens": decode,
-        "kv_bytes": kv,
-    }
+def _tick(batch: int, prefill: int, decode: int, kv: int):
+    return f.tick_record(
+        decode_batch=batch,
+        decode_sessions=[f"s{i}" for i in range(batch)],
+        prefill_tokens=prefill,
+        decode_tokens=decode,
+        kv_bytes=kv,
+    )
 
 
 def test_summaries_against_hand_computed_figures():
@@ -79,8 +81,8 @@ def test_concurrency_sweep_saturates_below_max_when_load_is_small():
     # Three new tokens each: with one 4-token prefill per tick, no more than a few
     # generations overlap, so occupancy stops rising after level 4.
     sw = _sweep(workload=Workload.uniform(8, 4, 3))
-    assert [round(r["avg_batch_occupancy"], 3) for r in sw.levels] == [1.0, 1.333, 1.778, 1.778]
-    assert [r["ticks"] for r in sw.levels] == [24, 13, 10, 10]
+    assert [round(r["avg_batch_occupancy"], 3) for r in serial.to_json(sw.levels)] == [1.0, 1.333, 1.778, 1.778]
+    assert [r["ticks"] for r in serial.to_json(sw.levels)] == [24, 13, 10, 10]
     assert sw.saturation_concurrency == 4
     assert sw.corruption_free
 
@@ -122,8 +124,8 @@ def test_a_swapping_engine_is_reported_as_corruption_with_the_first_divergence()
     sw = _sweep(levels=(1, 2), engine_factory=lambda b: Swapper(f.engine(b.kv_bytes)))
     assert not sw.corruption_free
     d = sw.first_divergence
-    s0 = ref.levels[0]["sessions"][0]["tokens"]
-    s1 = ref.levels[0]["sessions"][1]["tokens"]
+    s0 = serial.to_json(ref.levels)[0]["sessions"][0]["tokens"]
+    s1 = serial.to_json(ref.levels)[0]["sessions"][1]["tokens"]
     # s0 was prefilled on tick 0; s1 on tick 1; the third shared batch is tick 4:
     # s0's token index 4 (1 prefill + 3 decodes before it).
     assert d["session_id"] == "s0" and d["concurrency"] == 2 and d["reference_concurrency"] == 1

@@ -1,4 +1,4 @@
-"""What a level's arrivals met: admissions, the queue, waits in ticks, and goodput (pure, on record dicts).
+"""What a level's arrivals met: admissions, the queue, waits in ticks, and goodput (pure, on the level's records).
 
 Every figure comes from a level's submit events (one per arrival: its tick, the decision,
 and the active and queued counts at that moment), its tick records and its sessions, so
@@ -12,59 +12,67 @@ reports it) counts the completed sessions within every SLO given.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from meshbench.analysis import latency
-from meshbench.records import JsonObject
+from meshbench.records.model import JsonObject, LevelRecord, SessionRecord, SubmitEvent, Tick, Timing
 from meshbench.scheduler.budget import ACCEPTED
 
 REJECTIONS = ("REJECTED_KV_BUDGET", "REJECTED_SCRATCH_BUDGET", "REJECTED_QUEUE_FULL", "REJECTED_DUPLICATE")
 
 
-def session_ticks(level: JsonObject) -> dict[str, JsonObject]:
-    """Per accepted session: arrival, admission (first prefillable tick) and token ticks."""
+@dataclass(slots=True)
+class _OnTicks:
+    """An accepted session on the tick clock: its arrival, admission (first prefillable tick) and token ticks."""
+
+    arrival: int
+    admit: int | None
+    tokens: list[int] = field(default_factory=list)
+
+
+def session_ticks(events: Sequence[SubmitEvent], ticks: Sequence[Tick]) -> dict[str, _OnTicks]:
+    """Per accepted session: arrival, admission and token ticks."""
     out = {
-        e["session_id"]: {
-            "arrival": e["tick"],
-            "admit": e["tick"] if e["decision"] == "ADMITTED" else None,
-            "tokens": [],
-        }
-        for e in level["submit_events"]
-        if e["decision"] in ACCEPTED
+        e.session_id: _OnTicks(e.tick, e.tick if e.decision == "ADMITTED" else None)
+        for e in events
+        if e.decision in ACCEPTED
     }
-    for t in level["tick_records"]:  # ids that no event accepted are verify's to report, not counted here
-        for sid in (*t["prefill_sessions"], *t["decode_sessions"]):
+    for t in ticks:  # ids that no event accepted are verify's to report, not counted here
+        for sid in (*t.prefill_sessions, *t.decode_sessions):
             if sid in out:
-                out[sid]["tokens"].append(t["tick"])
-        for sid in t["admitted"]:
+                out[sid].tokens.append(t.tick)
+        for sid in t.admitted:
             if sid in out:
-                out[sid]["admit"] = t["tick"] + 1
+                out[sid].admit = t.tick + 1
     return out
 
 
-def level_figures(level: JsonObject, slo: JsonObject) -> JsonObject:
-    events, ticks = level["submit_events"], level["tick_records"]
-    decisions = Counter(e["decision"] for e in events)
-    ended = {s["session_id"]: s["done_reason"] for s in level["sessions"]}
-    per = session_ticks(level)
-    waits, ttft, tpot, good = [], [], [], 0
-    for sid, x in per.items():
-        if x["admit"] is not None:
-            waits.append(x["admit"] - x["arrival"])
-        if x["tokens"]:  # a token made in tick t is there at the end of t: its TTFT counts tick t
-            ttft.append(latency.ttft_ms(x["tokens"], x["arrival"] - 1, 1))
-        gap = latency.tpot_ms(x["tokens"], 1)
+def level_figures(
+    events: Sequence[SubmitEvent], ticks: Sequence[Tick], sessions: Sequence[SessionRecord], slo: JsonObject
+) -> JsonObject:
+    """A level's admissions, queue, waits, TTFT and TPOT in ticks, and goodput per 100 ticks."""
+    decisions = Counter(e.decision for e in events)
+    ended = {s.session_id: s.done_reason for s in sessions}
+    waits: list[float] = []
+    ttft: list[float] = []
+    tpot: list[float] = []
+    good = 0
+    for sid, x in session_ticks(events, ticks).items():
+        if x.admit is not None:
+            waits.append(x.admit - x.arrival)
+        if x.tokens:  # a token made in tick t is there at the end of t: its TTFT counts tick t
+            ttft.append(latency.ttft_ms(x.tokens, x.arrival - 1, 1))
+        gap = latency.tpot_ms(x.tokens, 1)
         if gap is not None:
             tpot.append(gap)
-        if ended.get(sid) == "COMPLETED" and (
-            not x["tokens"] or latency.within_slo(x["tokens"], x["arrival"] - 1, slo, 1)
-        ):
+        if ended.get(sid) == "COMPLETED" and (not x.tokens or latency.within_slo(x.tokens, x.arrival - 1, slo, 1)):
             good += 1
     n = len(ticks)
     completed = sum(r == "COMPLETED" for r in ended.values())
-    depth = [t["queued"] for t in ticks]
+    depth = [t.queued for t in ticks]
 
     def per_100(k: int) -> float:
         return 100.0 * k / n if n else 0.0
@@ -89,24 +97,32 @@ def level_figures(level: JsonObject, slo: JsonObject) -> JsonObject:
     }
 
 
-def wall_figures(level: JsonObject, timing: Sequence[JsonObject], wall_s: float, slo: JsonObject) -> JsonObject:
+def wall_figures(
+    events: Sequence[SubmitEvent],
+    sessions: Sequence[SessionRecord],
+    timing: Sequence[Timing],
+    wall_s: float,
+    slo: JsonObject,
+) -> JsonObject:
     """The wall clock: waits and TTFT in ms from each session's arrival time, and rates per second.
 
     ``timing`` is the first repetition's session stamps (ns from the start of the pass)."""
-    arrival = {e["session_id"]: e["arrival_ms"] for e in level["submit_events"]}
-    ended = {s["session_id"]: s["done_reason"] for s in level["sessions"]}
-    waits, ttft, good = [], [], 0
+    arrival = {e.session_id: e.arrival_ms or 0.0 for e in events}
+    ended = {s.session_id: s.done_reason for s in sessions}
+    waits: list[float] = []
+    ttft: list[float] = []
+    good = 0
     for s in timing:
-        a = arrival[s["session_id"]]
-        if s["admit_ns"] is not None:
-            waits.append(s["admit_ns"] / 1e6 - a)
-        if not s["token_ns"]:
+        a = arrival[s.session_id]
+        if s.admit_ns is not None:
+            waits.append(s.admit_ns / 1e6 - a)
+        if not s.token_ns:
             continue
-        first = s["token_ns"][0] / 1e6 - a  # from the arrival, on the ms clock the arrivals were drawn on
+        first = s.token_ns[0] / 1e6 - a  # from the arrival, on the ms clock the arrivals were drawn on
         ttft.append(first)
-        if ended.get(s["session_id"]) == "COMPLETED" and latency.meets(slo, first, latency.tpot_ms(s["token_ns"])):
+        if ended.get(s.session_id) == "COMPLETED" and latency.meets(slo, first, latency.tpot_ms(s.token_ns)):
             good += 1
-    decisions = Counter(e["decision"] for e in level["submit_events"])
+    decisions = Counter(e.decision for e in events)
 
     def per_s(k: int) -> float:
         return k / wall_s if wall_s > 0 else 0.0
@@ -114,7 +130,7 @@ def wall_figures(level: JsonObject, timing: Sequence[JsonObject], wall_s: float,
     return {
         "queue_wait_ms": latency.percentiles(waits, (50, 95), with_max=True),
         "ttft_from_arrival_ms": latency.percentiles(ttft, with_max=True),
-        "offered_per_s": per_s(len(level["submit_events"])),
+        "offered_per_s": per_s(len(events)),
         "accepted_per_s": per_s(decisions["ADMITTED"] + decisions["QUEUED"]),
         "rejected_per_s": per_s(sum(decisions[r] for r in REJECTIONS)),
         "completed_per_s": per_s(sum(r == "COMPLETED" for r in ended.values())),
@@ -123,12 +139,12 @@ def wall_figures(level: JsonObject, timing: Sequence[JsonObject], wall_s: float,
     }
 
 
-def saturation_rates(levels: Sequence[JsonObject]) -> dict[str, float | None]:
+def saturation_rates(levels: Sequence[LevelRecord]) -> dict[str, float | None]:
     """Per concurrency, the lowest offered rate at which a full queue refused a session (None: never)."""
     out: dict[str, float | None] = {}
-    for lv in sorted((lv for lv in levels if lv["rate"] is not None), key=lambda lv: lv["rate"]):
-        key = str(lv["concurrency"])
+    for lv in sorted((lv for lv in levels if lv.rate is not None), key=lambda lv: lv.rate or 0.0):
+        key = str(lv.concurrency)
         out.setdefault(key, None)
-        if out[key] is None and lv["backpressure"]["rejected_by_reason"].get("REJECTED_QUEUE_FULL"):
-            out[key] = lv["rate"]
+        if out[key] is None and lv.backpressure["rejected_by_reason"].get("REJECTED_QUEUE_FULL"):
+            out[key] = lv.rate
     return out

@@ -23,7 +23,8 @@ from typing import Sequence
 import numpy as np
 
 from meshbench.analysis import latency
-from meshbench.records import JsonObject
+from meshbench.records import JsonObject, serial
+from meshbench.records.model import Completion
 
 CONCLUSIONS = {
     "batch_invariant": "True: every session's output was the same at every level, in these runs. False: a "
@@ -81,7 +82,7 @@ def pass_figures(
     """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time)."""
     answered = [c for c in sessions if c["error"] is None]
     ok = [c for c in answered if c["token_ns"]]  # (an answer of no tokens has no latencies)
-    lat = latency.samples(ok)
+    lat = latency.samples([serial.from_json(c, Completion, "a completion") for c in ok])
     ttft, itl, e2e = (latency.percentiles(x, (50, 99)) for x in (lat.ttft, lat.itl, lat.e2e))
     generated = sum(_generated(c) for c in ok)
     prompt = sum(prompt_lengths[c["session_id"]] for c in ok)

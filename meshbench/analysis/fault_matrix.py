@@ -55,7 +55,7 @@ def verdicts(data: JsonObject, lv: JsonObject) -> dict[str, bool | None]:
     c = Checks()
     check_level(c, data, lv, "level")
     failed = {f.check for f in c.failures if f.check in CHECKS}
-    named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
+    named, resubmitted = figures.fault_named(lv["fault_events"]), _resubmitted(lv)
     applies = {
         "untouched identical": any((s["session_id"], s["epoch"]) not in named | resubmitted for s in lv["sessions"]),
         "resubmitted identical": bool(resubmitted),
@@ -165,7 +165,7 @@ def _kv_to_zero(c: Checks, data: JsonObject, lv: JsonObject, at: str) -> None:
 
 
 def _identical(c: Checks, lv: JsonObject, at: str, reference: dict[str, list[int]]) -> None:
-    named, resubmitted = figures.fault_named(lv), _resubmitted(lv)
+    named, resubmitted = figures.fault_named(lv["fault_events"]), _resubmitted(lv)
     for s in lv["sessions"]:
         key = (s["session_id"], s["epoch"])
         if key in named:

@@ -1,4 +1,4 @@
-"""The figures of a sweep, computed from its raw records as results.json holds them (plain dicts).
+"""The figures of a sweep, computed from its raw records (``meshbench.records.model``).
 
 The sweep computes every figure here from the records it is about to write, and
 ``verify`` recomputes them from the records it read: one set of functions, one input
@@ -7,11 +7,21 @@ shape. (``verify`` also checks the deterministic ones a second, independent way.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from meshbench.analysis import latency, stats
-from meshbench.records import JsonObject
+from meshbench.records.model import (
+    JsonObject,
+    LevelRecord,
+    Percentiles,
+    SessionRecord,
+    Summary,
+    Tick,
+    Timing,
+    WallFigures,
+)
 
 SATURATION_MARGIN = 0.05  # occupancy must rise by more than 5% to count as still rising
 
@@ -27,74 +37,74 @@ TICK_FIGURES = (
 )
 
 
-def summarize_ticks(ticks: Sequence[JsonObject]) -> JsonObject:
-    """The deterministic per-level figures (``TICK_FIGURES``) from raw per-tick records."""
-    batches = [t["decode_batch"] for t in ticks if t["decode_batch"]]
-    prefill = sum(t["prefill_tokens"] for t in ticks)
-    decode = sum(t["decode_tokens"] for t in ticks)
+def summarize_ticks(ticks: Sequence[Tick]) -> JsonObject:
+    """The deterministic per-level figures (``TICK_FIGURES``, by name) from raw per-tick records."""
+    batches = [t.decode_batch for t in ticks if t.decode_batch]
+    prefill = sum(t.prefill_tokens for t in ticks)
+    decode = sum(t.decode_tokens for t in ticks)
     n = len(ticks)
     return {
         "ticks": n,
         "avg_batch_occupancy": sum(batches) / len(batches) if batches else 0.0,
         "max_batch_occupancy": max(batches, default=0),
         "tokens_per_tick": (prefill + decode) / n if n else 0.0,
-        "peak_kv_bytes": max((t["kv_bytes"] for t in ticks), default=0),
+        "peak_kv_bytes": max((t.kv_bytes for t in ticks), default=0),
         "prefill_tokens": prefill,
         "decode_tokens": decode,
     }
 
 
-TIMING_TICK_FIELDS = ("tick_ns", "decode_ns", "prefill_ns")  # wall-clock: reported, compared only by compare
-
-
-def deterministic_ticks(ticks: Sequence[JsonObject]) -> list[JsonObject]:
+def deterministic_ticks(ticks: Sequence[Tick]) -> list[Tick]:
     """Tick records without their timing: what every repetition must reproduce exactly."""
-    return [{k: v for k, v in t.items() if k not in TIMING_TICK_FIELDS} for t in ticks]
+    return [dataclasses.replace(t, tick_ns=None, decode_ns=None, prefill_ns=None) for t in ticks]
 
 
-def wall_figures(sessions: Sequence[JsonObject], ticks: Sequence[JsonObject], wall_s: float) -> JsonObject:
-    """One repetition's wall-clock figures, from its monotonic nanosecond stamps.
+def wall_figures(sessions: Sequence[Timing], ticks: Sequence[Tick], wall_s: float) -> WallFigures:
+    """One repetition's wall-clock figures, from its monotonic nanosecond stamps (timed ticks).
 
-    ``sessions`` hold submit_ns, admit_ns and token_ns; ``ticks`` are full tick records.
     decode (prefill) tokens/s divide by the summed engine time of the decode (prefill)
     calls, as llama-batched-bench's S_TG (S_PP); tokens/s divides all tokens by the wall time.
     """
-    prefill = sum(t["prefill_tokens"] for t in ticks)
-    decode = sum(t["decode_tokens"] for t in ticks)
-    tick_ns = sum(t["tick_ns"] for t in ticks)
-    decode_ns = sum(t["decode_ns"] for t in ticks)
-    prefill_ns = sum(t["prefill_ns"] for t in ticks)
+    prefill = sum(t.prefill_tokens for t in ticks)
+    decode = sum(t.decode_tokens for t in ticks)
+    tick_ns = sum(t.tick_ns or 0 for t in ticks)
+    decode_ns = sum(t.decode_ns or 0 for t in ticks)
+    prefill_ns = sum(t.prefill_ns or 0 for t in ticks)
     lat = latency.samples(sessions)
-    return {
-        "wall_s": wall_s,
-        "tokens_per_s": (prefill + decode) / wall_s if wall_s > 0 else 0.0,
-        "decode_tokens_per_s": decode / (decode_ns / 1e9) if decode_ns > 0 else 0.0,
-        "prefill_tokens_per_s": prefill / (prefill_ns / 1e9) if prefill_ns > 0 else 0.0,
-        "ttft_ms": latency.percentiles(lat.ttft),
-        "queue_ms": latency.percentiles(lat.queue),
-        "e2e_ms": latency.percentiles(lat.e2e),
-        "itl_ms": latency.percentiles(lat.itl),
-        "tpot_ms": latency.percentiles(lat.tpot),
-        "scheduler_share": (tick_ns - decode_ns - prefill_ns) / tick_ns if tick_ns > 0 else 0.0,
-    }
+    return WallFigures(
+        wall_s=wall_s,
+        tokens_per_s=(prefill + decode) / wall_s if wall_s > 0 else 0.0,
+        decode_tokens_per_s=decode / (decode_ns / 1e9) if decode_ns > 0 else 0.0,
+        prefill_tokens_per_s=prefill / (prefill_ns / 1e9) if prefill_ns > 0 else 0.0,
+        ttft_ms=latency.percentile_record(lat.ttft),
+        queue_ms=latency.percentile_record(latency.queue_ms(sessions)),
+        e2e_ms=latency.percentile_record(lat.e2e),
+        itl_ms=latency.percentile_record(lat.itl),
+        # TPOT, vLLM's definition: a session's mean gap between its tokens after the first.
+        tpot_ms=latency.percentile_record(lat.tpot),
+        scheduler_share=(tick_ns - decode_ns - prefill_ns) / tick_ns if tick_ns > 0 else 0.0,
+    )
 
 
-def scalar_figures(wall: JsonObject) -> dict[str, float]:
+def scalar_figures(wall: WallFigures) -> dict[str, float]:
     """A repetition's wall figures flattened to ``name`` or ``name.p50`` -> value (None percentiles left out)."""
-    out = {}
-    for k, v in wall.items():
-        if isinstance(v, dict):
-            out.update({f"{k}.{q}": x for q, x in v.items() if x is not None})
+    out: dict[str, float] = {}
+    for f in dataclasses.fields(wall):
+        v = getattr(wall, f.name)
+        if isinstance(v, Percentiles):
+            out.update(
+                {f"{f.name}.{q.name}": x for q in dataclasses.fields(v) if (x := getattr(v, q.name)) is not None}
+            )
         else:
-            out[k] = v
+            out[f.name] = v
     return out
 
 
-def repetition_summary(walls: Sequence[JsonObject]) -> JsonObject:
+def repetition_summary(walls: Sequence[WallFigures]) -> dict[str, Summary]:
     """Per figure, over the repetitions: median, min, max and the median's confidence interval."""
     per_rep = [scalar_figures(w) for w in walls]
     names = [k for k in per_rep[0] if all(k in r for r in per_rep)]
-    return {k: stats.summary([r[k] for r in per_rep]) for k in names}
+    return {k: Summary(**stats.summary([r[k] for r in per_rep])) for k in names}
 
 
 def token_digest(tokens: Sequence[int]) -> str:
@@ -102,59 +112,67 @@ def token_digest(tokens: Sequence[int]) -> str:
     return hashlib.sha256(",".join(str(t) for t in tokens).encode()).hexdigest()
 
 
-def first_divergence(reference: JsonObject, other: JsonObject) -> JsonObject | None:
+class Served(Protocol):
+    """A level, or the sessions run alone: a concurrency and its sessions' records."""
+
+    @property
+    def concurrency(self) -> int: ...
+
+    @property
+    def sessions(self) -> list[SessionRecord]: ...
+
+
+def first_divergence(reference: Served, other: Served) -> JsonObject | None:
     """The first token where level ``other`` differs from level ``reference``, session by session.
 
-    Both are level dicts (``concurrency`` and ``sessions``). A session that ended early
-    (cache miss, failure) is compared on the tokens it has; a session absent from the
-    reference is not compared here (verify checks that every level holds the same ids).
+    A session that ended early (cache miss, failure) is compared on the tokens it has; a session absent from
+    the reference is not compared here (verify checks that every level holds the same ids).
     """
-    ref = {s["session_id"]: s for s in reference["sessions"]}
-    for s in other["sessions"]:
-        r = ref.get(s["session_id"])
+    ref = {s.session_id: s for s in reference.sessions}
+    for s in other.sessions:
+        r = ref.get(s.session_id)
         if r is None:
             continue
-        for i, (a, b) in enumerate(zip(r["tokens"], s["tokens"])):
+        for i, (a, b) in enumerate(zip(r.tokens, s.tokens)):
             if a != b:
                 return {
-                    "session_id": s["session_id"],
+                    "session_id": s.session_id,
                     "token_index": i,
-                    "reference_concurrency": reference["concurrency"],
-                    "concurrency": other["concurrency"],
+                    "reference_concurrency": reference.concurrency,
+                    "concurrency": other.concurrency,
                     "reference_token": a,
                     "token": b,
-                    "reference_margin": r["margins"][i] if i < len(r["margins"]) else None,
+                    "reference_margin": r.margins[i] if i < len(r.margins) else None,
                 }
     return None
 
 
-def sweep_divergence(levels: Sequence[JsonObject], reference: JsonObject | None = None) -> JsonObject | None:
+def sweep_divergence(levels: Sequence[LevelRecord], reference: Served | None = None) -> JsonObject | None:
     """The first divergence of any level from the reference: the sessions run alone when given
     (a sweep of arrivals), else the first level."""
-    reference = reference or levels[0]
+    base: Served = reference or levels[0]
     for lv in levels:
-        if lv is reference:
+        if lv is base:
             continue
-        div = first_divergence(reference, lv)
+        div = first_divergence(base, lv)
         if div is not None:
             return div
     return None
 
 
-def fault_named(level: JsonObject) -> set[tuple[str, int]]:
-    """(session, epoch) of every session an injected fault ended (its fault events name them)."""
-    return {(e["session_id"], e["epoch"]) for ev in level.get("fault_events", ()) for e in ev["sessions"]}
+def fault_named(fault_events: Sequence[JsonObject]) -> set[tuple[str, int]]:
+    """(session, epoch) of every session an injected fault ended (a level's fault events name them)."""
+    return {(e["session_id"], e["epoch"]) for ev in fault_events for e in ev["sessions"]}
 
 
-def unfinished_sessions(levels: Sequence[JsonObject]) -> int:
+def unfinished_sessions(levels: Sequence[LevelRecord]) -> int:
     """Sessions that FAILED or never ended, except those an injected fault ended: such a sweep proves
     nothing about corruption."""
     count = 0
     for lv in levels:
-        named = fault_named(lv)
+        named = fault_named(lv.fault_events)
         count += sum(
-            s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named
-            for s in lv["sessions"]
+            s.done_reason in ("FAILED", "UNFINISHED") and (s.session_id, s.epoch) not in named for s in lv.sessions
         )
     return count
 
@@ -180,13 +198,13 @@ def near_tie(engine: JsonObject) -> float:
     return NEAR_TIE_FLOAT64 if engine.get("kind") == "synthetic" and engine.get("dtype") == "float64" else NEAR_TIE
 
 
-def smallest_margin(levels: Sequence[JsonObject]) -> JsonObject | None:
+def smallest_margin(levels: Sequence[LevelRecord]) -> JsonObject | None:
     """The smallest recorded margin of any token at any level, and where: the token most likely to flip on kernels
     that round differently (None: no finite margin recorded)."""
-    best = None
+    best: JsonObject | None = None
     for lv in levels:
-        for s in lv["sessions"]:
-            for t, m in enumerate(s["margins"]):
+        for s in lv.sessions:
+            for t, m in enumerate(s.margins):
                 if m is not None and (best is None or m < best["margin"]):
-                    best = {"margin": m, "session_id": s["session_id"], "token": t, "concurrency": lv["concurrency"]}
+                    best = {"margin": m, "session_id": s.session_id, "token": t, "concurrency": lv.concurrency}
     return best

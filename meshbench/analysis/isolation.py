@@ -36,7 +36,17 @@ from typing import Sequence
 
 import numpy as np
 
-from meshbench.records import JsonObject
+from meshbench.records import serial
+from meshbench.records.model import (
+    IsolationPass,
+    IsolationRecords,
+    IsolationVerdict,
+    JsonObject,
+    LevelRecord,
+    PassSession,
+    SessionRecord,
+    Tick,
+)
 from meshbench.scheduler.session import GenerationRequest
 
 METHOD = (
@@ -95,7 +105,7 @@ def perturb(prompt: Sequence[int], vocab_size: int, seed: int, index: int, pass_
 def requests_for(
     requests: Sequence[GenerationRequest],
     perturbed: Sequence[str],
-    baseline: dict[str, JsonObject],
+    baseline: dict[str, SessionRecord],
     vocab_size: int,
     seed: int,
     pass_no: int,
@@ -106,14 +116,15 @@ def requests_for(
         if r.session_id in perturbed:
             r = dataclasses.replace(r, prompt_tokens=perturb(r.prompt_tokens, vocab_size, seed, k, pass_no))
             if r.session_id in baseline:  # (one the level refused is refused again: same lengths, same queue)
-                r = dataclasses.replace(r, end_at=max(len(baseline[r.session_id]["tokens"]), 1))
+                r = dataclasses.replace(r, end_at=max(len(baseline[r.session_id].tokens), 1))
         out.append(r)
     return out
 
 
-def schedule_view(ticks: Sequence[JsonObject]) -> list[JsonObject]:
-    """Deterministic tick records with the decode feed reduced to (session, position): the schedule."""
-    return [{**t, "decode_feed": [f[:2] for f in t["decode_feed"]]} for t in ticks]
+def schedule_view(ticks: Sequence[Tick]) -> list[JsonObject]:
+    """Deterministic tick records as results.json holds them, the decode feed reduced to (session, position):
+    the schedule."""
+    return [{**serial.to_json(t), "decode_feed": [f[:2] for f in t.decode_feed]} for t in ticks]
 
 
 def digest(value: object) -> str:
@@ -121,104 +132,106 @@ def digest(value: object) -> str:
 
 
 def pass_record(
-    perturbed: Sequence[str], ticks: Sequence[JsonObject], sessions: Sequence[JsonObject], confirm: bool
-) -> JsonObject:
+    perturbed: Sequence[str], ticks: Sequence[Tick], sessions: Sequence[SessionRecord], confirm: bool
+) -> IsolationPass:
     """One perturbation pass as results.json holds it: whom it perturbed, its schedule's digest, and each
     session's token and margin digests."""
-    return {
-        "perturbed": list(perturbed),
-        "confirm": confirm,
-        "schedule_digest": digest(schedule_view(ticks)),
-        "sessions": [
-            {"session_id": s["session_id"], "digest": s["digest"], "margins_digest": digest(s["margins"])}
-            for s in sessions
+    return IsolationPass(
+        perturbed=list(perturbed),
+        confirm=confirm,
+        schedule_digest=digest(schedule_view(ticks)),
+        sessions=[
+            PassSession(session_id=s.session_id, digest=s.digest, margins_digest=digest(s.margins)) for s in sessions
         ],
-    }
+    )
 
 
-def changed(level: JsonObject, p: JsonObject) -> list[str]:
-    """Sessions the pass did not perturb whose tokens or margins differ from the level's."""
-    base = {s["session_id"]: (s["digest"], digest(s["margins"])) for s in level["sessions"]}
+def changed(sessions: Sequence[SessionRecord], p: IsolationPass) -> list[str]:
+    """Sessions the pass did not perturb whose tokens or margins differ from the level's ``sessions``."""
+    base = {s.session_id: (s.digest, digest(s.margins)) for s in sessions}
     return sorted(
-        s["session_id"]
-        for s in p["sessions"]
-        if s["session_id"] not in p["perturbed"] and base.get(s["session_id"]) != (s["digest"], s["margins_digest"])
+        s.session_id
+        for s in p.sessions
+        if s.session_id not in p.perturbed and base.get(s.session_id) != (s.digest, s.margins_digest)
     )
 
 
 def suspects(
-    victim: str, family: Sequence[JsonObject], changed_in: Sequence[list[str]], ids: Sequence[str]
+    victim: str, family: Sequence[IsolationPass], changed_in: Sequence[list[str]], ids: Sequence[str]
 ) -> list[str]:
     """Who ``victim`` may depend on: the sessions perturbed in every family pass where it changed, or, where no
     one was (it depends on several), every session perturbed in any of them. Random content need not flip a
     dependence, so a pass where the victim held acquits no one."""
-    hits = [set(p["perturbed"]) for p, c in zip(family, changed_in) if victim not in p["perturbed"] and victim in c]
+    hits = [set(p.perturbed) for p, c in zip(family, changed_in) if victim not in p.perturbed and victim in c]
     if not hits:
         return []
     common = set.intersection(*hits)
     return [j for j in ids if j != victim and j in (common or set.union(*hits))]
 
 
-def culprits(level: JsonObject, family: Sequence[JsonObject], ids: Sequence[str]) -> dict[str, set[str]]:
+def culprits(
+    sessions: Sequence[SessionRecord], family: Sequence[IsolationPass], ids: Sequence[str]
+) -> dict[str, set[str]]:
     """The suspects to confirm, in session order (at most MAX_CONFIRMATIONS), each with the victims it is
     suspected of."""
-    changed_in = [changed(level, p) for p in family]
+    changed_in = [changed(sessions, p) for p in family]
     blamed = {v: suspects(v, family, changed_in, ids) for c in changed_in for v in c}
     order = list(dict.fromkeys(j for j in ids for v in sorted(blamed) if j in blamed[v]))[:MAX_CONFIRMATIONS]
     return {j: {v for v in blamed if j in blamed[v]} for j in order}
 
 
-def expected_confirmations(level: JsonObject) -> list[list[str]]:
+def expected_confirmations(level: LevelRecord) -> list[list[str]]:
     """The confirmation passes the method prescribes, given the recorded passes' outcomes: for each culprit in
     order, single-suspect passes until one changes a victim of it, CONFIRM_TRIES at most."""
-    passes = level["isolation"]["passes"]
-    family = [p for p in passes if not p["confirm"]]
-    recorded = iter(p for p in passes if p["confirm"])
+    passes = level.isolation.passes or []
+    family = [p for p in passes if not p.confirm]
+    recorded = iter(p for p in passes if p.confirm)
     out: list[list[str]] = []
-    for j, victims in culprits(level, family, level["isolation"]["sessions"]).items():
+    for j, victims in culprits(level.sessions, family, level.isolation.sessions or []).items():
         for _ in range(CONFIRM_TRIES):
             out.append([j])
             p = next(recorded, None)
-            if p is None or victims & set(changed(level, p)):
+            if p is None or victims & set(changed(level.sessions, p)):
                 break
     return out
 
 
-def verdict(level: JsonObject) -> JsonObject:
-    """The level's isolation verdict, recomputed from its records (what the sweep writes and verify checks)."""
-    iso = level["isolation"]
-    if iso["passes"] is None:
-        return {
-            "ran": False,
-            "holds": None,
-            "schedule_changed": [],
-            "changed": [],
-            "leaks": [],
-            "separating": None,
-            "family_passes": 0,
-            "escape_bits": None,
-            "confirmations": 0,
-            "suspects": {},
-            "reason": iso["reason"],
-        }
-    base = digest(schedule_view(level["tick_records"]))
-    passes = iso["passes"]
-    schedule = [k for k, p in enumerate(passes) if p["schedule_digest"] != base]
-    changed_in = [changed(level, p) for p in passes]
-    leaks = sorted({(victim, p["perturbed"][0]) for p, c in zip(passes, changed_in) if p["confirm"] for victim in c})
+def verdict(records: IsolationRecords, sessions: Sequence[SessionRecord], ticks: Sequence[Tick]) -> IsolationVerdict:
+    """A level's isolation verdict, recomputed from its records (what the sweep writes and verify checks): its
+    perturbation passes ``records``, judged against the level's own ``sessions`` and deterministic ``ticks``."""
+    if records.passes is None:
+        return IsolationVerdict(
+            ran=False,
+            holds=None,
+            schedule_changed=[],
+            changed=[],
+            leaks=[],
+            separating=None,
+            family_passes=0,
+            escape_bits=None,
+            confirmations=0,
+            suspects={},
+            reason=records.reason,
+        )
+    base = digest(schedule_view(ticks))
+    passes = records.passes
+    schedule = [k for k, p in enumerate(passes) if p.schedule_digest != base]
+    changed_in = [changed(sessions, p) for p in passes]
+    leaks = sorted({(victim, p.perturbed[0]) for p, c in zip(passes, changed_in) if p.confirm for victim in c})
     victims = sorted({v for c in changed_in for v in c})
-    ids = iso["sessions"]  # every arrival, served or refused
-    family = [p for p in passes if not p["confirm"]]
-    return {
-        "ran": True,
-        "holds": not schedule and not victims,
-        "schedule_changed": schedule,
-        "changed": victims,
-        "leaks": [list(x) for x in leaks],
-        "separating": separates(ids, [p["perturbed"] for p in family]),
-        "family_passes": len(family),
-        "escape_bits": escape_bits(ids, [p["perturbed"] for p in family]),
-        "confirmations": len(passes) - len(family),
-        "suspects": {v: suspects(v, family, [changed(level, p) for p in family], ids) for v in victims},
-        "reason": None,
-    }
+    ids = records.sessions or []  # every arrival, served or refused
+    family = [p for p in passes if not p.confirm]
+    family_changed = [changed(sessions, p) for p in family]
+    return IsolationVerdict(
+        ran=True,
+        holds=not schedule and not victims,
+        schedule_changed=schedule,
+        changed=victims,
+        leaks=[list(x) for x in leaks],
+        separating=separates(ids, [p.perturbed for p in family]),
+        family_passes=len(family),
+        escape_bits=escape_bits(ids, [p.perturbed for p in family]),
+        confirmations=len(passes) - len(family),
+        suspects={v: suspects(v, family, family_changed, ids) for v in victims},
+        reason=None,
+    )

@@ -8,11 +8,11 @@ reports is computed here, from those stamps, in ms; every percentile too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from meshbench.records import JsonObject
+from meshbench.records.model import JsonObject, Percentiles, Timing
 
 
 def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 95, 99), with_max: bool = False) -> JsonObject:
@@ -25,6 +25,12 @@ def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 95, 99), with_
 
 # The stamps are nanoseconds (reported in ms: MS) or, for the tick clock's figures, ticks (unit 1).
 MS = 1e6
+
+
+def percentile_record(values: Sequence[float]) -> Percentiles:
+    """p50, p95 and p99 as the record results.json holds."""
+    p = percentiles(values)
+    return Percentiles(p50=p["p50"], p95=p["p95"], p99=p["p99"])
 
 
 def ttft_ms(token_ns: Sequence[int], start_ns: int, unit: float = MS) -> float:
@@ -48,30 +54,44 @@ def itl_ms(token_ns: Sequence[int], unit: float = MS) -> list[float]:
     return [(b - a) / unit for a, b in zip(token_ns, token_ns[1:])]
 
 
+class Stamped(Protocol):
+    """The timing record every latency is computed from: a node's ``Timing``, an endpoint's completion."""
+
+    @property
+    def submit_ns(self) -> int: ...
+
+    @property
+    def token_ns(self) -> list[int]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Samples:
-    """A pass's latency samples: one TTFT, E2E (and TPOT, from two tokens) per session with a token, every ITL
-    gap, and one queue wait per admitted session."""
+    """A pass's latency samples: one TTFT and E2E (and TPOT, from two tokens) per session with a token, and
+    every ITL gap."""
 
     ttft: list[float]
     tpot: list[float]
     itl: list[float]
     e2e: list[float]
-    queue: list[float]
 
 
-def samples(stamps: Sequence[Mapping[str, Any]], since: str = "submit_ns") -> Samples:
-    """The latency samples of ``stamps`` (timing records), TTFT and E2E measured from ``since`` (``submit_ns``,
-    or ``admit_ns``: from the moment a slot took the session)."""
-    timed = [s for s in stamps if s["token_ns"]]
-    tpot = [tpot_ms(s["token_ns"]) for s in timed]
+def samples(stamps: Sequence[Stamped], starts: Sequence[int] | None = None) -> Samples:
+    """The latency samples of ``stamps``, TTFT and E2E measured from each one's submit, or from ``starts`` (one
+    per stamp: the admission, the moment a slot took the session)."""
+    begin = [s.submit_ns for s in stamps] if starts is None else list(starts)
+    timed = [(s.token_ns, b) for s, b in zip(stamps, begin) if s.token_ns]
+    tpot = [tpot_ms(t) for t, _ in timed]
     return Samples(
-        ttft=[ttft_ms(s["token_ns"], s[since]) for s in timed],
-        tpot=[t for t in tpot if t is not None],
-        itl=[gap for s in timed for gap in itl_ms(s["token_ns"])],
-        e2e=[e2e_ms(s["token_ns"], s[since]) for s in timed],
-        queue=[(s["admit_ns"] - s["submit_ns"]) / 1e6 for s in stamps if s.get("admit_ns") is not None],
+        ttft=[ttft_ms(t, b) for t, b in timed],
+        tpot=[x for x in tpot if x is not None],
+        itl=[gap for t, _ in timed for gap in itl_ms(t)],
+        e2e=[e2e_ms(t, b) for t, b in timed],
     )
+
+
+def queue_ms(timing: Sequence[Timing]) -> list[float]:
+    """Each admitted session's wait from its submit to its slot."""
+    return [(t.admit_ns - t.submit_ns) / MS for t in timing if t.admit_ns is not None]
 
 
 def within_slo(token_ns: Sequence[int], start_ns: int, slo: Mapping[str, Any], unit: float = MS) -> bool:

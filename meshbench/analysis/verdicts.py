@@ -14,32 +14,30 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from meshbench.analysis import figures, isolation
-from meshbench.records import JsonObject
+from meshbench.records.model import IsolationVerdict, JsonObject, LevelRecord, Reference
 
 
 @dataclass(slots=True)
 class ConcurrencySweep:
-    levels: list[JsonObject]  # one results.json level record each
+    levels: list[LevelRecord]
     corruption_free: bool
     first_divergence: JsonObject | None
     batch_invariant: bool
-    isolation: (
-        JsonObject  # meshbench.analysis.verdicts: how isolation was proven, at how many levels, and whether it holds
-    )
+    isolation: JsonObject  # how isolation was proven, at how many levels, and whether it holds
     saturation_concurrency: int | None  # None for a sweep of arrival rates
     reference_concurrency: int
-    reference: JsonObject | None = None  # arrival sweeps: every session run alone
+    reference: Reference | None = None  # arrival sweeps: every session run alone
     saturation_rates: JsonObject | None = None  # arrival sweeps: per concurrency, the first rate a full queue refused
 
 
 def sweep_verdicts(
-    levels: Sequence[JsonObject], reference: JsonObject | None, per_level: Sequence[JsonObject]
+    levels: Sequence[LevelRecord], reference: Reference | None, per_level: Sequence[IsolationVerdict]
 ) -> JsonObject:
     """The sweep's verdicts from its levels and each level's isolation verdict (``isolation.verdict``)."""
     divergence = figures.sweep_divergence(levels, reference)
-    ran = [v for v in per_level if v["ran"]]
+    ran = [v for v in per_level if v.ran]
     every_level = len(ran) == len(per_level)
-    isolated = all(v["holds"] for v in ran)
+    isolated = all(v.holds for v in ran)
     unfinished = figures.unfinished_sessions(levels)
     return {
         "corruption_free": isolated and unfinished == 0 and (every_level or divergence is None),

@@ -59,12 +59,12 @@ def _pass(cfg: RunConfig, setup, requests, c: int) -> dict:
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)
     finally:
         close_engine(engine)
-    ticks = [t for t in p.ticks if t["decode_batch"] or t["prefill_chunks"]]
+    ticks = [t for t in p.ticks if t.decode_batch or t.prefill_chunks]
     n = len(ticks)
-    tick = sum(t["tick_ns"] for t in ticks)
-    step = sum(t["decode_ns"] + t["prefill_ns"] for t in ticks)
+    tick = sum(t.tick_ns or 0 for t in ticks)
+    step = sum((t.decode_ns or 0) + (t.prefill_ns or 0) for t in ticks)
     llama = profile.decode_llama_ns + profile.prefill_llama_ns
-    tokens = sum(len(s["tokens"]) for s in p.sessions)
+    tokens = sum(len(s.tokens) for s in p.sessions)
     return {
         "ticks": n,
         "tokens_per_s": tokens / p.wall_s,

@@ -32,12 +32,12 @@ def _one_pass(setup: EngineSetup, cfg: RunConfig, c: int) -> dict:
         )
     finally:
         close_engine(engine)
-    tick_ns = sum(t["tick_ns"] for t in p.ticks)
+    tick_ns = sum(t.tick_ns or 0 for t in p.ticks)
     proxy_ns = ((process.round_trip_ns - before[0]) - (process.engine_ns - before[1])) if process else 0
     wall = figures.wall_figures(p.timing, p.ticks, p.wall_s)
     return {
-        "decode_tokens_per_s": wall["decode_tokens_per_s"],
-        "tokens_per_s": wall["tokens_per_s"],
+        "decode_tokens_per_s": wall.decode_tokens_per_s,
+        "tokens_per_s": wall.tokens_per_s,
         "proxy_share": proxy_ns / tick_ns if tick_ns else 0.0,
         "proxy_us_per_tick": proxy_ns / 1e3 / len(p.ticks),
         "tick_ms": tick_ns / 1e6 / len(p.ticks),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from meshbench.analysis import latency, stats
 from meshbench.endpoint import llama_server
@@ -89,7 +89,10 @@ def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)
     finally:
         close_engine(engine)
-    return _figures({s["session_id"]: s["tokens"] for s in p.sessions}, p.timing, p.wall_s, requests)
+    # From the moment a session got a slot: meshbench queues every session at once, the server's closed-loop
+    # clients send the next only when one finishes, so time spent queued is not comparable; a slot is.
+    slots = [t.submit_ns if t.admit_ns is None else t.admit_ns for t in p.timing]
+    return _figures({s.session_id: s.tokens for s in p.sessions}, p.timing, slots, p.wall_s, requests)
 
 
 def _one_server(
@@ -107,11 +110,8 @@ def _one_server(
     for x, r in zip(done, requests):  # the server ran exactly our prompt ids (it adds no BOS to ids)
         if x.evaluated is not None and x.evaluated != len(r.prompt_tokens):
             raise MeshbenchError(f"the server evaluated {x.evaluated} prompt tokens, not {len(r.prompt_tokens)}")
-    timing = [
-        {"session_id": x.session_id, "submit_ns": x.submit_ns, "admit_ns": x.submit_ns, "token_ns": x.token_ns}
-        for x in done
-    ]
-    return _figures({x.session_id: x.tokens for x in done}, timing, wall_s, requests)
+    # (a closed-loop client's request takes a slot when it is sent)
+    return _figures({x.session_id: x.tokens for x in done}, done, [x.submit_ns for x in done], wall_s, requests)
 
 
 def _body(endpoint: Endpoint, r, stream: bool) -> dict:
@@ -172,18 +172,15 @@ def _matched_args(cfg: RunConfig, c: int, longest: int) -> list[str]:
     ]
 
 
-def _figures(tokens: dict, timing: list[dict], wall_s: float, requests) -> dict:
+def _figures(tokens: dict, stamps: Sequence[latency.Stamped], slots: Sequence[int], wall_s: float, requests) -> dict:
+    """A side's tokens, total tokens/s, and TTFT (from the moment a slot took the session) and ITL."""
     # Both sides generate exactly max_new_tokens per session (the server ignores EOS).
     total = sum(r.total_tokens for r in requests)
-    return {"tokens": tokens, "tokens_per_s": total / wall_s if wall_s > 0 else 0.0, **_latency(timing)}
-
-
-def _latency(timing: list[dict]) -> dict:
-    # From the moment a session got a slot: meshbench queues every session at once, the server's closed-loop
-    # clients send the next only when one finishes, so time spent queued is not comparable; a slot is.
-    lat = latency.samples(timing, since="admit_ns")
+    lat = latency.samples(stamps, slots)
     ttft, itl = latency.percentiles(lat.ttft), latency.percentiles(lat.itl)
     return {
+        "tokens": tokens,
+        "tokens_per_s": total / wall_s if wall_s > 0 else 0.0,
         "ttft_ms.p50": ttft["p50"],
         "ttft_ms.p99": ttft["p99"],
         "itl_ms.p50": itl["p50"],

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from meshbench import limits
+from meshbench.cli import options
 from meshbench.cli.common import (
     ArrivalsOpt,
     ConfigOpt,
@@ -23,14 +24,13 @@ from meshbench.cli.common import (
     SessionsOpt,
     WorkersOpt,
     drop_none,
-    engine_overrides,
     out,
     print_json,
     table,
-    workload_overrides,
 )
 from meshbench.sweep import admit as admission
 from meshbench.workload import config as config_mod
+from meshbench.workload.yaml_config import merge
 
 
 def admit(
@@ -64,21 +64,14 @@ def admit(
     as_json: JsonOpt = False,
 ) -> None:
     """Will these sessions fit on this node? Print every admission decision and the numbers behind it."""
-    overrides = drop_none(
-        {
-            "prefill": prefill,
-            "engine": engine_overrides(engine, preset, model, None, None, seed, rpc, workers),
-            "workload": workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts),
-            "budget": {
-                "kv_bytes": kv_bytes,
-                "scratch_bytes": scratch_bytes,
-                "weight_bytes": weight_bytes,
-                "max_active_sessions": max_active,
-                "max_queue_depth": max_queue_depth,
-                "max_batch_size": max_batch_size,
-            },
-        }
-    )
+    budget = {  # admit's own flags: the node's whole budget
+        "kv_bytes": kv_bytes,
+        "scratch_bytes": scratch_bytes,
+        "weight_bytes": weight_bytes,
+        "max_active_sessions": max_active,
+        "max_batch_size": max_batch_size,
+    }
+    overrides = merge(options.overrides(locals()), drop_none({"budget": budget}))
     cfg = config_mod.load(config, overrides)
     result = admission.run(cfg, burst)
     if as_json:

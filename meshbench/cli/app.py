@@ -12,7 +12,12 @@ from typing import Annotated, Optional
 import typer
 
 from meshbench import __version__
-from meshbench.cli import admit, sweep, verify
+from meshbench.cli import (
+    admit,
+    bench_llama,  # noqa: F401 - registers bench server, breakdown, invariance
+    sweep,
+    verify,
+)
 from meshbench.cli import compare as cli_compare
 from meshbench.cli.bench import bench_app, model_app
 from meshbench.cli.common import out

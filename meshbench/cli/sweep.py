@@ -4,231 +4,96 @@ never mixed them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Any, Callable
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshbench import limits
+from meshbench.cli import options
 from meshbench.cli.common import (
-    AllowRemoteOpt,
-    ApiOpt,
-    ArrivalsOpt,
-    ClockOpt,
-    ConfigOpt,
-    DeviceOpt,
-    EngineOpt,
-    EosOpt,
-    InjectOpt,
-    IsolateOpt,
-    IsolationOpt,
-    IsolationRoundsOpt,
-    JsonOpt,
-    MixedOpt,
-    ModelOpt,
-    NewOpt,
-    PrefillOpt,
-    PresetOpt,
-    PromptOpt,
-    PromptsOpt,
-    QueueOpt,
-    RatesOpt,
-    RepackOpt,
-    RepeatOpt,
-    RestartOpt,
-    RpcOpt,
-    SeedOpt,
-    ServeOpt,
-    ServerArgsOpt,
-    SessionsOpt,
-    SloTpotOpt,
-    SloTtftOpt,
-    SplitOpt,
-    TargetOpt,
-    ThreadsOpt,
-    TiledOpt,
-    WarmupOpt,
-    WorkersOpt,
     command_line,
-    drop_none,
-    engine_overrides,
     err,
-    float_list,
-    int_list,
     out,
     print_json,
     table,
-    workload_overrides,
 )
 from meshbench.endpoint import sweep as endpoint_sweep
 from meshbench.errors import MeshbenchError
-from meshbench.results import bundle, envinfo, report
+from meshbench.results import bundle, envinfo, kinds, report
 from meshbench.results.endpoint_report import cell
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify_mod
 from meshbench.workload import config as config_mod
 
+SWEEP_OPTIONS = (
+    "config",
+    "levels",
+    "engine",
+    "preset",
+    "model",
+    "device",
+    "threads",
+    "target",
+    "serve",
+    "server_args",
+    "api",
+    "rpc",
+    "workers",
+    "split",
+    "isolate",
+    "mixed_batch",
+    "repack",
+    "tiled_mm",
+    "prefill",
+    "eos",
+    "isolation",
+    "isolation_rounds",
+    "allow_remote",
+    "inject",
+    "restart_engine",
+    "sessions",
+    "prompt_tokens",
+    "prompts",
+    "new_tokens",
+    "max_prefill_tokens_per_tick",
+    "seed",
+    "arrivals",
+    "rates",
+    "max_queue_depth",
+    "slo_ttft",
+    "slo_tpot",
+    "clock",
+    "repeat",
+    "warmup",
+    "out_dir",
+    "force",
+    "as_json",
+    "verbose",
+)
 
-def sweep(
-    config: ConfigOpt = None,
-    levels: Annotated[
-        Optional[str],
-        typer.Option(
-            "--levels",
-            help="Concurrency levels, e.g. 1,2,4,8. Each must be >= 1 and at most the session count: "
-            "a higher level is refused, not clamped.",
-        ),
-    ] = None,
-    engine: EngineOpt = None,
-    preset: PresetOpt = None,
-    model: ModelOpt = None,
-    device: DeviceOpt = None,
-    threads: ThreadsOpt = None,
-    target: TargetOpt = None,
-    serve: ServeOpt = None,
-    server_args: ServerArgsOpt = None,
-    api: ApiOpt = None,
-    rpc: RpcOpt = None,
-    workers: WorkersOpt = None,
-    split: SplitOpt = None,
-    isolate: IsolateOpt = None,
-    mixed_batch: MixedOpt = None,
-    repack: RepackOpt = None,
-    tiled_mm: TiledOpt = None,
-    prefill: PrefillOpt = None,
-    eos: EosOpt = None,
-    isolation: IsolationOpt = None,
-    isolation_rounds: IsolationRoundsOpt = None,
-    allow_remote: AllowRemoteOpt = None,
-    inject: InjectOpt = None,
-    restart_engine: RestartOpt = None,
-    sessions: SessionsOpt = None,
-    prompt_tokens: PromptOpt = None,
-    prompts: PromptsOpt = None,
-    new_tokens: NewOpt = None,
-    max_prefill_tokens_per_tick: Annotated[
-        Optional[int],
-        typer.Option(
-            "--max-prefill-tokens-per-tick",
-            rich_help_panel="Workload",
-            min=1,
-            max=limits.MAX_TOKENS,
-            help="Prompt tokens prefilled per tick (first always runs).",
-        ),
-    ] = None,
-    seed: SeedOpt = None,
-    arrivals: ArrivalsOpt = None,
-    rates: RatesOpt = None,
-    max_queue_depth: QueueOpt = None,
-    slo_ttft: SloTtftOpt = None,
-    slo_tpot: SloTpotOpt = None,
-    clock: ClockOpt = None,
-    repeat: RepeatOpt = None,
-    warmup: WarmupOpt = None,
-    out_dir: Annotated[
-        Optional[Path], typer.Option("--out", rich_help_panel="Output", help="Write an evidence bundle to this folder.")
-    ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", rich_help_panel="Output", help="Replace an existing bundle at --out.")
-    ] = False,
-    as_json: JsonOpt = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", rich_help_panel="Output", help="Let llama.cpp print its own log.")
-    ] = False,
-) -> None:
+
+@options.command(SWEEP_OPTIONS)
+def sweep(**given: Any) -> None:
     """Run the same sessions at every concurrency level and prove batching never mixes them.
 
     With no options: the DGR-012 sweep on the synthetic engine (8 sessions, levels 1,2,4,8).
     """
-    _sweep(config_mod.load(config, _sweep_overrides(**locals())), out_dir, force, as_json, verbose)
-
-
-def _sweep_overrides(
-    levels,
-    repeat,
-    warmup,
-    rates,
-    slo_ttft,
-    slo_tpot,
-    clock,
-    inject,
-    restart_engine,
-    prefill,
-    isolation,
-    isolation_rounds,
-    allow_remote,
-    engine,
-    preset,
-    model,
-    device,
-    threads,
-    seed,
-    target,
-    serve,
-    server_args,
-    api,
-    rpc,
-    workers,
-    split,
-    isolate,
-    mixed_batch,
-    repack,
-    tiled_mm,
-    sessions,
-    prompt_tokens,
-    new_tokens,
-    arrivals,
-    prompts,
-    eos,
-    max_prefill_tokens_per_tick,
-    max_queue_depth,
-    **_,
-) -> dict:
-    """The sweep's flags as a nested config mapping (only the flags given)."""
-    if target is not None and serve is not None:
+    if given["target"] is not None and given["serve"] is not None:
         raise MeshbenchError("give --target (a server you run) or --serve (one meshbench starts), not both")
-    return drop_none(
-        {
-            "levels": int_list(levels, "--levels", unique=True) if levels is not None else None,
-            "repeat": repeat,
-            "warmup": warmup,
-            "rates": float_list(rates, "--rates") if rates is not None else None,
-            "slo": {"ttft": slo_ttft, "tpot": slo_tpot},
-            "clock": clock,
-            "faults": list(inject) if inject else None,
-            "restart_engine": restart_engine,
-            "prefill": prefill,
-            "isolation": isolation,
-            "isolation_rounds": isolation_rounds,
-            "engine": dict(
-                engine_overrides(engine, preset, model, device, threads, seed, rpc, workers),
-                split=float_list(split, "--split", unique=False) if split is not None else None,
-                isolate=isolate,
-                mixed_batch=mixed_batch,
-                repack=repack,
-                tiled_mm=tiled_mm,
-                **({"kind": "endpoint", "url": target} if target is not None else {}),
-                allow_remote=allow_remote,
-                **({"kind": "endpoint", "serve": serve} if serve is not None else {}),
-                server_args=server_args,
-                api=api,
-            ),
-            "workload": dict(workload_overrides(sessions, prompt_tokens, new_tokens, seed, arrivals, prompts), eos=eos),
-            "budget": {"max_prefill_tokens_per_tick": max_prefill_tokens_per_tick, "max_queue_depth": max_queue_depth},
-        }
-    )
+    cfg = config_mod.load(given["config"], options.overrides(given))
+    _sweep(cfg, given["out_dir"], given["force"], given["as_json"], given["verbose"])
 
 
 def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json: bool, verbose: bool) -> None:
     if out_dir is not None:
         bundle.prepare(out_dir, force)
-    data = _run_endpoint(cfg) if cfg.engine.kind == "endpoint" else _run_with_progress(cfg, verbose)
+    data = RUNS[kinds.of_engine(cfg.engine.kind)](cfg, verbose)
     if out_dir is not None:
         err.print(f"wrote {out_dir}: {', '.join(bundle.commit(out_dir, data, force))}", markup=False)
     if as_json:
         print_json(data)
     else:
-        _print_endpoint(data) if data.get("kind") == "endpoint" else _print_sweep(data)
+        SUMMARIES[kinds.of(data)](data)
     _check_own_evidence(data)
 
 
@@ -342,3 +207,11 @@ def _print_endpoint(data: dict) -> None:
         f"compared={v['compared']} batch_invariant={v['batch_invariant']} "
         f"run_to_run_deterministic={v['run_to_run_deterministic']} needle_stable={v['needle_stable']}"
     )
+
+
+# Each kind of bundle (meshbench.results.kinds): how the CLI runs its sweep, and the summary it prints.
+RUNS: dict[str, Callable[[config_mod.RunConfig, bool], dict]] = {
+    kinds.NODE: lambda cfg, verbose: _run_with_progress(cfg, verbose),
+    kinds.ENDPOINT: lambda cfg, verbose: _run_endpoint(cfg),
+}
+SUMMARIES: dict[str, Callable[[dict], None]] = {kinds.NODE: _print_sweep, kinds.ENDPOINT: _print_endpoint}

@@ -8,11 +8,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from meshbench.analysis import figures, stats
 from meshbench.compare import endpoint
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
+from meshbench.records.model import LevelRecord
+from meshbench.results import kinds
 from meshbench.verify import bundle as verify
 
 # (figure, higher is better): the figures a release gate reads.
@@ -59,7 +63,7 @@ def verified(path: Path, role: str) -> dict:
 
 def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     base, cand = verified(baseline, "baseline"), verified(candidate, "candidate")
-    if "endpoint" in (base.get("kind"), cand.get("kind")):  # a served model on one side or both
+    if kinds.ENDPOINT in (kinds.of(base), kinds.of(cand)):  # a served model on one side or both
         report = endpoint.compare(base, cand, baseline, candidate, tolerance)
         return {**report, "summary": endpoint.summarize(report)}
     if base["workload"] != cand["workload"]:
@@ -73,8 +77,8 @@ def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
             f"{baseline} and {candidate} ran different workloads ({named} differ: {_workload(base)} "
             f"against {_workload(cand)}): there is nothing to compare"
         )
-    b_levels = {_level_key(lv): lv for lv in base["levels"]}
-    c_levels = {_level_key(lv): lv for lv in cand["levels"]}
+    b_levels = {_level_key(lv): lv for lv in serial.levels_of(base)}
+    c_levels = {_level_key(lv): lv for lv in serial.levels_of(cand)}
     common = sorted(set(b_levels) & set(c_levels), key=lambda k: (k[2], k[1] or 0.0, k[0]))
     if not common:
         raise MeshbenchError(f"{baseline} and {candidate} share no level (concurrency and arrival rate)")
@@ -107,26 +111,25 @@ def compare(baseline: Path, candidate: Path, tolerance: float) -> dict:
     }
 
 
-def _level_key(lv: dict) -> tuple:
+def _level_key(lv: LevelRecord) -> tuple[int, float | None, tuple[str, ...]]:
     """A level is its concurrency, its arrival rate and its fault row: a sweep of fault rows has one level per
     row at each concurrency, and every row is compared."""
-    return lv["concurrency"], lv["rate"], tuple(lv["faults"])
+    return lv.concurrency, lv.rate, tuple(lv.faults)
 
 
-def outputs_verdict(base: dict, cand: dict, common_only: bool = False) -> dict:
+def outputs_verdict(base: LevelRecord, cand: LevelRecord, common_only: bool = False) -> dict:
     """Tokens equal session by session (digests recomputed from the tokens), or the first divergence."""
-    b = {s["session_id"]: s for s in base["sessions"]}
-    c = {s["session_id"]: s for s in cand["sessions"]}
+    b = {s.session_id: s for s in base.sessions}
+    c = {s.session_id: s for s in cand.sessions}
     if common_only:
-        b = {k: v for k, v in b.items() if k in c and v["done_reason"] == c[k]["done_reason"] == "COMPLETED"}
+        b = {k: v for k, v in b.items() if k in c and v.done_reason == c[k].done_reason == "COMPLETED"}
         c = {k: v for k, v in c.items() if k in b}
-        base, cand = dict(base, sessions=list(b.values())), dict(cand, sessions=list(c.values()))
+        base = dataclasses.replace(base, sessions=list(b.values()))
+        cand = dataclasses.replace(cand, sessions=list(c.values()))
     changed = sorted(
         sid
         for sid in set(b) | set(c)
-        if sid not in b
-        or sid not in c
-        or figures.token_digest(b[sid]["tokens"]) != figures.token_digest(c[sid]["tokens"])
+        if sid not in b or sid not in c or figures.token_digest(b[sid].tokens) != figures.token_digest(c[sid].tokens)
     )
     if not changed:
         return {"verdict": "same", "sessions_changed": [], "first_divergence": None}
@@ -134,45 +137,45 @@ def outputs_verdict(base: dict, cand: dict, common_only: bool = False) -> dict:
     if div is not None:
         s = c[div["session_id"]]
         i = div["token_index"]
-        div = dict(div, margin=s["margins"][i] if i < len(s["margins"]) else None)
+        div = dict(div, margin=s.margins[i] if i < len(s.margins) else None)
     else:  # equal where both have tokens: one side stopped earlier, or a session is missing
         sid = changed[0]
         div = {
             "session_id": sid,
-            "reference_tokens": len(b[sid]["tokens"]) if sid in b else None,
-            "tokens": len(c[sid]["tokens"]) if sid in c else None,
+            "reference_tokens": len(b[sid].tokens) if sid in b else None,
+            "tokens": len(c[sid].tokens) if sid in c else None,
         }
     return {"verdict": "changed", "sessions_changed": changed, "first_divergence": div}
 
 
-def _scheduler_figures(data: dict, level: dict) -> dict:
-    sessions = level["sessions"]
+def _scheduler_figures(data: dict, level: LevelRecord) -> dict:
+    sessions = level.sessions
     return {
-        **figures.summarize_ticks(level["tick_records"]),
+        **figures.summarize_ticks(level.tick_records),
         "rejected_admissions": data["workload"]["sessions"] - len(sessions),
-        "cache_misses": sum(s["done_reason"] == "CACHE_MISS" for s in sessions),
-        "failed": sum(s["done_reason"] == "FAILED" for s in sessions),
+        "cache_misses": sum(s.done_reason == "CACHE_MISS" for s in sessions),
+        "failed": sum(s.done_reason == "FAILED" for s in sessions),
     }
 
 
-def scheduler_verdict(base_data: dict, base: dict, cand_data: dict, cand: dict) -> dict:
+def scheduler_verdict(base_data: dict, base: LevelRecord, cand_data: dict, cand: LevelRecord) -> dict:
     """The deterministic figures recomputed from the tick and session records of both sides."""
     b, c = _scheduler_figures(base_data, base), _scheduler_figures(cand_data, cand)
     changes = {k: {"baseline": b[k], "candidate": c[k]} for k in SCHEDULER_FIELDS if b[k] != c[k]}
     return {"verdict": "changed" if changes else "same", "changes": changes}
 
 
-def samples(level: dict, figure: str) -> list[float]:
+def samples(level: LevelRecord, figure: str) -> list[float]:
     """``figure`` in every repetition, recomputed from that repetition's raw stamps."""
     out = []
-    for rep in level["repetitions"]:
-        values = figures.scalar_figures(figures.wall_figures(rep["sessions"], rep["tick_records"], rep["wall_s"]))
+    for rep in level.repetitions:
+        values = figures.scalar_figures(figures.wall_figures(rep.sessions, rep.tick_records, rep.wall_s))
         if figure in values:
             out.append(values[figure])
     return out
 
 
-def performance_verdicts(base: dict, cand: dict, tolerance: float) -> dict:
+def performance_verdicts(base: LevelRecord, cand: LevelRecord, tolerance: float) -> dict:
     out = {}
     for figure, higher in PERF_FIGURES:
         b, c = samples(base, figure), samples(cand, figure)

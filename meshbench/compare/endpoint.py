@@ -19,6 +19,8 @@ from pathlib import Path
 from meshbench.analysis import endpoint as endpoint_figures
 from meshbench.analysis import figures, stats
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
+from meshbench.results import kinds
 from meshbench.results.markdown import median_range
 
 # (the endpoint's figure, the node's wall figure, higher is better)
@@ -44,45 +46,50 @@ NOTE_VERSIONS = (
 
 def side(data: dict) -> dict:
     """What a bundle of either kind offers a comparison: its name, workload, and per level the outputs and the
-    per-repetition samples of each figure."""
-    if data.get("kind") == "endpoint":
-        compared = data["verdicts"]["compared"]
-        wl = data["workload"]
-        levels = {
-            lv["concurrency"]: {
-                "outputs": {  # (None: the session failed, and has no output)
-                    c["session_id"]: endpoint_figures.output(c, compared) if c["error"] is None else None
-                    for c in lv["repetitions"][0]["sessions"]
-                },
-                "samples": {
-                    f: [r["figures"][f] for r in lv["repetitions"] if r["figures"][f] is not None] for f, _, _ in PERF
-                },
-            }
-            for lv in data["levels"]
+    per-repetition samples of each figure (each kind's reduction, ``SIDES``)."""
+    return SIDES[kinds.of(data)](data)
+
+
+def _endpoint_side(data: dict) -> dict:
+    """A served endpoint's outputs and figures, as its bundle recorded them."""
+    compared = data["verdicts"]["compared"]
+    wl = data["workload"]
+    levels = {
+        lv["concurrency"]: {
+            "outputs": {  # (None: the session failed, and has no output)
+                c["session_id"]: endpoint_figures.output(c, compared) if c["error"] is None else None
+                for c in lv["repetitions"][0]["sessions"]
+            },
+            "samples": {
+                f: [r["figures"][f] for r in lv["repetitions"] if r["figures"][f] is not None] for f, _, _ in PERF
+            },
         }
-        name = data["endpoint"].get("launched", {}).get("server") or data["endpoint"]["server"]
-        version = data["endpoint"].get("launched", {}).get("version") or data["endpoint"].get("build_info")
-        return {
-            "name": name,
-            "version": version,
-            "by": compared,
-            "sha256": wl["prompts_sha256"],
-            "prompt_tokens": wl["prompt_tokens"],
-            "new_tokens": wl["new_tokens"],
-            "levels": levels,
-        }
+        for lv in data["levels"]
+    }
+    name = data["endpoint"].get("launched", {}).get("server") or data["endpoint"]["server"]
+    version = data["endpoint"].get("launched", {}).get("version") or data["endpoint"].get("build_info")
+    return {
+        "name": name,
+        "version": version,
+        "by": compared,
+        "sha256": wl["prompts_sha256"],
+        "prompt_tokens": wl["prompt_tokens"],
+        "new_tokens": wl["new_tokens"],
+        "levels": levels,
+    }
+
+
+def _node_side(data: dict) -> dict:
+    """A node's outputs and figures, recomputed from its records."""
     levels = {}
-    for lv in data["levels"]:
-        if lv["rate"] is not None or lv["faults"]:
+    for lv in serial.levels_of(data):
+        if lv.rate is not None or lv.faults:
             continue
         per_rep = [
-            figures.scalar_figures(figures.wall_figures(r["sessions"], r["tick_records"], r["wall_s"]))
-            for r in lv["repetitions"]
+            figures.scalar_figures(figures.wall_figures(r.sessions, r.tick_records, r.wall_s)) for r in lv.repetitions
         ]
-        levels[lv["concurrency"]] = {
-            "outputs": {
-                s["session_id"]: s["tokens"] if s["done_reason"] == "COMPLETED" else None for s in lv["sessions"]
-            },
+        levels[lv.concurrency] = {
+            "outputs": {s.session_id: s.tokens if s.done_reason == "COMPLETED" else None for s in lv.sessions},
             "samples": {f: [r[node] for r in per_rep if node in r] for f, node, _ in PERF},
         }
     sha = ((data.get("inputs") or {}).get("workload.prompts") or {}).get("sha256")
@@ -95,6 +102,9 @@ def side(data: dict) -> dict:
         "new_tokens": data["workload"]["new_tokens"],
         "levels": levels,
     }
+
+
+SIDES = {kinds.NODE: _node_side, kinds.ENDPOINT: _endpoint_side}  # each kind's reduction (meshbench.results.kinds)
 
 
 def compare(base_data: dict, cand_data: dict, baseline: Path, candidate: Path, tolerance: float) -> dict:
@@ -110,7 +120,7 @@ def compare(base_data: dict, cand_data: dict, baseline: Path, candidate: Path, t
     by = b["by"] if b["by"] == c["by"] else None
     # A node sweep submits every session at once (its TTFT and E2E include time queued); an endpoint's clients
     # are closed-loop (a session is sent when a client is free): those two figures compare only like with like.
-    mixed = (base_data.get("kind") == "endpoint") != (cand_data.get("kind") == "endpoint")
+    mixed = kinds.of(base_data) != kinds.of(cand_data)
     figs = [f for f, _, _ in PERF if not (mixed and f in QUEUE_SHAPED)]
     levels = [
         {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from meshbench.engine.gguf_engine import setup_gguf
+from meshbench.engine.gguf_setup import setup_gguf
 from meshbench.engine.rpc import Endpoint  # llama_cpp itself is imported on first use
 from meshbench.engine.setup import EngineSetup, EngineSizing
 from meshbench.engine.spec import EngineSpec

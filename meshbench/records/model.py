@@ -206,3 +206,27 @@ class LevelRecord:
     wall: dict[str, Summary]
     isolation: IsolationRecords
     isolation_verdict: IsolationVerdict
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reference:
+    """An arrival sweep's reference: every session run alone (level 1, all at once)."""
+
+    concurrency: int
+    sessions: list[SessionRecord]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """An endpoint's answer to one session, as a client saw it (endpoint.schema.json): its stamps are the
+    timing record a node's session has too (``submit_ns``, ``token_ns``)."""
+
+    session_id: str
+    submit_ns: int
+    tokens: list[int]
+    text: str
+    token_ns: list[int]
+    stop: str | None
+    predicted: int | None  # tokens the server says it generated
+    error: str | None
+    evaluated: int | None  # prompt tokens the server says it evaluated

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, TypeVar
 
 import cattrs
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.gen import make_dict_structure_fn
 
 from meshbench.errors import MeshbenchError
 from meshbench.records import model
@@ -37,15 +37,24 @@ def _converter() -> cattrs.Converter:
     for kind, name in ((int, "an integer"), (float, "a number"), (str, "a string"), (bool, "a boolean")):
         conv.register_structure_hook(kind, _exact(kind, name))
     for cls in _records():
-        optional = {
-            f.name: override(omit_if_default=True)
-            for f in dataclasses.fields(cls)
-            if f.default is None  # an optional key: absent when None
-        }
-        # (the overrides are keyword arguments by field name: mypy cannot tell them from the flags')
-        conv.register_unstructure_hook(cls, make_dict_unstructure_fn(cls, conv, **optional))  # type: ignore[arg-type]
+        conv.register_unstructure_hook(cls, _unstructure(conv, cls))
         conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True))
     return conv
+
+
+def _unstructure(conv: cattrs.Converter, cls: type) -> Any:
+    """A record as a JSON object: its fields in order, an optional one (defaulting to None) left out when None."""
+    fields = [(f.name, f.default is None) for f in dataclasses.fields(cls)]
+
+    def unstructure(record: Any) -> dict[str, Any]:
+        out = {}
+        for name, optional in fields:
+            value = getattr(record, name)
+            if not (optional and value is None):
+                out[name] = conv.unstructure(value)
+        return out
+
+    return unstructure
 
 
 def _records() -> list[type]:
@@ -79,3 +88,14 @@ def _reason(e: BaseException) -> str:
         notes = cattrs.transform_error(e)
         return notes[0] if notes else str(e)
     return str(e)
+
+
+def levels_of(results: Any) -> list[model.LevelRecord]:
+    """A node results.json's level records (the file already checked against the schema)."""
+    return [from_json(lv, model.LevelRecord, f"results.json levels[{i}]") for i, lv in enumerate(results["levels"])]
+
+
+def reference_of(results: Any) -> model.Reference | None:
+    """A node results.json's reference: every session run alone (None: the sweep ran all at once)."""
+    ref = results["reference"]
+    return None if ref is None else from_json(ref, model.Reference, "results.json reference")

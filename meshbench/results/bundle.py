@@ -25,7 +25,7 @@ from pathlib import Path
 from meshbench import files
 from meshbench.errors import MeshbenchError
 from meshbench.names import CHART, README, RESULTS
-from meshbench.results import chart, report
+from meshbench.results import chart, kinds
 from meshbench.results import document as results
 
 COMMANDS = "commands.txt"
@@ -129,7 +129,7 @@ def commit(out: Path, data: dict, force: bool = False) -> list[str]:
     """
     staging = None
     try:
-        errors = results.schema_errors(data)
+        errors = kinds.schema_errors(data)
         if errors:
             raise MeshbenchError(f"results.json would not validate: {errors[0]}")
         check_destination(out, force)  # again: the folder may have changed during the run
@@ -139,11 +139,11 @@ def commit(out: Path, data: dict, force: bool = False) -> list[str]:
         written = [RESULTS, README, COMMANDS]
         for fname, text in (
             (RESULTS, results.dumps(data)),
-            (README, report.render_readme(data, name)),
-            (COMMANDS, report.render_commands(data, name)),
+            (README, kinds.readme(data, name)),
+            (COMMANDS, kinds.commands(data, name)),
         ):
             (staging / fname).write_text(text)
-        if chart.write(data, staging / CHART):
+        if kinds.kind(data).chart and chart.write(data, staging / CHART):
             written.append(CHART)
         for fname in written:
             os.chmod(staging / fname, mode)

@@ -14,8 +14,6 @@ def write(data: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         return False
-    if data.get("kind") == "endpoint":
-        return False  # an endpoint bundle's figures are its README's table
     if any(lv["faults"] for lv in data["levels"]):
         return False  # a fault matrix is a table (README), not a curve
     if data["reference"] is not None:

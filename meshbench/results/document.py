@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from meshbench import __version__, files, validation
 from meshbench.analysis.figures import SATURATION_MARGIN
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
 from meshbench.workload.config import RunConfig
 
 SCHEMA_VERSION = 4
@@ -37,7 +39,7 @@ def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environmen
         "workload": cfg.workload.to_dict(),  # copies of the config echo's, checked equal by verify
         "budget": cfg.budget.to_dict(),
         "environment": environment,
-        "levels": sweep.levels,
+        "levels": serial.to_json(sweep.levels),
         "corruption_free": sweep.corruption_free,
         "batch_invariant": sweep.batch_invariant,
         "isolation": sweep.isolation,
@@ -45,7 +47,7 @@ def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environmen
         "saturation_concurrency": sweep.saturation_concurrency,
         "saturation_margin": SATURATION_MARGIN,
         "reference_concurrency": sweep.reference_concurrency,
-        "reference": sweep.reference,
+        "reference": serial.to_json(sweep.reference),
         "saturation_rates": sweep.saturation_rates,
     }
 
@@ -54,15 +56,8 @@ ENDPOINT_SCHEMA = "endpoint.schema.json"
 ENDPOINT_VERSION = 2  # 2: failed answers fail the verdicts (verdicts.failed); deadline_s in the echo
 
 
-def check_version(data: dict, where: str) -> None:
-    v = data.get("schema_version") if isinstance(data, dict) else None
-    if isinstance(data, dict) and data.get("kind") == "endpoint":  # an endpoint sweep's document
-        if v != ENDPOINT_VERSION:
-            raise MeshbenchError(
-                f"{where}: an endpoint bundle of schema_version {v!r}; this meshbench reads {ENDPOINT_VERSION} (re-run "
-                "its sweep command, commands.txt beside it, with this version)"
-            )
-        return
+def check_node_version(v: Any, where: str) -> None:
+    """A node document's schema_version: this meshbench's, or one line saying what to do."""
     if not isinstance(v, int) or isinstance(v, bool):
         raise MeshbenchError(f"{where}: schema_version is missing or not an integer; not a meshbench results file")
     if v > SCHEMA_VERSION:
@@ -76,10 +71,6 @@ def check_version(data: dict, where: str) -> None:
             "whose isolation passes draw fresh perturbations every pass, and which records the compute fingerprint); "
             "re-run its sweep command (commands.txt beside it) with this version"
         )
-
-
-def schema_errors(data: dict) -> list[str]:
-    return validation.errors(data, ENDPOINT_SCHEMA if data.get("kind") == "endpoint" else SCHEMA)
 
 
 def dumps(data: dict) -> str:

@@ -45,6 +45,11 @@ WALL_COLUMNS = (
 )
 
 
+def _spec(digits: int | None) -> str:
+    """A wall column's format: a share in percent, or a number to ``digits`` places."""
+    return ".1%" if digits is None else f".{digits}f"
+
+
 def backpressure_section(results: dict) -> list[str]:
     if not arrival_sweep(results):
         return []
@@ -145,14 +150,8 @@ def wall_section(results: dict) -> list[str]:
         "|" + "---|" * (len(WALL_COLUMNS) + 1),
     ]
     for lv in results["levels"]:
-        lines.append(
-            row(
-                [
-                    str(lv["concurrency"]),
-                    *[median_range(lv["wall"].get(k), ".1%" if d is None else f".{d}f") for k, _, d in WALL_COLUMNS],
-                ]
-            )
-        )
+        cells = [median_range(lv["wall"].get(k), _spec(d), drop_single=True) for k, _, d in WALL_COLUMNS]
+        lines.append(row([str(lv["concurrency"]), *cells]))
     return [
         *lines,
         "",

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import shlex
-
 from meshbench.analysis import figures
-from meshbench.results import endpoint_report, fault_report, load_report, markdown
+from meshbench.records import serial
+from meshbench.results import fault_report, load_report, markdown
 from meshbench.results.load_report import arrival_sweep, level_name, row
 
 SWEEP_HEADING = "## Concurrency sweep (deterministic)"
@@ -76,9 +75,7 @@ def _limitations(results: dict) -> list[str]:
 
 
 def render_readme(results: dict, bundle_name: str) -> str:
-    bundle_name = shlex.quote(bundle_name)  # a command line a reader pastes: the name is one shell word
-    if results.get("kind") == "endpoint":
-        return endpoint_report.render_readme(results, bundle_name)
+    """A node sweep's README; ``bundle_name`` is shell-quoted (``meshbench.results.kinds.readme``)."""
     lines = [
         f"# {markdown.inline(results['story'])} — {markdown.inline(results.get('title', ''))}: evidence",
         "",
@@ -280,7 +277,7 @@ def _environment(env: dict) -> list[str]:
 def _reproduction(results: dict) -> list[str]:
     """What is machine-bound, and how close the closest call was."""
     fp = results["environment"].get("compute")
-    low = figures.smallest_margin(results["levels"])
+    low = figures.smallest_margin(serial.levels_of(results))
     text = markdown.inline  # (every field of the fingerprint is the recording machine's say)
     lines = [
         "## Reproducing it on another machine",
@@ -320,9 +317,7 @@ def _reproduction(results: dict) -> list[str]:
 
 
 def render_commands(results: dict, bundle_name: str) -> str:
-    bundle_name = shlex.quote(bundle_name)
-    if results.get("kind") == "endpoint":
-        return endpoint_report.render_commands(results, bundle_name)
+    """A node sweep's commands.txt; ``bundle_name`` is shell-quoted."""
     return "\n".join(
         [
             "# The command that produced this bundle:",

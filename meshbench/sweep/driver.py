@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 from meshbench.engine.base import BatchEngine, EngineFigures, EngineLost, TickResult, failure, raised
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
-from meshbench.scheduler.scheduler import CancelResult, ContinuousBatchScheduler, TickPlan
+from meshbench.scheduler.plan import CancelResult, TickPlan
+from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.scheduler.telemetry import SchedulerTelemetry, TickRecord
 

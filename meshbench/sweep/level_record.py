@@ -7,7 +7,7 @@ from typing import Sequence
 
 from meshbench.analysis import backpressure, figures, verdicts
 from meshbench.analysis.verdicts import ConcurrencySweep
-from meshbench.records import LevelRecord
+from meshbench.records.model import IsolationRecords, IsolationVerdict, JsonObject, LevelRecord, Reference, Repetition
 from meshbench.scheduler.budget import ACCEPTED, NodeBudget
 from meshbench.sweep.passes import Pass
 from meshbench.sweep.plan import Level
@@ -16,10 +16,10 @@ from meshbench.sweep.plan import Level
 def level_record(
     level: Level,
     budget: NodeBudget,
-    arrival_times: list,
-    slo: dict,
+    arrival_times: list[float],
+    slo: JsonObject,
     passes: Sequence[tuple[int, int, Pass]],
-    proof: tuple[dict, dict],
+    proof: tuple[IsolationRecords, IsolationVerdict],
     wall: bool = False,
 ) -> LevelRecord:
     """The results.json record of a level, complete: repetition 0's deterministic records, every repetition's
@@ -28,53 +28,50 @@ def level_record(
     first = passes[0][2]
     ticks = figures.deterministic_ticks(first.ticks)
     repetitions = [
-        {
-            "repetition": r,
-            "position": position,
-            "wall_s": p.wall_s,
-            "tick_records": p.ticks,
-            "sessions": p.timing,
-            "wall": figures.wall_figures(p.timing, p.ticks, p.wall_s),
-        }
+        Repetition(
+            repetition=r,
+            position=position,
+            wall_s=p.wall_s,
+            tick_records=p.ticks,
+            sessions=p.timing,
+            wall=figures.wall_figures(p.timing, p.ticks, p.wall_s),
+        )
         for r, position, p in passes
     ]
-    base = {
-        "concurrency": level.concurrency,
-        "arrivals": level.arrivals.label(),
-        "rate": level.rate,
-        "budget": budget.to_dict(),
-        **figures.summarize_ticks(ticks),
-        "rejected_admissions": sum(e["decision"] not in ACCEPTED for e in first.events),
-        "cache_misses": first.cache_misses,
-        "failed": first.failed,
-        "counts": first.counts,
-        "faults": [f.label for f in level.faults],
-        "fault_events": first.fault_events,
-        "engine_losses": first.engine_losses,
-        "arrival_times": arrival_times,  # ticks, or ms on the wall clock
-        "submit_events": first.events,
-        "sessions": first.sessions,
-        "tick_records": ticks,
-    }
     # On the wall clock the SLO is in ms: goodput is per second, from the first repetition's stamps.
-    load = backpressure.level_figures(base, {} if wall else slo)
+    load = backpressure.level_figures(first.events, ticks, first.sessions, {} if wall else slo)
     if wall:
-        load = {**load, **backpressure.wall_figures(base, first.timing, first.wall_s, slo)}
-    return {
-        **base,  # type: ignore[typeddict-item]
-        "backpressure": load,
-        "repetitions": repetitions,
-        "wall": figures.repetition_summary([rep["wall"] for rep in repetitions]),
-        "isolation": proof[0],
-        "isolation_verdict": proof[1],
-    }
+        load = {**load, **backpressure.wall_figures(first.events, first.sessions, first.timing, first.wall_s, slo)}
+    return LevelRecord(
+        concurrency=level.concurrency,
+        arrivals=level.arrivals.label(),
+        rate=level.rate,
+        budget=budget.to_dict(),
+        **figures.summarize_ticks(ticks),
+        rejected_admissions=sum(e.decision not in ACCEPTED for e in first.events),
+        cache_misses=first.cache_misses,
+        failed=first.failed,
+        counts=first.counts,
+        faults=[f.label for f in level.faults],
+        fault_events=first.fault_events,
+        engine_losses=first.engine_losses,
+        arrival_times=arrival_times,  # ticks, or ms on the wall clock
+        submit_events=first.events,
+        sessions=first.sessions,
+        tick_records=ticks,
+        backpressure=load,
+        repetitions=repetitions,
+        wall=figures.repetition_summary([rep.wall for rep in repetitions]),
+        isolation=proof[0],
+        isolation_verdict=proof[1],
+    )
 
 
-def concurrency_sweep(records: list[LevelRecord], reference: dict | None) -> ConcurrencySweep:
+def concurrency_sweep(records: list[LevelRecord], reference: Reference | None) -> ConcurrencySweep:
     """The sweep's result: its complete level records and the verdicts over them (each level's isolation verdict
     as its record holds it, computed once)."""
-    v = verdicts.sweep_verdicts(records, reference, [r["isolation_verdict"] for r in records])
-    all_at_once = [r for r in records if r["rate"] is None and not r["faults"]]  # the concurrency curve
+    v = verdicts.sweep_verdicts(records, reference, [r.isolation_verdict for r in records])
+    all_at_once = [r for r in records if r.rate is None and not r.faults]  # the concurrency curve
     return ConcurrencySweep(
         levels=records,
         corruption_free=v["corruption_free"],
@@ -82,11 +79,11 @@ def concurrency_sweep(records: list[LevelRecord], reference: dict | None) -> Con
         batch_invariant=v["batch_invariant"],
         isolation=v["isolation"],
         saturation_concurrency=figures.saturation_level(
-            [r["concurrency"] for r in all_at_once], [r["avg_batch_occupancy"] for r in all_at_once]
+            [r.concurrency for r in all_at_once], [r.avg_batch_occupancy for r in all_at_once]
         )
         if all_at_once
         else None,
-        reference_concurrency=(reference or records[0])["concurrency"],
+        reference_concurrency=(reference or records[0]).concurrency,
         reference=reference,
         saturation_rates=backpressure.saturation_rates(records) if reference is not None else None,
     )

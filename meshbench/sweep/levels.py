@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine.base import BatchEngine, EngineLimits
 from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.records.model import Reference
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.scheduler.telemetry import TickRecord
@@ -110,7 +111,7 @@ def alone_reference(
     clock: Callable[[], int],
     prefill: str = "whole",
     eog: frozenset[int] = frozenset(),
-) -> dict:
+) -> Reference:
     """Each session run alone: the reference every completed session of an arrival sweep must equal."""
     alone = level_budget(budget, 1, workload.sessions)
     engine = engine_factory(alone.engine_limits())
@@ -120,4 +121,4 @@ def alone_reference(
         )
     finally:
         close_engine(engine)
-    return {"concurrency": 1, "sessions": first.sessions}
+    return Reference(concurrency=1, sessions=first.sessions)

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 from meshbench.analysis import figures
 from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import close_engine
-from meshbench.records import SessionRecord, SessionTiming, SubmitEvent, TickDict
+from meshbench.records.model import JsonObject, SessionRecord, SubmitEvent, Tick, Timing
 from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.scheduler.telemetry import TickRecord
@@ -22,38 +22,63 @@ from meshbench.sweep.inject import FaultPlan
 COUNTERS = ("completed", "cancelled", "failed", "cache_misses", "rejected_admissions", "engine_losses", "resubmitted")
 
 
-def _finite(x):
+def _finite(x: float | None) -> float | None:
     """JSON has no inf/nan: a margin that is not finite is recorded as null."""
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def session_record(s: Session) -> SessionRecord:
-    """A session's deterministic record, as results.json holds it."""
-    return {
-        "session_id": s.session_id,
-        "epoch": s.epoch,
-        "end_tick": s.end_tick,
-        "prompt_tokens": s.prompt_len,
-        "max_new_tokens": s.request.max_new_tokens,
-        "tokens": list(s.tokens),
-        "margins": [_finite(m) for m in s.margins],
-        "digest": figures.token_digest(s.tokens),
-        "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
-        "error": s.error,
-    }
+    """A session's deterministic record."""
+    return SessionRecord(
+        session_id=s.session_id,
+        epoch=s.epoch,
+        end_tick=s.end_tick,
+        prompt_tokens=s.prompt_len,
+        max_new_tokens=s.request.max_new_tokens,
+        tokens=list(s.tokens),
+        margins=[_finite(m) for m in s.margins],
+        digest=figures.token_digest(s.tokens),
+        done_reason=s.done_reason.value if s.done_reason else "UNFINISHED",
+        error=s.error,
+    )
 
 
-def session_timing(s: Session, t0: int) -> SessionTiming:
+def session_timing(s: Session, t0: int) -> Timing:
     """A session's stamps in one repetition, relative to the start of that pass."""
-    return {
-        "session_id": s.session_id,
-        "epoch": s.epoch,
-        "digest": figures.token_digest(s.tokens),
-        "done_reason": s.done_reason.value if s.done_reason else "UNFINISHED",
-        "submit_ns": s.submit_ns - t0,
-        "admit_ns": None if s.admit_ns is None else s.admit_ns - t0,
-        "token_ns": [t - t0 for t in s.token_ns],
-    }
+    return Timing(
+        session_id=s.session_id,
+        epoch=s.epoch,
+        digest=figures.token_digest(s.tokens),
+        done_reason=s.done_reason.value if s.done_reason else "UNFINISHED",
+        submit_ns=s.submit_ns - t0,
+        admit_ns=None if s.admit_ns is None else s.admit_ns - t0,
+        token_ns=[t - t0 for t in s.token_ns],
+    )
+
+
+def tick_record(t: TickRecord) -> Tick:
+    """The scheduler's record of a tick as results.json holds it (timed)."""
+    return Tick(
+        tick=t.tick,
+        decode_batch=t.decode_batch,
+        decode_sessions=list(t.decode_sessions),
+        decode_tokens=t.decode_tokens,
+        prefill_tokens=t.prefill_tokens,
+        prefill_sessions=list(t.prefill_sessions),
+        prefill_chunks=[list(c) for c in t.prefill_chunks],
+        kv_bytes=t.kv_bytes,
+        stored_tokens=t.stored_tokens,
+        active=t.active,
+        queued=t.queued,
+        completed=list(t.completed),
+        admitted=list(t.admitted),
+        ended=list(t.ended),
+        resubmitted=list(t.resubmitted),
+        tick_ns=t.tick_ns,
+        decode_ns=t.decode_ns,
+        prefill_ns=t.prefill_ns,
+        decode_feed=[list(f) for f in t.decode_feed],
+    )
 
 
 @dataclass(slots=True)
@@ -61,15 +86,15 @@ class Pass:
     """One run of one level: its deterministic records and its timing."""
 
     sessions: list[SessionRecord]
-    ticks: list[TickDict]  # full tick records, timing included
-    timing: list[SessionTiming]
+    ticks: list[Tick]  # full tick records, timing included
+    timing: list[Timing]
     events: list[SubmitEvent]  # one per arrival: tick, session, decision, active and queued at that moment
     wall_s: float
     cache_misses: int
     failed: int
-    counts: dict  # the scheduler's COUNTERS
-    fault_events: list[dict]  # one per injected fault (meshbench.sweep.inject)
-    engine_losses: list[dict]  # one per engine loss: tick, cause, lost, resubmitted
+    counts: dict[str, int]  # the scheduler's COUNTERS
+    fault_events: list[JsonObject]  # one per injected fault (meshbench.sweep.inject)
+    engine_losses: list[JsonObject]  # one per engine loss: tick, cause, lost, resubmitted
 
 
 def run_pass(
@@ -92,7 +117,7 @@ def run_pass(
         wrapped, budget, clock, prefill_policy=prefill, recover=(lambda: plan.wrap(recover())) if recover else None
     )
     plan.node = node
-    events: list[dict] = []
+    events: list[SubmitEvent] = []
     t0 = clock()
     try:
         node.run_to_completion(
@@ -107,28 +132,32 @@ def run_pass(
     return finished_pass(node, events, t0, clock(), plan.events(budget.max_active_sessions, len(node.ticks())))
 
 
-def submit_event(tick: int, d: AdmissionDecision, **extra) -> SubmitEvent:
-    """One arrival's record: the tick before which it was submitted, the decision and the node's state."""
-    return {
-        "tick": tick,
-        "session_id": d.session_id,
-        "epoch": d.epoch,
-        "decision": d.reason.value,
-        "active": d.active_sessions,
-        "queued": d.queue_depth,
-        **extra,
-    }
+def submit_event(
+    tick: int, d: AdmissionDecision, arrival_ms: float | None = None, submit_ms: float | None = None
+) -> SubmitEvent:
+    """One arrival's record: the tick before which it was submitted, the decision and the node's state (and on
+    the wall clock its arrival and submit times)."""
+    return SubmitEvent(
+        tick=tick,
+        session_id=d.session_id,
+        epoch=d.epoch,
+        decision=d.reason.value,
+        active=d.active_sessions,
+        queued=d.queue_depth,
+        arrival_ms=arrival_ms,
+        submit_ms=submit_ms,
+    )
 
 
 def finished_pass(
-    node: NodeDriver, events: list[dict], t0: int, t1: int, fault_events: list[dict] | None = None
+    node: NodeDriver, events: list[SubmitEvent], t0: int, t1: int, fault_events: list[JsonObject] | None = None
 ) -> Pass:
     """The raw records of a pass that started at ``t0`` and ended at ``t1`` (clock nanoseconds)."""
     ended = node.sessions()
     tel = node.telemetry().to_dict()
     return Pass(
         [session_record(s) for s in ended],
-        [t.to_dict() for t in node.ticks()],
+        [tick_record(t) for t in node.ticks()],
         [session_timing(s, t0) for s in ended],
         events,
         (t1 - t0) / 1e9,
@@ -154,7 +183,7 @@ def run_pass_wall(
     when nothing is live the node sleeps until the next arrival. Ticks run only with live sessions, so
     admission depends on speed: such a pass is reported, not compared by --rerun."""
     node = NodeDriver(engine, budget, clock, prefill_policy=prefill)
-    events: list[dict] = []
+    events: list[SubmitEvent] = []
     t0 = clock()
 
     def submitted(tick: int, d: AdmissionDecision, arrival: float, now: float) -> None:

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 from meshbench.analysis import isolation
 from meshbench.analysis.figures import deterministic_ticks
 from meshbench.errors import MeshbenchError
+from meshbench.records.model import IsolationPass, IsolationRecords, IsolationVerdict
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.passes import Pass
 from meshbench.workload.config import RunConfig
@@ -22,26 +23,25 @@ def isolation_passes(
     vocab_size: int,
     seed: int,
     rounds: int = 1,
-) -> dict:
+) -> IsolationRecords:
     """The level's perturbation passes: the separating family ``rounds`` times, then single-suspect passes for
     each suspect of a session that changed. ``run(requests)`` runs one pass of the level; ``baseline`` is the
     level's own first pass."""
     ids = [r.session_id for r in requests]
-    by_id = {s["session_id"]: s for s in baseline.sessions}
-    level = {"sessions": baseline.sessions}
-    passes: list[dict] = []
+    by_id = {s.session_id: s for s in baseline.sessions}
+    passes: list[IsolationPass] = []
 
-    def one(perturbed: list[str], confirm: bool) -> dict:
+    def one(perturbed: list[str], confirm: bool) -> IsolationPass:
         p = run(isolation.requests_for(requests, perturbed, by_id, vocab_size, seed, len(passes)))
         passes.append(isolation.pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm))
         return passes[-1]
 
     family = [one(sets, False) for sets in isolation.family_sets(ids, rounds)]
-    for j, victims in isolation.culprits(level, family, ids).items():
+    for j, victims in isolation.culprits(baseline.sessions, family, ids).items():
         for _ in range(isolation.CONFIRM_TRIES):
-            if victims & set(isolation.changed(level, one([j], True))):
+            if victims & set(isolation.changed(baseline.sessions, one([j], True))):
                 break
-    return {"sessions": ids, "passes": passes, "reason": None}
+    return IsolationRecords(sessions=ids, passes=passes, reason=None)
 
 
 def isolation_record(
@@ -52,16 +52,15 @@ def isolation_record(
     seed: int,
     skipped: str | None,
     rounds: int = 1,
-) -> tuple[dict, dict]:
+) -> tuple[IsolationRecords, IsolationVerdict]:
     """The level's isolation records (its perturbation passes, or why there are none) and their verdict, judged
     against the level's own first pass ``baseline``."""
     records = (
-        {"sessions": None, "passes": None, "reason": skipped}
+        IsolationRecords(sessions=None, passes=None, reason=skipped)
         if skipped is not None
         else isolation_passes(run, requests, baseline, vocab, seed, rounds)
     )
-    level = {"sessions": baseline.sessions, "tick_records": deterministic_ticks(baseline.ticks), "isolation": records}
-    return records, isolation.verdict(level)
+    return records, isolation.verdict(records, baseline.sessions, deterministic_ticks(baseline.ticks))
 
 
 def oracle(cfg: RunConfig, div: dict, data: dict, run_sweep: Callable[[RunConfig], dict]) -> str:

@@ -19,7 +19,7 @@ from meshbench.engine.setup import EngineSetup, EngineSizing
 from meshbench.errors import MeshbenchError
 from meshbench.model import gguf_io
 from meshbench.results import document as results
-from meshbench.results import envinfo
+from meshbench.results import envinfo, kinds
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import prove, replay
@@ -188,7 +188,7 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
     """The deterministic part again: one pass per level is enough, every repetition being identical. A bundle
     can come from anyone: RPC endpoints it names are connected to only when the verifier says so. A relative
     prompts file is looked for from here, then from the bundle's folder upwards (``bundle``)."""
-    if data["config"]["engine"]["kind"] == "endpoint":
+    if not kinds.KINDS[kinds.of_engine(data["config"]["engine"]["kind"])].rerun:
         raise MeshbenchError("results.json: its config echo names an endpoint: a rerun needs its server")
     cfg = dataclasses.replace(config_from_results(data), repeat=1, warmup=0)
     if cfg.workload.prompts and bundle is not None:

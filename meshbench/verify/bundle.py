@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
+from typing import Callable
 
 from meshbench import files, validation
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
-from meshbench.results import bundle, fault_report, fingerprint, report
+from meshbench.results import bundle, fault_report, fingerprint, kinds, report
 from meshbench.results import document as results
 from meshbench.verify import checks, endpoint, reproduce
 from meshbench.verify.reproduce import Rerun
@@ -32,9 +33,9 @@ def load_bundle(path: Path) -> dict:
     if not rj.exists():
         raise MeshbenchError(f"{path}: not a bundle: no {bundle.RESULTS}")
     data = results.load(rj)
-    results.check_version(data, str(rj))
+    kinds.check_version(data, str(rj))
     try:
-        errors = results.schema_errors(data) or config_echo_errors(data["config"])
+        errors = kinds.schema_errors(data) or config_echo_errors(data["config"])
     except RecursionError:
         raise MeshbenchError(f"{rj}: nested too deeply to be a meshbench results file") from None
     if errors:
@@ -67,7 +68,7 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
     c = check_data(data)
     check_readme(c, data, path)
     if rerun is not None:
-        if data.get("kind") == "endpoint":
+        if not kinds.kind(data).rerun:
             raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
         c.notes.append(str(reproduce.check_rerun(c, data, rerun)))
     return data, c
@@ -76,14 +77,14 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
 def check_data(data: dict) -> Checks:
     """Every check that needs only the results (what ``sweep`` runs on its own output)."""
     c = Checks()
-    served = data["config"]["engine"]["kind"] == "endpoint"
-    c.equal(bundle.RESULTS, "config.engine.kind (the records' kind)", served, data.get("kind") == "endpoint")
+    echo = kinds.of_engine(data["config"]["engine"]["kind"])
+    c.equal(bundle.RESULTS, "config.engine.kind (the records' kind)", echo, kinds.of(data))
     c.equal(
         bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, _plain_command(data["command"])
     )
     flags = command_disagreements(data["command"], data["config"])
     c.equal(bundle.RESULTS, "command (its flags = the config echo's)", [], flags)
-    (endpoint.check_data if data.get("kind") == "endpoint" else checks.check_data)(c, data)
+    CHECKS[kinds.of(data)](c, data)
     compute = data["environment"].get("compute")
     if compute is not None:  # a rerun trusts it to say whether floats must agree bit for bit
         c.equal(bundle.RESULTS, "environment.compute.digest", fingerprint.digest(compute), compute["digest"])
@@ -149,7 +150,7 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
         c.equal(bundle.README, "(file)", "present", "missing")
         return
     text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
-    expected = report.render_readme(data, bundle_name(text, path))
+    expected = kinds.readme(data, bundle_name(text, path))
     if text != expected:  # generated from results.json: every line is checked, prose included
         # (split on \n alone: a line ending in \r differs, and so does a missing or an extra last newline)
         want, got = expected.split("\n"), text.split("\n")
@@ -161,8 +162,11 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
             repr(got[k]) if k < len(got) else "(end of file)",
         )
     check_other_files(c, data, path, bundle_name(text, path))
-    if data.get("kind") == "endpoint":
-        return  # its table is checked with the whole README, and its figures by verify.endpoint
+    TABLES[kinds.of(data)](c, data, text)
+
+
+def _check_node_tables(c: Checks, data: dict, text: str) -> None:
+    """A node README's tables, cell by cell: the sweep table and the fault matrix."""
     _check_table(c, "sweep table", report.parse_table(text), report.table_rows(data), report.TABLE_FIELDS, "levels")
     faults = fault_report.table_rows(data)
     if faults:
@@ -184,7 +188,7 @@ def check_other_files(c: Checks, data: dict, path: Path, name: str) -> None:
         c.equal(bundle.COMMANDS, "(file)", "present", "missing")
     else:
         text = files.read_text(commands, "commands.txt", bundle.MAX_RESULTS_BYTES)
-        c.equal(bundle.COMMANDS, "(as results.json renders it)", report.render_commands(data, name), text)
+        c.equal(bundle.COMMANDS, "(as results.json renders it)", kinds.commands(data, name), text)
     chart = path / bundle.CHART
     if chart.exists() or chart.is_symlink():
         regular = chart.is_file() and not chart.is_symlink()
@@ -217,3 +221,12 @@ def _check_table(c: Checks, name: str, rows: list[list[str]] | None, expected: l
     for i, (e_row, f_row) in enumerate(zip(expected, rows)):
         for field, e, f in zip(fields, e_row, f_row + [""] * (len(e_row) - len(f_row))):
             c.equal(bundle.README, f"{at}[{i}].{field}", e, f)
+
+
+# Each kind's checks (meshbench.results.kinds): the records and figures, and the README's tables beyond its
+# whole text (an endpoint's table is checked with the whole README, its figures by verify.endpoint).
+CHECKS: dict[str, Callable[[Checks, dict], None]] = {kinds.NODE: checks.check_data, kinds.ENDPOINT: endpoint.check_data}
+TABLES: dict[str, Callable[[Checks, dict, str], None]] = {
+    kinds.NODE: _check_node_tables,
+    kinds.ENDPOINT: lambda c, data, text: None,
+}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from meshbench.analysis import fault_matrix as fault_checks
 from meshbench.analysis.checks import Checks
+from meshbench.records import serial
 from meshbench.verify.figures import (
     check_config_copies,
     check_level_accounting,
@@ -25,20 +26,23 @@ from meshbench.verify.timing import check_repetitions, check_timing, check_wall
 
 
 def check_data(c: Checks, data: dict) -> None:
+    """Every check of a node results.json that passed the schema: the raw records, and (typed once, after
+    the schema) the figures and verdicts the analysis recomputes from them."""
     check_config_copies(c, data)
-    for i, lv in enumerate(data["levels"]):
+    typed = serial.levels_of(data)
+    for i, (lv, rec) in enumerate(zip(data["levels"], typed)):
         at = f"levels[{i}]"
-        check_level_figures(c, data, lv, at)
-        check_level_accounting(c, data, lv, at)
-        check_level_budget(c, data, lv, at)
-        check_tick_replay(c, data, lv, at)
-        check_arrivals(c, data, lv, at)
-        check_repetitions(c, data, lv, at, i)
-        check_wall(c, lv, at)
-        check_feed(c, lv, at)
-        check_isolation(c, data, lv, at)
-        check_timing(c, data, lv, at)
-        check_tick_ends(c, data, lv, at)
+        check_level_figures(c, data, rec, at)
+        check_level_accounting(c, data, rec, at)
+        check_level_budget(c, data, rec, at)
+        check_tick_replay(c, data, rec, at)
+        check_arrivals(c, data, rec, at)
+        check_repetitions(c, data, rec, at, i)
+        check_wall(c, rec, at)
+        check_feed(c, rec, at)
+        check_isolation(c, data, rec, at)
+        check_timing(c, data, rec, at)
+        check_tick_ends(c, data, rec, at)
         fault_checks.check_level(c, data, lv, at)
-    check_sessions(c, data)
-    check_sweep(c, data)
+    check_sessions(c, data, typed)
+    check_sweep(c, data, typed, serial.reference_of(data))

@@ -13,6 +13,7 @@ import hashlib
 from meshbench.analysis import backpressure, figures, isolation, verdicts
 from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
+from meshbench.records.model import LevelRecord, Reference, SessionRecord, Tick
 from meshbench.scheduler.budget import ACCEPTED
 
 
@@ -30,84 +31,84 @@ def check_config_copies(c: Checks, data: dict) -> None:
     )
 
 
-def check_level_figures(c: Checks, data: dict, lv: dict, at: str) -> None:
-    ticks = lv["tick_records"]
+def check_level_figures(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+    ticks = lv.tick_records
     for k, v in figures.summarize_ticks(ticks).items():
-        c.equal(RESULTS, f"{at}.{k}", v, lv[k])
+        c.equal(RESULTS, f"{at}.{k}", v, getattr(lv, k))
     for k, v in _plain_tick_figures(ticks).items():
-        c.equal(RESULTS, f"{at}.{k} (independent recomputation)", v, lv[k])
-    for j, s in enumerate(lv["sessions"]):
-        c.equal(RESULTS, f"{at}.sessions[{j}].digest", figures.token_digest(s["tokens"]), s["digest"])
+        c.equal(RESULTS, f"{at}.{k} (independent recomputation)", v, getattr(lv, k))
+    for j, s in enumerate(lv.sessions):
+        c.equal(RESULTS, f"{at}.sessions[{j}].digest", figures.token_digest(s.tokens), s.digest)
         c.equal(
             RESULTS,
             f"{at}.sessions[{j}].digest (independent recomputation)",
-            hashlib.sha256(",".join(map(str, s["tokens"])).encode()).hexdigest(),
-            s["digest"],
+            hashlib.sha256(",".join(map(str, s.tokens)).encode()).hexdigest(),
+            s.digest,
         )
 
 
-def check_level_accounting(c: Checks, data: dict, lv: dict, at: str) -> None:
+def check_level_accounting(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """Tokens, KV and session ends add up."""
-    sessions, ticks = lv["sessions"], lv["tick_records"]
-    prefilled = [sid for t in ticks for sid in t["prefill_sessions"]]  # a resubmitted session: once per epoch
+    sessions, ticks = lv.sessions, lv.tick_records
+    prefilled = [sid for t in ticks for sid in t.prefill_sessions]  # a resubmitted session: once per epoch
     c.equal(
         RESULTS,
         f"{at}.prefill_tokens (sum of the prompt pieces written)",
-        sum(n for t in ticks for _, _, n in t["prefill_chunks"]),
-        lv["prefill_tokens"],
+        sum(n for t in ticks for _, _, n in t.prefill_chunks),
+        lv.prefill_tokens,
     )
-    check_prompt_positions(c, lv, at, {s["session_id"]: s for s in sessions})
+    check_prompt_positions(c, lv, at, {s.session_id: s for s in sessions})
     c.equal(
         RESULTS,
         f"{at}.sessions tokens (prefills + decode_tokens)",
-        len(prefilled) + lv["decode_tokens"],
-        sum(len(s["tokens"]) for s in sessions),
+        len(prefilled) + lv.decode_tokens,
+        sum(len(s.tokens) for s in sessions),
     )
     _check_tick_kv(c, data, lv, at)
     _check_session_ends(c, data, lv, at)
     _check_end_counts(c, data, lv, at)
 
 
-def _check_tick_kv(c: Checks, data: dict, lv: dict, at: str) -> None:
+def _check_tick_kv(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """Every tick's KV is its stored positions' (at most, after an eviction), and nothing is held at the end."""
-    per_token, ticks = data["engine"]["kv_bytes_per_token"], lv["tick_records"]
+    per_token, ticks = data["engine"]["kv_bytes_per_token"], lv.tick_records
     for t in ticks:
-        where = f"{at}.tick_records[{t['tick']}]"
-        if lv["cache_misses"] == 0:  # (a lost engine's KV went with it: exact too)
+        where = f"{at}.tick_records[{t.tick}]"
+        if lv.cache_misses == 0:  # (a lost engine's KV went with it: exact too)
             c.equal(
                 RESULTS,
                 f"{where}.kv_bytes (stored_tokens x {per_token})",
-                t["stored_tokens"] * per_token,
-                t["kv_bytes"],
+                t.stored_tokens * per_token,
+                t.kv_bytes,
             )
         else:  # an evicted session holds no KV until the scheduler sees its miss
             c.equal(
                 RESULTS,
                 f"{where}.kv_bytes <= stored_tokens x {per_token}",
                 True,
-                t["kv_bytes"] <= t["stored_tokens"] * per_token,
+                t.kv_bytes <= t.stored_tokens * per_token,
             )
-        c.equal(RESULTS, f"{where}.decode_batch", len(t["decode_sessions"]), t["decode_batch"])
+        c.equal(RESULTS, f"{where}.decode_batch", len(t.decode_sessions), t.decode_batch)
     if ticks:
-        c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (all KV released)", 0, ticks[-1]["kv_bytes"])
+        c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (all KV released)", 0, ticks[-1].kv_bytes)
 
 
-def _check_session_ends(c: Checks, data: dict, lv: dict, at: str) -> None:
+def _check_session_ends(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """Each session's token count, its end-of-generation tokens under its eos policy, and how it ended."""
-    named = figures.fault_named(lv)
+    named = figures.fault_named(lv.fault_events)
     eos, eog = data["workload"]["eos"], set(data["engine"].get("eog_tokens", []))
-    for j, s in enumerate(lv["sessions"]):
+    for j, s in enumerate(lv.sessions):
         where = f"{at}.sessions[{j}]"
-        if s["done_reason"] == "COMPLETED":
-            early = eos == "stop" and bool(s["tokens"]) and s["tokens"][-1] in eog
+        if s.done_reason == "COMPLETED":
+            early = eos == "stop" and bool(s.tokens) and s.tokens[-1] in eog
             c.equal(
                 RESULTS,
                 f"{where}.tokens (count: max_new_tokens, or fewer ending at an end-of-generation token under eos stop)",
                 True,
-                len(s["tokens"]) == s["max_new_tokens"] or (early and len(s["tokens"]) < s["max_new_tokens"]),
+                len(s.tokens) == s.max_new_tokens or (early and len(s.tokens) < s.max_new_tokens),
             )
         if eos == "ban" or eos == "stop":
-            inside = [t for t in (s["tokens"] if eos == "ban" else s["tokens"][:-1]) if t in eog]
+            inside = [t for t in (s.tokens if eos == "ban" else s.tokens[:-1]) if t in eog]
             c.equal(
                 RESULTS,
                 f"{where}.tokens end-of-generation tokens (eos {eos}: "
@@ -116,27 +117,27 @@ def _check_session_ends(c: Checks, data: dict, lv: dict, at: str) -> None:
                 [],
                 inside,
             )
-        if s["done_reason"] in ("FAILED", "UNFINISHED") and (s["session_id"], s["epoch"]) not in named:
+        if s.done_reason in ("FAILED", "UNFINISHED") and (s.session_id, s.epoch) not in named:
             c.equal(
                 RESULTS,
                 f"{where}.done_reason (only an injected fault may end a session so)",
                 "COMPLETED",
-                f"{s['done_reason']} ({s['error']})",
+                f"{s.done_reason} ({s.error})",
             )
 
 
-def _check_end_counts(c: Checks, data: dict, lv: dict, at: str) -> None:
+def _check_end_counts(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """The level's counts of misses, failures and sessions, from the sessions' own records."""
-    sessions, named = lv["sessions"], figures.fault_named(lv)
-    c.equal(RESULTS, f"{at}.cache_misses", sum(s["done_reason"] == "CACHE_MISS" for s in sessions), lv["cache_misses"])
-    c.equal(RESULTS, f"{at}.failed", sum(s["done_reason"] == "FAILED" for s in sessions), lv["failed"])
+    sessions, named = lv.sessions, figures.fault_named(lv.fault_events)
+    c.equal(RESULTS, f"{at}.cache_misses", sum(s.done_reason == "CACHE_MISS" for s in sessions), lv.cache_misses)
+    c.equal(RESULTS, f"{at}.failed", sum(s.done_reason == "FAILED" for s in sessions), lv.failed)
     c.equal(
         RESULTS,
         f"{at}.failed (no session may fail but by an injected fault)",
-        sum(s["done_reason"] == "FAILED" and (s["session_id"], s["epoch"]) in named for s in sessions),
-        lv["failed"],
+        sum(s.done_reason == "FAILED" and (s.session_id, s.epoch) in named for s in sessions),
+        lv.failed,
     )
-    resubmitted = sum(r["decision"] in ACCEPTED for loss in lv["engine_losses"] for r in loss["resubmitted"])
+    resubmitted = sum(r["decision"] in ACCEPTED for loss in lv.engine_losses for r in loss["resubmitted"])
     c.equal(
         RESULTS,
         f"{at}.sessions (count: accepted arrivals and resubmissions)",
@@ -145,27 +146,26 @@ def _check_end_counts(c: Checks, data: dict, lv: dict, at: str) -> None:
     )
 
 
-def _refused_arrivals(lv: dict) -> int:
-    return sum(e["decision"] not in ACCEPTED for e in lv["submit_events"])
+def _refused_arrivals(lv: LevelRecord) -> int:
+    return sum(e.decision not in ACCEPTED for e in lv.submit_events)
 
 
-def check_level_budget(c: Checks, data: dict, lv: dict, at: str) -> None:
+def check_level_budget(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """At level c the node allows c active sessions and a batch of c; with every session submitted at once
     the queue holds them all, with arrivals over time it is the configured one."""
     base = data["config"]["budget"]
     queue = base["max_queue_depth"]
-    if lv["arrivals"] == "all-at-once":
+    if lv.arrivals == "all-at-once":
         queue = max(queue, data["workload"]["sessions"])
-    expected = dict(
-        base, max_active_sessions=lv["concurrency"], max_batch_size=lv["concurrency"], max_queue_depth=queue
-    )
-    c.equal(RESULTS, f"{at}.budget", expected, lv["budget"])
+    expected = dict(base, max_active_sessions=lv.concurrency, max_batch_size=lv.concurrency, max_queue_depth=queue)
+    c.equal(RESULTS, f"{at}.budget", expected, lv.budget)
 
 
-def check_sweep(c: Checks, data: dict) -> None:
-    levels = data["levels"]
-    div = figures.sweep_divergence(levels, data["reference"])
-    v = verdicts.sweep_verdicts(levels, data["reference"], [isolation.verdict(lv) for lv in levels])
+def check_sweep(c: Checks, data: dict, typed: list[LevelRecord], reference: Reference | None) -> None:
+    levels = typed
+    div = figures.sweep_divergence(typed, reference)
+    per_level = [isolation.verdict(lv.isolation, lv.sessions, lv.tick_records) for lv in typed]
+    v = verdicts.sweep_verdicts(typed, reference, per_level)
     c.equal(
         RESULTS,
         "corruption_free (isolation at every level where it ran, no failed session)",
@@ -177,28 +177,26 @@ def check_sweep(c: Checks, data: dict) -> None:
     c.equal(
         RESULTS,
         "batch_invariant (independent recomputation)",
-        _plain_batch_invariant(levels, data["reference"]),
+        _plain_batch_invariant(levels, reference),
         data["batch_invariant"],
     )
     found = data["first_divergence"]
     if found is not None:
         found = {k: found[k] for k in div} if div else found
     c.equal(RESULTS, "first_divergence", div, found)
-    c.equal(
-        RESULTS, "reference_concurrency", (data["reference"] or levels[0])["concurrency"], data["reference_concurrency"]
-    )
+    c.equal(RESULTS, "reference_concurrency", (reference or levels[0]).concurrency, data["reference_concurrency"])
     c.equal(
         RESULTS,
         "reference (present exactly for a sweep of arrivals or of faults)",
-        any(lv["arrivals"] != "all-at-once" or lv["faults"] for lv in levels),
+        any(lv.arrivals != "all-at-once" or lv.faults for lv in levels),
         data["reference"] is not None,
     )
     # The margin is meshbench's constant, not the bundle's to choose.
     c.equal(RESULTS, "saturation_margin", figures.SATURATION_MARGIN, data["saturation_margin"])
-    at_once = [lv for lv in levels if lv["rate"] is None and not lv["faults"]]
+    at_once = [lv for lv in levels if lv.rate is None and not lv.faults]
     if at_once:
-        conc = [lv["concurrency"] for lv in at_once]
-        occ = [lv["avg_batch_occupancy"] for lv in at_once]
+        conc = [lv.concurrency for lv in at_once]
+        occ = [lv.avg_batch_occupancy for lv in at_once]
         c.equal(RESULTS, "saturation_concurrency", figures.saturation_level(conc, occ), data["saturation_concurrency"])
         c.equal(
             RESULTS,
@@ -216,7 +214,7 @@ def check_sweep(c: Checks, data: dict) -> None:
     c.equal(
         RESULTS,
         "saturation_rates",
-        backpressure.saturation_rates(levels) if data["reference"] else None,
+        backpressure.saturation_rates(typed) if data["reference"] else None,
         data["saturation_rates"],
     )
 
@@ -227,18 +225,18 @@ def workload_ids(data: dict) -> list[str]:
 
 
 # --- the second way: plain loops over the raw records, nothing from figures.py ----------------
-def _plain_tick_figures(ticks: list[dict]) -> dict:
+def _plain_tick_figures(ticks: list[Tick]) -> dict:
     count = batch_ticks = batch_members = largest = prompt = generated = peak = 0
     for t in ticks:
         count += 1
-        members = len(t["decode_sessions"])  # the ids, not the decode_batch field
+        members = len(t.decode_sessions)  # the ids, not the decode_batch field
         if members > 0:
             batch_ticks += 1
             batch_members += members
             largest = max(largest, members)
-        prompt += t["prefill_tokens"]
-        generated += t["decode_tokens"]
-        peak = max(peak, t["kv_bytes"])
+        prompt += t.prefill_tokens
+        generated += t.decode_tokens
+        peak = max(peak, t.kv_bytes)
     return {
         "ticks": count,
         "avg_batch_occupancy": batch_members / batch_ticks if batch_ticks else 0.0,
@@ -250,45 +248,45 @@ def _plain_tick_figures(ticks: list[dict]) -> dict:
     }
 
 
-def _plain_batch_invariant(levels: list[dict], alone: dict | None) -> bool:
+def _plain_batch_invariant(levels: list[LevelRecord], alone: Reference | None) -> bool:
     """Every session's tokens agree with the reference's (the sessions run alone, else the first level's)
     on their common part."""
     reference = {}
-    for s in (alone or levels[0])["sessions"]:
-        reference[s["session_id"]] = s["tokens"]
+    for s in (alone or levels[0]).sessions:
+        reference[s.session_id] = s.tokens
     for lv in levels:
-        for s in lv["sessions"]:
-            ref = reference.get(s["session_id"])
+        for s in lv.sessions:
+            ref = reference.get(s.session_id)
             if ref is not None:
-                common = min(len(ref), len(s["tokens"]))
-                if ref[:common] != s["tokens"][:common]:
+                common = min(len(ref), len(s.tokens))
+                if ref[:common] != s.tokens[:common]:
                     return False
     return True
 
 
-def _plain_saturation(levels: list[dict]) -> int:
+def _plain_saturation(levels: list[LevelRecord]) -> int:
     """The first level whose next level raises average occupancy by 5% or less; else the last level."""
     for here, after in zip(levels, levels[1:]):
-        if after["avg_batch_occupancy"] <= here["avg_batch_occupancy"] * 1.05:
-            return here["concurrency"]
-    return levels[-1]["concurrency"]
+        if after.avg_batch_occupancy <= here.avg_batch_occupancy * 1.05:
+            return here.concurrency
+    return levels[-1].concurrency
 
 
-def check_prompt_positions(c: Checks, lv: dict, at: str, by_id: dict) -> None:
+def check_prompt_positions(c: Checks, lv: LevelRecord, at: str, by_id: dict[str, SessionRecord]) -> None:
     """Every prompt is written piece after piece at the right positions: a piece starts at 0 (a session's
     first, or a resubmitted epoch's) or where the last one ended, stays inside the prompt, and a
     session gets its first token exactly when its prompt is complete."""
     next_pos: dict[str, int] = {}
-    for t in lv["tick_records"]:
-        where = f"{at}.tick_records[{t['tick']}]"
+    for t in lv.tick_records:
+        where = f"{at}.tick_records[{t.tick}]"
         c.equal(
             RESULTS,
             f"{where}.prefill_tokens (its pieces)",
-            sum(n for _, _, n in t["prefill_chunks"]),
-            t["prefill_tokens"],
+            sum(n for _, _, n in t.prefill_chunks),
+            t.prefill_tokens,
         )
-        for sid, start, n in t["prefill_chunks"]:
-            prompt = by_id[sid]["prompt_tokens"] if sid in by_id else 0
+        for sid, start, n in t.prefill_chunks:
+            prompt = by_id[sid].prompt_tokens if sid in by_id else 0
             ok = start in (0, next_pos.get(sid, 0)) and n >= 1 and start + n <= prompt
             c.equal(
                 RESULTS,
@@ -297,6 +295,6 @@ def check_prompt_positions(c: Checks, lv: dict, at: str, by_id: dict) -> None:
                 ok,
             )
             next_pos[sid] = start + n
-        for sid in t["prefill_sessions"]:
-            prompt = by_id[sid]["prompt_tokens"] if sid in by_id else None
+        for sid in t.prefill_sessions:
+            prompt = by_id[sid].prompt_tokens if sid in by_id else None
             c.equal(RESULTS, f"{where}.prefill_sessions {sid} (prompt complete)", prompt, next_pos.get(sid))

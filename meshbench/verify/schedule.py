@@ -7,231 +7,234 @@ from meshbench.analysis import backpressure, isolation
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
+from meshbench.records import serial
+from meshbench.records.model import LevelRecord
 from meshbench.scheduler.budget import ACCEPTED
 from meshbench.verify.figures import workload_ids
 from meshbench.workload import arrivals
 
 
-def check_tick_replay(c: Checks, data: dict, lv: dict, at: str) -> None:
+def check_tick_replay(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """Replay the tick records: held positions, active slots and queue depth at the end of every tick.
 
     Exact for a level where no engine was lost (sessions accepted before a tick join the live
     ones, sessions that ended leave, and a free slot is always taken by the queue, so active =
     min(cap, live)); a level with a lost engine is judged by the fault checks.
     """
-    if lv["engine_losses"]:
+    if lv.engine_losses:
         return
     scratch = data["engine"]["scratch_bytes_per_session"]
-    cap = min(lv["budget"]["max_active_sessions"], lv["budget"]["scratch_bytes"] // scratch)
+    cap = min(lv.budget["max_active_sessions"], lv.budget["scratch_bytes"] // scratch)
     accepted_at = {}
-    for e in lv["submit_events"]:
-        if e["decision"] in ACCEPTED:
-            accepted_at[e["tick"]] = accepted_at.get(e["tick"], 0) + 1
+    for e in lv.submit_events:
+        if e.decision in ACCEPTED:
+            accepted_at[e.tick] = accepted_at.get(e.tick, 0) + 1
     live = 0
     held: dict[str, int] = {}  # running session -> positions it holds
-    for t in lv["tick_records"]:
-        live += accepted_at.get(t["tick"], 0)
-        for sid in t["decode_sessions"]:
+    for t in lv.tick_records:
+        live += accepted_at.get(t.tick, 0)
+        for sid in t.decode_sessions:
             held[sid] = held.get(sid, 0) + 1
-        for sid, start, n in t["prefill_chunks"]:
+        for sid, start, n in t.prefill_chunks:
             held[sid] = start + n
-        for sid in [*t["completed"], *t["ended"]]:
+        for sid in [*t.completed, *t.ended]:
             held.pop(sid, None)
             live -= 1
-        where = f"{at}.tick_records[{t['tick']}]"
-        c.equal(RESULTS, f"{where}.stored_tokens (replayed)", sum(held.values()), t["stored_tokens"])
-        c.equal(RESULTS, f"{where}.active (replayed)", min(cap, live), t["active"])
-        c.equal(RESULTS, f"{where}.queued (replayed)", live - min(cap, live), t["queued"])
+        where = f"{at}.tick_records[{t.tick}]"
+        c.equal(RESULTS, f"{where}.stored_tokens (replayed)", sum(held.values()), t.stored_tokens)
+        c.equal(RESULTS, f"{where}.active (replayed)", min(cap, live), t.active)
+        c.equal(RESULTS, f"{where}.queued (replayed)", live - min(cap, live), t.queued)
 
 
-def check_arrivals(c: Checks, data: dict, lv: dict, at: str) -> None:
+def check_arrivals(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """Arrival times recomputed from the process and the seed; one submit event per arrival, in arrival
     order (on the tick clock, at its tick); the accepted ones are exactly the level's sessions; the
     admission figures recomputed from the events."""
     w = data["workload"]
     wall = data["config"]["clock"] == "wall"
     try:
-        process = arrivals.parse(lv["arrivals"])
+        process = arrivals.parse(lv.arrivals)
         expected_times = (
             [t * 1e3 for t in process.seconds(w["sessions"], w["seed"])]
             if wall
             else process.ticks(w["sessions"], w["seed"])
         )
     except MeshbenchError as e:
-        c.equal(RESULTS, f"{at}.arrivals", "an arrival process", f"{lv['arrivals']!r} ({e})")
+        c.equal(RESULTS, f"{at}.arrivals", "an arrival process", f"{lv.arrivals!r} ({e})")
         return
-    c.equal(RESULTS, f"{at}.rate", process.rate, lv["rate"])
+    c.equal(RESULTS, f"{at}.rate", process.rate, lv.rate)
     c.equal(
         RESULTS,
         f"{at}.arrival_times (recomputed from the process and seed {w['seed']})",
         expected_times,
-        lv["arrival_times"],
+        lv.arrival_times,
     )
     ids = [f"s{i:0{len(str(w['sessions'] - 1))}d}" for i in range(w["sessions"])]
     expected = sorted(zip(expected_times, ids))
-    events = lv["submit_events"]
+    events = lv.submit_events
     if wall:  # submitted before the first tick after arrival: the order is known, the tick is not
         c.equal(
             RESULTS,
             f"{at}.submit_events (arrival, session) in arrival order",
             [list(x) for x in expected],
-            [[e.get("arrival_ms"), e["session_id"]] for e in events],
+            [[e.arrival_ms, e.session_id] for e in events],
         )
         c.equal(
             RESULTS,
             f"{at}.submit_events ticks (never decreasing)",
-            sorted(e["tick"] for e in events),
-            [e["tick"] for e in events],
+            sorted(e.tick for e in events),
+            [e.tick for e in events],
         )
     else:
         c.equal(
             RESULTS,
             f"{at}.submit_events (tick, session) in arrival order",
             [list(x) for x in expected],
-            [[e["tick"], e["session_id"]] for e in events],
+            [[e.tick, e.session_id] for e in events],
         )
     _check_admissions(c, data, lv, at, wall)
 
 
-def _check_admissions(c: Checks, data: dict, lv: dict, at: str, wall: bool) -> None:
+def _check_admissions(c: Checks, data: dict, lv: LevelRecord, at: str, wall: bool) -> None:
     """The accepted arrivals (and resubmissions) are exactly the level's sessions; the refusals and the
     backpressure figures recomputed from the submit events."""
-    events = lv["submit_events"]
+    events = lv.submit_events
     accepted = sorted(
-        [e["session_id"] for e in events if e["decision"] in ACCEPTED]
-        + [r["session_id"] for loss in lv["engine_losses"] for r in loss["resubmitted"] if r["decision"] in ACCEPTED]
+        [e.session_id for e in events if e.decision in ACCEPTED]
+        + [r["session_id"] for loss in lv.engine_losses for r in loss["resubmitted"] if r["decision"] in ACCEPTED]
     )
     c.equal(
         RESULTS,
         f"{at}.submit_events epochs (1 when accepted: a sweep never resubmits; none when refused)",
-        [1 if e["decision"] in ACCEPTED else None for e in events],
-        [e["epoch"] for e in events],
+        [1 if e.decision in ACCEPTED else None for e in events],
+        [e.epoch for e in events],
     )
     c.equal(
         RESULTS,
         f"{at}.sessions (= the accepted arrivals and resubmissions)",
         accepted,
-        sorted(s["session_id"] for s in lv["sessions"]),
+        sorted(s.session_id for s in lv.sessions),
     )
-    rejected = sum(e["decision"] not in ACCEPTED for e in events)
-    c.equal(RESULTS, f"{at}.rejected_admissions (from the submit events)", rejected, lv["rejected_admissions"])
-    expected_figures = backpressure.level_figures(lv, {} if wall else data["config"]["slo"])
+    rejected = sum(e.decision not in ACCEPTED for e in events)
+    c.equal(RESULTS, f"{at}.rejected_admissions (from the submit events)", rejected, lv.rejected_admissions)
+    slo = data["config"]["slo"]
+    expected_figures = backpressure.level_figures(events, lv.tick_records, lv.sessions, {} if wall else slo)
     if wall:
-        rep = lv["repetitions"][0]
-        expected_figures.update(backpressure.wall_figures(lv, rep["sessions"], rep["wall_s"], data["config"]["slo"]))
-    c.equal(RESULTS, f"{at}.backpressure figures", sorted(expected_figures), sorted(lv["backpressure"]))
+        rep = lv.repetitions[0]
+        expected_figures.update(backpressure.wall_figures(events, lv.sessions, rep.sessions, rep.wall_s, slo))
+    c.equal(RESULTS, f"{at}.backpressure figures", sorted(expected_figures), sorted(lv.backpressure))
     for k, v in expected_figures.items():
-        c.equal(RESULTS, f"{at}.backpressure.{k}", v, lv["backpressure"].get(k))
+        c.equal(RESULTS, f"{at}.backpressure.{k}", v, lv.backpressure.get(k))
 
 
-def check_feed(c: Checks, lv: dict, at: str) -> None:
+def check_feed(c: Checks, lv: LevelRecord, at: str) -> None:
     """What each tick fed the engine: the decode batch's sessions in order, each at the position after the
     positions it holds, with the last token it generated (replayed from the prompt lengths and tokens).
     Exact where no engine was lost (a resubmitted epoch restarts its count: judged by the fault checks)."""
-    if lv["engine_losses"]:
+    if lv.engine_losses:
         return
-    by_id = {s["session_id"]: s for s in lv["sessions"]}
+    by_id = {s.session_id: s for s in lv.sessions}
     have: dict[str, int] = {}  # tokens each session has had, replayed
-    for t in lv["tick_records"]:
-        where = f"{at}.tick_records[{t['tick']}]"
+    for t in lv.tick_records:
+        where = f"{at}.tick_records[{t.tick}]"
         c.equal(
             RESULTS,
             f"{where}.decode_feed sessions (= decode_sessions)",
-            t["decode_sessions"],
-            [f[0] for f in t["decode_feed"]],
+            t.decode_sessions,
+            [f[0] for f in t.decode_feed],
         )
-        for sid, pos, tok in t["decode_feed"]:
+        for sid, pos, tok in t.decode_feed:
             s = by_id.get(sid)
             k = have.get(sid, 0)
             if s is None or k == 0:
                 c.equal(RESULTS, f"{where}.decode_feed {sid} (a session with a first token)", True, False)
                 continue
-            c.equal(RESULTS, f"{where}.decode_feed {sid} position", s["prompt_tokens"] + k - 1, pos)
+            c.equal(RESULTS, f"{where}.decode_feed {sid} position", s.prompt_tokens + k - 1, pos)
             c.equal(
                 RESULTS,
                 f"{where}.decode_feed {sid} token (its token {k - 1})",
-                s["tokens"][k - 1] if k - 1 < len(s["tokens"]) else None,
+                s.tokens[k - 1] if k - 1 < len(s.tokens) else None,
                 tok,
             )
-        for sid in t["decode_sessions"]:
+        for sid in t.decode_sessions:
             have[sid] = have.get(sid, 0) + 1
-        for sid in t["prefill_sessions"]:
+        for sid in t.prefill_sessions:
             have[sid] = 1
-    for s in lv["sessions"]:  # (a cache miss or failure in its last decode produced no token)
-        if s["done_reason"] == "COMPLETED":
+    for s in lv.sessions:  # (a cache miss or failure in its last decode produced no token)
+        if s.done_reason == "COMPLETED":
             c.equal(
                 RESULTS,
-                f"{at}.sessions {s['session_id']} tokens (replayed from the feed)",
-                have.get(s["session_id"], 0),
-                len(s["tokens"]),
+                f"{at}.sessions {s.session_id} tokens (replayed from the feed)",
+                have.get(s.session_id, 0),
+                len(s.tokens),
             )
 
 
-def check_tick_ends(c: Checks, data: dict, lv: dict, at: str) -> None:
+def check_tick_ends(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """Who ended in a tick agrees with how the sessions ended (single-epoch levels), a session taken from the
     queue was queued and submitted by then and prefilled only after, and prefill pieces stay in budget."""
-    budget = lv["budget"]["max_prefill_tokens_per_tick"]
+    budget = lv.budget["max_prefill_tokens_per_tick"]
     chunked = data["config"]["prefill"] == "chunked"
-    for t in lv["tick_records"]:
-        pieces = [n for _, _, n in t["prefill_chunks"]]
+    for t in lv.tick_records:
+        pieces = [n for _, _, n in t.prefill_chunks]
         # whole prompts: the first always runs (one larger than the budget still progresses), the rest fit
         ok = sum(pieces) <= budget if chunked or len(pieces) > 1 else True
-        c.equal(RESULTS, f"{at}.tick_records[{t['tick']}].prefill_chunks (within the budget of {budget})", True, ok)
-    if lv["engine_losses"]:
+        c.equal(RESULTS, f"{at}.tick_records[{t.tick}].prefill_chunks (within the budget of {budget})", True, ok)
+    if lv.engine_losses:
         return
-    by_id = {s["session_id"]: s for s in lv["sessions"]}
-    queued = {e["session_id"]: e["tick"] for e in lv["submit_events"] if e["decision"] == "QUEUED"}
+    by_id = {s.session_id: s for s in lv.sessions}
+    queued = {e.session_id: e.tick for e in lv.submit_events if e.decision == "QUEUED"}
     first_piece: dict[str, int] = {}
-    for t in lv["tick_records"]:
-        for sid, _, _ in t["prefill_chunks"]:
-            first_piece.setdefault(sid, t["tick"])
-    for t in lv["tick_records"]:
-        where = f"{at}.tick_records[{t['tick']}]"
-        for sid in t["completed"]:
-            s = by_id.get(sid, {})
+    for t in lv.tick_records:
+        for sid, _, _ in t.prefill_chunks:
+            first_piece.setdefault(sid, t.tick)
+    for t in lv.tick_records:
+        where = f"{at}.tick_records[{t.tick}]"
+        for sid in t.completed:
+            s = by_id.get(sid)
             c.equal(
                 RESULTS,
                 f"{where}.completed {sid} (ended COMPLETED in this tick)",
-                ["COMPLETED", t["tick"]],
-                [s.get("done_reason"), s.get("end_tick")],
+                ["COMPLETED", t.tick],
+                [s and s.done_reason, s and s.end_tick],
             )
-        for sid in t["ended"]:
-            s = by_id.get(sid, {})
+        for sid in t.ended:
+            s = by_id.get(sid)
             c.equal(
                 RESULTS,
                 f"{where}.ended {sid} (ended otherwise in this tick)",
-                [True, t["tick"]],
-                [s.get("done_reason") not in (None, "COMPLETED"), s.get("end_tick")],
+                [True, t.tick],
+                [s is not None and s.done_reason != "COMPLETED", s and s.end_tick],
             )
-        for sid in t["admitted"]:
+        for sid in t.admitted:
             c.equal(
                 RESULTS,
                 f"{where}.admitted {sid} (queued at or before this tick, prefilled after it)",
                 True,
-                sid in queued and queued[sid] <= t["tick"] and first_piece.get(sid, t["tick"] + 1) > t["tick"],
+                sid in queued and queued[sid] <= t.tick and first_piece.get(sid, t.tick + 1) > t.tick,
             )
 
 
-def check_isolation(c: Checks, data: dict, lv: dict, at: str) -> None:
+def check_isolation(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """The perturbation passes are the ones the method prescribes and the verdict is theirs."""
-    iso = lv["isolation"]
-    wanted = data["config"]["isolation"] and data["config"]["clock"] == "tick" and not lv["faults"]
+    iso = lv.isolation
+    wanted = data["config"]["isolation"] and data["config"]["clock"] == "tick" and not lv.faults
     c.equal(
         RESULTS,
         f"{at}.isolation (run exactly when isolation is on, on the tick clock, without faults)",
         wanted,
-        iso["passes"] is not None,
+        iso.passes is not None,
     )
     c.equal(
         RESULTS,
         f"{at}.isolation.sessions (the workload's, when run)",
-        None if iso["passes"] is None else workload_ids(data),
-        iso["sessions"],
+        None if iso.passes is None else workload_ids(data),
+        iso.sessions,
     )
-    if iso["passes"] is not None:
+    if iso.passes is not None:
         ids = workload_ids(data)
-        served = [s["session_id"] for s in lv["sessions"]]
-        family = [p["perturbed"] for p in iso["passes"] if not p["confirm"]]
+        served = [s.session_id for s in lv.sessions]
+        family = [p.perturbed for p in iso.passes if not p.confirm]
         c.equal(
             RESULTS,
             f"{at}.isolation.passes perturbed sets (the separating family)",
@@ -242,41 +245,40 @@ def check_isolation(c: Checks, data: dict, lv: dict, at: str) -> None:
             RESULTS,
             f"{at}.isolation.passes confirmations (each suspect alone, until a victim of it changes)",
             isolation.expected_confirmations(lv),
-            [p["perturbed"] for p in iso["passes"] if p["confirm"]],
+            [p.perturbed for p in iso.passes if p.confirm],
         )
-        for k, p in enumerate(iso["passes"]):
+        for k, p in enumerate(iso.passes):
             c.equal(
                 RESULTS,
                 f"{at}.isolation.passes[{k}].sessions (the level's)",
                 served,
-                [s["session_id"] for s in p["sessions"]],
+                [s.session_id for s in p.sessions],
             )
-    c.equal(RESULTS, f"{at}.isolation_verdict", isolation.verdict(lv), lv["isolation_verdict"])
+    verdict = isolation.verdict(lv.isolation, lv.sessions, lv.tick_records)
+    c.equal(RESULTS, f"{at}.isolation_verdict", serial.to_json(verdict), serial.to_json(lv.isolation_verdict))
 
 
-def check_sessions(c: Checks, data: dict) -> None:
+def check_sessions(c: Checks, data: dict, levels: list[LevelRecord]) -> None:
     """Every level serves exactly the workload's sessions, each with its own prompt and length."""
     w = data["workload"]
     n = w["sessions"]
     width = len(str(n - 1))
     expected = {f"s{i:0{width}d}": i for i in range(n)}  # the names Workload.session_ids gives
     ref_ids = None
-    for i, lv in enumerate(data["levels"]):
+    for i, lv in enumerate(levels):
         at = f"levels[{i}]"
-        ids = [s["session_id"] for s in lv["sessions"]]
-        ends = [(s["session_id"], s["epoch"]) for s in lv["sessions"]]
+        ids = [s.session_id for s in lv.sessions]
+        ends = [(s.session_id, s.epoch) for s in lv.sessions]
         c.equal(RESULTS, f"{at}.sessions (id, epoch) unique", len(ends), len(set(ends)))
         c.equal(RESULTS, f"{at}.sessions ids not in the workload", [], sorted(set(ids) - set(expected)))
         if ref_ids is None:
             ref_ids = sorted(set(ids))
         elif data["reference"] is None:  # all at once: every level serves the same sessions
             c.equal(RESULTS, f"{at}.sessions ids (same as levels[0])", ref_ids, sorted(set(ids)))
-        for j, s in enumerate(lv["sessions"]):
-            k = expected.get(s["session_id"])
+        for j, s in enumerate(lv.sessions):
+            k = expected.get(s.session_id)
             if k is not None:
-                c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", w["prompt_tokens"][k], s["prompt_tokens"])
-                c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w["new_tokens"][k], s["max_new_tokens"])
-        named = {
-            sid for t in lv["tick_records"] for sid in (*t["decode_sessions"], *t["prefill_sessions"], *t["completed"])
-        }
+                c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", w["prompt_tokens"][k], s.prompt_tokens)
+                c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w["new_tokens"][k], s.max_new_tokens)
+        named = {sid for t in lv.tick_records for sid in (*t.decode_sessions, *t.prefill_sessions, *t.completed)}
         c.equal(RESULTS, f"{at}.tick_records session ids not among the level's sessions", [], sorted(named - set(ids)))

