@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
-from meshbench.analysis import latency
+from meshbench.analysis import latency, stats
 from meshbench.records import JsonObject, serial
 from meshbench.records.model import Completion
 
@@ -115,7 +113,7 @@ def summary(per_pass: Sequence[JsonObject]) -> JsonObject:
     out = {}
     for k in FIGURES:
         xs = [p[k] for p in per_pass if p[k] is not None]
-        out[k] = {"median": float(np.median(xs)), "min": float(min(xs)), "max": float(max(xs))} if xs else None
+        out[k] = {q: v for q, v in stats.summary(xs).items() if q in ("median", "min", "max")} if xs else None
     return out
 
 

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from meshbench.analysis import latency
 from meshbench.engine.base import DecodeItem, PrefillChunk, StepResult, TickResult
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
@@ -92,16 +93,16 @@ def run(
     base = float(np.median(samples[live_counts[0]]))
     rows = []
     for n in live_counts:
-        a = np.asarray(samples[n])
-        med = float(np.median(a))
+        med = float(np.median(samples[n]))
+        spread = latency.percentiles(samples[n], (10, 90))
         rows.append(
             {
                 "live": n,
                 "ms_per_tick_median": med,
-                "ms_per_tick_p10": float(np.percentile(a, 10)),
-                "ms_per_tick_p90": float(np.percentile(a, 90)),
+                "ms_per_tick_p10": spread["p10"],
+                "ms_per_tick_p90": spread["p90"],
                 "vs_first": med / base,
-                "samples": int(a.size),
+                "samples": len(samples[n]),
             }
         )
     return {"batch": batch, "prompt_tokens": len(PROMPT), "ticks_per_round": ticks, "rounds": rounds, "sizes": rows}
