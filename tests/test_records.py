@@ -56,6 +56,9 @@ RECORDS = {
     model.LevelRecord: "level",
     model.Reference: "reference",
     model.Completion: "endpoint:completion",
+    model.EndpointRepetition: "endpoint:repetition",
+    model.NeedleTrial: "endpoint:needle_trial",
+    model.EndpointLevel: "endpoint:level",
 }
 
 
@@ -97,6 +100,17 @@ def test_a_deterministic_tick_is_a_timed_one_without_its_times():
 NODE_BUNDLES = sorted(
     p for p in (ROOT / "evidence").glob("*/results.json") if json.loads(p.read_text()).get("kind") != "endpoint"
 )
+
+
+ENDPOINT_BUNDLES = sorted(
+    p for p in (ROOT / "evidence").glob("*/results.json") if json.loads(p.read_text()).get("kind") == "endpoint"
+)
+
+
+@pytest.mark.parametrize("path", ENDPOINT_BUNDLES, ids=lambda p: p.parent.name)
+def test_every_committed_endpoint_level_goes_to_records_and_back_unchanged(path):
+    levels = json.loads(path.read_text())["levels"]
+    assert [serial.to_json(lv) for lv in serial.endpoint_levels(levels)] == levels
 
 
 @pytest.mark.parametrize("path", NODE_BUNDLES, ids=lambda p: p.parent.name)

@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from meshbench.analysis import latency, stats
-from meshbench.records import JsonObject, serial
-from meshbench.records.model import Completion
+from meshbench.records.model import Completion, EndpointLevel, JsonObject, NeedleTrial
 
 CONCLUSIONS = {
     "batch_invariant": "True: every session's output was the same at every level, in these runs. False: a "
@@ -54,37 +53,36 @@ FIGURES = (
 )
 
 
-def output(c: JsonObject, compared: str) -> list[int] | str:
+def output(c: Completion, compared: str) -> list[int] | str:
     """What is compared of a completion: its token ids, or its text."""
-    out: list[int] | str = c["tokens"] if compared == "tokens" else c["text"]
-    return out
+    return c.tokens if compared == "tokens" else c.text
 
 
-def compared_by(api: str, completions: Sequence[JsonObject]) -> str:
+def compared_by(api: str, completions: Sequence[Completion]) -> str:
     """Token ids where the API returns them and every answer's ids are whole (as many as the server says it
     generated); else text (a streamed answer can hold back an incomplete UTF-8 token's id)."""
     if api != "native":
         return "text"
     # (a failed answer has no output either way: it never switches the comparison)
-    whole = all(c["predicted"] is None or c["predicted"] == len(c["tokens"]) for c in completions if c["error"] is None)
+    whole = all(c.predicted is None or c.predicted == len(c.tokens) for c in completions if c.error is None)
     return "tokens" if whole else "text"
 
 
 def pass_figures(
-    sessions: Sequence[JsonObject],
+    sessions: Sequence[Completion],
     wall_s: float,
     prompt_lengths: dict[str, int],
     slo: JsonObject,
     new_tokens: dict[str, int],
 ) -> JsonObject:
     """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time)."""
-    answered = [c for c in sessions if c["error"] is None]
-    ok = [c for c in answered if c["token_ns"]]  # (an answer of no tokens has no latencies)
-    lat = latency.samples([serial.from_json(c, Completion, "a completion") for c in ok])
+    answered = [c for c in sessions if c.error is None]
+    ok = [c for c in answered if c.token_ns]  # (an answer of no tokens has no latencies)
+    lat = latency.samples(ok)
     ttft, itl, e2e = (latency.percentiles(x, (50, 99)) for x in (lat.ttft, lat.itl, lat.e2e))
     generated = sum(_generated(c) for c in ok)
-    prompt = sum(prompt_lengths[c["session_id"]] for c in ok)
-    good = sum(latency.within_slo(c["token_ns"], c["submit_ns"], slo) for c in ok)
+    prompt = sum(prompt_lengths[c.session_id] for c in ok)
+    good = sum(latency.within_slo(c.token_ns, c.submit_ns, slo) for c in ok)
     return {
         "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
         "total_tokens_per_s": (generated + prompt) / wall_s if wall_s > 0 else 0.0,
@@ -97,15 +95,15 @@ def pass_figures(
         "e2e_ms.p99": e2e["p99"],
         "goodput_per_s": good / wall_s if wall_s > 0 else 0.0,
         "completed": len(answered),
-        "failed": sum(c["error"] is not None for c in sessions),
-        "early_stops": sum(c["error"] is None and _generated(c) < new_tokens[c["session_id"]] for c in sessions),
+        "failed": sum(c.error is not None for c in sessions),
+        "early_stops": sum(c.error is None and _generated(c) < new_tokens[c.session_id] for c in sessions),
     }
 
 
-def _generated(c: JsonObject) -> int:
+def _generated(c: Completion) -> int:
     """Tokens the session received: its stamps (one per token id, or per streamed piece on the OpenAI API),
     never the server's own claim."""
-    return len(c["token_ns"])
+    return len(c.token_ns)
 
 
 def summary(per_pass: Sequence[JsonObject]) -> JsonObject:
@@ -117,28 +115,28 @@ def summary(per_pass: Sequence[JsonObject]) -> JsonObject:
     return out
 
 
-def verdicts(levels: Sequence[JsonObject], needle_alone: JsonObject | None, compared: str) -> JsonObject:
+def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, compared: str) -> JsonObject:
     """The three verdicts from the recorded outputs."""
-    ref = min(levels, key=lambda lv: lv["concurrency"])
-    reference = {c["session_id"]: output(c, compared) for c in ref["repetitions"][0]["sessions"] if c["error"] is None}
+    ref = min(levels, key=lambda lv: lv.concurrency)
+    reference = {c.session_id: output(c, compared) for c in ref.repetitions[0].sessions if c.error is None}
     differing, distinct, needles, failed = {}, {}, {}, {}
     for lv in levels:
-        c_ = str(lv["concurrency"])
-        answers = [c for rep in lv["repetitions"] for c in rep["sessions"]] + [t["completion"] for t in lv["needle"]]
-        failed[c_] = sum(c["error"] is not None for c in answers)
-        first = {c["session_id"]: output(c, compared) for c in lv["repetitions"][0]["sessions"] if c["error"] is None}
+        c_ = str(lv.concurrency)
+        answers = [c for rep in lv.repetitions for c in rep.sessions] + [t.completion for t in lv.needle]
+        failed[c_] = sum(c.error is not None for c in answers)
+        first = {c.session_id: output(c, compared) for c in lv.repetitions[0].sessions if c.error is None}
         differing[c_] = sorted(s for s, out in first.items() if s in reference and out != reference[s])
         seen: dict[str, set[str | tuple[int, ...]]] = {}
-        for rep in lv["repetitions"]:
-            for c in rep["sessions"]:
-                if c["error"] is None:
-                    seen.setdefault(c["session_id"], set()).add(_key(output(c, compared)))
+        for rep in lv.repetitions:
+            for c in rep.sessions:
+                if c.error is None:
+                    seen.setdefault(c.session_id, set()).add(_key(output(c, compared)))
         distinct[c_] = {s: len(v) for s, v in sorted(seen.items())}
-        needles[c_] = _needle(lv["needle"], needle_alone, compared)
-    whole = not any(failed.values()) and (needle_alone is None or needle_alone["error"] is None)
+        needles[c_] = _needle(lv.needle, needle_alone, compared)
+    whole = not any(failed.values()) and (needle_alone is None or needle_alone.error is None)
     return {
         "compared": compared,
-        "reference_concurrency": ref["concurrency"],
+        "reference_concurrency": ref.concurrency,
         "failed": failed,
         "batch_invariant": whole and all(not d for d in differing.values()),
         "differing_sessions": differing,
@@ -153,9 +151,9 @@ def _key(x: list[int] | str) -> str | tuple[int, ...]:
     return tuple(x) if isinstance(x, list) else x
 
 
-def _needle(trials: Sequence[JsonObject], alone: JsonObject | None, compared: str) -> JsonObject:
-    outs = [output(t["completion"], compared) for t in trials if t["completion"]["error"] is None]
-    base = None if alone is None or alone["error"] is not None else output(alone, compared)
+def _needle(trials: Sequence[NeedleTrial], alone: Completion | None, compared: str) -> JsonObject:
+    outs = [output(t.completion, compared) for t in trials if t.completion.error is None]
+    base = None if alone is None or alone.error is not None else output(alone, compared)
     return {
         "trials": len(trials),
         "distinct": len({_key(o) for o in outs}),

@@ -55,16 +55,14 @@ def _endpoint_side(data: dict) -> dict:
     compared = data["verdicts"]["compared"]
     wl = data["workload"]
     levels = {
-        lv["concurrency"]: {
+        lv.concurrency: {
             "outputs": {  # (None: the session failed, and has no output)
-                c["session_id"]: endpoint_figures.output(c, compared) if c["error"] is None else None
-                for c in lv["repetitions"][0]["sessions"]
+                c.session_id: endpoint_figures.output(c, compared) if c.error is None else None
+                for c in lv.repetitions[0].sessions
             },
-            "samples": {
-                f: [r["figures"][f] for r in lv["repetitions"] if r["figures"][f] is not None] for f, _, _ in PERF
-            },
+            "samples": {f: [x for r in lv.repetitions if (x := r.figures[f]) is not None] for f, _, _ in PERF},
         }
-        for lv in data["levels"]
+        for lv in serial.endpoint_levels(data["levels"])
     }
     name = data["endpoint"].get("launched", {}).get("server") or data["endpoint"]["server"]
     version = data["endpoint"].get("launched", {}).get("version") or data["endpoint"].get("build_info")

@@ -22,6 +22,7 @@ from meshbench.endpoint.client import Completion, Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
 from meshbench.results import document
 from meshbench.sweep.plan import level_orders
 from meshbench.workload import prompts as prompts_mod
@@ -177,10 +178,12 @@ def _document(
     slo = dict(cfg.slo or {})
     for lv in levels:
         for rep in lv["repetitions"]:
-            rep["figures"] = figures.pass_figures(rep["sessions"], rep["wall_s"], lengths, slo, new)
+            answers = serial.completions(rep["sessions"])
+            rep["figures"] = figures.pass_figures(answers, rep["wall_s"], lengths, slo, new)
         lv["figures"] = figures.summary([rep["figures"] for rep in lv["repetitions"]])
-    every = [c for lv in levels for rep in lv["repetitions"] for c in rep["sessions"]]
-    every += [t["completion"] for lv in levels for t in lv["needle"]] + [alone.to_dict()]
+    typed, needle = serial.endpoint_levels(levels), serial.completions([alone.to_dict()])[0]
+    every = [c for lv in typed for rep in lv.repetitions for c in rep.sessions]
+    every += [t.completion for lv in typed for t in lv.needle] + [needle]
     compared = figures.compared_by(info["api"], every)
     return {
         "kind": "endpoint",
@@ -198,6 +201,6 @@ def _document(
         },
         "needle": {"prompt_of": wl.session_ids()[0], "alone": alone.to_dict()},
         "levels": levels,
-        "verdicts": figures.verdicts(levels, alone.to_dict(), compared),
+        "verdicts": figures.verdicts(typed, needle, compared),
         "conclusions": figures.CONCLUSIONS,
     }

@@ -230,3 +230,36 @@ class Completion:
     predicted: int | None  # tokens the server says it generated
     error: str | None
     evaluated: int | None  # prompt tokens the server says it evaluated
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointRepetition:
+    """One pass of an endpoint level: its completions, the server's metrics around it, its figures."""
+
+    repetition: int
+    position: int
+    wall_s: float
+    sessions: list[Completion]
+    metrics_before: dict[str, float] | None
+    metrics_after: dict[str, float] | None
+    figures: dict[str, float | None]  # by name, e.g. ttft_ms.p50 (meshbench.analysis.endpoint.FIGURES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NeedleTrial:
+    """The needle session among ``neighbours``, at ``position`` in their submission."""
+
+    repetition: int
+    position: int
+    neighbours: list[str]
+    completion: Completion
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointLevel:
+    """One concurrency level of an endpoint sweep."""
+
+    concurrency: int
+    repetitions: list[EndpointRepetition]
+    needle: list[NeedleTrial]
+    figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions

@@ -99,3 +99,13 @@ def reference_of(results: Any) -> model.Reference | None:
     """A node results.json's reference: every session run alone (None: the sweep ran all at once)."""
     ref = results["reference"]
     return None if ref is None else from_json(ref, model.Reference, "results.json reference")
+
+
+def completions(value: Any) -> list[model.Completion]:
+    """An endpoint's answers (``Completion`` records, or their JSON values) as records."""
+    return [c if isinstance(c, model.Completion) else from_json(c, model.Completion, "a completion") for c in value]
+
+
+def endpoint_levels(value: Any) -> list[model.EndpointLevel]:
+    """An endpoint results.json's level records (the file already checked against the schema)."""
+    return [from_json(lv, model.EndpointLevel, f"results.json levels[{i}]") for i, lv in enumerate(value)]

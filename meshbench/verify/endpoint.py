@@ -8,6 +8,7 @@ from meshbench.analysis import endpoint as figures
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
+from meshbench.records import serial
 from meshbench.workload.target import Target, parse_target
 
 
@@ -33,11 +34,12 @@ def check_data(c: Checks, data: dict) -> None:
     _check_endpoint_record(c, data)
     lengths, new = dict(zip(ids, wl["prompt_tokens"])), dict(zip(ids, wl["new_tokens"]))
     slo = cfg["slo"]
-    for i, lv in enumerate(data["levels"]):
+    typed = serial.endpoint_levels(data["levels"])
+    for i, (lv, level) in enumerate(zip(data["levels"], typed)):
         at = f"levels[{i}]"
         _check_passes(c, lv, at, ids, cfg["repeat"], len(data["levels"]), i)
-        for r, rep in enumerate(lv["repetitions"]):
-            expected = figures.pass_figures(rep["sessions"], rep["wall_s"], lengths, slo, new)
+        for r, (rep, pass_) in enumerate(zip(lv["repetitions"], level.repetitions)):
+            expected = figures.pass_figures(pass_.sessions, pass_.wall_s, lengths, slo, new)
             c.equal(RESULTS, f"{at}.repetitions[{r}].figures (recomputed from the stamps)", expected, rep["figures"])
         c.equal(
             RESULTS,
@@ -49,13 +51,14 @@ def check_data(c: Checks, data: dict) -> None:
     _check_stamps(c, data)
     _check_evaluated(c, data, lengths)
     _check_answered(c, data)
-    every = [x for lv in data["levels"] for rep in lv["repetitions"] for x in rep["sessions"]]
-    every += [t["completion"] for lv in data["levels"] for t in lv["needle"]] + [data["needle"]["alone"]]
+    alone = serial.completions([data["needle"]["alone"]])[0]
+    every = [x for lv in typed for rep in lv.repetitions for x in rep.sessions]
+    every += [t.completion for lv in typed for t in lv.needle] + [alone]
     compared = figures.compared_by(data["endpoint"]["api"], every)
     c.equal(
         RESULTS,
         "verdicts (recomputed from the outputs)",
-        figures.verdicts(data["levels"], data["needle"]["alone"], compared),
+        figures.verdicts(typed, alone, compared),
         data["verdicts"],
     )
     c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, data["conclusions"])
