@@ -21,9 +21,10 @@ from collections import Counter
 
 from meshbench.analysis import figures
 from meshbench.analysis.checks import Checks
+from meshbench.analysis.figures import Served
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
-from meshbench.records import JsonObject
+from meshbench.records.model import FaultEvent, FaultSession, JsonObject, LevelRecord, SessionRecord
 from meshbench.scheduler.budget import ACCEPTED
 from meshbench.workload import faults
 from meshbench.workload.faults import FaultKind
@@ -39,37 +40,35 @@ EXPECTED_END = {
 }
 
 
-def check_level(c: Checks, data: JsonObject, lv: JsonObject, at: str) -> None:
-    """Every check of a level that ran faults; the accounting for every level."""
+def check_level(c: Checks, lv: LevelRecord, at: str, reference: Served, kv_bytes_per_token: int) -> None:
+    """Every check of a level that ran faults, against the sessions' ``reference`` (each run alone, else the
+    sweep's first level); the accounting for every level."""
     _accounting(c, lv, at)
-    if not lv["faults"]:
+    if not lv.faults:
         return
-    reference = {s["session_id"]: s["tokens"] for s in (data["reference"] or data["levels"][0])["sessions"]}
     _ends_once(c, lv, at)
-    _kv_to_zero(c, data, lv, at)
-    _identical(c, lv, at, reference)
+    _kv_to_zero(c, kv_bytes_per_token, lv, at)
+    _identical(c, lv, at, {s.session_id: s.tokens for s in reference.sessions})
 
 
-def verdicts(data: JsonObject, lv: JsonObject) -> dict[str, bool | None]:
+def verdicts(lv: LevelRecord, reference: Served, kv_bytes_per_token: int) -> dict[str, bool | None]:
     """Per named check: did the level pass it (None: nothing to check), as the README's matrix prints."""
     c = Checks()
-    check_level(c, data, lv, "level")
+    check_level(c, lv, "level", reference, kv_bytes_per_token)
     failed = {f.check for f in c.failures if f.check in CHECKS}
-    named, resubmitted = figures.fault_named(lv["fault_events"]), _resubmitted(lv)
+    named, resubmitted = figures.fault_named(lv.fault_events), _resubmitted(lv)
     applies = {
-        "untouched identical": any((s["session_id"], s["epoch"]) not in named | resubmitted for s in lv["sessions"]),
+        "untouched identical": any((s.session_id, s.epoch) not in named | resubmitted for s in lv.sessions),
         "resubmitted identical": bool(resubmitted),
     }
     return {name: (name not in failed) if applies.get(name, True) else None for name in CHECKS}
 
 
-def _resubmitted(lv: JsonObject) -> set[tuple[str, int]]:
+def _resubmitted(lv: LevelRecord) -> set[tuple[str, int]]:
     """(session, epoch) of every accepted resubmission."""
+    # (an accepted resubmission has its epoch)
     return {
-        (r["session_id"], r["epoch"])
-        for loss in lv["engine_losses"]
-        for r in loss["resubmitted"]
-        if r["decision"] in ACCEPTED
+        (r.session_id, r.epoch or 0) for loss in lv.engine_losses for r in loss.resubmitted if r.decision in ACCEPTED
     }
 
 
@@ -78,14 +77,14 @@ def _equal(c: Checks, at: str, check: str, what: str, expected: object, found: o
     c.equal(RESULTS, f"{at}.faults[{check}] {what}", expected, found, check=check)
 
 
-def _ends_once(c: Checks, lv: JsonObject, at: str) -> None:
+def _ends_once(c: Checks, lv: LevelRecord, at: str) -> None:
     by_id: dict[str, list[int]] = {}
-    for s in lv["sessions"]:
-        by_id.setdefault(s["session_id"], []).append(s["epoch"])
-        where = f"{s['session_id']}#{s['epoch']}"
-        _equal(c, at, "ends once", f"{where} ended", True, s["done_reason"] != "UNFINISHED")
-        if s["done_reason"] == "FAILED":
-            _equal(c, at, "ends once", f"{where} has a cause", True, bool(s["error"]))
+    for s in lv.sessions:
+        by_id.setdefault(s.session_id, []).append(s.epoch)
+        where = f"{s.session_id}#{s.epoch}"
+        _equal(c, at, "ends once", f"{where} ended", True, s.done_reason != "UNFINISHED")
+        if s.done_reason == "FAILED":
+            _equal(c, at, "ends once", f"{where} has a cause", True, bool(s.error))
     for sid, epochs in sorted(by_id.items()):
         _equal(c, at, "ends once", f"{sid} epochs", list(range(1, len(epochs) + 1)), sorted(epochs))
     _equal(
@@ -93,87 +92,89 @@ def _ends_once(c: Checks, lv: JsonObject, at: str) -> None:
         at,
         "ends once",
         "one event per fault, in the row's order",
-        lv["faults"],
-        [e["fault"] for e in lv["fault_events"]],
+        lv.faults,
+        [e.fault for e in lv.fault_events],
     )
-    causes = {loss["cause"] for loss in lv["engine_losses"]}
-    for e in lv["fault_events"]:
+    causes = {loss.cause for loss in lv.engine_losses}
+    for e in lv.fault_events:
         kind = _kind(e)
         if kind is None:
-            _equal(c, at, "ends once", f"{e['fault']} is a fault spec", True, False)
+            _equal(c, at, "ends once", f"{e.fault} is a fault spec", True, False)
             continue
-        if kind.needs_process and e["sessions"]:  # a process fault's cause is the engine loss it caused
-            _equal(c, at, "ends once", f"{e['fault']} cause (an engine loss's)", True, e["cause"] in causes)
-        for named in e["sessions"]:
+        if kind.needs_process and e.sessions:  # a process fault's cause is the engine loss it caused
+            _equal(c, at, "ends once", f"{e.fault} cause (an engine loss's)", True, e.cause in causes)
+        for named in e.sessions:
             _event_end(c, lv, at, e, kind, named)
 
 
-def _kind(event: JsonObject) -> FaultKind | None:
+def _kind(event: FaultEvent) -> FaultKind | None:
     """The recorded fault's kind, read by the spec parser (None: not a fault spec)."""
     try:
-        return faults.parse(event["fault"], "fault_events").kind
+        return faults.parse(event.fault, "fault_events").kind
     except MeshbenchError:
         return None
 
 
-def _event_end(c: Checks, lv: JsonObject, at: str, e: JsonObject, kind: FaultKind, named: JsonObject) -> None:
+def _event_end(c: Checks, lv: LevelRecord, at: str, e: FaultEvent, kind: FaultKind, named: FaultSession) -> None:
     """A session a fault event names: it ended after the fault fired, at a tick that records it, as the
     session's own record says, and as the fault's kind must end it."""
-    end = named["end_tick"]
+    end = named.end_tick
     if end is not None:
         _equal(
             c,
             at,
             "ends once",
-            f"{e['fault']} fired (tick {e['tick']}) before {named['session_id']} ended (tick {end})",
+            f"{e.fault} fired (tick {e.tick}) before {named.session_id} ended (tick {end})",
             True,
-            e["tick"] is not None and e["tick"] <= end,
+            e.tick is not None and e.tick <= end,
         )
-        t = next((t for t in lv["tick_records"] if t["tick"] == end), None)
+        t = next((t for t in lv.tick_records if t.tick == end), None)
         _equal(
             c,
             at,
             "ends once",
-            f"{e['fault']}: tick {end} records {named['session_id']} ending",
+            f"{e.fault}: tick {end} records {named.session_id} ending",
             True,
-            t is not None and named["session_id"] in (*t["ended"], *t["completed"]),
+            t is not None and named.session_id in (*t.ended, *t.completed),
         )
-    s = next(
-        (s for s in lv["sessions"] if (s["session_id"], s["epoch"]) == (named["session_id"], named["epoch"])), None
-    )
-    found = None if s is None else {k: s[k] for k in ("done_reason", "end_tick", "error")}
+    s = next((s for s in lv.sessions if (s.session_id, s.epoch) == (named.session_id, named.epoch)), None)
+    found = None if s is None else _end(s)
     _equal(
         c,
         at,
         "ends once",
-        f"{e['fault']} names {named['session_id']}#{named['epoch']}",
-        {k: named[k] for k in ("done_reason", "end_tick", "error")},
+        f"{e.fault} names {named.session_id}#{named.epoch}",
+        _end(named),
         found,
     )
-    _equal(c, at, "ends once", f"{e['fault']} ended it as", True, named["done_reason"] in EXPECTED_END.get(kind, ()))
+    _equal(c, at, "ends once", f"{e.fault} ended it as", True, named.done_reason in EXPECTED_END.get(kind, ()))
 
 
-def _kv_to_zero(c: Checks, data: JsonObject, lv: JsonObject, at: str) -> None:
-    per_token = data["engine"]["kv_bytes_per_token"]
-    evicted = any(_kind(e) is FaultKind.EVICT and e["sessions"] for e in lv["fault_events"])
-    for t in lv["tick_records"]:
-        held = t["stored_tokens"] * per_token
-        ok = t["kv_bytes"] <= held if evicted else t["kv_bytes"] == held
-        _equal(c, at, "KV to zero", f"tick {t['tick']} kv_bytes vs stored_tokens x {per_token}", True, ok)
-    last = lv["tick_records"][-1]["kv_bytes"] if lv["tick_records"] else 0
+def _end(s: SessionRecord | FaultSession) -> JsonObject:
+    """How a session ended, as a fault event names it."""
+    return {"done_reason": s.done_reason, "end_tick": s.end_tick, "error": s.error}
+
+
+def _kv_to_zero(c: Checks, per_token: int, lv: LevelRecord, at: str) -> None:
+    evicted = any(_kind(e) is FaultKind.EVICT and e.sessions for e in lv.fault_events)
+    for t in lv.tick_records:
+        held = t.stored_tokens * per_token
+        ok = t.kv_bytes <= held if evicted else t.kv_bytes == held
+        _equal(c, at, "KV to zero", f"tick {t.tick} kv_bytes vs stored_tokens x {per_token}", True, ok)
+    last = lv.tick_records[-1].kv_bytes if lv.tick_records else 0
     _equal(c, at, "KV to zero", "kv_bytes at the end", 0, last)
 
 
-def _identical(c: Checks, lv: JsonObject, at: str, reference: dict[str, list[int]]) -> None:
-    named, resubmitted = figures.fault_named(lv["fault_events"]), _resubmitted(lv)
-    for s in lv["sessions"]:
-        key = (s["session_id"], s["epoch"])
+def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[str, list[int]]) -> None:
+    named, resubmitted = figures.fault_named(lv.fault_events), _resubmitted(lv)
+    for s in lv.sessions:
+        key = (s.session_id, s.epoch)
         if key in named:
             continue
         check = "resubmitted identical" if key in resubmitted else "untouched identical"
-        where = f"{s['session_id']}#{s['epoch']}"
-        _equal(c, at, check, f"{where} done_reason", "COMPLETED", s["done_reason"])
-        _equal(c, at, check, f"{where} tokens = the reference's", True, s["tokens"] == reference.get(s["session_id"]))
+        where = f"{s.session_id}#{s.epoch}"
+        _equal(c, at, check, f"{where} done_reason", "COMPLETED", s.done_reason)
+        _equal(c, at, check, f"{where} tokens = the reference's", True, s.tokens == reference.get(s.session_id))
     for key in sorted(resubmitted):  # each resubmission ran: its session is in the level's records
         _equal(
             c,
@@ -181,15 +182,15 @@ def _identical(c: Checks, lv: JsonObject, at: str, reference: dict[str, list[int
             "resubmitted identical",
             f"{key[0]}#{key[1]} recorded",
             True,
-            any((s["session_id"], s["epoch"]) == key for s in lv["sessions"]),
+            any((s.session_id, s.epoch) == key for s in lv.sessions),
         )
 
 
-def _accounting(c: Checks, lv: JsonObject, at: str) -> None:
-    ends = Counter(s["done_reason"] for s in lv["sessions"])
-    resubmissions = [r for loss in lv["engine_losses"] for r in loss["resubmitted"]]
-    refused = sum(e["decision"] not in ACCEPTED for e in lv["submit_events"]) + sum(
-        r["decision"] not in ACCEPTED for r in resubmissions
+def _accounting(c: Checks, lv: LevelRecord, at: str) -> None:
+    ends = Counter(s.done_reason for s in lv.sessions)
+    resubmissions = [r for loss in lv.engine_losses for r in loss.resubmitted]
+    refused = sum(e.decision not in ACCEPTED for e in lv.submit_events) + sum(
+        r.decision not in ACCEPTED for r in resubmissions
     )
     raw = {
         "completed": ends["COMPLETED"],
@@ -197,11 +198,11 @@ def _accounting(c: Checks, lv: JsonObject, at: str) -> None:
         "failed": ends["FAILED"],
         "cache_misses": ends["CACHE_MISS"],
         "rejected_admissions": refused,
-        "engine_losses": len(lv["engine_losses"]),
+        "engine_losses": len(lv.engine_losses),
         "resubmitted": len(resubmissions),
     }
     for k, v in raw.items():
-        _equal(c, at, "accounting", f"counts.{k} (the scheduler's) = the records'", v, lv["counts"][k])
-    offered = len(lv["submit_events"]) + len(resubmissions)
+        _equal(c, at, "accounting", f"counts.{k} (the scheduler's) = the records'", v, lv.counts[k])
+    offered = len(lv.submit_events) + len(resubmissions)
     closed = raw["completed"] + raw["cancelled"] + raw["failed"] + raw["cache_misses"] + refused
     _equal(c, at, "accounting", "offered (arrivals + resubmissions) = every end + every refusal", offered, closed)

@@ -13,6 +13,7 @@ from typing import Protocol, Sequence
 
 from meshbench.analysis import latency, stats
 from meshbench.records.model import (
+    FaultEvent,
     JsonObject,
     LevelRecord,
     Percentiles,
@@ -160,9 +161,9 @@ def sweep_divergence(levels: Sequence[LevelRecord], reference: Served | None = N
     return None
 
 
-def fault_named(fault_events: Sequence[JsonObject]) -> set[tuple[str, int]]:
+def fault_named(fault_events: Sequence[FaultEvent]) -> set[tuple[str, int]]:
     """(session, epoch) of every session an injected fault ended (a level's fault events name them)."""
-    return {(e["session_id"], e["epoch"]) for ev in fault_events for e in ev["sessions"]}
+    return {(s.session_id, s.epoch) for ev in fault_events for s in ev.sessions}
 
 
 def unfinished_sessions(levels: Sequence[LevelRecord]) -> int:

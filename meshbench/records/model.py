@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# What the model does not type yet: the config echo, the engine and environment, an arrival sweep's
-# backpressure figures, a level's fault events and engine losses (tests hold them to the schema).
+# What the model does not type yet: the config echo, the engine and environment, and an arrival sweep's
+# backpressure figures.
 JsonObject = dict[str, Any]
 
 
@@ -176,6 +176,49 @@ class IsolationVerdict:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Resubmission:
+    """A session lost with its engine, submitted again under a new epoch: the admission's decision."""
+
+    session_id: str
+    epoch: int | None  # None: refused
+    decision: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultSession:
+    """A session an injected fault ended, as it ended."""
+
+    session_id: str
+    epoch: int
+    done_reason: str
+    end_tick: int | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultEvent:
+    """One injected fault (meshbench.sweep.inject): when it fired, what it hit, whom it ended."""
+
+    fault: str  # its spec, as the row gives it
+    tick: int
+    hit: str
+    sessions: list[FaultSession]
+    cause: str | None  # a process fault's engine loss
+    resubmitted: list[Resubmission]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineLoss:
+    """An engine lost in a tick: the sessions lost (id, epoch), and what was resubmitted after a restart."""
+
+    tick: int
+    cause: str
+    lost: list[list[Any]]  # [session, epoch]
+    resubmitted: list[Resubmission]
+    restart_error: str | None = None  # the restart failed: the node went down
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LevelRecord:
     """One concurrency level (one arrival rate, one fault row) of a sweep, complete when built."""
 
@@ -195,8 +238,8 @@ class LevelRecord:
     failed: int
     counts: dict[str, int]
     faults: list[str]
-    fault_events: list[JsonObject]
-    engine_losses: list[JsonObject]
+    fault_events: list[FaultEvent]
+    engine_losses: list[EngineLoss]
     arrival_times: list[float]  # per session: its arrival tick (int), or on the wall clock its time in ms
     submit_events: list[SubmitEvent]
     sessions: list[SessionRecord]

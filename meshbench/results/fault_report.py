@@ -4,6 +4,8 @@ results.json alone, with the verdict of each of verify's fault checks for that l
 from __future__ import annotations
 
 from meshbench.analysis import fault_matrix as fault_checks
+from meshbench.records import serial
+from meshbench.records.model import FaultEvent, LevelRecord
 
 HEADING = "## Fault matrix (deterministic; verify checks every column)"
 TABLE_HEADER = (
@@ -13,34 +15,37 @@ TABLE_HEADER = (
 
 def table_rows(results: dict) -> list[list[str]]:
     rows = []
-    for lv in results["levels"]:
-        if not lv["faults"]:
+    levels = serial.levels_of(results)
+    reference = serial.reference_of(results) or levels[0]
+    per_token = results["engine"]["kv_bytes_per_token"]
+    for lv in levels:
+        if not lv.faults:
             continue
-        checks = [{True: "yes", False: "NO", None: "n/a"}[ok] for ok in fault_checks.verdicts(results, lv).values()]
-        for e in lv["fault_events"]:
-            rows.append([str(lv["concurrency"]), f"`{e['fault']}`", str(e["tick"]), e["hit"], outcome(e, lv), *checks])
+        verdicts = fault_checks.verdicts(lv, reference, per_token)
+        checks = [{True: "yes", False: "NO", None: "n/a"}[ok] for ok in verdicts.values()]
+        for e in lv.fault_events:
+            rows.append([str(lv.concurrency), f"`{e.fault}`", str(e.tick), e.hit, outcome(e, lv), *checks])
     return rows
 
 
-def outcome(event: dict, lv: dict) -> str:
+def outcome(event: FaultEvent, lv: LevelRecord) -> str:
     """What the fault did, in words: the sessions it ended, the cause, and how resubmissions ended."""
-    if not event["sessions"]:
+    if not event.sessions:
         return "no effect"
     by_end: dict[str, list[str]] = {}
-    for s in event["sessions"]:
-        later = event["cause"] and s["error"] != event["cause"]  # failed afterwards, with no engine to run on
+    for s in event.sessions:
+        later = event.cause and s.error != event.cause  # failed afterwards, with no engine to run on
         end = (
-            f"{s['done_reason']} ({event['cause']}{', later: not restarted' if later else ''})"
-            if event["cause"]
-            else s["done_reason"]
+            f"{s.done_reason} ({event.cause}{', later: not restarted' if later else ''})"
+            if event.cause
+            else s.done_reason
         )
-        by_end.setdefault(end, []).append(_name(s["session_id"], s["epoch"]))
+        by_end.setdefault(end, []).append(_name(s.session_id, s.epoch))
     parts = [f"{', '.join(ids)} {end}" for end, ids in by_end.items()]
-    if event["resubmitted"]:
-        ends = {(s["session_id"], s["epoch"]): s["done_reason"] for s in lv["sessions"]}
+    if event.resubmitted:
+        ends = {(s.session_id, s.epoch): s.done_reason for s in lv.sessions}
         again = [
-            f"{_name(r['session_id'], r['epoch'])} {ends.get((r['session_id'], r['epoch']), r['decision'])}"
-            for r in event["resubmitted"]
+            f"{_name(r.session_id, r.epoch)} {ends.get((r.session_id, r.epoch), r.decision)}" for r in event.resubmitted
         ]
         parts.append("resubmitted: " + ", ".join(again))
     return "; ".join(parts)

@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 from meshbench.analysis import figures
 from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import close_engine
-from meshbench.records.model import JsonObject, SessionRecord, SubmitEvent, Tick, Timing
+from meshbench.records import serial
+from meshbench.records.model import EngineLoss, FaultEvent, JsonObject, SessionRecord, SubmitEvent, Tick, Timing
 from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.scheduler.telemetry import TickRecord
@@ -93,8 +94,8 @@ class Pass:
     cache_misses: int
     failed: int
     counts: dict[str, int]  # the scheduler's COUNTERS
-    fault_events: list[JsonObject]  # one per injected fault (meshbench.sweep.inject)
-    engine_losses: list[JsonObject]  # one per engine loss: tick, cause, lost, resubmitted
+    fault_events: list[FaultEvent]  # one per injected fault (meshbench.sweep.inject)
+    engine_losses: list[EngineLoss]  # one per engine loss: tick, cause, lost, resubmitted
 
 
 def run_pass(
@@ -164,8 +165,8 @@ def finished_pass(
         tel["cache_misses"],
         tel["failed"],
         {k: tel[k] for k in COUNTERS},
-        fault_events or [],
-        node.losses(),
+        [serial.from_json(e, FaultEvent, "a fault event") for e in fault_events or []],
+        [serial.from_json(x, EngineLoss, "an engine loss") for x in node.losses()],
     )
 
 

@@ -29,8 +29,9 @@ def check_data(c: Checks, data: dict) -> None:
     """Every check of a node results.json that passed the schema: the raw records, and (typed once, after
     the schema) the figures and verdicts the analysis recomputes from them."""
     check_config_copies(c, data)
-    typed = serial.levels_of(data)
-    for i, (lv, rec) in enumerate(zip(data["levels"], typed)):
+    typed, reference = serial.levels_of(data), serial.reference_of(data)
+    per_token = data["engine"]["kv_bytes_per_token"]
+    for i, rec in enumerate(typed):
         at = f"levels[{i}]"
         check_level_figures(c, data, rec, at)
         check_level_accounting(c, data, rec, at)
@@ -43,6 +44,6 @@ def check_data(c: Checks, data: dict) -> None:
         check_isolation(c, data, rec, at)
         check_timing(c, data, rec, at)
         check_tick_ends(c, data, rec, at)
-        fault_checks.check_level(c, data, lv, at)
+        fault_checks.check_level(c, rec, at, reference or typed[0], per_token)
     check_sessions(c, data, typed)
-    check_sweep(c, data, typed, serial.reference_of(data))
+    check_sweep(c, data, typed, reference)

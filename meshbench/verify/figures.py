@@ -137,7 +137,7 @@ def _check_end_counts(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
         sum(s.done_reason == "FAILED" and (s.session_id, s.epoch) in named for s in sessions),
         lv.failed,
     )
-    resubmitted = sum(r["decision"] in ACCEPTED for loss in lv.engine_losses for r in loss["resubmitted"])
+    resubmitted = sum(r.decision in ACCEPTED for loss in lv.engine_losses for r in loss.resubmitted)
     c.equal(
         RESULTS,
         f"{at}.sessions (count: accepted arrivals and resubmissions)",

@@ -101,7 +101,7 @@ def _check_admissions(c: Checks, data: dict, lv: LevelRecord, at: str, wall: boo
     events = lv.submit_events
     accepted = sorted(
         [e.session_id for e in events if e.decision in ACCEPTED]
-        + [r["session_id"] for loss in lv.engine_losses for r in loss["resubmitted"] if r["decision"] in ACCEPTED]
+        + [r.session_id for loss in lv.engine_losses for r in loss.resubmitted if r.decision in ACCEPTED]
     )
     c.equal(
         RESULTS,
