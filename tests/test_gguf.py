@@ -263,17 +263,17 @@ def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
         "engine": {"architecture": "llama"},
         "isolation": {"holds": True, "every_level": True},
     }
-    oracle = prove.oracle(cfg, div, data, lambda c: run_sweep(c, "test"))
+    oracle = prove.oracle(cfg, div, data["engine"], lambda c: run_sweep(c, "test"))
     assert oracle == "agrees across levels [1, 8] on the same weights"
-    text = classify(data, oracle)
+    text = classify(data["first_divergence"], data["isolation"], oracle)
     assert text.startswith("engine batch variance (shape-dependent numerics)") and "(a near-tie)" in text
     assert text.endswith("numpy oracle: agrees across levels [1, 8] on the same weights")
     div["reference_margin"] = 10 * NEAR_TIE
-    assert "near-tie" not in classify(data, oracle)
+    assert "near-tie" not in classify(data["first_divergence"], data["isolation"], oracle)
     data["isolation"] = {"holds": False, "every_level": True}
-    assert classify(data, oracle).startswith("contamination between sessions")
+    assert classify(data["first_divergence"], data["isolation"], oracle).startswith("contamination between sessions")
     data["isolation"] = {"holds": None, "every_level": False}
-    assert classify(data, oracle).startswith("unclassified")
+    assert classify(data["first_divergence"], data["isolation"], oracle).startswith("unclassified")
 
 
 def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(models, loaded, tmp_path):

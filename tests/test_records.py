@@ -23,6 +23,10 @@ ENDPOINT = json.loads((ROOT / "schemas" / "endpoint.schema.json").read_text())
 def _node(path: str) -> dict:
     """The schema object at ``path``: $defs names, then properties, ``[]`` for items, ``*`` for values; an
     endpoint record's path starts ``endpoint:``."""
+    if path == "results:":
+        return SCHEMA
+    if path.startswith("results:"):
+        return SCHEMA["properties"][path.removeprefix("results:")]
     if path.startswith("endpoint:"):
         return ENDPOINT["$defs"][path.removeprefix("endpoint:")]
     parts = path.split(".")
@@ -55,6 +59,8 @@ RECORDS = {
     model.IsolationVerdict: "level.isolation_verdict",
     model.LevelRecord: "level",
     model.Reference: "reference",
+    model.SweepIsolation: "results:isolation",
+    model.NodeResults: "results:",
     model.Resubmission: "level.engine_losses.[].resubmitted.[]",
     model.FaultSession: "level.fault_events.[].sessions.[]",
     model.FaultEvent: "level.fault_events.[]",
@@ -115,6 +121,12 @@ ENDPOINT_BUNDLES = sorted(
 def test_every_committed_endpoint_level_goes_to_records_and_back_unchanged(path):
     levels = json.loads(path.read_text())["levels"]
     assert [serial.to_json(lv) for lv in serial.endpoint_levels(levels)] == levels
+
+
+@pytest.mark.parametrize("path", NODE_BUNDLES, ids=lambda p: p.parent.name)
+def test_every_committed_node_bundle_goes_to_records_and_back_unchanged(path):
+    data = json.loads(path.read_text())
+    assert serial.to_json(serial.from_json(data, model.NodeResults)) == data
 
 
 @pytest.mark.parametrize("path", NODE_BUNDLES, ids=lambda p: p.parent.name)

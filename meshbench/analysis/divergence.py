@@ -12,10 +12,11 @@ from meshbench.analysis.figures import NEAR_TIE
 from meshbench.records import JsonObject
 
 
-def classify(data: JsonObject, oracle: str) -> str:
+def classify(div: JsonObject, isolation: JsonObject, oracle: str) -> str:
     """The divergence's class from the sweep's own isolation verdict, with the numpy oracle's finding
-    (``meshbench.sweep.prove.oracle``, run by the runner)."""
-    div, iso = data["first_divergence"], data["isolation"]
+    (``meshbench.sweep.prove.oracle``, run by the runner). ``div`` is the sweep's first divergence, ``isolation``
+    its isolation verdict."""
+    iso = isolation
     margin = div.get("reference_margin")
     where = (
         f"session {div['session_id']} token {div['token_index']} at level {div['concurrency']}, "

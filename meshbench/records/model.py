@@ -306,3 +306,42 @@ class EndpointLevel:
     repetitions: list[EndpointRepetition]
     needle: list[NeedleTrial]
     figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepIsolation:
+    """How a sweep's isolation was proven, at how many levels, and whether it holds."""
+
+    method: str
+    levels_run: int
+    every_level: bool
+    holds: bool | None  # None: no level could run it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeResults:
+    """A node sweep's results.json: the header and config echo, the engine and environment, the level records,
+    and the sweep's verdicts (meshbench.results.document.build), complete when built."""
+
+    schema_version: int
+    meshbench_version: str
+    created_at: str
+    command: str
+    story: str
+    title: str | None = None
+    config: JsonObject
+    engine: JsonObject
+    workload: JsonObject
+    budget: dict[str, int]
+    environment: JsonObject
+    levels: list[LevelRecord]
+    corruption_free: bool
+    batch_invariant: bool
+    isolation: SweepIsolation
+    first_divergence: JsonObject | None  # where the first level's tokens left the reference's, and why
+    saturation_concurrency: int | None
+    saturation_margin: float
+    reference_concurrency: int
+    reference: Reference | None
+    saturation_rates: dict[str, float | None] | None
+    inputs: dict[str, dict[str, str]] | None = None  # input files by config key, with their sha256

@@ -12,6 +12,7 @@ from meshbench.analysis.figures import SATURATION_MARGIN
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
+from meshbench.records.model import NodeResults, SweepIsolation
 from meshbench.workload.config import RunConfig
 
 SCHEMA_VERSION = 4
@@ -31,25 +32,37 @@ def header(cfg: RunConfig, command: str, schema_version: int) -> dict:
     }
 
 
-def build(cfg: RunConfig, sweep: ConcurrencySweep, engine_info: dict, environment: dict, command: str) -> dict:
-    """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts."""
-    return {
-        **header(cfg, command, SCHEMA_VERSION),
-        "engine": engine_info,
-        "workload": cfg.workload.to_dict(),  # copies of the config echo's, checked equal by verify
-        "budget": cfg.budget.to_dict(),
-        "environment": environment,
-        "levels": serial.to_json(sweep.levels),
-        "corruption_free": sweep.corruption_free,
-        "batch_invariant": sweep.batch_invariant,
-        "isolation": sweep.isolation,
-        "first_divergence": sweep.first_divergence,
-        "saturation_concurrency": sweep.saturation_concurrency,
-        "saturation_margin": SATURATION_MARGIN,
-        "reference_concurrency": sweep.reference_concurrency,
-        "reference": serial.to_json(sweep.reference),
-        "saturation_rates": sweep.saturation_rates,
-    }
+def build(
+    cfg: RunConfig,
+    sweep: ConcurrencySweep,
+    engine_info: dict,
+    environment: dict,
+    command: str,
+    first_divergence: dict | None = None,
+    inputs: dict | None = None,
+) -> dict:
+    """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts (the
+    first divergence as explained by the runner, when it was), and the input files' digests."""
+    return serial.to_json(
+        NodeResults(
+            **header(cfg, command, SCHEMA_VERSION),
+            engine=engine_info,
+            workload=cfg.workload.to_dict(),  # copies of the config echo's, checked equal by verify
+            budget=cfg.budget.to_dict(),
+            environment=environment,
+            levels=sweep.levels,
+            corruption_free=sweep.corruption_free,
+            batch_invariant=sweep.batch_invariant,
+            isolation=serial.from_json(sweep.isolation, SweepIsolation),
+            first_divergence=first_divergence or sweep.first_divergence,
+            saturation_concurrency=sweep.saturation_concurrency,
+            saturation_margin=SATURATION_MARGIN,
+            reference_concurrency=sweep.reference_concurrency,
+            reference=sweep.reference,
+            saturation_rates=sweep.saturation_rates,
+            inputs=inputs,
+        )
+    )
 
 
 ENDPOINT_SCHEMA = "endpoint.schema.json"

@@ -63,9 +63,9 @@ def isolation_record(
     return records, isolation.verdict(records, baseline.sessions, deterministic_ticks(baseline.ticks))
 
 
-def oracle(cfg: RunConfig, div: dict, data: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
+def oracle(cfg: RunConfig, div: dict, engine_info: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
     """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
-    arch = data["engine"].get("architecture")
+    arch = engine_info.get("architecture")
     if arch != "llama" or cfg.workload.prompts is not None or cfg.workload.eos != "continue":
         return (
             f"not applicable (it runs llama-architecture weights on synthetic prompts with eos continue; "

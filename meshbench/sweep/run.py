@@ -10,6 +10,7 @@ from typing import Callable, Iterator
 
 from meshbench import files
 from meshbench.analysis import divergence
+from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine import factory, rpc
 from meshbench.engine.base import check_context
 from meshbench.engine.process import workers
@@ -18,6 +19,7 @@ from meshbench.engine.rpc import Endpoint
 from meshbench.engine.setup import EngineSetup, EngineSizing
 from meshbench.errors import MeshbenchError
 from meshbench.model import gguf_io
+from meshbench.records import serial
 from meshbench.results import document as results
 from meshbench.results import envinfo, kinds
 from meshbench.scheduler.budget import NodeBudget
@@ -107,24 +109,34 @@ def run_sweep(
 ) -> dict:
     setup = setup or prepare(cfg)
     sweep = run_concurrency_sweep(SweepPlan.of(cfg), setup.make, node=setup, on_tick=on_tick)
-    data = results.build(cfg, sweep, setup.info, envinfo.environment(), command)
-    if cfg.workload.prompts:  # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
-        data["inputs"] = {"workload.prompts": {"sha256": files.sha256(Path(cfg.workload.prompts))}}
-    # Only llama.cpp's kernels can vary with the batch shape; the synthetic engine cannot.
-    div = data["first_divergence"]
-    if div is not None and cfg.engine.kind == "gguf":
-        oracle = prove.oracle(cfg, div, data, lambda other: run_sweep(other, "(classification)"))
-        div["classification"] = divergence.classify(data, oracle)
-        div["logit_deviation"] = _logit_deviation(cfg, setup, data, div)
-    return data
+    # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
+    inputs = (
+        {"workload.prompts": {"sha256": files.sha256(Path(cfg.workload.prompts))}} if cfg.workload.prompts else None
+    )
+    div = _explained(cfg, setup, sweep)
+    return results.build(cfg, sweep, setup.info, envinfo.environment(), command, div, inputs)
 
 
-def _logit_deviation(cfg: RunConfig, setup: EngineSetup, data: dict, div: dict) -> dict | None:
+def _explained(cfg: RunConfig, setup: EngineSetup, sweep: ConcurrencySweep) -> dict | None:
+    """The sweep's first divergence, with its class and the logits' deviation where llama.cpp computed it (only
+    its kernels can vary with the batch shape; the synthetic engine cannot)."""
+    div = sweep.first_divergence
+    if div is None or cfg.engine.kind != "gguf":
+        return div
+    oracle = prove.oracle(cfg, div, setup.info, lambda other: run_sweep(other, "(classification)"))
+    return {
+        **div,
+        "classification": divergence.classify(div, sweep.isolation, oracle),
+        "logit_deviation": _logit_deviation(cfg, setup, sweep, div),
+    }
+
+
+def _logit_deviation(cfg: RunConfig, setup: EngineSetup, sweep: ConcurrencySweep, div: dict) -> dict | None:
     """The diverging session's logits at its first batched step, against the reference level's, from a replay
     of both levels' recorded schedules (in this process: an isolated engine's logits never leave its own)."""
-    if cfg.engine.isolated or data["reference"] is not None:
+    if cfg.engine.isolated or sweep.reference is not None:
         return None
-    by_c = {lv["concurrency"]: lv for lv in data["levels"]}
+    by_c = {lv.concurrency: serial.to_json(lv) for lv in sweep.levels}
     prompts = {r.session_id: r.prompt_tokens for r in cfg.workload.requests(setup.vocab_size, setup.eog)}
     make = lambda lv: setup.make(NodeBudget(**lv["budget"]).engine_limits())  # noqa: E731
     return replay.deviation(
