@@ -17,12 +17,13 @@ import numpy as np
 
 from meshbench import files
 from meshbench.analysis import endpoint as figures
-from meshbench.endpoint import llama_server
-from meshbench.endpoint.client import Completion, Endpoint, parse_target
+from meshbench.endpoint import client, llama_server
+from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
+from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, NeedleTrial
 from meshbench.results import document
 from meshbench.sweep.plan import level_orders
 from meshbench.workload import prompts as prompts_mod
@@ -98,15 +99,32 @@ def _sweep(
         for c in levels:
             progress(f"warm-up {w + 1}/{cfg.warmup}, concurrency {c}")
             closed_loop(endpoint, jobs, c)
-    alone = at_once(endpoint, [Job(NEEDLE, jobs[0].body)])[0]
-    records = {c: {"concurrency": c, "repetitions": [], "needle": []} for c in levels}
+    alone = _answer(at_once(endpoint, [Job(NEEDLE, jobs[0].body)])[0])
+    wl = cfg.workload
+    lengths, new = dict(zip(wl.session_ids(), wl.prompt_tokens)), dict(zip(wl.session_ids(), wl.new_tokens))
+    slo = dict(cfg.slo or {})
+
+    def judged(answers: list[Completion], wall_s: float) -> dict:
+        return figures.pass_figures(answers, wall_s, lengths, slo, new)
+
+    passes: dict[int, list[EndpointRepetition]] = {c: [] for c in levels}
+    needles: dict[int, list[NeedleTrial]] = {c: [] for c in levels}
     for r, order in enumerate(level_orders(len(levels), cfg.repeat)):
         for position, i in enumerate(order):
             c = levels[i]
             progress(f"repetition {r + 1}/{cfg.repeat}, concurrency {c}")
-            records[c]["repetitions"].append(_pass(endpoint, jobs, c, r, position))
-            records[c]["needle"].append(_needle(endpoint, jobs, c, r, rng))
-    return _document(cfg, command, environment, info, texts, ids, alone, [records[c] for c in levels])
+            passes[c].append(_pass(endpoint, jobs, c, r, position, judged))
+            needles[c].append(_needle(endpoint, jobs, c, r, rng))
+    records = [
+        EndpointLevel(
+            concurrency=c,
+            repetitions=passes[c],
+            needle=needles[c],
+            figures=figures.summary([rep.figures for rep in passes[c]]),
+        )
+        for c in levels
+    ]
+    return _document(cfg, command, environment, info, alone, records)
 
 
 def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:
@@ -128,21 +146,37 @@ def _jobs(cfg: RunConfig, endpoint: Endpoint, texts: list[str], ids: list[list[i
     ]
 
 
-def _pass(endpoint: Endpoint, jobs: list[Job], c: int, r: int, position: int) -> dict:
+def _answer(x: client.Completion) -> Completion:
+    """The client's answer (filled while it streamed) as the record results.json holds."""
+    return serial.completions([x.to_dict()])[0]
+
+
+def _pass(
+    endpoint: Endpoint,
+    jobs: list[Job],
+    c: int,
+    r: int,
+    position: int,
+    judged: Callable[[list[Completion], float], dict],
+) -> EndpointRepetition:
+    """One repetition of level ``c``: every job on ``c`` closed-loop clients, the metrics around it, and its
+    figures (``judged``)."""
     before = endpoint.metrics()
     done, wall_s = closed_loop(endpoint, jobs, c)
     after = endpoint.metrics()
-    return {
-        "repetition": r,
-        "position": position,
-        "wall_s": wall_s,
-        "sessions": [x.to_dict() for x in done],
-        "metrics_before": before,
-        "metrics_after": after,
-    }
+    answers = [_answer(x) for x in done]
+    return EndpointRepetition(
+        repetition=r,
+        position=position,
+        wall_s=wall_s,
+        sessions=answers,
+        metrics_before=before,
+        metrics_after=after,
+        figures=judged(answers, wall_s),
+    )
 
 
-def _needle(endpoint: Endpoint, jobs: list[Job], c: int, r: int, rng) -> dict:
+def _needle(endpoint: Endpoint, jobs: list[Job], c: int, r: int, rng) -> NeedleTrial:
     """The needle (the first session's prompt) at a random position among ``c - 1`` other sessions, all
     submitted together."""
     neighbours = (
@@ -153,13 +187,9 @@ def _needle(endpoint: Endpoint, jobs: list[Job], c: int, r: int, rng) -> dict:
     at = int(rng.integers(0, len(neighbours) + 1))
     batch = [*neighbours[:at], Job(NEEDLE, jobs[0].body), *neighbours[at:]]
     done = at_once(endpoint, batch)
-    needle: Completion = done[at]
-    return {
-        "repetition": r,
-        "position": at,
-        "neighbours": [j.session_id for j in neighbours],
-        "completion": needle.to_dict(),
-    }
+    return NeedleTrial(
+        repetition=r, position=at, neighbours=[j.session_id for j in neighbours], completion=_answer(done[at])
+    )
 
 
 def _document(
@@ -167,23 +197,12 @@ def _document(
     command: str,
     environment: dict,
     info: dict,
-    texts: list[str],
-    ids: list[list[int]],
     alone: Completion,
-    levels: list[dict],
+    levels: list[EndpointLevel],
 ) -> dict:
     wl = cfg.workload
-    lengths = {sid: len(x) for sid, x in zip(wl.session_ids(), ids)}
-    new = dict(zip(wl.session_ids(), wl.new_tokens))
-    slo = dict(cfg.slo or {})
-    for lv in levels:
-        for rep in lv["repetitions"]:
-            answers = serial.completions(rep["sessions"])
-            rep["figures"] = figures.pass_figures(answers, rep["wall_s"], lengths, slo, new)
-        lv["figures"] = figures.summary([rep["figures"] for rep in lv["repetitions"]])
-    typed, needle = serial.endpoint_levels(levels), serial.completions([alone.to_dict()])[0]
-    every = [c for lv in typed for rep in lv.repetitions for c in rep.sessions]
-    every += [t.completion for lv in typed for t in lv.needle] + [needle]
+    every = [c for lv in levels for rep in lv.repetitions for c in rep.sessions]
+    every += [t.completion for lv in levels for t in lv.needle] + [alone]
     compared = figures.compared_by(info["api"], every)
     return {
         "kind": "endpoint",
@@ -194,13 +213,13 @@ def _document(
             "sessions": wl.sessions,
             "prompts": wl.prompts,
             "prompts_sha256": files.sha256(Path(wl.prompts)),
-            "prompt_tokens": [lengths[s] for s in wl.session_ids()],
+            "prompt_tokens": list(wl.prompt_tokens),
             "new_tokens": list(wl.new_tokens),
             "eos": wl.eos,
             "seed": wl.seed,
         },
-        "needle": {"prompt_of": wl.session_ids()[0], "alone": alone.to_dict()},
-        "levels": levels,
-        "verdicts": figures.verdicts(typed, needle, compared),
+        "needle": {"prompt_of": wl.session_ids()[0], "alone": serial.to_json(alone)},
+        "levels": serial.to_json(levels),
+        "verdicts": figures.verdicts(levels, alone, compared),
         "conclusions": figures.CONCLUSIONS,
     }

@@ -271,8 +271,8 @@ class Completion:
     token_ns: list[int]
     stop: str | None
     predicted: int | None  # tokens the server says it generated
-    error: str | None
     evaluated: int | None  # prompt tokens the server says it evaluated
+    error: str | None  # the request failed: HTTP status, a closed stream, a timeout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
