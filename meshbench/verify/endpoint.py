@@ -9,6 +9,7 @@ from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
+from meshbench.records.model import Completion, EndpointLevel
 from meshbench.workload.target import Target, parse_target
 
 
@@ -35,23 +36,23 @@ def check_data(c: Checks, data: dict) -> None:
     lengths, new = dict(zip(ids, wl["prompt_tokens"])), dict(zip(ids, wl["new_tokens"]))
     slo = cfg["slo"]
     typed = serial.endpoint_levels(data["levels"])
-    for i, (lv, level) in enumerate(zip(data["levels"], typed)):
+    alone = serial.completions([data["needle"]["alone"]])[0]
+    for i, lv in enumerate(typed):
         at = f"levels[{i}]"
-        _check_passes(c, lv, at, ids, cfg["repeat"], len(data["levels"]), i)
-        for r, (rep, pass_) in enumerate(zip(lv["repetitions"], level.repetitions)):
-            expected = figures.pass_figures(pass_.sessions, pass_.wall_s, lengths, slo, new)
-            c.equal(RESULTS, f"{at}.repetitions[{r}].figures (recomputed from the stamps)", expected, rep["figures"])
+        _check_passes(c, lv, at, ids, cfg["repeat"], len(typed), i)
+        for r, rep in enumerate(lv.repetitions):
+            expected = figures.pass_figures(rep.sessions, rep.wall_s, lengths, slo, new)
+            c.equal(RESULTS, f"{at}.repetitions[{r}].figures (recomputed from the stamps)", expected, rep.figures)
         c.equal(
             RESULTS,
             f"{at}.figures (over the repetitions)",
-            figures.summary([rep["figures"] for rep in lv["repetitions"]]),
-            lv["figures"],
+            figures.summary([rep.figures for rep in lv.repetitions]),
+            lv.figures,
         )
         _check_needle(c, lv, at, ids)
-    _check_stamps(c, data)
-    _check_evaluated(c, data, lengths)
-    _check_answered(c, data)
-    alone = serial.completions([data["needle"]["alone"]])[0]
+    _check_stamps(c, data, typed)
+    _check_evaluated(c, data, typed, lengths)
+    _check_answered(c, alone, typed)
     every = [x for lv in typed for rep in lv.repetitions for x in rep.sessions]
     every += [t.completion for lv in typed for t in lv.needle] + [alone]
     compared = figures.compared_by(data["endpoint"]["api"], every)
@@ -90,96 +91,93 @@ def _target(url) -> Target | None:
         return None
 
 
-def _check_passes(c: Checks, lv: dict, at: str, ids: list[str], repeat: int, count: int, index: int) -> None:
+def _check_passes(c: Checks, lv: EndpointLevel, at: str, ids: list[str], repeat: int, count: int, index: int) -> None:
     """Each repetition answers every session once, in order; repetition r ran this level at its place in the
     order rotated by r."""
-    c.equal(RESULTS, f"{at}.repetitions (count = config.repeat)", repeat, len(lv["repetitions"]))
-    for r, rep in enumerate(lv["repetitions"]):
-        c.equal(RESULTS, f"{at}.repetitions[{r}].repetition", r, rep["repetition"])
+    c.equal(RESULTS, f"{at}.repetitions (count = config.repeat)", repeat, len(lv.repetitions))
+    for r, rep in enumerate(lv.repetitions):
+        c.equal(RESULTS, f"{at}.repetitions[{r}].repetition", r, rep.repetition)
         c.equal(
             RESULTS,
             f"{at}.repetitions[{r}].sessions (every session once, in order)",
             ids,
-            [x["session_id"] for x in rep["sessions"]],
+            [x.session_id for x in rep.sessions],
         )
         rotated = list(range(r % count, count)) + list(range(r % count))
         c.equal(
-            RESULTS, f"{at}.repetitions[{r}].position (level order rotated by r)", rotated.index(index), rep["position"]
+            RESULTS, f"{at}.repetitions[{r}].position (level order rotated by r)", rotated.index(index), rep.position
         )
 
 
-def _check_needle(c: Checks, lv: dict, at: str, ids: list[str]) -> None:
-    c.equal(RESULTS, f"{at}.needle (one trial per repetition)", len(lv["repetitions"]), len(lv["needle"]))
-    for k, t in enumerate(lv["needle"]):
+def _check_needle(c: Checks, lv: EndpointLevel, at: str, ids: list[str]) -> None:
+    c.equal(RESULTS, f"{at}.needle (one trial per repetition)", len(lv.repetitions), len(lv.needle))
+    for k, t in enumerate(lv.needle):
         where = f"{at}.needle[{k}]"
         c.equal(
             RESULTS,
             f"{where}.neighbours (C - 1 distinct other sessions)",
             True,
-            len(t["neighbours"]) == min(lv["concurrency"] - 1, len(ids) - 1)
-            and len(set(t["neighbours"])) == len(t["neighbours"])
-            and all(n in ids[1:] for n in t["neighbours"]),
+            len(t.neighbours) == min(lv.concurrency - 1, len(ids) - 1)
+            and len(set(t.neighbours)) == len(t.neighbours)
+            and all(n in ids[1:] for n in t.neighbours),
         )
-        c.equal(RESULTS, f"{where}.position (among its neighbours)", True, 0 <= t["position"] <= len(t["neighbours"]))
-        c.equal(RESULTS, f"{where}.completion.session_id", "needle", t["completion"]["session_id"])
-        stamps = [t["completion"]["submit_ns"], *t["completion"]["token_ns"]]
+        c.equal(RESULTS, f"{where}.position (among its neighbours)", True, 0 <= t.position <= len(t.neighbours))
+        c.equal(RESULTS, f"{where}.completion.session_id", "needle", t.completion.session_id)
+        stamps = [t.completion.submit_ns, *t.completion.token_ns]
         c.equal(RESULTS, f"{where}.completion.token_ns (in order, after submit_ns)", True, stamps == sorted(stamps))
 
 
-def _check_stamps(c: Checks, data: dict) -> None:
+def _check_stamps(c: Checks, data: dict, levels: list[EndpointLevel]) -> None:
     """Every completion's token stamps never decrease and come after its submission; a native answer has one
     stamp per token id."""
     native = data["endpoint"]["api"] == "native"
-    for i, lv in enumerate(data["levels"]):
-        for r, rep in enumerate(lv["repetitions"]):
-            for x in rep["sessions"]:
-                where = f"levels[{i}].repetitions[{r}].{x['session_id']}"
-                stamps = x["token_ns"]
+    for i, lv in enumerate(levels):
+        for r, rep in enumerate(lv.repetitions):
+            for x in rep.sessions:
+                where = f"levels[{i}].repetitions[{r}].{x.session_id}"
+                stamps = x.token_ns
                 c.equal(
                     RESULTS,
                     f"{where}.token_ns (in order, after submit_ns)",
                     True,
-                    all(a <= b for a, b in zip([x["submit_ns"], *stamps], stamps)),
+                    all(a <= b for a, b in zip([x.submit_ns, *stamps], stamps)),
                 )
                 if native:
-                    c.equal(RESULTS, f"{where}: one stamp per token id", len(x["tokens"]), len(stamps))
+                    c.equal(RESULTS, f"{where}: one stamp per token id", len(x.tokens), len(stamps))
                 c.equal(
                     RESULTS,
                     f"{where}: within the pass's wall time",
                     True,
-                    not stamps or stamps[-1] <= rep["wall_s"] * 1e9 + 1e6,
+                    not stamps or stamps[-1] <= rep.wall_s * 1e9 + 1e6,
                 )
 
 
-def _check_answered(c: Checks, data: dict) -> None:
+def _check_answered(c: Checks, alone: Completion, levels: list[EndpointLevel]) -> None:
     """Every request was answered: a failed one has no output for a verdict to judge (as a node's session may
     fail only by an injected fault)."""
-    alone = data["needle"]["alone"]
-    c.equal(RESULTS, "needle.alone: answered", "answered", "answered" if alone["error"] is None else alone["error"])
-    for i, lv in enumerate(data["levels"]):
-        for r, rep in enumerate(lv["repetitions"]):
-            for x in rep["sessions"]:
-                if x["error"] is not None:
-                    c.equal(
-                        RESULTS, f"levels[{i}].repetitions[{r}].{x['session_id']}: answered", "answered", x["error"]
-                    )
-        for k, t in enumerate(lv["needle"]):
-            if t["completion"]["error"] is not None:
-                c.equal(RESULTS, f"levels[{i}].needle[{k}]: answered", "answered", t["completion"]["error"])
+    c.equal(RESULTS, "needle.alone: answered", "answered", "answered" if alone.error is None else alone.error)
+    for i, lv in enumerate(levels):
+        for r, rep in enumerate(lv.repetitions):
+            for x in rep.sessions:
+                if x.error is not None:
+                    c.equal(RESULTS, f"levels[{i}].repetitions[{r}].{x.session_id}: answered", "answered", x.error)
+        for k, t in enumerate(lv.needle):
+            if t.completion.error is not None:
+                c.equal(RESULTS, f"levels[{i}].needle[{k}]: answered", "answered", t.completion.error)
 
 
-def _check_evaluated(c: Checks, data: dict, lengths: dict[str, int]) -> None:
+def _check_evaluated(c: Checks, data: dict, levels: list[EndpointLevel], lengths: dict[str, int]) -> None:
     """Where the server says how many prompt tokens it evaluated, it evaluated exactly the session's prompt (no
     BOS added to ids, no prompt cache reused)."""
     first = data["needle"]["prompt_of"]
-    for i, lv in enumerate(data["levels"]):
-        answers = [x for rep in lv["repetitions"] for x in rep["sessions"]] + [t["completion"] for t in lv["needle"]]
+    for i, lv in enumerate(levels):
+        answers = [x for rep in lv.repetitions for x in rep.sessions] + [t.completion for t in lv.needle]
         for x in answers:
-            if x["evaluated"] is not None:
-                sid = first if x["session_id"] == "needle" else x["session_id"]
+            if x.evaluated is not None:
+                sid = first if x.session_id == "needle" else x.session_id
                 c.equal(
                     RESULTS,
-                    f"levels[{i}] {x['session_id']}: prompt tokens the server evaluated",
+                    f"levels[{i}] {x.session_id}: prompt tokens the server evaluated",
                     lengths[sid],
-                    x["evaluated"],
+                    x.evaluated,
                 )
