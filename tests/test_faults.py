@@ -442,3 +442,18 @@ def test_verify_catches_a_fault_matrix_cell_that_lies(fault_bundle, tmp_path):
     )
     r = runner.invoke(app, ["verify", str(out)])
     assert r.exit_code == 1 and "fault matrix rows[1].what happened" in r.stdout, r.stdout
+
+
+def test_a_failed_restart_with_resubmissions_fails_the_accounting(tmp_path):
+    # A restart that failed left no engine to resubmit to: an engine loss that says so and still lists
+    # resubmissions was never measured (it verified clean before this check).
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(Path(__file__).parent.parent / "evidence" / "MB-FAULTS-GGUF", bundle)
+    data = json.loads((bundle / "results.json").read_text())
+    level = next(lv for lv in data["levels"] if any(loss["resubmitted"] for loss in lv["engine_losses"]))
+    level["engine_losses"][0]["restart_error"] = "boom"
+    (bundle / "results.json").write_text(json.dumps(data))
+    r = CliRunner().invoke(app, ["verify", str(bundle)])
+    assert r.exit_code == 1 and "a failed restart resubmitted nothing" in r.output, r.output

@@ -64,12 +64,9 @@ def verdicts(lv: LevelRecord, reference: Served, kv_bytes_per_token: int) -> dic
     return {name: (name not in failed) if applies.get(name, True) else None for name in CHECKS}
 
 
-def _resubmitted(lv: LevelRecord) -> set[tuple[str, int]]:
-    """(session, epoch) of every accepted resubmission."""
-    # (an accepted resubmission has its epoch)
-    return {
-        (r.session_id, r.epoch or 0) for loss in lv.engine_losses for r in loss.resubmitted if r.decision in ACCEPTED
-    }
+def _resubmitted(lv: LevelRecord) -> set[tuple[str, int | None]]:
+    """(session, epoch) of every accepted resubmission (a forged one may lack its epoch: named as it is)."""
+    return {(r.session_id, r.epoch) for loss in lv.engine_losses for r in loss.resubmitted if r.decision in ACCEPTED}
 
 
 def _equal(c: Checks, at: str, check: str, what: str, expected: object, found: object) -> None:
@@ -175,14 +172,14 @@ def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[str, list[in
         where = f"{s.session_id}#{s.epoch}"
         _equal(c, at, check, f"{where} done_reason", "COMPLETED", s.done_reason)
         _equal(c, at, check, f"{where} tokens = the reference's", True, s.tokens == reference.get(s.session_id))
-    for key in sorted(resubmitted):  # each resubmission ran: its session is in the level's records
+    for again in sorted(resubmitted, key=lambda k: (k[0], k[1] or 0)):  # each ran: its session is in the records
         _equal(
             c,
             at,
             "resubmitted identical",
-            f"{key[0]}#{key[1]} recorded",
+            f"{again[0]}#{again[1]} recorded",
             True,
-            any((s.session_id, s.epoch) == key for s in lv.sessions),
+            any((s.session_id, s.epoch) == again for s in lv.sessions),
         )
 
 
@@ -203,6 +200,9 @@ def _accounting(c: Checks, lv: LevelRecord, at: str) -> None:
     }
     for k, v in raw.items():
         _equal(c, at, "accounting", f"counts.{k} (the scheduler's) = the records'", v, lv.counts[k])
+    for loss in lv.engine_losses:  # a restart that failed left no engine to resubmit to
+        again = [r.session_id for r in loss.resubmitted] if loss.restart_error is not None else []
+        _equal(c, at, "accounting", f"engine loss at tick {loss.tick}: a failed restart resubmitted nothing", [], again)
     offered = len(lv.submit_events) + len(resubmissions)
     closed = raw["completed"] + raw["cancelled"] + raw["failed"] + raw["cache_misses"] + refused
     _equal(c, at, "accounting", "offered (arrivals + resubmissions) = every end + every refusal", offered, closed)
