@@ -148,7 +148,7 @@ def _jobs(cfg: RunConfig, endpoint: Endpoint, texts: list[str], ids: list[list[i
 
 def _answer(x: client.Completion) -> Completion:
     """The client's answer (filled while it streamed) as the record results.json holds."""
-    return serial.completions([x.to_dict()])[0]
+    return serial.completion(x.to_dict())
 
 
 def _pass(

@@ -101,9 +101,9 @@ def reference_of(results: Any) -> model.Reference | None:
     return None if ref is None else from_json(ref, model.Reference, "results.json reference")
 
 
-def completions(value: Any) -> list[model.Completion]:
-    """An endpoint's answers (``Completion`` records, or their JSON values) as records."""
-    return [c if isinstance(c, model.Completion) else from_json(c, model.Completion, "a completion") for c in value]
+def completion(value: Any) -> model.Completion:
+    """An endpoint's answer, from its JSON value."""
+    return from_json(value, model.Completion, "a completion")
 
 
 def endpoint_levels(value: Any) -> list[model.EndpointLevel]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from meshbench.analysis import backpressure, figures, verdicts
+from meshbench.analysis import backpressure, figures, isolation, verdicts
 from meshbench.analysis.verdicts import ConcurrencySweep
-from meshbench.records.model import IsolationRecords, IsolationVerdict, JsonObject, LevelRecord, Reference, Repetition
+from meshbench.records.model import IsolationRecords, JsonObject, LevelRecord, Reference, Repetition
 from meshbench.scheduler.budget import ACCEPTED, NodeBudget
 from meshbench.sweep.passes import Pass
 from meshbench.sweep.plan import Level
@@ -19,12 +19,13 @@ def level_record(
     arrival_times: list[float],
     slo: JsonObject,
     passes: Sequence[tuple[int, int, Pass]],
-    proof: tuple[IsolationRecords, IsolationVerdict],
+    proof: IsolationRecords,
     wall: bool = False,
 ) -> LevelRecord:
     """The results.json record of a level, complete: repetition 0's deterministic records, every repetition's
-    raw timing and wall figures, their summary, and the isolation records and verdict (``proof``, from
-    ``sweep.prove.isolation_record``). ``passes`` are (repetition, position in its order, pass)."""
+    raw timing and wall figures, their summary, and the isolation records (``proof``, from
+    ``sweep.prove.isolation_record``) with their verdict. ``passes`` are (repetition, position in its order,
+    pass)."""
     first = passes[0][2]
     ticks = figures.deterministic_ticks(first.ticks)
     repetitions = [
@@ -62,8 +63,8 @@ def level_record(
         backpressure=load,
         repetitions=repetitions,
         wall=figures.repetition_summary([rep.wall for rep in repetitions]),
-        isolation=proof[0],
-        isolation_verdict=proof[1],
+        isolation=proof,
+        isolation_verdict=isolation.verdict(proof, first.sessions, ticks),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from meshbench.analysis import isolation
 from meshbench.analysis.figures import deterministic_ticks
 from meshbench.errors import MeshbenchError
-from meshbench.records.model import IsolationPass, IsolationRecords, IsolationVerdict
+from meshbench.records.model import IsolationPass, IsolationRecords
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.passes import Pass
 from meshbench.workload.config import RunConfig
@@ -52,15 +52,12 @@ def isolation_record(
     seed: int,
     skipped: str | None,
     rounds: int = 1,
-) -> tuple[IsolationRecords, IsolationVerdict]:
-    """The level's isolation records (its perturbation passes, or why there are none) and their verdict, judged
-    against the level's own first pass ``baseline``."""
-    records = (
-        IsolationRecords(sessions=None, passes=None, reason=skipped)
-        if skipped is not None
-        else isolation_passes(run, requests, baseline, vocab, seed, rounds)
-    )
-    return records, isolation.verdict(records, baseline.sessions, deterministic_ticks(baseline.ticks))
+) -> IsolationRecords:
+    """The level's isolation records: its perturbation passes, or why there are none (``level_record`` judges
+    them against the level's own first pass ``baseline``)."""
+    if skipped is not None:
+        return IsolationRecords(sessions=None, passes=None, reason=skipped)
+    return isolation_passes(run, requests, baseline, vocab, seed, rounds)
 
 
 def oracle(cfg: RunConfig, div: dict, engine_info: dict, run_sweep: Callable[[RunConfig], dict]) -> str:

@@ -36,7 +36,7 @@ def check_data(c: Checks, data: dict) -> None:
     lengths, new = dict(zip(ids, wl["prompt_tokens"])), dict(zip(ids, wl["new_tokens"]))
     slo = cfg["slo"]
     typed = serial.endpoint_levels(data["levels"])
-    alone = serial.completions([data["needle"]["alone"]])[0]
+    alone = serial.completion(data["needle"]["alone"])
     for i, lv in enumerate(typed):
         at = f"levels[{i}]"
         _check_passes(c, lv, at, ids, cfg["repeat"], len(typed), i)
