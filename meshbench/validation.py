@@ -9,6 +9,8 @@ from functools import lru_cache
 from importlib import resources
 
 import jsonschema
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 
 @lru_cache(maxsize=None)
@@ -27,9 +29,20 @@ _Validator = jsonschema.validators.extend(
 )
 
 
+SCHEMAS = ("config.schema.json", "results.schema.json", "endpoint.schema.json")
+
+
+@lru_cache(maxsize=None)
+def _registry() -> Registry:
+    """Every schema by its ``$id``: one may refer to another's definition (an endpoint's environment is a
+    node's)."""
+    resources_ = [Resource.from_contents(load(n), default_specification=DRAFT202012) for n in SCHEMAS]
+    return Registry().with_resources((r.id(), r) for r in resources_ if r.id())
+
+
 @lru_cache(maxsize=None)
 def _validator(name: str):
-    return _Validator(load(name))
+    return _Validator(load(name), registry=_registry())
 
 
 def errors(instance, name: str) -> list[str]:

@@ -232,14 +232,15 @@ def test_backpressure_figures_by_hand():
         f.tick_record(tick=3, decode_sessions=["b"]),
     ]
     sessions = [f.session_record(session_id="a"), f.session_record(session_id="b")]
-    b = backpressure.level_figures(events, ticks, sessions, {"ttft": 2, "tpot": None})
-    assert (b["offered"], b["admitted_at_once"], b["queued"], b["completed"]) == (3, 1, 1, 2)
-    assert b["rejected_by_reason"] == {"REJECTED_QUEUE_FULL": 1}
-    assert b["queue_wait_ticks"] == {"p50": 1.0, "p95": 1.9, "max": 2.0}  # a: 0, b: admitted for tick 2
-    assert b["ttft_ticks"]["max"] == 3.0  # b arrived at 0, first token at tick 2: 3 ticks counted
-    assert b["good_sessions"] == 1  # b misses the 2-tick TTFT SLO
-    assert (b["queue_depth_max"], b["queue_depth_mean"]) == (1, 0.25)
-    assert b["goodput_per_100_ticks"] == 25.0 and b["completed_per_100_ticks"] == 50.0
+    b = backpressure.figures(events, ticks, sessions, {"ttft": 2, "tpot": None})
+    assert (b.offered, b.admitted_at_once, b.queued, b.completed) == (3, 1, 1, 2)
+    assert b.rejected_by_reason == {"REJECTED_QUEUE_FULL": 1}
+    assert b.queue_wait_ticks == {"p50": 1.0, "p95": 1.9, "max": 2.0}  # a: 0, b: admitted for tick 2
+    assert b.ttft_ticks["max"] == 3.0  # b arrived at 0, first token at tick 2: 3 ticks counted
+    assert b.good_sessions == 1  # b misses the 2-tick TTFT SLO
+    assert (b.queue_depth_max, b.queue_depth_mean) == (1, 0.25)
+    assert b.goodput_per_100_ticks == 25.0 and b.completed_per_100_ticks == 50.0
+    assert b.goodput_per_s is None  # (the wall clock's figures: none on the tick clock)
 
 
 # --- the wall clock, driven by a clock the test controls -------------------------------------------

@@ -4,6 +4,7 @@ and within the stated tolerance on another, and the outcome says which case it w
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -177,10 +178,12 @@ def test_the_smallest_margin_names_the_token_most_likely_to_flip_elsewhere(recor
     levels[1]["sessions"][3]["margins"][2] = 1e-7
     levels[0]["sessions"][0]["margins"][0] = None  # a non-finite margin is not a near-tie
     low = figures.smallest_margin([serial.from_json(lv, LevelRecord) for lv in levels])
-    assert low == {"margin": 1e-7, "session_id": "s3", "token": 2, "concurrency": levels[1]["concurrency"]}
+    assert low == figures.Margin(1e-7, "s3", 2, levels[1]["concurrency"])
     text = kinds.readme(dict(recorded, levels=levels), "B")
     assert "smallest top-1 minus top-2 margin: 1e-07 (session s3 token 2 at level 2): a near-tie (below 1e-06" in text
-    assert figures.near_tie({"kind": "gguf"}) == 0.05 and figures.near_tie(recorded["engine"]) == 1e-6
+    engine = serial.node_results(recorded).engine
+    assert engine.kind == "synthetic" and figures.near_tie(engine) == 1e-6
+    assert figures.near_tie(dataclasses.replace(engine, kind="gguf")) == 0.05
     far = copy.deepcopy(recorded["levels"])
     for lv in far:
         for s in lv["sessions"]:

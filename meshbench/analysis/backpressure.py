@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from meshbench.analysis import latency
-from meshbench.records.model import JsonObject, LevelRecord, SessionRecord, SubmitEvent, Tick, Timing
+from meshbench.records.model import Backpressure, JsonObject, LevelRecord, SessionRecord, SubmitEvent, Tick, Timing
 from meshbench.scheduler.budget import ACCEPTED
 
 REJECTIONS = ("REJECTED_KV_BUDGET", "REJECTED_SCRATCH_BUDGET", "REJECTED_QUEUE_FULL", "REJECTED_DUPLICATE")
@@ -50,7 +50,21 @@ def session_ticks(events: Sequence[SubmitEvent], ticks: Sequence[Tick]) -> dict[
     return out
 
 
-def level_figures(
+def figures(
+    events: Sequence[SubmitEvent],
+    ticks: Sequence[Tick],
+    sessions: Sequence[SessionRecord],
+    slo: JsonObject,
+    wall: tuple[Sequence[Timing], float] | None = None,
+) -> Backpressure:
+    """A level's backpressure record: on the tick clock, or (``wall``: the first repetition's session stamps and
+    its wall time) on the wall clock too, where the SLO is in ms and goodput is per second."""
+    on_ticks = _on_ticks(events, ticks, sessions, {} if wall else slo)
+    on_wall = _on_wall(events, sessions, wall[0], wall[1], slo) if wall else {}
+    return Backpressure(**on_ticks, **on_wall)
+
+
+def _on_ticks(
     events: Sequence[SubmitEvent], ticks: Sequence[Tick], sessions: Sequence[SessionRecord], slo: JsonObject
 ) -> JsonObject:
     """A level's admissions, queue, waits, TTFT and TPOT in ticks, and goodput per 100 ticks."""
@@ -97,7 +111,7 @@ def level_figures(
     }
 
 
-def wall_figures(
+def _on_wall(
     events: Sequence[SubmitEvent],
     sessions: Sequence[SessionRecord],
     timing: Sequence[Timing],
@@ -145,6 +159,6 @@ def saturation_rates(levels: Sequence[LevelRecord]) -> dict[str, float | None]:
     for lv in sorted((lv for lv in levels if lv.rate is not None), key=lambda lv: lv.rate or 0.0):
         key = str(lv.concurrency)
         out.setdefault(key, None)
-        if out[key] is None and lv.backpressure["rejected_by_reason"].get("REJECTED_QUEUE_FULL"):
+        if out[key] is None and lv.backpressure.rejected_by_reason.get("REJECTED_QUEUE_FULL"):
             out[key] = lv.rate
     return out

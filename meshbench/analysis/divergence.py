@@ -9,25 +9,25 @@ numpy oracle is consulted too, as an extra check, never as the only one.
 from __future__ import annotations
 
 from meshbench.analysis.figures import NEAR_TIE
-from meshbench.records import JsonObject
+from meshbench.records.documents import FirstDivergence, SweepIsolation
 
 
-def classify(div: JsonObject, isolation: JsonObject, oracle: str) -> str:
+def classify(div: FirstDivergence, isolation: SweepIsolation, oracle: str) -> str:
     """The divergence's class from the sweep's own isolation verdict, with the numpy oracle's finding
     (``meshbench.sweep.prove.oracle``, run by the runner). ``div`` is the sweep's first divergence, ``isolation``
     its isolation verdict."""
     iso = isolation
-    margin = div.get("reference_margin")
+    margin = div.reference_margin
     where = (
-        f"session {div['session_id']} token {div['token_index']} at level {div['concurrency']}, "
+        f"session {div.session_id} token {div.token_index} at level {div.concurrency}, "
         f"reference margin {margin if margin is None else f'{margin:.3g}'}"
     )
-    if iso["holds"] is False:
+    if iso.holds is False:
         base = (
             f"contamination between sessions: perturbation showed outputs depending on other sessions' "
             f"content (see the levels' isolation verdicts); {where}"
         )
-    elif iso["holds"] and iso["every_level"]:
+    elif iso.holds and iso.every_level:
         tie = " (a near-tie)" if margin is not None and margin < NEAR_TIE else ""
         base = (
             f"engine batch variance (shape-dependent numerics): isolation proven by perturbation at every "

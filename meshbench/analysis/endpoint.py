@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from meshbench.analysis import latency, stats
+from meshbench.records.documents import EndpointVerdicts, NeedleVerdict
 from meshbench.records.model import Completion, EndpointLevel, JsonObject, NeedleTrial
 
 CONCLUSIONS = {
@@ -115,11 +116,14 @@ def summary(per_pass: Sequence[JsonObject]) -> JsonObject:
     return out
 
 
-def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, compared: str) -> JsonObject:
+def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, compared: str) -> EndpointVerdicts:
     """The three verdicts from the recorded outputs."""
     ref = min(levels, key=lambda lv: lv.concurrency)
     reference = {c.session_id: output(c, compared) for c in ref.repetitions[0].sessions if c.error is None}
-    differing, distinct, needles, failed = {}, {}, {}, {}
+    differing: dict[str, list[str]] = {}
+    distinct: dict[str, dict[str, int]] = {}
+    needles: dict[str, NeedleVerdict] = {}
+    failed: dict[str, int] = {}
     for lv in levels:
         c_ = str(lv.concurrency)
         answers = [c for rep in lv.repetitions for c in rep.sessions] + [t.completion for t in lv.needle]
@@ -134,28 +138,28 @@ def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, c
         distinct[c_] = {s: len(v) for s, v in sorted(seen.items())}
         needles[c_] = _needle(lv.needle, needle_alone, compared)
     whole = not any(failed.values()) and (needle_alone is None or needle_alone.error is None)
-    return {
-        "compared": compared,
-        "reference_concurrency": ref.concurrency,
-        "failed": failed,
-        "batch_invariant": whole and all(not d for d in differing.values()),
-        "differing_sessions": differing,
-        "run_to_run_deterministic": whole and all(n == 1 for d in distinct.values() for n in d.values()),
-        "distinct_outputs": distinct,
-        "needle": needles,
-        "needle_stable": whole and all(n["distinct"] <= 1 and n["differs_from_alone"] == 0 for n in needles.values()),
-    }
+    return EndpointVerdicts(
+        compared=compared,
+        reference_concurrency=ref.concurrency,
+        failed=failed,
+        batch_invariant=whole and all(not d for d in differing.values()),
+        differing_sessions=differing,
+        run_to_run_deterministic=whole and all(n == 1 for d in distinct.values() for n in d.values()),
+        distinct_outputs=distinct,
+        needle=needles,
+        needle_stable=whole and all(n.distinct <= 1 and n.differs_from_alone == 0 for n in needles.values()),
+    )
 
 
 def _key(x: list[int] | str) -> str | tuple[int, ...]:
     return tuple(x) if isinstance(x, list) else x
 
 
-def _needle(trials: Sequence[NeedleTrial], alone: Completion | None, compared: str) -> JsonObject:
+def _needle(trials: Sequence[NeedleTrial], alone: Completion | None, compared: str) -> NeedleVerdict:
     outs = [output(t.completion, compared) for t in trials if t.completion.error is None]
     base = None if alone is None or alone.error is not None else output(alone, compared)
-    return {
-        "trials": len(trials),
-        "distinct": len({_key(o) for o in outs}),
-        "differs_from_alone": sum(o != base for o in outs) if base is not None else None,
-    }
+    return NeedleVerdict(
+        trials=len(trials),
+        distinct=len({_key(o) for o in outs}),
+        differs_from_alone=sum(o != base for o in outs) if base is not None else None,
+    )

@@ -12,6 +12,8 @@ import hashlib
 from typing import Protocol, Sequence
 
 from meshbench.analysis import latency, stats
+from meshbench.records.context import EngineInfo
+from meshbench.records.documents import FirstDivergence
 from meshbench.records.model import (
     FaultEvent,
     JsonObject,
@@ -123,7 +125,7 @@ class Served(Protocol):
     def sessions(self) -> list[SessionRecord]: ...
 
 
-def first_divergence(reference: Served, other: Served) -> JsonObject | None:
+def first_divergence(reference: Served, other: Served) -> FirstDivergence | None:
     """The first token where level ``other`` differs from level ``reference``, session by session.
 
     A session that ended early (cache miss, failure) is compared on the tokens it has; a session absent from
@@ -136,19 +138,19 @@ def first_divergence(reference: Served, other: Served) -> JsonObject | None:
             continue
         for i, (a, b) in enumerate(zip(r.tokens, s.tokens)):
             if a != b:
-                return {
-                    "session_id": s.session_id,
-                    "token_index": i,
-                    "reference_concurrency": reference.concurrency,
-                    "concurrency": other.concurrency,
-                    "reference_token": a,
-                    "token": b,
-                    "reference_margin": r.margins[i] if i < len(r.margins) else None,
-                }
+                return FirstDivergence(
+                    session_id=s.session_id,
+                    token_index=i,
+                    reference_concurrency=reference.concurrency,
+                    concurrency=other.concurrency,
+                    reference_token=a,
+                    token=b,
+                    reference_margin=r.margins[i] if i < len(r.margins) else None,
+                )
     return None
 
 
-def sweep_divergence(levels: Sequence[LevelRecord], reference: Served | None = None) -> JsonObject | None:
+def sweep_divergence(levels: Sequence[LevelRecord], reference: Served | None = None) -> FirstDivergence | None:
     """The first divergence of any level from the reference: the sessions run alone when given
     (a sweep of arrivals), else the first level."""
     base: Served = reference or levels[0]
@@ -194,18 +196,28 @@ NEAR_TIE = 0.05
 NEAR_TIE_FLOAT64 = 1e-6
 
 
-def near_tie(engine: JsonObject) -> float:
+def near_tie(engine: EngineInfo) -> float:
     """The margin below which kernels that round differently may flip a token, for this engine's arithmetic."""
-    return NEAR_TIE_FLOAT64 if engine.get("kind") == "synthetic" and engine.get("dtype") == "float64" else NEAR_TIE
+    return NEAR_TIE_FLOAT64 if engine.kind == "synthetic" and engine.dtype == "float64" else NEAR_TIE
 
 
-def smallest_margin(levels: Sequence[LevelRecord]) -> JsonObject | None:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Margin:
+    """A token's top-1 minus top-2 logit margin, and where it was."""
+
+    margin: float
+    session_id: str
+    token: int
+    concurrency: int
+
+
+def smallest_margin(levels: Sequence[LevelRecord]) -> Margin | None:
     """The smallest recorded margin of any token at any level, and where: the token most likely to flip on kernels
     that round differently (None: no finite margin recorded)."""
-    best: JsonObject | None = None
+    best: Margin | None = None
     for lv in levels:
         for s in lv.sessions:
             for t, m in enumerate(s.margins):
-                if m is not None and (best is None or m < best["margin"]):
-                    best = {"margin": m, "session_id": s.session_id, "token": t, "concurrency": lv.concurrency}
+                if m is not None and (best is None or m < best.margin):
+                    best = Margin(m, s.session_id, t, lv.concurrency)
     return best

@@ -14,39 +14,50 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from meshbench.analysis import figures, isolation
-from meshbench.records.model import IsolationVerdict, JsonObject, LevelRecord, Reference
+from meshbench.records.documents import FirstDivergence, SweepIsolation
+from meshbench.records.model import IsolationVerdict, LevelRecord, Reference
 
 
 @dataclass(slots=True)
 class ConcurrencySweep:
     levels: list[LevelRecord]
     corruption_free: bool
-    first_divergence: JsonObject | None
+    first_divergence: FirstDivergence | None
     batch_invariant: bool
-    isolation: JsonObject  # how isolation was proven, at how many levels, and whether it holds
+    isolation: SweepIsolation  # how isolation was proven, at how many levels, and whether it holds
     saturation_concurrency: int | None  # None for a sweep of arrival rates
     reference_concurrency: int
     reference: Reference | None = None  # arrival sweeps: every session run alone
-    saturation_rates: JsonObject | None = None  # arrival sweeps: per concurrency, the first rate a full queue refused
+    saturation_rates: dict[str, float | None] | None = (
+        None  # arrival sweeps: per concurrency, the first rate a full queue refused
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SweepVerdicts:
+    corruption_free: bool
+    batch_invariant: bool
+    first_divergence: FirstDivergence | None
+    isolation: SweepIsolation
 
 
 def sweep_verdicts(
     levels: Sequence[LevelRecord], reference: Reference | None, per_level: Sequence[IsolationVerdict]
-) -> JsonObject:
+) -> SweepVerdicts:
     """The sweep's verdicts from its levels and each level's isolation verdict (``isolation.verdict``)."""
     divergence = figures.sweep_divergence(levels, reference)
     ran = [v for v in per_level if v.ran]
     every_level = len(ran) == len(per_level)
     isolated = all(v.holds for v in ran)
     unfinished = figures.unfinished_sessions(levels)
-    return {
-        "corruption_free": isolated and unfinished == 0 and (every_level or divergence is None),
-        "batch_invariant": divergence is None,
-        "first_divergence": divergence,
-        "isolation": {
-            "method": isolation.METHOD,
-            "levels_run": len(ran),
-            "every_level": every_level,
-            "holds": isolated if ran else None,
-        },
-    }
+    return SweepVerdicts(
+        corruption_free=isolated and unfinished == 0 and (every_level or divergence is None),
+        batch_invariant=divergence is None,
+        first_divergence=divergence,
+        isolation=SweepIsolation(
+            method=isolation.METHOD,
+            levels_run=len(ran),
+            every_level=every_level,
+            holds=isolated if ran else None,
+        ),
+    )

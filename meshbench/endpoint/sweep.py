@@ -23,6 +23,8 @@ from meshbench.endpoint.load import Job, at_once, closed_loop
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
+from meshbench.records.context import EndpointInfo, EndpointWorkload, Environment
+from meshbench.records.documents import EndpointResults, Needle
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, NeedleTrial
 from meshbench.results import document
 from meshbench.sweep.plan import level_orders
@@ -203,23 +205,26 @@ def _document(
     wl = cfg.workload
     every = [c for lv in levels for rep in lv.repetitions for c in rep.sessions]
     every += [t.completion for lv in levels for t in lv.needle] + [alone]
-    compared = figures.compared_by(info["api"], every)
-    return {
-        "kind": "endpoint",
-        **document.header(cfg, command, document.ENDPOINT_VERSION),
-        "endpoint": info,
-        "environment": environment,
-        "workload": {
-            "sessions": wl.sessions,
-            "prompts": wl.prompts,
-            "prompts_sha256": files.sha256(Path(wl.prompts)),
-            "prompt_tokens": list(wl.prompt_tokens),
-            "new_tokens": list(wl.new_tokens),
-            "eos": wl.eos,
-            "seed": wl.seed,
-        },
-        "needle": {"prompt_of": wl.session_ids()[0], "alone": serial.to_json(alone)},
-        "levels": serial.to_json(levels),
-        "verdicts": figures.verdicts(levels, alone, compared),
-        "conclusions": figures.CONCLUSIONS,
-    }
+    endpoint = serial.from_json(info, EndpointInfo, "the endpoint's record")
+    compared = figures.compared_by(endpoint.api, every)
+    return serial.to_json(
+        EndpointResults(
+            kind="endpoint",
+            **document.header(cfg, command, document.ENDPOINT_VERSION),
+            endpoint=endpoint,
+            environment=serial.from_json(environment, Environment, "the environment"),
+            workload=EndpointWorkload(
+                sessions=wl.sessions,
+                prompts=wl.prompts,
+                prompts_sha256=files.sha256(Path(wl.prompts)),
+                prompt_tokens=list(wl.prompt_tokens),
+                new_tokens=list(wl.new_tokens),
+                eos=wl.eos,
+                seed=wl.seed,
+            ),
+            needle=Needle(prompt_of=wl.session_ids()[0], alone=alone),
+            levels=levels,
+            verdicts=figures.verdicts(levels, alone, compared),
+            conclusions=figures.CONCLUSIONS,
+        )
+    )

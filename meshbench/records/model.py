@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# What the model does not type yet: the config echo, the engine and environment, and an arrival sweep's
-# backpressure figures.
-JsonObject = dict[str, Any]
+from meshbench.records.context import Budget
+
+JsonObject = dict[str, Any]  # what is typed by its own owner: the config echo (a RunConfig's), a model's config
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,13 +219,44 @@ class EngineLoss:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Backpressure:
+    """A level's admissions, queue, waits, TTFT and TPOT in ticks, and goodput per 100 ticks
+    (``meshbench.analysis.backpressure``); on the wall clock also waits and rates in ms and per second."""
+
+    offered: int
+    admitted_at_once: int
+    queued: int
+    rejected_by_reason: dict[str, int]
+    completed: int
+    queue_depth_max: int
+    queue_depth_mean: float
+    queue_wait_ticks: dict[str, float | None]  # p50, p95, max
+    ttft_ticks: dict[str, float | None]  # p50, p95, p99, max
+    tpot_ticks: dict[str, float | None]
+    good_sessions: int
+    offered_per_100_ticks: float
+    accepted_per_100_ticks: float
+    rejected_per_100_ticks: float
+    completed_per_100_ticks: float
+    goodput_per_100_ticks: float
+    queue_wait_ms: dict[str, float | None] | None = None
+    ttft_from_arrival_ms: dict[str, float | None] | None = None
+    offered_per_s: float | None = None
+    accepted_per_s: float | None = None
+    rejected_per_s: float | None = None
+    completed_per_s: float | None = None
+    good_sessions_wall: int | None = None
+    goodput_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LevelRecord:
     """One concurrency level (one arrival rate, one fault row) of a sweep, complete when built."""
 
     concurrency: int
     arrivals: str
     rate: float | None
-    budget: dict[str, int]
+    budget: Budget
     ticks: int
     avg_batch_occupancy: float
     max_batch_occupancy: int
@@ -244,7 +275,7 @@ class LevelRecord:
     submit_events: list[SubmitEvent]
     sessions: list[SessionRecord]
     tick_records: list[Tick]
-    backpressure: JsonObject
+    backpressure: Backpressure
     repetitions: list[Repetition]
     wall: dict[str, Summary]
     isolation: IsolationRecords
@@ -306,42 +337,3 @@ class EndpointLevel:
     repetitions: list[EndpointRepetition]
     needle: list[NeedleTrial]
     figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SweepIsolation:
-    """How a sweep's isolation was proven, at how many levels, and whether it holds."""
-
-    method: str
-    levels_run: int
-    every_level: bool
-    holds: bool | None  # None: no level could run it
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeResults:
-    """A node sweep's results.json: the header and config echo, the engine and environment, the level records,
-    and the sweep's verdicts (meshbench.results.document.build), complete when built."""
-
-    schema_version: int
-    meshbench_version: str
-    created_at: str
-    command: str
-    story: str
-    title: str | None = None
-    config: JsonObject
-    engine: JsonObject
-    workload: JsonObject
-    budget: dict[str, int]
-    environment: JsonObject
-    levels: list[LevelRecord]
-    corruption_free: bool
-    batch_invariant: bool
-    isolation: SweepIsolation
-    first_divergence: JsonObject | None  # where the first level's tokens left the reference's, and why
-    saturation_concurrency: int | None
-    saturation_margin: float
-    reference_concurrency: int
-    reference: Reference | None
-    saturation_rates: dict[str, float | None] | None
-    inputs: dict[str, dict[str, str]] | None = None  # input files by config key, with their sha256

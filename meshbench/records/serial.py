@@ -15,7 +15,7 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn
 
 from meshbench.errors import MeshbenchError
-from meshbench.records import model
+from meshbench.records import context, documents, model
 
 T = TypeVar("T")
 
@@ -39,7 +39,24 @@ def _converter() -> cattrs.Converter:
     for cls in _records():
         conv.register_unstructure_hook(cls, _unstructure(conv, cls))
         conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True))
+    conv.register_structure_hook(ENGINE_INFO, _engine_info(conv))
     return conv
+
+
+ENGINE_INFO = context.SyntheticEngineInfo | context.GgufEngineInfo
+_ENGINE_KINDS = {"synthetic": context.SyntheticEngineInfo, "gguf": context.GgufEngineInfo}
+
+
+def _engine_info(conv: cattrs.Converter) -> Any:
+    """An engine record is its kind's: the ``kind`` key says which."""
+
+    def structure(value: Any, _: Any) -> Any:
+        kind = value.get("kind") if isinstance(value, dict) else None
+        if kind not in _ENGINE_KINDS:
+            raise ValueError(f"engine kind {kind!r} is none of {sorted(_ENGINE_KINDS)}")
+        return conv.structure(value, _ENGINE_KINDS[kind])
+
+    return structure
 
 
 def _unstructure(conv: cattrs.Converter, cls: type) -> Any:
@@ -58,11 +75,16 @@ def _unstructure(conv: cattrs.Converter, cls: type) -> Any:
 
 
 def _records() -> list[type]:
+    """Every record class of the model's modules."""
     return [
         v
-        for v in vars(model).values()
-        if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == model.__name__
+        for m in MODULES
+        for v in vars(m).values()
+        if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == m.__name__
     ]
+
+
+MODULES = (model, context, documents)
 
 
 _CONVERTER = _converter()
@@ -99,6 +121,16 @@ def reference_of(results: Any) -> model.Reference | None:
     """A node results.json's reference: every session run alone (None: the sweep ran all at once)."""
     ref = results["reference"]
     return None if ref is None else from_json(ref, model.Reference, "results.json reference")
+
+
+def node_results(value: Any) -> documents.NodeResults:
+    """A node results.json, typed whole (the file already checked against the schema)."""
+    return from_json(value, documents.NodeResults, "results.json")
+
+
+def endpoint_results(value: Any) -> documents.EndpointResults:
+    """An endpoint results.json, typed whole (the file already checked against the schema)."""
+    return from_json(value, documents.EndpointResults, "results.json")
 
 
 def completion(value: Any) -> model.Completion:

@@ -15,6 +15,7 @@ import ctypes
 import errno
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -137,13 +138,14 @@ def commit(out: Path, data: dict, force: bool = False) -> list[str]:
         name = out.name if str(out) == out.name else str(out)
         mode = files.umask_mode(0o666)
         written = [RESULTS, README, COMMANDS]
+        kind, typed, quoted = kinds.kind(data), kinds.typed_results(data), shlex.quote(name)
         for fname, text in (
             (RESULTS, results.dumps(data)),
-            (README, kinds.readme(data, name)),
-            (COMMANDS, kinds.commands(data, name)),
+            (README, kind.readme(typed, quoted)),
+            (COMMANDS, kind.commands(typed, quoted)),
         ):
             (staging / fname).write_text(text)
-        if kinds.kind(data).chart and chart.write(data, staging / CHART):
+        if kind.chart and chart.write(typed, staging / CHART):
             written.append(CHART)
         for fname in written:
             os.chmod(staging / fname, mode)

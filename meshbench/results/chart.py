@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from meshbench.records.model import LevelRecord
+from meshbench.results.typed import NodeBundle
 
-def write(data: dict, path: Path) -> bool:
+DECODE = "decode_tokens_per_s"  # (a level's wall figures by name: analysis.figures.WALL_FIGURES)
+
+
+def write(b: NodeBundle, path: Path) -> bool:
     """Four panels against concurrency and throughput; False when matplotlib is absent."""
     try:
         import matplotlib  # noqa: PLC0415 - optional extra
@@ -14,15 +19,13 @@ def write(data: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
         return False
-    if any(lv["faults"] for lv in data["levels"]):
+    r = b.results
+    if any(lv.faults for lv in b.levels):
         return False  # a fault matrix is a table (README), not a curve
-    if data["reference"] is not None:
-        fig = _backpressure(plt, data)
-    else:
-        fig = _concurrency(plt, data)
+    fig = _backpressure(plt, b) if r.reference is not None else _concurrency(plt, b.levels)
     fig.suptitle(
-        f"{data['story']}: {data['engine']['kind']} engine"
-        + (f", saturation at {data['saturation_concurrency']}" if data["reference"] is None else "")
+        f"{r.story}: {r.engine.kind} engine"
+        + (f", saturation at {r.saturation_concurrency}" if r.reference is None else "")
     )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -30,53 +33,52 @@ def write(data: dict, path: Path) -> bool:
     return True
 
 
-def _backpressure(plt, data: dict):
+def _backpressure(plt, b: NodeBundle):
     """The backpressure curve, per concurrency: offered against accepted, rejected and goodput; queue wait."""
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    for c in sorted({lv["concurrency"] for lv in data["levels"]}):
-        levels = sorted((lv for lv in data["levels"] if lv["concurrency"] == c), key=lambda lv: lv["rate"])
-        rate = [lv["rate"] for lv in levels]
-        b = [lv["backpressure"] for lv in levels]
-        ax[0].plot(rate, [x["offered_per_100_ticks"] for x in b], "k:", label=f"c={c} offered")
-        ax[0].plot(rate, [x["accepted_per_100_ticks"] for x in b], "o-", label=f"c={c} accepted")
-        ticks = [lv["ticks"] for lv in levels]
-        for reason in sorted({r for x in b for r in x["rejected_by_reason"]}):
+    for c in sorted({lv.concurrency for lv in b.levels}):
+        levels = sorted((lv for lv in b.levels if lv.concurrency == c), key=lambda lv: lv.rate or 0.0)
+        rate = [lv.rate for lv in levels]
+        bp = [lv.backpressure for lv in levels]
+        ax[0].plot(rate, [x.offered_per_100_ticks for x in bp], "k:", label=f"c={c} offered")
+        ax[0].plot(rate, [x.accepted_per_100_ticks for x in bp], "o-", label=f"c={c} accepted")
+        ticks = [lv.ticks for lv in levels]
+        for reason in sorted({r for x in bp for r in x.rejected_by_reason}):
             ax[0].plot(
                 rate,
-                [100.0 * x["rejected_by_reason"].get(reason, 0) / n for x, n in zip(b, ticks)],
+                [100.0 * x.rejected_by_reason.get(reason, 0) / n for x, n in zip(bp, ticks)],
                 "x--",
                 label=f"c={c} {reason.removeprefix('REJECTED_').lower()}",
             )
-        ax[0].plot(rate, [x["goodput_per_100_ticks"] for x in b], "s-", label=f"c={c} goodput")
-        ax[1].plot(rate, [x["queue_wait_ticks"]["p95"] or 0 for x in b], "o-", label=f"c={c} p95")
-        ax[1].plot(rate, [x["queue_wait_ticks"]["p50"] or 0 for x in b], "s--", label=f"c={c} p50")
+        ax[0].plot(rate, [x.goodput_per_100_ticks for x in bp], "s-", label=f"c={c} goodput")
+        for q, style in (("p95", "o-"), ("p50", "s--")):
+            ax[1].plot(rate, [x.queue_wait_ticks.get(q) or 0 for x in bp], style, label=f"c={c} {q}")
     # The curve is drawn in ticks on both clocks (the tick figures are always there).
     ax[0].set_title("sessions per 100 ticks against the offered rate")
     ax[1].set_title("queue wait (ticks) against the offered rate")
     for a in ax:
-        a.set_xlabel(f"offered rate (sessions per {'second' if data['config']['clock'] == 'wall' else 'tick'})")
+        a.set_xlabel(f"offered rate (sessions per {'second' if b.wall else 'tick'})")
         a.set_xscale("log")
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     return fig
 
 
-def _concurrency(plt, data: dict):
-    levels = data["levels"]
-    c = [lv["concurrency"] for lv in levels]
-    decode = [lv["wall"]["decode_tokens_per_s"] for lv in levels]
+def _concurrency(plt, levels: list[LevelRecord]):
+    c = [lv.concurrency for lv in levels]
+    decode = [lv.wall[DECODE] for lv in levels]
     fig, ax = plt.subplots(2, 2, figsize=(10, 7))
-    ax[0, 0].plot(c, [lv["avg_batch_occupancy"] for lv in levels], "o-", label="average")
-    ax[0, 0].plot(c, [lv["max_batch_occupancy"] for lv in levels], "s--", label="max")
+    ax[0, 0].plot(c, [lv.avg_batch_occupancy for lv in levels], "o-", label="average")
+    ax[0, 0].plot(c, [lv.max_batch_occupancy for lv in levels], "s--", label="max")
     ax[0, 0].set_title("decode batch occupancy")
     ax[0, 0].legend()
-    ax[0, 1].plot(c, [lv["tokens_per_tick"] for lv in levels], "o-")
+    ax[0, 1].plot(c, [lv.tokens_per_tick for lv in levels], "o-")
     ax[0, 1].set_title("tokens per tick")
-    med = [d["median"] for d in decode]
+    med = [d.median for d in decode]
     ax[1, 0].errorbar(
         c,
         med,
-        yerr=[[m - d["min"] for m, d in zip(med, decode)], [d["max"] - m for m, d in zip(med, decode)]],
+        yerr=[[m - d.min for m, d in zip(med, decode)], [d.max - m for m, d in zip(med, decode)]],
         fmt="o-",
         capsize=3,
     )
@@ -86,8 +88,8 @@ def _concurrency(plt, data: dict):
         a.set_xscale("log", base=2)
         a.set_xticks(c, [str(x) for x in c])
     for q, style in (("p50", "o-"), ("p99", "s--")):
-        itl = [lv["wall"].get(f"itl_ms.{q}") for lv in levels]
-        points = [(m, i["median"]) for m, i in zip(med, itl) if i is not None]
+        itl = [lv.wall.get(f"itl_ms.{q}") for lv in levels]
+        points = [(m, i.median) for m, i in zip(med, itl) if i is not None]
         if points:
             ax[1, 1].plot(*zip(*points), style, label=f"ITL {q}")
     ax[1, 1].set_xlabel("decode tokens/s")

@@ -12,7 +12,8 @@ from meshbench.analysis.figures import SATURATION_MARGIN
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
-from meshbench.records.model import NodeResults, SweepIsolation
+from meshbench.records.context import Budget, Environment, Workload
+from meshbench.records.documents import FirstDivergence, NodeResults
 from meshbench.workload.config import RunConfig
 
 SCHEMA_VERSION = 4
@@ -38,7 +39,7 @@ def build(
     engine_info: dict,
     environment: dict,
     command: str,
-    first_divergence: dict | None = None,
+    first_divergence: FirstDivergence | None = None,
     inputs: dict | None = None,
 ) -> dict:
     """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts (the
@@ -46,14 +47,14 @@ def build(
     return serial.to_json(
         NodeResults(
             **header(cfg, command, SCHEMA_VERSION),
-            engine=engine_info,
-            workload=cfg.workload.to_dict(),  # copies of the config echo's, checked equal by verify
-            budget=cfg.budget.to_dict(),
-            environment=environment,
+            engine=serial.from_json(engine_info, serial.ENGINE_INFO, "the engine's record"),  # type: ignore[arg-type]
+            workload=Workload(**cfg.workload.to_dict()),  # copies of the config echo's, checked equal by verify
+            budget=Budget(**cfg.budget.to_dict()),
+            environment=serial.from_json(environment, Environment, "the environment"),
             levels=sweep.levels,
             corruption_free=sweep.corruption_free,
             batch_invariant=sweep.batch_invariant,
-            isolation=serial.from_json(sweep.isolation, SweepIsolation),
+            isolation=sweep.isolation,
             first_divergence=first_divergence or sweep.first_divergence,
             saturation_concurrency=sweep.saturation_concurrency,
             saturation_margin=SATURATION_MARGIN,

@@ -3,9 +3,13 @@ compares)."""
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from meshbench.names import RESULTS
+from meshbench.records.context import EndpointInfo
 from meshbench.results import markdown
 from meshbench.results.markdown import median_range
+from meshbench.results.typed import EndpointBundle
 
 TABLE_HEADER = (
     "| C | differ from C=ref | max distinct per session | needle distinct / differ from alone | "
@@ -14,68 +18,74 @@ TABLE_HEADER = (
 )
 
 
-def cell(spread: dict | None, digits: int = 1) -> str:
+def cell(spread: Mapping[str, float] | None, digits: int = 1) -> str:
     """A figure over the repetitions: the median, and min..max when they differ."""
     return median_range(spread, f".{digits}f", sep="..", drop_equal=True)
 
 
-def _launched(e: dict) -> list[str]:
+def _launched(e: EndpointInfo) -> list[str]:
     """The server meshbench started for the sweep, as it started it."""
-    if "launched" not in e:
+    x = e.launched
+    if x is None:
         return []
-    x = e["launched"]
-    flags = " ".join(x["args"]) if x["args"] else "none: its defaults"
+    flags = " ".join(x.args) if x.args else "none: its defaults"
     return [
-        f"meshbench started {x['server']} (version {x['version']}) on {x['model']}, on a free loopback port; "
-        f"its flags: {flags}."
+        f"meshbench started {x.server} (version {x.version}) on {x.model}, on a free loopback port; its flags: {flags}."
     ]
 
 
-def _dash(x) -> str:
+def _dash(x: object) -> str:
     return "-" if x is None else str(x)
 
 
-def table_rows(data: dict) -> list[list[str]]:
-    v = data["verdicts"]
+# The per-level table's figures (a level's figures by name, meshbench.analysis.endpoint.FIGURES), with their digits.
+COLUMNS = (
+    ("tokens_per_s", 1),
+    ("total_tokens_per_s", 1),
+    ("ttft_ms.p50", 1),
+    ("ttft_ms.p99", 1),
+    ("itl_ms.p50", 2),
+    ("itl_ms.p99", 2),
+    ("e2e_ms.p50", 1),
+    ("failed", 0),
+    ("early_stops", 0),
+)
+
+
+def table_rows(b: EndpointBundle) -> list[list[str]]:
+    v = b.results.verdicts
     rows = []
-    for lv in data["levels"]:
-        c, f = str(lv["concurrency"]), lv["figures"]
-        needle = v["needle"][c]
+    for lv in b.results.levels:
+        c = str(lv.concurrency)
+        needle = v.needle[c]
         rows.append(
             [
                 c,
-                str(len(v["differing_sessions"][c])),
-                str(max(v["distinct_outputs"][c].values(), default=0)),
-                f"{needle['distinct']} / {_dash(needle['differs_from_alone'])}",
-                cell(f["tokens_per_s"]),
-                cell(f["total_tokens_per_s"]),
-                cell(f["ttft_ms.p50"]),
-                cell(f["ttft_ms.p99"]),
-                cell(f["itl_ms.p50"], 2),
-                cell(f["itl_ms.p99"], 2),
-                cell(f["e2e_ms.p50"]),
-                cell(f["failed"], 0),
-                cell(f["early_stops"], 0),
+                str(len(v.differing_sessions[c])),
+                str(max(v.distinct_outputs[c].values(), default=0)),
+                f"{needle.distinct} / {_dash(needle.differs_from_alone)}",
+                *(cell(lv.figures.get(k), digits) for k, digits in COLUMNS),
             ]
         )
     return rows
 
 
-def render_readme(data: dict, name: str) -> str:
-    e, wl, v = data["endpoint"], data["workload"], data["verdicts"]
-    reps = len(data["levels"][0]["repetitions"])
+def render_readme(b: EndpointBundle, name: str) -> str:
+    r = b.results
+    e, wl, v, why = r.endpoint, r.workload, r.verdicts, r.conclusions
+    reps = len(r.levels[0].repetitions)
     lines = [
-        f"# {markdown.inline(data['story'])}: {markdown.inline(data['title'])}",
+        f"# {markdown.inline(r.story)}: {markdown.inline(r.title)}",
         "",
-        f"A serving endpoint as the node under test: {e['server']} at {e['url']} ({e['api']} API"
-        + (f", build {e['build_info']}" if e.get("build_info") else "")
-        + f"), serving {', '.join(map(str, e['models']))}."
-        + ("" if e["loopback"] else f" The endpoint is not on this machine: host {e['url']}."),
+        f"A serving endpoint as the node under test: {e.server} at {e.url} ({e.api} API"
+        + (f", build {e.build_info}" if e.build_info else "")
+        + f"), serving {', '.join(map(str, e.models))}."
+        + ("" if e.loopback else f" The endpoint is not on this machine: host {e.url}."),
         *_launched(e),
-        f"{wl['sessions']} sessions from `{wl['prompts']}` (sha256 {wl['prompts_sha256'][:12]}), tokenized by the "
-        f"server ({min(wl['prompt_tokens'])}-{max(wl['prompt_tokens'])} tokens), {min(wl['new_tokens'])}-"
-        f"{max(wl['new_tokens'])} new tokens each, greedy, eos {wl['eos']}; at each level C, C closed-loop clients; "
-        f"{reps} repetition(s), the level order rotated each time. Made by `{data['command']}`.",
+        f"{wl.sessions} sessions from `{wl.prompts}` (sha256 {wl.prompts_sha256[:12]}), tokenized by the "
+        f"server ({min(wl.prompt_tokens)}-{max(wl.prompt_tokens)} tokens), {min(wl.new_tokens)}-"
+        f"{max(wl.new_tokens)} new tokens each, greedy, eos {wl.eos}; at each level C, C closed-loop clients; "
+        f"{reps} repetition(s), the level order rotated each time. Made by `{r.command}`.",
         "",
         "```",
         f"meshbench verify {name}",
@@ -83,13 +93,11 @@ def render_readme(data: dict, name: str) -> str:
         "",
         "## Verdicts",
         "",
-        f"Outputs compared: {v['compared']}; the reference is concurrency {v['reference_concurrency']}, repetition 0.",
+        f"Outputs compared: {v.compared}; the reference is concurrency {v.reference_concurrency}, repetition 0.",
         "",
-        f"- **batch_invariant: {v['batch_invariant']}**. {data['conclusions']['batch_invariant']}",
-        f"- **run_to_run_deterministic: {v['run_to_run_deterministic']}**. "
-        f"{data['conclusions']['run_to_run_deterministic']}",
-        f"- **needle_stable: {v['needle_stable']}** (the needle is {data['needle']['prompt_of']}'s prompt). "
-        f"{data['conclusions']['needle']}",
+        f"- **batch_invariant: {v.batch_invariant}**. {why.get(BATCH_INVARIANT)}",
+        f"- **run_to_run_deterministic: {v.run_to_run_deterministic}**. {why.get(RUN_TO_RUN)}",
+        f"- **needle_stable: {v.needle_stable}** (the needle is {r.needle.prompt_of}'s prompt). {why.get(NEEDLE)}",
         "",
         "## Per level",
         "",
@@ -98,23 +106,27 @@ def render_readme(data: dict, name: str) -> str:
         "",
         TABLE_HEADER,
         "|" + "---|" * 13,
-        *("| " + " | ".join(r) + " |" for r in table_rows(data)),
+        *("| " + " | ".join(row) + " |" for row in table_rows(b)),
         "",
-        *_metrics(data),
+        *_metrics(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
         "",
     ]
     return "\n".join(lines)
 
 
-def _metrics(data: dict) -> list[str]:
+# What each verdict means, by its name in the conclusions (meshbench.analysis.endpoint.CONCLUSIONS)
+BATCH_INVARIANT, RUN_TO_RUN, NEEDLE = "batch_invariant", "run_to_run_deterministic", "needle"
+
+
+def _metrics(b: EndpointBundle) -> list[str]:
     """The server's own metrics around each level's first pass, where it exposes them."""
     rows = []
-    for lv in data["levels"]:
-        rep = lv["repetitions"][0]
-        before, after = rep["metrics_before"] or {}, rep["metrics_after"] or {}
+    for lv in b.results.levels:
+        rep = lv.repetitions[0]
+        before, after = rep.metrics_before or {}, rep.metrics_after or {}
         for k in sorted(set(before) | set(after)):
-            rows.append(f"| {lv['concurrency']} | `{k}` | {before.get(k, '-')} | {after.get(k, '-')} |")
+            rows.append(f"| {lv.concurrency} | `{k}` | {before.get(k, '-')} | {after.get(k, '-')} |")
     if not rows:
         return ["The server exposes no metrics (`/metrics`).", ""]
     return [
@@ -129,5 +141,5 @@ def _metrics(data: dict) -> list[str]:
     ]
 
 
-def render_commands(data: dict, name: str) -> str:
-    return f"# made by\n{data['command']}\n# verify\nmeshbench verify {name}\n"
+def render_commands(b: EndpointBundle, name: str) -> str:
+    return f"# made by\n{b.results.command}\n# verify\nmeshbench verify {name}\n"

@@ -4,8 +4,8 @@ results.json alone, with the verdict of each of verify's fault checks for that l
 from __future__ import annotations
 
 from meshbench.analysis import fault_matrix as fault_checks
-from meshbench.records import serial
 from meshbench.records.model import FaultEvent, LevelRecord
+from meshbench.results.typed import NodeBundle
 
 HEADING = "## Fault matrix (deterministic; verify checks every column)"
 TABLE_HEADER = (
@@ -13,11 +13,11 @@ TABLE_HEADER = (
 )
 
 
-def table_rows(results: dict) -> list[list[str]]:
+def table_rows(b: NodeBundle) -> list[list[str]]:
     rows = []
-    levels = serial.levels_of(results)
-    reference = serial.reference_of(results) or levels[0]
-    per_token = results["engine"]["kv_bytes_per_token"]
+    levels = b.levels
+    reference = b.results.reference or levels[0]
+    per_token = b.results.engine.kv_bytes_per_token
     for lv in levels:
         if not lv.faults:
             continue
@@ -55,19 +55,18 @@ def _name(session_id: str, epoch: int | None) -> str:
     return session_id if epoch in (1, None) else f"{session_id}#{epoch}"
 
 
-def section(results: dict) -> list[str]:
-    rows = table_rows(results)
+def section(b: NodeBundle) -> list[str]:
+    rows = table_rows(b)
     if not rows:
         return []
-    cfg = results["config"]
     policy = (
         "a lost engine is replaced (a fresh process, and fresh workers when the run spawned them) and its "
         "sessions resubmitted under a new epoch"
-        if cfg["restart_engine"]
+        if b.cfg.restart_engine
         else "no restart: a lost engine stays lost for the rest of the pass, and every session that needs it "
         "fails; the next pass gets a fresh one"
     )
-    isolated = "in its own process behind a proxy" if results["engine"].get("isolated") else "in the node's process"
+    isolated = "in its own process behind a proxy" if b.results.engine.isolated else "in the node's process"
     return [
         HEADING,
         "",

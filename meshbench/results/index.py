@@ -18,7 +18,7 @@ HEADER = index_rows.HEADER
 
 def _row(folder: Path) -> str:
     d = json.loads((folder / RESULTS).read_text())
-    return kinds.kind(d).index_row(folder, d)
+    return kinds.index_row(folder, d)
 
 
 def render(root: Path) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from meshbench import validation
 from meshbench.errors import MeshbenchError
-from meshbench.results import document, endpoint_report, index_rows, report
+from meshbench.results import document, endpoint_report, index_rows, report, typed
 
 NODE = "node"
 ENDPOINT = "endpoint"
@@ -38,9 +38,10 @@ class BundleKind:
     name: str
     schema: str  # the schema file in meshbench.schemas
     version: int  # the schema_version this meshbench writes and reads
-    readme: Callable[[dict, str], str]  # (results, quoted bundle name) -> README.md
-    commands: Callable[[dict, str], str]  # (results, quoted bundle name) -> commands.txt
-    index_row: Callable[[Path, dict], str]  # (bundle folder, results) -> its row of evidence/INDEX.md
+    typed: Callable[[Any], Any]  # results.json (schema-valid) -> its records and config (meshbench.results.typed)
+    readme: Callable[[Any, str], str]  # (typed results, quoted bundle name) -> README.md
+    commands: Callable[[Any, str], str]  # (typed results, quoted bundle name) -> commands.txt
+    index_row: Callable[[Path, Any], str]  # (bundle folder, typed results) -> its row of evidence/INDEX.md
     chart: bool  # a chart.png of its curve (an endpoint's figures are its README's table)
     rerun: bool  # verify --rerun can run it again here (an endpoint's rerun needs its server)
 
@@ -50,6 +51,7 @@ KINDS = {
         name=NODE,
         schema=document.SCHEMA,
         version=document.SCHEMA_VERSION,
+        typed=typed.node,
         readme=report.render_readme,
         commands=report.render_commands,
         index_row=index_rows.node_row,
@@ -60,6 +62,7 @@ KINDS = {
         name=ENDPOINT,
         schema=document.ENDPOINT_SCHEMA,
         version=document.ENDPOINT_VERSION,
+        typed=typed.endpoint,
         readme=endpoint_report.render_readme,
         commands=endpoint_report.render_commands,
         index_row=index_rows.endpoint_row,
@@ -73,14 +76,24 @@ def kind(data: Any) -> BundleKind:
     return KINDS[of(data)]
 
 
+def typed_results(data: dict) -> Any:
+    """A schema-valid document typed as its kind's records (a NodeBundle or an EndpointBundle)."""
+    return kind(data).typed(data)
+
+
 def readme(data: dict, bundle_name: str) -> str:
     """The bundle's README.md, as its kind renders it; the name is one shell word in the commands a reader pastes."""
-    return kind(data).readme(data, shlex.quote(bundle_name))
+    return kind(data).readme(typed_results(data), shlex.quote(bundle_name))
 
 
 def commands(data: dict, bundle_name: str) -> str:
     """The bundle's commands.txt, as its kind renders it."""
-    return kind(data).commands(data, shlex.quote(bundle_name))
+    return kind(data).commands(typed_results(data), shlex.quote(bundle_name))
+
+
+def index_row(folder: Path, data: dict) -> str:
+    """The bundle's row of evidence/INDEX.md."""
+    return kind(data).index_row(folder, typed_results(data))
 
 
 def check_version(data: Any, where: str) -> None:

@@ -3,29 +3,23 @@ and the wall-clock figures per level over the repetitions, with the table helper
 
 from __future__ import annotations
 
+from typing import Callable
+
+from meshbench.records.model import LevelRecord
 from meshbench.results.markdown import median_range
+from meshbench.results.typed import NodeBundle
 
 
-def level_name(lv: dict, clock: str) -> str:
+def level_name(lv: LevelRecord, clock: str) -> str:
     """A level's name in tables: its concurrency, and its arrival rate when sessions arrive over time."""
     unit = "s" if clock == "wall" else "tick"
-    if lv["faults"]:
-        return f"{lv['concurrency']} · {','.join(lv['faults'])}"
-    return str(lv["concurrency"]) if lv["rate"] is None else f"{lv['concurrency']} @ {lv['rate']:g}/{unit}"
-
-
-def arrival_sweep(results: dict) -> bool:
-    """Sessions arrive over time (a process, or rates), rather than all before the first tick."""
-    return any(lv["arrivals"] != "all-at-once" for lv in results["levels"])
+    if lv.faults:
+        return f"{lv.concurrency} · {','.join(lv.faults)}"
+    return str(lv.concurrency) if lv.rate is None else f"{lv.concurrency} @ {lv.rate:g}/{unit}"
 
 
 def row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
-
-
-def ms_cell(p: dict, key: str) -> str:
-    v = p.get(key)
-    return "-" if v is None else f"{v:.2f}"
 
 
 # The wall figures of the bundle README, in the order of its table.
@@ -50,60 +44,64 @@ def _spec(digits: int | None) -> str:
     return ".1%" if digits is None else f".{digits}f"
 
 
-def backpressure_section(results: dict) -> list[str]:
-    if not arrival_sweep(results):
+def backpressure_section(b: NodeBundle) -> list[str]:
+    if not b.arrival_sweep:
         return []
-    slo = results["config"]["slo"]
-    unit = "ms" if results["config"]["clock"] == "wall" else "ticks"
-    slos = [
-        f"TTFT <= {slo['ttft']:g} {unit}" if slo["ttft"] is not None else "",
-        f"TPOT <= {slo['tpot']:g} {unit}" if slo["tpot"] is not None else "",
-    ]
-    slos = " and ".join(x for x in slos if x) or "no SLO given: every completed session counts"
+    slo, clock = b.cfg.slo, b.cfg.clock
+    unit = "ms" if b.wall else "ticks"
+    slos = " and ".join(f"{name} <= {bound:g} {unit}" for name, key in SLOS if (bound := slo.get(key)) is not None)
     lines = [
         "## Backpressure (deterministic, in ticks)",
         "",
-        f"Queue depth {results['budget']['max_queue_depth']}. Goodput counts completed sessions within {slos}. "
+        f"Queue depth {b.results.budget.max_queue_depth}. Goodput counts completed sessions within "
+        f"{slos or 'no SLO given: every completed session counts'}. "
         "Rates are per 100 ticks of the level (arrivals, drain and idle ticks included).",
         "",
         "| level | offered | admitted at once | queued | rejected | completed | queue depth max / mean | "
         "queue wait p50 / p95 / max | TTFT p50 / p95 / p99 | accepted /100t | rejected /100t | goodput /100t |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for lv in results["levels"]:
-        b = lv["backpressure"]
-        rejected = ", ".join(f"{n} {r.removeprefix('REJECTED_').lower()}" for r, n in b["rejected_by_reason"].items())
-        w, t = b["queue_wait_ticks"], b["ttft_ticks"]
+    for lv in b.levels:
+        bp = lv.backpressure
+        rejected = ", ".join(f"{n} {r.removeprefix('REJECTED_').lower()}" for r, n in bp.rejected_by_reason.items())
         lines.append(
             row(
                 [
-                    level_name(lv, results["config"]["clock"]),
-                    str(b["offered"]),
-                    str(b["admitted_at_once"]),
-                    str(b["queued"]),
+                    level_name(lv, clock),
+                    str(bp.offered),
+                    str(bp.admitted_at_once),
+                    str(bp.queued),
                     rejected or "0",
-                    str(b["completed"]),
-                    f"{b['queue_depth_max']} / {b['queue_depth_mean']:.2f}",
-                    " / ".join(_ticks(w[k]) for k in ("p50", "p95", "max")),
-                    " / ".join(_ticks(t[k]) for k in ("p50", "p95", "p99")),
-                    f"{b['accepted_per_100_ticks']:.1f}",
-                    f"{b['rejected_per_100_ticks']:.1f}",
-                    f"{b['goodput_per_100_ticks']:.1f}",
+                    str(bp.completed),
+                    f"{bp.queue_depth_max} / {bp.queue_depth_mean:.2f}",
+                    _spread(bp.queue_wait_ticks, ("p50", "p95", "max"), _ticks),
+                    _spread(bp.ttft_ticks, ("p50", "p95", "p99"), _ticks),
+                    f"{bp.accepted_per_100_ticks:.1f}",
+                    f"{bp.rejected_per_100_ticks:.1f}",
+                    f"{bp.goodput_per_100_ticks:.1f}",
                 ]
             )
         )
-    unit = "s" if results["config"]["clock"] == "wall" else "tick"
+    unit = "s" if b.wall else "tick"
     sat = ", ".join(
         f"concurrency {c}: {'none up to the highest rate' if r is None else f'{r:g} sessions/{unit}'}"
-        for c, r in results["saturation_rates"].items()
+        for c, r in (b.results.saturation_rates or {}).items()
     )
     lines += ["", f"First rate at which a full queue refused a session (REJECTED_QUEUE_FULL): {sat}.", ""]
-    if results["config"]["clock"] == "wall":
-        lines += _wall_backpressure(results)
+    if b.wall:
+        lines += _wall_backpressure(b)
     return lines
 
 
-def _wall_backpressure(results: dict) -> list[str]:
+SLOS = (("TTFT", "ttft"), ("TPOT", "tpot"))  # the SLO's bounds by name (the config's slo section)
+
+
+def _spread(p: dict[str, float | None] | None, qs: tuple[str, ...], fmt: Callable[[float | None], str]) -> str:
+    """Percentiles as one cell: ``p50 / p95 / ...``."""
+    return " / ".join(fmt((p or {}).get(q)) for q in qs)
+
+
+def _wall_backpressure(b: NodeBundle) -> list[str]:
     lines = [
         "On the wall clock (rates per second; admission depends on this machine's speed, so these figures and "
         "the tick table above are reported, not reproduced by `--rerun`; the first repetition's stamps, waits "
@@ -113,32 +111,39 @@ def _wall_backpressure(results: dict) -> list[str]:
         "TTFT p50 / p95 / p99 ms | goodput /s |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for lv in results["levels"]:
-        b = lv["backpressure"]
-        w, t = b["queue_wait_ms"], b["ttft_from_arrival_ms"]
+    for lv in b.levels:
+        bp = lv.backpressure
         lines.append(
             row(
                 [
                     level_name(lv, "wall"),
-                    f"{b['offered_per_s']:.1f}",
-                    f"{b['accepted_per_s']:.1f}",
-                    f"{b['rejected_per_s']:.1f}",
-                    f"{b['completed_per_s']:.1f}",
-                    " / ".join(ms_cell(w, k) for k in ("p50", "p95")),
-                    " / ".join(ms_cell(t, k) for k in ("p50", "p95", "p99")),
-                    f"{b['goodput_per_s']:.1f}",
+                    _rate(bp.offered_per_s),
+                    _rate(bp.accepted_per_s),
+                    _rate(bp.rejected_per_s),
+                    _rate(bp.completed_per_s),
+                    _spread(bp.queue_wait_ms, ("p50", "p95"), _ms),
+                    _spread(bp.ttft_from_arrival_ms, ("p50", "p95", "p99"), _ms),
+                    _rate(bp.goodput_per_s),
                 ]
             )
         )
     return [*lines, ""]
 
 
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def _ticks(x) -> str:
     return "-" if x is None else f"{x:g}"
 
 
-def wall_section(results: dict) -> list[str]:
-    repeat, warmup = results["config"]["repeat"], results["config"]["warmup"]
+def wall_section(b: NodeBundle) -> list[str]:
+    repeat, warmup = b.cfg.repeat, b.cfg.warmup
     lines = [
         "## Wall clock (this machine: reported; `meshbench compare` judges it)",
         "",
@@ -149,9 +154,9 @@ def wall_section(results: dict) -> list[str]:
         row(["concurrency", *[name for _, name, _ in WALL_COLUMNS]]),
         "|" + "---|" * (len(WALL_COLUMNS) + 1),
     ]
-    for lv in results["levels"]:
-        cells = [median_range(lv["wall"].get(k), _spec(d), drop_single=True) for k, _, d in WALL_COLUMNS]
-        lines.append(row([str(lv["concurrency"]), *cells]))
+    for lv in b.levels:
+        cells = [median_range(lv.wall.get(k), _spec(d), drop_single=True) for k, _, d in WALL_COLUMNS]
+        lines.append(row([str(lv.concurrency), *cells]))
     return [
         *lines,
         "",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Mapping
+
+from meshbench.records.model import Summary
 
 _SPECIAL = re.compile(r"([\\`*<>\[\]|])")
 
@@ -13,15 +16,26 @@ def inline(text: str) -> str:
     return _SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
 
 
+SUMMARY_KEYS = ("median", "min", "max", "n")
+
+
 def median_range(
-    summary: dict | None, fmt: str = ".1f", sep: str = "-", drop_single: bool = False, drop_equal: bool = False
+    summary: Summary | Mapping[str, float] | None,
+    fmt: str = ".1f",
+    sep: str = "-",
+    drop_single: bool = False,
+    drop_equal: bool = False,
 ) -> str:
     """A figure over repetitions as one cell: its median, then ``(min<sep>max)``; the median alone
     (``drop_single``) for one repetition, or (``drop_equal``) when the range's ends look the same at this
     precision; "-" for none. ``fmt`` is a format spec (``.1f``, ``.1%``)."""
     if summary is None:
         return "-"
-    med, lo, hi = (format(summary[k], fmt) for k in ("median", "min", "max"))
-    if (drop_single and summary.get("n") == 1) or (drop_equal and lo == hi):
+    if isinstance(summary, Summary):
+        values, n = (summary.median, summary.min, summary.max), summary.n
+    else:  # (a summary a benchmark computed: stats.summary's keys)
+        values, n = tuple(summary[k] for k in SUMMARY_KEYS[:3]), summary.get(SUMMARY_KEYS[3])
+    med, lo, hi = (format(x, fmt) for x in values)
+    if (drop_single and n == 1) or (drop_equal and lo == hi):
         return med
     return f"{med} ({lo}{sep}{hi})"

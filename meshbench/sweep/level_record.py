@@ -7,6 +7,7 @@ from typing import Sequence
 
 from meshbench.analysis import backpressure, figures, isolation, verdicts
 from meshbench.analysis.verdicts import ConcurrencySweep
+from meshbench.records.context import Budget
 from meshbench.records.model import IsolationRecords, JsonObject, LevelRecord, Reference, Repetition
 from meshbench.scheduler.budget import ACCEPTED, NodeBudget
 from meshbench.sweep.passes import Pass
@@ -40,14 +41,14 @@ def level_record(
         for r, position, p in passes
     ]
     # On the wall clock the SLO is in ms: goodput is per second, from the first repetition's stamps.
-    load = backpressure.level_figures(first.events, ticks, first.sessions, {} if wall else slo)
-    if wall:
-        load = {**load, **backpressure.wall_figures(first.events, first.sessions, first.timing, first.wall_s, slo)}
+    load = backpressure.figures(
+        first.events, ticks, first.sessions, slo, (first.timing, first.wall_s) if wall else None
+    )
     return LevelRecord(
         concurrency=level.concurrency,
         arrivals=level.arrivals.label(),
         rate=level.rate,
-        budget=budget.to_dict(),
+        budget=Budget(**budget.to_dict()),
         **figures.summarize_ticks(ticks),
         rejected_admissions=sum(e.decision not in ACCEPTED for e in first.events),
         cache_misses=first.cache_misses,
@@ -75,10 +76,10 @@ def concurrency_sweep(records: list[LevelRecord], reference: Reference | None) -
     all_at_once = [r for r in records if r.rate is None and not r.faults]  # the concurrency curve
     return ConcurrencySweep(
         levels=records,
-        corruption_free=v["corruption_free"],
-        first_divergence=v["first_divergence"],
-        batch_invariant=v["batch_invariant"],
-        isolation=v["isolation"],
+        corruption_free=v.corruption_free,
+        first_divergence=v.first_divergence,
+        batch_invariant=v.batch_invariant,
+        isolation=v.isolation,
         saturation_concurrency=figures.saturation_level(
             [r.concurrency for r in all_at_once], [r.avg_batch_occupancy for r in all_at_once]
         )

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 from meshbench.analysis import isolation
 from meshbench.analysis.figures import deterministic_ticks
 from meshbench.errors import MeshbenchError
+from meshbench.records.documents import FirstDivergence
 from meshbench.records.model import IsolationPass, IsolationRecords
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.passes import Pass
@@ -60,7 +61,7 @@ def isolation_record(
     return isolation_passes(run, requests, baseline, vocab, seed, rounds)
 
 
-def oracle(cfg: RunConfig, div: dict, engine_info: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
+def oracle(cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
     """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
     arch = engine_info.get("architecture")
     if arch != "llama" or cfg.workload.prompts is not None or cfg.workload.eos != "continue":
@@ -71,7 +72,7 @@ def oracle(cfg: RunConfig, div: dict, engine_info: dict, run_sweep: Callable[[Ru
             + (f", eos {cfg.workload.eos}" if cfg.workload.eos != "continue" else "")
             + ")"
         )
-    levels = sorted({div["reference_concurrency"], div["concurrency"]})
+    levels = sorted({div.reference_concurrency, div.concurrency})
     try:
         # the same weights in numpy: llama.cpp's own settings (repacking, tiled matmul, RPC) do not apply there
         engine = dataclasses.replace(

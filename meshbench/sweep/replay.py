@@ -13,15 +13,17 @@ from typing import Sequence
 import numpy as np
 
 from meshbench.engine.base import DecodeItem, PrefillChunk, SessionHandle
+from meshbench.records.documents import LogitDeviation
+from meshbench.records.model import LevelRecord
 
 
-def session_rows(engine, level: dict, prompts: dict[str, Sequence[int]], session_id: str) -> list[np.ndarray]:
+def session_rows(engine, level: LevelRecord, prompts: dict[str, Sequence[int]], session_id: str) -> list[np.ndarray]:
     """Every logits row ``engine`` samples for ``session_id`` while replaying ``level`` (its first epoch)."""
     rows: list[np.ndarray] = []
     engine.tap = lambda sid, row: rows.append(row) if sid == session_id else None
-    capacity = {s["session_id"]: s["prompt_tokens"] + s["max_new_tokens"] for s in level["sessions"]}
-    for t in level["tick_records"]:
-        decode = [DecodeItem(sid, 1, pos, tok) for sid, pos, tok in t["decode_feed"]]
+    capacity = {s.session_id: s.prompt_tokens + s.max_new_tokens for s in level.sessions}
+    for t in level.tick_records:
+        decode = [DecodeItem(sid, 1, pos, tok) for sid, pos, tok in t.decode_feed]
         pieces = [
             PrefillChunk(
                 SessionHandle(sid, 1, capacity[sid]),
@@ -29,30 +31,30 @@ def session_rows(engine, level: dict, prompts: dict[str, Sequence[int]], session
                 start,
                 start + n == len(prompts[sid]),
             )
-            for sid, start, n in t["prefill_chunks"]
+            for sid, start, n in t.prefill_chunks
         ]
         engine.step(decode, pieces)
-        for sid in (*t["completed"], *t["ended"]):
+        for sid in (*t.completed, *t.ended):
             engine.release(sid)
     engine.tap = None
     return rows
 
 
-def batch_sizes(level: dict, session_id: str) -> list[int]:
+def batch_sizes(level: LevelRecord, session_id: str) -> list[int]:
     """For each of the session's tokens, how many sessions shared the call that computed it (a prompt's last
     piece: its prefill call, 1)."""
     sizes = []
-    for t in level["tick_records"]:
-        if session_id in t["prefill_sessions"]:
+    for t in level.tick_records:
+        if session_id in t.prefill_sessions:
             sizes = [1]
-        elif session_id in t["decode_sessions"]:
-            sizes.append(len(t["decode_sessions"]))
+        elif session_id in t.decode_sessions:
+            sizes.append(len(t.decode_sessions))
     return sizes
 
 
 def deviation(
-    make, reference: dict, level: dict, prompts: dict[str, Sequence[int]], session_id: str, upto: int
-) -> dict:
+    make, reference: LevelRecord, level: LevelRecord, prompts: dict[str, Sequence[int]], session_id: str, upto: int
+) -> LogitDeviation:
     """How ``session_id``'s logits moved between the two levels, step by step up to token ``upto`` (the first
     divergence: after it the two streams are fed different tokens): at its first batched step, and at the
     first step that differs at all, with the batch size that computed it."""
@@ -68,11 +70,11 @@ def deviation(
     batched = next((k for k, n in enumerate(sizes[: len(diffs)]) if n > 1), None)
     first = next((k for k, d in enumerate(diffs) if d > 0), None)
     span = [float(min(r.min() for r in rows[0])), float(max(r.max() for r in rows[0]))]
-    return {
-        "first_batched_step": batched,
-        "at_first_batched_step": None if batched is None else diffs[batched],
-        "first_differing_step": first,
-        "batch_at_first_differing_step": None if first is None else sizes[first],
-        "max_abs_logit_diff": None if first is None else diffs[first],
-        "logit_range": span,
-    }
+    return LogitDeviation(
+        first_batched_step=batched,
+        at_first_batched_step=None if batched is None else diffs[batched],
+        first_differing_step=first,
+        batch_at_first_differing_step=None if first is None else sizes[first],
+        max_abs_logit_diff=None if first is None else diffs[first],
+        logit_range=span,
+    )

@@ -20,6 +20,7 @@ from meshbench.engine.setup import EngineSetup, EngineSizing
 from meshbench.errors import MeshbenchError
 from meshbench.model import gguf_io
 from meshbench.records import serial
+from meshbench.records.documents import FirstDivergence, LogitDeviation
 from meshbench.results import document as results
 from meshbench.results import envinfo, kinds
 from meshbench.scheduler.budget import NodeBudget
@@ -117,35 +118,37 @@ def run_sweep(
     return results.build(cfg, sweep, setup.info, envinfo.environment(), command, div, inputs)
 
 
-def _explained(cfg: RunConfig, setup: EngineSetup, sweep: ConcurrencySweep) -> dict | None:
+def _explained(cfg: RunConfig, setup: EngineSetup, sweep: ConcurrencySweep) -> FirstDivergence | None:
     """The sweep's first divergence, with its class and the logits' deviation where llama.cpp computed it (only
     its kernels can vary with the batch shape; the synthetic engine cannot)."""
     div = sweep.first_divergence
     if div is None or cfg.engine.kind != "gguf":
         return div
     oracle = prove.oracle(cfg, div, setup.info, lambda other: run_sweep(other, "(classification)"))
-    return {
-        **div,
-        "classification": divergence.classify(div, sweep.isolation, oracle),
-        "logit_deviation": _logit_deviation(cfg, setup, sweep, div),
-    }
+    return dataclasses.replace(
+        div,
+        classification=divergence.classify(div, sweep.isolation, oracle),
+        logit_deviation=_logit_deviation(cfg, setup, sweep, div),
+    )
 
 
-def _logit_deviation(cfg: RunConfig, setup: EngineSetup, sweep: ConcurrencySweep, div: dict) -> dict | None:
+def _logit_deviation(
+    cfg: RunConfig, setup: EngineSetup, sweep: ConcurrencySweep, div: FirstDivergence
+) -> LogitDeviation | None:
     """The diverging session's logits at its first batched step, against the reference level's, from a replay
     of both levels' recorded schedules (in this process: an isolated engine's logits never leave its own)."""
     if cfg.engine.isolated or sweep.reference is not None:
         return None
-    by_c = {lv.concurrency: serial.to_json(lv) for lv in sweep.levels}
+    by_c = {lv.concurrency: lv for lv in sweep.levels}
     prompts = {r.session_id: r.prompt_tokens for r in cfg.workload.requests(setup.vocab_size, setup.eog)}
-    make = lambda lv: setup.make(NodeBudget(**lv["budget"]).engine_limits())  # noqa: E731
+    make = lambda lv: setup.make(NodeBudget(**serial.to_json(lv.budget)).engine_limits())  # noqa: E731
     return replay.deviation(
         make,
-        by_c[div["reference_concurrency"]],
-        by_c[div["concurrency"]],
+        by_c[div.reference_concurrency],
+        by_c[div.concurrency],
         prompts,
-        div["session_id"],
-        div["token_index"],
+        div.session_id,
+        div.token_index,
     )
 
 

@@ -10,16 +10,19 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from meshbench import files, validation
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
 from meshbench.results import bundle, fault_report, fingerprint, kinds, report
 from meshbench.results import document as results
+from meshbench.results.typed import EndpointBundle, NodeBundle
 from meshbench.verify import checks, endpoint, reproduce
 from meshbench.verify.reproduce import Rerun
 from meshbench.workload import config
+from meshbench.workload.config import RunConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -65,8 +68,9 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
     """The bundle's results and every check of it; with ``rerun`` (the runner, injected: checking a file
     never loads an engine), its deterministic records compared with a fresh run's."""
     data = load_bundle(path)
-    c = check_data(data)
-    check_readme(c, data, path)
+    typed = kinds.typed_results(data)
+    c = check_typed(data, typed)
+    check_readme(c, data, typed, path)
     if rerun is not None:
         if not kinds.kind(data).rerun:
             raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
@@ -75,19 +79,22 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
 
 
 def check_data(data: dict) -> Checks:
-    """Every check that needs only the results (what ``sweep`` runs on its own output)."""
+    """Every check that needs only the results (what ``sweep`` runs on its own output): ``data`` passed the
+    schema, and is typed once here."""
+    return check_typed(data, kinds.typed_results(data))
+
+
+def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
+    """Every check of a results document, on its records (``typed``, built from ``data`` once)."""
     c = Checks()
-    echo = kinds.of_engine(data["config"]["engine"]["kind"])
-    c.equal(bundle.RESULTS, "config.engine.kind (the records' kind)", echo, kinds.of(data))
-    c.equal(
-        bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, _plain_command(data["command"])
-    )
-    flags = command_disagreements(data["command"], data["config"])
+    r, cfg = typed.results, typed.cfg
+    c.equal(bundle.RESULTS, "config.engine.kind (the records' kind)", kinds.of_engine(cfg.engine.kind), kinds.of(data))
+    c.equal(bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, _plain_command(r.command))
+    flags = command_disagreements(r.command, cfg)
     c.equal(bundle.RESULTS, "command (its flags = the config echo's)", [], flags)
-    CHECKS[kinds.of(data)](c, data)
-    compute = data["environment"].get("compute")
-    if compute is not None:  # a rerun trusts it to say whether floats must agree bit for bit
-        c.equal(bundle.RESULTS, "environment.compute.digest", fingerprint.digest(compute), compute["digest"])
+    CHECKS[kinds.of(data)](c, typed)
+    compute = r.environment.compute  # a rerun trusts it to say whether floats must agree bit for bit
+    c.equal(bundle.RESULTS, "environment.compute.digest", fingerprint.digest(serial.to_json(compute)), compute.digest)
     return c
 
 
@@ -108,20 +115,20 @@ def _plain_command(command: str) -> bool:
 
 # The flags of a recorded command that say where load, prompts or a model go, and how strong the proof is: each
 # must agree with the config echo, which is what a rerun runs (a forged command is what a reader would paste).
-COMMAND_FLAGS = {
-    "--target": ("engine", "url"),
-    "--serve": ("engine", "serve"),
-    "--rpc": ("engine", "rpc"),
-    "--model": ("engine", "model"),
-    "--prompts": ("workload", "prompts"),
-    "--server-args": ("engine", "server_args"),
-    "--isolation-rounds": ("isolation_rounds",),
-    "--repeat": ("repeat",),
-    "--warmup": ("warmup",),
+COMMAND_FLAGS: dict[str, Callable[[RunConfig], object]] = {
+    "--target": lambda cfg: cfg.engine.url,
+    "--serve": lambda cfg: cfg.engine.serve,
+    "--rpc": lambda cfg: cfg.engine.rpc,
+    "--model": lambda cfg: cfg.engine.model,
+    "--prompts": lambda cfg: cfg.workload.prompts,
+    "--server-args": lambda cfg: cfg.engine.server_args,
+    "--isolation-rounds": lambda cfg: cfg.isolation_rounds,
+    "--repeat": lambda cfg: cfg.repeat,
+    "--warmup": lambda cfg: cfg.warmup,
 }
 
 
-def command_disagreements(command: str, echo: dict) -> list[str]:
+def command_disagreements(command: str, echo: RunConfig) -> list[str]:
     """The recorded command's flags that disagree with the config echo (``--allow-remote`` given without
     engine.allow_remote, a --target that is not engine.url, ...)."""
     try:
@@ -133,24 +140,23 @@ def command_disagreements(command: str, echo: dict) -> list[str]:
         flag, eq, value = w.partition("=")
         if not eq:
             value = words[k + 1] if k + 1 < len(words) else ""
-        if flag == "--allow-remote" and echo["engine"].get("allow_remote") is not True:
+        if flag == "--allow-remote" and echo.engine.allow_remote is not True:
             out.append(flag)
         if flag in COMMAND_FLAGS:
-            node = echo
-            for key in COMMAND_FLAGS[flag]:
-                node = node.get(key) if isinstance(node, dict) else None
+            node = COMMAND_FLAGS[flag](echo)
             if str(node) != value:
                 out.append(f"{flag} {value} (the echo says {node})")
     return out
 
 
-def check_readme(c: Checks, data: dict, path: Path) -> None:
+def check_readme(c: Checks, data: dict, typed: NodeBundle | EndpointBundle, path: Path) -> None:
     readme = path / bundle.README
     if not readme.is_file():
         c.equal(bundle.README, "(file)", "present", "missing")
         return
     text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
-    expected = kinds.readme(data, bundle_name(text, path))
+    name = bundle_name(text, path)
+    expected = kinds.kind(data).readme(typed, shlex.quote(name))
     if text != expected:  # generated from results.json: every line is checked, prose included
         # (split on \n alone: a line ending in \r differs, and so does a missing or an extra last newline)
         want, got = expected.split("\n"), text.split("\n")
@@ -161,14 +167,14 @@ def check_readme(c: Checks, data: dict, path: Path) -> None:
             repr(want[k]) if k < len(want) else "(end of file)",
             repr(got[k]) if k < len(got) else "(end of file)",
         )
-    check_other_files(c, data, path, bundle_name(text, path))
-    TABLES[kinds.of(data)](c, data, text)
+    check_other_files(c, data, typed, path, name)
+    TABLES[kinds.of(data)](c, typed, text)
 
 
-def _check_node_tables(c: Checks, data: dict, text: str) -> None:
+def _check_node_tables(c: Checks, b: NodeBundle, text: str) -> None:
     """A node README's tables, cell by cell: the sweep table and the fault matrix."""
-    _check_table(c, "sweep table", report.parse_table(text), report.table_rows(data), report.TABLE_FIELDS, "levels")
-    faults = fault_report.table_rows(data)
+    _check_table(c, "sweep table", report.parse_table(text), report.table_rows(b), report.TABLE_FIELDS, "levels")
+    faults = fault_report.table_rows(b)
     if faults:
         _check_table(
             c,
@@ -180,7 +186,7 @@ def _check_node_tables(c: Checks, data: dict, text: str) -> None:
         )
 
 
-def check_other_files(c: Checks, data: dict, path: Path, name: str) -> None:
+def check_other_files(c: Checks, data: dict, typed: NodeBundle | EndpointBundle, path: Path, name: str) -> None:
     """commands.txt as results.json renders it; the chart a regular PNG file, drawn from results.json but not
     compared (matplotlib's bytes differ by version), said so; any other file, said to be unchecked."""
     commands = path / bundle.COMMANDS
@@ -188,7 +194,9 @@ def check_other_files(c: Checks, data: dict, path: Path, name: str) -> None:
         c.equal(bundle.COMMANDS, "(file)", "present", "missing")
     else:
         text = files.read_text(commands, "commands.txt", bundle.MAX_RESULTS_BYTES)
-        c.equal(bundle.COMMANDS, "(as results.json renders it)", kinds.commands(data, name), text)
+        c.equal(
+            bundle.COMMANDS, "(as results.json renders it)", kinds.kind(data).commands(typed, shlex.quote(name)), text
+        )
     chart = path / bundle.CHART
     if chart.exists() or chart.is_symlink():
         regular = chart.is_file() and not chart.is_symlink()
@@ -225,8 +233,11 @@ def _check_table(c: Checks, name: str, rows: list[list[str]] | None, expected: l
 
 # Each kind's checks (meshbench.results.kinds): the records and figures, and the README's tables beyond its
 # whole text (an endpoint's table is checked with the whole README, its figures by verify.endpoint).
-CHECKS: dict[str, Callable[[Checks, dict], None]] = {kinds.NODE: checks.check_data, kinds.ENDPOINT: endpoint.check_data}
-TABLES: dict[str, Callable[[Checks, dict, str], None]] = {
+CHECKS: dict[str, Callable[[Checks, Any], None]] = {
+    kinds.NODE: checks.check_node,
+    kinds.ENDPOINT: endpoint.check_endpoint,
+}
+TABLES: dict[str, Callable[[Checks, Any, str], None]] = {
     kinds.NODE: _check_node_tables,
-    kinds.ENDPOINT: lambda c, data, text: None,
+    kinds.ENDPOINT: lambda c, typed, text: None,
 }

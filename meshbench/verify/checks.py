@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from meshbench.analysis import fault_matrix as fault_checks
 from meshbench.analysis.checks import Checks
-from meshbench.records import serial
+from meshbench.results import typed
+from meshbench.results.typed import NodeBundle
 from meshbench.verify.figures import (
     check_config_copies,
     check_level_accounting,
@@ -26,24 +27,29 @@ from meshbench.verify.timing import check_repetitions, check_timing, check_wall
 
 
 def check_data(c: Checks, data: dict) -> None:
+    """A node results.json that passed the schema, typed once (``meshbench.results.typed``), checked whole."""
+    check_node(c, typed.node(data))
+
+
+def check_node(c: Checks, b: NodeBundle) -> None:
     """Every check of a node results.json that passed the schema: the raw records, and (typed once, after
     the schema) the figures and verdicts the analysis recomputes from them."""
-    check_config_copies(c, data)
-    typed, reference = serial.levels_of(data), serial.reference_of(data)
-    per_token = data["engine"]["kv_bytes_per_token"]
+    check_config_copies(c, b)
+    typed, reference = b.levels, b.results.reference
+    per_token = b.results.engine.kv_bytes_per_token
     for i, rec in enumerate(typed):
         at = f"levels[{i}]"
-        check_level_figures(c, data, rec, at)
-        check_level_accounting(c, data, rec, at)
-        check_level_budget(c, data, rec, at)
-        check_tick_replay(c, data, rec, at)
-        check_arrivals(c, data, rec, at)
-        check_repetitions(c, data, rec, at, i)
+        check_level_figures(c, b, rec, at)
+        check_level_accounting(c, b, rec, at)
+        check_level_budget(c, b, rec, at)
+        check_tick_replay(c, b, rec, at)
+        check_arrivals(c, b, rec, at)
+        check_repetitions(c, b, rec, at, i)
         check_wall(c, rec, at)
         check_feed(c, rec, at)
-        check_isolation(c, data, rec, at)
-        check_timing(c, data, rec, at)
-        check_tick_ends(c, data, rec, at)
+        check_isolation(c, b, rec, at)
+        check_timing(c, b, rec, at)
+        check_tick_ends(c, b, rec, at)
         fault_checks.check_level(c, rec, at, reference or typed[0], per_token)
-    check_sessions(c, data, typed)
-    check_sweep(c, data, typed, reference)
+    check_sessions(c, b, typed)
+    check_sweep(c, b, typed, reference)

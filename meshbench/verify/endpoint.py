@@ -10,36 +10,44 @@ from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.model import Completion, EndpointLevel
+from meshbench.results import typed
+from meshbench.results.typed import EndpointBundle
 from meshbench.workload.target import Target, parse_target
 
 
 def check_data(c: Checks, data: dict) -> None:
-    wl, cfg = data["workload"], data["config"]
-    ids = [f"s{i:0{len(str(wl['sessions'] - 1))}d}" for i in range(wl["sessions"])]
-    c.equal(RESULTS, "config.engine.kind", "endpoint", cfg["engine"]["kind"])
-    c.equal(RESULTS, "workload.sessions (= config.workload.sessions)", cfg["workload"]["sessions"], wl["sessions"])
+    """An endpoint results.json that passed the schema, typed once (``meshbench.results.typed``), checked whole."""
+    check_endpoint(c, typed.endpoint(data))
+
+
+def check_endpoint(c: Checks, b: EndpointBundle) -> None:
+    wl, cfg = b.results.workload, b.cfg
+    ids = [f"s{i:0{len(str(wl.sessions - 1))}d}" for i in range(wl.sessions)]
+    c.equal(RESULTS, "config.engine.kind", "endpoint", cfg.engine.kind)
+    c.equal(RESULTS, "workload.sessions (= config.workload.sessions)", cfg.workload.sessions, wl.sessions)
+    echo, recorded = cfg.workload.to_dict(), serial.to_json(wl)
     for k in ("prompt_tokens", "new_tokens", "eos", "seed", "prompts"):
-        c.equal(RESULTS, f"workload.{k} (= config.workload.{k})", cfg["workload"][k], wl[k])
+        c.equal(RESULTS, f"workload.{k} (= config.workload.{k})", echo[k], recorded[k])
     c.equal(
         RESULTS,
         "workload: one prompt length and one new-token count per session",
-        [wl["sessions"]] * 2,
-        [len(wl["prompt_tokens"]), len(wl["new_tokens"])],
+        [wl.sessions] * 2,
+        [len(wl.prompt_tokens), len(wl.new_tokens)],
     )
+    typed_levels = b.results.levels
     c.equal(
         RESULTS,
         "levels (= config.levels, ascending)",
-        sorted(cfg["levels"]),
-        [lv["concurrency"] for lv in data["levels"]],
+        sorted(cfg.levels),
+        [lv.concurrency for lv in typed_levels],
     )
-    _check_endpoint_record(c, data)
-    lengths, new = dict(zip(ids, wl["prompt_tokens"])), dict(zip(ids, wl["new_tokens"]))
-    slo = cfg["slo"]
-    typed = serial.endpoint_levels(data["levels"])
-    alone = serial.completion(data["needle"]["alone"])
-    for i, lv in enumerate(typed):
+    _check_endpoint_record(c, b)
+    lengths, new = dict(zip(ids, wl.prompt_tokens)), dict(zip(ids, wl.new_tokens))
+    slo = cfg.slo
+    alone = b.results.needle.alone
+    for i, lv in enumerate(typed_levels):
         at = f"levels[{i}]"
-        _check_passes(c, lv, at, ids, cfg["repeat"], len(typed), i)
+        _check_passes(c, lv, at, ids, cfg.repeat, len(typed_levels), i)
         for r, rep in enumerate(lv.repetitions):
             expected = figures.pass_figures(rep.sessions, rep.wall_s, lengths, slo, new)
             c.equal(RESULTS, f"{at}.repetitions[{r}].figures (recomputed from the stamps)", expected, rep.figures)
@@ -50,38 +58,38 @@ def check_data(c: Checks, data: dict) -> None:
             lv.figures,
         )
         _check_needle(c, lv, at, ids)
-    _check_stamps(c, data, typed)
-    _check_evaluated(c, data, typed, lengths)
-    _check_answered(c, alone, typed)
-    every = [x for lv in typed for rep in lv.repetitions for x in rep.sessions]
-    every += [t.completion for lv in typed for t in lv.needle] + [alone]
-    compared = figures.compared_by(data["endpoint"]["api"], every)
+    _check_stamps(c, b, typed_levels)
+    _check_evaluated(c, b, typed_levels, lengths)
+    _check_answered(c, alone, typed_levels)
+    every = [x for lv in typed_levels for rep in lv.repetitions for x in rep.sessions]
+    every += [t.completion for lv in typed_levels for t in lv.needle] + [alone]
+    compared = figures.compared_by(b.results.endpoint.api, every)
     c.equal(
         RESULTS,
         "verdicts (recomputed from the outputs)",
-        figures.verdicts(typed, alone, compared),
-        data["verdicts"],
+        figures.verdicts(typed_levels, alone, compared),
+        b.results.verdicts,
     )
-    c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, data["conclusions"])
+    c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, b.results.conclusions)
 
 
-def _check_endpoint_record(c: Checks, data: dict) -> None:
+def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
     """The endpoint record agrees with the config echo: its url (a served one is on loopback), its api, and
     whether it is on this machine."""
-    e, eng = data["endpoint"], data["config"]["engine"]
-    recorded = _target(e["url"])
+    e, eng = b.results.endpoint, b.cfg.engine
+    recorded = _target(e.url)
     c.equal(RESULTS, "endpoint.url (http://HOST:PORT)", True, recorded is not None)
     if recorded is None:
         return
-    if eng.get("url") is not None:
-        configured = _target(eng["url"])
+    if eng.url is not None:
+        configured = _target(eng.url)
         c.equal(RESULTS, "endpoint.url (= config.engine.url)", configured and configured.url, recorded.url)
     else:
         c.equal(RESULTS, "endpoint.url (a served endpoint is on loopback)", True, recorded.loopback)
-    c.equal(RESULTS, "endpoint.loopback (= the url's host)", recorded.loopback, e["loopback"])
-    if eng.get("api", "auto") != "auto":
-        c.equal(RESULTS, "endpoint.api (= config.engine.api)", eng["api"], e["api"])
-    c.equal(RESULTS, "endpoint.server (the api it answered)", e["server"] == "llama-server", e["api"] == "native")
+    c.equal(RESULTS, "endpoint.loopback (= the url's host)", recorded.loopback, e.loopback)
+    if eng.api != "auto":
+        c.equal(RESULTS, "endpoint.api (= config.engine.api)", eng.api, e.api)
+    c.equal(RESULTS, "endpoint.server (the api it answered)", e.server == "llama-server", e.api == "native")
 
 
 def _target(url) -> Target | None:
@@ -127,10 +135,10 @@ def _check_needle(c: Checks, lv: EndpointLevel, at: str, ids: list[str]) -> None
         c.equal(RESULTS, f"{where}.completion.token_ns (in order, after submit_ns)", True, stamps == sorted(stamps))
 
 
-def _check_stamps(c: Checks, data: dict, levels: list[EndpointLevel]) -> None:
+def _check_stamps(c: Checks, b: EndpointBundle, levels: list[EndpointLevel]) -> None:
     """Every completion's token stamps never decrease and come after its submission; a native answer has one
     stamp per token id."""
-    native = data["endpoint"]["api"] == "native"
+    native = b.results.endpoint.api == "native"
     for i, lv in enumerate(levels):
         for r, rep in enumerate(lv.repetitions):
             for x in rep.sessions:
@@ -166,10 +174,10 @@ def _check_answered(c: Checks, alone: Completion, levels: list[EndpointLevel]) -
                 c.equal(RESULTS, f"levels[{i}].needle[{k}]: answered", "answered", t.completion.error)
 
 
-def _check_evaluated(c: Checks, data: dict, levels: list[EndpointLevel], lengths: dict[str, int]) -> None:
+def _check_evaluated(c: Checks, b: EndpointBundle, levels: list[EndpointLevel], lengths: dict[str, int]) -> None:
     """Where the server says how many prompt tokens it evaluated, it evaluated exactly the session's prompt (no
     BOS added to ids, no prompt cache reused)."""
-    first = data["needle"]["prompt_of"]
+    first = b.results.needle.prompt_of
     for i, lv in enumerate(levels):
         answers = [x for rep in lv.repetitions for x in rep.sessions] + [t.completion for t in lv.needle]
         for x in answers:

@@ -8,30 +8,34 @@ is caught too, not only a tampered file.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 from meshbench.analysis import backpressure, figures, isolation, verdicts
 from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
+from meshbench.records import serial
+from meshbench.records.context import Budget, GgufEngineInfo
 from meshbench.records.model import LevelRecord, Reference, SessionRecord, Tick
+from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
 
 
-def check_config_copies(c: Checks, data: dict) -> None:
+def check_config_copies(c: Checks, b: NodeBundle) -> None:
     """The top-level workload and budget are copies of the config echo's."""
-    c.equal(RESULTS, "workload (= config.workload)", data["config"]["workload"], data["workload"])
-    c.equal(RESULTS, "budget (= config.budget)", data["config"]["budget"], data["budget"])
-    cfg = data["config"]
-    groups = len(cfg["faults"]) or len(cfg["rates"] or ()) or 1  # each fault row or rate runs every level
+    c.equal(RESULTS, "workload (= config.workload)", b.cfg.workload.to_dict(), serial.to_json(b.results.workload))
+    c.equal(RESULTS, "budget (= config.budget)", b.cfg.budget.to_dict(), serial.to_json(b.results.budget))
+    cfg = b.cfg
+    groups = len(cfg.faults) or len(cfg.rates or ()) or 1  # each fault row or rate runs every level
     c.equal(
         RESULTS,
         "levels (config.levels ascending, once per rate or fault row)",
-        sorted(cfg["levels"]) * groups,
-        [lv["concurrency"] for lv in data["levels"]],
+        sorted(cfg.levels) * groups,
+        [lv.concurrency for lv in b.levels],
     )
 
 
-def check_level_figures(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def check_level_figures(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     ticks = lv.tick_records
     for k, v in figures.summarize_ticks(ticks).items():
         c.equal(RESULTS, f"{at}.{k}", v, getattr(lv, k))
@@ -47,7 +51,7 @@ def check_level_figures(c: Checks, data: dict, lv: LevelRecord, at: str) -> None
         )
 
 
-def check_level_accounting(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def check_level_accounting(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """Tokens, KV and session ends add up."""
     sessions, ticks = lv.sessions, lv.tick_records
     prefilled = [sid for t in ticks for sid in t.prefill_sessions]  # a resubmitted session: once per epoch
@@ -64,14 +68,14 @@ def check_level_accounting(c: Checks, data: dict, lv: LevelRecord, at: str) -> N
         len(prefilled) + lv.decode_tokens,
         sum(len(s.tokens) for s in sessions),
     )
-    _check_tick_kv(c, data, lv, at)
-    _check_session_ends(c, data, lv, at)
-    _check_end_counts(c, data, lv, at)
+    _check_tick_kv(c, b, lv, at)
+    _check_session_ends(c, b, lv, at)
+    _check_end_counts(c, b, lv, at)
 
 
-def _check_tick_kv(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def _check_tick_kv(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """Every tick's KV is its stored positions' (at most, after an eviction), and nothing is held at the end."""
-    per_token, ticks = data["engine"]["kv_bytes_per_token"], lv.tick_records
+    per_token, ticks = b.results.engine.kv_bytes_per_token, lv.tick_records
     for t in ticks:
         where = f"{at}.tick_records[{t.tick}]"
         if lv.cache_misses == 0:  # (a lost engine's KV went with it: exact too)
@@ -93,10 +97,13 @@ def _check_tick_kv(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
         c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (all KV released)", 0, ticks[-1].kv_bytes)
 
 
-def _check_session_ends(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def _check_session_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """Each session's token count, its end-of-generation tokens under its eos policy, and how it ended."""
     named = figures.fault_named(lv.fault_events)
-    eos, eog = data["workload"]["eos"], set(data["engine"].get("eog_tokens", []))
+    eos, eog = (
+        b.results.workload.eos,
+        set(b.results.engine.eog_tokens if isinstance(b.results.engine, GgufEngineInfo) else ()),
+    )
     for j, s in enumerate(lv.sessions):
         where = f"{at}.sessions[{j}]"
         if s.done_reason == "COMPLETED":
@@ -126,7 +133,7 @@ def _check_session_ends(c: Checks, data: dict, lv: LevelRecord, at: str) -> None
             )
 
 
-def _check_end_counts(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def _check_end_counts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """The level's counts of misses, failures and sessions, from the sessions' own records."""
     sessions, named = lv.sessions, figures.fault_named(lv.fault_events)
     c.equal(RESULTS, f"{at}.cache_misses", sum(s.done_reason == "CACHE_MISS" for s in sessions), lv.cache_misses)
@@ -141,7 +148,7 @@ def _check_end_counts(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     c.equal(
         RESULTS,
         f"{at}.sessions (count: accepted arrivals and resubmissions)",
-        data["workload"]["sessions"] - _refused_arrivals(lv) + resubmitted,
+        b.results.workload.sessions - _refused_arrivals(lv) + resubmitted,
         len(sessions),
     )
 
@@ -150,18 +157,23 @@ def _refused_arrivals(lv: LevelRecord) -> int:
     return sum(e.decision not in ACCEPTED for e in lv.submit_events)
 
 
-def check_level_budget(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def check_level_budget(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """At level c the node allows c active sessions and a batch of c; with every session submitted at once
     the queue holds them all, with arrivals over time it is the configured one."""
-    base = data["config"]["budget"]
-    queue = base["max_queue_depth"]
+    base = b.cfg.budget
+    queue = base.max_queue_depth
     if lv.arrivals == "all-at-once":
-        queue = max(queue, data["workload"]["sessions"])
-    expected = dict(base, max_active_sessions=lv.concurrency, max_batch_size=lv.concurrency, max_queue_depth=queue)
+        queue = max(queue, b.results.workload.sessions)
+    expected = dataclasses.replace(
+        serial.from_json(base.to_dict(), Budget, "config.budget"),
+        max_active_sessions=lv.concurrency,
+        max_batch_size=lv.concurrency,
+        max_queue_depth=queue,
+    )
     c.equal(RESULTS, f"{at}.budget", expected, lv.budget)
 
 
-def check_sweep(c: Checks, data: dict, typed: list[LevelRecord], reference: Reference | None) -> None:
+def check_sweep(c: Checks, b: NodeBundle, typed: list[LevelRecord], reference: Reference | None) -> None:
     levels = typed
     div = figures.sweep_divergence(typed, reference)
     per_level = [isolation.verdict(lv.isolation, lv.sessions, lv.tick_records) for lv in typed]
@@ -169,58 +181,60 @@ def check_sweep(c: Checks, data: dict, typed: list[LevelRecord], reference: Refe
     c.equal(
         RESULTS,
         "corruption_free (isolation at every level where it ran, no failed session)",
-        v["corruption_free"],
-        data["corruption_free"],
+        v.corruption_free,
+        b.results.corruption_free,
     )
-    c.equal(RESULTS, "batch_invariant (no divergence across levels)", div is None, data["batch_invariant"])
-    c.equal(RESULTS, "isolation", v["isolation"], data["isolation"])
+    c.equal(RESULTS, "batch_invariant (no divergence across levels)", div is None, b.results.batch_invariant)
+    c.equal(RESULTS, "isolation", v.isolation, b.results.isolation)
     c.equal(
         RESULTS,
         "batch_invariant (independent recomputation)",
         _plain_batch_invariant(levels, reference),
-        data["batch_invariant"],
+        b.results.batch_invariant,
     )
-    found = data["first_divergence"]
-    if found is not None:
-        found = {k: found[k] for k in div} if div else found
+    found = b.results.first_divergence
+    if found is not None and div is not None:  # (its class and logit deviation are the rerun's to check)
+        found = dataclasses.replace(found, classification=None, logit_deviation=None)
     c.equal(RESULTS, "first_divergence", div, found)
-    c.equal(RESULTS, "reference_concurrency", (reference or levels[0]).concurrency, data["reference_concurrency"])
+    c.equal(RESULTS, "reference_concurrency", (reference or levels[0]).concurrency, b.results.reference_concurrency)
     c.equal(
         RESULTS,
         "reference (present exactly for a sweep of arrivals or of faults)",
         any(lv.arrivals != "all-at-once" or lv.faults for lv in levels),
-        data["reference"] is not None,
+        b.results.reference is not None,
     )
     # The margin is meshbench's constant, not the bundle's to choose.
-    c.equal(RESULTS, "saturation_margin", figures.SATURATION_MARGIN, data["saturation_margin"])
+    c.equal(RESULTS, "saturation_margin", figures.SATURATION_MARGIN, b.results.saturation_margin)
     at_once = [lv for lv in levels if lv.rate is None and not lv.faults]
     if at_once:
         conc = [lv.concurrency for lv in at_once]
         occ = [lv.avg_batch_occupancy for lv in at_once]
-        c.equal(RESULTS, "saturation_concurrency", figures.saturation_level(conc, occ), data["saturation_concurrency"])
+        c.equal(
+            RESULTS, "saturation_concurrency", figures.saturation_level(conc, occ), b.results.saturation_concurrency
+        )
         c.equal(
             RESULTS,
             "saturation_concurrency (independent recomputation)",
             _plain_saturation(at_once),
-            data["saturation_concurrency"],
+            b.results.saturation_concurrency,
         )
     else:
         c.equal(
             RESULTS,
             "saturation_concurrency (none for a sweep of rates or faults)",
             None,
-            data["saturation_concurrency"],
+            b.results.saturation_concurrency,
         )
     c.equal(
         RESULTS,
         "saturation_rates",
-        backpressure.saturation_rates(typed) if data["reference"] else None,
-        data["saturation_rates"],
+        backpressure.saturation_rates(typed) if b.results.reference else None,
+        b.results.saturation_rates,
     )
 
 
-def workload_ids(data: dict) -> list[str]:
-    n = data["workload"]["sessions"]
+def workload_ids(b: NodeBundle) -> list[str]:
+    n = b.results.workload.sessions
     return [f"s{i:0{len(str(n - 1))}d}" for i in range(n)]
 
 

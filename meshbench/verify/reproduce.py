@@ -12,15 +12,20 @@ isolation verdict, which compares its passes bit for bit on this machine.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
 from typing import Callable
 
 from meshbench.analysis.checks import Checks, Failure
-from meshbench.results import fingerprint
+from meshbench.records import serial
+from meshbench.records.context import EngineInfo
+from meshbench.records.model import IsolationRecords
+from meshbench.results import fingerprint, typed
 from meshbench.results.bundle import RESULTS
 from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
+from meshbench.results.typed import NodeBundle
 
 Rerun = Callable[[dict], dict]  # a bundle's results -> the same configuration's results, run again
 
@@ -30,73 +35,80 @@ _NUMBERS = re.compile(r"\.(margins|logit_deviation|reference_margin)$")
 _DIGESTS = re.compile(r"\.margins_digest$")
 
 
-def tolerance(engine: dict) -> float:
+def tolerance(engine: EngineInfo) -> float:
     """The relative tolerance on another fingerprint: float64 arithmetic (the synthetic engine's dgr-012
     preset) rounds at 2.2e-16 per operation, float32 and quantized llama.cpp kernels at 1.2e-7 over dot
     products thousands long; both bounds leave three orders of magnitude above what reorderings give."""
-    return 1e-9 if engine.get("kind") == "synthetic" and engine.get("dtype") == "float64" else 1e-3
+    return 1e-9 if engine.kind == "synthetic" and engine.dtype == "float64" else 1e-3
 
 
 def deterministic_view(data: dict) -> dict:
+    """Every field a rerun must reproduce, flattened to one key each (``view``, of the records typed once)."""
+    return view(typed.node(data))
+
+
+def view(b: NodeBundle) -> dict:
     """Every field a rerun must reproduce, flattened to one key each; wall-clock and environment excluded.
 
     On the wall clock admission depends on speed: only the engine, the verdict and the sessions run
     alone (the reference every completed session was checked against) must be reproduced."""
+    r = b.results
     # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
     # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared.
     out = {
-        "engine": {k: v for k, v in data["engine"].items() if k not in ("rpc", "model")},
-        "corruption_free": data["corruption_free"],
-        "saturation_concurrency": data["saturation_concurrency"],
-        "isolation": data["isolation"],
-        "inputs": data.get("inputs"),
+        "engine": {k: v for k, v in serial.to_json(r.engine).items() if k not in ("rpc", "model")},
+        "corruption_free": r.corruption_free,
+        "saturation_concurrency": r.saturation_concurrency,
+        "isolation": serial.to_json(r.isolation),
+        "inputs": r.inputs,
     }
-    if data["reference"] is not None:
-        for j, s in enumerate(data["reference"]["sessions"]):
-            out[f"reference.sessions[{j}].digest"] = s["digest"]
-    if data["config"]["clock"] == "wall":
+    for j, s in enumerate(r.reference.sessions if r.reference else ()):
+        out[f"reference.sessions[{j}].digest"] = s.digest
+    if b.wall:
         return out
     # (on the wall clock which sessions share a batch depends on speed: so may the tokens of a batch-variant engine)
-    out["batch_invariant"] = data["batch_invariant"]
-    out.update(_split("first_divergence", data["first_divergence"], ("logit_deviation", "reference_margin")))
-    for i, lv in enumerate(data["levels"]):
+    out["batch_invariant"] = r.batch_invariant
+    out.update(_split("first_divergence", r.first_divergence, ("logit_deviation", "reference_margin")))
+    for i, lv in enumerate(b.levels):
         at = f"levels[{i}]"
         for k in DETERMINISTIC_LEVEL_FIELDS:
             if k != "isolation":
-                out[f"{at}.{k}"] = lv[k]
-        out.update(_isolation(f"{at}.isolation", lv["isolation"]))
-        for j, s in enumerate(lv["sessions"]):
+                out[f"{at}.{k}"] = serial.to_json(getattr(lv, k))
+        out.update(_isolation(f"{at}.isolation", lv.isolation))
+        for j, s in enumerate(lv.sessions):
             out.update(_split(f"{at}.sessions[{j}]", s, ("margins",)))  # ids, epochs, ends, tokens; margins apart
-        for t in lv["tick_records"]:  # deterministic fields only
-            for k, v in t.items():
-                out[f"{at}.tick_records[{t['tick']}].{k}"] = v
+        for t in lv.tick_records:  # deterministic fields only
+            for k, v in serial.to_json(t).items():
+                out[f"{at}.tick_records[{t.tick}].{k}"] = v
     return out
 
 
-def _split(at: str, record: dict | None, floats: tuple[str, ...]) -> dict:
+def _split(at: str, record: object | None, floats: tuple[str, ...]) -> dict:
+    """A record as one entry without its float fields, and each float field as its own entry."""
     if record is None:
         return {at: None}
-    out = {at: {k: v for k, v in record.items() if k not in floats}}
-    out.update({f"{at}.{k}": record[k] for k in floats if k in record})
+    whole = serial.to_json(record)
+    out = {at: {k: v for k, v in whole.items() if k not in floats}}
+    out.update({f"{at}.{k}": whole[k] for k in floats if k in whole})
     return out
 
 
-def _isolation(at: str, iso: dict) -> dict:
-    passes = iso.get("passes") or []
-    out = {
-        at: {
-            **iso,
-            "passes": None
-            if iso.get("passes") is None
-            else [
-                {**p, "sessions": [{k: v for k, v in s.items() if k != "margins_digest"} for s in p["sessions"]]}
-                for p in passes
-            ],
-        }
-    }
+def _isolation(at: str, iso: IsolationRecords) -> dict:
+    """A level's isolation records, the margin digests (floats, hashed) each its own entry."""
+    passes = iso.passes or []
+    plain = dataclasses.replace(
+        iso,
+        passes=None
+        if iso.passes is None
+        else [
+            dataclasses.replace(p, sessions=[dataclasses.replace(s, margins_digest="") for s in p.sessions])
+            for p in passes
+        ],
+    )
+    out = {at: serial.to_json(plain)}
     for k, p in enumerate(passes):
-        for j, s in enumerate(p["sessions"]):
-            out[f"{at}.passes[{k}].sessions[{j}].margins_digest"] = s["margins_digest"]
+        for j, s in enumerate(p.sessions):
+            out[f"{at}.passes[{k}].sessions[{j}].margins_digest"] = s.margins_digest
     return out
 
 
@@ -134,18 +146,15 @@ class Outcome:
 
 
 def check_rerun(c: Checks, data: dict, rerun: Rerun) -> Outcome:
-    fresh = rerun(data)
-    recorded = data["environment"].get("compute")
-    here = fresh["environment"].get("compute")
+    b, fresh = typed.node(data), typed.node(rerun(data))
+    recorded, here = b.results.environment.compute, fresh.results.environment.compute
     outcome = Outcome(
-        same_fingerprint=bool(recorded and here and recorded.get("digest") == here.get("digest")),
-        recorded_on=fingerprint.describe(recorded)
-        if recorded
-        else f"{data['environment'].get('cpu')} (no fingerprint recorded)",
-        rerun_on=fingerprint.describe(here),
-        tolerance=tolerance(data["engine"]),
+        same_fingerprint=recorded.digest == here.digest,
+        recorded_on=fingerprint.describe(serial.to_json(recorded)),
+        rerun_on=fingerprint.describe(serial.to_json(here)),
+        tolerance=tolerance(b.results.engine),
     )
-    old, new = deterministic_view(data), deterministic_view(fresh)
+    old, new = view(b), view(fresh)
     before = len(c.failures)
     for k in sorted(set(old) | set(new)):
         was, now = old.get(k, "(absent)"), new.get(k, "(absent)")
@@ -154,7 +163,7 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun) -> Outcome:
         elif _NUMBERS.search(k):
             _numbers(c, outcome, k, was, now)
         elif isinstance(was, dict) and isinstance(now, dict) and "tokens" in was and was != now:
-            _session(c, outcome, data, k, was, now)
+            _session(c, outcome, b, k, was, now)
         else:
             c.equal(FILE, k, was, now)
     outcome.failed = len(c.failures) - before
@@ -223,7 +232,7 @@ def _deviation(was, now, tol: float) -> tuple[float, bool] | None:
     return max((p[0] for p in parts), default=0.0), any(p[1] for p in parts)  # type: ignore[index]
 
 
-def _session(c: Checks, o: Outcome, data: dict, k: str, was: dict, now: dict) -> None:
+def _session(c: Checks, o: Outcome, b: NodeBundle, k: str, was: dict, now: dict) -> None:
     """A session's exact record differs: name the first token that differs and the margin it had."""
     c.count += 1
     a, b = was.get("tokens") or [], now.get("tokens") or []
@@ -231,7 +240,7 @@ def _session(c: Checks, o: Outcome, data: dict, k: str, was: dict, now: dict) ->
     if a == b:
         c.failures.append(Failure(FILE, k, was, now))
         return
-    margins = _margins_of(data, k)
+    margins = _margins_of(b, k)
     m = margins[t] if t < len(margins) else None
     where = "on this hardware" if not o.same_fingerprint else "on the recording fingerprint"
     c.failures.append(
@@ -245,8 +254,8 @@ def _session(c: Checks, o: Outcome, data: dict, k: str, was: dict, now: dict) ->
     )
 
 
-def _margins_of(data: dict, k: str) -> list:
+def _margins_of(b: NodeBundle, k: str) -> list:
     m = re.fullmatch(r"levels\[(\d+)\]\.sessions\[(\d+)\]", k)
     if not m:
         return []
-    return data["levels"][int(m.group(1))]["sessions"][int(m.group(2))].get("margins") or []
+    return b.levels[int(m.group(1))].sessions[int(m.group(2))].margins

@@ -9,12 +9,13 @@ from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.model import LevelRecord
+from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
 from meshbench.verify.figures import workload_ids
 from meshbench.workload import arrivals
 
 
-def check_tick_replay(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def check_tick_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """Replay the tick records: held positions, active slots and queue depth at the end of every tick.
 
     Exact for a level where no engine was lost (sessions accepted before a tick join the live
@@ -23,8 +24,8 @@ def check_tick_replay(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     """
     if lv.engine_losses:
         return
-    scratch = data["engine"]["scratch_bytes_per_session"]
-    cap = min(lv.budget["max_active_sessions"], lv.budget["scratch_bytes"] // scratch)
+    scratch = b.results.engine.scratch_bytes_per_session
+    cap = min(lv.budget.max_active_sessions, lv.budget.scratch_bytes // scratch)
     accepted_at = {}
     for e in lv.submit_events:
         if e.decision in ACCEPTED:
@@ -46,18 +47,16 @@ def check_tick_replay(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
         c.equal(RESULTS, f"{where}.queued (replayed)", live - min(cap, live), t.queued)
 
 
-def check_arrivals(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def check_arrivals(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """Arrival times recomputed from the process and the seed; one submit event per arrival, in arrival
     order (on the tick clock, at its tick); the accepted ones are exactly the level's sessions; the
     admission figures recomputed from the events."""
-    w = data["workload"]
-    wall = data["config"]["clock"] == "wall"
+    w = b.results.workload
+    wall = b.cfg.clock == "wall"
     try:
         process = arrivals.parse(lv.arrivals)
         expected_times = (
-            [t * 1e3 for t in process.seconds(w["sessions"], w["seed"])]
-            if wall
-            else process.ticks(w["sessions"], w["seed"])
+            [t * 1e3 for t in process.seconds(w.sessions, w.seed)] if wall else process.ticks(w.sessions, w.seed)
         )
     except MeshbenchError as e:
         c.equal(RESULTS, f"{at}.arrivals", "an arrival process", f"{lv.arrivals!r} ({e})")
@@ -65,11 +64,11 @@ def check_arrivals(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     c.equal(RESULTS, f"{at}.rate", process.rate, lv.rate)
     c.equal(
         RESULTS,
-        f"{at}.arrival_times (recomputed from the process and seed {w['seed']})",
+        f"{at}.arrival_times (recomputed from the process and seed {w.seed})",
         expected_times,
         lv.arrival_times,
     )
-    ids = [f"s{i:0{len(str(w['sessions'] - 1))}d}" for i in range(w["sessions"])]
+    ids = [f"s{i:0{len(str(w.sessions - 1))}d}" for i in range(w.sessions)]
     expected = sorted(zip(expected_times, ids))
     events = lv.submit_events
     if wall:  # submitted before the first tick after arrival: the order is known, the tick is not
@@ -92,10 +91,10 @@ def check_arrivals(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
             [list(x) for x in expected],
             [[e.tick, e.session_id] for e in events],
         )
-    _check_admissions(c, data, lv, at, wall)
+    _check_admissions(c, b, lv, at, wall)
 
 
-def _check_admissions(c: Checks, data: dict, lv: LevelRecord, at: str, wall: bool) -> None:
+def _check_admissions(c: Checks, b: NodeBundle, lv: LevelRecord, at: str, wall: bool) -> None:
     """The accepted arrivals (and resubmissions) are exactly the level's sessions; the refusals and the
     backpressure figures recomputed from the submit events."""
     events = lv.submit_events
@@ -117,14 +116,16 @@ def _check_admissions(c: Checks, data: dict, lv: LevelRecord, at: str, wall: boo
     )
     rejected = sum(e.decision not in ACCEPTED for e in events)
     c.equal(RESULTS, f"{at}.rejected_admissions (from the submit events)", rejected, lv.rejected_admissions)
-    slo = data["config"]["slo"]
-    expected_figures = backpressure.level_figures(events, lv.tick_records, lv.sessions, {} if wall else slo)
-    if wall:
-        rep = lv.repetitions[0]
-        expected_figures.update(backpressure.wall_figures(events, lv.sessions, rep.sessions, rep.wall_s, slo))
-    c.equal(RESULTS, f"{at}.backpressure figures", sorted(expected_figures), sorted(lv.backpressure))
-    for k, v in expected_figures.items():
-        c.equal(RESULTS, f"{at}.backpressure.{k}", v, lv.backpressure.get(k))
+    rep = lv.repetitions[0]
+    expected = serial.to_json(
+        backpressure.figures(
+            events, lv.tick_records, lv.sessions, b.cfg.slo, (rep.sessions, rep.wall_s) if wall else None
+        )
+    )
+    found = serial.to_json(lv.backpressure)
+    c.equal(RESULTS, f"{at}.backpressure figures", sorted(expected), sorted(found))
+    for k, v in expected.items():
+        c.equal(RESULTS, f"{at}.backpressure.{k}", v, found.get(k))
 
 
 def check_feed(c: Checks, lv: LevelRecord, at: str) -> None:
@@ -170,11 +171,11 @@ def check_feed(c: Checks, lv: LevelRecord, at: str) -> None:
             )
 
 
-def check_tick_ends(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """Who ended in a tick agrees with how the sessions ended (single-epoch levels), a session taken from the
     queue was queued and submitted by then and prefilled only after, and prefill pieces stay in budget."""
-    budget = lv.budget["max_prefill_tokens_per_tick"]
-    chunked = data["config"]["prefill"] == "chunked"
+    budget = lv.budget.max_prefill_tokens_per_tick
+    chunked = b.cfg.prefill == "chunked"
     for t in lv.tick_records:
         pieces = [n for _, _, n in t.prefill_chunks]
         # whole prompts: the first always runs (one larger than the budget still progresses), the rest fit
@@ -215,10 +216,10 @@ def check_tick_ends(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
             )
 
 
-def check_isolation(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def check_isolation(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """The perturbation passes are the ones the method prescribes and the verdict is theirs."""
     iso = lv.isolation
-    wanted = data["config"]["isolation"] and data["config"]["clock"] == "tick" and not lv.faults
+    wanted = b.cfg.isolation and b.cfg.clock == "tick" and not lv.faults
     c.equal(
         RESULTS,
         f"{at}.isolation (run exactly when isolation is on, on the tick clock, without faults)",
@@ -228,17 +229,17 @@ def check_isolation(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     c.equal(
         RESULTS,
         f"{at}.isolation.sessions (the workload's, when run)",
-        None if iso.passes is None else workload_ids(data),
+        None if iso.passes is None else workload_ids(b),
         iso.sessions,
     )
     if iso.passes is not None:
-        ids = workload_ids(data)
+        ids = workload_ids(b)
         served = [s.session_id for s in lv.sessions]
         family = [p.perturbed for p in iso.passes if not p.confirm]
         c.equal(
             RESULTS,
             f"{at}.isolation.passes perturbed sets (the separating family)",
-            isolation.family_sets(ids, data["config"]["isolation_rounds"]),
+            isolation.family_sets(ids, b.cfg.isolation_rounds),
             family,
         )
         c.equal(
@@ -258,10 +259,10 @@ def check_isolation(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
     c.equal(RESULTS, f"{at}.isolation_verdict", serial.to_json(verdict), serial.to_json(lv.isolation_verdict))
 
 
-def check_sessions(c: Checks, data: dict, levels: list[LevelRecord]) -> None:
+def check_sessions(c: Checks, b: NodeBundle, levels: list[LevelRecord]) -> None:
     """Every level serves exactly the workload's sessions, each with its own prompt and length."""
-    w = data["workload"]
-    n = w["sessions"]
+    w = b.results.workload
+    n = w.sessions
     width = len(str(n - 1))
     expected = {f"s{i:0{width}d}": i for i in range(n)}  # the names Workload.session_ids gives
     ref_ids = None
@@ -273,12 +274,12 @@ def check_sessions(c: Checks, data: dict, levels: list[LevelRecord]) -> None:
         c.equal(RESULTS, f"{at}.sessions ids not in the workload", [], sorted(set(ids) - set(expected)))
         if ref_ids is None:
             ref_ids = sorted(set(ids))
-        elif data["reference"] is None:  # all at once: every level serves the same sessions
+        elif b.results.reference is None:  # all at once: every level serves the same sessions
             c.equal(RESULTS, f"{at}.sessions ids (same as levels[0])", ref_ids, sorted(set(ids)))
         for j, s in enumerate(lv.sessions):
             k = expected.get(s.session_id)
             if k is not None:
-                c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", w["prompt_tokens"][k], s.prompt_tokens)
-                c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w["new_tokens"][k], s.max_new_tokens)
+                c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", w.prompt_tokens[k], s.prompt_tokens)
+                c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w.new_tokens[k], s.max_new_tokens)
         named = {sid for t in lv.tick_records for sid in (*t.decode_sessions, *t.prefill_sessions, *t.completed)}
         c.equal(RESULTS, f"{at}.tick_records session ids not among the level's sessions", [], sorted(named - set(ids)))

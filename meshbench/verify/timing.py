@@ -10,14 +10,15 @@ from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.model import LevelRecord, Repetition
+from meshbench.results.typed import NodeBundle
 
 
-def check_repetitions(c: Checks, data: dict, lv: LevelRecord, at: str, index: int) -> None:
+def check_repetitions(c: Checks, b: NodeBundle, lv: LevelRecord, at: str, index: int) -> None:
     """Every repetition ran the same deterministic pass: same ticks, same sessions, same tokens."""
     reps = lv.repetitions
-    repeat = data["config"]["repeat"]
+    repeat = b.cfg.repeat
     c.equal(RESULTS, f"{at}.repetitions (count = config.repeat)", repeat, len(reps))
-    count = len(data["levels"])
+    count = len(b.results.levels)
     for i, rep in enumerate(reps):
         where = f"{at}.repetitions[{i}]"
         c.equal(RESULTS, f"{where}.repetition", i, rep.repetition)
@@ -25,7 +26,7 @@ def check_repetitions(c: Checks, data: dict, lv: LevelRecord, at: str, index: in
         c.equal(
             RESULTS, f"{where}.position (level order rotated by the repetition)", rotated.index(index), rep.position
         )
-        if data["config"]["clock"] == "wall":
+        if b.cfg.clock == "wall":
             continue  # admission depends on speed: repetitions differ by design, tokens are checked by the sweep
         c.equal(
             RESULTS,
@@ -57,7 +58,7 @@ def check_wall(c: Checks, lv: LevelRecord, at: str) -> None:
             c.equal(RESULTS, f"{at}.wall.{k}", v, recorded[k])
 
 
-def check_timing(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
+def check_timing(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     """Timing that cannot happen, checked on every repetition: stamps out of order, a stamp per token missing
     or extra, a first token before the submit or the slot, engine time beyond its tick, a wall time shorter
     than what it covers, repetitions copied from one another."""
@@ -99,11 +100,11 @@ def check_timing(c: Checks, data: dict, lv: LevelRecord, at: str) -> None:
         [],
         _copies(lv.repetitions),
     )
-    if data["config"]["clock"] == "tick":
+    if b.cfg.clock == "tick":
         _check_stamps_after_ticks(c, lv, at)
-    m = re.search(r"--repeat[ =](\d+)", data["command"])
+    m = re.search(r"--repeat[ =](\d+)", b.results.command)
     if m:
-        c.equal(RESULTS, "config.repeat (= the recorded command's --repeat)", int(m.group(1)), data["config"]["repeat"])
+        c.equal(RESULTS, "config.repeat (= the recorded command's --repeat)", int(m.group(1)), b.cfg.repeat)
 
 
 COPY_NS = 1000  # two real passes differ by far more in most of their stamps; a copy with jitter does not

@@ -1,0 +1,169 @@
+"""What ran, and where: the records around a sweep's levels (the engine, the workload, the budget, the machine,
+a served endpoint), typed. Only ``meshbench.records.serial`` turns them into JSON and back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineInfo:
+    """What every engine reports (``meshbench.engine.setup.describe``); each kind adds its own facts."""
+
+    kind: str
+    preset: str | None
+    model: str | None
+    model_sha256: str | None
+    device: str
+    dtype: str
+    threads: int | None
+    recipe_fingerprint: str
+    kv_bytes_per_token: int
+    weight_bytes: int
+    scratch_bytes_per_session: int
+    isolated: bool | None = None  # the engine ran in its own process behind a proxy
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyntheticEngineInfo(EngineInfo):
+    """The numpy dense Llama: its weights' seed and its model config."""
+
+    weights_seed: int
+    model_config: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GgufEngineInfo(EngineInfo):
+    """llama.cpp: the file's architecture, the recipe it ran with, the KV geometry and what was allocated."""
+
+    architecture: str
+    flash_attn: bool
+    kv_unified: bool
+    mixed_batch: bool
+    repack: bool
+    tiled_mm: str
+    model_name: str
+    eog_tokens: list[int]
+    kv_geometry: JsonObject | None
+    kv_allocated: JsonObject | None
+    rpc: JsonObject | None  # RPC workers: endpoints, devices, layers and buffers per device
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """A node sweep's workload, one length per session."""
+
+    sessions: int
+    prompt_tokens: list[int]
+    new_tokens: list[int]
+    seed: int
+    arrivals: str
+    prompts: str | None
+    eos: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointWorkload:
+    """An endpoint sweep's workload: a file of real prompts, tokenized by the server."""
+
+    sessions: int
+    prompts: str
+    prompts_sha256: str
+    prompt_tokens: list[int]
+    new_tokens: list[int]
+    eos: str
+    seed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """The node's budgets as configured (a level's own is in its record)."""
+
+    weight_bytes: int
+    kv_bytes: int
+    scratch_bytes: int
+    max_active_sessions: int
+    max_queue_depth: int
+    max_batch_size: int
+    max_prefill_tokens_per_tick: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Blas:
+    library: str
+    version: str | None
+    kernel: str | None
+    threads: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LlamaCppBuild:
+    version: str
+    system_info: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compute:
+    """The compute fingerprint (``meshbench.results.fingerprint``): what selects the kernels the floats came
+    from."""
+
+    cpu: str
+    simd: list[str]
+    blas: Blas | None
+    openblas_coretype: str | None
+    llama_cpp: LlamaCppBuild | None
+    digest: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Environment:
+    """The machine and the software a bundle was made with (``meshbench.results.envinfo``)."""
+
+    python: str
+    numpy: str
+    llama_cpp: str | None
+    platform: str
+    machine: str
+    cpu: str
+    cpu_count: int | None
+    git_commit: str | None
+    git_dirty: bool | None
+    argv0: str | None
+    compute: Compute
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launched:
+    """A server meshbench started: which, its version, its flags, its model file."""
+
+    server: str
+    version: str
+    args: list[str]
+    model: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointInfo:
+    """A served endpoint as its client found it (its own props where it has them)."""
+
+    url: str
+    loopback: bool
+    api: str
+    models: list[str | None]
+    server: str
+    build_info: str | None = None
+    model_path: str | None = None
+    total_slots: int | None = None
+    launched: Launched | None = None
+
+    @property
+    def name(self) -> str:
+        """The server's name: the one meshbench started, else what it says it is."""
+        return self.launched.server if self.launched else self.server
+
+    @property
+    def version(self) -> str | None:
+        return self.launched.version if self.launched else self.build_info

@@ -1,0 +1,53 @@
+"""A results.json typed once, after it passed its schema: its records, and its config echo as the RunConfig
+it ran (``meshbench.workload.config.from_mapping``). verify, the README renderers and compare read these,
+never the JSON's keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meshbench.records import serial
+from meshbench.records.documents import EndpointResults, NodeResults
+from meshbench.records.model import LevelRecord
+from meshbench.workload import config
+from meshbench.workload.config import RunConfig
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBundle:
+    """A node sweep's results: the records and the config they ran."""
+
+    results: NodeResults
+    cfg: RunConfig
+
+    @property
+    def levels(self) -> list[LevelRecord]:
+        return self.results.levels
+
+    @property
+    def wall(self) -> bool:
+        return self.cfg.clock == "wall"
+
+    @property
+    def arrival_sweep(self) -> bool:
+        """Sessions arrived over time (a process, or rates), rather than all before the first tick."""
+        return any(lv.arrivals != "all-at-once" for lv in self.results.levels)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointBundle:
+    """An endpoint sweep's results: the records and the config they ran."""
+
+    results: EndpointResults
+    cfg: RunConfig
+
+
+def node(data: Any) -> NodeBundle:
+    results = serial.node_results(data)
+    return NodeBundle(results, config.from_mapping(results.config, "results.json config"))
+
+
+def endpoint(data: Any) -> EndpointBundle:
+    results = serial.endpoint_results(data)
+    return EndpointBundle(results, config.from_mapping(results.config, "results.json config"))
