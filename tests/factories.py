@@ -159,3 +159,24 @@ def recompute_wall(level: dict) -> None:
         rep["wall"] = serial.to_json(figures.wall_figures(r.sessions, r.tick_records, r.wall_s))
     walls = [serial.from_json(rep["wall"], model.WallFigures) for rep in level["repetitions"]]
     level["wall"] = serial.to_json(figures.repetition_summary(walls))
+
+
+def engine_info(**overrides) -> dict:
+    """A synthetic engine's whole record, as results.json holds it (``meshbench.engine.setup.describe``)."""
+    e = engine()
+    return {
+        "kind": "synthetic",
+        "preset": "dgr-012",
+        "model": None,
+        "model_sha256": None,
+        "weights_seed": 0,
+        "device": "cpu",
+        "dtype": "float64",
+        "threads": None,
+        "model_config": {},
+        "recipe_fingerprint": e.recipe_fingerprint,
+        "kv_bytes_per_token": e.kv_bytes_per_token,
+        "weight_bytes": e.weight_bytes,
+        "scratch_bytes_per_session": e.scratch_bytes_per_session,
+        **overrides,
+    }

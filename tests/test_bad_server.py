@@ -140,7 +140,7 @@ def test_a_bad_side_answer_is_dropped_and_the_run_is_kept(mode, prompts, config,
     assert r.exit_code == 0, r.output
     data = json.loads((tmp_path / "B" / "results.json").read_text())
     if mode == "props-bad":
-        assert data["endpoint"]["total_slots"] is None and len(data["endpoint"]["model_path"]) == 1000
+        assert data["endpoint"].get("total_slots") is None and len(data["endpoint"]["model_path"]) == 1000
     else:
         assert all(rep["metrics_before"] == {} for lv in data["levels"] for rep in lv["repetitions"])
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from meshbench.analysis import stats
 from meshbench.cli import app
-from meshbench.compare import diff as compare
+from meshbench.compare import verdicts
+from meshbench.compare.model import Change, SchedulerVerdict
 from meshbench.engine.base import StepResult, TickResult, separate_step
 from meshbench.engine.synthetic import setup_synthetic
 from meshbench.records import serial
@@ -209,10 +210,11 @@ def test_a_scheduler_change_is_reported_field_by_field(baseline):
     data = json.loads((baseline / "results.json").read_text())
     lv = serial.levels_of(data)[0]
     shorter = dataclasses.replace(lv, tick_records=lv.tick_records[1:])  # as if the first tick had not been needed
-    v = compare.scheduler_verdict(data, lv, data, shorter)
-    assert v["verdict"] == "changed"
-    assert v["changes"]["ticks"] == {"baseline": lv.ticks, "candidate": lv.ticks - 1}
-    assert compare.scheduler_verdict(data, lv, data, lv) == {"verdict": "same", "changes": {}}
+    n = data["workload"]["sessions"]
+    v = verdicts.scheduler_verdict(n, lv, n, shorter)
+    assert v.verdict == "changed"
+    assert v.changes["ticks"] == Change(baseline=lv.ticks, candidate=lv.ticks - 1)
+    assert verdicts.scheduler_verdict(n, lv, n, lv) == SchedulerVerdict(verdict="same", changes={})
 
 
 # --- refusals -------------------------------------------------------------------------------------

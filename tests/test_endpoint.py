@@ -304,7 +304,10 @@ def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, pr
 def test_compare_an_endpoint_bundle_with_itself_and_with_meshbench_s_node(bundle, model, prompts, tmp_path):
     r = runner.invoke(app, ["compare", str(bundle), str(bundle), "--perf", "ignore"])
     assert r.exit_code == 0, r.output
-    assert "| 1 | same |" in r.output and "ttft_ms.p50" in r.output
+    assert "ttft_ms.p50" in r.output and "outputs_changed=[]" in r.output
+    same = json.loads(runner.invoke(app, ["compare", str(bundle), str(bundle), "--json"]).stdout)
+    assert {lv["outputs"]["verdict"] for lv in same["levels"]} == {"same"}
+    assert all(lv["scheduler"]["verdict"].startswith("not compared") for lv in same["levels"])
     node = tmp_path / "NODE"
     args = [
         "sweep",
@@ -323,5 +326,7 @@ def test_compare_an_endpoint_bundle_with_itself_and_with_meshbench_s_node(bundle
     report = json.loads(r.stdout)
     assert report["compared_by"] is None  # token ids on the node's side, text on the OpenAI endpoint's
     assert all(lv["outputs"]["verdict"].startswith("not compared") for lv in report["levels"])
-    assert all(set(lv["performance"]) == {"total_tokens_per_s", "itl_ms.p50", "itl_ms.p99"} for lv in report["levels"])
+    # (TTFT and E2E count time queued: a node submits every session at once, the endpoint's clients are closed-loop)
+    compared = {"total_tokens_per_s", "itl_ms.p50", "itl_ms.p99", "tpot_ms.p50"}
+    assert all(set(lv["performance"]) == compared for lv in report["levels"])
     assert any("closed-loop" in n for n in report["notes"])

@@ -243,37 +243,36 @@ def test_gguf_sweep_is_corruption_free_and_recorded(models, tmp_path):
 
 
 def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
+    import dataclasses
+
     from meshbench.analysis.divergence import NEAR_TIE, classify
+    from meshbench.records.documents import FirstDivergence, SweepIsolation
     from meshbench.sweep import prove
     from meshbench.sweep.run import run_sweep
     from meshbench.workload import config
 
     cfg = config.load(overrides={"engine": {"kind": "gguf", "model": str(models["q8_0"])}, "levels": [1, 8]})
-    div = {
-        "session_id": "s0",
-        "token_index": 3,
-        "reference_concurrency": 1,
-        "concurrency": 8,
-        "reference_token": 1,
-        "token": 2,
-        "reference_margin": 1e-4,
-    }
-    data = {
-        "first_divergence": div,
-        "engine": {"architecture": "llama"},
-        "isolation": {"holds": True, "every_level": True},
-    }
-    oracle = prove.oracle(cfg, div, data["engine"], lambda c: run_sweep(c, "test"))
+    div = FirstDivergence(
+        session_id="s0",
+        token_index=3,
+        reference_concurrency=1,
+        concurrency=8,
+        reference_token=1,
+        token=2,
+        reference_margin=1e-4,
+    )
+    isolation = SweepIsolation(method="m", levels_run=2, every_level=True, holds=True)
+    oracle = prove.oracle(cfg, div, {"architecture": "llama"}, lambda c: run_sweep(c, "test"))
     assert oracle == "agrees across levels [1, 8] on the same weights"
-    text = classify(data["first_divergence"], data["isolation"], oracle)
+    text = classify(div, isolation, oracle)
     assert text.startswith("engine batch variance (shape-dependent numerics)") and "(a near-tie)" in text
     assert text.endswith("numpy oracle: agrees across levels [1, 8] on the same weights")
-    div["reference_margin"] = 10 * NEAR_TIE
-    assert "near-tie" not in classify(data["first_divergence"], data["isolation"], oracle)
-    data["isolation"] = {"holds": False, "every_level": True}
-    assert classify(data["first_divergence"], data["isolation"], oracle).startswith("contamination between sessions")
-    data["isolation"] = {"holds": None, "every_level": False}
-    assert classify(data["first_divergence"], data["isolation"], oracle).startswith("unclassified")
+    far = dataclasses.replace(div, reference_margin=10 * NEAR_TIE)
+    assert "near-tie" not in classify(far, isolation, oracle)
+    leaked = dataclasses.replace(isolation, holds=False)
+    assert classify(far, leaked, oracle).startswith("contamination between sessions")
+    unproven = dataclasses.replace(isolation, holds=None, every_level=False)
+    assert classify(far, unproven, oracle).startswith("unclassified")
 
 
 def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(models, loaded, tmp_path):

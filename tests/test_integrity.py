@@ -426,10 +426,12 @@ def test_a_fault_event_moved_after_its_sessions_end_fails_plain_verify(tmp_path)
 def test_a_changed_prompts_file_is_named_on_rerun_not_blamed_on_the_bundle(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("a\\nb\\n")
-    data = {"config": {}, "inputs": {"workload.prompts": {"sha256": "0" * 64}}}
+    from meshbench.records.context import InputFile
+
+    inputs = {"workload.prompts": InputFile(sha256="0" * 64)}
     cfg = type("C", (), {"workload": type("W", (), {"prompts": str(prompts)})()})()
     with pytest.raises(MeshbenchError, match="changed since the bundle was made"):
-        run._check_inputs(data, cfg)
+        run._check_inputs(inputs, cfg)
 
 
 def test_node_serve_says_listening_only_once_bound_and_resolves_localhost():

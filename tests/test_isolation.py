@@ -67,7 +67,7 @@ def test_escape_bits_count_the_weakest_pairs_passes(n, rounds, bits):
 def test_isolation_holds_for_the_seed_sweep_at_every_level():
     sw = _sweep()
     assert sw.corruption_free and sw.batch_invariant
-    assert sw.isolation["every_level"] and sw.isolation["holds"] and sw.isolation["levels_run"] == 4
+    assert sw.isolation.every_level and sw.isolation.holds and sw.isolation.levels_run == 4
     for lv in serial.to_json(sw.levels):
         v = lv["isolation_verdict"]
         assert v == {
@@ -112,10 +112,10 @@ def test_a_planted_leak_is_caught_by_isolation_naming_both_sessions():
     assert shared["changed"] == ["s1"]
     assert shared["leaks"] == [["s1", "s5"]]  # confirmed by a pass perturbing s5 alone
     assert "s5" in shared["suspects"]["s1"]
-    assert not sw.corruption_free and sw.isolation["holds"] is False
+    assert not sw.corruption_free and sw.isolation.holds is False
     # the verdict is recomputed from the records: verify agrees
     per_level = [isolation.verdict(lv.isolation, lv.sessions, lv.tick_records) for lv in sw.levels]
-    assert verdicts.sweep_verdicts(sw.levels, None, per_level)["corruption_free"] is False
+    assert verdicts.sweep_verdicts(sw.levels, None, per_level).corruption_free is False
 
 
 class ParityLeaker(f.DecodeWrapper):
@@ -190,8 +190,8 @@ def test_batch_variance_under_isolation_is_not_corruption():
             return out
 
     sw = _sweep(levels=(1, 4), factory=lambda b: ShapeVariant(f.engine(b.kv_bytes)))
-    assert not sw.batch_invariant and sw.first_divergence["concurrency"] == 4
-    assert sw.isolation["holds"] and sw.isolation["every_level"]
+    assert not sw.batch_invariant and sw.first_divergence.concurrency == 4
+    assert sw.isolation.holds and sw.isolation.every_level
     assert sw.corruption_free
 
 
@@ -246,13 +246,7 @@ def _bundle_data(factory) -> dict:
 
     cfg = config.load(None, {"levels": [2], "isolation": False})
     sw = run_concurrency_sweep(SweepPlan([2], cfg.workload, cfg.budget), factory)
-    info = {
-        "kind": "synthetic",
-        "recipe_fingerprint": "x",
-        "kv_bytes_per_token": 1536,
-        "weight_bytes": 1,
-        "scratch_bytes_per_session": 1,
-    }
+    info = f.engine_info(kv_bytes_per_token=1536, weight_bytes=1, scratch_bytes_per_session=1)
     data = results.build(cfg, sw, info, envinfo.environment(), "meshbench sweep")
     return json.loads(results.dumps(data))
 

@@ -71,11 +71,23 @@ def test_a_node_bundle_whose_echo_names_an_endpoint_fails_verify_and_is_not_reru
         return json.dumps(d)
 
     bad = _forged(made, tmp_path, edit)
-    r = runner.invoke(app, ["verify", str(bad)])
-    assert r.exit_code == 1 and "config.engine.kind (the records' kind)" in r.output
+    # (the echo is no config an endpoint sweep could have run: the bundle is unusable, in one line)
+    run_refused("verify", bad, expect="results.json config: engine.kind endpoint needs workload.prompts")
     from meshbench.errors import MeshbenchError
     from meshbench.sweep import run
 
+    with pytest.raises(MeshbenchError, match="engine.kind endpoint needs workload.prompts"):
+        run.rerun_results(json.loads((bad / "results.json").read_text()))
+
+    def node_records_endpoint_echo(text: str) -> str:  # a whole endpoint config over a node's records
+        d = json.loads(text)
+        d["config"]["engine"].update(kind="endpoint", url="http://127.0.0.1:1", preset="dgr-012")
+        d["config"]["workload"].update(prompts="p.txt", eos="stop")
+        return json.dumps(d)
+
+    bad = _forged(made, tmp_path / "2", node_records_endpoint_echo)
+    r = runner.invoke(app, ["verify", str(bad)])
+    assert r.exit_code == 1 and "config.engine.kind (the records' kind)" in r.output
     with pytest.raises(MeshbenchError, match="a rerun needs its server"):
         run.rerun_results(json.loads((bad / "results.json").read_text()))
 

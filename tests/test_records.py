@@ -76,6 +76,7 @@ RECORDS = {
     context.GgufEngineInfo: "gguf_engine",
     context.Workload: "results:workload",
     context.Budget: "budget",
+    context.InputFile: "results:inputs.*",
     context.Environment: "results:environment",
     context.Compute: "results:environment.compute",
     context.Blas: "results:environment.compute.blas",

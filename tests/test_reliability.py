@@ -79,7 +79,7 @@ def test_a_sweep_records_failures_and_verify_fails_the_bundle(tmp_path):
     sweep = run_concurrency_sweep(SweepPlan([1, 2], Workload.uniform(4, 4, 4), f.budget()), factory)
     assert [lv["failed"] for lv in serial.to_json(sweep.levels)] == [1, 2]
     cfg = load(overrides={"workload": {"sessions": 4, "new_tokens": 4}, "levels": [1, 2]})
-    data = results.build(cfg, sweep, _engine_info(), envinfo.environment(), "meshbench sweep")
+    data = results.build(cfg, sweep, f.engine_info(), envinfo.environment(), "meshbench sweep")
     out = tmp_path / "b"
     bundle.write(out, data)
     r = CliRunner().invoke(app, ["verify", str(out)])
@@ -89,23 +89,6 @@ def test_a_sweep_records_failures_and_verify_fails_the_bundle(tmp_path):
         "done_reason (only an injected fault may end a session so) expected=COMPLETED found=FAILED "
         "(decode_batch: OSError: injected decode fault #3)"
     ) in r.stdout
-
-
-def _engine_info():
-    e = f.engine()
-    return {
-        "kind": "synthetic",
-        "preset": "dgr-012",
-        "model": None,
-        "model_sha256": None,
-        "recipe_fingerprint": e.recipe_fingerprint,
-        "device": "cpu",
-        "dtype": "float64",
-        "threads": None,
-        "kv_bytes_per_token": e.kv_bytes_per_token,
-        "weight_bytes": e.weight_bytes,
-        "scratch_bytes_per_session": e.scratch_bytes_per_session,
-    }
 
 
 def test_cancel_queued_and_active_sessions_and_no_ops():

@@ -128,7 +128,7 @@ def test_a_swapping_engine_is_reported_as_corruption_with_the_first_divergence()
     s1 = serial.to_json(ref.levels)[0]["sessions"][1]["tokens"]
     # s0 was prefilled on tick 0; s1 on tick 1; the third shared batch is tick 4:
     # s0's token index 4 (1 prefill + 3 decodes before it).
-    assert d["session_id"] == "s0" and d["concurrency"] == 2 and d["reference_concurrency"] == 1
-    assert d["token_index"] == 4
-    assert d["reference_token"] == s0[4] and d["token"] == s1[3]
-    assert d["reference_margin"] > 0
+    assert d.session_id == "s0" and d.concurrency == 2 and d.reference_concurrency == 1
+    assert d.token_index == 4
+    assert d.reference_token == s0[4] and d.token == s1[3]
+    assert d.reference_margin > 0

@@ -13,8 +13,8 @@ import typer
 from meshbench import files
 from meshbench.cli.common import JsonOpt, out, print_json, table
 from meshbench.compare import diff as compare_mod
-from meshbench.compare import endpoint as endpoint_cmp
 from meshbench.compare import report as compare_report
+from meshbench.compare.model import Comparison
 from meshbench.errors import MeshbenchError
 from meshbench.results import bundle
 
@@ -69,13 +69,10 @@ def compare(
     if markdown is not None:
         _check_markdown(markdown, force)
     report = compare_mod.compare(baseline, candidate, _tolerance(tolerance))
-    served = "sides" in report  # an endpoint on one side or both
     if markdown is not None:
-        _write_markdown(markdown, endpoint_cmp.render(report) if served else compare_report.render(report, perf))
+        _write_markdown(markdown, compare_report.render(report, perf))
     if as_json:
-        print_json(report)
-    elif served:
-        out.print(endpoint_cmp.render(report), markup=False)
+        print_json(report.to_json())
     else:
         _print(report, perf)
     raise typer.Exit(compare_mod.exit_code(report, perf))
@@ -111,47 +108,46 @@ def _colored(word: str, text: str | None = None) -> str:
     return f"[{COLORS.get(word, 'yellow')}]{text or word}[/]"
 
 
-def _print(report: dict, perf: str) -> None:
-    if report["differences"]:
+def _print(report: Comparison, perf: str) -> None:
+    out.print(compare_report.sides_line(report), markup=False)
+    for note in report.notes:
+        out.print(f"note: {note}", markup=False)
+    if report.differences:
         t = table(
-            "what differs besides the workload" + (" (across machines)" if report["across_machines"] else ""),
+            "what differs besides the workload" + (" (across machines)" if report.across_machines else ""),
             ("kind", "field", "baseline", "candidate"),
         )
-        for d in report["differences"]:
-            t.add_row(d["kind"], d["field"], str(d["baseline"]), str(d["candidate"]))
+        for d in report.differences:
+            t.add_row(d.kind, d.field, str(d.baseline), str(d.candidate))
         out.print(t)
-    t = table(
-        f"{report['baseline']} -> {report['candidate']}: outputs and scheduler", ("level", "outputs", "scheduler")
-    )
-    for lv in report["levels"]:
-        o, s = lv["outputs"], lv["scheduler"]
-        o_text = o["verdict"] if o["first_divergence"] is None else f"changed: {o['first_divergence']}"
-        s_text = (
-            s["verdict"]
-            if not s["changes"]
-            else "changed: " + ", ".join(f"{k} {v['baseline']} -> {v['candidate']}" for k, v in s["changes"].items())
+    t = table(f"{report.baseline} -> {report.candidate}: outputs and scheduler", ("level", "outputs", "scheduler"))
+    for lv in report.levels:
+        o, s = lv.outputs, lv.scheduler
+        t.add_row(
+            compare_report.level_name(lv),
+            _colored(o.verdict, compare_report.outputs_text(o)),
+            _colored(s.verdict, compare_report.scheduler_text(s)),
         )
-        t.add_row(compare_report.level_name(lv), _colored(o["verdict"], o_text), _colored(s["verdict"], s_text))
     out.print(t)
     t = table(
-        f"performance, tolerance {report['tolerance']:.0%} (--perf {perf}): median baseline -> candidate",
+        f"performance, tolerance {report.tolerance:.0%} (--perf {perf}): median baseline -> candidate",
         ("level", "figure", "verdict", "baseline", "candidate", "change", "p"),
     )
-    for lv in report["levels"]:
-        for figure, v in lv["performance"].items():
+    for lv in report.levels:
+        for figure, v in lv.performance.items():
             t.add_row(
                 compare_report.level_name(lv),
                 figure,
-                _colored(v["verdict"], compare_report.verdict_text(v)),
-                f"{v['baseline']['median']:.4g}",
-                f"{v['candidate']['median']:.4g}",
-                f"{v['change']:+.1%}",
-                "-" if v["p_value"] is None else f"{v['p_value']:.3g}",
+                _colored(v.verdict, compare_report.verdict_text(v)),
+                f"{v.baseline.median:.4g}",
+                f"{v.candidate.median:.4g}",
+                f"{v.change:+.1%}",
+                "-" if v.p_value is None else f"{v.p_value:.3g}",
             )
     out.print(t)
-    s = report["summary"]
+    s = report.summary
     out.print(
-        f"outputs_changed={s['outputs_changed']} scheduler_changed={s['scheduler_changed']} "
-        f"regressed={s['regressed']} improved={s['improved']} weak={len(s['weak'])}",
+        f"outputs_changed={s.outputs_changed} scheduler_changed={s.scheduler_changed} "
+        f"regressed={s.regressed} improved={s.improved} weak={len(s.weak)}",
         markup=False,
     )

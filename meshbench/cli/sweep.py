@@ -19,8 +19,11 @@ from meshbench.cli.common import (
 )
 from meshbench.endpoint import sweep as endpoint_sweep
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
+from meshbench.records.model import Summary
 from meshbench.results import bundle, envinfo, kinds, report
 from meshbench.results.endpoint_report import cell
+from meshbench.results.typed import EndpointBundle, NodeBundle
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify_mod
 from meshbench.workload import config as config_mod
@@ -90,16 +93,17 @@ def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json
     data = RUNS[kinds.of_engine(cfg.engine.kind)](cfg, verbose)
     if out_dir is not None:
         err.print(f"wrote {out_dir}: {', '.join(bundle.commit(out_dir, data, force))}", markup=False)
+    typed = kinds.typed_results(data)
     if as_json:
         print_json(data)
     else:
-        SUMMARIES[kinds.of(data)](data)
-    _check_own_evidence(data)
+        SUMMARIES[kinds.of(data)](typed)
+    _check_own_evidence(data, typed)
 
 
-def _check_own_evidence(data: dict) -> None:
+def _check_own_evidence(data: dict, typed: NodeBundle | EndpointBundle) -> None:
     """A sweep whose evidence would not pass verify says why and exits 1 (its bundle is kept)."""
-    failures = verify_mod.check_data(data).failures
+    failures = verify_mod.check_typed(data, typed).failures
     if failures:
         for f in failures:
             err.print(f"sweep: {f}", markup=False)
@@ -138,33 +142,32 @@ def _run_with_progress(cfg, verbose: bool) -> dict:
         return run.sweep_on_node(cfg, command_line(), on_tick, verbose)
 
 
-def _print_sweep(data: dict) -> None:
+def _print_sweep(b: NodeBundle) -> None:
+    r, levels = b.results, b.levels
     t = table(
-        f"{data['story']}: {data['engine']['kind']} engine, {data['workload']['sessions']} sessions, "
-        f"{data['config']['repeat']} repetition(s): medians",
+        f"{r.story}: {r.engine.kind} engine, {r.workload.sessions} sessions, {b.cfg.repeat} repetition(s): medians",
         ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "decode tok/s", "ITL p50 ms"),
     )
-    for row, lv in zip(report.table_rows(data), data["levels"]):
-        wall = lv["wall"]
-        itl = wall.get("itl_ms.p50")
-        t.add_row(
-            *row,
-            f"{wall['tokens_per_s']['median']:.1f}",
-            f"{wall['decode_tokens_per_s']['median']:.1f}",
-            "-" if itl is None else f"{itl['median']:.2f}",
-        )
+    for row, lv in zip(report.table_rows(b), levels):
+        t.add_row(*row, *(median_cell(lv.wall.get(k), digits) for k, digits in SWEEP_COLUMNS))
     out.print(t)
-    div = data["first_divergence"]
     out.print(
-        f"corruption_free={data['corruption_free']} batch_invariant={data['batch_invariant']} "
-        f"isolation={data['isolation']['holds']} ({data['isolation']['levels_run']} of {len(data['levels'])} "
-        f"levels) saturation_concurrency={data['saturation_concurrency']} "
-        f"cache_misses={sum(lv['cache_misses'] for lv in data['levels'])} "
-        f"rejected_admissions={sum(lv['rejected_admissions'] for lv in data['levels'])} "
-        f"failed={sum(lv['failed'] for lv in data['levels'])}"
+        f"corruption_free={r.corruption_free} batch_invariant={r.batch_invariant} "
+        f"isolation={r.isolation.holds} ({r.isolation.levels_run} of {len(levels)} "
+        f"levels) saturation_concurrency={r.saturation_concurrency} "
+        f"cache_misses={sum(lv.cache_misses for lv in levels)} "
+        f"rejected_admissions={sum(lv.rejected_admissions for lv in levels)} "
+        f"failed={sum(lv.failed for lv in levels)}"
     )
-    if div:
-        out.print(f"first divergence: {div}")
+    if r.first_divergence:
+        out.print(f"first divergence: {serial.to_json(r.first_divergence)}")
+
+
+SWEEP_COLUMNS = (("tokens_per_s", 1), ("decode_tokens_per_s", 1), ("itl_ms.p50", 2))  # wall figures, by name
+
+
+def median_cell(s: Summary | None, digits: int) -> str:
+    return "-" if s is None else f"{s.median:.{digits}f}"
 
 
 def _run_endpoint(cfg: config_mod.RunConfig) -> dict:
@@ -174,11 +177,12 @@ def _run_endpoint(cfg: config_mod.RunConfig) -> dict:
     )
 
 
-def _print_endpoint(data: dict) -> None:
-    v = data["verdicts"]
+def _print_endpoint(b: EndpointBundle) -> None:
+    r = b.results
+    v, e = r.verdicts, r.endpoint
     t = table(
-        f"{data['story']}: {data['endpoint']['server']} at {data['endpoint']['url']} ({data['endpoint']['api']} API), "
-        f"{data['workload']['sessions']} sessions, {len(data['levels'][0]['repetitions'])} repetition(s): medians",
+        f"{r.story}: {e.server} at {e.url} ({e.api} API), "
+        f"{r.workload.sessions} sessions, {len(r.levels[0].repetitions)} repetition(s): medians",
         (
             "level",
             "differ from C=ref",
@@ -190,23 +194,23 @@ def _print_endpoint(data: dict) -> None:
             "ITL p99 ms",
         ),
     )
-    for lv in data["levels"]:
-        c, f = str(lv["concurrency"]), lv["figures"]
+    for lv in r.levels:
+        c = str(lv.concurrency)
         t.add_row(
             c,
-            str(len(v["differing_sessions"][c])),
-            str(max(v["distinct_outputs"][c].values(), default=0)),
-            str(v["needle"][c]["distinct"]),
-            cell(f["tokens_per_s"]),
-            cell(f["ttft_ms.p50"]),
-            cell(f["itl_ms.p50"]),
-            cell(f["itl_ms.p99"]),
+            str(len(v.differing_sessions[c])),
+            str(max(v.distinct_outputs[c].values(), default=0)),
+            str(v.needle[c].distinct),
+            *(cell(lv.figures.get(k)) for k in ENDPOINT_COLUMNS),
         )
     out.print(t)
     out.print(
-        f"compared={v['compared']} batch_invariant={v['batch_invariant']} "
-        f"run_to_run_deterministic={v['run_to_run_deterministic']} needle_stable={v['needle_stable']}"
+        f"compared={v.compared} batch_invariant={v.batch_invariant} "
+        f"run_to_run_deterministic={v.run_to_run_deterministic} needle_stable={v.needle_stable}"
     )
+
+
+ENDPOINT_COLUMNS = ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50", "itl_ms.p99")  # a level's figures, by name
 
 
 # Each kind of bundle (meshbench.results.kinds): how the CLI runs its sweep, and the summary it prints.
@@ -214,4 +218,4 @@ RUNS: dict[str, Callable[[config_mod.RunConfig, bool], dict]] = {
     kinds.NODE: lambda cfg, verbose: _run_with_progress(cfg, verbose),
     kinds.ENDPOINT: lambda cfg, verbose: _run_endpoint(cfg),
 }
-SUMMARIES: dict[str, Callable[[dict], None]] = {kinds.NODE: _print_sweep, kinds.ENDPOINT: _print_endpoint}
+SUMMARIES: dict[str, Callable[[Any], None]] = {kinds.NODE: _print_sweep, kinds.ENDPOINT: _print_endpoint}

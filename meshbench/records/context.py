@@ -31,7 +31,7 @@ class EngineInfo:
 class SyntheticEngineInfo(EngineInfo):
     """The numpy dense Llama: its weights' seed and its model config."""
 
-    weights_seed: int
+    weights_seed: int | None  # (None: the weights came from a GGUF file)
     model_config: JsonObject
 
 
@@ -76,6 +76,16 @@ class EndpointWorkload:
     new_tokens: list[int]
     eos: str
     seed: int
+
+
+PROMPTS_FILE = "workload.prompts"  # the prompts file's config key: the input file a results.json records
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputFile:
+    """An input file a sweep read (a prompts file), as it was then."""
+
+    sha256: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

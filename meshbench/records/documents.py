@@ -12,6 +12,7 @@ from meshbench.records.context import (
     EndpointWorkload,
     Environment,
     GgufEngineInfo,
+    InputFile,
     JsonObject,
     SyntheticEngineInfo,
     Workload,
@@ -82,7 +83,7 @@ class NodeResults:
     reference_concurrency: int
     reference: Reference | None
     saturation_rates: dict[str, float | None] | None
-    inputs: dict[str, dict[str, str]] | None = None  # input files by config key, with their sha256
+    inputs: dict[str, InputFile] | None = None  # input files by config key (workload.prompts), as they were
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

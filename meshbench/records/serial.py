@@ -101,7 +101,7 @@ def from_json(value: Any, cls: type[T], where: str = "results.json") -> T:
         record: T = _CONVERTER.structure(value, cls)
         return record
     except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as e:
-        raise MeshbenchError(f"{where}: not a {cls.__name__} record: {_reason(e)}") from None
+        raise MeshbenchError(f"{where}: not a {getattr(cls, '__name__', 'engine')} record: {_reason(e)}") from None
 
 
 def _reason(e: BaseException) -> str:

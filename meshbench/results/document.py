@@ -12,7 +12,7 @@ from meshbench.analysis.figures import SATURATION_MARGIN
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
-from meshbench.records.context import Budget, Environment, Workload
+from meshbench.records.context import Budget, Environment, InputFile, Workload
 from meshbench.records.documents import FirstDivergence, NodeResults
 from meshbench.workload.config import RunConfig
 
@@ -40,7 +40,7 @@ def build(
     environment: dict,
     command: str,
     first_divergence: FirstDivergence | None = None,
-    inputs: dict | None = None,
+    inputs: dict[str, InputFile] | None = None,
 ) -> dict:
     """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts (the
     first divergence as explained by the runner, when it was), and the input files' digests."""

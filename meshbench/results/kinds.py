@@ -4,7 +4,7 @@
 instead of branching on it. At this layer a kind registers its schema and version, its README and
 commands.txt renderers, its evidence-index row and whether it draws a chart; the layers above register
 theirs under the same names: verify its checks (``meshbench.verify.bundle.CHECKS``), compare its reduction to
-the sides it compares (``meshbench.compare.endpoint.SIDES``), the CLI its printed summary
+the sides it compares (``meshbench.compare.sides.SIDES``), the CLI its printed summary
 (``meshbench.cli.sweep.SUMMARIES``).
 """
 

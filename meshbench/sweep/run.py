@@ -20,14 +20,16 @@ from meshbench.engine.setup import EngineSetup, EngineSizing
 from meshbench.errors import MeshbenchError
 from meshbench.model import gguf_io
 from meshbench.records import serial
+from meshbench.records.context import PROMPTS_FILE as PROMPTS
+from meshbench.records.context import InputFile
 from meshbench.records.documents import FirstDivergence, LogitDeviation
 from meshbench.results import document as results
-from meshbench.results import envinfo, kinds
+from meshbench.results import envinfo, kinds, typed
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import prove, replay
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
-from meshbench.workload import config, prompts
+from meshbench.workload import prompts
 from meshbench.workload.config import RunConfig, validate_levels
 
 
@@ -111,9 +113,7 @@ def run_sweep(
     setup = setup or prepare(cfg)
     sweep = run_concurrency_sweep(SweepPlan.of(cfg), setup.make, node=setup, on_tick=on_tick)
     # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
-    inputs = (
-        {"workload.prompts": {"sha256": files.sha256(Path(cfg.workload.prompts))}} if cfg.workload.prompts else None
-    )
+    inputs = {PROMPTS: InputFile(sha256=files.sha256(Path(cfg.workload.prompts)))} if cfg.workload.prompts else None
     div = _explained(cfg, setup, sweep)
     return results.build(cfg, sweep, setup.info, envinfo.environment(), command, div, inputs)
 
@@ -152,18 +152,18 @@ def _logit_deviation(
     )
 
 
-def _check_inputs(data: dict, cfg: RunConfig) -> None:
+def _check_inputs(inputs: dict[str, InputFile] | None, cfg: RunConfig) -> None:
     """An input file that changed since the bundle was made is refused before anything runs: the difference
     would otherwise be blamed on the bundle."""
-    recorded = (data.get("inputs") or {}).get("workload.prompts")
+    recorded = (inputs or {}).get(PROMPTS)
     if recorded is None or not cfg.workload.prompts:
         return
-    path = files.regular_file(cfg.workload.prompts, "workload.prompts")
+    path = files.regular_file(cfg.workload.prompts, PROMPTS)
     now = files.sha256(path)
-    if now != recorded["sha256"]:
+    if now != recorded.sha256:
         raise MeshbenchError(
             f"workload.prompts {cfg.workload.prompts} changed since the bundle was made (sha256 "
-            f"{recorded['sha256'][:12]}... recorded, {now[:12]}... now): rerun with the file it "
+            f"{recorded.sha256[:12]}... recorded, {now[:12]}... now): rerun with the file it "
             "was made from"
         )
 
@@ -179,13 +179,12 @@ def _locate(name: str, bundle: Path) -> str:
     return name
 
 
-def config_from_results(data: dict) -> RunConfig:
-    """The RunConfig a bundle recorded (its config echo).
+def config_from_results(cfg: RunConfig) -> RunConfig:
+    """The RunConfig a bundle recorded (its config echo), to run here.
 
     A bundle can come from anyone: a model it says how to generate (make_model) goes into
     meshbench's own cache, never to the path the bundle names.
     """
-    cfg = config.from_mapping(data["config"], "results.json")
     if cfg.engine.make_model:
         model = str(cached_model_path(cfg.engine.make_model))
         cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=model))
@@ -203,17 +202,20 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
     """The deterministic part again: one pass per level is enough, every repetition being identical. A bundle
     can come from anyone: RPC endpoints it names are connected to only when the verifier says so. A relative
     prompts file is looked for from here, then from the bundle's folder upwards (``bundle``)."""
-    if not kinds.KINDS[kinds.of_engine(data["config"]["engine"]["kind"])].rerun:
+    if not kinds.kind(data).rerun:
+        raise MeshbenchError("results.json: an endpoint's: a rerun needs its server")
+    b = typed.node(data)
+    if not kinds.KINDS[kinds.of_engine(b.cfg.engine.kind)].rerun:
         raise MeshbenchError("results.json: its config echo names an endpoint: a rerun needs its server")
-    cfg = dataclasses.replace(config_from_results(data), repeat=1, warmup=0)
+    cfg = dataclasses.replace(config_from_results(b.cfg), repeat=1, warmup=0)
     if cfg.workload.prompts and bundle is not None:
         cfg = dataclasses.replace(
             cfg, workload=dataclasses.replace(cfg.workload, prompts=_locate(cfg.workload.prompts, bundle))
         )
-    _check_inputs(data, cfg)
+    _check_inputs(b.results.inputs, cfg)
     if cfg.engine.rpc and not trust_endpoints:
         raise MeshbenchError(
             f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
             "the model to them; pass --trust-endpoints if they are yours"
         )
-    return sweep_on_node(cfg, data["command"])
+    return sweep_on_node(cfg, b.results.command)

@@ -61,12 +61,12 @@ def config_echo_errors(echo: dict) -> list[str]:
 
 
 def check_bundle(path: Path, rerun: Rerun | None = None) -> Checks:
-    return checked_bundle(path, rerun)[1]
+    return checked_bundle(path, rerun)[2]
 
 
-def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks]:
-    """The bundle's results and every check of it; with ``rerun`` (the runner, injected: checking a file
-    never loads an engine), its deterministic records compared with a fresh run's."""
+def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, NodeBundle | EndpointBundle, Checks]:
+    """The bundle's results (as read, and typed) and every check of it; with ``rerun`` (the runner, injected:
+    checking a file never loads an engine), its deterministic records compared with a fresh run's."""
     data = load_bundle(path)
     typed = kinds.typed_results(data)
     c = check_typed(data, typed)
@@ -75,7 +75,7 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, Checks
         if not kinds.kind(data).rerun:
             raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
         c.notes.append(str(reproduce.check_rerun(c, data, rerun)))
-    return data, c
+    return data, typed, c
 
 
 def check_data(data: dict) -> Checks:

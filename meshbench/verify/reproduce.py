@@ -33,6 +33,7 @@ FILE = f"{RESULTS} (rerun)"
 # Float records: a margins list, a digest of margins, a logit deviation or a margin inside a divergence.
 _NUMBERS = re.compile(r"\.(margins|logit_deviation|reference_margin)$")
 _DIGESTS = re.compile(r"\.margins_digest$")
+TOKENS, SESSION_ID = "tokens", "session_id"  # a session's entry in the flattened view (its JSON keys)
 
 
 def tolerance(engine: EngineInfo) -> float:
@@ -162,7 +163,7 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun) -> Outcome:
             _digest(c, outcome, k, was, now)
         elif _NUMBERS.search(k):
             _numbers(c, outcome, k, was, now)
-        elif isinstance(was, dict) and isinstance(now, dict) and "tokens" in was and was != now:
+        elif isinstance(was, dict) and isinstance(now, dict) and TOKENS in was and was != now:
             _session(c, outcome, b, k, was, now)
         else:
             c.equal(FILE, k, was, now)
@@ -235,9 +236,9 @@ def _deviation(was, now, tol: float) -> tuple[float, bool] | None:
 def _session(c: Checks, o: Outcome, b: NodeBundle, k: str, was: dict, now: dict) -> None:
     """A session's exact record differs: name the first token that differs and the margin it had."""
     c.count += 1
-    a, b = was.get("tokens") or [], now.get("tokens") or []
-    t = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    if a == b:
+    a, z = was.get(TOKENS) or [], now.get(TOKENS) or []
+    t = next((i for i, (x, y) in enumerate(zip(a, z)) if x != y), min(len(a), len(z)))
+    if a == z:
         c.failures.append(Failure(FILE, k, was, now))
         return
     margins = _margins_of(b, k)
@@ -246,9 +247,9 @@ def _session(c: Checks, o: Outcome, b: NodeBundle, k: str, was: dict, now: dict)
     c.failures.append(
         Failure(
             FILE,
-            f"{k} ({was.get('session_id')})",
+            f"{k} ({was.get(SESSION_ID)})",
             f"token {t} = {a[t] if t < len(a) else '(end)'}, recorded margin {m}",
-            f"{b[t] if t < len(b) else '(end)'}: does not reproduce {where} "
+            f"{z[t] if t < len(z) else '(end)'}: does not reproduce {where} "
             f"(recorded on {o.recorded_on}, rerun on {o.rerun_on})",
         )
     )
