@@ -178,7 +178,7 @@ def test_an_endpoint_sweep_too_large_to_record_is_refused_before_sending(prompts
         (["--target", "http://127.0.0.1:9", "--threads", "2"], "engine.threads builds an engine of meshbench's own"),
         (["--target", "http://127.0.0.1:9", "--isolate"], "engine.isolate builds an engine"),
         (["--target", "http://127.0.0.1:9", "--serve", "llama-server"], "--target (a server you run) or --serve"),
-        (["--allow-remote"], "engine.allow_remote are an endpoint's"),
+        (["--allow-remote"], "engine.allow_remote is an endpoint's"),
     ],
 )
 def test_an_endpoint_sweep_refuses_what_a_user_cannot_mean(args, expect, prompts, tmp_path):

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from meshbench import validation
+from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.workload import config
 
-SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "config.schema.json").read_text())
+SCHEMA = validation.load("config.schema.json")  # (its engine section filled in from EngineSpec's settings)
+FILE = json.loads((Path(__file__).resolve().parent.parent / "schemas" / "config.schema.json").read_text())
 
 
 def names(cls, skip=()) -> set[str]:
@@ -35,9 +38,13 @@ def test_the_schema_names_exactly_the_dataclass_fields(section, cls, skip):
     assert set(defaults) == names(cls, skip)
 
 
-def test_the_embedded_defaults_are_the_dataclass_defaults_and_valid():
-    from meshbench import validation
+def test_the_schema_file_leaves_the_engine_section_to_the_engine_spec():
+    assert FILE["properties"]["engine"]["properties"] == {}
+    assert SCHEMA["properties"]["engine"]["properties"] == engine_spec.properties()
+    assert SCHEMA["properties"]["engine"]["additionalProperties"] is False
 
+
+def test_the_embedded_defaults_are_the_dataclass_defaults_and_valid():
     assert validation.errors(config.DEFAULTS, "config.schema.json") == []
     cfg = config.load()
     assert cfg.warmup == config.RunConfig.__dataclass_fields__["warmup"].default == config.DEFAULTS["warmup"] == 1
@@ -50,7 +57,12 @@ def test_the_embedded_defaults_are_the_dataclass_defaults_and_valid():
     "kwargs,message",
     [
         ({"kind": "gguf"}, "engine.kind gguf needs engine.model"),
-        ({"repack": True}, "need the gguf engine"),
+        ({"repack": True}, "engine.repack needs the gguf engine"),
+        ({"mixed_batch": True}, "engine.mixed_batch needs the gguf engine \\(one llama_decode per tick\\)"),
+        ({"kind": "endpoint", "url": "http://127.0.0.1:1", "threads": 2}, "engine.threads builds an engine of"),
+        ({"allow_remote": True}, "engine.allow_remote is an endpoint's"),
+        ({"kind": "endpoint", "url": "http://127.0.0.1:1", "model": "m.gguf"}, "engine.model builds an engine"),
+        ({"kind": "nothing"}, "engine.kind 'nothing' is none of synthetic, gguf, endpoint"),
         ({"kind": "gguf", "model": "m.gguf", "rpc": "127.0.0.1:1", "workers": 1}, "not both"),
         ({"kind": "gguf", "model": "m.gguf", "workers": 2, "split": (1.0,)}, "engine.split has 1 shares for 2"),
         ({"kind": "gguf", "model": "m.gguf", "tiled_mm": "off", "isolate": False}, "process-wide"),
@@ -65,3 +77,36 @@ def test_a_run_config_refuses_real_prompts_on_the_synthetic_engine():
     wl = config.WorkloadSection(sessions=2, prompts="p.txt").build("test")
     with pytest.raises(MeshbenchError, match="workload.eos stop needs the gguf engine"):
         config.RunConfig(workload=wl)
+
+
+def test_an_engine_option_is_one_field_everything_else_derives_from_it():
+    """Adding an engine option is one EngineSpec field: its schema, flag, help, kind rule and echo default follow
+    (here a field added to a subclass, run through the same derivations)."""
+    import dataclasses
+
+    import typer
+    from typer.testing import CliRunner
+
+    from meshbench.cli import options_engine
+    from meshbench.engine.spec import GGUF, setting
+
+    knob = setting(3, GGUF, {"type": "integer", "minimum": 0, "maximum": 9}, "--knob", "A new knob.", added=True)
+    spec = dataclasses.make_dataclass("Spec", [("knob", int, knob)], bases=(EngineSpec,), frozen=True, slots=True)
+    assert engine_spec.properties(spec)["knob"] == {"type": "integer", "minimum": 0, "maximum": 9}
+    assert [f.name for f in engine_spec.settings(spec)][-1] == "knob"
+    row = options_engine._row(engine_spec.settings(spec)[-1])
+    assert (row.flag, row.paths, row.option.help, row.option.max) == ("--knob", ("engine.knob",), "A new knob.", 9)
+    with pytest.raises(MeshbenchError, match="engine.knob needs the gguf engine"):
+        spec(knob=4)  # the synthetic engine's: not its setting
+    assert spec(kind="gguf", model="m.gguf", knob=4).knob == 4
+    assert spec().knob == 3 and spec(knob=3).kind == "synthetic"  # its default is no setting of another kind
+    seen = {}
+    app = typer.Typer()
+
+    @app.command()
+    def cmd(knob: row.annotated = None) -> None:
+        seen["knob"] = knob
+
+    assert CliRunner().invoke(app, ["--knob", "5"]).exit_code == 0 and seen == {"knob": 5}
+    assert CliRunner().invoke(app, ["--knob", "10"]).exit_code == 2  # bounded by its schema
+    assert "knob" in engine_spec.added(spec)

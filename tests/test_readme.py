@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshbench.results import endpoint_report, fault_report, report
+from meshbench.results import endpoint_report, fault_report, kinds, report
 from meshbench.results import index as evidence_index
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,13 +65,14 @@ def test_readme_table_equals_the_committed_bundle(bundle):
     text = README + "\n" + DOCS
     assert marker in text, f"README.md and docs/ do not show how evidence/{bundle.name} was made"
     section = text.split(marker, 1)[1]
-    if data.get("kind") == "endpoint":  # a served model: its own table
-        assert report.parse_table(section, endpoint_report.TABLE_HEADER) == endpoint_report.table_rows(data)
+    typed = kinds.typed_results(data)
+    if kinds.of(data) == kinds.ENDPOINT:  # a served model: its own table
+        assert report.parse_table(section, endpoint_report.TABLE_HEADER) == endpoint_report.table_rows(typed)
         assert data["command"].split("--out")[0].strip() in text
         return
     rows = report.parse_table(section)
-    assert rows == report.table_rows(data)
+    assert rows == report.table_rows(typed)
     assert data["command"].split("--out")[0].strip() in text
-    matrix = fault_report.table_rows(data)
+    matrix = fault_report.table_rows(typed)
     if matrix:  # a fault bundle: its matrix is in the README too, cell for cell
         assert report.parse_table(section, fault_report.TABLE_HEADER) == matrix

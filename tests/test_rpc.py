@@ -105,7 +105,7 @@ def test_refusals(model, tmp_path):
         f"127.0.0.1:{free}",
         expect=f"rpc worker 127.0.0.1:{free}: cannot connect",
     )
-    run_refused("sweep", "--rpc", f"127.0.0.1:{free}", expect="need the gguf engine")
+    run_refused("sweep", "--rpc", f"127.0.0.1:{free}", expect="engine.rpc needs the gguf engine")
     run_refused("node", "serve", "--host", "0.0.0.0", expect="not a loopback address")
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshbench.cli import options
+from meshbench.cli import options, options_engine
 from meshbench.cli.common import (
     command_line,
     err,
@@ -31,27 +31,11 @@ from meshbench.workload import config as config_mod
 SWEEP_OPTIONS = (
     "config",
     "levels",
-    "engine",
-    "preset",
-    "model",
-    "device",
-    "threads",
-    "target",
-    "serve",
-    "server_args",
-    "api",
-    "rpc",
-    "workers",
-    "split",
-    "isolate",
-    "mixed_batch",
-    "repack",
-    "tiled_mm",
+    *(o.name for o in options_engine.ENGINE),  # every engine option (meshbench.engine.spec)
     "prefill",
     "eos",
     "isolation",
     "isolation_rounds",
-    "allow_remote",
     "inject",
     "restart_engine",
     "sessions",

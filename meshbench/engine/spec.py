@@ -1,148 +1,232 @@
-"""What engine to build: the config's ``engine`` section, typed, with its defaults and its rules (one source:
-meshbench.workload.config derives the embedded defaults from these fields, and a test holds the config
-schema's keys equal to them)."""
+"""What engine to build: the config's ``engine`` section, typed, one field per setting.
+
+Each field declares everything about its setting (``setting``): its default, the engine kinds it belongs to, its
+JSON schema (with its description) and, where it has one, its command-line flag. From the fields come the
+config schema's engine section (``properties``), the embedded defaults (meshbench.workload.config), the Engine
+panel's flags (meshbench.cli.options_engine) and the rule that refuses a setting of another kind
+(meshbench.engine.spec_rules, beside each kind's own rules). Adding an engine option is one field here."""
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
-from meshbench.engine import rpc
+from meshbench import limits
+from meshbench.engine import spec_rules
+from meshbench.engine.spec_rules import ALL, ENDPOINT, GGUF, NODE, OWN_SERVER_FLAGS  # noqa: F401
 from meshbench.errors import MeshbenchError
 
-# The flags meshbench gives a server it starts (endpoint.llama_server.serving): not the user's to override.
-# (where the model comes from, too: a hub flag would make the server fetch and serve another model)
-OWN_SERVER_FLAGS = frozenset(
-    {"-m", "--model", "--host", "--port", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file",
-     "-dr", "--docker-repo", "-hft", "--hf-token", "--path", "--api-prefix"}
-)  # fmt: skip
+PATH = {"type": ["string", "null"], "minLength": 1, "maxLength": 4096}
+SEED = {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}
+
+
+def setting(
+    default: Any,
+    kinds: frozenset[str],
+    schema: dict[str, Any],
+    flag: str | None = None,
+    help: str | None = None,  # noqa: A002 - the flag's help (default: the schema's description)
+    why: str = "",
+    added: bool = False,
+) -> Any:
+    """One engine setting: its default, the engine kinds it belongs to, its schema, its flag (None: a config key
+    only; ``--name/--no-name`` for a switch) and its help; ``why`` is said when another kind is given it.
+    ``added``: a setting newer than results schema 3, which a bundle's config echo from before it lacks (meaning
+    its default): a new setting is one."""
+    meta = {"kinds": kinds, "schema": schema, "flag": flag, "help": help, "why": why, "added": added}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    kind: str = "synthetic"  # synthetic | gguf | endpoint (a serving endpoint as the node under test)
-    preset: str = "dgr-012"  # the synthetic model's preset (meshbench.model.config)
-    model: str | None = None  # a GGUF file
-    seed: int = 0  # the synthetic weights' seed
-    device: str = "cpu"
-    threads: int | None = None  # llama.cpp's threads (None: its default)
-    flash_attn: bool = False
-    kv_unified: bool = False
-    kv_type: str = "f16"
-    make_model: dict | None = None  # {preset, type, seed}: generate ``model`` when it is missing
-    rpc: str | None = None  # llama.cpp RPC workers, HOST:PORT[,HOST:PORT...]: the model's layers go there
-    workers: int = 0  # spawn this many local RPC workers for the run (loopback, free ports)
-    split: tuple[float, ...] | None = None  # share of layers per RPC device (None: llama.cpp's proportional split)
-    isolate: bool | None = None  # the engine in its own process (None: exactly when RPC workers are used)
-    mixed_batch: bool = False  # GGUF: a tick's decode items and prompt chunks in ONE llama_decode
-    repack: bool = False  # GGUF: llama.cpp's CPU weight repacking (use_extra_bufts)
-    tiled_mm: str = "auto"  # GGUF: ggml's tiled K-quant matmul, GGML_CPU_TILED_MM (auto | off | force)
-    package: str | None = None  # a model a pip package ships (meshbench.engine.packaged)
-    url: str | None = None  # endpoint: the server's http://HOST:PORT
-    api: str = "auto"  # endpoint: native (llama-server's /completion) | openai (/v1/completions) | auto
-    serve: str | None = None  # endpoint: llama-server, started by meshbench on engine.model (or .package)
-    server_args: str | None = None  # endpoint: the started server's own flags (its defaults otherwise)
-    deadline_s: float = 300.0  # endpoint: one request's deadline, submission to last byte (its session fails then)
-    allow_remote: bool = False  # endpoint: a url off this machine (not loopback) is refused unless this is set
-    ban_eog: bool = False  # the workload's eos policy is ban: the engine masks end-of-generation tokens
+    kind: str = setting("synthetic", ALL, {"enum": ["synthetic", "gguf", "endpoint"]})
+    preset: str = setting(
+        "dgr-012", NODE, {"type": "string", "minLength": 1}, "--preset", "Synthetic model preset: dgr-012 | bench."
+    )
+    model: str | None = setting(
+        None, ALL, PATH, "--model", "A GGUF file (gguf engine, or synthetic engine reading its weights)."
+    )
+    seed: int = setting(0, ALL, {**SEED, "description": "The synthetic weights' seed."})
+    device: str = setting("cpu", NODE, {"enum": ["cpu", "cuda", "auto"]}, "--device", "cpu | cuda | auto")
+    threads: int | None = setting(
+        None,
+        NODE,
+        {"type": ["integer", "null"], "minimum": 1, "maximum": limits.MAX_THREADS},
+        "--threads",
+        "Engine threads (gguf engine).",
+    )
+    flash_attn: bool = setting(False, NODE, {"type": "boolean"})
+    kv_unified: bool = setting(False, NODE, {"type": "boolean"})
+    kv_type: str = setting("f16", NODE, {"enum": ["f16", "f32"]})
+    make_model: dict | None = setting(
+        None,
+        NODE,
+        {
+            "description": "Generate the model file when it is missing: meshbench model make-tiny with these settings.",
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "preset": {"enum": ["dgr-012", "bench"]},
+                        "type": {"enum": ["f32", "f16", "q8_0", "q4_0"]},
+                        "seed": SEED,
+                    },
+                },
+            ],
+        },
+    )
+    rpc: str | None = setting(
+        None,
+        GGUF,
+        {**PATH, "description": "llama.cpp RPC workers HOST:PORT[,HOST:PORT...] that hold the model layers."},
+        "--rpc",
+        "llama.cpp RPC workers HOST:PORT[,HOST:PORT...] (meshbench node serve) for the model's layers.",
+        why=" (llama.cpp RPC)",
+    )
+    workers: int = setting(
+        0,
+        GGUF,
+        {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 16,
+            "description": "Spawn this many local RPC workers (loopback, free ports) for the run.",
+        },
+        "--workers",
+        "Start this many local RPC workers (loopback, free ports) for the run.",
+        why=" (llama.cpp RPC)",
+    )
+    split: tuple[float, ...] | None = setting(
+        None,
+        GGUF,
+        {
+            "oneOf": [
+                {"type": "null"},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 16,
+                    "items": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000},
+                },
+            ],
+            "description": "Share of layers per RPC worker device, e.g. [1, 3]; null: llama.cpp proportional split.",
+        },
+        why=" (the layers' split over llama.cpp RPC workers)",
+    )  # (its flag, --split, is parsed from a list: meshbench.cli.options_engine)
+    isolate: bool | None = setting(
+        None,
+        NODE,
+        {
+            "type": ["boolean", "null"],
+            "description": "Run the engine in its own process behind a proxy (null: yes exactly when RPC workers "
+            "are used).",
+        },
+        "--isolate/--no-isolate",
+        "Run the engine in its own process behind a proxy (default: exactly when RPC workers are used); the node "
+        "then survives the engine dying.",
+    )
+    mixed_batch: bool = setting(
+        False,
+        GGUF,
+        {
+            "type": "boolean",
+            "description": "GGUF engine: a tick's decode items and prompt chunks in one llama_decode (default: "
+            "separate calls).",
+        },
+        "--mixed-batch/--no-mixed-batch",
+        "GGUF engine: a tick's decode items and prompt chunks in ONE llama_decode (default: separate calls).",
+        why=" (one llama_decode per tick); the synthetic engine always runs its batched decode and each prompt "
+        "in one call",
+    )
+    repack: bool = setting(
+        False,
+        GGUF,
+        {
+            "type": "boolean",
+            "description": "GGUF engine: llama.cpp's CPU weight repacking (llama_model_params.use_extra_bufts). Off "
+            "by default: with it off, the decode is batch-invariant up to the tiled K-quant threshold, and on CPUs "
+            "whose AMX kernels cannot run (SIGILL) it is the only setting that runs.",
+        },
+        "--repack/--no-repack",
+        "GGUF engine: llama.cpp's CPU weight repacking (default off: see docs/concepts/determinism.md).",
+    )
+    tiled_mm: str = setting(
+        "auto",
+        GGUF,
+        {
+            "enum": ["auto", "off", "force"],
+            "description": "GGUF engine: ggml's tiled K-quant matmul (GGML_CPU_TILED_MM): auto = llama.cpp's choice "
+            "(tiled from a batch of 8 rows), off = never (the vec_dot kernel at every batch size), force = always. "
+            "A process-wide switch: off and force run the engine in its own process.",
+        },
+        "--tiled-mm",
+        "GGUF engine: ggml's tiled K-quant matmul: auto (llama.cpp's choice, from 8 rows) | off | force.",
+    )
+    package: str | None = setting(
+        None,
+        GGUF | ENDPOINT,
+        {
+            "type": ["string", "null"],
+            "enum": [None, "gemma3-270m-q4-k-m"],
+            "description": "A model that a pip package ships (the 'gemma' extra): assembled into meshbench's "
+            "cache and used as engine.model.",
+        },
+    )
+    url: str | None = setting(
+        None, ENDPOINT, {"type": ["string", "null"], "minLength": 1, "maxLength": 4096}, added=True
+    )
+    api: str = setting(
+        "auto",
+        ENDPOINT,
+        {"enum": ["auto", "native", "openai"]},
+        "--api",
+        "With --target: native (llama-server's /completion, token ids) | openai (/v1/completions, text) | "
+        "auto (native where the server answers /props).",
+        added=True,
+    )
+    serve: str | None = setting(None, ENDPOINT, {"enum": ["llama-server", None]}, added=True)
+    server_args: str | None = setting(
+        None,
+        ENDPOINT,
+        {"type": ["string", "null"], "maxLength": 4096},
+        "--server-args",
+        "With --serve: the server's own flags, e.g. '-t 2 -fa off --no-repack' (its defaults otherwise).",
+        added=True,
+    )
+    deadline_s: float = setting(
+        300.0,
+        ENDPOINT,
+        {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 86400,
+            "description": "Endpoint: one request's deadline in seconds, from submission to its last byte; a "
+            "request still open then is that session's failure (default 300).",
+        },
+        added=True,
+    )
+    allow_remote: bool = setting(
+        False,
+        ENDPOINT,
+        {
+            "type": "boolean",
+            "description": "Endpoint: let --target name a host off this machine (not loopback); refused otherwise "
+            "(default false).",
+        },
+        "--allow-remote",
+        "Let --target name a host off this machine; without it only loopback is sent load and prompts.",
+        added=True,
+    )
+    # the workload's eos policy is ban: the engine masks end-of-generation tokens (derived, not a config key)
+    ban_eog: bool = False
 
     def __post_init__(self) -> None:
         if self.split is not None:
             object.__setattr__(self, "split", tuple(self.split))
-        self._check_kind()
-        self._check_process()
-
-    def _check_kind(self) -> None:
-        """What needs the gguf engine, and what excludes what."""
-        if self.kind == "endpoint":
-            return self._check_endpoint()
-        if (
-            self.url is not None
-            or self.api != "auto"
-            or self.serve is not None
-            or self.server_args is not None
-            or self.deadline_s != 300.0
-            or self.allow_remote
-        ):
-            raise MeshbenchError(
-                "engine.url, engine.api, engine.serve, engine.server_args, engine.deadline_s and engine.allow_remote "
-                "are an endpoint's (engine.kind endpoint: --target, --serve)"
-            )
-        gguf = self.kind == "gguf"
-        if gguf and not self.model and not self.package:
-            raise MeshbenchError("engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
-        if not gguf and (self.repack or self.tiled_mm != "auto" or self.package):
-            raise MeshbenchError("engine.repack, engine.tiled_mm and engine.package need the gguf engine")
-        if self.mixed_batch and not gguf:
-            raise MeshbenchError(
-                "engine.mixed_batch needs the gguf engine (one llama_decode per tick); the "
-                "synthetic engine always runs its batched decode and each prompt in one call"
-            )
-        if (self.rpc or self.workers) and not gguf:
-            raise MeshbenchError("engine.rpc and engine.workers need the gguf engine (llama.cpp RPC)")
-
-    def _check_endpoint(self) -> None:
-        """A served model: its URL, or llama-server started on our model file; nothing that builds an engine of
-        meshbench's own."""
-        if bool(self.url) == bool(self.serve):
-            raise MeshbenchError(
-                "engine.kind endpoint needs engine.url (--target http://HOST:PORT) or engine.serve "
-                "(--serve llama-server), one of them"
-            )
-        if self.serve and not (self.model or self.package):
-            raise MeshbenchError("engine.serve needs the model to serve: engine.model or engine.package")
-        if self.server_args is not None and not self.serve:
-            raise MeshbenchError("engine.server_args are for a server meshbench starts (engine.serve)")
-        # llama.cpp reads --a_b as --a-b, and --flag=value as --flag value
-        flags = {a.split("=", 1)[0].replace("_", "-") if a.startswith("--") else a for a in self.server_argv}
-        taken = sorted(flags & OWN_SERVER_FLAGS)
-        if taken:
-            raise MeshbenchError(
-                f"engine.server_args {taken[0]}: meshbench sets the server's model, host (loopback) and port itself"
-            )
-        if not (isinstance(self.deadline_s, (int, float)) and 0 < self.deadline_s <= 86400):
-            raise MeshbenchError(f"engine.deadline_s {self.deadline_s!r}: give seconds, above 0 and at most 86400")
-        ours = {
-            "rpc": self.rpc,
-            "workers": self.workers,
-            "mixed_batch": self.mixed_batch,
-            "repack": self.repack,
-            "tiled_mm": self.tiled_mm != "auto",
-            "threads": self.threads is not None,
-            "isolate": self.isolate is not None,
-            "device": self.device != "cpu",
-            "preset": self.preset != "dgr-012",
-            "flash_attn": self.flash_attn,
-            "kv_unified": self.kv_unified,
-            "kv_type": self.kv_type != "f16",
-            "split": self.split is not None,
-            "make_model": self.make_model is not None,
-        }
-        if not self.serve:
-            ours.update(model=self.model, package=self.package)
-        given = [k for k, v in ours.items() if v]
-        if given:
-            raise MeshbenchError(
-                f"engine.{given[0]} builds an engine of meshbench's own; an endpoint (--target) is the server's"
-            )
-
-    def _check_process(self) -> None:
-        """What must run the engine in its own process, and the RPC workers' layout."""
-        if self.tiled_mm != "auto" and self.isolate is False:
-            raise MeshbenchError(
-                f"engine.tiled_mm {self.tiled_mm} is a process-wide llama.cpp switch: it needs the "
-                "engine in its own process (drop isolate: false)"
-            )
-        if (self.rpc or self.workers) and self.isolate is False:
-            raise MeshbenchError(
-                "engine.rpc and engine.workers run the engine in its own process (a worker that "
-                "misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate"
-            )
-        if self.rpc and self.workers:
-            raise MeshbenchError("give engine.rpc (workers you run) or engine.workers (spawned), not both")
-        devices = len(rpc.parse_endpoints(self.rpc, "engine.rpc")) if self.rpc else self.workers
-        if self.split is not None and len(self.split) != devices:
-            raise MeshbenchError(f"engine.split has {len(self.split)} shares for {devices} RPC workers")
+        spec_rules.check(self)
 
     @property
     def server_argv(self) -> list[str]:
@@ -167,3 +251,18 @@ class EngineSpec:
         if self.package:
             d["model"] = None  # the package names it; its file is assembled into the cache at run time
         return d
+
+
+def settings(spec: type = EngineSpec) -> list[Any]:
+    """The engine section's settings (the fields a config names), in order."""
+    return [f for f in fields(spec) if "schema" in f.metadata]
+
+
+def properties(spec: type = EngineSpec) -> dict[str, Any]:
+    """The config schema's engine section: each setting's schema, by name."""
+    return {f.name: f.metadata["schema"] for f in settings(spec)}
+
+
+def added(spec: type = EngineSpec) -> frozenset[str]:
+    """The settings a config echo from before them may lack (their default)."""
+    return frozenset(f.name for f in settings(spec) if f.metadata["added"])

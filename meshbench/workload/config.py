@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from meshbench import validation
+from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
@@ -248,9 +249,18 @@ def _defaults() -> dict:
 DEFAULTS: dict = _defaults()
 # Keys added to the config after results schema 3: a config echo written before them lacks them, and means
 # their defaults (the endpoint's, which a node bundle never uses).
-ADDED_KEYS: dict[str, frozenset[str]] = {
-    "engine": frozenset({"url", "api", "serve", "server_args", "deadline_s", "allow_remote"})
-}
+ADDED_KEYS: dict[str, frozenset[str]] = {"engine": engine_spec.added()}
+
+
+def _schema() -> dict:
+    """schemas/config.schema.json, its engine section filled in from the engine spec's settings."""
+    s = copy.deepcopy(validation.load(SCHEMA))
+    s["properties"]["engine"]["properties"] = engine_spec.properties()
+    return s
+
+
+SCHEMA = "config.schema.json"
+validation.provide(SCHEMA, _schema())
 
 
 def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:

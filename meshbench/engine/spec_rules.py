@@ -1,0 +1,113 @@
+"""The rules of an engine spec (meshbench.engine.spec.EngineSpec), by kind.
+
+One rule for every setting: a setting of another kind, given, is refused in one line naming whose it is (each
+field declares its kinds). Then each kind's own rules (what it needs, what excludes what), and the rules of
+the engine's process (what must run in its own process, the RPC workers' layout)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import TYPE_CHECKING, Callable
+
+from meshbench.engine import rpc
+from meshbench.errors import MeshbenchError
+
+if TYPE_CHECKING:
+    from meshbench.engine.spec import EngineSpec
+
+SYNTHETIC, GGUF_KIND, ENDPOINT_KIND = "synthetic", "gguf", "endpoint"
+ALL = frozenset({SYNTHETIC, GGUF_KIND, ENDPOINT_KIND})
+NODE = frozenset({SYNTHETIC, GGUF_KIND})  # an engine of meshbench's own
+GGUF = frozenset({GGUF_KIND})
+ENDPOINT = frozenset({ENDPOINT_KIND})
+
+# The flags meshbench gives a server it starts (endpoint.llama_server.serving): not the user's to override.
+# (where the model comes from, too: a hub flag would make the server fetch and serve another model)
+OWN_SERVER_FLAGS = frozenset(
+    {"-m", "--model", "--host", "--port", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-hff", "--hf-file",
+     "-dr", "--docker-repo", "-hft", "--hf-token", "--path", "--api-prefix"}
+)  # fmt: skip
+
+
+def check(spec: EngineSpec) -> None:
+    """Every rule, in order: whose each setting is, then the kind's own rules, then the process's."""
+    if spec.kind not in KIND_RULES:
+        raise MeshbenchError(f"engine.kind {spec.kind!r} is none of {', '.join(KIND_RULES)}")
+    _owned(spec)
+    for rule in KIND_RULES[spec.kind]:
+        rule(spec)
+    _process(spec)
+
+
+def _owned(spec: EngineSpec) -> None:
+    """A setting given (not its default) that belongs to another kind of engine."""
+    for f in fields(spec):
+        kinds = f.metadata.get("kinds")
+        if kinds is None or spec.kind in kinds or getattr(spec, f.name) == f.default:
+            continue
+        if kinds == ENDPOINT:
+            raise MeshbenchError(f"engine.{f.name} is an endpoint's (engine.kind endpoint: --target, --serve)")
+        if spec.kind == ENDPOINT_KIND:
+            raise MeshbenchError(
+                f"engine.{f.name} builds an engine of meshbench's own; an endpoint (--target) is the server's"
+            )
+        raise MeshbenchError(f"engine.{f.name} needs the gguf engine{f.metadata.get('why', '')}")
+
+
+def _gguf(spec: EngineSpec) -> None:
+    if not spec.model and not spec.package:
+        raise MeshbenchError("engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
+
+
+def _endpoint(spec: EngineSpec) -> None:
+    """A served model: its URL, or llama-server started on our model file; nothing that builds an engine of
+    meshbench's own (``_owned``)."""
+    if bool(spec.url) == bool(spec.serve):
+        raise MeshbenchError(
+            "engine.kind endpoint needs engine.url (--target http://HOST:PORT) or engine.serve "
+            "(--serve llama-server), one of them"
+        )
+    if spec.serve and not (spec.model or spec.package):
+        raise MeshbenchError("engine.serve needs the model to serve: engine.model or engine.package")
+    if not spec.serve and (spec.model or spec.package):
+        given = "model" if spec.model else "package"
+        raise MeshbenchError(
+            f"engine.{given} builds an engine of meshbench's own; an endpoint (--target) is the server's"
+        )
+    if spec.server_args is not None and not spec.serve:
+        raise MeshbenchError("engine.server_args are for a server meshbench starts (engine.serve)")
+    # llama.cpp reads --a_b as --a-b, and --flag=value as --flag value
+    flags = {a.split("=", 1)[0].replace("_", "-") if a.startswith("--") else a for a in spec.server_argv}
+    taken = sorted(flags & OWN_SERVER_FLAGS)
+    if taken:
+        raise MeshbenchError(
+            f"engine.server_args {taken[0]}: meshbench sets the server's model, host (loopback) and port itself"
+        )
+    if not (isinstance(spec.deadline_s, (int, float)) and 0 < spec.deadline_s <= 86400):
+        raise MeshbenchError(f"engine.deadline_s {spec.deadline_s!r}: give seconds, above 0 and at most 86400")
+
+
+KIND_RULES: dict[str, tuple[Callable[[EngineSpec], None], ...]] = {
+    SYNTHETIC: (),
+    GGUF_KIND: (_gguf,),
+    ENDPOINT_KIND: (_endpoint,),
+}
+
+
+def _process(spec: EngineSpec) -> None:
+    """What must run the engine in its own process, and the RPC workers' layout."""
+    if spec.tiled_mm != "auto" and spec.isolate is False:
+        raise MeshbenchError(
+            f"engine.tiled_mm {spec.tiled_mm} is a process-wide llama.cpp switch: it needs the "
+            "engine in its own process (drop isolate: false)"
+        )
+    if (spec.rpc or spec.workers) and spec.isolate is False:
+        raise MeshbenchError(
+            "engine.rpc and engine.workers run the engine in its own process (a worker that "
+            "misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate"
+        )
+    if spec.rpc and spec.workers:
+        raise MeshbenchError("give engine.rpc (workers you run) or engine.workers (spawned), not both")
+    devices = len(rpc.parse_endpoints(spec.rpc, "engine.rpc")) if spec.rpc else spec.workers
+    if spec.split is not None and len(spec.split) != devices:
+        raise MeshbenchError(f"engine.split has {len(spec.split)} shares for {devices} RPC workers")
