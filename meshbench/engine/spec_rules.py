@@ -20,6 +20,7 @@ ALL = frozenset({SYNTHETIC, GGUF_KIND, ENDPOINT_KIND})
 NODE = frozenset({SYNTHETIC, GGUF_KIND})  # an engine of meshbench's own
 GGUF = frozenset({GGUF_KIND})
 ENDPOINT = frozenset({ENDPOINT_KIND})
+TOKENIZED = GGUF | ENDPOINT  # a model with its own tokenizer and end-of-generation tokens
 
 # The flags meshbench gives a server it starts (endpoint.llama_server.serving): not the user's to override.
 # (where the model comes from, too: a hub flag would make the server fetch and serve another model)

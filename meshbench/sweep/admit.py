@@ -10,6 +10,7 @@ from __future__ import annotations
 from meshbench.engine import factory
 from meshbench.engine.base import check_context
 from meshbench.engine.setup import EngineSizing, close_engine
+from meshbench.engine.spec_rules import NODE
 from meshbench.errors import MeshbenchError
 from meshbench.sweep.driver import NodeDriver
 from meshbench.sweep.run import node
@@ -19,7 +20,7 @@ from meshbench.workload.config import RunConfig, Workload
 
 def run(cfg: RunConfig, burst: int | None = None) -> dict:
     """On the node the config describes (its RPC workers too, started and stopped around the run)."""
-    if cfg.engine.kind == "endpoint":
+    if cfg.engine.kind not in NODE:  # (admission is a meshbench node's)
         raise MeshbenchError(
             "admit runs meshbench's own node's admission; a served endpoint admits by its own rules "
             "(sweep --target measures it)"

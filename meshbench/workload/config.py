@@ -9,13 +9,14 @@ from __future__ import annotations
 import copy
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from meshbench import validation
 from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
+from meshbench.engine.spec_rules import ENDPOINT_KIND, GGUF_KIND, SYNTHETIC, TOKENIZED
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
@@ -158,9 +159,9 @@ class RunConfig:
             object.__setattr__(self, "story", _story(self.engine))
         if self.title is None:
             object.__setattr__(self, "title", "Concurrency sweep")
-        gguf = self.engine.kind in ("gguf", "endpoint")  # a model with a tokenizer and end-of-generation tokens
-        if self.engine.kind == "endpoint":
-            self._check_endpoint()
+        gguf = self.engine.kind in TOKENIZED  # a model with a tokenizer and end-of-generation tokens
+        for rule in RUN_RULES.get(self.engine.kind, ()):
+            rule(self)
         if self.workload.eos != "continue" and not gguf:
             raise MeshbenchError(
                 f"workload.eos {self.workload.eos} needs the gguf engine (a model with "
@@ -223,6 +224,8 @@ class RunConfig:
         }
 
 
+# The rules of a run that are its engine kind's (an endpoint sweep's), beside the engine spec's own.
+RUN_RULES: dict[str, tuple[Callable[[RunConfig], None], ...]] = {ENDPOINT_KIND: (RunConfig._check_endpoint,)}
 SECTIONS = ("engine", "workload", "budget")
 
 
@@ -353,13 +356,20 @@ def from_mapping(data: dict, source: str) -> RunConfig:
 
 
 def _story(spec: EngineSpec) -> str:
-    """A sweep without a story is named by what it ran: the packaged model, the model file, or the preset."""
-    if spec.package:
-        return spec.package
-    if spec.kind == "endpoint":
-        if spec.serve:
-            return f"{spec.serve}-{spec.package or Path(spec.model).stem[:200]}"
-        return f"endpoint-{spec.url.split('://', 1)[-1].replace(':', '-').rstrip('/')}"
-    if spec.kind == "gguf" and spec.model:
-        return Path(spec.model).stem[:200] or "gguf"
-    return f"synthetic-{spec.preset}"
+    """A sweep without a story is named by what it ran: the packaged model, else its kind's name for it."""
+    return spec.package or STORIES[spec.kind](spec)
+
+
+def _served(spec: EngineSpec) -> str:
+    """A served model: the server started on a model file, or the endpoint's address."""
+    if spec.serve:
+        return f"{spec.serve}-{Path(spec.model or '').stem[:200]}"
+    return f"endpoint-{(spec.url or '').split('://', 1)[-1].replace(':', '-').rstrip('/')}"
+
+
+# Each engine kind's name for a sweep without a story (the model file, the preset, the endpoint).
+STORIES: dict[str, Callable[[EngineSpec], str]] = {
+    SYNTHETIC: lambda spec: f"synthetic-{spec.preset}",
+    GGUF_KIND: lambda spec: Path(spec.model or "").stem[:200] or "gguf",
+    ENDPOINT_KIND: _served,
+}
