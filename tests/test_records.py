@@ -74,6 +74,8 @@ RECORDS = {
     documents.LogitDeviation: "results:first_divergence.logit_deviation",
     context.SyntheticEngineInfo: "synthetic_engine",
     context.GgufEngineInfo: "gguf_engine",
+    context.KvGeometry: "gguf_engine.kv_geometry",
+    context.KvAllocation: "gguf_engine.kv_allocated",
     context.Workload: "results:workload",
     context.Budget: "budget",
     context.InputFile: "results:inputs.*",

@@ -36,6 +36,27 @@ class SyntheticEngineInfo(EngineInfo):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KvGeometry:
+    """The model's KV cache geometry, per layer, as its GGUF file states it (``meshbench.engine.kv_geometry``)."""
+
+    architecture: str
+    layers: int
+    k_values: list[int]
+    v_values: list[int]
+    window: list[int | None]  # a sliding-window layer's window (None: full attention)
+    bytes_per_token: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvAllocation:
+    """What llama.cpp allocated for the probe context's KV, as its log said: each cache, its cells, per cell."""
+
+    caches: list[JsonObject]  # llama.cpp's log, one entry per cache (cache, cells, layers, k_mib, v_mib)
+    cells: int
+    bytes_per_cell: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GgufEngineInfo(EngineInfo):
     """llama.cpp: the file's architecture, the recipe it ran with, the KV geometry and what was allocated."""
 
@@ -47,8 +68,8 @@ class GgufEngineInfo(EngineInfo):
     tiled_mm: str
     model_name: str
     eog_tokens: list[int]
-    kv_geometry: JsonObject | None
-    kv_allocated: JsonObject | None
+    kv_geometry: KvGeometry | None
+    kv_allocated: KvAllocation | None
     rpc: JsonObject | None  # RPC workers: endpoints, devices, layers and buffers per device
 
 

@@ -142,11 +142,11 @@ def _kv_line(e: EngineInfo) -> list[str]:
     if not isinstance(e, GgufEngineInfo) or not e.kv_geometry:
         return []
     g, alloc = e.kv_geometry, e.kv_allocated
-    window = g["window"]  # (the geometry is llama.cpp's, recorded as it reports it)
+    window = g.window
     windows = sorted({w for w in window if w is not None})
     return [
-        f"- KV: {e.kv_bytes_per_token} bytes per token from the model's geometry ({g['layers']} layers, K "
-        f"{'/'.join(map(str, sorted(set(g['k_values']))))} and V {'/'.join(map(str, sorted(set(g['v_values']))))} "
+        f"- KV: {e.kv_bytes_per_token} bytes per token from the model's geometry ({g.layers} layers, K "
+        f"{'/'.join(map(str, sorted(set(g.k_values))))} and V {'/'.join(map(str, sorted(set(g.v_values))))} "
         "values per layer"
         + (
             f"; {sum(w is not None for w in window)} sliding-window layers of {windows[0]} positions, stored "
@@ -154,8 +154,8 @@ def _kv_line(e: EngineInfo) -> list[str]:
             if windows
             else ""
         )
-        + f"); llama.cpp allocated {alloc['bytes_per_cell'] if alloc else None} bytes per cell for the probe context"
-        + (f" ({len(alloc['caches'])} caches)" if alloc and len(alloc["caches"]) > 1 else "")
+        + f"); llama.cpp allocated {alloc.bytes_per_cell if alloc else None} bytes per cell for the probe context"
+        + (f" ({len(alloc.caches)} caches)" if alloc and len(alloc.caches) > 1 else "")
     ]
 
 
