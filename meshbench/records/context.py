@@ -109,9 +109,10 @@ class InputFile:
     sha256: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class Budget:
-    """The node's budgets as configured (a level's own is in its record)."""
+    """The node's budgets as configured (a level's own is in its record); the scheduler's NodeBudget is one,
+    checked."""
 
     weight_bytes: int
     kv_bytes: int

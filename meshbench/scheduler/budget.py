@@ -7,23 +7,17 @@ from dataclasses import asdict, dataclass
 
 from meshbench.engine.base import EngineLimits
 from meshbench.errors import MeshbenchError
+from meshbench.records.context import Budget
 
 
 @dataclass(frozen=True, slots=True)
-class NodeBudget:
-    """What one node may hold. Byte budgets are totals for the node.
+class NodeBudget(Budget):
+    """What one node may hold (the fields are the budget record's, meshbench.records.context.Budget), checked,
+    with what the scheduler derives from it. Byte budgets are totals for the node.
 
     weight_bytes is reported beside the engine's resident weights, not enforced: a node
     that loaded the model has already paid it.
     """
-
-    weight_bytes: int
-    kv_bytes: int
-    scratch_bytes: int
-    max_active_sessions: int
-    max_queue_depth: int
-    max_batch_size: int
-    max_prefill_tokens_per_tick: int
 
     def __post_init__(self) -> None:
         for name in (
