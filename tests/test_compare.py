@@ -208,7 +208,7 @@ def test_one_changed_token_is_an_outputs_change_with_the_exact_divergence(baseli
 
 def test_a_scheduler_change_is_reported_field_by_field(baseline):
     data = json.loads((baseline / "results.json").read_text())
-    lv = serial.levels_of(data)[0]
+    lv = serial.node_results(data).levels[0]
     shorter = dataclasses.replace(lv, tick_records=lv.tick_records[1:])  # as if the first tick had not been needed
     n = data["workload"]["sessions"]
     v = verdicts.scheduler_verdict(n, lv, n, shorter)

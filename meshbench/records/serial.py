@@ -112,17 +112,6 @@ def _reason(e: BaseException) -> str:
     return str(e)
 
 
-def levels_of(results: Any) -> list[model.LevelRecord]:
-    """A node results.json's level records (the file already checked against the schema)."""
-    return [from_json(lv, model.LevelRecord, f"results.json levels[{i}]") for i, lv in enumerate(results["levels"])]
-
-
-def reference_of(results: Any) -> model.Reference | None:
-    """A node results.json's reference: every session run alone (None: the sweep ran all at once)."""
-    ref = results["reference"]
-    return None if ref is None else from_json(ref, model.Reference, "results.json reference")
-
-
 def node_results(value: Any) -> documents.NodeResults:
     """A node results.json, typed whole (the file already checked against the schema)."""
     return from_json(value, documents.NodeResults, "results.json")
@@ -136,8 +125,3 @@ def endpoint_results(value: Any) -> documents.EndpointResults:
 def completion(value: Any) -> model.Completion:
     """An endpoint's answer, from its JSON value."""
     return from_json(value, model.Completion, "a completion")
-
-
-def endpoint_levels(value: Any) -> list[model.EndpointLevel]:
-    """An endpoint results.json's level records (the file already checked against the schema)."""
-    return [from_json(lv, model.EndpointLevel, f"results.json levels[{i}]") for i, lv in enumerate(value)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from meshbench.analysis import fault_matrix as fault_checks
 from meshbench.analysis.checks import Checks
-from meshbench.results import typed
 from meshbench.results.typed import NodeBundle
 from meshbench.verify.figures import (
     check_config_copies,
@@ -24,11 +23,6 @@ from meshbench.verify.schedule import (
     check_tick_replay,
 )
 from meshbench.verify.timing import check_repetitions, check_timing, check_wall
-
-
-def check_data(c: Checks, data: dict) -> None:
-    """A node results.json that passed the schema, typed once (``meshbench.results.typed``), checked whole."""
-    check_node(c, typed.node(data))
 
 
 def check_node(c: Checks, b: NodeBundle) -> None:

@@ -10,14 +10,8 @@ from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.model import Completion, EndpointLevel
-from meshbench.results import typed
 from meshbench.results.typed import EndpointBundle
 from meshbench.workload.target import Target, parse_target
-
-
-def check_data(c: Checks, data: dict) -> None:
-    """An endpoint results.json that passed the schema, typed once (``meshbench.results.typed``), checked whole."""
-    check_endpoint(c, typed.endpoint(data))
 
 
 def check_endpoint(c: Checks, b: EndpointBundle) -> None:
