@@ -12,23 +12,9 @@ import jsonschema
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-_PROVIDED: dict[str, dict] = {}
-
-
-def provide(name: str, schema: dict) -> None:
-    """Use ``schema`` for ``name`` from now on: a schema completed by its owner (the config schema's engine
-    section is the engine spec's, meshbench.workload.config)."""
-    _PROVIDED[name] = schema
-    _validator.cache_clear()
-    _registry.cache_clear()
-
-
-def load(name: str) -> dict:
-    return _PROVIDED.get(name) or _file(name)
-
 
 @lru_cache(maxsize=None)
-def _file(name: str) -> dict:
+def load(name: str) -> dict:
     return json.loads(resources.files("meshbench.schemas").joinpath(name).read_text())
 
 

@@ -203,3 +203,13 @@ def test_no_function_body_is_longer_than_sixty_lines():
 def test_body_lines_counts_from_the_first_statement():
     fn = ast.parse('def f(\n    a,\n    b,\n):\n    """Doc."""\n    x = 1\n    return x\n').body[0]
     assert body_lines(fn) == 2
+
+
+def test_every_package_is_installed_by_a_build_not_only_an_editable_one():
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11+)
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "meshbench").rglob("__init__.py")} | {
+        "meshbench.schemas"
+    }
+    assert found == listed

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from meshbench import files
 from meshbench.cli.common import JsonOpt, out, print_json, table
@@ -124,8 +125,8 @@ def _print(report: Comparison, perf: str) -> None:
     for lv in report.levels:
         o, s = lv.outputs, lv.scheduler
         t.add_row(
-            compare_report.level_name(lv),
-            _colored(o.verdict, compare_report.outputs_text(o)),
+            escape(compare_report.level_name(lv)),
+            _colored(o.verdict, escape(compare_report.outputs_text(o))),
             _colored(s.verdict, compare_report.scheduler_text(s)),
         )
     out.print(t)
@@ -136,7 +137,7 @@ def _print(report: Comparison, perf: str) -> None:
     for lv in report.levels:
         for figure, v in lv.performance.items():
             t.add_row(
-                compare_report.level_name(lv),
+                escape(compare_report.level_name(lv)),
                 figure,
                 _colored(v.verdict, compare_report.verdict_text(v)),
                 f"{v.baseline.median:.4g}",

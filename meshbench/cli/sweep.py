@@ -75,9 +75,9 @@ def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json
     if out_dir is not None:
         bundle.prepare(out_dir, force)
     data = RUNS[kinds.of_engine(cfg.engine.kind)](cfg, verbose)
+    typed = kinds.typed_results(data)  # once: the bundle, the summary and the evidence check read it
     if out_dir is not None:
-        err.print(f"wrote {out_dir}: {', '.join(bundle.commit(out_dir, data, force))}", markup=False)
-    typed = kinds.typed_results(data)
+        err.print(f"wrote {out_dir}: {', '.join(bundle.commit(out_dir, data, force, typed))}", markup=False)
     if as_json:
         print_json(data)
     else:

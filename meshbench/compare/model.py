@@ -81,11 +81,11 @@ class LevelComparison:
     performance: dict[str, FigureVerdict]
 
     @property
-    def name(self) -> str:
+    def name(self) -> int | str:
         """A level in the summary: its concurrency, with its arrival rate or its fault row when it has one."""
         if self.faults:
             return f"{self.concurrency}[{','.join(self.faults)}]"
-        return str(self.concurrency) if self.rate is None else f"{self.concurrency}@{self.rate:g}"
+        return self.concurrency if self.rate is None else f"{self.concurrency}@{self.rate:g}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,8 +102,8 @@ class Difference:
 class Verdicts:
     """The report's verdicts, by level and figure: what the exit code reads."""
 
-    outputs_changed: list[str]
-    scheduler_changed: list[str]
+    outputs_changed: list[int | str]  # levels by name (LevelComparison.name)
+    scheduler_changed: list[int | str]
     regressed: list[str]
     improved: list[str]
     weak: list[str]

@@ -19,11 +19,6 @@ def verdict_text(v: FigureVerdict) -> str:
     return v.verdict if v.strong else f"{v.verdict} (weak)"
 
 
-def perf_cell(v: FigureVerdict) -> str:
-    p = "" if v.p_value is None else f", p={v.p_value:.3g}"
-    return f"{verdict_text(v)}: {v.baseline.median:.4g} -> {v.candidate.median:.4g} ({v.change:+.1%}{p})"
-
-
 def outputs_text(o: OutputsVerdict) -> str:
     if o.first_divergence is not None:
         return f"changed: {o.first_divergence.describe()}"

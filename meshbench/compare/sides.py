@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from meshbench.analysis import endpoint as endpoint_figures
 from meshbench.analysis import figures
+from meshbench.engine.spec_rules import GGUF_KIND as GGUF
 from meshbench.records.context import PROMPTS_FILE
 from meshbench.records.documents import EndpointResults, NodeResults
 from meshbench.records.model import LevelRecord
@@ -99,7 +100,9 @@ def _node(b: NodeBundle) -> Side:
     return Side(
         kind=kinds.NODE,
         name=f"meshbench node ({r.engine.kind})",
-        version=f"llama-cpp-python {r.environment.llama_cpp}",
+        version=f"llama-cpp-python {r.environment.llama_cpp}"
+        if r.engine.kind == GGUF
+        else f"numpy {r.environment.numpy}",
         by="tokens",
         submission="at arrival times" if b.arrival_sweep else "all at once",
         workload={
@@ -165,7 +168,12 @@ def _budget(b: NodeBundle) -> dict[tuple[str, str], Any]:
 
 def _run(b: NodeBundle | EndpointBundle) -> dict[tuple[str, str], Any]:
     cfg = b.cfg
-    return {("run", "levels"): list(cfg.levels), ("run", "repeat"): cfg.repeat, ("run", "warmup"): cfg.warmup}
+    return {
+        ("run", "levels"): list(cfg.levels),
+        ("run", "repeat"): cfg.repeat,
+        ("run", "warmup"): cfg.warmup,
+        ("run", "clock"): cfg.clock,
+    }
 
 
 def _environment(r: NodeResults | EndpointResults) -> dict[tuple[str, str], Any]:

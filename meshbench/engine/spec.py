@@ -4,12 +4,16 @@ Each field declares everything about its setting (``setting``): its default, the
 JSON schema (with its description) and, where it has one, its command-line flag. From the fields come the
 config schema's engine section (``properties``), the embedded defaults (meshbench.workload.config), the Engine
 panel's flags (meshbench.cli.options_engine) and the rule that refuses a setting of another kind
-(meshbench.engine.spec_rules, beside each kind's own rules). Adding an engine option is one field here."""
+(meshbench.engine.spec_rules, beside each kind's own rules). Adding an engine option is one field here, then
+``python -m meshbench.engine.spec`` writes its schema into schemas/config.schema.json (a test holds the file
+to the fields) and docs/reference/cli.md is generated again (its test names the command)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from meshbench import limits
@@ -266,3 +270,14 @@ def properties(spec: type = EngineSpec) -> dict[str, Any]:
 def added(spec: type = EngineSpec) -> frozenset[str]:
     """The settings a config echo from before them may lack (their default)."""
     return frozenset(f.name for f in settings(spec) if f.metadata["added"])
+
+
+def write_schema(path: Path) -> None:
+    """The config schema file with its engine section written from the settings (``properties``)."""
+    schema = json.loads(path.read_text())
+    schema["properties"]["engine"]["properties"] = properties()
+    path.write_text(json.dumps(schema, indent=1, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    write_schema(Path(__file__).resolve().parents[2] / "schemas" / "config.schema.json")

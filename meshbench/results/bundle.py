@@ -22,6 +22,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from meshbench import files
 from meshbench.errors import MeshbenchError
@@ -123,7 +124,7 @@ def discard(staging: Path | None) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def commit(out: Path, data: dict, force: bool = False) -> list[str]:
+def commit(out: Path, data: dict, force: bool = False, typed: Any = None) -> list[str]:
     """Validate ``data``, write the bundle into a staging folder beside ``out`` and rename it to ``out``.
 
     Returns the file names written. The staging folder is gone afterwards, whatever happens.
@@ -138,7 +139,8 @@ def commit(out: Path, data: dict, force: bool = False) -> list[str]:
         name = out.name if str(out) == out.name else str(out)
         mode = files.umask_mode(0o666)
         written = [RESULTS, README, COMMANDS]
-        kind, typed, quoted = kinds.kind(data), kinds.typed_results(data), shlex.quote(name)
+        kind, quoted = kinds.kind(data), shlex.quote(name)
+        typed = typed if typed is not None else kinds.typed_results(data)  # (the caller's, typed once already)
         for fname, text in (
             (RESULTS, results.dumps(data)),
             (README, kind.readme(typed, quoted)),

@@ -86,11 +86,6 @@ def readme(data: dict, bundle_name: str) -> str:
     return kind(data).readme(typed_results(data), shlex.quote(bundle_name))
 
 
-def commands(data: dict, bundle_name: str) -> str:
-    """The bundle's commands.txt, as its kind renders it."""
-    return kind(data).commands(typed_results(data), shlex.quote(bundle_name))
-
-
 def index_row(folder: Path, data: dict) -> str:
     """The bundle's row of evidence/INDEX.md."""
     return kind(data).index_row(folder, typed_results(data))

@@ -54,7 +54,7 @@ def config_echo_errors(echo: dict) -> list[str]:
     for key, default in config.DEFAULTS.items():
         if key not in echo:
             errors.append(f"config: '{key}' is missing")
-        elif isinstance(default, dict):
+        elif isinstance(default, dict) and isinstance(echo[key], dict):  # (else the schema said so)
             added = config.ADDED_KEYS.get(key, frozenset())
             errors += [f"config.{key}: '{k}' is missing" for k in default if k not in echo[key] and k not in added]
     return errors
@@ -79,8 +79,8 @@ def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, NodeBu
 
 
 def check_data(data: dict) -> Checks:
-    """Every check that needs only the results (what ``sweep`` runs on its own output): ``data`` passed the
-    schema, and is typed once here."""
+    """Every check that needs only the results: ``data`` passed the schema, and is typed once here (``sweep``,
+    which has typed its own output already, calls ``check_typed``)."""
     return check_typed(data, kinds.typed_results(data))
 
 

@@ -255,17 +255,6 @@ DEFAULTS: dict = _defaults()
 ADDED_KEYS: dict[str, frozenset[str]] = {"engine": engine_spec.added()}
 
 
-def _schema() -> dict:
-    """schemas/config.schema.json, its engine section filled in from the engine spec's settings."""
-    s = copy.deepcopy(validation.load(SCHEMA))
-    s["properties"]["engine"]["properties"] = engine_spec.properties()
-    return s
-
-
-SCHEMA = "config.schema.json"
-validation.provide(SCHEMA, _schema())
-
-
 def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
     """The levels in ascending order, or a MeshbenchError naming the bad one."""
     if not levels:
@@ -325,10 +314,10 @@ def from_mapping(data: dict, source: str) -> RunConfig:
     workload = WorkloadSection(**data["workload"]).build(source)
     process = arrivals.parse(workload.arrivals, f"{source}: workload.arrivals")
     process.ticks(workload.sessions, workload.seed)  # a trace of the wrong length, or arrivals too late: refused now
-    for r in data["rates"] or ():
-        process.with_rate(r)
     rows = tuple(faults.parse_row(row, f"{source}: faults[{i}]") for i, row in enumerate(data["faults"]))
     try:
+        for r in data["rates"] or ():
+            process.with_rate(r)
         if data["engine"]["package"] and data["engine"]["model"]:  # (a run resolves a package to its file)
             raise MeshbenchError("give engine.model or engine.package, not both")
         spec = EngineSpec(**data["engine"], ban_eog=workload.eos == "ban")
