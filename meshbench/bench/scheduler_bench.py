@@ -33,6 +33,7 @@ class NullEngine:
     weight_bytes = 1
     scratch_bytes_per_session = 1
     kv_bytes_in_use = 0
+    kv_bytes_shared = None  # no prefix cache
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         return TickResult(

@@ -23,6 +23,7 @@ class EngineLimits:
     max_active_sessions: int
     kv_bytes: int
     max_prefill_tokens_per_tick: int
+    prefix_block_tokens: int = 0  # a prefix cache of blocks of this many positions (0: none)
 
 
 # Limits that admit one session: enough to build a probe engine and read its figures.
@@ -62,6 +63,7 @@ class StepResult:
     cache_miss: bool = False
     error: str | None = None  # the call failed for this session: "decode_batch: Type: message"
     cause: str | None = None  # what failed, counted by the node: "decode_batch: Type", or a lost engine's cause
+    cached: int = 0  # a prompt chunk's positions taken from the prefix cache instead of computed
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,11 @@ class BatchEngine(Protocol):
 
     @property
     def kv_bytes_in_use(self) -> int: ...
+
+    @property
+    def kv_bytes_shared(self) -> int | None:
+        """The prefix cache's blocks, referenced or not: part of ``kv_bytes_in_use`` (None: no prefix cache)."""
+        ...
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """The tick's one call: a result per decode item and per prompt chunk, in order. An exception in a

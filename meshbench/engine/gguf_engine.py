@@ -171,6 +171,10 @@ class GgufEngine:
     def kv_bytes_in_use(self) -> int:
         return sum(self._stored.values()) * self._kv_bytes_per_token
 
+    @property
+    def kv_bytes_shared(self) -> int | None:
+        return None  # no prefix cache here yet (engine.prefix_cache needs the synthetic engine)
+
     # --- work -------------------------------------------------------------------------
     def _fill(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
         b = self.batch

@@ -27,6 +27,7 @@ from meshbench.model import llama
 from meshbench.model.config import ModelConfig, preset
 from meshbench.model.gguf_io import read_weights  # the gguf package itself is imported on first use
 from meshbench.model.kv import CacheMiss, HotKvStateManager
+from meshbench.model.prefix import PrefixBlocks
 from meshbench.model.weights import Weights, init_weights
 
 
@@ -34,11 +35,18 @@ class SyntheticEngine:
     """Runs prefill and batched decode of the numpy model over per-session KV.
 
     KV pressure is resolved by evicting least-recently-used sessions; an evicted
-    session's next decode returns a cache miss, never a recomputation.
+    session's next decode returns a cache miss, never a recomputation. With a prefix cache
+    (``prefix``), a prompt's first chunk starts from the longest run of cached whole blocks, and a
+    prefilled prompt's whole blocks are shared (meshbench.model.kv).
     """
 
     def __init__(
-        self, cfg: ModelConfig, weights: Weights, kv_budget_bytes: int, layer_range: tuple[int, int] | None = None
+        self,
+        cfg: ModelConfig,
+        weights: Weights,
+        kv_budget_bytes: int,
+        layer_range: tuple[int, int] | None = None,
+        prefix: PrefixBlocks | None = None,
     ) -> None:
         if layer_range is not None and tuple(layer_range) != (0, cfg.n_layers):
             raise MeshbenchError(
@@ -47,7 +55,7 @@ class SyntheticEngine:
             )
         self.cfg = cfg
         self.weights = weights
-        self.kv = HotKvStateManager(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, kv_budget_bytes)
+        self.kv = HotKvStateManager(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, kv_budget_bytes, prefix)
         self._fingerprint: str | None = None
 
     # --- figures the scheduler budgets against -----------------------------------
@@ -89,6 +97,10 @@ class SyntheticEngine:
     def kv_bytes_in_use(self) -> int:
         return self.kv.total_bytes
 
+    @property
+    def kv_bytes_shared(self) -> int | None:
+        return None if self.kv.prefix is None else self.kv.prefix_bytes
+
     # --- work ------------------------------------------------------------------
     def prefill(self, session: SessionHandle, prompt_tokens: Sequence[int]) -> StepResult:
         return self.prefill_chunk(PrefillChunk(session, tuple(prompt_tokens), 0, True))
@@ -105,18 +117,28 @@ class SyntheticEngine:
                 f"context_length {self.cfg.context_length}"
             )
         check_token_ids(tokens, self.cfg.vocab_size)
+        sid, epoch, cached = session.session_id, session.epoch, 0
         if chunk.start == 0:
-            slot = self.kv.open(session.session_id, session.epoch, session.capacity)
+            slot = self.kv.open(sid, epoch, session.capacity)
+            # the last chunk keeps one position to compute: its logits give the first token
+            cached = self.kv.attach(sid, epoch, tokens, len(tokens) - 1 if chunk.last else len(tokens))
         else:
-            slot = self.kv.lookup(session.session_id, session.epoch)
+            slot = self.kv.lookup(sid, epoch)
             if isinstance(slot, CacheMiss):
-                return StepResult(session.session_id, None, cache_miss=True)
-            assert slot.length == chunk.start, (session.session_id, slot.length, chunk.start)
-        r = self.kv.reserve(session.session_id, session.epoch, len(tokens), evict=True)
-        assert r.fits, f"a prompt chunk of {len(tokens)} tokens cannot fit the KV budget alone: {r}"
-        logits = llama.prefill(self.cfg, self.weights, slot, tokens)
-        self.kv.commit(session.session_id, session.epoch, len(tokens))
-        return greedy_step(session.session_id, logits) if chunk.last else StepResult(session.session_id, None)
+                return StepResult(sid, None, cache_miss=True)
+            assert slot.length == chunk.start, (sid, slot.length, chunk.start)
+        rest = tokens[cached:]
+        if rest:
+            r = self.kv.reserve(sid, epoch, len(rest), evict=True)
+            assert r.fits, f"a prompt chunk of {len(rest)} tokens cannot fit the KV budget alone: {r}"
+            logits = llama.prefill(self.cfg, self.weights, slot, rest)
+            self.kv.commit(sid, epoch, len(rest))
+            self.kv.written(sid, epoch, rest)
+        if not chunk.last:
+            return StepResult(sid, None, cached=cached)
+        self.kv.publish(sid, epoch)
+        step = greedy_step(sid, logits)
+        return StepResult(sid, step.token, step.margin, cached=cached)
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """The batched decode, then each chunk's prefill: one call per tick."""
@@ -165,7 +187,8 @@ def setup_synthetic(spec: EngineSpec) -> EngineSetup:
         weights = init_weights(cfg, spec.seed)
 
     def make(limits: EngineLimits) -> SyntheticEngine:
-        return SyntheticEngine(cfg, weights, limits.kv_bytes)
+        prefix = PrefixBlocks(limits.prefix_block_tokens) if limits.prefix_block_tokens else None
+        return SyntheticEngine(cfg, weights, limits.kv_bytes, prefix=prefix)
 
     info = describe(
         make(PROBE_LIMITS),

@@ -248,6 +248,10 @@ class ProxyEngine:
     def kv_bytes_in_use(self) -> int:
         return 0 if self.process.lost else self.process.kv_bytes
 
+    @property
+    def kv_bytes_shared(self) -> int | None:
+        return None  # engine.prefix_cache is refused with an engine in its own process (meshbench.engine.spec_rules)
+
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """The tick's one round trip: the decode items and the prompt chunks together."""
         faults, self._armed = self._armed, {}
