@@ -84,6 +84,15 @@ class Workload:
     arrivals: str
     prompts: str | None
     eos: str
+    prefix: SharedPrefix | None = None  # shared prefixes: prompt_tokens are then each session's own, after it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedPrefix:
+    """Consecutive sessions in groups of these sizes, each group's prompts starting with the same ``tokens``."""
+
+    groups: list[int]
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshbench.records.context import Budget
+from meshbench.records.sharing import CacheVerdict, PrefixStats
 
 JsonObject = dict[str, Any]  # what is typed by its own owner: the config echo (a RunConfig's), a model's config
 
@@ -29,6 +30,7 @@ class SessionRecord:
     digest: str  # sha256 of the tokens (meshbench.analysis.figures.token_digest)
     done_reason: str  # a DoneReason value, or UNFINISHED
     error: str | None
+    cached_tokens: int | None = None  # with a prefix cache: prompt positions taken from it, not computed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +70,8 @@ class Tick:
     decode_ns: int | None = None
     prefill_ns: int | None = None
     decode_feed: list[list[Any]]  # [session, position, token]
+    prefix_hit_tokens: int | None = None  # with a prefix cache: prompt positions taken from it in this tick
+    kv_bytes_shared: int | None = None  # with a prefix cache: its blocks' bytes at the end of the tick (of kv_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,6 +160,7 @@ class IsolationRecords:
     sessions: list[str] | None
     passes: list[IsolationPass] | None
     reason: str | None
+    groups: dict[str, list[str]] | None = None  # shared prefixes, perturbed as units: "prefix:G" -> its sharers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,6 +285,10 @@ class LevelRecord:
     wall: dict[str, Summary]
     isolation: IsolationRecords
     isolation_verdict: IsolationVerdict
+    # with a prefix cache: what it did, the level's sessions run once more with it off, and the verdict
+    prefix: PrefixStats | None = None
+    cache_off: list[SessionRecord] | None = None
+    cache_verdict: CacheVerdict | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

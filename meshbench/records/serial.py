@@ -15,7 +15,7 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn
 
 from meshbench.errors import MeshbenchError
-from meshbench.records import context, documents, model
+from meshbench.records import context, documents, model, sharing
 
 T = TypeVar("T")
 
@@ -84,7 +84,7 @@ def _records() -> list[type]:
     ]
 
 
-MODULES = (model, context, documents)
+MODULES = (model, context, documents, sharing)
 
 
 _CONVERTER = _converter()

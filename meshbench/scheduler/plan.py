@@ -35,6 +35,7 @@ class TickPlan:
     promoted: list[Session] = field(default_factory=list)
     decode_ns: int = 0
     prefill_ns: int = 0
+    cached: int = 0  # prompt positions the engine took from its prefix cache
 
     @property
     def empty(self) -> bool:

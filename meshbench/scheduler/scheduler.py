@@ -36,10 +36,12 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         budget: NodeBudget,
         clock: Callable[[], int] = time.monotonic_ns,
         prefill_policy: str = "whole",
+        prefix_cache: bool = False,
     ) -> None:
         if prefill_policy not in PREFILL_POLICIES:
             raise MeshbenchError(f"prefill must be one of {', '.join(PREFILL_POLICIES)}, got {prefill_policy!r}")
         self.prefill_policy = prefill_policy
+        self.prefix_cache = prefix_cache  # the engine reuses cached prompt blocks: each prefill says how many
         self.figures = figures  # the engine's figures the budgets are checked against
         self.budget = budget
         self.clock = clock
@@ -95,8 +97,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
                 reason = AdmissionReason.REJECTED_KV_BUDGET
             elif self.scratch_per_session > self.budget.scratch_bytes:
                 reason = AdmissionReason.REJECTED_SCRATCH_BUDGET
-            # NOTE: a free slot is taken only when nobody is queued, so a new arrival never
-            # overtakes a queued one (first come, first served).
+            # NOTE: a free slot is taken only when nobody is queued: no arrival overtakes a queued one (FIFO).
             elif active < self.active_cap and queued == 0:
                 reason = AdmissionReason.ADMITTED
             elif queued < self.budget.max_queue_depth:
@@ -152,14 +153,14 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         with self._lock:
             plan.decode_ns, plan.prefill_ns = decode_ns, prefill_ns
             plan.decoded = self._apply_decode(plan.tick, plan.decode, result)
-            plan.prefilled, plan.pieces = self._apply_prefill(plan.prefill, result)
+            plan.prefilled, plan.pieces = self._apply_prefill(plan, result)
             plan.finished, plan.promoted = self._end_of_tick(plan.tick, [*plan.decode, *plan.prefilled])
             return self.take_releases()
 
-    def record(self, plan: TickPlan, kv_bytes: int) -> TickRecord:
-        """The tick's record, with the KV the engine holds after its releases."""
+    def record(self, plan: TickPlan, kv_bytes: int, kv_bytes_shared: int | None = None) -> TickRecord:
+        """The tick's record, with the KV the engine holds after its releases (and of it, its prefix cache's)."""
         with self._lock:
-            rec = self._record(plan, kv_bytes)
+            rec = self._record(plan, kv_bytes, kv_bytes_shared)
             self._ticks.append(rec)
             return rec
 
@@ -220,9 +221,10 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         self._decode_tokens += decoded
         return decoded
 
-    def _apply_prefill(self, chunks: list[tuple[Session, int, int]], result: TickResult | None):
-        """Each chunk's answer: its positions are held; a prompt's last chunk gives the first token and the
-        session starts decoding. Returns those sessions and the (session, start, tokens) pieces written."""
+    def _apply_prefill(self, plan: TickPlan, result: TickResult | None):
+        """Each chunk's answer: its positions are held (any from a prefix cache counted); a prompt's last chunk
+        gives the first token, and the session decodes. Returns those sessions and the pieces written."""
+        chunks = plan.prefill
         if result is None:
             return [], []
         assert len(result.prefill) == len(chunks), (len(result.prefill), len(chunks))
@@ -237,6 +239,10 @@ class ContinuousBatchScheduler(SchedulerReadouts):
             s.prefilled = start + n
             pieces.append((s.session_id, start, n))
             self._prefill_tokens += n
+            if r.cached:
+                assert self.prefix_cache and start == 0 and r.cached <= n, (s.session_id, start, n, r.cached)
+                s.cached += r.cached
+                plan.cached += r.cached
             if s.prefilled == s.prompt_len:
                 del self._admitted[s.session_id]
                 s.status = SessionStatus.RUNNING
@@ -257,7 +263,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
             self._end(s, DoneReason.COMPLETED)
         return finished, self._promote(next_tick=tick + 1)
 
-    def _record(self, plan: TickPlan, kv_bytes: int) -> TickRecord:
+    def _record(self, plan: TickPlan, kv_bytes: int, kv_bytes_shared: int | None) -> TickRecord:
         t1 = self.clock()
         self._last_tick_end_ns = t1
         ended, self._ended = self._ended, []
@@ -286,6 +292,8 @@ class ContinuousBatchScheduler(SchedulerReadouts):
             decode_ns=plan.decode_ns,
             prefill_ns=plan.prefill_ns,
             decode_feed=tuple((it.session_id, it.position, it.token) for it in feed),
+            prefix_hit_tokens=plan.cached if self.prefix_cache else None,
+            kv_bytes_shared=kv_bytes_shared if self.prefix_cache else None,
         )
 
     # --- an engine lost -------------------------------------------------------------

@@ -57,6 +57,7 @@ class Session:
     margins: list[float] = field(default_factory=list)
     token_ns: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt positions already written (chunked prefill: 0 < prefilled < prompt_len)
+    cached: int = 0  # of them, taken from the engine's prefix cache instead of computed
     last_decode_tick: int = -1
     done_reason: DoneReason | None = None
     error: str | None = None

@@ -29,6 +29,10 @@ class TickRecord:
     prefill_ns: int  # of which in prefill calls
     # (session, position, token) of every decode item handed to the engine this tick: verify checks the feed
     decode_feed: tuple[tuple[str, int, int], ...] = ()
+    # with a prefix cache (None without): prompt positions this tick took from it instead of computing them,
+    # and the bytes of its blocks at the end of the tick (part of kv_bytes)
+    prefix_hit_tokens: int | None = None
+    kv_bytes_shared: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

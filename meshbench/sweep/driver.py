@@ -47,7 +47,9 @@ class NodeDriver:
         self.engine = engine
         self.recover = recover  # the restart policy: a fresh engine after a loss (None: no restart)
         self.clock = clock
-        self.sched = ContinuousBatchScheduler(EngineFigures.of(engine), budget, clock, prefill_policy)
+        self.sched = ContinuousBatchScheduler(
+            EngineFigures.of(engine), budget, clock, prefill_policy, prefix_cache=engine.kv_bytes_shared is not None
+        )
         # A tick is one step from the scheduler's plan to its record: submissions and cancellations from
         # other threads wait for it (a session cancelled between plan and answer would be answered twice).
         self._lock = threading.RLock()
@@ -70,7 +72,7 @@ class NodeDriver:
             plan = self.sched.schedule()
             result, decode_ns, prefill_ns = self._step(plan)
             self._release(self.sched.apply(plan, result, decode_ns, prefill_ns))
-            return self.sched.record(plan, self.engine.kv_bytes_in_use)
+            return self.sched.record(plan, self.engine.kv_bytes_in_use, self.engine.kv_bytes_shared)
 
     def run_to_completion(
         self,

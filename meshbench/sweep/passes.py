@@ -28,8 +28,8 @@ def _finite(x: float | None) -> float | None:
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def session_record(s: Session) -> SessionRecord:
-    """A session's deterministic record."""
+def session_record(s: Session, prefix_cache: bool = False) -> SessionRecord:
+    """A session's deterministic record (with a prefix cache, the prompt positions it took from it)."""
     return SessionRecord(
         session_id=s.session_id,
         epoch=s.epoch,
@@ -41,6 +41,7 @@ def session_record(s: Session) -> SessionRecord:
         digest=figures.token_digest(s.tokens),
         done_reason=s.done_reason.value if s.done_reason else "UNFINISHED",
         error=s.error,
+        cached_tokens=s.cached if prefix_cache else None,
     )
 
 
@@ -79,6 +80,8 @@ def tick_record(t: TickRecord) -> Tick:
         decode_ns=t.decode_ns,
         prefill_ns=t.prefill_ns,
         decode_feed=[list(f) for f in t.decode_feed],
+        prefix_hit_tokens=t.prefix_hit_tokens,
+        kv_bytes_shared=t.kv_bytes_shared,
     )
 
 
@@ -157,7 +160,7 @@ def finished_pass(
     ended = node.sessions()
     tel = node.telemetry().to_dict()
     return Pass(
-        [session_record(s) for s in ended],
+        [session_record(s, node.sched.prefix_cache) for s in ended],
         [tick_record(t) for t in node.ticks()],
         [session_timing(s, t0) for s in ended],
         events,

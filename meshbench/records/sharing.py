@@ -1,0 +1,42 @@
+"""The records of shared KV: what a level's prefix cache did, and whether its sessions' tokens are those they
+give with the cache off (cache equivalence)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixStats:
+    """A level's prefix cache over its first pass (``meshbench.analysis.prefix.stats``; verify recomputes each
+    figure from the level's sessions and ticks)."""
+
+    hits: int  # sessions whose prompt started from cached blocks
+    misses: int  # sessions prefilled with no cached block
+    saved_tokens: int  # prompt positions taken from the cache instead of computed
+    computed_tokens: int  # prompt positions computed
+    peak_shared_kv_bytes: int  # the cache's blocks at their most, referenced or not
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheDivergence:
+    """A session whose tokens differ with the cache on and off: where they first do, and the margins there."""
+
+    session_id: str
+    index: int  # the first token that differs
+    token_on: int | None  # None: the cache-on session has no token there
+    token_off: int | None
+    margin_on: float | None  # top-1 minus top-2 logit at that token (None: none, or not finite)
+    margin_off: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheVerdict:
+    """Cache equivalence at a level (``meshbench.analysis.prefix.cache_verdict``): every session's tokens with
+    the prefix cache on equal its tokens with it off. A difference is engine numerics (the rest of a prompt
+    prefilled in another batch shape than the whole) where isolation holds, else a leak."""
+
+    holds: bool
+    compared: int  # sessions that completed in both passes
+    divergences: list[CacheDivergence]
+    classification: str | None  # None when it holds; "engine numerics" or "leak"
