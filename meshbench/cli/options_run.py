@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from meshbench import limits
-from meshbench.cli.flags import Option, _levels, _rates, _rows, _slo, _text, per_session
+from meshbench.cli.flags import Option, _levels, _rates, _rows, _slo, _text, int_list, per_session
 
 RUN = (
     Option("config", Optional[Path], typer.Option("--config", help="YAML run config (see configs/).")),
@@ -30,6 +30,30 @@ RUN = (
         ),
         paths=("workload.prompt_tokens",),
         parse=per_session,
+    ),
+    Option(
+        "prefix_groups",
+        Optional[str],
+        typer.Option(
+            "--prefix-groups",
+            rich_help_panel="Workload",
+            help="Shared prefixes: consecutive sessions in groups of these sizes (5,2,1), each group's prompts "
+            "starting with the same --prefix-tokens ids; --prompt-tokens are then each session's own.",
+        ),
+        paths=("workload.prefix.groups",),
+        parse=lambda v, flag: int_list(v, flag, maximum=limits.MAX_SESSIONS, max_items=limits.MAX_SESSIONS),
+    ),
+    Option(
+        "prefix_tokens",
+        Optional[int],
+        typer.Option(
+            "--prefix-tokens",
+            rich_help_panel="Workload",
+            min=1,
+            max=limits.MAX_TOKENS,
+            help="The length of each group's shared prefix (with --prefix-groups).",
+        ),
+        paths=("workload.prefix.tokens",),
     ),
     Option(
         "new_tokens",

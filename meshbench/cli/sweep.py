@@ -40,6 +40,8 @@ SWEEP_OPTIONS = (
     "restart_engine",
     "sessions",
     "prompt_tokens",
+    "prefix_groups",
+    "prefix_tokens",
     "prompts",
     "new_tokens",
     "max_prefill_tokens_per_tick",
@@ -143,6 +145,14 @@ def _print_sweep(b: NodeBundle) -> None:
         f"rejected_admissions={sum(lv.rejected_admissions for lv in levels)} "
         f"failed={sum(lv.failed for lv in levels)}"
     )
+    shared = [lv for lv in levels if lv.prefix is not None and lv.cache_verdict is not None]
+    if shared:
+        out.print(
+            f"prefix cache: cache_equivalence={all(lv.cache_verdict.holds for lv in shared if lv.cache_verdict)} "
+            f"hits={sum(lv.prefix.hits for lv in shared if lv.prefix)} "
+            f"prefill_saved={sum(lv.prefix.saved_tokens for lv in shared if lv.prefix)} "
+            f"prefill_computed={sum(lv.prefix.computed_tokens for lv in shared if lv.prefix)} (all levels)"
+        )
     if r.first_divergence:
         out.print(f"first divergence: {serial.to_json(r.first_divergence)}")
 

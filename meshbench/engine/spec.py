@@ -224,6 +224,31 @@ class EngineSpec:
         "Let --target name a host off this machine; without it only loopback is sent load and prompts.",
         added=True,
     )
+    prefix_cache: bool = setting(
+        False,
+        NODE,
+        {
+            "type": "boolean",
+            "description": "Reuse cached whole blocks of prompt positions across sessions, keyed by a chained "
+            "SHA-256 of their token ids (off by default).",
+        },
+        "--prefix-cache/--no-prefix-cache",
+        "Reuse cached whole blocks of prompt positions across sessions (chained SHA-256 keys of the ids).",
+        added=True,
+    )
+    block_tokens: int = setting(
+        16,
+        NODE,
+        {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 4096,
+            "description": "The prefix cache's block: this many positions (default 16).",
+        },
+        "--block-tokens",
+        "The prefix cache's block, in positions (default 16).",
+        added=True,
+    )
     # the workload's eos policy is ban: the engine masks end-of-generation tokens (derived, not a config key)
     ban_eog: bool = False
 

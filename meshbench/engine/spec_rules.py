@@ -58,6 +58,11 @@ def _owned(spec: EngineSpec) -> None:
 def _gguf(spec: EngineSpec) -> None:
     if not spec.model and not spec.package:
         raise MeshbenchError("engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
+    if spec.prefix_cache:
+        raise MeshbenchError(
+            "engine.prefix_cache runs on the synthetic engine so far: the gguf engine's (llama_memory_seq_cp) "
+            "is not built yet"
+        )
 
 
 def _endpoint(spec: EngineSpec) -> None:
@@ -106,6 +111,12 @@ def _process(spec: EngineSpec) -> None:
         raise MeshbenchError(
             "engine.rpc and engine.workers run the engine in its own process (a worker that "
             "misbehaves can abort or hang llama.cpp): drop isolate false / --no-isolate"
+        )
+    if spec.block_tokens != 16 and not spec.prefix_cache:
+        raise MeshbenchError("engine.block_tokens is the prefix cache's block: give it with engine.prefix_cache")
+    if spec.prefix_cache and spec.isolated:
+        raise MeshbenchError(
+            "engine.prefix_cache runs with the engine in the node's own process so far (drop isolate: true)"
         )
     if spec.rpc and spec.workers:
         raise MeshbenchError("give engine.rpc (workers you run) or engine.workers (spawned), not both")

@@ -48,7 +48,9 @@ def build(
         NodeResults(
             **header(cfg, command, SCHEMA_VERSION),
             engine=serial.from_json(engine_info, serial.ENGINE_INFO, "the engine's record"),  # type: ignore[arg-type]
-            workload=Workload(**cfg.workload.to_dict()),  # copies of the config echo's, checked equal by verify
+            workload=serial.from_json(
+                cfg.workload.to_dict(), Workload, "the workload"
+            ),  # copies of the config echo's, checked equal by verify
             budget=Budget(**cfg.budget.to_dict()),
             environment=serial.from_json(environment, Environment, "the environment"),
             levels=sweep.levels,

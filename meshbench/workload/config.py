@@ -48,6 +48,9 @@ class Workload:
     prompts: str | None = None  # a file of real prompts, tokenized by the model (meshbench.workload.prompts)
     prompt_ids: tuple[tuple[int, ...], ...] | None = None  # their token ids, once tokenized
     eos: str = "continue"  # stop | ban | continue: what an end-of-generation token does (EOS_POLICIES)
+    # shared prefixes: groups of consecutive sessions whose prompts start with the same prefix_tokens ids (counted)
+    prefix_groups: tuple[int, ...] = ()
+    prefix_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:
@@ -60,6 +63,13 @@ class Workload:
             bad = [v for v in values if v < 1]
             if bad:
                 raise MeshbenchError(f"workload: {name} must be >= 1 for every session, got {bad[0]}")
+        if self.prefix_groups and sum(self.prefix_groups) != self.sessions:
+            raise MeshbenchError(
+                f"workload.prefix.groups: {len(self.prefix_groups)} groups hold {sum(self.prefix_groups)} sessions, "
+                f"the workload has {self.sessions}"
+            )
+        if self.prefix_groups and min(self.prompt_tokens) <= self.prefix_tokens:
+            raise MeshbenchError("workload.prefix: every session needs prompt tokens of its own after the prefix")
 
     @classmethod
     def uniform(cls, sessions: int, prompt_tokens: int, new_tokens: int, seed: int = 0) -> "Workload":
@@ -78,6 +88,19 @@ class Workload:
         width = len(str(self.sessions - 1))
         return [f"s{i:0{width}d}" for i in range(self.sessions)]
 
+    def groups(self) -> list[list[str]]:
+        """The sessions of each prefix group, in order (none without shared prefixes)."""
+        ids, out, at = self.session_ids(), [], 0
+        for n in self.prefix_groups:
+            out.append(ids[at : at + n])
+            at += n
+        return out
+
+    def prefixes(self, vocab_size: int) -> list[tuple[int, ...]]:
+        """Each group's prefix ids, from their own stream of the seed (own ids are drawn as without a prefix)."""
+        rng = np.random.default_rng([self.seed, 0x9E])
+        return [tuple(int(t) for t in rng.integers(0, vocab_size, self.prefix_tokens)) for _ in self.prefix_groups]
+
     def requests(self, vocab_size: int, eog: frozenset[int] = frozenset()) -> list[GenerationRequest]:
         """One request per session; with ``eos: stop`` each ends at any of the model's ``eog`` tokens."""
         stop = eog if self.eos == "stop" else frozenset()
@@ -87,27 +110,32 @@ class Workload:
                 for sid, ids, n in zip(self.session_ids(), self.prompt_ids, self.new_tokens)
             ]
         rng = np.random.default_rng(self.seed)
+        heads = [p for p, group in zip(self.prefixes(vocab_size), self.groups()) for _ in group]
+        heads = heads or [()] * self.sessions
         return [
-            GenerationRequest(sid, tuple(int(t) for t in rng.integers(0, vocab_size, p)), n, stop)
-            for sid, p, n in zip(self.session_ids(), self.prompt_tokens, self.new_tokens)
+            GenerationRequest(sid, head + tuple(int(t) for t in rng.integers(0, vocab_size, p - len(head))), n, stop)
+            for sid, head, p, n in zip(self.session_ids(), heads, self.prompt_tokens, self.new_tokens)
         ]
 
     def to_dict(self) -> dict:
+        own = [p - self.prefix_tokens for p in self.prompt_tokens]
+        prefix = {"prefix": {"groups": list(self.prefix_groups), "tokens": self.prefix_tokens}}
         return {
             "sessions": self.sessions,
-            "prompt_tokens": list(self.prompt_tokens),
+            "prompt_tokens": own,
             "new_tokens": list(self.new_tokens),
             "seed": self.seed,
             "arrivals": self.arrivals,
             "prompts": self.prompts,
             "eos": self.eos,
+            **(prefix if self.prefix_groups else {}),
         }
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSection:
-    """The config's ``workload`` section as written, with the DGR-012 run's defaults: 8 sessions, 4-token
-    prompts, 8 new tokens; a length is one for every session or a list of one per session."""
+    """The config's ``workload`` section as written, with the DGR-012 run's defaults (8 sessions, 4-token prompts,
+    8 new tokens); a length is one for every session or a list of one per session."""
 
     sessions: int = 8
     prompt_tokens: int | tuple[int, ...] = 4
@@ -116,18 +144,24 @@ class WorkloadSection:
     arrivals: str = "all-at-once"  # meshbench.workload.arrivals.parse reads it
     prompts: str | None = None  # a file of real prompts (meshbench.workload.prompts)
     eos: str | None = None  # null: stop for real prompts, continue for synthetic ones (the seed's behaviour)
+    prefix: dict | None = None  # {groups: [sizes], tokens: n}: shared prefixes; prompt_tokens are then each own
 
     def build(self, source: str) -> Workload:
         # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
         eos = self.eos or ("stop" if self.prompts is not None else "continue")
         n = self.sessions
+        groups, shared = (tuple(self.prefix["groups"]), self.prefix["tokens"]) if self.prefix else ((), 0)
+        if groups and self.prompts is not None:
+            raise MeshbenchError(f"{source}: workload.prefix draws synthetic prompts; workload.prompts are real ones")
         return Workload(
-            _per_session(self.prompt_tokens, n, "prompt_tokens", source),
+            tuple(shared + p for p in _per_session(self.prompt_tokens, n, "prompt_tokens", source)),
             _per_session(self.new_tokens, n, "new_tokens", source),
             self.seed,
             self.arrivals,
             self.prompts,
             eos=eos,
+            prefix_groups=groups,
+            prefix_tokens=shared,
         )
 
 
@@ -172,6 +206,8 @@ class RunConfig:
         faults.check_rows(
             self.faults, set(self.workload.session_ids()), self.engine.isolated, self.engine.workers, "faults"
         )
+        if self.faults and self.engine.prefix_cache:
+            raise MeshbenchError("faults with engine.prefix_cache: not built yet (fault checks count no shared KV)")
         if self.faults and (self.rates is not None or self.clock == "wall"):
             raise MeshbenchError(
                 "faults run on the tick clock with every session at once or an arrival process, "
@@ -250,9 +286,9 @@ def _defaults() -> dict:
 
 
 DEFAULTS: dict = _defaults()
-# Keys added to the config after results schema 3: a config echo written before them lacks them, and means
-# their defaults (the endpoint's, which a node bundle never uses).
-ADDED_KEYS: dict[str, frozenset[str]] = {"engine": engine_spec.added()}
+# Keys added after results schema 3 (the endpoint's; a shared prefix, written only where there is one): a config
+# echo without them means their defaults.
+ADDED_KEYS: dict[str, frozenset[str]] = {"engine": engine_spec.added(), "workload": frozenset({"prefix"})}
 
 
 def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
