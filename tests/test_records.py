@@ -13,7 +13,7 @@ import factories as f
 import pytest
 
 from meshbench.errors import MeshbenchError
-from meshbench.records import context, documents, model, serial
+from meshbench.records import context, documents, model, serial, sharing
 
 ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
@@ -98,6 +98,10 @@ RECORDS = {
     model.EndpointRepetition: "endpoint:repetition",
     model.NeedleTrial: "endpoint:needle_trial",
     model.EndpointLevel: "endpoint:level",
+    sharing.PrefixStats: "level.prefix",
+    sharing.CacheVerdict: "level.cache_verdict",
+    sharing.CacheDivergence: "level.cache_verdict.divergences.[]",
+    context.SharedPrefix: "results:workload.prefix",
 }
 
 
@@ -131,7 +135,7 @@ def test_the_schema_refuses_every_key_a_record_does_not_have(cls):
 
 
 def test_a_record_is_written_in_its_field_order():
-    timed = f.tick_record(tick_ns=5, decode_ns=1, prefill_ns=2)
+    timed = f.tick_record(tick_ns=5, decode_ns=1, prefill_ns=2, prefix_hit_tokens=0, kv_bytes_shared=0)
     assert list(serial.to_json(timed)) == [field.name for field in dataclasses.fields(model.Tick)]
     assert "tick_ns" not in serial.to_json(f.tick_record())
 
@@ -139,7 +143,8 @@ def test_a_record_is_written_in_its_field_order():
 def test_a_deterministic_tick_is_a_timed_one_without_its_times():
     timed, plain = _node("timed_tick_record"), _node("tick_record")
     optional = {f.name for f in dataclasses.fields(model.Tick) if f.default is None}
-    assert set(timed["properties"]) - set(plain["properties"]) == optional
+    shared = {"prefix_hit_tokens", "kv_bytes_shared"}  # (a prefix cache's: in both, where there is one)
+    assert set(timed["properties"]) - set(plain["properties"]) == optional - shared
 
 
 NODE_BUNDLES = sorted(

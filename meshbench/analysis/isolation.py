@@ -49,6 +49,8 @@ from meshbench.records.model import (
 )
 from meshbench.scheduler.session import GenerationRequest
 
+Groups = dict[str, list[str]]  # a shared prefix's unit name ("prefix:G") -> the sessions whose prompts start with it
+
 METHOD = (
     "perturbation: the level rerun with the prompt content of chosen sessions replaced by fresh random "
     "tokens in every pass (same lengths, so the same schedule, checked tick by tick); every other session's "
@@ -77,21 +79,48 @@ def perturbed_sets(ids: Sequence[str]) -> list[list[str]]:
     return [[sid for sid, sub in zip(ids, subsets) if p in sub] for p in range(m)]
 
 
-def family_sets(ids: Sequence[str], rounds: int) -> list[list[str]]:
-    """The family's passes: the separating family, ``rounds`` times over (fresh content in each pass)."""
-    return perturbed_sets(ids) * rounds
+def prefix_groups(groups: Sequence[Sequence[str]]) -> Groups | None:
+    """The perturbation units of shared prefixes: one per group of sessions sharing one (None: no sharing)."""
+    return {f"prefix:{g}": list(members) for g, members in enumerate(groups)} or None
 
 
-def escape_bits(ids: Sequence[str], sets: Sequence[Sequence[str]]) -> int | None:
-    """The fewest passes that perturb j and not i, over ordered pairs (i, j): a one-bit dependence escapes
-    every pass with probability 2^-escape_bits (None for a single session: no pair)."""
-    counts = [sum(1 for s in sets if j in s and i not in s) for i in ids for j in ids if i != j]
+def exposure(session: str, groups: Groups | None) -> set[str]:
+    """The units whose perturbation may change ``session``: its own content, and its group's prefix."""
+    return {session, *(u for u, members in (groups or {}).items() if session in members)}
+
+
+def allowed(perturbed: Sequence[str], groups: Groups | None) -> set[str]:
+    """The sessions a pass may change: those perturbed, and every sharer of a perturbed prefix."""
+    return {*perturbed, *(s for u in perturbed for s in (groups or {}).get(u, ()))}
+
+
+def family_sets(ids: Sequence[str], rounds: int, groups: Groups | None = None) -> list[list[str]]:
+    """The family's passes, ``rounds`` times over (fresh content in each pass): the separating family of the
+    sessions' own content, then (with shared prefixes) that of the groups' prefixes, so that a pass testing one
+    unit never perturbs what the session it tests may depend on."""
+    return (perturbed_sets(ids) + perturbed_sets(list(groups or {}))) * rounds
+
+
+def _pairs(ids: Sequence[str], groups: Groups | None) -> list[tuple[str, set[str], str]]:
+    """Every (session i, the units it depends on, a unit j it must not depend on)."""
+    units = [*ids, *(groups or {})]
+    out: list[tuple[str, set[str], str]] = []
+    for i in ids:
+        own = exposure(i, groups)
+        out.extend((i, own, j) for j in units if j not in own)
+    return out
+
+
+def escape_bits(ids: Sequence[str], sets: Sequence[Sequence[str]], groups: Groups | None = None) -> int | None:
+    """The fewest passes that perturb j and nothing i depends on, over the pairs (session i, unit j): a one-bit
+    dependence escapes every pass with probability 2^-escape_bits (None for a single session: no pair)."""
+    counts = [sum(1 for s in sets if j in s and not own & set(s)) for _, own, j in _pairs(ids, groups)]
     return min(counts) if counts else None
 
 
-def separates(ids: Sequence[str], sets: Sequence[Sequence[str]]) -> bool:
-    """Every ordered pair (i, j), i != j, has a set holding j and not i."""
-    return all(any(j in s and i not in s for s in sets) for i in ids for j in ids if i != j)
+def separates(ids: Sequence[str], sets: Sequence[Sequence[str]], groups: Groups | None = None) -> bool:
+    """Every pair (session i, unit j it must not depend on) has a set holding j and nothing i depends on."""
+    return all(any(j in s and not own & set(s) for s in sets) for _, own, j in _pairs(ids, groups))
 
 
 def perturb(prompt: Sequence[int], vocab_size: int, seed: int, index: int, pass_no: int) -> tuple[int, ...]:
@@ -109,12 +138,22 @@ def requests_for(
     vocab_size: int,
     seed: int,
     pass_no: int,
+    groups: Groups | None = None,
+    shared: int = 0,
 ) -> list[GenerationRequest]:
-    """The pass's requests: perturbed sessions with other prompt content, pinned to their baseline length."""
+    """The pass's requests: perturbed sessions with other prompt content, pinned to their baseline length. With
+    shared prefixes (``groups``, of ``shared`` tokens), a session's own content is the rest of its prompt, and a
+    perturbed prefix is replaced the same way for every sharer: the sharing stays as it was."""
     out = []
+    heads = {s: g for g, u in enumerate(groups or {}) if u in perturbed for s in (groups or {})[u]}
     for k, r in enumerate(requests):
+        head, own = r.prompt_tokens[:shared], r.prompt_tokens[shared:]
+        if r.session_id in heads:
+            head = perturb(head, vocab_size, seed, 1_000_000 + heads[r.session_id], pass_no)
         if r.session_id in perturbed:
-            r = dataclasses.replace(r, prompt_tokens=perturb(r.prompt_tokens, vocab_size, seed, k, pass_no))
+            own = perturb(own, vocab_size, seed, k, pass_no)
+        if r.session_id in heads or r.session_id in perturbed:
+            r = dataclasses.replace(r, prompt_tokens=head + own)
             if r.session_id in baseline:  # (one the level refused is refused again: same lengths, same queue)
                 r = dataclasses.replace(r, end_at=max(len(baseline[r.session_id].tokens), 1))
         out.append(r)
@@ -123,8 +162,16 @@ def requests_for(
 
 def schedule_view(ticks: Sequence[Tick]) -> list[JsonObject]:
     """Deterministic tick records as results.json holds them, the decode feed reduced to (session, position):
-    the schedule."""
-    return [{**serial.to_json(t), "decode_feed": [f[:2] for f in t.decode_feed]} for t in ticks]
+    the schedule. A prefix cache's hits and bytes are left out: they depend on content by design (two prompts
+    share a block exactly when their ids do), and perturbed content may share a block by chance."""
+    shared = ("prefix_hit_tokens", "kv_bytes_shared")
+    return [
+        {
+            **{k: v for k, v in serial.to_json(t).items() if k not in shared},
+            "decode_feed": [f[:2] for f in t.decode_feed],
+        }
+        for t in ticks
+    ]
 
 
 def digest(value: object) -> str:
@@ -146,37 +193,48 @@ def pass_record(
     )
 
 
-def changed(sessions: Sequence[SessionRecord], p: IsolationPass) -> list[str]:
-    """Sessions the pass did not perturb whose tokens or margins differ from the level's ``sessions``."""
+def changed(sessions: Sequence[SessionRecord], p: IsolationPass, groups: Groups | None = None) -> list[str]:
+    """Sessions the pass may not change (``allowed``) whose tokens or margins differ from the level's
+    ``sessions``."""
     base = {s.session_id: (s.digest, digest(s.margins)) for s in sessions}
+    free = allowed(p.perturbed, groups)
     return sorted(
         s.session_id
         for s in p.sessions
-        if s.session_id not in p.perturbed and base.get(s.session_id) != (s.digest, s.margins_digest)
+        if s.session_id not in free and base.get(s.session_id) != (s.digest, s.margins_digest)
     )
 
 
 def suspects(
-    victim: str, family: Sequence[IsolationPass], changed_in: Sequence[list[str]], ids: Sequence[str]
+    victim: str,
+    family: Sequence[IsolationPass],
+    changed_in: Sequence[list[str]],
+    ids: Sequence[str],
+    groups: Groups | None = None,
 ) -> list[str]:
-    """Who ``victim`` may depend on: the sessions perturbed in every family pass where it changed, or, where no
-    one was (it depends on several), every session perturbed in any of them. Random content need not flip a
-    dependence, so a pass where the victim held acquits no one."""
-    hits = [set(p.perturbed) for p, c in zip(family, changed_in) if victim not in p.perturbed and victim in c]
+    """What ``victim`` may depend on: the units (sessions, shared prefixes) perturbed in every family pass where
+    it changed, or, where none was (it depends on several), every unit perturbed in any of them. Random content
+    need not flip a dependence, so a pass where the victim held acquits no one."""
+    own = exposure(victim, groups)
+    hits = [set(p.perturbed) for p, c in zip(family, changed_in) if victim in c]
     if not hits:
         return []
     common = set.intersection(*hits)
-    return [j for j in ids if j != victim and j in (common or set.union(*hits))]
+    return [j for j in [*ids, *(groups or {})] if j not in own and j in (common or set.union(*hits))]
 
 
 def culprits(
-    sessions: Sequence[SessionRecord], family: Sequence[IsolationPass], ids: Sequence[str]
+    sessions: Sequence[SessionRecord],
+    family: Sequence[IsolationPass],
+    ids: Sequence[str],
+    groups: Groups | None = None,
 ) -> dict[str, set[str]]:
-    """The suspects to confirm, in session order (at most MAX_CONFIRMATIONS), each with the victims it is
+    """The suspects to confirm, sessions then prefixes (at most MAX_CONFIRMATIONS), each with the victims it is
     suspected of."""
-    changed_in = [changed(sessions, p) for p in family]
-    blamed = {v: suspects(v, family, changed_in, ids) for c in changed_in for v in c}
-    order = list(dict.fromkeys(j for j in ids for v in sorted(blamed) if j in blamed[v]))[:MAX_CONFIRMATIONS]
+    changed_in = [changed(sessions, p, groups) for p in family]
+    blamed = {v: suspects(v, family, changed_in, ids, groups) for c in changed_in for v in c}
+    units = [*ids, *(groups or {})]
+    order = list(dict.fromkeys(j for j in units for v in sorted(blamed) if j in blamed[v]))[:MAX_CONFIRMATIONS]
     return {j: {v for v in blamed if j in blamed[v]} for j in order}
 
 
@@ -184,14 +242,15 @@ def expected_confirmations(level: LevelRecord) -> list[list[str]]:
     """The confirmation passes the method prescribes, given the recorded passes' outcomes: for each culprit in
     order, single-suspect passes until one changes a victim of it, CONFIRM_TRIES at most."""
     passes = level.isolation.passes or []
+    groups = level.isolation.groups
     family = [p for p in passes if not p.confirm]
     recorded = iter(p for p in passes if p.confirm)
     out: list[list[str]] = []
-    for j, victims in culprits(level.sessions, family, level.isolation.sessions or []).items():
+    for j, victims in culprits(level.sessions, family, level.isolation.sessions or [], groups).items():
         for _ in range(CONFIRM_TRIES):
             out.append([j])
             p = next(recorded, None)
-            if p is None or victims & set(changed(level.sessions, p)):
+            if p is None or victims & set(changed(level.sessions, p, groups)):
                 break
     return out
 
@@ -214,24 +273,24 @@ def verdict(records: IsolationRecords, sessions: Sequence[SessionRecord], ticks:
             reason=records.reason,
         )
     base = digest(schedule_view(ticks))
-    passes = records.passes
+    passes, groups = records.passes, records.groups
     schedule = [k for k, p in enumerate(passes) if p.schedule_digest != base]
-    changed_in = [changed(sessions, p) for p in passes]
+    changed_in = [changed(sessions, p, groups) for p in passes]
     leaks = sorted({(victim, p.perturbed[0]) for p, c in zip(passes, changed_in) if p.confirm for victim in c})
     victims = sorted({v for c in changed_in for v in c})
     ids = records.sessions or []  # every arrival, served or refused
     family = [p for p in passes if not p.confirm]
-    family_changed = [changed(sessions, p) for p in family]
+    family_changed = [changed(sessions, p, groups) for p in family]
     return IsolationVerdict(
         ran=True,
         holds=not schedule and not victims,
         schedule_changed=schedule,
         changed=victims,
         leaks=[list(x) for x in leaks],
-        separating=separates(ids, [p.perturbed for p in family]),
+        separating=separates(ids, [p.perturbed for p in family], groups),
         family_passes=len(family),
-        escape_bits=escape_bits(ids, [p.perturbed for p in family]),
+        escape_bits=escape_bits(ids, [p.perturbed for p in family], groups),
         confirmations=len(passes) - len(family),
-        suspects={v: suspects(v, family, family_changed, ids) for v in victims},
+        suspects={v: suspects(v, family, family_changed, ids, groups) for v in victims},
         reason=None,
     )

@@ -96,6 +96,10 @@ CLASSES: dict[str, str] = {
     "levels[].repetitions[].wall_s": WALL,
     "levels[].repetitions[].wall": RECOMPUTED,
     "levels[].wall": RECOMPUTED,
+    "levels[].prefix": RECOMPUTED,  # from the sessions' cached positions and the ticks
+    "levels[].cache_off": RERUN,  # the level run once more with the prefix cache off
+    "levels[].cache_off[].digest": RECOMPUTED,
+    "levels[].cache_verdict": RECOMPUTED,
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshbench.analysis import figures
 from meshbench.records.context import EngineInfo, Environment, GgufEngineInfo, SyntheticEngineInfo
 from meshbench.records.documents import LogitDeviation
-from meshbench.results import fault_report, load_report, markdown
+from meshbench.results import fault_report, load_report, markdown, prefix_report
 from meshbench.results.load_report import level_name, row
 from meshbench.results.typed import NodeBundle
 
@@ -88,6 +88,7 @@ def render_readme(b: NodeBundle, bundle_name: str) -> str:
         "",
         *_what_ran(b),
         *_sweep_section(b),
+        *prefix_report.section(b),
         *fault_report.section(b),
         *load_report.backpressure_section(b),
         *load_report.wall_section(b),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from meshbench.analysis import backpressure, figures, isolation, verdicts
+from meshbench.analysis import backpressure, figures, isolation, prefix, verdicts
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.records.context import Budget
 from meshbench.records.model import IsolationRecords, JsonObject, LevelRecord, Reference, Repetition
@@ -22,11 +22,13 @@ def level_record(
     passes: Sequence[tuple[int, int, Pass]],
     proof: IsolationRecords,
     wall: bool = False,
+    cache_off: Pass | None = None,
+    near_tie: float = figures.NEAR_TIE,
 ) -> LevelRecord:
     """The results.json record of a level, complete: repetition 0's deterministic records, every repetition's
     raw timing and wall figures, their summary, and the isolation records (``proof``, from
     ``sweep.prove.isolation_record``) with their verdict. ``passes`` are (repetition, position in its order,
-    pass)."""
+    pass); ``cache_off``: with a prefix cache, the level run with it off."""
     first = passes[0][2]
     ticks = figures.deterministic_ticks(first.ticks)
     repetitions = [
@@ -44,6 +46,7 @@ def level_record(
     load = backpressure.figures(
         first.events, ticks, first.sessions, slo, (first.timing, first.wall_s) if wall else None
     )
+    proven = isolation.verdict(proof, first.sessions, ticks)
     return LevelRecord(
         concurrency=level.concurrency,
         arrivals=level.arrivals.label(),
@@ -65,7 +68,12 @@ def level_record(
         repetitions=repetitions,
         wall=figures.repetition_summary([rep.wall for rep in repetitions]),
         isolation=proof,
-        isolation_verdict=isolation.verdict(proof, first.sessions, ticks),
+        isolation_verdict=proven,
+        prefix=None if cache_off is None else prefix.stats(first.sessions, ticks),
+        cache_off=None if cache_off is None else cache_off.sessions,
+        cache_verdict=None
+        if cache_off is None
+        else prefix.cache_verdict(first.sessions, cache_off.sessions, proven.holds, near_tie),
     )
 
 

@@ -10,9 +10,11 @@ the plan (``sweep.plan``), the passes (``sweep.passes``), the isolation passes
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Sequence
 
+from meshbench.analysis import isolation
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine.base import BatchEngine, EngineLimits
 from meshbench.engine.setup import EngineSetup, close_engine
@@ -45,8 +47,9 @@ def run_concurrency_sweep(
     times_of = arrival_times(plan, workload, wall, sweep.repeat)
     eog = node.eog if node is not None else frozenset()
 
-    def one_pass(i: int, requests: Sequence[GenerationRequest] | None = None) -> Pass:
-        engine = engine_factory(budgets[i].engine_limits())  # a fresh KV manager per pass
+    def one_pass(i: int, requests: Sequence[GenerationRequest] | None = None, cache: bool = True) -> Pass:
+        limits = sweep.limits(budgets[i]) if cache else budgets[i].engine_limits()
+        engine = engine_factory(limits)  # a fresh KV manager per pass
         c = plan[i].concurrency
         per_level = (lambda rec, c=c: on_tick(c, rec)) if on_tick else None
         requests = requests or workload.requests(engine.vocab_size, eog)
@@ -56,7 +59,7 @@ def run_concurrency_sweep(
                     requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock, per_level, sleep, sweep.prefill
                 )
             faults = FaultPlan(plan[i].faults, node and node.kill_engine, node and node.kill_worker)
-            recover = _restarter(node, budgets[i]) if sweep.restart else None
+            recover = _restarter(node, sweep.limits(budgets[i])) if sweep.restart else None
             return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover, sweep.prefill)
         finally:
             close_engine(engine)
@@ -80,19 +83,28 @@ def run_concurrency_sweep(
             workload.seed,
             isolation_skipped(lv, wall, sweep.prove_isolation),
             sweep.isolation_rounds,
+            isolation.prefix_groups(workload.groups()),
+            workload.prefix_tokens,
         )
-        records.append(level_record(lv, budgets[i], times_of[i], slo, passes[i], proof, wall))
+        # with a prefix cache, the level once more with it off: cache equivalence (on the wall clock or under
+        # faults the schedule is not the level's own, and sessions are compared only where both completed)
+        cache_off = one_pass(i, cache=False) if sweep.prefix_block_tokens else None
+        records.append(
+            level_record(lv, budgets[i], times_of[i], slo, passes[i], proof, wall, cache_off, sweep.near_tie)
+        )
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or sweep.fault_rows:
-        reference = alone_reference(workload, sweep.budget, engine_factory, clock, sweep.prefill, eog)
+        reference = alone_reference(
+            workload, sweep.budget, engine_factory, clock, sweep.prefill, eog, sweep.prefix_block_tokens
+        )
     return concurrency_sweep(records, reference)
 
 
-def _restarter(node: EngineSetup | None, budget: NodeBudget) -> Callable[[], BatchEngine] | None:
+def _restarter(node: EngineSetup | None, limits: EngineLimits) -> Callable[[], BatchEngine] | None:
     """A fresh engine after a loss, where the node's engine runs in a process that can be restarted."""
     if node is None or node.restart is None:
         return None
-    return lambda: node.restart(budget.engine_limits())
+    return lambda: node.restart(limits)
 
 
 def _vocab(engine_factory: Callable[[EngineLimits], BatchEngine], budget: NodeBudget) -> int:
@@ -111,10 +123,11 @@ def alone_reference(
     clock: Callable[[], int],
     prefill: str = "whole",
     eog: frozenset[int] = frozenset(),
+    prefix_block_tokens: int = 0,
 ) -> Reference:
     """Each session run alone: the reference every completed session of an arrival sweep must equal."""
     alone = level_budget(budget, 1, workload.sessions)
-    engine = engine_factory(alone.engine_limits())
+    engine = engine_factory(dataclasses.replace(alone.engine_limits(), prefix_block_tokens=prefix_block_tokens))
     try:
         first = run_pass(
             workload.requests(engine.vocab_size, eog), [0] * workload.sessions, alone, engine, clock, prefill=prefill

@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
+from meshbench.analysis.figures import NEAR_TIE
+from meshbench.engine.base import EngineLimits
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.workload import arrivals as arrivals_mod
@@ -77,6 +79,8 @@ class SweepPlan:
     prefill: str = "whole"
     prove_isolation: bool = True
     isolation_rounds: int = 4  # the separating family's rounds (meshbench.analysis.isolation), as RunConfig's
+    prefix_block_tokens: int = 0  # the engine's prefix cache, blocks of this many positions (0: none)
+    near_tie: float = NEAR_TIE  # the engine's: a margin below it is one its kernels' rounding may flip
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "SweepPlan":
@@ -94,7 +98,12 @@ class SweepPlan:
             cfg.prefill,
             cfg.isolation,
             cfg.isolation_rounds,
+            cfg.engine.block_tokens if cfg.engine.prefix_cache else 0,
         )
+
+    def limits(self, budget: NodeBudget) -> EngineLimits:
+        """What a pass's engine is built for: the level's budget, and the run's prefix cache."""
+        return dataclasses.replace(budget.engine_limits(), prefix_block_tokens=self.prefix_block_tokens)
 
 
 def arrival_times(plan: Sequence[Level], workload: Workload, wall: bool, repeat: int) -> list[list]:

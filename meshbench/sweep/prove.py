@@ -24,25 +24,28 @@ def isolation_passes(
     vocab_size: int,
     seed: int,
     rounds: int = 1,
+    groups: isolation.Groups | None = None,
+    shared: int = 0,
 ) -> IsolationRecords:
     """The level's perturbation passes: the separating family ``rounds`` times, then single-suspect passes for
     each suspect of a session that changed. ``run(requests)`` runs one pass of the level; ``baseline`` is the
-    level's own first pass."""
+    level's own first pass; ``groups``: the shared prefixes (of ``shared`` tokens), perturbed as units."""
     ids = [r.session_id for r in requests]
     by_id = {s.session_id: s for s in baseline.sessions}
     passes: list[IsolationPass] = []
 
     def one(perturbed: list[str], confirm: bool) -> IsolationPass:
-        p = run(isolation.requests_for(requests, perturbed, by_id, vocab_size, seed, len(passes)))
+        reqs = isolation.requests_for(requests, perturbed, by_id, vocab_size, seed, len(passes), groups, shared)
+        p = run(reqs)
         passes.append(isolation.pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm))
         return passes[-1]
 
-    family = [one(sets, False) for sets in isolation.family_sets(ids, rounds)]
-    for j, victims in isolation.culprits(baseline.sessions, family, ids).items():
+    family = [one(sets, False) for sets in isolation.family_sets(ids, rounds, groups)]
+    for j, victims in isolation.culprits(baseline.sessions, family, ids, groups).items():
         for _ in range(isolation.CONFIRM_TRIES):
-            if victims & set(isolation.changed(baseline.sessions, one([j], True))):
+            if victims & set(isolation.changed(baseline.sessions, one([j], True), groups)):
                 break
-    return IsolationRecords(sessions=ids, passes=passes, reason=None)
+    return IsolationRecords(sessions=ids, passes=passes, reason=None, groups=groups)
 
 
 def isolation_record(
@@ -53,12 +56,14 @@ def isolation_record(
     seed: int,
     skipped: str | None,
     rounds: int = 1,
+    groups: isolation.Groups | None = None,
+    shared: int = 0,
 ) -> IsolationRecords:
     """The level's isolation records: its perturbation passes, or why there are none (``level_record`` judges
     them against the level's own first pass ``baseline``)."""
     if skipped is not None:
         return IsolationRecords(sessions=None, passes=None, reason=skipped)
-    return isolation_passes(run, requests, baseline, vocab, seed, rounds)
+    return isolation_passes(run, requests, baseline, vocab, seed, rounds, groups, shared)
 
 
 def oracle(cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: Callable[[RunConfig], dict]) -> str:

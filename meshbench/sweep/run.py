@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from meshbench import files
-from meshbench.analysis import divergence
+from meshbench.analysis import divergence, figures
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine import factory, rpc
 from meshbench.engine.base import check_context
@@ -111,7 +111,9 @@ def run_sweep(
     setup: EngineSetup | None = None,
 ) -> dict:
     setup = setup or prepare(cfg)
-    sweep = run_concurrency_sweep(SweepPlan.of(cfg), setup.make, node=setup, on_tick=on_tick)
+    engine = serial.from_json(setup.info, serial.ENGINE_INFO, "the engine's record")
+    plan = dataclasses.replace(SweepPlan.of(cfg), near_tie=figures.near_tie(engine))  # type: ignore[arg-type]
+    sweep = run_concurrency_sweep(plan, setup.make, node=setup, on_tick=on_tick)
     # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
     inputs = {PROMPTS: InputFile(sha256=files.sha256(Path(cfg.workload.prompts)))} if cfg.workload.prompts else None
     div = _explained(cfg, setup, sweep)

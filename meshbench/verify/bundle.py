@@ -125,6 +125,9 @@ COMMAND_FLAGS: dict[str, Callable[[RunConfig], object]] = {
     "--isolation-rounds": lambda cfg: cfg.isolation_rounds,
     "--repeat": lambda cfg: cfg.repeat,
     "--warmup": lambda cfg: cfg.warmup,
+    "--prefix-tokens": lambda cfg: cfg.workload.prefix_tokens if cfg.workload.prefix_groups else None,
+    "--prefix-groups": lambda cfg: ",".join(map(str, cfg.workload.prefix_groups)) or None,
+    "--block-tokens": lambda cfg: cfg.engine.block_tokens,
 }
 
 
@@ -141,6 +144,8 @@ def command_disagreements(command: str, echo: RunConfig) -> list[str]:
         if not eq:
             value = words[k + 1] if k + 1 < len(words) else ""
         if flag == "--allow-remote" and echo.engine.allow_remote is not True:
+            out.append(flag)
+        if flag in ("--prefix-cache", "--no-prefix-cache") and echo.engine.prefix_cache != (flag == "--prefix-cache"):
             out.append(flag)
         if flag in COMMAND_FLAGS:
             node = COMMAND_FLAGS[flag](echo)

@@ -14,6 +14,7 @@ from meshbench.verify.figures import (
     check_level_figures,
     check_sweep,
 )
+from meshbench.verify.prefix import check_prefix
 from meshbench.verify.schedule import (
     check_arrivals,
     check_feed,
@@ -42,6 +43,7 @@ def check_node(c: Checks, b: NodeBundle) -> None:
         check_wall(c, rec, at)
         check_feed(c, rec, at)
         check_isolation(c, b, rec, at)
+        check_prefix(c, b, rec, at)
         check_timing(c, b, rec, at)
         check_tick_ends(c, b, rec, at)
         fault_checks.check_level(c, rec, at, reference or typed[0], per_token)

@@ -78,6 +78,8 @@ def view(b: NodeBundle) -> dict:
         out.update(_isolation(f"{at}.isolation", lv.isolation))
         for j, s in enumerate(lv.sessions):
             out.update(_split(f"{at}.sessions[{j}]", s, ("margins",)))  # ids, epochs, ends, tokens; margins apart
+        for j, s in enumerate(lv.cache_off or ()):  # the level with its prefix cache off
+            out.update(_split(f"{at}.cache_off[{j}]", s, ("margins",)))
         for t in lv.tick_records:  # deterministic fields only
             for k, v in serial.to_json(t).items():
                 out[f"{at}.tick_records[{t.tick}].{k}"] = v

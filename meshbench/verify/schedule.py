@@ -239,8 +239,14 @@ def check_isolation(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
         c.equal(
             RESULTS,
             f"{at}.isolation.passes perturbed sets (the separating family)",
-            isolation.family_sets(ids, b.cfg.isolation_rounds),
+            isolation.family_sets(ids, b.cfg.isolation_rounds, iso.groups),
             family,
+        )
+        c.equal(
+            RESULTS,
+            f"{at}.isolation.groups (the workload's shared prefixes)",
+            serial.to_json(isolation.prefix_groups(b.cfg.workload.groups())),
+            iso.groups,
         )
         c.equal(
             RESULTS,
@@ -279,7 +285,8 @@ def check_sessions(c: Checks, b: NodeBundle, levels: list[LevelRecord]) -> None:
         for j, s in enumerate(lv.sessions):
             k = expected.get(s.session_id)
             if k is not None:
-                c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", w.prompt_tokens[k], s.prompt_tokens)
+                whole = b.cfg.workload.prompt_tokens[k]  # a shared prefix and its own
+                c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", whole, s.prompt_tokens)
                 c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w.new_tokens[k], s.max_new_tokens)
         named = {sid for t in lv.tick_records for sid in (*t.decode_sessions, *t.prefill_sessions, *t.completed)}
         c.equal(RESULTS, f"{at}.tick_records session ids not among the level's sessions", [], sorted(named - set(ids)))

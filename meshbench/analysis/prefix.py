@@ -1,0 +1,84 @@
+"""What a prefix cache did at a level, and cache equivalence: every session's tokens with the cache on equal
+its tokens with the cache off. Pure: the runner runs the cache-off pass and hands its records over."""
+
+from __future__ import annotations
+
+from typing import Sequence, TypeVar
+
+from meshbench.records.model import SessionRecord, Tick
+from meshbench.records.sharing import CacheDivergence, CacheVerdict, PrefixStats
+
+T = TypeVar("T")
+
+NUMERICS = "engine numerics"  # a near-tie, isolation holding: the rest of a prompt computed in another batch shape
+CORRUPTION = "corruption"  # a confident token, isolation holding: a session's own KV was not what it computed
+LEAK = "leak"  # isolation fails too: a session read what another session wrote
+UNCLASSIFIED = "unclassified"  # isolation did not run at the level: nothing tells a leak from the rest
+HARMLESS = (None, NUMERICS)  # the classes that leave a sweep corruption-free
+
+
+def stats(sessions: Sequence[SessionRecord], ticks: Sequence[Tick]) -> PrefixStats:
+    """The level's figures from its records: a session that reached its first token is a hit when it took
+    cached positions, else a miss; positions saved and computed are summed over the ticks' prompt chunks."""
+    prefilled = [s for s in sessions if s.tokens]
+    saved = sum(t.prefix_hit_tokens or 0 for t in ticks)
+    return PrefixStats(
+        hits=sum(1 for s in prefilled if s.cached_tokens),
+        misses=sum(1 for s in prefilled if not s.cached_tokens),
+        saved_tokens=saved,
+        computed_tokens=sum(t.prefill_tokens for t in ticks) - saved,
+        peak_shared_kv_bytes=max((t.kv_bytes_shared or 0 for t in ticks), default=0),
+    )
+
+
+def _at(values: Sequence[T], i: int) -> T | None:
+    return values[i] if i < len(values) else None
+
+
+def divergence(on: SessionRecord, off: SessionRecord) -> CacheDivergence | None:
+    """Where a session's tokens first differ with the cache on and off (None: they do not)."""
+    if on.tokens == off.tokens:
+        return None
+    i = next((k for k, (a, b) in enumerate(zip(on.tokens, off.tokens)) if a != b), min(len(on.tokens), len(off.tokens)))
+    return CacheDivergence(
+        session_id=on.session_id,
+        index=i,
+        token_on=_at(on.tokens, i),
+        token_off=_at(off.tokens, i),
+        margin_on=_at(on.margins, i),
+        margin_off=_at(off.margins, i),
+    )
+
+
+def cache_verdict(
+    sessions: Sequence[SessionRecord],
+    cache_off: Sequence[SessionRecord],
+    isolation_holds: bool | None,
+    near_tie: float,
+) -> CacheVerdict:
+    """The level's sessions (cache on) against the same sessions with the cache off: the ones that completed in
+    both (each epoch) are compared token by token. A difference is a leak where isolation fails; where it holds,
+    engine numerics when every first divergence is a near-tie (the cache-off margin below ``near_tie``), else
+    corruption; unclassified where isolation did not run."""
+    off = {(s.session_id, s.epoch): s for s in cache_off if s.done_reason == "COMPLETED"}
+    pairs = [
+        (s, off[s.session_id, s.epoch])
+        for s in sessions
+        if s.done_reason == "COMPLETED" and (s.session_id, s.epoch) in off
+    ]
+    found = [d for d in (divergence(a, b) for a, b in pairs) if d is not None]
+    return CacheVerdict(
+        holds=not found,
+        compared=len(pairs),
+        divergences=found,
+        classification=None if not found else _classify(found, isolation_holds, near_tie),
+    )
+
+
+def _classify(found: Sequence[CacheDivergence], isolation_holds: bool | None, near_tie: float) -> str:
+    if isolation_holds is None:
+        return UNCLASSIFIED
+    if not isolation_holds:
+        return LEAK
+    ties = all(d.margin_off is not None and d.margin_off < near_tie for d in found)
+    return NUMERICS if ties else CORRUPTION

@@ -1,0 +1,51 @@
+"""The README's section on a prefix cache: what it saved at each level, and cache equivalence (every
+session's tokens equal with the cache on and off), with the first divergence where it does not hold."""
+
+from __future__ import annotations
+
+from meshbench.results.typed import NodeBundle
+
+
+def section(b: NodeBundle) -> list[str]:
+    """The section, or nothing without a prefix cache."""
+    levels = [lv for lv in b.levels if lv.prefix is not None and lv.cache_verdict is not None]
+    if not levels:
+        return []
+    e, wl = b.cfg.engine, b.cfg.workload
+    sharing = (
+        f"{len(wl.prefix_groups)} groups of {', '.join(map(str, wl.prefix_groups))} sessions sharing a "
+        f"{wl.prefix_tokens}-token prefix"
+        if wl.prefix_groups
+        else "no shared prefix in the workload (only repeated blocks can hit)"
+    )
+    holds = all(lv.cache_verdict.holds for lv in levels if lv.cache_verdict)
+    lines = [
+        "## Prefix cache",
+        "",
+        f"Blocks of {e.block_tokens} positions keyed by a chained SHA-256 of their token ids; {sharing}. A hit "
+        "is a session whose prompt started from cached blocks; saved = prompt positions taken from the cache, "
+        "computed = prompt positions prefilled. Each level ran once more with the cache off: **cache "
+        f"equivalence = {holds}** (every session's tokens equal with the cache on and off).",
+        "",
+        "| level | hits | misses | prefill computed | saved | peak shared KV (bytes) | cache equivalence |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for lv in levels:
+        p, v = lv.prefix, lv.cache_verdict
+        assert p is not None and v is not None
+        verdict = (
+            f"holds ({v.compared} sessions)"
+            if v.holds
+            else f"fails: {len(v.divergences)} of {v.compared}, {v.classification}"
+        )
+        lines.append(
+            f"| {lv.concurrency} | {p.hits} | {p.misses} | {p.computed_tokens} | {p.saved_tokens} | "
+            f"{p.peak_shared_kv_bytes} | {verdict} |"
+        )
+    for lv in levels:
+        for d in lv.cache_verdict.divergences[:8] if lv.cache_verdict else []:
+            lines.append(
+                f"- level {lv.concurrency}, session {d.session_id}: token {d.index} is {d.token_on} with the cache "
+                f"and {d.token_off} without (margins {d.margin_on} and {d.margin_off})"
+            )
+    return [*lines, ""]

@@ -1,0 +1,141 @@
+"""The checks of a level's prefix cache. The block store is replayed from the records: the synthetic prompts
+(from the seed), the order of the prompt pieces, and the sessions' ends give every session's cached positions
+and, until the cache evicts, the bytes it holds, exactly; its figures are recomputed; the cache-off pass is
+checked as the level's own sessions are; and the cache-equivalence verdict is recomputed from it."""
+
+from __future__ import annotations
+
+from meshbench.analysis import figures, prefix
+from meshbench.analysis.checks import Checks
+from meshbench.model.prefix import block_keys
+from meshbench.names import RESULTS
+from meshbench.records import serial
+from meshbench.records.model import LevelRecord
+from meshbench.results.typed import NodeBundle
+
+
+def check_prefix(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
+    """A level's prefix records: present exactly when the cache is on, and each recomputed from the rest."""
+    on = b.cfg.engine.prefix_cache
+    for name, value in (("prefix", lv.prefix), ("cache_off", lv.cache_off), ("cache_verdict", lv.cache_verdict)):
+        c.equal(RESULTS, f"{at}.{name} (recorded exactly when engine.prefix_cache is on)", on, value is not None)
+    c.equal(
+        RESULTS,
+        f"{at}.sessions[*].cached_tokens (recorded exactly when engine.prefix_cache is on)",
+        [on] * len(lv.sessions),
+        [s.cached_tokens is not None for s in lv.sessions],
+    )
+    c.equal(
+        RESULTS,
+        f"{at}.tick_records[*].prefix_hit_tokens and kv_bytes_shared (recorded exactly when the cache is on)",
+        [(on, on)] * len(lv.tick_records),
+        [(t.prefix_hit_tokens is not None, t.kv_bytes_shared is not None) for t in lv.tick_records],
+    )
+    if not on or lv.prefix is None or lv.cache_off is None or lv.cache_verdict is None:
+        return
+    recomputed = prefix.stats(lv.sessions, lv.tick_records)
+    c.equal(RESULTS, f"{at}.prefix (recomputed)", serial.to_json(recomputed), serial.to_json(lv.prefix))
+    c.equal(
+        RESULTS,
+        f"{at}: the sessions' cached_tokens sum to the ticks' prefix_hit_tokens",
+        sum(t.prefix_hit_tokens or 0 for t in lv.tick_records),
+        sum(s.cached_tokens or 0 for s in lv.sessions),
+    )
+    _check_replay(c, b, lv, at)
+    _check_cache_off(c, b, lv, at)
+
+
+def _prompts(c: Checks, b: NodeBundle, at: str) -> dict[str, tuple[int, ...]] | None:
+    """Each session's prompt ids (synthetic prompts, drawn from the seed over the model's vocabulary)."""
+    vocab = b.results.engine.model_config.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        c.equal(RESULTS, f"{at}: engine.model_config.vocab_size (the prompts' vocabulary)", "a positive integer", vocab)
+        return None
+    return {r.session_id: r.prompt_tokens for r in b.cfg.workload.requests(vocab)}
+
+
+def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
+    """The block store replayed in the order the prompt pieces were written: each session's first piece takes
+    the longest run of stored blocks its prompt begins with (its last position always computed), a prompt's
+    last piece stores its whole blocks. Until the store holds fewer blocks than the replay (it evicted), its
+    bytes are the replay's; the KV held is the live sessions' own positions plus the store's, throughout."""
+    prompts = _prompts(c, b, at)
+    if prompts is None:
+        return
+    bt, per = b.cfg.engine.block_tokens, b.results.engine.kv_bytes_per_token
+    cached = {(s.session_id): s.cached_tokens or 0 for s in lv.sessions}
+    store: set[bytes] = set()
+    replayed: dict[str, int] = {}
+    live: dict[str, int] = {}  # session -> its shared positions now
+    exact = True
+    for t in lv.tick_records:
+        where = f"{at}.tick_records[{t.tick}]"
+        for sid, start, n in t.prefill_chunks:
+            ids = prompts.get(sid, ())
+            keys = block_keys(ids, bt)
+            if start == 0:
+                limit = n - 1 if start + n == len(ids) else n
+                run = 0
+                while run < len(keys) and (run + 1) * bt <= limit and keys[run] in store:
+                    run += 1
+                replayed[sid] = run * bt if exact else cached.get(sid, 0)
+                live[sid] = replayed[sid]
+            if start + n == len(ids):
+                store.update(keys)
+                live[sid] = len(keys) * bt
+        for sid in (*t.completed, *t.ended):
+            live.pop(sid, None)
+        shared = t.kv_bytes_shared or 0
+        if exact and shared != len(store) * bt * per:
+            exact = shared < len(store) * bt * per  # evicted: from here only the sum below holds
+            c.equal(RESULTS, f"{where}.kv_bytes_shared (the replayed store's, or fewer once it evicts)", True, exact)
+            exact = False
+        if lv.cache_misses == 0:
+            c.equal(
+                RESULTS,
+                f"{where}.kv_bytes (the live sessions' own positions x {per}, plus the store's)",
+                (t.stored_tokens - sum(live.values())) * per + shared,
+                t.kv_bytes,
+            )
+    for s in lv.sessions:
+        if s.session_id in replayed:
+            c.equal(
+                RESULTS,
+                f"{at}.sessions[{s.session_id}].cached_tokens (the replayed store's run of blocks of {bt})",
+                replayed[s.session_id],
+                s.cached_tokens,
+            )
+    if lv.tick_records:
+        last = lv.tick_records[-1]
+        c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (only the cache's left)", last.kv_bytes_shared, last.kv_bytes)
+
+
+def _check_cache_off(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
+    """The cache-off pass: the level's sessions as its own are (lengths, digests, no cached positions), every one
+    completed in both compared, and the verdict recomputed."""
+    off = lv.cache_off or []
+    on = {(s.session_id, s.epoch): s for s in lv.sessions}
+    c.equal(RESULTS, f"{at}.cache_off sessions (the level's)", sorted(on), sorted((s.session_id, s.epoch) for s in off))
+    for j, s in enumerate(off):
+        where = f"{at}.cache_off[{j}]"
+        c.equal(RESULTS, f"{where}.digest (of its tokens)", figures.token_digest(s.tokens), s.digest)
+        c.equal(RESULTS, f"{where}.cached_tokens (none: the cache is off)", None, s.cached_tokens)
+        c.equal(RESULTS, f"{where}.margins (one per token)", len(s.tokens), len(s.margins))
+        mine = on.get((s.session_id, s.epoch))
+        if mine is not None:
+            c.equal(
+                RESULTS,
+                f"{where} prompt and new tokens (the level's session's)",
+                [mine.prompt_tokens, mine.max_new_tokens],
+                [s.prompt_tokens, s.max_new_tokens],
+            )
+    if b.cfg.clock == "tick" and not lv.faults:  # the same schedule: every session ends as it did
+        c.equal(
+            RESULTS,
+            f"{at}.cache_off ends (the level's: the cache changes no decision)",
+            sorted((s.session_id, s.epoch, s.done_reason) for s in lv.sessions),
+            sorted((s.session_id, s.epoch, s.done_reason) for s in off),
+        )
+    near_tie = figures.near_tie(b.results.engine)
+    verdict = prefix.cache_verdict(lv.sessions, off, lv.isolation_verdict.holds, near_tie)
+    c.equal(RESULTS, f"{at}.cache_verdict (recomputed)", serial.to_json(verdict), serial.to_json(lv.cache_verdict))
