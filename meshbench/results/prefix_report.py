@@ -25,7 +25,9 @@ def section(b: NodeBundle) -> list[str]:
         f"Blocks of {e.block_tokens} positions keyed by a chained SHA-256 of their token ids; {sharing}. A hit "
         "is a session whose prompt started from cached blocks; saved = prompt positions taken from the cache, "
         "computed = prompt positions prefilled. Each level ran once more with the cache off: **cache "
-        f"equivalence = {holds}** (every session's tokens equal with the cache on and off).",
+        f"equivalence = {holds}** (every session's tokens equal with the cache on and off; a difference is a leak "
+        "where isolation fails, engine numerics at a near-tie, else corruption, and either of those two leaves "
+        "corruption_free false).",
         "",
         "| level | hits | misses | prefill computed | saved | peak shared KV (bytes) | cache equivalence |",
         "|---|---|---|---|---|---|---|",
@@ -42,6 +44,15 @@ def section(b: NodeBundle) -> list[str]:
             f"| {lv.concurrency} | {p.hits} | {p.misses} | {p.computed_tokens} | {p.saved_tokens} | "
             f"{p.peak_shared_kv_bytes} | {verdict} |"
         )
+    if wl.prefix_groups:
+        lines += [
+            "",
+            "Isolation under sharing: the perturbation passes treat each group's prefix as one unit, replaced by "
+            "the same new tokens for every sharer (the sharing, and so the cache's hits, stay as they were), and "
+            "each session's own tokens as another; a session may change only when its own tokens or its group's "
+            "prefix did. Each kind of unit has its own separating family, so a pass that tests a unit never "
+            "perturbs what the session it tests may depend on; the escape bound counts those passes.",
+        ]
     for lv in levels:
         for d in lv.cache_verdict.divergences[:8] if lv.cache_verdict else []:
             lines.append(
