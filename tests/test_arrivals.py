@@ -280,7 +280,7 @@ class SlowEngine:
 
 def test_the_wall_clock_submits_on_arrival_and_sleeps_while_idle():
     from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
-    from meshbench.workload.config import Workload
+    from meshbench.workload.workload import Workload
 
     clock = FakeClock()
     wl = Workload((4, 4), (8, 8), 0, "trace:0,50")  # on the wall clock a trace is in ms

@@ -15,7 +15,7 @@ from meshbench.records.model import LevelRecord
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.verify import bundle as verify
-from meshbench.workload.config import Workload
+from meshbench.workload.workload import Workload
 
 
 def _sweep(levels=(1, 2, 4, 8), factory=None, workload=None, rounds=4):

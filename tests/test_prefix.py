@@ -16,7 +16,7 @@ from meshbench.model.kv import HotKvStateManager
 from meshbench.model.prefix import ROOT, PrefixBlocks, block_keys, chained_key
 from meshbench.sweep.levels import run_concurrency_sweep
 from meshbench.sweep.plan import SweepPlan
-from meshbench.workload.config import Workload
+from meshbench.workload.workload import Workload
 from tests.factories import budget, weights
 
 BT = 16

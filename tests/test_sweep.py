@@ -6,7 +6,7 @@ from meshbench.analysis.figures import saturation_level, summarize_ticks, token_
 from meshbench.engine.base import StepResult, separate_step
 from meshbench.records import serial
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
-from meshbench.workload.config import Workload
+from meshbench.workload.workload import Workload
 
 
 def _sweep(levels=(1, 2, 4, 8), workload=None, engine_factory=None):

@@ -15,7 +15,8 @@ from meshbench.errors import MeshbenchError
 from meshbench.sweep.driver import NodeDriver
 from meshbench.sweep.run import node
 from meshbench.workload import arrivals, prompts
-from meshbench.workload.config import RunConfig, Workload
+from meshbench.workload.config import RunConfig
+from meshbench.workload.workload import Workload
 
 
 def run(cfg: RunConfig, burst: int | None = None) -> dict:

@@ -27,7 +27,7 @@ from meshbench.sweep.level_record import concurrency_sweep, level_record
 from meshbench.sweep.passes import Pass, run_pass, run_pass_wall
 from meshbench.sweep.plan import SweepPlan, arrival_times, isolation_skipped, level_budget, level_orders, plan_levels
 from meshbench.sweep.prove import isolation_record
-from meshbench.workload.config import Workload
+from meshbench.workload.workload import Workload
 
 
 def run_concurrency_sweep(

@@ -13,8 +13,9 @@ from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.workload import arrivals as arrivals_mod
 from meshbench.workload.arrivals import Arrivals
-from meshbench.workload.config import RunConfig, Workload
+from meshbench.workload.config import RunConfig
 from meshbench.workload.faults import Fault
+from meshbench.workload.workload import Workload
 
 
 def level_budget(base: NodeBudget, concurrency: int, sessions: int, all_at_once: bool = True) -> NodeBudget:

@@ -11,17 +11,15 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
 from meshbench import validation
 from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.engine.spec_rules import ENDPOINT_KIND, GGUF_KIND, SYNTHETIC, TOKENIZED
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
-from meshbench.scheduler.session import GenerationRequest
 from meshbench.workload import arrivals, faults
 from meshbench.workload.faults import Fault
+from meshbench.workload.workload import Workload, WorkloadSection
 from meshbench.workload.yaml_config import merge, read_yaml
 
 # The DGR-012 run's budgets: sized so KV never evicts (the corruption check is then unambiguous).
@@ -35,134 +33,6 @@ DGR_012_BUDGET = NodeBudget(
     max_prefill_tokens_per_tick=4,
 )
 DGR_012_NAME = {"story": "DGR-012", "title": "Continuous batching and bounded admission"}
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """One prompt length and one new-token count per session; prompt ids drawn from ``seed``."""
-
-    prompt_tokens: tuple[int, ...]
-    new_tokens: tuple[int, ...]
-    seed: int = 0
-    arrivals: str = "all-at-once"  # meshbench.workload.arrivals.parse reads it
-    prompts: str | None = None  # a file of real prompts, tokenized by the model (meshbench.workload.prompts)
-    prompt_ids: tuple[tuple[int, ...], ...] | None = None  # their token ids, once tokenized
-    eos: str = "continue"  # stop | ban | continue: what an end-of-generation token does (EOS_POLICIES)
-    # shared prefixes: groups of consecutive sessions whose prompts start with the same prefix_tokens ids (counted)
-    prefix_groups: tuple[int, ...] = ()
-    prefix_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.prompt_tokens:
-            raise MeshbenchError("workload: at least one session is needed")
-        if len(self.prompt_tokens) != len(self.new_tokens):
-            raise MeshbenchError(
-                f"workload: {len(self.prompt_tokens)} prompt lengths but {len(self.new_tokens)} new-token counts"
-            )
-        for name, values in (("prompt_tokens", self.prompt_tokens), ("new_tokens", self.new_tokens)):
-            bad = [v for v in values if v < 1]
-            if bad:
-                raise MeshbenchError(f"workload: {name} must be >= 1 for every session, got {bad[0]}")
-        if self.prefix_groups and sum(self.prefix_groups) != self.sessions:
-            raise MeshbenchError(
-                f"workload.prefix.groups: {len(self.prefix_groups)} groups hold {sum(self.prefix_groups)} sessions, "
-                f"the workload has {self.sessions}"
-            )
-        if self.prefix_groups and min(self.prompt_tokens) <= self.prefix_tokens:
-            raise MeshbenchError("workload.prefix: every session needs prompt tokens of its own after the prefix")
-
-    @classmethod
-    def uniform(cls, sessions: int, prompt_tokens: int, new_tokens: int, seed: int = 0) -> "Workload":
-        return cls((prompt_tokens,) * sessions, (new_tokens,) * sessions, seed)
-
-    @property
-    def sessions(self) -> int:
-        return len(self.prompt_tokens)
-
-    @property
-    def longest(self) -> int:
-        """Positions the longest session needs: prompt plus every new token."""
-        return max(p + n for p, n in zip(self.prompt_tokens, self.new_tokens))
-
-    def session_ids(self) -> list[str]:
-        width = len(str(self.sessions - 1))
-        return [f"s{i:0{width}d}" for i in range(self.sessions)]
-
-    def groups(self) -> list[list[str]]:
-        """The sessions of each prefix group, in order (none without shared prefixes)."""
-        ids, out, at = self.session_ids(), [], 0
-        for n in self.prefix_groups:
-            out.append(ids[at : at + n])
-            at += n
-        return out
-
-    def prefixes(self, vocab_size: int) -> list[tuple[int, ...]]:
-        """Each group's prefix ids, from their own stream of the seed (own ids are drawn as without a prefix)."""
-        rng = np.random.default_rng([self.seed, 0x9E])
-        return [tuple(int(t) for t in rng.integers(0, vocab_size, self.prefix_tokens)) for _ in self.prefix_groups]
-
-    def requests(self, vocab_size: int, eog: frozenset[int] = frozenset()) -> list[GenerationRequest]:
-        """One request per session; with ``eos: stop`` each ends at any of the model's ``eog`` tokens."""
-        stop = eog if self.eos == "stop" else frozenset()
-        if self.prompt_ids is not None:  # real prompts: their ids, as the model's tokenizer gave them
-            return [
-                GenerationRequest(sid, ids, n, stop)
-                for sid, ids, n in zip(self.session_ids(), self.prompt_ids, self.new_tokens)
-            ]
-        rng = np.random.default_rng(self.seed)
-        heads = [p for p, group in zip(self.prefixes(vocab_size), self.groups()) for _ in group]
-        heads = heads or [()] * self.sessions
-        return [
-            GenerationRequest(sid, head + tuple(int(t) for t in rng.integers(0, vocab_size, p - len(head))), n, stop)
-            for sid, head, p, n in zip(self.session_ids(), heads, self.prompt_tokens, self.new_tokens)
-        ]
-
-    def to_dict(self) -> dict:
-        own = [p - self.prefix_tokens for p in self.prompt_tokens]
-        prefix = {"prefix": {"groups": list(self.prefix_groups), "tokens": self.prefix_tokens}}
-        return {
-            "sessions": self.sessions,
-            "prompt_tokens": own,
-            "new_tokens": list(self.new_tokens),
-            "seed": self.seed,
-            "arrivals": self.arrivals,
-            "prompts": self.prompts,
-            "eos": self.eos,
-            **(prefix if self.prefix_groups else {}),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadSection:
-    """The config's ``workload`` section as written, with the DGR-012 run's defaults (8 sessions, 4-token prompts,
-    8 new tokens); a length is one for every session or a list of one per session."""
-
-    sessions: int = 8
-    prompt_tokens: int | tuple[int, ...] = 4
-    new_tokens: int | tuple[int, ...] = 8
-    seed: int = 0
-    arrivals: str = "all-at-once"  # meshbench.workload.arrivals.parse reads it
-    prompts: str | None = None  # a file of real prompts (meshbench.workload.prompts)
-    eos: str | None = None  # null: stop for real prompts, continue for synthetic ones (the seed's behaviour)
-    prefix: dict | None = None  # {groups: [sizes], tokens: n}: shared prefixes; prompt_tokens are then each own
-
-    def build(self, source: str) -> Workload:
-        # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
-        eos = self.eos or ("stop" if self.prompts is not None else "continue")
-        n = self.sessions
-        groups, shared = (tuple(self.prefix["groups"]), self.prefix["tokens"]) if self.prefix else ((), 0)
-        if groups and self.prompts is not None:
-            raise MeshbenchError(f"{source}: workload.prefix draws synthetic prompts; workload.prompts are real ones")
-        return Workload(
-            tuple(shared + p for p in _per_session(self.prompt_tokens, n, "prompt_tokens", source)),
-            _per_session(self.new_tokens, n, "new_tokens", source),
-            self.seed,
-            self.arrivals,
-            self.prompts,
-            eos=eos,
-            prefix_groups=groups,
-            prefix_tokens=shared,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,14 +177,6 @@ def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:
             "a level above the session count measures nothing new)"
         )
     return sorted(levels)
-
-
-def _per_session(value, n: int, name: str, source: str) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,) * n
-    if len(value) != n:
-        raise MeshbenchError(f"{source}: workload.{name} has {len(value)} entries for {n} sessions")
-    return tuple(value)
 
 
 def load(path: str | Path | None = None, overrides: dict | None = None) -> RunConfig:
