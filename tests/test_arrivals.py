@@ -204,7 +204,9 @@ def test_verify_catches_a_tampered_admission_record_and_rejection_count(rate_bun
         e["decision"] = "QUEUED"
 
     r = _tampered(rate_bundle, tmp_path, admit_a_rejected)
-    assert r.exit_code == 1 and "levels[5].sessions (= the accepted arrivals and resubmissions)" in r.stdout, r.stdout
+    assert (
+        r.exit_code == 1 and "levels[5].sessions (= the accepted arrivals, resubmissions and later turns)" in r.stdout
+    ), r.stdout
 
     def fewer_rejections(d):
         d["levels"][-1]["rejected_admissions"] -= 1

@@ -270,3 +270,66 @@ def test_without_a_cache_nothing_is_recorded_of_one():
     assert lv.prefix is None and lv.cache_off is None and lv.cache_verdict is None and lv.isolation.groups is None
     assert all(s.cached_tokens is None for s in lv.sessions)
     assert all(t.prefix_hit_tokens is None and t.kv_bytes_shared is None for t in lv.tick_records)
+
+
+# --- conversations ------------------------------------------------------------------------------------------
+def _conversations(prompt: int = 24, new: int = 16) -> Workload:
+    return Workload((prompt,) * 6, (new,) * 6, seed=5, turns=3, turn_tokens=8)
+
+
+def test_a_conversation_is_the_whole_context_so_far_and_reuses_its_blocks():
+    sweep = _sweep(_clean, _conversations(), levels=(1, 3))
+    for lv in sweep.levels:
+        assert sorted((s.session_id, s.epoch) for s in lv.sessions) == [
+            (f"s{i}", e) for i in range(6) for e in (1, 2, 3)
+        ]
+        by = {(s.session_id, s.epoch): s for s in lv.sessions}
+        for (sid, e), s in by.items():
+            if e > 1:  # the last turn's prompt, its answer, 8 user ids
+                assert s.prompt_tokens == by[sid, e - 1].prompt_tokens + 16 + 8
+                # the last turn left (24 + 15) // 16 = 2 whole blocks, then (48 + 15) // 16 = 3
+                assert s.cached_tokens == {2: 32, 3: 48}[e]
+        assert lv.isolation_verdict.holds and lv.cache_verdict.holds and lv.cache_verdict.later_turns == 12
+        assert lv.prefix.conversation_misses == 0
+        assert [e.session_id for e in lv.turn_events] and all(e.epoch in (2, 3) for e in lv.turn_events)
+
+
+class _OtherConversation(HotKvStateManager):
+    """A later turn given the KV of the conversation released last instead of its own earlier turns'."""
+
+    def release(self, session_id, epoch=None):
+        mine = [c for k, c in self._entries.items() if k[0] == session_id]
+        freed = super().release(session_id, epoch)
+        for c in mine:
+            self.donor = (session_id, list(c.blocks))
+        return freed
+
+    def attach(self, session_id, epoch, tokens, limit):
+        n = super().attach(session_id, epoch, tokens, limit)
+        donor = getattr(self, "donor", None)
+        if epoch > 1 and donor is not None and donor[0] != session_id:
+            cache, bt = self._entries[(session_id, epoch)], self.prefix.block_tokens
+            for i, b in enumerate(donor[1][: n // bt]):
+                cache.k[:, i * bt : (i + 1) * bt], cache.v[:, i * bt : (i + 1) * bt] = b.k, b.v
+        return n
+
+
+def _handing_over(limits: EngineLimits) -> SyntheticEngine:
+    e = _clean(limits)
+    if limits.prefix_block_tokens:
+        cfg = e.cfg
+        e.kv = _OtherConversation(
+            cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, limits.kv_bytes, PrefixBlocks(BT)
+        )
+    return e
+
+
+def test_a_turn_given_another_conversations_kv_fails_and_names_both():
+    sweep = _sweep(_handing_over, _conversations(), levels=(1, 3))
+    for lv in sweep.levels:
+        assert lv.isolation_verdict.holds is False
+        assert lv.cache_verdict is not None and not lv.cache_verdict.holds
+        assert lv.cache_verdict.classification == "leak"
+        assert all(d.epoch > 1 for d in lv.cache_verdict.divergences)
+    leaks = _leaks(sweep)
+    assert leaks and all(v != j and j.startswith("s") for v, j in leaks), leaks

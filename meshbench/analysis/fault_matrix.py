@@ -186,7 +186,8 @@ def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[str, list[in
 def _accounting(c: Checks, lv: LevelRecord, at: str) -> None:
     ends = Counter(s.done_reason for s in lv.sessions)
     resubmissions = [r for loss in lv.engine_losses for r in loss.resubmitted]
-    refused = sum(e.decision not in ACCEPTED for e in lv.submit_events) + sum(
+    turns = lv.turn_events or []  # a conversation's later turns, offered like arrivals
+    refused = sum(e.decision not in ACCEPTED for e in [*lv.submit_events, *turns]) + sum(
         r.decision not in ACCEPTED for r in resubmissions
     )
     raw = {
@@ -203,6 +204,6 @@ def _accounting(c: Checks, lv: LevelRecord, at: str) -> None:
     for loss in lv.engine_losses:  # a restart that failed left no engine to resubmit to
         again = [r.session_id for r in loss.resubmitted] if loss.restart_error is not None else []
         _equal(c, at, "accounting", f"engine loss at tick {loss.tick}: a failed restart resubmitted nothing", [], again)
-    offered = len(lv.submit_events) + len(resubmissions)
+    offered = len(lv.submit_events) + len(resubmissions) + len(turns)
     closed = raw["completed"] + raw["cancelled"] + raw["failed"] + raw["cache_misses"] + refused
     _equal(c, at, "accounting", "offered (arrivals + resubmissions) = every end + every refusal", offered, closed)

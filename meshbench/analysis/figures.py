@@ -132,8 +132,9 @@ def first_divergence(reference: Served, other: Served) -> FirstDivergence | None
     the reference is not compared here (verify checks that every level holds the same ids).
     """
     ref = {s.session_id: s for s in reference.sessions}
+    turns = {(s.session_id, s.epoch): s for s in reference.sessions}  # a conversation's turns, by epoch
     for s in other.sessions:
-        r = ref.get(s.session_id)
+        r = turns.get((s.session_id, s.epoch)) or ref.get(s.session_id)
         if r is None:
             continue
         for i, (a, b) in enumerate(zip(r.tokens, s.tokens)):

@@ -150,10 +150,13 @@ def requests_for(
         head, own = r.prompt_tokens[:shared], r.prompt_tokens[shared:]
         if r.session_id in heads:
             head = perturb(head, vocab_size, seed, 1_000_000 + heads[r.session_id], pass_no)
+        turns = r.turns
         if r.session_id in perturbed:
             own = perturb(own, vocab_size, seed, k, pass_no)
+            # a conversation's content is every turn's: each later turn's user ids are replaced too
+            turns = tuple(perturb(t, vocab_size, seed, k + 1_000 * (j + 1), pass_no) for j, t in enumerate(turns))
         if r.session_id in heads or r.session_id in perturbed:
-            r = dataclasses.replace(r, prompt_tokens=head + own)
+            r = dataclasses.replace(r, prompt_tokens=head + own, turns=turns)
             if r.session_id in baseline:  # (one the level refused is refused again: same lengths, same queue)
                 r = dataclasses.replace(r, end_at=max(len(baseline[r.session_id].tokens), 1))
         out.append(r)
@@ -183,12 +186,19 @@ def pass_record(
 ) -> IsolationPass:
     """One perturbation pass as results.json holds it: whom it perturbed, its schedule's digest, and each
     session's token and margin digests."""
+    turns = any(s.epoch > 1 for s in sessions)  # a conversation's turns are told apart by their epochs
     return IsolationPass(
         perturbed=list(perturbed),
         confirm=confirm,
         schedule_digest=digest(schedule_view(ticks)),
         sessions=[
-            PassSession(session_id=s.session_id, digest=s.digest, margins_digest=digest(s.margins)) for s in sessions
+            PassSession(
+                session_id=s.session_id,
+                digest=s.digest,
+                margins_digest=digest(s.margins),
+                epoch=s.epoch if turns else None,
+            )
+            for s in sessions
         ],
     )
 
@@ -196,12 +206,14 @@ def pass_record(
 def changed(sessions: Sequence[SessionRecord], p: IsolationPass, groups: Groups | None = None) -> list[str]:
     """Sessions the pass may not change (``allowed``) whose tokens or margins differ from the level's
     ``sessions``."""
-    base = {s.session_id: (s.digest, digest(s.margins)) for s in sessions}
+    base = {(s.session_id, s.epoch): (s.digest, digest(s.margins)) for s in sessions}
     free = allowed(p.perturbed, groups)
     return sorted(
-        s.session_id
-        for s in p.sessions
-        if s.session_id not in free and base.get(s.session_id) != (s.digest, s.margins_digest)
+        {
+            s.session_id
+            for s in p.sessions
+            if s.session_id not in free and base.get((s.session_id, s.epoch or 1)) != (s.digest, s.margins_digest)
+        }
     )
 
 

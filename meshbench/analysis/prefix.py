@@ -17,9 +17,10 @@ UNCLASSIFIED = "unclassified"  # isolation did not run at the level: nothing tel
 HARMLESS = (None, NUMERICS)  # the classes that leave a sweep corruption-free
 
 
-def stats(sessions: Sequence[SessionRecord], ticks: Sequence[Tick]) -> PrefixStats:
+def stats(sessions: Sequence[SessionRecord], ticks: Sequence[Tick], block_tokens: int) -> PrefixStats:
     """The level's figures from its records: a session that reached its first token is a hit when it took
-    cached positions, else a miss; positions saved and computed are summed over the ticks' prompt chunks."""
+    cached positions, else a miss; positions saved and computed are summed over the ticks' prompt chunks; a
+    conversation's later turn that took fewer than its last turn's whole blocks is a conversation miss."""
     prefilled = [s for s in sessions if s.tokens]
     saved = sum(t.prefix_hit_tokens or 0 for t in ticks)
     return PrefixStats(
@@ -28,7 +29,25 @@ def stats(sessions: Sequence[SessionRecord], ticks: Sequence[Tick]) -> PrefixSta
         saved_tokens=saved,
         computed_tokens=sum(t.prefill_tokens for t in ticks) - saved,
         peak_shared_kv_bytes=max((t.kv_bytes_shared or 0 for t in ticks), default=0),
+        conversation_misses=conversation_misses(sessions, block_tokens),
     )
+
+
+def conversation_misses(sessions: Sequence[SessionRecord], block_tokens: int) -> int | None:
+    """Later turns whose cached positions fall short of the whole blocks their last turn left (its prompt and the
+    answer it was fed: the last token never was), as far as their own prompt allows (its last position is
+    computed). None without conversations."""
+    by_key = {(s.session_id, s.epoch): s for s in sessions}
+    later = [s for s in sessions if s.epoch > 1 and (s.session_id, s.epoch - 1) in by_key]
+    if not later:
+        return None
+    misses = 0
+    for s in later:
+        last = by_key[s.session_id, s.epoch - 1]
+        held = last.prompt_tokens + max(len(last.tokens) - 1, 0)
+        want = min(held // block_tokens, (s.prompt_tokens - 1) // block_tokens) * block_tokens
+        misses += (s.cached_tokens or 0) < want
+    return misses
 
 
 def _at(values: Sequence[T], i: int) -> T | None:
@@ -42,6 +61,7 @@ def divergence(on: SessionRecord, off: SessionRecord) -> CacheDivergence | None:
     i = next((k for k, (a, b) in enumerate(zip(on.tokens, off.tokens)) if a != b), min(len(on.tokens), len(off.tokens)))
     return CacheDivergence(
         session_id=on.session_id,
+        epoch=on.epoch,
         index=i,
         token_on=_at(on.tokens, i),
         token_off=_at(off.tokens, i),
@@ -67,11 +87,13 @@ def cache_verdict(
         if s.done_reason == "COMPLETED" and (s.session_id, s.epoch) in off
     ]
     found = [d for d in (divergence(a, b) for a, b in pairs) if d is not None]
+    later = [a for a, _ in pairs if a.epoch > 1]
     return CacheVerdict(
         holds=not found,
         compared=len(pairs),
         divergences=found,
         classification=None if not found else _classify(found, isolation_holds, near_tie),
+        later_turns=len(later) if any(s.epoch > 1 for s in sessions) else None,
     )
 
 

@@ -56,6 +56,27 @@ RUN = (
         paths=("workload.prefix.tokens",),
     ),
     Option(
+        "turns",
+        Optional[int],
+        typer.Option(
+            "--turns",
+            rich_help_panel="Workload",
+            min=1,
+            max=64,
+            help="Conversations: turns per session; each later turn's prompt is the whole conversation so far "
+            "and --turn-tokens new user ids.",
+        ),
+        paths=("workload.turns",),
+    ),
+    Option(
+        "turn_tokens",
+        Optional[int],
+        typer.Option(
+            "--turn-tokens", rich_help_panel="Workload", min=1, max=65536, help="New user ids in each later turn."
+        ),
+        paths=("workload.turn_tokens",),
+    ),
+    Option(
         "new_tokens",
         Optional[str],
         typer.Option("--new-tokens", rich_help_panel="Workload", help="New tokens: one number, or one per session."),

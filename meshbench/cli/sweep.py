@@ -42,6 +42,8 @@ SWEEP_OPTIONS = (
     "prompt_tokens",
     "prefix_groups",
     "prefix_tokens",
+    "turns",
+    "turn_tokens",
     "prompts",
     "new_tokens",
     "max_prefill_tokens_per_tick",
@@ -151,7 +153,13 @@ def _print_sweep(b: NodeBundle) -> None:
             f"prefix cache: cache_equivalence={all(lv.cache_verdict.holds for lv in shared if lv.cache_verdict)} "
             f"hits={sum(lv.prefix.hits for lv in shared if lv.prefix)} "
             f"prefill_saved={sum(lv.prefix.saved_tokens for lv in shared if lv.prefix)} "
-            f"prefill_computed={sum(lv.prefix.computed_tokens for lv in shared if lv.prefix)} (all levels)"
+            f"prefill_computed={sum(lv.prefix.computed_tokens for lv in shared if lv.prefix)}"
+            + (
+                f" conversation_misses={sum(lv.prefix.conversation_misses or 0 for lv in shared if lv.prefix)}"
+                if any(lv.prefix and lv.prefix.conversation_misses is not None for lv in shared)
+                else ""
+            )
+            + " (all levels)"
         )
     if r.first_divergence:
         out.print(f"first divergence: {serial.to_json(r.first_divergence)}")

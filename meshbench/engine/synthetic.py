@@ -164,6 +164,7 @@ class SyntheticEngine:
             )  # (B, vocab)
             for it in live:
                 self.kv.commit(it.session_id, it.epoch, 1)
+                self.kv.written(it.session_id, it.epoch, [it.token])  # the ids its blocks are keyed by
         return batch_results(items, live, rows)
 
     def release(self, session_id: str) -> None:

@@ -236,10 +236,13 @@ class HotKvStateManager:
             self._counters.peak_bytes = max(self._counters.peak_bytes, total)
 
     def release(self, session_id: str, epoch: int | None = None) -> int:
-        """Free a session's cache now (every epoch when ``epoch`` is None); its shared blocks stay cached.
+        """Free a session's cache now (every epoch when ``epoch`` is None). With a prefix store, its whole blocks
+        (prompt and answer: a conversation's next turn starts with them) are shared first and stay cached.
         Returns the bytes of its own positions freed."""
         with self._lock:
             keys = [k for k in self._entries if k[0] == session_id and (epoch is None or k[1] == epoch)]
+            for k in keys:
+                self.publish(*k)
             freed = sum(self._entries[k].length - self._entries[k].shared for k in keys) * self.bytes_per_token
             for k in keys:
                 self._drop(k)

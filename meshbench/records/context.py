@@ -85,6 +85,8 @@ class Workload:
     prompts: str | None
     eos: str
     prefix: SharedPrefix | None = None  # shared prefixes: prompt_tokens are then each session's own, after it
+    turns: int | None = None  # conversations: turns per session (written when more than one)
+    turn_tokens: int | None = None  # the user's ids each later turn adds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

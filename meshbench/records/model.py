@@ -141,6 +141,7 @@ class PassSession:
     session_id: str
     digest: str
     margins_digest: str
+    epoch: int | None = None  # conversations: the turn (written where a session has more than one)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,6 +286,7 @@ class LevelRecord:
     wall: dict[str, Summary]
     isolation: IsolationRecords
     isolation_verdict: IsolationVerdict
+    turn_events: list[SubmitEvent] | None = None  # conversations: one per later turn submitted, in order
     # with a prefix cache: what it did, the level's sessions run once more with it off, and the verdict
     prefix: PrefixStats | None = None
     cache_off: list[SessionRecord] | None = None

@@ -16,6 +16,9 @@ class PrefixStats:
     saved_tokens: int  # prompt positions taken from the cache instead of computed
     computed_tokens: int  # prompt positions computed
     peak_shared_kv_bytes: int  # the cache's blocks at their most, referenced or not
+    # conversations: later turns that found fewer of their earlier turns' whole blocks than those held (evicted
+    # between turns: the context prefilled again)
+    conversation_misses: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,6 +26,7 @@ class CacheDivergence:
     """A session whose tokens differ with the cache on and off: where they first do, and the margins there."""
 
     session_id: str
+    epoch: int  # a conversation's turn (1 otherwise)
     index: int  # the first token that differs
     token_on: int | None  # None: the cache-on session has no token there
     token_off: int | None
@@ -37,6 +41,7 @@ class CacheVerdict:
     prefilled in another batch shape than the whole) where isolation holds, else a leak."""
 
     holds: bool
-    compared: int  # sessions that completed in both passes
+    compared: int  # sessions (a conversation: each turn) that completed in both passes
     divergences: list[CacheDivergence]
-    classification: str | None  # None when it holds; "engine numerics" or "leak"
+    classification: str | None  # None when it holds; "engine numerics", "corruption", "leak" or "unclassified"
+    later_turns: int | None = None  # conversations: of those compared, later turns (the conversation-equivalence part)

@@ -21,6 +21,7 @@ DETERMINISTIC_LEVEL_FIELDS = (
     "fault_events",
     "engine_losses",
     "submit_events",
+    "turn_events",
     "backpressure",
     "isolation",
     "isolation_verdict",
@@ -96,6 +97,7 @@ CLASSES: dict[str, str] = {
     "levels[].repetitions[].wall_s": WALL,
     "levels[].repetitions[].wall": RECOMPUTED,
     "levels[].wall": RECOMPUTED,
+    "levels[].turn_events": RERUN,
     "levels[].prefix": RECOMPUTED,  # from the sessions' cached positions and the ticks
     "levels[].cache_off": RERUN,  # the level run once more with the prefix cache off
     "levels[].cache_off[].digest": RECOMPUTED,

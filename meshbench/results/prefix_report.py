@@ -3,6 +3,7 @@ session's tokens equal with the cache on and off), with the first divergence whe
 
 from __future__ import annotations
 
+from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
 
 
@@ -16,8 +17,11 @@ def section(b: NodeBundle) -> list[str]:
         f"{len(wl.prefix_groups)} groups of {', '.join(map(str, wl.prefix_groups))} sessions sharing a "
         f"{wl.prefix_tokens}-token prefix"
         if wl.prefix_groups
+        else "no prefix shared between sessions: a conversation's later turns hit its own earlier turns' blocks"
+        if wl.turns > 1
         else "no shared prefix in the workload (only repeated blocks can hit)"
     )
+    talks = wl.turns > 1
     holds = all(lv.cache_verdict.holds for lv in levels if lv.cache_verdict)
     lines = [
         "## Prefix cache",
@@ -29,8 +33,9 @@ def section(b: NodeBundle) -> list[str]:
         "where isolation fails, engine numerics at a near-tie, else corruption, and either of those two leaves "
         "corruption_free false).",
         "",
-        "| level | hits | misses | prefill computed | saved | peak shared KV (bytes) | cache equivalence |",
-        "|---|---|---|---|---|---|---|",
+        "| level | hits | misses | prefill computed | saved | peak shared KV (bytes) | cache equivalence |"
+        + (" conversation misses |" if talks else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if talks else ""),
     ]
     for lv in levels:
         p, v = lv.prefix, lv.cache_verdict
@@ -42,21 +47,47 @@ def section(b: NodeBundle) -> list[str]:
         )
         lines.append(
             f"| {lv.concurrency} | {p.hits} | {p.misses} | {p.computed_tokens} | {p.saved_tokens} | "
-            f"{p.peak_shared_kv_bytes} | {verdict} |"
+            f"{p.peak_shared_kv_bytes} | {verdict} |" + (f" {p.conversation_misses} |" if talks else "")
         )
-    if wl.prefix_groups:
-        lines += [
-            "",
-            "Isolation under sharing: the perturbation passes treat each group's prefix as one unit, replaced by "
-            "the same new tokens for every sharer (the sharing, and so the cache's hits, stay as they were), and "
-            "each session's own tokens as another; a session may change only when its own tokens or its group's "
-            "prefix did. Each kind of unit has its own separating family, so a pass that tests a unit never "
-            "perturbs what the session it tests may depend on; the escape bound counts those passes.",
-        ]
+    lines += _sharing(b) + _conversations(b, levels, holds)
     for lv in levels:
         for d in lv.cache_verdict.divergences[:8] if lv.cache_verdict else []:
             lines.append(
-                f"- level {lv.concurrency}, session {d.session_id}: token {d.index} is {d.token_on} with the cache "
-                f"and {d.token_off} without (margins {d.margin_on} and {d.margin_off})"
+                f"- level {lv.concurrency}, session {d.session_id} (turn {d.epoch}): token {d.index} is {d.token_on} "
+                f"with the cache and {d.token_off} without (margins {d.margin_on} and {d.margin_off})"
             )
     return [*lines, ""]
+
+
+def _sharing(b: NodeBundle) -> list[str]:
+    """How isolation is proven where sessions share a prefix."""
+    if not b.cfg.workload.prefix_groups:
+        return []
+    return [
+        "",
+        "Isolation under sharing: the perturbation passes treat each group's prefix as one unit, replaced by "
+        "the same new tokens for every sharer (the sharing, and so the cache's hits, stay as they were), and "
+        "each session's own tokens as another; a session may change only when its own tokens or its group's "
+        "prefix did. Each kind of unit has its own separating family, so a pass that tests a unit never "
+        "perturbs what the session it tests may depend on; the escape bound counts those passes.",
+    ]
+
+
+def _conversations(b: NodeBundle, levels: list[LevelRecord], holds: bool) -> list[str]:
+    """What the cache did for conversations, and conversation equivalence."""
+    wl = b.cfg.workload
+    if wl.turns <= 1:
+        return []
+    later = sum(lv.cache_verdict.later_turns or 0 for lv in levels if lv.cache_verdict)
+    missed = sum(lv.prefix.conversation_misses or 0 for lv in levels if lv.prefix)
+    return [
+        "",
+        f"Conversations: {wl.turns} turns per session, each later turn's prompt the whole conversation so far "
+        f"and {wl.turn_tokens} new user ids. A session's whole blocks (prompt and answer) stay cached when a "
+        "turn ends, so its next turn starts from them; where they were evicted meanwhile, the context is "
+        f"prefilled again (a conversation miss: {missed} over all levels). **Conversation equivalence**: the "
+        f"{later} later turns compared (all levels) give the tokens of a cold prefill of the whole context "
+        "(the cache-off pass)" + (" at every level." if holds else "; see the divergences below."),
+        "",
+        "The isolation passes perturb a session's content in every turn (its prompt and its user ids).",
+    ]

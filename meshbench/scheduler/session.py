@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from meshbench.errors import MeshbenchError
 
@@ -15,6 +17,7 @@ class GenerationRequest:
     max_new_tokens: int
     stop_tokens: frozenset[int] = frozenset()  # eos: stop: the session ends after generating one of these
     end_at: int | None = None  # ends after exactly this many tokens, stop tokens or not (isolation passes)
+    turns: tuple[tuple[int, ...], ...] = ()  # a conversation: the user's ids of each later turn
 
     def __post_init__(self) -> None:
         if not self.session_id:
@@ -28,6 +31,24 @@ class GenerationRequest:
     def total_tokens(self) -> int:
         """Prompt plus every new token: what the session must be able to hold."""
         return len(self.prompt_tokens) + self.max_new_tokens
+
+    def next_turn(self, answer: Sequence[int]) -> "GenerationRequest | None":
+        """A conversation's next request: the whole conversation so far (this prompt, its answer) and the user's
+        next ids; None after the last turn."""
+        if not self.turns:
+            return None
+        prompt = self.prompt_tokens + tuple(answer) + self.turns[0]
+        return dataclasses.replace(self, prompt_tokens=prompt, turns=self.turns[1:])
+
+    @property
+    def later_tokens(self) -> int:
+        """At most the positions the later turns prefill and generate: each turn's prompt is the one before,
+        its answer and the user's ids."""
+        out, prompt = 0, len(self.prompt_tokens)
+        for ids in self.turns:
+            prompt += self.max_new_tokens + len(ids)
+            out += prompt + self.max_new_tokens
+        return out
 
 
 class SessionStatus(str, enum.Enum):

@@ -82,6 +82,7 @@ class NodeDriver:
         on_submit: OnSubmit | None = None,
         before_tick: Callable[[int], None] | None = None,
         wall: WallClock | None = None,
+        on_turn: OnSubmit | None = None,
     ) -> list[TickRecord]:
         """Tick until no session waits, runs or is still to arrive; ``on_tick`` sees every tick's record.
 
@@ -89,7 +90,9 @@ class NodeDriver:
         before which the request is submitted (in the given order; a tick with nothing live still runs
         while arrivals remain: the node idles); on the ``wall`` clock, seconds, a request submitted once
         its time has passed (checked before each tick; ticks run only with live sessions). ``on_submit``
-        sees each decision; ``before_tick`` sees the tick's number (a fault plan acts there) before it runs.
+        sees each decision; ``before_tick`` sees the tick's number (a fault plan acts there) before it runs. A
+        conversation's next turn is submitted as soon as its last one completed, before the next tick
+        (``on_turn`` sees each decision).
         Bounded: admission only accepts sessions that fit a slot and a free slot always goes to the queue,
         so every tick with live sessions prefills or decodes at least one token (asserted); the last arrival
         plus the pending tokens bound the ticks. Running past the bound (``max_ticks``, or sessions submitted
@@ -117,10 +120,20 @@ class NodeDriver:
                 self._check_bound(tick, bound)
             if before_tick is not None:
                 before_tick(tick)
-            self._progressing_tick(on_tick)
+            self._next_turns(self._progressing_tick(on_tick), tick + 1, on_turn)
         return self.sched.ticks()[start:]
 
-    def _progressing_tick(self, on_tick: Callable[[TickRecord], None] | None) -> None:
+    def _next_turns(self, rec: TickRecord, tick: int, on_turn: OnSubmit | None) -> None:
+        """Each conversation that completed a turn in ``rec`` gets its next turn submitted (before ``tick``)."""
+        for sid in rec.completed:
+            s = self.sched.session(sid)
+            later = s.request.next_turn(s.tokens) if s is not None else None
+            if later is not None:
+                decision = self.submit(later)
+                if on_turn is not None:
+                    on_turn(tick, decision, tick, tick)
+
+    def _progressing_tick(self, on_tick: Callable[[TickRecord], None] | None) -> TickRecord:
         live_before = self.sched.live_count()
         rec = self.run_tick()
         assert (
@@ -132,6 +145,7 @@ class NodeDriver:
         ), f"a tick made no progress with {self.sched.live_count()} live sessions (active cap {self.sched.active_cap})"
         if on_tick is not None:
             on_tick(rec)
+        return rec
 
     def _bound(self, schedule: list, max_ticks: int | None, wall: WallClock | None) -> int:
         """Every tick with live sessions writes a prompt position or a token, or ends a session."""
@@ -139,7 +153,7 @@ class NodeDriver:
             return max_ticks
         if wall is not None:
             return sum(r.max_new_tokens for _, _, r in schedule) + 1
-        pending = self.sched.pending_tokens() + sum(r.total_tokens for _, _, r in schedule)
+        pending = self.sched.pending_tokens() + sum(r.total_tokens + r.later_tokens for _, _, r in schedule)
         return max((t for t, _, _ in schedule), default=0) + pending + 1
 
     def _check_bound(self, ticks: int, bound: int) -> None:

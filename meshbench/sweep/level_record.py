@@ -24,6 +24,7 @@ def level_record(
     wall: bool = False,
     cache_off: Pass | None = None,
     near_tie: float = figures.NEAR_TIE,
+    block_tokens: int = 0,
 ) -> LevelRecord:
     """The results.json record of a level, complete: repetition 0's deterministic records, every repetition's
     raw timing and wall figures, their summary, and the isolation records (``proof``, from
@@ -62,6 +63,7 @@ def level_record(
         engine_losses=first.engine_losses,
         arrival_times=arrival_times,  # ticks, or ms on the wall clock
         submit_events=first.events,
+        turn_events=first.turn_events,
         sessions=first.sessions,
         tick_records=ticks,
         backpressure=load,
@@ -69,7 +71,7 @@ def level_record(
         wall=figures.repetition_summary([rep.wall for rep in repetitions]),
         isolation=proof,
         isolation_verdict=proven,
-        prefix=None if cache_off is None else prefix.stats(first.sessions, ticks),
+        prefix=None if cache_off is None else prefix.stats(first.sessions, ticks, block_tokens),
         cache_off=None if cache_off is None else cache_off.sessions,
         cache_verdict=None
         if cache_off is None

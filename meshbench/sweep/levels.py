@@ -89,9 +89,8 @@ def run_concurrency_sweep(
         # with a prefix cache, the level once more with it off: cache equivalence (on the wall clock or under
         # faults the schedule is not the level's own, and sessions are compared only where both completed)
         cache_off = one_pass(i, cache=False) if sweep.prefix_block_tokens else None
-        records.append(
-            level_record(lv, budgets[i], times_of[i], slo, passes[i], proof, wall, cache_off, sweep.near_tie)
-        )
+        shared = (cache_off, sweep.near_tie, sweep.prefix_block_tokens)
+        records.append(level_record(lv, budgets[i], times_of[i], slo, passes[i], proof, wall, *shared))
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or sweep.fault_rows:
         reference = alone_reference(

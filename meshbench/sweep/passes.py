@@ -99,6 +99,7 @@ class Pass:
     counts: dict[str, int]  # the scheduler's COUNTERS
     fault_events: list[FaultEvent]  # one per injected fault (meshbench.sweep.inject)
     engine_losses: list[EngineLoss]  # one per engine loss: tick, cause, lost, resubmitted
+    turn_events: list[SubmitEvent] | None = None  # conversations: one per later turn submitted
 
 
 def run_pass(
@@ -122,6 +123,7 @@ def run_pass(
     )
     plan.node = node
     events: list[SubmitEvent] = []
+    turns: list[SubmitEvent] = []
     t0 = clock()
     try:
         node.run_to_completion(
@@ -129,11 +131,14 @@ def run_pass(
             arrivals=list(zip(arrival_ticks, requests)),
             on_submit=lambda tick, d, _at, _now: events.append(submit_event(tick, d)),
             before_tick=plan.before_tick,
+            on_turn=lambda tick, d, _at, _now: turns.append(submit_event(tick, d)),
         )
     finally:
         if node.engine is not wrapped:  # a restarted engine is this pass's to free
             close_engine(node.engine)
-    return finished_pass(node, events, t0, clock(), plan.events(budget.max_active_sessions, len(node.ticks())))
+    faults = plan.events(budget.max_active_sessions, len(node.ticks()))
+    conversations = any(r.turns for r in requests)
+    return finished_pass(node, events, t0, clock(), faults, turns if conversations else None)
 
 
 def submit_event(
@@ -154,7 +159,12 @@ def submit_event(
 
 
 def finished_pass(
-    node: NodeDriver, events: list[SubmitEvent], t0: int, t1: int, fault_events: list[JsonObject] | None = None
+    node: NodeDriver,
+    events: list[SubmitEvent],
+    t0: int,
+    t1: int,
+    fault_events: list[JsonObject] | None = None,
+    turn_events: list[SubmitEvent] | None = None,
 ) -> Pass:
     """The raw records of a pass that started at ``t0`` and ended at ``t1`` (clock nanoseconds)."""
     ended = node.sessions()
@@ -170,6 +180,7 @@ def finished_pass(
         {k: tel[k] for k in COUNTERS},
         [serial.from_json(e, FaultEvent, "a fault event") for e in fault_events or []],
         [serial.from_json(x, EngineLoss, "an engine loss") for x in node.losses()],
+        turn_events,
     )
 
 

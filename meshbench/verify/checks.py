@@ -24,6 +24,7 @@ from meshbench.verify.schedule import (
     check_tick_replay,
 )
 from meshbench.verify.timing import check_repetitions, check_timing, check_wall
+from meshbench.verify.turns import check_turns
 
 
 def check_node(c: Checks, b: NodeBundle) -> None:
@@ -44,6 +45,7 @@ def check_node(c: Checks, b: NodeBundle) -> None:
         check_feed(c, rec, at)
         check_isolation(c, b, rec, at)
         check_prefix(c, b, rec, at)
+        check_turns(c, b, rec, at)
         check_timing(c, b, rec, at)
         check_tick_ends(c, b, rec, at)
         fault_checks.check_level(c, rec, at, reference or typed[0], per_token)

@@ -19,6 +19,7 @@ from meshbench.records.context import Budget, GgufEngineInfo
 from meshbench.records.model import LevelRecord, Reference, SessionRecord, Tick
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
+from meshbench.verify import turns
 
 
 def check_config_copies(c: Checks, b: NodeBundle) -> None:
@@ -61,7 +62,7 @@ def check_level_accounting(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -
         sum(n for t in ticks for _, _, n in t.prefill_chunks),
         lv.prefill_tokens,
     )
-    check_prompt_positions(c, lv, at, {s.session_id: s for s in sessions})
+    check_prompt_positions(c, lv, at, sessions)
     c.equal(
         RESULTS,
         f"{at}.sessions tokens (prefills + decode_tokens)",
@@ -150,8 +151,8 @@ def _check_end_counts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> Non
     resubmitted = sum(r.decision in ACCEPTED for loss in lv.engine_losses for r in loss.resubmitted)
     c.equal(
         RESULTS,
-        f"{at}.sessions (count: accepted arrivals and resubmissions)",
-        b.results.workload.sessions - _refused_arrivals(lv) + resubmitted,
+        f"{at}.sessions (count: accepted arrivals, resubmissions and later turns)",
+        b.results.workload.sessions - _refused_arrivals(lv) + resubmitted + len(turns.accepted_turns(lv)),
         len(sessions),
     )
 
@@ -268,12 +269,13 @@ def _plain_tick_figures(ticks: list[Tick]) -> dict:
 def _plain_batch_invariant(levels: list[LevelRecord], alone: Reference | None) -> bool:
     """Every session's tokens agree with the reference's (the sessions run alone, else the first level's)
     on their common part."""
-    reference = {}
+    reference: dict[object, list[int]] = {}
     for s in (alone or levels[0]).sessions:
         reference[s.session_id] = s.tokens
+        reference[s.session_id, s.epoch] = s.tokens  # a conversation's turns, each its own
     for lv in levels:
         for s in lv.sessions:
-            ref = reference.get(s.session_id)
+            ref = reference.get((s.session_id, s.epoch), reference.get(s.session_id))
             if ref is not None:
                 common = min(len(ref), len(s.tokens))
                 if ref[:common] != s.tokens[:common]:
@@ -289,11 +291,12 @@ def _plain_saturation(levels: list[LevelRecord]) -> int:
     return levels[-1].concurrency
 
 
-def check_prompt_positions(c: Checks, lv: LevelRecord, at: str, by_id: dict[str, SessionRecord]) -> None:
+def check_prompt_positions(c: Checks, lv: LevelRecord, at: str, sessions: list[SessionRecord]) -> None:
     """Every prompt is written piece after piece at the right positions: a piece starts at 0 (a session's
     first, or a resubmitted epoch's) or where the last one ended, stays inside the prompt, and a
     session gets its first token exactly when its prompt is complete."""
     next_pos: dict[str, int] = {}
+    current = turns.Current(sessions)
     for t in lv.tick_records:
         where = f"{at}.tick_records[{t.tick}]"
         c.equal(
@@ -303,7 +306,8 @@ def check_prompt_positions(c: Checks, lv: LevelRecord, at: str, by_id: dict[str,
             t.prefill_tokens,
         )
         for sid, start, n in t.prefill_chunks:
-            prompt = by_id[sid].prompt_tokens if sid in by_id else 0
+            s = current.get(sid)
+            prompt = s.prompt_tokens if s is not None else 0
             ok = start in (0, next_pos.get(sid, 0)) and n >= 1 and start + n <= prompt
             c.equal(
                 RESULTS,
@@ -313,5 +317,9 @@ def check_prompt_positions(c: Checks, lv: LevelRecord, at: str, by_id: dict[str,
             )
             next_pos[sid] = start + n
         for sid in t.prefill_sessions:
-            prompt = by_id[sid].prompt_tokens if sid in by_id else None
+            s = current.get(sid)
+            prompt = s.prompt_tokens if s is not None else None
             c.equal(RESULTS, f"{where}.prefill_sessions {sid} (prompt complete)", prompt, next_pos.get(sid))
+        for sid in (*t.completed, *t.ended):  # a conversation's next turn is this id's next epoch
+            current.end(sid)
+            next_pos.pop(sid, None)

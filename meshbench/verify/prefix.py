@@ -12,6 +12,7 @@ from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
+from meshbench.verify import turns
 
 
 def check_prefix(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
@@ -33,7 +34,7 @@ def check_prefix(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     )
     if not on or lv.prefix is None or lv.cache_off is None or lv.cache_verdict is None:
         return
-    recomputed = prefix.stats(lv.sessions, lv.tick_records)
+    recomputed = prefix.stats(lv.sessions, lv.tick_records, b.cfg.engine.block_tokens)
     c.equal(RESULTS, f"{at}.prefix (recomputed)", serial.to_json(recomputed), serial.to_json(lv.prefix))
     c.equal(
         RESULTS,
@@ -45,13 +46,21 @@ def check_prefix(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     _check_cache_off(c, b, lv, at)
 
 
-def _prompts(c: Checks, b: NodeBundle, at: str) -> dict[str, tuple[int, ...]] | None:
-    """Each session's prompt ids (synthetic prompts, drawn from the seed over the model's vocabulary)."""
+def _prompts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> dict[tuple[str, int], tuple[int, ...]] | None:
+    """Each session's prompt ids by (session, epoch): synthetic prompts, drawn from the seed over the model's
+    vocabulary; a conversation's later turn is the last turn's prompt, its answer and the user's ids."""
     vocab = b.results.engine.model_config.get("vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
         c.equal(RESULTS, f"{at}: engine.model_config.vocab_size (the prompts' vocabulary)", "a positive integer", vocab)
         return None
-    return {r.session_id: r.prompt_tokens for r in b.cfg.workload.requests(vocab)}
+    requests = b.cfg.workload.requests(vocab)
+    out = {(r.session_id, 1): r.prompt_tokens for r in requests}
+    later = {r.session_id: r.turns for r in requests}
+    for s in sorted(lv.sessions, key=lambda s: s.epoch):
+        turn = later.get(s.session_id, ())
+        if (s.session_id, s.epoch) in out and s.epoch <= len(turn):
+            out[s.session_id, s.epoch + 1] = out[s.session_id, s.epoch] + tuple(s.tokens) + turn[s.epoch - 1]
+    return out
 
 
 def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
@@ -59,32 +68,41 @@ def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     the longest run of stored blocks its prompt begins with (its last position always computed), a prompt's
     last piece stores its whole blocks. Until the store holds fewer blocks than the replay (it evicted), its
     bytes are the replay's; the KV held is the live sessions' own positions plus the store's, throughout."""
-    prompts = _prompts(c, b, at)
+    prompts = _prompts(c, b, lv, at)
     if prompts is None:
         return
     bt, per = b.cfg.engine.block_tokens, b.results.engine.kv_bytes_per_token
-    cached = {(s.session_id): s.cached_tokens or 0 for s in lv.sessions}
+    cached = {(s.session_id, s.epoch): s.cached_tokens or 0 for s in lv.sessions}
+    current = turns.Current(lv.sessions)
     store: set[bytes] = set()
-    replayed: dict[str, int] = {}
+    replayed: dict[tuple[str, int], int] = {}
     live: dict[str, int] = {}  # session -> its shared positions now
     exact = True
     for t in lv.tick_records:
         where = f"{at}.tick_records[{t.tick}]"
         for sid, start, n in t.prefill_chunks:
-            ids = prompts.get(sid, ())
+            s = current.get(sid)
+            key = (sid, s.epoch if s is not None else 0)
+            ids = prompts.get(key, ())
             keys = block_keys(ids, bt)
             if start == 0:
                 limit = n - 1 if start + n == len(ids) else n
                 run = 0
                 while run < len(keys) and (run + 1) * bt <= limit and keys[run] in store:
                     run += 1
-                replayed[sid] = run * bt if exact else cached.get(sid, 0)
-                live[sid] = replayed[sid]
+                # once the store evicted, the replay (which never evicts) bounds what a session can have found
+                replayed[key] = run * bt if exact else min(cached.get(key, 0), run * bt)
+                live[sid] = replayed[key]
             if start + n == len(ids):
                 store.update(keys)
                 live[sid] = len(keys) * bt
+        for sid in t.completed:  # released: its prompt's and answer's whole blocks are shared as it goes
+            s = current.get(sid)
+            if s is not None:
+                store.update(block_keys(prompts.get((sid, s.epoch), ()) + tuple(s.tokens[:-1]), bt))
         for sid in (*t.completed, *t.ended):
             live.pop(sid, None)
+            current.end(sid)
         shared = t.kv_bytes_shared or 0
         if exact and shared != len(store) * bt * per:
             exact = shared < len(store) * bt * per  # evicted: from here only the sum below holds
@@ -98,11 +116,12 @@ def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
                 t.kv_bytes,
             )
     for s in lv.sessions:
-        if s.session_id in replayed:
+        if (s.session_id, s.epoch) in replayed:
             c.equal(
                 RESULTS,
-                f"{at}.sessions[{s.session_id}].cached_tokens (the replayed store's run of blocks of {bt})",
-                replayed[s.session_id],
+                f"{at}.sessions[{s.session_id}#{s.epoch}].cached_tokens (the replayed store's run of blocks of {bt}; "
+                "at most that once it evicted)",
+                replayed[s.session_id, s.epoch],
                 s.cached_tokens,
             )
     if lv.tick_records:

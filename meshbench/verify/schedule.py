@@ -11,6 +11,7 @@ from meshbench.records import serial
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
+from meshbench.verify import turns
 from meshbench.verify.figures import workload_ids
 from meshbench.workload import arrivals
 
@@ -27,7 +28,7 @@ def check_tick_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> Non
     scratch = b.results.engine.scratch_bytes_per_session
     cap = min(lv.budget.max_active_sessions, lv.budget.scratch_bytes // scratch)
     accepted_at = {}
-    for e in lv.submit_events:
+    for e in [*lv.submit_events, *(lv.turn_events or ())]:
         if e.decision in ACCEPTED:
             accepted_at[e.tick] = accepted_at.get(e.tick, 0) + 1
     live = 0
@@ -101,6 +102,7 @@ def _check_admissions(c: Checks, b: NodeBundle, lv: LevelRecord, at: str, wall: 
     accepted = sorted(
         [e.session_id for e in events if e.decision in ACCEPTED]
         + [r.session_id for loss in lv.engine_losses for r in loss.resubmitted if r.decision in ACCEPTED]
+        + turns.accepted_turns(lv)
     )
     c.equal(
         RESULTS,
@@ -110,7 +112,7 @@ def _check_admissions(c: Checks, b: NodeBundle, lv: LevelRecord, at: str, wall: 
     )
     c.equal(
         RESULTS,
-        f"{at}.sessions (= the accepted arrivals and resubmissions)",
+        f"{at}.sessions (= the accepted arrivals, resubmissions and later turns)",
         accepted,
         sorted(s.session_id for s in lv.sessions),
     )
@@ -134,8 +136,9 @@ def check_feed(c: Checks, lv: LevelRecord, at: str) -> None:
     Exact where no engine was lost (a resubmitted epoch restarts its count: judged by the fault checks)."""
     if lv.engine_losses:
         return
-    by_id = {s.session_id: s for s in lv.sessions}
+    current = turns.Current(lv.sessions)
     have: dict[str, int] = {}  # tokens each session has had, replayed
+    had: dict[tuple[str, int], int] = {}  # ... by (session, epoch), once it ended
     for t in lv.tick_records:
         where = f"{at}.tick_records[{t.tick}]"
         c.equal(
@@ -145,7 +148,7 @@ def check_feed(c: Checks, lv: LevelRecord, at: str) -> None:
             [f[0] for f in t.decode_feed],
         )
         for sid, pos, tok in t.decode_feed:
-            s = by_id.get(sid)
+            s = current.get(sid)
             k = have.get(sid, 0)
             if s is None or k == 0:
                 c.equal(RESULTS, f"{where}.decode_feed {sid} (a session with a first token)", True, False)
@@ -161,12 +164,17 @@ def check_feed(c: Checks, lv: LevelRecord, at: str) -> None:
             have[sid] = have.get(sid, 0) + 1
         for sid in t.prefill_sessions:
             have[sid] = 1
+        for sid in (*t.completed, *t.ended):
+            s = current.get(sid)
+            if s is not None:
+                had[sid, s.epoch] = have.pop(sid, 0)
+            current.end(sid)
     for s in lv.sessions:  # (a cache miss or failure in its last decode produced no token)
         if s.done_reason == "COMPLETED":
             c.equal(
                 RESULTS,
                 f"{at}.sessions {s.session_id} tokens (replayed from the feed)",
-                have.get(s.session_id, 0),
+                had.get((s.session_id, s.epoch), have.get(s.session_id, 0)),
                 len(s.tokens),
             )
 
@@ -183,16 +191,20 @@ def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
         c.equal(RESULTS, f"{at}.tick_records[{t.tick}].prefill_chunks (within the budget of {budget})", True, ok)
     if lv.engine_losses:
         return
-    by_id = {s.session_id: s for s in lv.sessions}
-    queued = {e.session_id: e.tick for e in lv.submit_events if e.decision == "QUEUED"}
-    first_piece: dict[str, int] = {}
+    ended_at = {(s.session_id, s.end_tick): s for s in lv.sessions}
+    queued: dict[str, list[int]] = {}  # ticks it was queued at (a conversation: once per turn, at most)
+    for e in [*lv.submit_events, *(lv.turn_events or ())]:
+        if e.decision == "QUEUED":
+            queued.setdefault(e.session_id, []).append(e.tick)
+    starts: dict[str, list[int]] = {}  # ticks its prompts' first pieces ran
     for t in lv.tick_records:
-        for sid, _, _ in t.prefill_chunks:
-            first_piece.setdefault(sid, t.tick)
+        for sid, start, _ in t.prefill_chunks:
+            if start == 0:
+                starts.setdefault(sid, []).append(t.tick)
     for t in lv.tick_records:
         where = f"{at}.tick_records[{t.tick}]"
         for sid in t.completed:
-            s = by_id.get(sid)
+            s = ended_at.get((sid, t.tick))
             c.equal(
                 RESULTS,
                 f"{where}.completed {sid} (ended COMPLETED in this tick)",
@@ -200,7 +212,7 @@ def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
                 [s and s.done_reason, s and s.end_tick],
             )
         for sid in t.ended:
-            s = by_id.get(sid)
+            s = ended_at.get((sid, t.tick))
             c.equal(
                 RESULTS,
                 f"{where}.ended {sid} (ended otherwise in this tick)",
@@ -208,12 +220,10 @@ def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
                 [s is not None and s.done_reason != "COMPLETED", s and s.end_tick],
             )
         for sid in t.admitted:
-            c.equal(
-                RESULTS,
-                f"{where}.admitted {sid} (queued at or before this tick, prefilled after it)",
-                True,
-                sid in queued and queued[sid] <= t.tick and first_piece.get(sid, t.tick + 1) > t.tick,
-            )
+            q = max((x for x in queued.get(sid, ()) if x <= t.tick), default=None)
+            mine = starts.get(sid, [])
+            ok = q is not None and not any(q <= x <= t.tick for x in mine)  # (it may fail before any piece)
+            c.equal(RESULTS, f"{where}.admitted {sid} (queued at or before this tick, prefilled after it)", True, ok)
 
 
 def check_isolation(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
@@ -254,12 +264,20 @@ def check_isolation(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
             isolation.expected_confirmations(lv),
             [p.perturbed for p in iso.passes if p.confirm],
         )
+        turns = any(s.epoch > 1 for s in lv.sessions)  # a conversation: each turn is its own record
+        epochs = [(s.session_id, s.epoch if turns else None) for s in lv.sessions]
         for k, p in enumerate(iso.passes):
             c.equal(
                 RESULTS,
                 f"{at}.isolation.passes[{k}].sessions (the level's)",
                 served,
                 [s.session_id for s in p.sessions],
+            )
+            c.equal(
+                RESULTS,
+                f"{at}.isolation.passes[{k}].sessions epochs (the level's turns)",
+                epochs,
+                [(s.session_id, s.epoch) for s in p.sessions],
             )
     verdict = isolation.verdict(lv.isolation, lv.sessions, lv.tick_records)
     c.equal(RESULTS, f"{at}.isolation_verdict", serial.to_json(verdict), serial.to_json(lv.isolation_verdict))
@@ -284,7 +302,7 @@ def check_sessions(c: Checks, b: NodeBundle, levels: list[LevelRecord]) -> None:
             c.equal(RESULTS, f"{at}.sessions ids (same as levels[0])", ref_ids, sorted(set(ids)))
         for j, s in enumerate(lv.sessions):
             k = expected.get(s.session_id)
-            if k is not None:
+            if k is not None and (s.epoch == 1 or not lv.turn_events):  # (a later turn: meshbench.verify.turns)
                 whole = b.cfg.workload.prompt_tokens[k]  # a shared prefix and its own
                 c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", whole, s.prompt_tokens)
                 c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w.new_tokens[k], s.max_new_tokens)

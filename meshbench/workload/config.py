@@ -76,6 +76,8 @@ class RunConfig:
         faults.check_rows(
             self.faults, set(self.workload.session_ids()), self.engine.isolated, self.engine.workers, "faults"
         )
+        if self.workload.turns > 1:
+            _check_turns(self)
         if self.faults and self.engine.prefix_cache:
             raise MeshbenchError("faults with engine.prefix_cache: not built yet (fault checks count no shared KV)")
         if self.faults and (self.rates is not None or self.clock == "wall"):
@@ -131,6 +133,17 @@ class RunConfig:
 
 
 # The rules of a run that are its engine kind's (an endpoint sweep's), beside the engine spec's own.
+def _check_turns(cfg: RunConfig) -> None:
+    """What conversations run with so far: the tick clock, no faults or rates, eos continue, whole prompts."""
+    if cfg.faults or cfg.rates is not None or cfg.clock == "wall":
+        raise MeshbenchError("workload.turns: conversations run on the tick clock, without faults or rates, so far")
+    if cfg.workload.eos != "continue" or cfg.prefill != "whole":
+        raise MeshbenchError(
+            "workload.turns: conversations need eos continue and whole-prompt prefill so far (a perturbed turn is "
+            "pinned to its conversation's length; a chunk caps what a turn reads from the cache)"
+        )
+
+
 RUN_RULES: dict[str, tuple[Callable[[RunConfig], None], ...]] = {ENDPOINT_KIND: (RunConfig._check_endpoint,)}
 SECTIONS = ("engine", "workload", "budget")
 
@@ -158,7 +171,10 @@ def _defaults() -> dict:
 DEFAULTS: dict = _defaults()
 # Keys added after results schema 3 (the endpoint's; a shared prefix, written only where there is one): a config
 # echo without them means their defaults.
-ADDED_KEYS: dict[str, frozenset[str]] = {"engine": engine_spec.added(), "workload": frozenset({"prefix"})}
+ADDED_KEYS: dict[str, frozenset[str]] = {
+    "engine": engine_spec.added(),
+    "workload": frozenset({"prefix", "turns", "turn_tokens"}),
+}
 
 
 def validate_levels(levels: Sequence[int], sessions: int) -> list[int]:

@@ -26,6 +26,8 @@ class Workload:
     # shared prefixes: groups of consecutive sessions whose prompts start with the same prefix_tokens ids (counted)
     prefix_groups: tuple[int, ...] = ()
     prefix_tokens: int = 0
+    turns: int = 1  # a conversation of this many turns per session: each later turn adds turn_tokens user ids
+    turn_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens:
@@ -43,6 +45,10 @@ class Workload:
                 f"workload.prefix.groups: {len(self.prefix_groups)} groups hold {sum(self.prefix_groups)} sessions, "
                 f"the workload has {self.sessions}"
             )
+        if self.turns > 1 and self.turn_tokens < 1:
+            raise MeshbenchError("workload.turns: a later turn needs user tokens of its own (turn_tokens >= 1)")
+        if self.turns == 1 and self.turn_tokens:
+            raise MeshbenchError("workload.turn_tokens: user tokens of later turns need workload.turns > 1")
         if self.prefix_groups and min(self.prompt_tokens) <= self.prefix_tokens:
             raise MeshbenchError("workload.prefix: every session needs prompt tokens of its own after the prefix")
 
@@ -56,8 +62,15 @@ class Workload:
 
     @property
     def longest(self) -> int:
-        """Positions the longest session needs: prompt plus every new token."""
-        return max(p + n for p, n in zip(self.prompt_tokens, self.new_tokens))
+        """Positions the longest session needs: prompt plus every new token (a conversation's last turn: every
+        earlier prompt, answer and user turn)."""
+        later = (self.turns - 1) * self.turn_tokens
+        return max(p + later + self.turns * n for p, n in zip(self.prompt_tokens, self.new_tokens))
+
+    @property
+    def longest_prompt(self) -> int:
+        """The longest prompt: a conversation's last turn holds every earlier prompt, answer and user turn."""
+        return max(self.prompt_tokens) + (self.turns - 1) * (max(self.new_tokens) + self.turn_tokens)
 
     def session_ids(self) -> list[str]:
         width = len(str(self.sessions - 1))
@@ -88,9 +101,22 @@ class Workload:
         heads = [p for p, group in zip(self.prefixes(vocab_size), self.groups()) for _ in group]
         heads = heads or [()] * self.sessions
         return [
-            GenerationRequest(sid, head + tuple(int(t) for t in rng.integers(0, vocab_size, p - len(head))), n, stop)
-            for sid, head, p, n in zip(self.session_ids(), heads, self.prompt_tokens, self.new_tokens)
+            GenerationRequest(
+                sid,
+                head + tuple(int(t) for t in rng.integers(0, vocab_size, p - len(head))),
+                n,
+                stop,
+                turns=self.later_turns(k, vocab_size),
+            )
+            for k, (sid, head, p, n) in enumerate(zip(self.session_ids(), heads, self.prompt_tokens, self.new_tokens))
         ]
+
+    def later_turns(self, k: int, vocab_size: int) -> tuple[tuple[int, ...], ...]:
+        """Session k's user ids of each turn after the first, from their own stream of the seed."""
+        rng = np.random.default_rng([self.seed, 0x7E, k])
+        return tuple(
+            tuple(int(t) for t in rng.integers(0, vocab_size, self.turn_tokens)) for _ in range(self.turns - 1)
+        )
 
     def to_dict(self) -> dict:
         own = [p - self.prefix_tokens for p in self.prompt_tokens]
@@ -104,6 +130,7 @@ class Workload:
             "prompts": self.prompts,
             "eos": self.eos,
             **(prefix if self.prefix_groups else {}),
+            **({"turns": self.turns, "turn_tokens": self.turn_tokens} if self.turns > 1 else {}),
         }
 
 
@@ -120,12 +147,16 @@ class WorkloadSection:
     prompts: str | None = None  # a file of real prompts (meshbench.workload.prompts)
     eos: str | None = None  # null: stop for real prompts, continue for synthetic ones (the seed's behaviour)
     prefix: dict | None = None  # {groups: [sizes], tokens: n}: shared prefixes; prompt_tokens are then each own
+    turns: int = 1  # conversations: each session's later turns, each the whole conversation so far + turn_tokens
+    turn_tokens: int = 0
 
     def build(self, source: str) -> Workload:
         # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
         eos = self.eos or ("stop" if self.prompts is not None else "continue")
         n = self.sessions
         groups, shared = (tuple(self.prefix["groups"]), self.prefix["tokens"]) if self.prefix else ((), 0)
+        if self.turns > 1 and self.prompts is not None:
+            raise MeshbenchError(f"{source}: workload.turns draws synthetic user turns; workload.prompts are real ones")
         if groups and self.prompts is not None:
             raise MeshbenchError(f"{source}: workload.prefix draws synthetic prompts; workload.prompts are real ones")
         return Workload(
@@ -137,6 +168,8 @@ class WorkloadSection:
             eos=eos,
             prefix_groups=groups,
             prefix_tokens=shared,
+            turns=self.turns,
+            turn_tokens=self.turn_tokens,
         )
 
 
