@@ -175,6 +175,15 @@ def _colliding(limits: EngineLimits) -> SyntheticEngine:
     return SyntheticEngine(cfg, w, limits.kv_bytes, prefix=prefix)
 
 
+def _planted(manager: type[HotKvStateManager], limits: EngineLimits) -> SyntheticEngine:
+    """A clean engine whose KV manager (with a prefix cache) is the planted faulty one."""
+    e = _clean(limits)
+    if limits.prefix_block_tokens:
+        c = e.cfg
+        e.kv = manager(c.n_layers, c.n_kv_heads, c.head_dim, c.np_dtype, limits.kv_bytes, PrefixBlocks(BT))
+    return e
+
+
 class _PastTheBoundary(HotKvStateManager):
     """A hit that takes one position past its last whole block, from the session that published the blocks."""
 
@@ -195,13 +204,7 @@ class _PastTheBoundary(HotKvStateManager):
 
 
 def _overrunning(limits: EngineLimits) -> SyntheticEngine:
-    e = _clean(limits)
-    if limits.prefix_block_tokens:
-        cfg = e.cfg
-        e.kv = _PastTheBoundary(
-            cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, limits.kv_bytes, PrefixBlocks(BT)
-        )
-    return e
+    return _planted(_PastTheBoundary, limits)
 
 
 def _leaks(sweep) -> set[tuple[str, str]]:
@@ -244,13 +247,7 @@ class _FirstBlockEverywhere(HotKvStateManager):
 
 
 def _miscopying(limits: EngineLimits) -> SyntheticEngine:
-    e = _clean(limits)
-    if limits.prefix_block_tokens:
-        cfg = e.cfg
-        e.kv = _FirstBlockEverywhere(
-            cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, limits.kv_bytes, PrefixBlocks(BT)
-        )
-    return e
+    return _planted(_FirstBlockEverywhere, limits)
 
 
 def test_a_miscopied_hit_fails_cache_equivalence_as_corruption_though_isolation_holds():
@@ -315,13 +312,7 @@ class _OtherConversation(HotKvStateManager):
 
 
 def _handing_over(limits: EngineLimits) -> SyntheticEngine:
-    e = _clean(limits)
-    if limits.prefix_block_tokens:
-        cfg = e.cfg
-        e.kv = _OtherConversation(
-            cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.np_dtype, limits.kv_bytes, PrefixBlocks(BT)
-        )
-    return e
+    return _planted(_OtherConversation, limits)
 
 
 def test_a_turn_given_another_conversations_kv_fails_and_names_both():
