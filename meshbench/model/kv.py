@@ -206,11 +206,13 @@ class HotKvStateManager:
             assert cache.length + cache.reserved + n_tokens <= cache.capacity, (key, cache.length, n_tokens)
             evicted: list[SessionKey] = []
             available = self.budget_bytes - self._held_bytes()
-            victims = [k for k in self._entries if k != key]
+            victims: list[SessionKey] | None = None  # listed only under pressure (a reserve per decode step)
             while needed > available and evict:
                 # NOTE: a cached block no session reads goes before any session's KV; a session evicted
                 # leaves its blocks unreferenced, and they go before the next session.
                 available += self._evict_unreferenced(needed - available)
+                if victims is None:
+                    victims = [k for k in self._entries if k != key]
                 if needed <= available or not victims:
                     break
                 victim = victims.pop(0)
