@@ -53,14 +53,13 @@ def _prompts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> dict[tuple[s
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
         c.equal(RESULTS, f"{at}: engine.model_config.vocab_size (the prompts' vocabulary)", "a positive integer", vocab)
         return None
-    requests = b.cfg.workload.requests(vocab)
-    out = {(r.session_id, 1): r.prompt_tokens for r in requests}
-    later = {r.session_id: r.turns for r in requests}
-    for s in sorted(lv.sessions, key=lambda s: s.epoch):
-        turn = later.get(s.session_id, ())
-        if (s.session_id, s.epoch) in out and s.epoch <= len(turn):
-            out[s.session_id, s.epoch + 1] = out[s.session_id, s.epoch] + tuple(s.tokens) + turn[s.epoch - 1]
-    return out
+    turns = {(r.session_id, 1): r for r in b.cfg.workload.requests(vocab)}
+    for s in sorted(lv.sessions, key=lambda s: s.epoch):  # each later turn as the node built it (next_turn)
+        r = turns.get((s.session_id, s.epoch))
+        later = r.next_turn(s.tokens) if r is not None else None
+        if later is not None:
+            turns[s.session_id, s.epoch + 1] = later
+    return {key: r.prompt_tokens for key, r in turns.items()}
 
 
 def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
