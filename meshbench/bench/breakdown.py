@@ -50,7 +50,7 @@ def run(cfg: RunConfig, levels: list[int], repeat: int, progress: Callable[[str]
 
 
 def _pass(cfg: RunConfig, setup, requests, c: int) -> dict:
-    from meshbench.engine.gguf_engine import Profile  # noqa: PLC0415 - the gguf extra
+    from meshbench.engine.profile import Profile  # noqa: PLC0415
 
     budget = level_budget(cfg.budget, c, len(requests))
     engine = setup.make(budget.engine_limits())

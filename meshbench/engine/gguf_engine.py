@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -34,41 +33,18 @@ from meshbench.engine.base import (
     raised,
     separate_step,
 )
+from meshbench.engine.gguf_prefix import LlamaMemory, PrefixHolders
 from meshbench.engine.llama_model import (
     KV_TYPES,
     LoadedModel,
+    check_native_sizes,
     llama_cpp_lib,
 )
+from meshbench.engine.profile import Profile
 from meshbench.errors import MeshbenchError
+from meshbench.model.prefix import PrefixBlocks
 
-
-@dataclass(slots=True)
-class Profile:
-    """Nanoseconds an engine spent, by part: llama_decode for the decode batch and for prompts, and reading
-    logits and sampling (``rows`` sampled)."""
-
-    decode_llama_ns: int = 0
-    prefill_llama_ns: int = 0
-    sample_ns: int = 0
-    rows: int = 0
-
-    def add(self, part: str, ns: int, rows: int = 0) -> None:
-        setattr(self, part, getattr(self, part) + ns)
-        self.rows += rows
-
-
-def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None) -> None:
-    """Bound every number that sizes a llama.cpp context: beyond these it aborts or crashes the process."""
-    if threads is not None and not 1 <= threads <= limits.MAX_THREADS:
-        raise MeshbenchError(f"engine.threads {threads}: llama.cpp takes 1 to {limits.MAX_THREADS} threads")
-    if not 1 <= n_seq_max <= limits.MAX_LLAMA_SEQUENCES:
-        raise MeshbenchError(
-            f"{n_seq_max} concurrent sessions: a llama.cpp context holds 1 to {limits.MAX_LLAMA_SEQUENCES} sequences"
-        )
-    if not 1 <= seq_capacity <= limits.MAX_TOKENS:
-        raise MeshbenchError(
-            f"{seq_capacity} positions per session: a llama.cpp sequence here holds 1 to {limits.MAX_TOKENS}"
-        )
+RETAINED_MIN = 16  # sequences a prefix cache keeps for ended sessions' blocks, at the fewest
 
 
 class GgufEngine:
@@ -85,6 +61,8 @@ class GgufEngine:
         mixed: bool = False,
         tiled_mm: str = "auto",
         ban_eog: bool = False,
+        prefix_block_tokens: int = 0,
+        kv_budget: int = 0,
     ) -> None:
         lib = llama_cpp_lib()
         check_native_sizes(model, n_seq_max, seq_capacity, threads)
@@ -96,6 +74,11 @@ class GgufEngine:
         # eos: ban: end-of-generation tokens never win the argmax (llama-server's ignore_eos)
         self.banned = np.asarray(model.eog, dtype=np.int64) if ban_eog and model.eog else None
         cp = lib.llama_context_default_params()
+        # A prefix cache keeps ended sessions' sequences for their blocks (engine.gguf_prefix): as many again, and
+        # at least 16 (with too few, it evicts cached blocks to free a sequence, not for want of KV).
+        self.sessions_max = n_seq_max
+        if prefix_block_tokens:
+            n_seq_max = min(n_seq_max + max(n_seq_max, RETAINED_MIN), limits.MAX_LLAMA_SEQUENCES)
         # With kv_unified off each sequence gets n_ctx / n_seq_max cells: size n_ctx so that
         # every sequence can hold a whole session.
         cp.n_seq_max = n_seq_max
@@ -125,6 +108,12 @@ class GgufEngine:
         self._stored: dict[str, int] = {}  # session id -> positions written
         self._epoch: dict[str, int] = {}
         self._kv_bytes_per_token = model.kv_bytes_per_token(kv_type)
+        self.prefix: PrefixHolders | None = None
+        if prefix_block_tokens:
+            memory = LlamaMemory(lib, self.mem)
+            self.prefix = PrefixHolders(PrefixBlocks(prefix_block_tokens), memory, kv_unified)
+        self._ids: dict[str, list[int]] = {}  # session id -> the ids at its positions (its blocks' keys)
+        self._budget_positions = kv_budget // self._kv_bytes_per_token if kv_budget else 0
         self.tap: Callable[[str, np.ndarray], None] | None = None  # sees every sampled row (meshbench.sweep.replay)
         self.profile: Profile | None = None  # where the time of each call goes (meshbench bench breakdown)
 
@@ -169,11 +158,27 @@ class GgufEngine:
 
     @property
     def kv_bytes_in_use(self) -> int:
-        return sum(self._stored.values()) * self._kv_bytes_per_token
+        """Every session's own positions, and the prefix cache's blocks once each (as the synthetic engine counts
+        them; without kv_unified llama.cpp holds copies, in cells it allocated up front)."""
+        return self._held_positions() * self._kv_bytes_per_token
 
     @property
     def kv_bytes_shared(self) -> int | None:
-        return None  # no prefix cache here yet (engine.prefix_cache needs the synthetic engine)
+        return None if self.prefix is None else self.prefix.positions * self._kv_bytes_per_token
+
+    def _held_positions(self) -> int:
+        if self.prefix is None:
+            return sum(self._stored.values())
+        own = sum(n - self.prefix.shared(self._seq_ids[sid]) for sid, n in self._stored.items())
+        return own + self.prefix.positions
+
+    def _make_room(self, n: int) -> None:
+        """Before ``n`` positions are written: evict unreferenced cached blocks while the KV held would exceed the
+        node's budget (sessions are the node's to budget: their own positions are never evicted here)."""
+        if self.prefix is not None and self._budget_positions:
+            over = self._held_positions() + n - self._budget_positions
+            if over > 0:
+                self.prefix.evict_positions(over)
 
     # --- work -------------------------------------------------------------------------
     def _fill(self, rows: Sequence[tuple[int, int, int, bool]]) -> None:
@@ -219,40 +224,66 @@ class GgufEngine:
                 f"session {sid}: {chunk.session.capacity} positions exceed the {self.seq_cells} cells of a sequence"
             )
 
-    def _sequence(self, chunk: PrefillChunk) -> int | None:
-        """The llama.cpp sequence a chunk writes: a fresh one for a prompt's first piece (the lowest free
-        id keeps live sessions on consecutive ids), the session's own after; None: it was dropped."""
+    def _sequence(self, chunk: PrefillChunk) -> tuple[int | None, int]:
+        """The llama.cpp sequence a chunk writes and its positions taken from the prefix cache: a fresh sequence
+        for a prompt's first piece (the lowest free id keeps live sessions on consecutive ids), the session's
+        own after; None: it was dropped."""
         sid = chunk.session.session_id
         if chunk.start > 0:
             if self._epoch.get(sid) != chunk.session.epoch:
-                return None
+                return None, 0
             assert self._stored[sid] == chunk.start, (sid, self._stored[sid], chunk.start)
-            return self._seq_ids[sid]
+            return self._seq_ids[sid], 0
         self.release(sid)
-        free = sorted(set(range(self.n_seq_max)) - set(self._seq_ids.values()))
-        if not free:
-            raise RuntimeError(f"no free llama.cpp sequence for {sid} ({self.n_seq_max} in use)")
+        seq = self._free_sequence(sid)
         # Own the sequence before decoding: if llama_decode fails, release() still clears its cells.
-        self._seq_ids[sid], self._stored[sid], self._epoch[sid] = free[0], 0, chunk.session.epoch
-        return free[0]
+        self._seq_ids[sid], self._stored[sid], self._epoch[sid], self._ids[sid] = seq, 0, chunk.session.epoch, []
+        if self.prefix is None:
+            return seq, 0
+        # the last piece keeps one position to compute: its logits give the first token
+        cached = self.prefix.attach(seq, chunk.tokens, len(chunk.tokens) - 1 if chunk.last else len(chunk.tokens))
+        self._stored[sid] = cached
+        self._ids[sid] = list(chunk.tokens[:cached])
+        return seq, cached
+
+    def _free_sequence(self, sid: str) -> int:
+        retained = self.prefix.retained if self.prefix is not None else set()
+        free = sorted(set(range(self.n_seq_max)) - set(self._seq_ids.values()) - retained)
+        if free:
+            return free[0]
+        seq = self.prefix.free_one() if self.prefix is not None else None
+        if seq is None:
+            raise RuntimeError(f"no free llama.cpp sequence for {sid} ({self.n_seq_max} in use)")
+        self.lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        return seq
+
+    def _written(self, sid: str, tokens: Sequence[int]) -> None:
+        self._stored[sid] += len(tokens)
+        self._ids[sid].extend(tokens)
 
     def prefill_chunk(self, chunk: PrefillChunk) -> StepResult:
         """One llama_decode for a prompt's piece, logits on its last position only when it is the last."""
         self._check_chunk(chunk)
-        sid, n = chunk.session.session_id, len(chunk.tokens)
-        seq_id = self._sequence(chunk)
+        sid = chunk.session.session_id
+        seq_id, cached = self._sequence(chunk)
         if seq_id is None:
             return StepResult(sid, None, cache_miss=True)
-        self._fill([(t, seq_id, chunk.start + p, chunk.last and p == n - 1) for p, t in enumerate(chunk.tokens)])
-        self._decode("prefill")
-        self._stored[sid] += n
+        rest = chunk.tokens[cached:]
+        if rest:
+            self._make_room(len(rest))
+            start = chunk.start + cached
+            self._fill([(t, seq_id, start + p, chunk.last and p == len(rest) - 1) for p, t in enumerate(rest)])
+            self._decode("prefill")
+            self._written(sid, rest)
         if not chunk.last:
-            return StepResult(sid, None)
+            return StepResult(sid, None, cached=cached)
+        if self.prefix is not None:
+            self.prefix.publish(seq_id, self._ids[sid])
         t0 = time.perf_counter_ns()
         out = greedy_step(sid, self._logits(-1, sid), self.banned)
         if self.profile is not None:
             self.profile.add("sample_ns", time.perf_counter_ns() - t0, rows=1)
-        return out
+        return StepResult(sid, out.token, out.margin, cached=cached)
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """A tick's work: with ``mixed``, every decode item and prompt chunk in ONE llama_decode; else the
@@ -282,35 +313,40 @@ class GgufEngine:
         seqs = {}
         for c in prefill:
             self._check_chunk(c)
-            seqs[c.session.session_id] = seq_id = self._sequence(c)
+            sid = c.session.session_id
+            seqs[sid] = seq_id, cached = self._sequence(c)
             if seq_id is not None:
-                n = len(c.tokens)
+                n = len(c.tokens) - cached
                 rows += [
-                    (t, seq_id, c.start + p, c.last and p == n - 1, ("prefill", c.session.session_id))
-                    for p, t in enumerate(c.tokens)
+                    (t, seq_id, c.start + cached + p, c.last and p == n - 1, ("prefill", sid))
+                    for p, t in enumerate(c.tokens[cached:])
                 ]
         if len(rows) > self.n_batch:
             raise MeshbenchError(f"a tick of {len(rows)} tokens exceeds the batch of {self.n_batch}")
         rows.sort(key=lambda r: (r[1], r[2]))  # llama.cpp wants each sequence's tokens together, in order
+        self._make_room(len(rows))
         self._fill([r[:4] for r in rows])
         self._decode()
         logits = {r[4]: self._logits(i, r[4][1]) for i, r in enumerate(rows) if r[3]}
         for it in live:
-            self._stored[it.session_id] += 1
-        for c in prefill:
-            if seqs[c.session.session_id] is not None:
-                self._stored[c.session.session_id] += len(c.tokens)
-        chunks = [
-            StepResult(c.session.session_id, None, cache_miss=True)
-            if seqs[c.session.session_id] is None
-            else greedy_step(c.session.session_id, logits[("prefill", c.session.session_id)], self.banned)
-            if c.last
-            else StepResult(c.session.session_id, None)
-            for c in prefill
-        ]
+            self._written(it.session_id, [it.token])
+        chunks = [self._chunk_result(c, *seqs[c.session.session_id], logits) for c in prefill]
         return TickResult(
             batch_results(decode, live, [logits[("decode", it.session_id)] for it in live], self.banned), chunks
         )
+
+    def _chunk_result(self, c: PrefillChunk, seq_id: int | None, cached: int, logits: dict) -> StepResult:
+        """A chunk's answer in a mixed tick, once its rows are decoded."""
+        sid = c.session.session_id
+        if seq_id is None:
+            return StepResult(sid, None, cache_miss=True)
+        self._written(sid, c.tokens[cached:])
+        if not c.last:
+            return StepResult(sid, None, cached=cached)
+        if self.prefix is not None:
+            self.prefix.publish(seq_id, self._ids[sid])
+        out = greedy_step(sid, logits[("prefill", sid)], self.banned)
+        return StepResult(sid, out.token, out.margin, cached=cached)
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
         check_token_ids([it.token for it in items], self.model.vocab_size)
@@ -321,11 +357,12 @@ class GgufEngine:
         live.sort(key=lambda it: self._seq_ids[it.session_id])
         rows = []
         if live:
+            self._make_room(len(live))
             self._fill([(it.token, self._seq_ids[it.session_id], it.position, True) for it in live])
             self._decode()
         t0 = time.perf_counter_ns()
         for i, it in enumerate(live):
-            self._stored[it.session_id] += 1
+            self._written(it.session_id, [it.token])
             rows.append(self._logits(i, it.session_id))
         out = batch_results(items, live, rows, self.banned)
         if self.profile is not None:
@@ -333,10 +370,13 @@ class GgufEngine:
         return out
 
     def release(self, session_id: str) -> None:
+        """Clear the session's sequence; with a prefix cache its whole blocks stay cached first, and the sequence
+        is kept (retained) while it holds a block no other sequence does."""
         seq_id = self._seq_ids.pop(session_id, None)
         self._stored.pop(session_id, None)
         self._epoch.pop(session_id, None)
-        if seq_id is not None:
+        ids = self._ids.pop(session_id, [])
+        if seq_id is not None and not (self.prefix is not None and self.prefix.release(seq_id, ids)):
             self.lib.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
 
     def close(self) -> None:

@@ -53,6 +53,8 @@ def setup_gguf(
             spec.mixed_batch,
             spec.tiled_mm,
             spec.ban_eog,
+            limits.prefix_block_tokens,
+            limits.kv_bytes,
         )
 
     with capture_log() as context_log:
@@ -84,6 +86,7 @@ def _record(probe: GgufEngine, spec: EngineSpec, model: LoadedModel, kv_log: dic
         tiled_mm=spec.tiled_mm,
         model_name=model.name,
         eog_tokens=list(model.eog),
+        vocab_size=model.vocab_size,
         kv_geometry=model.geometry.to_dict(KV_TYPES[spec.kv_type][1]),
         kv_allocated=_allocation(probe, kv_log),
         rpc=_rpc_record(model, spec, context_log) if model.endpoints else None,

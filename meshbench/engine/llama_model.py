@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
-from meshbench import files
+from meshbench import files, limits
 from meshbench.engine import kv_geometry, rpc
 from meshbench.errors import EngineUnavailable, MeshbenchError
 from meshbench.model import gguf_io
@@ -97,6 +97,20 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if gpu else "cpu"
     return device
+
+
+def check_native_sizes(model: LoadedModel, n_seq_max: int, seq_capacity: int, threads: int | None) -> None:
+    """Bound every number that sizes a llama.cpp context: beyond these it aborts or crashes the process."""
+    if threads is not None and not 1 <= threads <= limits.MAX_THREADS:
+        raise MeshbenchError(f"engine.threads {threads}: llama.cpp takes 1 to {limits.MAX_THREADS} threads")
+    if not 1 <= n_seq_max <= limits.MAX_LLAMA_SEQUENCES:
+        raise MeshbenchError(
+            f"{n_seq_max} concurrent sessions: a llama.cpp context holds 1 to {limits.MAX_LLAMA_SEQUENCES} sequences"
+        )
+    if not 1 <= seq_capacity <= limits.MAX_TOKENS:
+        raise MeshbenchError(
+            f"{seq_capacity} positions per session: a llama.cpp sequence here holds 1 to {limits.MAX_TOKENS}"
+        )
 
 
 class LoadedModel:

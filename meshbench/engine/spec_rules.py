@@ -58,11 +58,6 @@ def _owned(spec: EngineSpec) -> None:
 def _gguf(spec: EngineSpec) -> None:
     if not spec.model and not spec.package:
         raise MeshbenchError("engine.kind gguf needs engine.model (a GGUF file path) or engine.package")
-    if spec.prefix_cache:
-        raise MeshbenchError(
-            "engine.prefix_cache runs on the synthetic engine so far: the gguf engine's (llama_memory_seq_cp) "
-            "is not built yet"
-        )
 
 
 def _endpoint(spec: EngineSpec) -> None:

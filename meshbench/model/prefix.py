@@ -41,11 +41,12 @@ def block_keys(tokens: Sequence[int], block_tokens: int, key: KeyFn = chained_ke
 
 @dataclass(slots=True)
 class Block:
-    """One cached block: its key, its K/V for ``block_tokens`` positions, and the sessions reading it."""
+    """One cached block: its key, its K/V for ``block_tokens`` positions, and the sessions reading it. The GGUF
+    engine's blocks have no arrays here: their K/V are cells of llama.cpp sequences (engine.gguf_prefix)."""
 
     key: bytes
-    k: np.ndarray  # (n_layers, block_tokens, n_kv_heads, head_dim)
-    v: np.ndarray  # (n_layers, block_tokens, n_kv_heads, head_dim)
+    k: np.ndarray | None  # (n_layers, block_tokens, n_kv_heads, head_dim)
+    v: np.ndarray | None  # (n_layers, block_tokens, n_kv_heads, head_dim)
     refs: int = 0
 
 
@@ -91,10 +92,10 @@ class PrefixBlocks:
         for b in reversed(run):
             self._blocks.move_to_end(b.key)
 
-    def add(self, key: bytes, k: np.ndarray, v: np.ndarray) -> Block:
-        """A new block, unreferenced (the caller acquires it); its arrays are the store's own copies."""
+    def add(self, key: bytes, k: np.ndarray | None = None, v: np.ndarray | None = None) -> Block:
+        """A new block, unreferenced (the caller acquires it); its arrays, if any, are the store's own copies."""
         assert key not in self._blocks, key.hex()
-        block = Block(key, k.copy(), v.copy())
+        block = Block(key, None if k is None else k.copy(), None if v is None else v.copy())
         self._blocks[key] = block
         return block
 

@@ -71,6 +71,7 @@ class GgufEngineInfo(EngineInfo):
     kv_geometry: KvGeometry | None
     kv_allocated: KvAllocation | None
     rpc: JsonObject | None  # RPC workers: endpoints, devices, layers and buffers per device
+    vocab_size: int | None = None  # the model's vocabulary (synthetic prompts are drawn over it); since round 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,7 @@ from meshbench.analysis.checks import Checks
 from meshbench.model.prefix import block_keys
 from meshbench.names import RESULTS
 from meshbench.records import serial
+from meshbench.records.context import GgufEngineInfo, SyntheticEngineInfo
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
 from meshbench.verify import turns
@@ -49,9 +50,12 @@ def check_prefix(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
 def _prompts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> dict[tuple[str, int], tuple[int, ...]] | None:
     """Each session's prompt ids by (session, epoch): synthetic prompts, drawn from the seed over the model's
     vocabulary; a conversation's later turn is the last turn's prompt, its answer and the user's ids."""
-    vocab = b.results.engine.model_config.get("vocab_size")
+    engine = b.results.engine
+    vocab = engine.model_config.get("vocab_size") if isinstance(engine, SyntheticEngineInfo) else None
+    if isinstance(engine, GgufEngineInfo):
+        vocab = engine.vocab_size
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
-        c.equal(RESULTS, f"{at}: engine.model_config.vocab_size (the prompts' vocabulary)", "a positive integer", vocab)
+        c.equal(RESULTS, f"{at}: the engine's vocabulary size (the prompts' vocabulary)", "a positive integer", vocab)
         return None
     turns = {(r.session_id, 1): r for r in b.cfg.workload.requests(vocab)}
     for s in sorted(lv.sessions, key=lambda s: s.epoch):  # each later turn as the node built it (next_turn)
@@ -85,11 +89,10 @@ def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
             ids = prompts.get(key, ())
             keys = block_keys(ids, bt)
             if start == 0:
-                limit = n - 1 if start + n == len(ids) else n
-                run = 0
-                while run < len(keys) and (run + 1) * bt <= limit and keys[run] in store:
-                    run += 1
-                # once the store evicted, the replay (which never evicts) bounds what a session can have found
+                run = _run(keys, store, n - 1 if start + n == len(ids) else n, bt)
+                # once the store evicted (its bytes fell short of the replay's, or a hit did), the replay (which
+                # never evicts) only bounds what a session can have found
+                exact = exact and cached.get(key, 0) >= run * bt
                 replayed[key] = run * bt if exact else min(cached.get(key, 0), run * bt)
                 live[sid] = replayed[key]
             if start + n == len(ids):
@@ -126,6 +129,14 @@ def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     if lv.tick_records:
         last = lv.tick_records[-1]
         c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (only the cache's left)", last.kv_bytes_shared, last.kv_bytes)
+
+
+def _run(keys: list[bytes], store: set[bytes], limit: int, bt: int) -> int:
+    """The blocks a first piece of ``limit`` positions finds: the longest run of stored keys from the first."""
+    run = 0
+    while run < len(keys) and (run + 1) * bt <= limit and keys[run] in store:
+        run += 1
+    return run
 
 
 def _check_cache_off(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
