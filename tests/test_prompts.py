@@ -118,3 +118,46 @@ def test_a_prompts_bundle_reruns_and_a_changed_file_is_caught(models, tmp_path):
     p.write_text("a different first prompt entirely\nsecond prompt here\n")
     r = runner.invoke(app, ["verify", str(out), "--rerun"])
     assert r.exit_code == 2 and "changed since the bundle was made" in r.output  # its sha256, before tokenizing
+
+
+def _prefixed(tmp_path, lines):
+    p = tmp_path / "p.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in lines))
+    return p
+
+
+SYSTEM = ["you are a helpful assistant who answers briefly " * 3, "the kitchen is open from nine until five " * 3]
+
+
+def test_a_shared_system_prompt_starts_each_of_its_groups_prompts_and_verifies(models, tmp_path):
+    qs = ["what time is it", "where is the fox", "hello world", "the quick brown fox", "why", "how so"]
+    p = _prefixed(tmp_path, [{"prefix": SYSTEM[i // 3], "prompt": q} for i, q in enumerate(qs)])
+    out = tmp_path / "b"
+    args = ["--model", models / "vocab.gguf", "--prompts", p, "--sessions", 6, "--new-tokens", 4, "--levels", "1,3"]
+    args += ["--prefix-groups", "3,3", "--prefix-tokens", 24, "--prefix-cache", "--block-tokens", 8, "--out", out]
+    d = sweep(*args)
+    lv = d["levels"][0]
+    # alone, in order: the second and third of each group hit the 24-id prefix (three blocks of 8)
+    assert lv["prefix"]["hits"] == 4 and lv["prefix"]["saved_tokens"] == 4 * 24, lv["prefix"]
+    assert d["corruption_free"] and all(x["cache_verdict"]["holds"] for x in d["levels"])
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "lines, extra, expect",
+    [
+        ([{"prefix": SYSTEM[0], "prompt": "a"}, {"prompt": "b"}], [], "give a 'prefix' on every line or on none"),
+        ([{"prefix": "", "prompt": "a"}, {"prefix": "x", "prompt": "b"}], [], "'prefix' is not a non-empty string"),
+        ([{"prefix": SYSTEM[0], "prompt": "a"}, {"prefix": SYSTEM[0], "prompt": "b"}], None, "give workload.prefix"),
+        ([{"prefix": SYSTEM[0], "prompt": "a"}, {"prefix": SYSTEM[1], "prompt": "b"}], [], "texts differ"),
+        ([{"prefix": "short", "prompt": "a"}, {"prefix": "short", "prompt": "b"}], [], "fewer than"),
+    ],
+)
+def test_prefixed_prompts_that_cannot_mean_a_shared_prefix_are_refused(models, tmp_path, lines, extra, expect):
+    p = _prefixed(tmp_path, lines)
+    args = ["sweep", "--engine", "gguf", "--model", models / "vocab.gguf", "--prompts", p, "--sessions", 2]
+    args += ["--levels", 1, "--out", tmp_path / "o"]
+    if extra is not None:
+        args += ["--prefix-groups", "2", "--prefix-tokens", 24]
+    run_refused(*args, expect=expect)

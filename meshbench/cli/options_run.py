@@ -104,8 +104,8 @@ RUN = (
         typer.Option(
             "--prompts",
             rich_help_panel="Workload",
-            help="Real prompts: a file of text lines, or JSONL with a 'prompt' field, one per session, "
-            "tokenized by the GGUF model's own tokenizer.",
+            help="Real prompts: a file of text lines, or JSONL with a 'prompt' field (and a shared 'prefix', a "
+            "system prompt, with --prefix-groups), one per session, tokenized by the GGUF model's own tokenizer.",
         ),
         paths=("workload.prompts",),
         parse=_text,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from meshbench.analysis import figures, prefix
 from meshbench.analysis.checks import Checks
+from meshbench.errors import MeshbenchError
 from meshbench.model.prefix import block_keys
 from meshbench.names import RESULTS
 from meshbench.records import serial
@@ -14,6 +15,7 @@ from meshbench.records.context import GgufEngineInfo, SyntheticEngineInfo
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
 from meshbench.verify import turns
+from meshbench.workload import prompts
 
 
 def check_prefix(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
@@ -48,8 +50,9 @@ def check_prefix(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
 
 
 def _prompts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> dict[tuple[str, int], tuple[int, ...]] | None:
-    """Each session's prompt ids by (session, epoch): synthetic prompts, drawn from the seed over the model's
-    vocabulary; a conversation's later turn is the last turn's prompt, its answer and the user's ids."""
+    """Each session's prompt ids by (session, epoch): real prompts tokenized by the model, or synthetic prompts
+    drawn from the seed over the model's vocabulary; a conversation's later turn is the last turn's prompt, its
+    answer and the user's ids."""
     engine = b.results.engine
     vocab = engine.model_config.get("vocab_size") if isinstance(engine, SyntheticEngineInfo) else None
     if isinstance(engine, GgufEngineInfo):
@@ -57,7 +60,14 @@ def _prompts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> dict[tuple[s
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
         c.equal(RESULTS, f"{at}: the engine's vocabulary size (the prompts' vocabulary)", "a positive integer", vocab)
         return None
-    turns = {(r.session_id, 1): r for r in b.cfg.workload.requests(vocab)}
+    wl = b.cfg.workload
+    if wl.prompts is not None:  # real prompts: tokenized again by the model (its file must be here)
+        try:
+            wl = prompts.apply(b.cfg).workload
+        except MeshbenchError as e:
+            c.notes.append(f"{at}: the prefix cache's replay needs the prompts tokenized: {e} (unchecked)")
+            return None
+    turns = {(r.session_id, 1): r for r in wl.requests(vocab)}
     for s in sorted(lv.sessions, key=lambda s: s.epoch):  # each later turn as the node built it (next_turn)
         r = turns.get((s.session_id, s.epoch))
         later = r.next_turn(s.tokens) if r is not None else None

@@ -1,5 +1,6 @@
-"""Real prompts for a workload: a file of text lines, or of JSON lines with a ``prompt`` field, one
-per session in order, tokenized by the GGUF model's own tokenizer (its BOS added as it says)."""
+"""Real prompts for a workload: a file of text lines, or of JSON lines with a ``prompt`` field (and a shared
+``prefix``, a system prompt), one per session in order, tokenized by the GGUF model's own tokenizer (its BOS
+added as it says)."""
 
 from __future__ import annotations
 
@@ -16,26 +17,38 @@ MAX_PROMPTS_BYTES = 64 << 20
 
 
 def read(path: str) -> list[str]:
-    """The prompts, in order: JSONL when every non-empty line is a JSON object with a string ``prompt``,
-    else one prompt per non-empty line."""
+    """The prompts' whole texts, in order (a JSON line's ``prefix`` and ``prompt`` together)."""
+    return [(prefix or "") + prompt for prefix, prompt in read_entries(path)]
+
+
+def read_entries(path: str) -> list[tuple[str | None, str]]:
+    """The prompts, in order, each with its shared prefix (a system prompt) or None: JSONL when every non-empty
+    line is a JSON object with a string ``prompt`` (and, on every line or none, a string ``prefix``), else one
+    prompt per non-empty line."""
     text = files.read_text(files.regular_file(path, "workload.prompts"), "workload.prompts", MAX_PROMPTS_BYTES)
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise MeshbenchError(f"workload.prompts {path}: no prompts in it")
     if not lines[0].lstrip().startswith("{"):
-        return lines
-    prompts = []
-    for i, line in enumerate(lines, 1):
-        try:
-            prompt = json.loads(line).get("prompt")
-        except (ValueError, AttributeError):
-            prompt = None
-        if not isinstance(prompt, str) or not prompt:
-            raise MeshbenchError(
-                f"workload.prompts {path}: line {i} is not a JSON object with a non-empty string 'prompt'"
-            )
-        prompts.append(prompt)
-    return prompts
+        return [(None, line) for line in lines]
+    entries = [_entry(path, i, line) for i, line in enumerate(lines, 1)]
+    if len({prefix is None for prefix, _ in entries}) > 1:
+        raise MeshbenchError(f"workload.prompts {path}: give a 'prefix' on every line or on none")
+    return entries
+
+
+def _entry(path: str, i: int, line: str) -> tuple[str | None, str]:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        obj = None
+    prompt = obj.get("prompt") if isinstance(obj, dict) else None
+    if not isinstance(prompt, str) or not prompt:
+        raise MeshbenchError(f"workload.prompts {path}: line {i} is not a JSON object with a non-empty string 'prompt'")
+    prefix = obj.get("prefix") if isinstance(obj, dict) else None
+    if prefix is not None and (not isinstance(prefix, str) or not prefix):
+        raise MeshbenchError(f"workload.prompts {path}: line {i}'s 'prefix' is not a non-empty string")
+    return prefix, prompt
 
 
 def apply(cfg: RunConfig) -> RunConfig:
@@ -48,10 +61,11 @@ def apply(cfg: RunConfig) -> RunConfig:
     wl = cfg.workload
     if wl.prompts is None:
         return cfg
-    texts = read(wl.prompts)
-    if len(texts) < wl.sessions:
-        raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(texts)} prompts for {wl.sessions} sessions")
-    ids = tokenize(cfg.engine.model, texts[: wl.sessions])
+    entries = read_entries(wl.prompts)
+    if len(entries) < wl.sessions:
+        raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(entries)} prompts for {wl.sessions} sessions")
+    entries = entries[: wl.sessions]
+    ids = _ids(cfg, entries) if entries[0][0] is not None else tokenize(cfg.engine.model, [p for _, p in entries])
     lengths = tuple(len(x) for x in ids)
     if cfg.source.startswith("results.json") and lengths != wl.prompt_tokens:
         raise MeshbenchError(
@@ -59,3 +73,35 @@ def apply(cfg: RunConfig) -> RunConfig:
             "the bundle recorded (the file or the model changed)"
         )
     return dataclasses.replace(cfg, workload=dataclasses.replace(wl, prompt_tokens=lengths, prompt_ids=tuple(ids)))
+
+
+def _ids(cfg: RunConfig, entries: list[tuple[str | None, str]]) -> list[tuple[int, ...]]:
+    """Prompts with shared prefixes (system prompts): each group's prefix (workload.prefix.groups, consecutive
+    lines) is one text, whose first workload.prefix.tokens ids (BOS first) start each of its prompts; the
+    prompt's own ids follow, tokenized without BOS."""
+    wl, path = cfg.workload, cfg.workload.prompts
+    if not wl.prefix_groups:
+        raise MeshbenchError(
+            f"workload.prompts {path}: its lines have a 'prefix': give workload.prefix.groups (the sessions that "
+            "share each) and workload.prefix.tokens"
+        )
+    texts, start = [], 0
+    for g, size in enumerate(wl.prefix_groups):
+        group = {prefix for prefix, _ in entries[start : start + size]}
+        if len(group) != 1:
+            raise MeshbenchError(
+                f"workload.prompts {path}: lines {start + 1} to {start + size} are prefix group {g} but their "
+                "'prefix' texts differ"
+            )
+        texts.append(group.pop() or "")
+        start += size
+    heads = tokenize(cfg.engine.model, texts)
+    short = [(g, len(h)) for g, h in enumerate(heads) if len(h) < wl.prefix_tokens]
+    if short:
+        raise MeshbenchError(
+            f"workload.prompts {path}: prefix group {short[0][0]}'s text is {short[0][1]} tokens, fewer than "
+            f"workload.prefix.tokens {wl.prefix_tokens}"
+        )
+    own = tokenize(cfg.engine.model, [p for _, p in entries], bos=False)
+    sizes = [h[: wl.prefix_tokens] for h, size in zip(heads, wl.prefix_groups) for _ in range(size)]
+    return [head + mine for head, mine in zip(sizes, own)]

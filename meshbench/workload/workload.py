@@ -157,8 +157,6 @@ class WorkloadSection:
         groups, shared = (tuple(self.prefix["groups"]), self.prefix["tokens"]) if self.prefix else ((), 0)
         if self.turns > 1 and self.prompts is not None:
             raise MeshbenchError(f"{source}: workload.turns draws synthetic user turns; workload.prompts are real ones")
-        if groups and self.prompts is not None:
-            raise MeshbenchError(f"{source}: workload.prefix draws synthetic prompts; workload.prompts are real ones")
         return Workload(
             tuple(shared + p for p in _per_session(self.prompt_tokens, n, "prompt_tokens", source)),
             _per_session(self.new_tokens, n, "new_tokens", source),
