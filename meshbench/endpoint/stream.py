@@ -26,6 +26,8 @@ class Completion:
     stop: str | None = None  # the server's reason: "limit" (all tokens), "eos", "word", ... (None: unsaid)
     predicted: int | None = None  # the tokens the server says it generated
     evaluated: int | None = None  # the prompt tokens the server says it evaluated (native)
+    computed: int | None = None  # of them, the ones it computed, not taken from its prompt cache (timings.prompt_n;
+    # native; read by meshbench bench prefix, not recorded in a bundle)
     error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
 
     def to_dict(self) -> dict:
@@ -142,6 +144,7 @@ def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
             "tokens_predicted",
         )
         c.evaluated = _counted(chunk.get("tokens_evaluated"), "tokens_evaluated")
+        c.computed = _counted(timings.get("prompt_n") if isinstance(timings, dict) else None, "timings.prompt_n")
         return True
     return False
 

@@ -61,7 +61,14 @@ class EngineSpec:
         "Engine threads (gguf engine).",
     )
     flash_attn: bool = setting(False, NODE, {"type": "boolean"})
-    kv_unified: bool = setting(False, NODE, {"type": "boolean"})
+    kv_unified: bool = setting(
+        False,
+        NODE,
+        {"type": "boolean"},
+        "--kv-unified/--no-kv-unified",
+        "GGUF engine: one KV stream for every sequence (llama.cpp's kv_unified); a prefix cache's hits then "
+        "share cells instead of copying them.",
+    )
     kv_type: str = setting("f16", NODE, {"enum": ["f16", "f32"]})
     make_model: dict | None = setting(
         None,
