@@ -26,12 +26,22 @@ class Recording:
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.lost: set[int] = set()  # sequences whose copied cells llama.cpp no longer holds
 
     def cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         self.calls.append(("cp", src, dst, p0, p1))
 
     def rm(self, seq: int, p0: int, p1: int) -> None:
         self.calls.append(("rm", seq, p0, p1))
+
+    def span(self, seq: int) -> tuple[int, int]:
+        """What llama.cpp would hold after the calls so far for ``seq``: a copy holds its run (``lost``: none)."""
+        if seq in self.lost:
+            return (-1, -1)
+        cut = [c for c in self.calls if c[0] == "rm" and c[1] == seq and c[3] == -1]
+        cp = [c for c in self.calls if c[0] == "cp" and c[2] == seq]
+        end = cut[-1][2] if cut else (cp[-1][4] if cp else 0)
+        return (0, end - 1)
 
 
 def _holders(unified: bool) -> tuple[PrefixHolders, Recording]:
@@ -51,6 +61,16 @@ def test_a_hit_is_copied_from_a_holder_of_its_last_block(unified):
     # shared cells: the run's range is tagged; a stream of its own: the whole stream copied, then cut to the run
     assert mem.calls == ([("cp", 0, 1, 0, 8)] if unified else [("cp", 0, 1, -1, -1), ("rm", 1, 8, -1)])
     assert h.positions == 8  # each block once, however many sequences hold it
+
+
+def test_a_copy_that_does_not_hold_the_whole_run_is_a_miss():
+    h, mem = _holders(True)
+    prompt = list(range(10))
+    h.attach(0, prompt, 9)
+    h.publish(0, prompt)
+    mem.lost.add(1)  # as with a sliding window in one stream: the copied cells are gone
+    assert h.attach(1, prompt, 9) == 0
+    assert mem.calls[-1] == ("rm", 1, -1, -1) and h.misses_incomplete == 1 and h.shared(1) == 0
 
 
 def test_an_ended_session_is_retained_only_for_blocks_nobody_else_holds():
@@ -244,3 +264,62 @@ def test_a_sequence_reused_without_clearing_fails_isolation_and_names_both(model
     # alone, s1 is given s0's sequence after it: s1's tokens depend on s0's content
     assert ("s1", "s0") in leaks, leaks
     assert all(v != j for v, j in leaks), leaks
+
+
+@pytest.fixture(scope="module")
+def sliding(tiny, tmp_path_factory):
+    """The tiny model's weights as a gemma3 file with a sliding window of 8 positions on its layers."""
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(tiny)
+    p = tmp_path_factory.mktemp("swa") / "swa.gguf"
+    w = gguf.GGUFWriter(str(p), "gemma3")
+    w.add_name("tiny-swa")
+    w.add_context_length(512)
+    w.add_embedding_length(64)
+    w.add_block_count(3)
+    w.add_feed_forward_length(192)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_key_length(16)
+    w.add_value_length(16)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_sliding_window(8)
+    w.add_file_type(0)
+    w.add_vocab_size(256)
+    w.add_tokenizer_model(bytes(r.fields["tokenizer.ggml.model"].parts[-1]).decode())
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data, dtype=np.float32))
+        if t.name.endswith("attn_norm.weight"):
+            b = t.name.rsplit(".", 2)[0]
+            for name, n in (
+                ("attn_q_norm", 16),
+                ("attn_k_norm", 16),
+                ("post_attention_norm", 64),
+                ("post_ffw_norm", 64),
+            ):
+                w.add_tensor(f"{b}.{name}.weight", np.ones(n, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    m = LoadedModel(p, "cpu", verbose=False)
+    yield m
+    m.close()
+
+
+def test_a_run_whose_sliding_window_cells_are_gone_in_one_stream_is_a_miss_not_a_wrong_hit(sliding):
+    made: list[GgufEngine] = []
+
+    def make(limits: EngineLimits) -> GgufEngine:
+        made.append(_engine(sliding, True)(limits))
+        return made[-1]
+
+    wl = Workload((34,) * 24, (6,) * 24, seed=3, prefix_groups=(12, 12), prefix_tokens=24)
+    sweep = _sweep(make, wl, levels=(4,), block_tokens=8)
+    # with one stream, llama.cpp reused cells past a holder's window: those hits were taken as misses
+    assert sum(e.prefix.misses_incomplete for e in made if e.prefix is not None) > 0
+    for lv in sweep.levels:
+        assert lv.cache_verdict is not None and lv.cache_verdict.holds, lv.cache_verdict

@@ -152,12 +152,15 @@ def test_a_shared_system_prompt_starts_each_of_its_groups_prompts_and_verifies(m
         ([{"prefix": SYSTEM[0], "prompt": "a"}, {"prefix": SYSTEM[0], "prompt": "b"}], None, "give workload.prefix"),
         ([{"prefix": SYSTEM[0], "prompt": "a"}, {"prefix": SYSTEM[1], "prompt": "b"}], [], "texts differ"),
         ([{"prefix": "short", "prompt": "a"}, {"prefix": "short", "prompt": "b"}], [], "fewer than"),
+        (["plain a", "plain b"], [], "needs JSONL lines with a 'prefix'"),
+        ([{"prefix": SYSTEM[0], "prompt": "a"}, {"prefix": SYSTEM[0], "prompt": "b"}], [1, 1], "one prefix text"),
     ],
 )
 def test_prefixed_prompts_that_cannot_mean_a_shared_prefix_are_refused(models, tmp_path, lines, extra, expect):
-    p = _prefixed(tmp_path, lines)
+    p = tmp_path / "p.jsonl"
+    p.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines))
     args = ["sweep", "--engine", "gguf", "--model", models / "vocab.gguf", "--prompts", p, "--sessions", 2]
     args += ["--levels", 1, "--out", tmp_path / "o"]
     if extra is not None:
-        args += ["--prefix-groups", "2", "--prefix-tokens", 24]
+        args += ["--prefix-groups", ",".join(map(str, extra or [2])), "--prefix-tokens", 24]
     run_refused(*args, expect=expect)

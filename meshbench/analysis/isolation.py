@@ -165,12 +165,13 @@ def requests_for(
 
 def schedule_view(ticks: Sequence[Tick]) -> list[JsonObject]:
     """Deterministic tick records as results.json holds them, the decode feed reduced to (session, position):
-    the schedule. A prefix cache's hits and bytes are left out: they depend on content by design (two prompts
-    share a block exactly when their ids do), and perturbed content may share a block by chance."""
-    shared = ("prefix_hit_tokens", "kv_bytes_shared")
+    the schedule. With a prefix cache its hits and bytes, and the KV bytes held (which count them), are left out:
+    they depend on content by design (two prompts share a block exactly when their ids do), and perturbed content
+    may share a block by chance; the positions held (stored_tokens) stay."""
+    shared = ("prefix_hit_tokens", "kv_bytes_shared", "kv_bytes")
     return [
         {
-            **{k: v for k, v in serial.to_json(t).items() if k not in shared},
+            **{k: v for k, v in serial.to_json(t).items() if t.kv_bytes_shared is None or k not in shared},
             "decode_feed": [f[:2] for f in t.decode_feed],
         }
         for t in ticks

@@ -143,6 +143,11 @@ def bench_prefix(
     cfg = config.load(config_path, overrides)
     if cfg.engine.kind != "gguf":
         raise MeshbenchError("bench prefix needs a gguf config (engine.kind gguf, engine.model or engine.package)")
+    if cfg.engine.isolated:
+        raise MeshbenchError(
+            "bench prefix runs the engine in the node's own process (the prefix cache is not carried across "
+            "processes yet): drop isolate, rpc, workers and tiled_mm from the config"
+        )
     cfg = prompts.apply(cfg)
     res = prefix_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg))
     if as_json:

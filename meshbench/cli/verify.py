@@ -47,6 +47,7 @@ def verify(
                 rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints, bundle=path)
                 if rerun
                 else None,
+                resolve=functools.partial(run.with_prompt_ids, bundle=path),
             )
         except MeshbenchError as e:
             err.print(f"error: {e}", markup=False)

@@ -66,6 +66,11 @@ class GgufEngine:
     ) -> None:
         lib = llama_cpp_lib()
         check_native_sizes(model, n_seq_max, seq_capacity, threads)
+        if prefix_block_tokens and (lib.llama_model_is_recurrent(model.ptr) or lib.llama_model_is_hybrid(model.ptr)):
+            raise MeshbenchError(
+                f"engine.prefix_cache: {model.arch} keeps a recurrent state, which llama.cpp copies whole "
+                "(never a prefix's): the prefix cache needs an attention-only model"
+            )
         self.lib, self.model = lib, model
         self.kv_type = kv_type
         self.flash_attn, self.kv_unified = flash_attn, kv_unified

@@ -9,11 +9,13 @@ chain (positions 0 to the block's end), so any holder of a run's last block can 
 - a session that ends stays resident as a *retained* sequence, cut back to its whole blocks, while one of its
   blocks has no other holder; it is cut further as its blocks are evicted, and freed when none is left.
 
-A hit is ``llama_memory_seq_cp`` from a holder. With ``kv_unified`` every sequence's cells are in one stream and
-the copy only tags the run's cells with the new sequence: the cells are shared, no K/V moves. Without it each
-sequence has a stream of its own and llama.cpp copies whole streams only: the source's stream is copied (at the
-next llama_decode) and the copy is cut back to the run. Either way the bookkeeping is the same, and a block is
-counted once, as the synthetic engine counts it; the copies' cells are llama.cpp's allocation (engine.kv_allocated).
+A hit is ``llama_memory_seq_cp`` from a holder, checked: the copy must hold every position of the run (with
+sliding-window layers in one stream llama.cpp reuses a sequence's cells past its window; that hit is a miss).
+With ``kv_unified`` every sequence's cells are in one stream and the copy only tags the run's cells with the new
+sequence: the cells are shared, no K/V moves. Without it each sequence has a stream of its own and llama.cpp
+copies whole streams only: the source's stream is copied (at the next llama_decode) and the copy is cut back to
+the run. Either way the bookkeeping is the same, and a block is counted once, as the synthetic engine counts it;
+the copies' cells are llama.cpp's allocation.
 This module calls llama.cpp only through ``Memory``; it never sees a batch, a queue or a budget.
 """
 
@@ -31,6 +33,10 @@ class Memory(Protocol):
 
     def rm(self, seq: int, p0: int, p1: int) -> None: ...
 
+    def span(self, seq: int) -> tuple[int, int]:
+        """The lowest and highest position the sequence holds ((-1, -1): none)."""
+        ...
+
 
 class PrefixHolders:
     """The store, and for each block the sequences holding it."""
@@ -42,6 +48,7 @@ class PrefixHolders:
         self._chain: dict[int, list[Block]] = {}  # sequence -> the blocks it holds, in order from position 0
         self._live: set[int] = set()  # sequences of live sessions: they reference their chain's blocks
         self.retained: set[int] = set()  # sequences of ended sessions kept for blocks nobody else holds
+        self.misses_incomplete = 0  # hits given up: llama.cpp no longer held the whole run (sliding windows)
 
     @property
     def positions(self) -> int:
@@ -68,6 +75,12 @@ class PrefixHolders:
         else:  # a whole stream or nothing: copy it, then cut the copy back to the run
             self.memory.cp(src, seq, -1, -1)
             self.memory.rm(seq, n, -1)
+        if self.memory.span(seq) != (0, n - 1):
+            # llama.cpp no longer holds the whole run: in one stream, a sliding-window layer's cells past a
+            # sequence's window are reused by others. Then it is a miss: the prompt is computed whole.
+            self.memory.rm(seq, -1, -1)
+            self.misses_incomplete += 1
+            return 0
         self.store.acquire(run)
         self._hold(seq, run)
         return n
@@ -175,3 +188,9 @@ class LlamaMemory:
 
     def rm(self, seq: int, p0: int, p1: int) -> None:
         self.lib.llama_memory_seq_rm(self.mem, seq, p0, p1)
+
+    def span(self, seq: int) -> tuple[int, int]:
+        return (
+            int(self.lib.llama_memory_seq_pos_min(self.mem, seq)),
+            int(self.lib.llama_memory_seq_pos_max(self.mem, seq)),
+        )

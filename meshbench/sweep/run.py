@@ -181,6 +181,21 @@ def _locate(name: str, bundle: Path) -> str:
     return name
 
 
+def with_prompt_ids(cfg: RunConfig, bundle: Path | None = None) -> RunConfig:
+    """A bundle's config with its real prompts' ids, where verify's prefix-cache replay needs them (prompts and a
+    prefix cache) and the model and the prompts file are here (a relative file also from the bundle's folder
+    upwards); else unchanged, and the replay says it is unchecked. Only the workload changes."""
+    wl = cfg.workload
+    if not (wl.prompts and cfg.engine.prefix_cache and wl.prompt_ids is None):
+        return cfg
+    located = dataclasses.replace(wl, prompts=_locate(wl.prompts, bundle)) if bundle is not None else wl
+    try:
+        applied = prompts.apply(dataclasses.replace(cfg, workload=located))
+    except MeshbenchError:
+        return cfg
+    return dataclasses.replace(cfg, workload=dataclasses.replace(applied.workload, prompts=wl.prompts))
+
+
 def config_from_results(cfg: RunConfig) -> RunConfig:
     """The RunConfig a bundle recorded (its config echo), to run here.
 

@@ -7,6 +7,7 @@ schema violation) raise MeshbenchError instead: there is nothing to check.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from pathlib import Path
@@ -23,6 +24,8 @@ from meshbench.verify import checks, endpoint, reproduce
 from meshbench.verify.reproduce import Rerun
 from meshbench.workload import config
 from meshbench.workload.config import RunConfig
+
+Resolve = Callable[[RunConfig], RunConfig]  # a bundle's config made concrete here (its real prompts' ids)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -60,15 +63,20 @@ def config_echo_errors(echo: dict) -> list[str]:
     return errors
 
 
-def check_bundle(path: Path, rerun: Rerun | None = None) -> Checks:
-    return checked_bundle(path, rerun)[2]
+def check_bundle(path: Path, rerun: Rerun | None = None, resolve: Resolve | None = None) -> Checks:
+    return checked_bundle(path, rerun, resolve)[2]
 
 
-def checked_bundle(path: Path, rerun: Rerun | None = None) -> tuple[dict, NodeBundle | EndpointBundle, Checks]:
+def checked_bundle(
+    path: Path, rerun: Rerun | None = None, resolve: Resolve | None = None
+) -> tuple[dict, NodeBundle | EndpointBundle, Checks]:
     """The bundle's results (as read, and typed) and every check of it; with ``rerun`` (the runner, injected:
-    checking a file never loads an engine), its deterministic records compared with a fresh run's."""
+    checking a file never loads an engine), its deterministic records compared with a fresh run's; ``resolve``
+    (injected too) gives a node bundle's config its real prompts' ids, where the model is here."""
     data = load_bundle(path)
     typed = kinds.typed_results(data)
+    if resolve is not None and isinstance(typed, NodeBundle):
+        typed = dataclasses.replace(typed, cfg=resolve(typed.cfg))
     c = check_typed(data, typed)
     check_readme(c, data, typed, path)
     if rerun is not None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from meshbench.analysis import figures, prefix
 from meshbench.analysis.checks import Checks
-from meshbench.errors import MeshbenchError
 from meshbench.model.prefix import block_keys
 from meshbench.names import RESULTS
 from meshbench.records import serial
@@ -15,7 +14,6 @@ from meshbench.records.context import GgufEngineInfo, SyntheticEngineInfo
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
 from meshbench.verify import turns
-from meshbench.workload import prompts
 
 
 def check_prefix(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
@@ -61,12 +59,12 @@ def _prompts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> dict[tuple[s
         c.equal(RESULTS, f"{at}: the engine's vocabulary size (the prompts' vocabulary)", "a positive integer", vocab)
         return None
     wl = b.cfg.workload
-    if wl.prompts is not None:  # real prompts: tokenized again by the model (its file must be here)
-        try:
-            wl = prompts.apply(b.cfg).workload
-        except MeshbenchError as e:
-            c.notes.append(f"{at}: the prefix cache's replay needs the prompts tokenized: {e} (unchecked)")
-            return None
+    if wl.prompts is not None and wl.prompt_ids is None:  # verify gives them where the model is (run.with_prompt_ids)
+        c.notes.append(
+            f"{at}: the prefix cache's replay needs the real prompts tokenized by the model, which is not here "
+            "(unchecked; --rerun checks it)"
+        )
+        return None
     turns = {(r.session_id, 1): r for r in wl.requests(vocab)}
     for s in sorted(lv.sessions, key=lambda s: s.epoch):  # each later turn as the node built it (next_turn)
         r = turns.get((s.session_id, s.epoch))
@@ -77,68 +75,104 @@ def _prompts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> dict[tuple[s
 
 
 def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
-    """The block store replayed in the order the prompt pieces were written: each session's first piece takes
-    the longest run of stored blocks its prompt begins with (its last position always computed), a prompt's
-    last piece stores its whole blocks. Until the store holds fewer blocks than the replay (it evicted), its
-    bytes are the replay's; the KV held is the live sessions' own positions plus the store's, throughout."""
+    """The block store replayed in the order the engine wrote the prompt pieces: each session's first piece takes
+    the longest run of stored blocks its prompt begins with (its last position always computed), a prompt's last
+    piece stores its whole blocks (with mixed batches, after every piece of its tick took its run). Until the
+    store evicts (its bytes, or a hit, fall short of the replay's), its bytes are the replay's; after, they lie
+    between the blocks live sessions reference and the replay's. The KV held is the live sessions' own positions
+    plus the store's, throughout."""
     prompts = _prompts(c, b, lv, at)
     if prompts is None:
         return
-    bt, per = b.cfg.engine.block_tokens, b.results.engine.kv_bytes_per_token
-    cached = {(s.session_id, s.epoch): s.cached_tokens or 0 for s in lv.sessions}
+    r = _Replay(
+        prompts, b.cfg.engine.block_tokens, {(s.session_id, s.epoch): s.cached_tokens or 0 for s in lv.sessions}
+    )
     current = turns.Current(lv.sessions)
-    store: set[bytes] = set()
-    replayed: dict[tuple[str, int], int] = {}
-    live: dict[str, int] = {}  # session -> its shared positions now
-    exact = True
+    per = b.results.engine.kv_bytes_per_token
     for t in lv.tick_records:
         where = f"{at}.tick_records[{t.tick}]"
-        for sid, start, n in t.prefill_chunks:
-            s = current.get(sid)
-            key = (sid, s.epoch if s is not None else 0)
-            ids = prompts.get(key, ())
-            keys = block_keys(ids, bt)
-            if start == 0:
-                run = _run(keys, store, n - 1 if start + n == len(ids) else n, bt)
-                # once the store evicted (its bytes fell short of the replay's, or a hit did), the replay (which
-                # never evicts) only bounds what a session can have found
-                exact = exact and cached.get(key, 0) >= run * bt
-                replayed[key] = run * bt if exact else min(cached.get(key, 0), run * bt)
-                live[sid] = replayed[key]
-            if start + n == len(ids):
-                store.update(keys)
-                live[sid] = len(keys) * bt
+        chunks = [(sid, current.get(sid), start, n) for sid, start, n in t.prefill_chunks]
+        pieces = [(sid, (sid, s.epoch if s is not None else 0), start, n) for sid, s, start, n in chunks]
+        for group in [pieces] if b.cfg.engine.mixed_batch else [[p] for p in pieces]:
+            for sid, key, start, n in group:
+                if start == 0:
+                    r.take(sid, key, n)
+            for sid, key, start, n in group:
+                r.written(sid, key, start, n)
         for sid in t.completed:  # released: its prompt's and answer's whole blocks are shared as it goes
             s = current.get(sid)
             if s is not None:
-                store.update(block_keys(prompts.get((sid, s.epoch), ()) + tuple(s.tokens[:-1]), bt))
+                r.store.update(block_keys(prompts.get((sid, s.epoch), ()) + tuple(s.tokens[:-1]), r.bt))
         for sid in (*t.completed, *t.ended):
-            live.pop(sid, None)
+            r.live.pop(sid, None)
             current.end(sid)
-        shared = t.kv_bytes_shared or 0
-        if exact and shared != len(store) * bt * per:
-            exact = shared < len(store) * bt * per  # evicted: from here only the sum below holds
-            c.equal(RESULTS, f"{where}.kv_bytes_shared (the replayed store's, or fewer once it evicts)", True, exact)
-            exact = False
+        r.check_bytes(c, where, t.kv_bytes_shared or 0, per)
         if lv.cache_misses == 0:
             c.equal(
                 RESULTS,
                 f"{where}.kv_bytes (the live sessions' own positions x {per}, plus the store's)",
-                (t.stored_tokens - sum(live.values())) * per + shared,
+                (t.stored_tokens - sum(len(k) for k in r.live.values()) * r.bt) * per + (t.kv_bytes_shared or 0),
                 t.kv_bytes,
             )
     for s in lv.sessions:
-        if (s.session_id, s.epoch) in replayed:
+        if (s.session_id, s.epoch) in r.replayed:
             c.equal(
                 RESULTS,
-                f"{at}.sessions[{s.session_id}#{s.epoch}].cached_tokens (the replayed store's run of blocks of {bt}; "
-                "at most that once it evicted)",
-                replayed[s.session_id, s.epoch],
+                f"{at}.sessions[{s.session_id}#{s.epoch}].cached_tokens (the replayed store's run of blocks of "
+                f"{r.bt}; at most that once it evicted)",
+                r.replayed[s.session_id, s.epoch],
                 s.cached_tokens,
             )
     if lv.tick_records:
         last = lv.tick_records[-1]
         c.equal(RESULTS, f"{at}.tick_records[-1].kv_bytes (only the cache's left)", last.kv_bytes_shared, last.kv_bytes)
+
+
+class _Replay:
+    """The replayed store (it never evicts), each session's replayed hit, and the blocks each live session
+    references."""
+
+    def __init__(self, prompts: dict[tuple[str, int], tuple[int, ...]], bt: int, cached: dict) -> None:
+        self.prompts, self.bt, self.cached = prompts, bt, cached
+        self.store: set[bytes] = set()
+        self.replayed: dict[tuple[str, int], int] = {}
+        self.live: dict[str, list[bytes]] = {}  # session -> the blocks it references now
+        self.exact = True
+
+    def take(self, sid: str, key: tuple[str, int], n: int) -> None:
+        """A prompt's first piece of ``n`` positions takes its run."""
+        ids = self.prompts.get(key, ())
+        keys = block_keys(ids, self.bt)
+        run = _run(keys, self.store, n - 1 if n == len(ids) else n, self.bt)
+        # once the store evicted, the replay (which never evicts) only bounds what a session can have found
+        self.exact = self.exact and self.cached.get(key, 0) >= run * self.bt
+        got = run * self.bt if self.exact else min(self.cached.get(key, 0), run * self.bt)
+        self.replayed[key] = got
+        self.live[sid] = keys[: got // self.bt]
+
+    def written(self, sid: str, key: tuple[str, int], start: int, n: int) -> None:
+        """A piece written; the prompt's last stores its whole blocks, and the session references them all."""
+        ids = self.prompts.get(key, ())
+        if start + n == len(ids):
+            keys = block_keys(ids, self.bt)
+            self.store.update(keys)
+            self.live[sid] = keys
+
+    def check_bytes(self, c: Checks, where: str, shared: int, per: int) -> None:
+        """The store's bytes: the replay's exactly until it evicts; then at most the replay's and at least the
+        blocks live sessions reference (a referenced block is never evicted)."""
+        most = len(self.store) * self.bt * per
+        if self.exact and shared == most:
+            return
+        self.exact = False
+        least = len({k for keys in self.live.values() for k in keys}) * self.bt * per
+        c.equal(
+            RESULTS,
+            f"{where}.kv_bytes_shared (once the store evicted: between the {least} bytes of the blocks live "
+            f"sessions reference and the replayed store's {most})",
+            True,
+            least <= shared <= most,
+        )
 
 
 def _run(keys: list[bytes], store: set[bytes], limit: int, bt: int) -> int:

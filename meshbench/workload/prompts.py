@@ -65,6 +65,11 @@ def apply(cfg: RunConfig) -> RunConfig:
     if len(entries) < wl.sessions:
         raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(entries)} prompts for {wl.sessions} sessions")
     entries = entries[: wl.sessions]
+    if wl.prefix_groups and entries[0][0] is None:
+        raise MeshbenchError(
+            f"workload.prompts {wl.prompts}: workload.prefix with real prompts needs JSONL lines with a 'prefix' "
+            "(the text each group shares)"
+        )
     ids = _ids(cfg, entries) if entries[0][0] is not None else tokenize(cfg.engine.model, [p for _, p in entries])
     lengths = tuple(len(x) for x in ids)
     if cfg.source.startswith("results.json") and lengths != wl.prompt_tokens:
@@ -93,7 +98,13 @@ def _ids(cfg: RunConfig, entries: list[tuple[str | None, str]]) -> list[tuple[in
                 f"workload.prompts {path}: lines {start + 1} to {start + size} are prefix group {g} but their "
                 "'prefix' texts differ"
             )
-        texts.append(group.pop() or "")
+        text = group.pop() or ""
+        if text in texts:
+            raise MeshbenchError(
+                f"workload.prompts {path}: prefix groups {texts.index(text)} and {g} have one prefix text: make "
+                "them one group (the isolation proof perturbs each group's prefix alone)"
+            )
+        texts.append(text)
         start += size
     heads = tokenize(cfg.engine.model, texts)
     short = [(g, len(h)) for g, h in enumerate(heads) if len(h) < wl.prefix_tokens]
