@@ -119,8 +119,14 @@ def _what_ran(b: NodeBundle) -> list[str]:
         _engine_line(e),
         f"- recipe fingerprint: `{e.recipe_fingerprint}`",
         *_kv_line(e),
-        f"- workload: {w.sessions} sessions, prompt tokens {','.join(map(str, prompts))}, new tokens "
-        f"{','.join(map(str, news))} (per session in results.json), prompt ids drawn from seed {w.seed}",
+        f"- workload: {w.sessions} sessions, prompt tokens {','.join(map(str, prompts))}"
+        + (f" after a shared {w.prefix.tokens}-token prefix" if w.prefix is not None else "")
+        + f", new tokens {','.join(map(str, news))} (per session in results.json), "
+        + (
+            f"real prompts from `{w.prompts}`, tokenized by the model"
+            if w.prompts
+            else f"prompt ids drawn from seed {w.seed}"
+        ),
         f"- budget: KV {budget.kv_bytes} bytes, scratch {budget.scratch_bytes} bytes, weights {budget.weight_bytes} "
         f"bytes (reported), queue depth "
         + (str(budget.max_queue_depth) if b.arrival_sweep else ">= sessions")
