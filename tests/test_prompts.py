@@ -153,7 +153,11 @@ def test_a_shared_system_prompt_starts_each_of_its_groups_prompts_and_verifies(m
         ([{"prefix": SYSTEM[0], "prompt": "a"}, {"prefix": SYSTEM[1], "prompt": "b"}], [], "texts differ"),
         ([{"prefix": "short", "prompt": "a"}, {"prefix": "short", "prompt": "b"}], [], "fewer than"),
         (["plain a", "plain b"], [], "needs JSONL lines with a 'prefix'"),
-        ([{"prefix": SYSTEM[0], "prompt": "a"}, {"prefix": SYSTEM[0], "prompt": "b"}], [1, 1], "one prefix text"),
+        (
+            [{"prefix": SYSTEM[0], "prompt": "a"}, {"prefix": SYSTEM[0], "prompt": "b"}],
+            [1, 1],
+            "start with the same 24 ids",
+        ),
     ],
 )
 def test_prefixed_prompts_that_cannot_mean_a_shared_prefix_are_refused(models, tmp_path, lines, extra, expect):

@@ -69,9 +69,9 @@ def test_the_server_keeps_a_full_size_sliding_window_cache_only_for_a_model_with
 
     cfg = config.load(None, {"engine": {"kind": "gguf", "model": "m.gguf", "threads": 2}})
     for setting in server_bench.SETTINGS:
-        assert "--swa-full" in server_bench._args(cfg, setting, 4, 64, sliding=True)
-        assert "--swa-full" not in server_bench._args(cfg, setting, 4, 64, sliding=False)
-    assert server_bench._args(cfg, "defaults", 4, 64, sliding=True) == [
+        assert "--swa-full" in server_bench.server_args(cfg, setting, 4, 64, sliding=True)
+        assert "--swa-full" not in server_bench.server_args(cfg, setting, 4, 64, sliding=False)
+    assert server_bench.server_args(cfg, "defaults", 4, 64, sliding=True) == [
         "-np",
         "4",
         "-fa",

@@ -93,7 +93,7 @@ def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json
 def _check_own_evidence(data: dict, typed: NodeBundle | EndpointBundle) -> None:
     """A sweep whose evidence would not pass verify says why and exits 1 (its bundle is kept)."""
     if isinstance(typed, NodeBundle):  # real prompts' ids, for the prefix cache's replay
-        typed = dataclasses.replace(typed, cfg=run.with_prompt_ids(typed.cfg))
+        typed = dataclasses.replace(typed, cfg=run.with_prompt_ids(typed))
     failures = verify_mod.check_typed(data, typed).failures
     if failures:
         for f in failures:

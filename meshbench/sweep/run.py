@@ -25,6 +25,7 @@ from meshbench.records.context import InputFile
 from meshbench.records.documents import FirstDivergence, LogitDeviation
 from meshbench.results import document as results
 from meshbench.results import envinfo, kinds, typed
+from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import prove, replay
@@ -172,6 +173,13 @@ def _check_inputs(inputs: dict[str, InputFile] | None, cfg: RunConfig) -> None:
 
 def _locate(name: str, bundle: Path) -> str:
     """A relative input path as given, if it exists from here; else the first bundle ancestor that has it."""
+    try:
+        return _located(name, bundle)
+    except OSError:  # a name too long, a folder not ours to read: as given (its reader says what is wrong)
+        return name
+
+
+def _located(name: str, bundle: Path) -> str:
     given = Path(name)
     if given.is_absolute() or given.exists():
         return name
@@ -181,17 +189,21 @@ def _locate(name: str, bundle: Path) -> str:
     return name
 
 
-def with_prompt_ids(cfg: RunConfig, bundle: Path | None = None) -> RunConfig:
+def with_prompt_ids(b: NodeBundle, bundle: Path | None = None) -> RunConfig:
     """A bundle's config with its real prompts' ids, where verify's prefix-cache replay needs them (prompts and a
-    prefix cache) and the model and the prompts file are here (a relative file also from the bundle's folder
-    upwards); else unchanged, and the replay says it is unchecked. Only the workload changes."""
+    prefix cache), the prompts file is the one the bundle recorded (a relative file also from the bundle's folder
+    upwards) and the model is here; else unchanged, and the replay says it is unchecked. Only the workload
+    changes; a model the bundle says how to make is never made for this."""
+    cfg = b.cfg
     wl = cfg.workload
-    if not (wl.prompts and cfg.engine.prefix_cache and wl.prompt_ids is None):
+    if not (wl.prompts and cfg.engine.prefix_cache and wl.prompt_ids is None) or cfg.engine.make_model:
         return cfg
     located = dataclasses.replace(wl, prompts=_locate(wl.prompts, bundle)) if bundle is not None else wl
     try:
-        applied = prompts.apply(dataclasses.replace(cfg, workload=located))
-    except MeshbenchError:
+        here = dataclasses.replace(cfg, workload=located)
+        _check_inputs(b.results.inputs, here)
+        applied = prompts.apply(here)
+    except (MeshbenchError, OSError, RecursionError):
         return cfg
     return dataclasses.replace(cfg, workload=dataclasses.replace(applied.workload, prompts=wl.prompts))
 

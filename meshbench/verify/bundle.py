@@ -25,7 +25,7 @@ from meshbench.verify.reproduce import Rerun
 from meshbench.workload import config
 from meshbench.workload.config import RunConfig
 
-Resolve = Callable[[RunConfig], RunConfig]  # a bundle's config made concrete here (its real prompts' ids)
+Resolve = Callable[[NodeBundle], RunConfig]  # a bundle's config made concrete here (its real prompts' ids)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -76,7 +76,7 @@ def checked_bundle(
     data = load_bundle(path)
     typed = kinds.typed_results(data)
     if resolve is not None and isinstance(typed, NodeBundle):
-        typed = dataclasses.replace(typed, cfg=resolve(typed.cfg))
+        typed = dataclasses.replace(typed, cfg=resolve(typed))
     c = check_typed(data, typed)
     check_readme(c, data, typed, path)
     if rerun is not None:

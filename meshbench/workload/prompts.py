@@ -40,7 +40,7 @@ def read_entries(path: str) -> list[tuple[str | None, str]]:
 def _entry(path: str, i: int, line: str) -> tuple[str | None, str]:
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         obj = None
     prompt = obj.get("prompt") if isinstance(obj, dict) else None
     if not isinstance(prompt, str) or not prompt:
@@ -98,13 +98,7 @@ def _ids(cfg: RunConfig, entries: list[tuple[str | None, str]]) -> list[tuple[in
                 f"workload.prompts {path}: lines {start + 1} to {start + size} are prefix group {g} but their "
                 "'prefix' texts differ"
             )
-        text = group.pop() or ""
-        if text in texts:
-            raise MeshbenchError(
-                f"workload.prompts {path}: prefix groups {texts.index(text)} and {g} have one prefix text: make "
-                "them one group (the isolation proof perturbs each group's prefix alone)"
-            )
-        texts.append(text)
+        texts.append(group.pop() or "")
         start += size
     heads = tokenize(cfg.engine.model, texts)
     short = [(g, len(h)) for g, h in enumerate(heads) if len(h) < wl.prefix_tokens]
@@ -113,6 +107,13 @@ def _ids(cfg: RunConfig, entries: list[tuple[str | None, str]]) -> list[tuple[in
             f"workload.prompts {path}: prefix group {short[0][0]}'s text is {short[0][1]} tokens, fewer than "
             f"workload.prefix.tokens {wl.prefix_tokens}"
         )
+    cut = [h[: wl.prefix_tokens] for h in heads]
+    same = [(cut.index(h), g) for g, h in enumerate(cut) if cut.index(h) != g]
+    if same:
+        raise MeshbenchError(
+            f"workload.prompts {path}: prefix groups {same[0][0]} and {same[0][1]} start with the same "
+            f"{wl.prefix_tokens} ids: make them one group (the isolation proof perturbs each group's prefix alone)"
+        )
     own = tokenize(cfg.engine.model, [p for _, p in entries], bos=False)
-    sizes = [h[: wl.prefix_tokens] for h, size in zip(heads, wl.prefix_groups) for _ in range(size)]
+    sizes = [h for h, size in zip(cut, wl.prefix_groups) for _ in range(size)]
     return [head + mine for head, mine in zip(sizes, own)]
