@@ -55,9 +55,10 @@ def view(b: NodeBundle) -> dict:
     alone (the reference every completed session was checked against) must be reproduced."""
     r = b.results
     # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
-    # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared.
+    # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared, and with it what the
+    # file alone gives: its vocabulary size (recorded since round 4, so a bundle from before has none to compare).
     out = {
-        "engine": {k: v for k, v in serial.to_json(r.engine).items() if k not in ("rpc", "model")},
+        "engine": {k: v for k, v in serial.to_json(r.engine).items() if k not in ("rpc", "model", "vocab_size")},
         "corruption_free": r.corruption_free,
         "saturation_concurrency": r.saturation_concurrency,
         "isolation": serial.to_json(r.isolation),
