@@ -291,9 +291,12 @@ def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, pr
     assert r.exit_code == 0, r.output
     data = json.loads((out / "results.json").read_text())
     e = data["endpoint"]
-    assert e["server"] == "llama-server" and e["api"] == "native" and e["launched"]["args"][:2] == ["-np", "2"]
+    assert e["server"] == "llama-server" and e["api"] == "native"
+    assert e["launched"]["args"][:3] == ["--metrics", "-np", "2"]  # (meshbench's own flag, then the user's)
     every = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"]]
     assert all(c["evaluated"] == data["workload"]["prompt_tokens"][int(c["session_id"][1:])] for c in every)
+    assert all(0 <= c["computed"] <= c["evaluated"] for c in every)  # (the server's prompt cache, on by default)
+    assert "cache_prompt" not in data["workload"]["request"]
     assert all(len(c["tokens"]) == len(c["token_ns"]) > 0 for c in every)
     # ids where every answer's ids are whole (a streamed answer may hold back an incomplete UTF-8 token's id):
     # verify recomputes which from the records

@@ -3,11 +3,13 @@ client's clock stamps, and its Prometheus metrics.
 
 Two APIs:
 - ``native``: llama-server's ``/completion``: token-id prompts, ``return_tokens``, ``n_predict``, greedy
-  (``temperature`` 0, ``top_k`` 1), ``cache_prompt`` false, ``ignore_eos`` under eos ban; its stream
-  carries each token's id.
+  (``temperature`` 0, ``top_k`` 1), ``ignore_eos`` under eos ban; its stream carries each token's id.
 - ``openai``: ``/v1/completions``: a text prompt, ``max_tokens``, ``temperature`` 0, a seed, streamed
-  with ``stream_options.include_usage``; ``min_tokens`` = ``max_tokens`` under eos ban (where the server
-  knows it). Text comes back, not ids: the outputs compared are texts.
+  with ``stream_options.include_usage``; under eos ban ``min_tokens`` = ``max_tokens`` (llama-cpp-python's
+  server) and ``ignore_eos`` (llama-server). Text comes back, not ids: the outputs compared are texts.
+
+Nothing else that changes what the server does is sent: ``cache_prompt`` only where the user chose it
+(``--cache-prompt on|off``), so by default the server runs its own prompt cache as its users run it.
 
 A server's answer is input: every chunk is checked for its shape, and an answer of the wrong shape, one
 that never ends, says it generated more than it sent, sends more tokens than asked, stops early under an
@@ -46,8 +48,11 @@ METRIC_PREFIXES = ("llamacpp:", "vllm:", "sglang:")  # the serving engines' own 
 
 
 class Endpoint:
-    def __init__(self, target: Target, api: str, deadline_s: float = DEADLINE_S) -> None:
-        self.target, self.api, self.deadline_s = target, api, deadline_s
+    def __init__(
+        self, target: Target, api: str, deadline_s: float = DEADLINE_S, cache_prompt: bool | None = None
+    ) -> None:
+        self.target, self.api, self.deadline_s, self.cache_prompt = target, api, deadline_s, cache_prompt
+        self.tokenize_path: str | None = None  # /tokenize (llama-server) or /extras/tokenize, found by probe()
 
     # --- plain requests ---------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None):
@@ -98,6 +103,7 @@ class Endpoint:
                 props = None
         if self.api == "auto":
             self.api = "native" if isinstance(props, dict) else "openai"
+        self.tokenize_path = "/tokenize" if isinstance(props, dict) else "/extras/tokenize"
         models = self._json("GET", "/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
         names = [text_value(m.get("id"), 200) for m in data if isinstance(m, dict)] if isinstance(data, list) else []
@@ -113,17 +119,18 @@ class Endpoint:
         return info
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Each prompt's ids by the server's own tokenizer (llama-server ``/tokenize``, special tokens added as
-        the model says; llama-cpp-python's server ``/extras/tokenize``)."""
+        """Each prompt's ids by the server's own tokenizer, whichever API the sweep uses: llama-server's
+        ``/tokenize`` (special tokens added as the model says), llama-cpp-python's server's ``/extras/tokenize``
+        (the one the probe found)."""
+        path = self.tokenize_path or ("/tokenize" if self.api == "native" else "/extras/tokenize")
         out = []
         for text in texts:
-            if self.api == "native":
-                d = self._json("POST", "/tokenize", {"content": text, "add_special": True})
+            if path == "/tokenize":
+                d = self._json("POST", path, {"content": text, "add_special": True})
             else:
-                d = self._json("POST", "/extras/tokenize", {"input": text})
+                d = self._json("POST", path, {"input": text})
             tokens = d.get("tokens") if isinstance(d, dict) else None
             if not isinstance(tokens, list) or not all(is_token(t) for t in tokens):
-                path = "/tokenize" if self.api == "native" else "/extras/tokenize"
                 raise MeshbenchError(f"{self.target.url}{path}: the answer holds no list of token ids")
             out.append(list(tokens))
         return out
@@ -148,28 +155,33 @@ class Endpoint:
 
     # --- one streamed completion ------------------------------------------------------------
     def body(self, prompt_ids: list[int], prompt_text: str, new_tokens: int, ban_eos: bool, seed: int) -> dict:
+        """One request's body: the prompt, its token count, greedy decoding, and ``cache_prompt`` only where the
+        user chose it."""
         if self.api == "native":
-            return {
+            body: dict = {
                 "prompt": prompt_ids,
                 "n_predict": new_tokens,
                 "temperature": 0.0,
                 "top_k": 1,
-                "cache_prompt": False,
                 "ignore_eos": ban_eos,
                 "return_tokens": True,
                 "stream": True,
                 "seed": seed,
             }
-        body = {
-            "prompt": prompt_text,
-            "max_tokens": new_tokens,
-            "temperature": 0.0,
-            "seed": seed,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        if ban_eos:
-            body["min_tokens"] = new_tokens
+        else:
+            body = {
+                "prompt": prompt_text,
+                "max_tokens": new_tokens,
+                "temperature": 0.0,
+                "seed": seed,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            if ban_eos:
+                body["min_tokens"] = new_tokens  # llama-cpp-python's server
+                body["ignore_eos"] = True  # llama-server
+        if self.cache_prompt is not None:
+            body["cache_prompt"] = self.cache_prompt
         return body
 
     def complete(self, session_id: str, body: dict, t0: int) -> Completion:

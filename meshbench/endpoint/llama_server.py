@@ -76,9 +76,10 @@ def version(server: Path) -> str:
 @contextmanager
 def serving(server: Path, model: str, args: Sequence[str] = ()) -> Iterator[str]:
     """llama-server on ``model`` at a free loopback port: its URL while the block runs. ``args`` are the server's
-    own flags; its defaults otherwise."""
+    own flags; its defaults otherwise. meshbench adds only the model, the loopback host and port, and
+    ``--metrics`` (its counters, scraped around every pass)."""
     port = free_port()
-    cmd = [str(server), "-m", model, "--host", "127.0.0.1", "--port", str(port), "--no-webui", *args]
+    cmd = [str(server), "-m", model, "--host", "127.0.0.1", "--port", str(port), *own_flags(args), *args]
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.DEVNULL,
@@ -94,11 +95,33 @@ def serving(server: Path, model: str, args: Sequence[str] = ()) -> Iterator[str]
         stop(proc)
 
 
+def own_flags(args: Sequence[str]) -> list[str]:
+    """The flags meshbench adds beside the user's, model and address aside: ``--metrics`` unless given."""
+    return [] if "--metrics" in args else ["--metrics"]
+
+
+def exited(code: int) -> str:
+    """Why a server that died said nothing: its exit, and for SIGILL what it means."""
+    if code == -signal.SIGILL:
+        return (
+            "llama-server was killed by SIGILL (an instruction this CPU cannot run: llama.cpp's CPU weight "
+            "repacking picks kernels, e.g. AMX, that this machine reports but cannot execute) before it was ready; "
+            "--server-args --no-repack runs it without them"
+        )
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"llama-server was killed by {name} before it was ready"
+    return f"llama-server exited with {code} before it was ready"
+
+
 def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise MeshbenchError(f"llama-server exited with {proc.returncode} before it was ready")
+            raise MeshbenchError(exited(proc.returncode))
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/health")

@@ -26,8 +26,7 @@ class Completion:
     stop: str | None = None  # the server's reason: "limit" (all tokens), "eos", "word", ... (None: unsaid)
     predicted: int | None = None  # the tokens the server says it generated
     evaluated: int | None = None  # the prompt tokens the server says it evaluated (native)
-    computed: int | None = None  # of them, the ones it computed, not taken from its prompt cache (timings.prompt_n;
-    # native; read by meshbench bench prefix, not recorded in a bundle)
+    computed: int | None = None  # of them, the ones it computed, not taken from its prompt cache (timings.prompt_n)
     error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
 
     def to_dict(self) -> dict:
@@ -41,6 +40,7 @@ class Completion:
             "predicted": self.predicted,
             "evaluated": self.evaluated,
             "error": self.error,
+            "computed": self.computed,
         }
 
 

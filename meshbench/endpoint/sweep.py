@@ -64,7 +64,7 @@ def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str
     launched = {
         "server": "llama-server",
         "version": llama_server.version(server),
-        "args": args,
+        "args": [*llama_server.own_flags(args), *args],
         "model": Path(model).name,
     }
     progress(f"llama-server {launched['version']} on {launched['model']} {' '.join(args)}")
@@ -87,7 +87,8 @@ def _sweep(
             f"--target {target.url}: not on this machine (loopback); meshbench sends it load and prompts only with "
             "--allow-remote (engine.allow_remote), and only to a server you run"
         )
-    endpoint = Endpoint(target, cfg.engine.api, cfg.engine.deadline_s)
+    cache_prompt = None if cfg.engine.cache_prompt is None else cfg.engine.cache_prompt == "on"
+    endpoint = Endpoint(target, cfg.engine.api, cfg.engine.deadline_s, cache_prompt)
     info = endpoint.probe()
     if launched is not None:
         info["launched"] = launched
@@ -126,7 +127,7 @@ def _sweep(
         )
         for c in levels
     ]
-    return _document(cfg, command, environment, info, alone, records)
+    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body))
 
 
 def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:
@@ -146,6 +147,14 @@ def _jobs(cfg: RunConfig, endpoint: Endpoint, texts: list[str], ids: list[list[i
         Job(sid, endpoint.body(ids[i], texts[i], wl.new_tokens[i], ban, wl.seed))
         for i, sid in enumerate(wl.session_ids())
     ]
+
+
+PER_SESSION = ("prompt", "n_predict", "max_tokens", "min_tokens")  # a body's fields that differ by session
+
+
+def sent(body: dict) -> dict:
+    """What every request asked of the server beside its prompt and token counts (the record of what was sent)."""
+    return {k: v for k, v in body.items() if k not in PER_SESSION}
 
 
 def _answer(x: client.Completion) -> Completion:
@@ -201,6 +210,7 @@ def _document(
     info: dict,
     alone: Completion,
     levels: list[EndpointLevel],
+    request: dict,
 ) -> dict:
     wl = cfg.workload
     every = [c for lv in levels for rep in lv.repetitions for c in rep.sessions]
@@ -221,6 +231,7 @@ def _document(
                 new_tokens=list(wl.new_tokens),
                 eos=wl.eos,
                 seed=wl.seed,
+                request=request,
             ),
             needle=Needle(prompt_of=wl.session_ids()[0], alone=alone),
             levels=levels,

@@ -204,7 +204,20 @@ class EngineSpec:
         ENDPOINT,
         {"type": ["string", "null"], "maxLength": 4096},
         "--server-args",
-        "With --serve: the server's own flags, e.g. '-t 2 -fa off --no-repack' (its defaults otherwise).",
+        "With --serve: the server's own flags, e.g. '-np 16 --no-repack' (its defaults otherwise; meshbench adds "
+        "only the model, a loopback host and port, and --metrics).",
+        added=True,
+    )
+    cache_prompt: str | None = setting(
+        None,
+        ENDPOINT,
+        {
+            "enum": [None, "on", "off"],
+            "description": "Endpoint: the cache_prompt field sent with every request: on | off; null (the "
+            "default) sends none, so the server keeps its own default (llama-server's prompt cache is on).",
+        },
+        "--cache-prompt",
+        "Endpoint: send cache_prompt on | off with every request (default: send none, the server's own default).",
         added=True,
     )
     deadline_s: float = setting(

@@ -109,6 +109,9 @@ class EndpointWorkload:
     new_tokens: list[int]
     eos: str
     seed: int
+    # the fields every request carried beside its prompt and token counts (what the client asked of the server:
+    # cache_prompt only where the user chose it); None in a bundle made before it was recorded
+    request: dict[str, Any] | None = None
 
 
 PROMPTS_FILE = "workload.prompts"  # the prompts file's config key: the input file a results.json records

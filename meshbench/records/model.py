@@ -315,6 +315,8 @@ class Completion:
     predicted: int | None  # tokens the server says it generated
     evaluated: int | None  # prompt tokens the server says it evaluated
     error: str | None  # the request failed: HTTP status, a closed stream, a timeout
+    computed: int | None = None  # of the evaluated, those the server computed rather than took from its prompt
+    # cache (llama-server's timings.prompt_n; None: not said, or a bundle from before it was recorded)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

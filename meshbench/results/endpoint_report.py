@@ -3,8 +3,11 @@ compares)."""
 
 from __future__ import annotations
 
+import json
+import statistics
 from typing import Mapping
 
+from meshbench.analysis import server_accounting as accounting
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
 from meshbench.results import markdown
@@ -28,10 +31,25 @@ def _launched(e: EndpointInfo) -> list[str]:
     x = e.launched
     if x is None:
         return []
-    flags = " ".join(x.args) if x.args else "none: its defaults"
+    flags = " ".join(x.args) if x.args else "none"
     return [
-        f"meshbench started {x.server} (version {x.version}) on {x.model}, on a free loopback port; its flags: {flags}."
+        f"meshbench started {x.server} (version {x.version}) on {x.model}, on a free loopback port; its flags "
+        f"beside the model, host and port: {flags}; everything else is the server's own default."
     ]
+
+
+def _sent(request: dict | None) -> list[str]:
+    """What every request asked of the server beside its prompt (absent from bundles made before it was
+    recorded)."""
+    if request is None:
+        return []
+    cache = (
+        f"cache_prompt {str(request['cache_prompt']).lower()}, as chosen (--cache-prompt)"
+        if "cache_prompt" in request
+        else "no cache_prompt: the server's prompt cache as its own default sets it"
+    )
+    fields = ", ".join(f"{k} {json.dumps(v)}" for k, v in request.items())
+    return [f"Every request carried, beside its prompt and token counts: {fields}; {cache}."]
 
 
 def _dash(x: object) -> str:
@@ -86,6 +104,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         f"server ({min(wl.prompt_tokens)}-{max(wl.prompt_tokens)} tokens), {min(wl.new_tokens)}-"
         f"{max(wl.new_tokens)} new tokens each, greedy, eos {wl.eos}; at each level C, C closed-loop clients; "
         f"{reps} repetition(s), the level order rotated each time. Made by `{r.command}`.",
+        *_sent(wl.request),
         "",
         "```",
         f"meshbench verify {name}",
@@ -120,25 +139,36 @@ BATCH_INVARIANT, RUN_TO_RUN, NEEDLE = "batch_invariant", "run_to_run_determinist
 
 
 def _metrics(b: EndpointBundle) -> list[str]:
-    """The server's own metrics around each level's first pass, where it exposes them."""
+    """The server's own accounting of each level (meshbench.analysis.server_accounting), from its ``/metrics``
+    scraped around every pass, where it exposes them."""
     rows = []
     for lv in b.results.levels:
-        rep = lv.repetitions[0]
-        before, after = rep.metrics_before or {}, rep.metrics_after or {}
-        for k in sorted(set(before) | set(after)):
-            rows.append(f"| {lv.concurrency} | `{k}` | {before.get(k, '-')} | {after.get(k, '-')} |")
+        figures = accounting.level_accounting([(rep.metrics_before, rep.metrics_after) for rep in lv.repetitions])
+        if any(figures.values()):
+            rows.append(f"| {lv.concurrency} | " + " | ".join(_spread(figures[k]) for k in accounting.FIGURES) + " |")
     if not rows:
-        return ["The server exposes no metrics (`/metrics`).", ""]
+        return ["The server exposes no accounting of its own (`/metrics`, llama-server's counters).", ""]
     return [
-        "## Server metrics",
+        "## The server's own accounting",
         "",
-        "Around each level's first pass (`/metrics`).",
+        "Per pass, from its `/metrics` scraped before and after every pass (counters' differences); median "
+        "(min..max) over the repetitions. Prompt tokens from the cache are those the server did not compute "
+        "because its prompt cache held them.",
         "",
-        "| C | metric | before | after |",
-        "|---|---|---|---|",
+        "| C | " + " | ".join(accounting.FIGURES) + " |",
+        "|" + "---|" * (len(accounting.FIGURES) + 1),
         *rows,
         "",
     ]
+
+
+def _spread(values: list[float]) -> str:
+    """A per-pass figure over the repetitions: the median, and min..max where they differ."""
+    if not values:
+        return "-"
+    fmt = ".0f" if all(float(v).is_integer() for v in values) else ".2f"
+    med, lo, hi = (format(x, fmt) for x in (statistics.median(values), min(values), max(values)))
+    return med if lo == hi else f"{med} ({lo}..{hi})"
 
 
 def render_commands(b: EndpointBundle, name: str) -> str:

@@ -36,6 +36,14 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
         [lv.concurrency for lv in typed_levels],
     )
     _check_endpoint_record(c, b)
+    if wl.request is not None:
+        chosen = cfg.engine.cache_prompt
+        c.equal(
+            RESULTS,
+            "workload.request.cache_prompt (sent only as config.engine.cache_prompt chose)",
+            None if chosen is None else chosen == "on",
+            wl.request.get("cache_prompt"),
+        )
     lengths, new = dict(zip(ids, wl.prompt_tokens)), dict(zip(ids, wl.new_tokens))
     slo = cfg.slo
     alone = b.results.needle.alone
@@ -83,7 +91,8 @@ def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
     c.equal(RESULTS, "endpoint.loopback (= the url's host)", recorded.loopback, e.loopback)
     if eng.api != "auto":
         c.equal(RESULTS, "endpoint.api (= config.engine.api)", eng.api, e.api)
-    c.equal(RESULTS, "endpoint.server (the api it answered)", e.server == "llama-server", e.api == "native")
+    if e.api == "native":  # (only llama-server has the native API; it answers the OpenAI one as well)
+        c.equal(RESULTS, "endpoint.server (the native api is llama-server's)", "llama-server", e.server)
 
 
 def _target(url) -> Target | None:

@@ -1,0 +1,55 @@
+"""A server's own accounting of one pass, from its ``/metrics`` scraped before and after it: how many prompt tokens
+it computed and how many it took from its prompt cache, how many decode calls it made, how many tokens it
+predicted, and how many slots were busy per decode call.
+
+llama-server's counters (``*_total``) only grow, so a pass's count is their difference. Its
+``n_busy_slots_per_decode`` is a ratio since the server started (busy slots summed over decode calls, over the
+decode calls): the pass's own ratio is ``(after * decodes_after - before * decodes_before) / decodes in the pass``.
+A metric that is missing from either scrape, or a counter that went down (the server restarted), gives no figure.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+PREFIX = "llamacpp:"
+# (the figure, its llama-server counter), in the order the README shows them
+COUNTERS = (
+    ("prompt tokens computed", "prompt_tokens_total"),
+    ("prompt tokens from the cache", "prompt_tokens_cached_total"),
+    ("decode calls", "n_decode_total"),
+    ("tokens predicted", "tokens_predicted_total"),
+)
+BUSY = "busy slots per decode"
+FIGURES = (*(name for name, _ in COUNTERS), BUSY)
+
+Scrape = Mapping[str, float] | None
+
+
+def pass_accounting(before: Scrape, after: Scrape) -> dict[str, float | None]:
+    """One pass's figures (None where the scrapes do not give one)."""
+    out: dict[str, float | None] = {name: _delta(before, after, PREFIX + key) for name, key in COUNTERS}
+    out[BUSY] = _busy(before, after)
+    return out
+
+
+def _delta(before: Scrape, after: Scrape, key: str) -> float | None:
+    if before is None or after is None or key not in before or key not in after:
+        return None
+    d = after[key] - before[key]
+    return d if d >= 0 else None
+
+
+def _busy(before: Scrape, after: Scrape) -> float | None:
+    decodes = _delta(before, after, PREFIX + "n_decode_total")
+    ratio = PREFIX + "n_busy_slots_per_decode"
+    if not decodes or before is None or after is None or ratio not in before or ratio not in after:
+        return None
+    busy = after[ratio] * after[PREFIX + "n_decode_total"] - before[ratio] * before[PREFIX + "n_decode_total"]
+    return round(busy / decodes, 3) if busy >= 0 else None
+
+
+def level_accounting(passes: Sequence[tuple[Scrape, Scrape]]) -> dict[str, list[float]]:
+    """Each figure over a level's passes (the passes that give it)."""
+    per_pass = [pass_accounting(b, a) for b, a in passes]
+    return {name: [v for p in per_pass if (v := p[name]) is not None] for name in FIGURES}
