@@ -63,6 +63,19 @@ def test_the_server_s_prompt_cache_is_its_own_default_and_its_accounting_shows_i
     assert "no cache_prompt: the server's prompt cache as its own default sets it" in readme
     assert "## The server's own accounting" in readme and "prompt tokens from the cache" in readme
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    # margins: every session cold, warm and all at once, top-2 log-probabilities per token, outside the timed passes
+    for side in ("cold", "warm", "together"):
+        assert all(len(c["margins"]) == len(c["tokens"]) > 0 for c in data["margins"][side])
+    assert all(c.get("margins") is None for c in answers)
+    d = data["divergences"]
+    assert d["threshold"] >= d["floor"] > 0 and set(d["levels"]) == {"1", "2"}
+    assert all(x["answers"] == 2 * 4 + 2 for x in d["levels"].values())  # 2 repetitions of 4, and 2 needle trials
+    assert "## Divergences, with margins" in readme
+    forged = json.loads((out / "results.json").read_text())
+    forged["divergences"]["levels"]["2"]["confident"] += 1
+    (out / "results.json").write_text(json.dumps(forged))
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1 and "divergences (recomputed" in r.output
 
 
 @needs_server

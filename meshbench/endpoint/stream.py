@@ -5,6 +5,7 @@ and the whole answer for its counts. A wrong answer is a ``Malformed`` exception
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ class Completion:
     predicted: int | None = None  # the tokens the server says it generated
     evaluated: int | None = None  # the prompt tokens the server says it evaluated (native)
     computed: int | None = None  # of them, the ones it computed, not taken from its prompt cache (timings.prompt_n)
+    margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked: n_probs)
     error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
 
     def to_dict(self) -> dict:
@@ -41,6 +43,7 @@ class Completion:
             "evaluated": self.evaluated,
             "error": self.error,
             "computed": self.computed,
+            "margins": self.margins,
         }
 
 
@@ -136,6 +139,8 @@ def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
         if stamped:
             c.token_ns.append(now)
     c.text += content
+    if "completion_probabilities" in chunk:
+        c.margins = (c.margins or []) + _margins(chunk["completion_probabilities"])
     if chunk.get("stop"):
         timings = chunk.get("timings")
         c.stop = _reason(chunk.get("stop_type"), "stop_type")
@@ -178,6 +183,24 @@ def _openai_chunk(c: Completion, chunk, now: int) -> bool:
             raise Malformed(f"'usage' is {type(usage).__name__}, not an object")
         c.predicted = _counted(usage.get("completion_tokens"), "usage.completion_tokens")
     return finished
+
+
+def _margins(probs) -> list[float | None]:
+    """Each token's top-1 minus top-2 log-probability from llama-server's ``completion_probabilities`` (None where
+    fewer than two are given, or one is not finite)."""
+    if not isinstance(probs, list) or not all(isinstance(p, dict) for p in probs):
+        raise Malformed("'completion_probabilities' is not a list of objects")
+    out: list[float | None] = []
+    for p in probs:
+        top = p.get("top_logprobs", p.get("probs"))
+        if not isinstance(top, list) or not all(isinstance(x, dict) for x in top):
+            raise Malformed("'top_logprobs' is not a list of objects")
+        lps = [x.get("logprob") for x in top]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in lps):
+            raise Malformed("a 'logprob' is not a number")
+        finite = sorted((float(v) for v in lps if math.isfinite(v)), reverse=True)
+        out.append(round(finite[0] - finite[1], 6) if len(finite) >= 2 and len(finite) == len(lps) else None)
+    return out
 
 
 def is_token(t) -> bool:

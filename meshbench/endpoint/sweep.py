@@ -17,6 +17,7 @@ import numpy as np
 
 from meshbench import files
 from meshbench.analysis import endpoint as figures
+from meshbench.analysis import endpoint_margins
 from meshbench.endpoint import client, llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
@@ -25,12 +26,14 @@ from meshbench.errors import MeshbenchError
 from meshbench.records import serial
 from meshbench.records.context import EndpointInfo, EndpointWorkload, Environment
 from meshbench.records.documents import EndpointResults, Needle
+from meshbench.records.margins import MarginPasses
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, NeedleTrial
 from meshbench.results import document
 from meshbench.sweep.plan import level_orders
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig, validate_levels
 
+MARGIN_PROBS = 2  # the top log-probabilities asked for per token in the margin passes
 NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
 # Tokens an endpoint sweep may record (each an id, a stamp and its text, some 30 bytes): beyond this results.json
 # would grow past what verify loads, so such a sweep is refused before it sends anything.
@@ -103,6 +106,7 @@ def _sweep(
             progress(f"warm-up {w + 1}/{cfg.warmup}, concurrency {c}")
             closed_loop(endpoint, jobs, c)
     alone = _answer(at_once(endpoint, [Job(NEEDLE, jobs[0].body)])[0])
+    margins = _margin_passes(endpoint, jobs, progress)
     wl = cfg.workload
     lengths, new = dict(zip(wl.session_ids(), wl.prompt_tokens)), dict(zip(wl.session_ids(), wl.new_tokens))
     slo = dict(cfg.slo or {})
@@ -127,7 +131,7 @@ def _sweep(
         )
         for c in levels
     ]
-    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body))
+    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins)
 
 
 def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:
@@ -155,6 +159,23 @@ PER_SESSION = ("prompt", "n_predict", "max_tokens", "min_tokens")  # a body's fi
 def sent(body: dict) -> dict:
     """What every request asked of the server beside its prompt and token counts (the record of what was sent)."""
     return {k: v for k, v in body.items() if k not in PER_SESSION}
+
+
+def _margin_passes(endpoint: Endpoint, jobs: list[Job], progress: Callable[[str], None]) -> MarginPasses | None:
+    """Every session with the server's top-2 log-probabilities per token (native ``n_probs``), outside the timed
+    passes (asking for them costs the server a softmax and a sort per token): alone and cold (``cache_prompt``
+    false), alone again as the sweep sends it (warm: right after itself), then all at once. None over the OpenAI
+    API, whose text outputs do not align with tokens."""
+    if endpoint.api != "native":
+        return None
+    progress("margins: every session cold, warm, then all at once, with top-2 log-probabilities")
+    asked = [Job(j.session_id, {**j.body, "n_probs": MARGIN_PROBS}) for j in jobs]
+    cold, warm = [], []
+    for j in asked:
+        cold.append(_answer(at_once(endpoint, [Job(j.session_id, {**j.body, "cache_prompt": False})])[0]))
+        warm.append(_answer(at_once(endpoint, [j])[0]))
+    together = [_answer(x) for x in at_once(endpoint, asked)]
+    return MarginPasses(cold=cold, warm=warm, together=together)
 
 
 def _answer(x: client.Completion) -> Completion:
@@ -211,6 +232,7 @@ def _document(
     alone: Completion,
     levels: list[EndpointLevel],
     request: dict,
+    margins: MarginPasses | None,
 ) -> dict:
     wl = cfg.workload
     every = [c for lv in levels for rep in lv.repetitions for c in rep.sessions]
@@ -237,5 +259,9 @@ def _document(
             levels=levels,
             verdicts=figures.verdicts(levels, alone, compared),
             conclusions=figures.CONCLUSIONS,
+            margins=margins,
+            divergences=None
+            if margins is None or compared != "tokens"
+            else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
         )
     )

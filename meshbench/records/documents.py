@@ -17,6 +17,7 @@ from meshbench.records.context import (
     SyntheticEngineInfo,
     Workload,
 )
+from meshbench.records.margins import Divergences, MarginPasses
 from meshbench.records.model import Completion, EndpointLevel, LevelRecord, Reference
 
 
@@ -137,3 +138,5 @@ class EndpointResults:
     levels: list[EndpointLevel]
     verdicts: EndpointVerdicts
     conclusions: dict[str, str]
+    margins: MarginPasses | None = None  # (native API; absent from bundles made before margins were asked for)
+    divergences: Divergences | None = None  # recomputed by verify from the levels and the margin passes

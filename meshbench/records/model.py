@@ -317,6 +317,8 @@ class Completion:
     error: str | None  # the request failed: HTTP status, a closed stream, a timeout
     computed: int | None = None  # of the evaluated, those the server computed rather than took from its prompt
     # cache (llama-server's timings.prompt_n; None: not said, or a bundle from before it was recorded)
+    margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked for only in
+    # the margin passes; None elsewhere)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -127,6 +127,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         "|" + "---|" * 13,
         *("| " + " | ".join(row) + " |" for row in table_rows(b)),
         "",
+        *_divergences(b),
         *_metrics(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
         "",
@@ -160,6 +161,61 @@ def _metrics(b: EndpointBundle) -> list[str]:
         *rows,
         "",
     ]
+
+
+def _divergences(b: EndpointBundle) -> list[str]:
+    """Every answer against its session's cold answer, classified by the margin where it first differs."""
+    d = b.results.divergences
+    if d is None:
+        return []
+    numerics = "no token to measure it on" if d.numerics is None else f"{d.numerics:.3g}"
+    rows = [
+        f"| {c} | {x.answers} | {x.differing} | {x.near_ties} | {x.confident} | {x.unknown} |"
+        for c, x in d.levels.items()
+    ]
+    warm = (
+        "every warm answer equals its cold one"
+        if not d.warm_differing
+        else "warm differs from cold for "
+        + ", ".join(f"{x.session_id} (token {x.token_index}, margin {_margin(x.margin)})" for x in d.warm_differing)
+    )
+    lines = [
+        "## Divergences, with margins",
+        "",
+        "Every session was also sent with the server's top-2 log-probabilities per token, outside the timed passes "
+        "(asking costs the server time): alone and cold (`cache_prompt` false), alone and warm (right after "
+        f"itself, as the sweep sends it), and with every session at once. Warm against cold: {warm}. Where a warm "
+        f"or batched answer agrees with the cold one, the margin (top-1 minus top-2) moved by at most {numerics}: "
+        "the server's own numerics here. Every answer of the sweep is compared with its session's cold answer. "
+        f"Where it first differs, a cold margin of at most {d.threshold:.3g} (the numerics, and never below "
+        f"{d.floor:g}) is a near-tie, classified as numerics; a larger one is confident, which these numerics do "
+        "not explain: a suspected leak, listed with the sessions in flight beside it (none beside it points at "
+        "the server's own state, such as its prompt cache, rather than a neighbour).",
+        "",
+        "| C | answers | differ from cold | near-ties | confident | unknown |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    if d.near_ties:
+        lo, hi = min(x.margin or 0.0 for x in d.near_ties), max(x.margin or 0.0 for x in d.near_ties)
+        lines += [f"Near-tie margins: {lo:.3g} to {hi:.3g}.", ""]
+    for x in d.confident[:MAX_LISTED]:
+        rep = "a needle trial" if x.repetition is None else f"repetition {x.repetition}"
+        lines.append(
+            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, margin "
+            f"{_margin(x.margin)}; beside: {', '.join(x.beside) or 'none'}."
+        )
+    if len(d.confident) > MAX_LISTED:
+        lines.append(f"- ... and {len(d.confident) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
+    return lines + ([""] if d.confident else [])
+
+
+def _margin(m: float | None) -> str:
+    return "unknown" if m is None else f"{m:.3g}"
+
+
+MAX_LISTED = 20  # confident divergences listed in the README (all are in results.json)
 
 
 def _spread(values: list[float]) -> str:

@@ -5,6 +5,7 @@ and outputs (meshbench.analysis.endpoint), and the needle's trials."""
 from __future__ import annotations
 
 from meshbench.analysis import endpoint as figures
+from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
@@ -73,6 +74,27 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
         b.results.verdicts,
     )
     c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, b.results.conclusions)
+    _check_margins(c, b, ids, compared)
+
+
+def _check_margins(c: Checks, b: EndpointBundle, ids: list[str], compared: str) -> None:
+    """The margin passes answer every session once each way, with one margin per token; the divergences are
+    recomputed from them and the levels (none without margin passes, or where text is compared)."""
+    r = b.results
+    if r.margins is not None:
+        sides = (("cold", r.margins.cold), ("warm", r.margins.warm), ("together", r.margins.together))
+        for side, answers in sides:
+            c.equal(RESULTS, f"margins.{side} (every session once, in order)", ids, [x.session_id for x in answers])
+            for x in answers:
+                where = f"margins.{side}.{x.session_id}"
+                c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
+                c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
+    expected = (
+        None
+        if r.margins is None or compared != "tokens"
+        else margins.divergences(r.levels, r.margins, r.needle.prompt_of)
+    )
+    c.equal(RESULTS, "divergences (recomputed from the margin passes and the levels)", expected, r.divergences)
 
 
 def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:

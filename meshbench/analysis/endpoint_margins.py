@@ -1,0 +1,130 @@
+"""Why an endpoint's output changed with the load: a near-tie the server's own numerics can flip, or a confident
+divergence that numerics do not explain (a suspected leak).
+
+Each session is sent with the server's top-2 log-probabilities (its margin per token: top-1 minus top-2): alone
+and cold (nothing taken from the prompt cache), alone and warm (right after itself, the prompt cache as the sweep
+uses it), and with every session at once (meshbench.records.margins.MarginPasses). Where a warm or batched answer
+agrees with the cold one token for token, the change in each margin is what the cache or batching alone did to
+the server's arithmetic: the largest such change is the server's measured numerics (``numerics``). Every answer
+of the sweep is compared with its session's cold answer; where it first differs, the cold answer's margin says
+how close the choice was:
+- at most ``threshold`` (the measured numerics, and never below ``FLOOR``, the node's own near-tie): a
+  near-tie, classified as numerics;
+- above it: confident. Batch-shape numerics do not flip a choice they cannot move that far, so the bundle names
+  the sessions that were in flight beside it: a suspected leak, to be settled by perturbation and canaries;
+- unknown where the alone answer gives no margin there (it ended first, or a margin was not finite).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from meshbench.analysis.figures import NEAR_TIE
+from meshbench.records.margins import Divergence, Divergences, LevelDivergences, MarginPasses
+from meshbench.records.model import Completion, EndpointLevel
+
+FLOOR = NEAR_TIE  # (the node's near-tie, in the same unit: a logit difference is a log-probability difference)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where two token lists differ (the shorter's length where one is the other's start)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def numerics(passes: MarginPasses) -> float | None:
+    """The largest change in a margin between a session's cold answer and its warm or batched one, over the
+    tokens where the two agree and so saw the same context (None: no such token)."""
+    cold = {c.session_id: c for c in passes.cold if c.error is None and c.margins is not None}
+    worst: float | None = None
+    for t in [*passes.warm, *passes.together]:
+        a = cold.get(t.session_id)
+        if a is None or a.margins is None or t.error is not None or t.margins is None:
+            continue
+        k = first_difference(a.tokens, t.tokens)
+        agree = min(len(a.tokens), len(t.tokens)) if k is None else k
+        for x, y in zip(a.margins[:agree], t.margins[:agree]):
+            if x is not None and y is not None:
+                worst = abs(x - y) if worst is None else max(worst, abs(x - y))
+    return None if worst is None else round(worst, 6)
+
+
+def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of: str) -> Divergences:
+    """Every answer of the sweep against its session's cold answer, classified by the margin where it differs;
+    and the warm answers against the cold."""
+    measured = numerics(passes)
+    threshold = max(FLOOR, measured or 0.0)
+    cold = {c.session_id: c for c in passes.cold if c.error is None}
+    warm = [
+        d
+        for x in passes.warm
+        if x.error is None and x.session_id in cold
+        for d in [_divergence(1, None, x.session_id, x, cold[x.session_id], [], threshold)]
+        if d is not None
+    ]
+    per_level: dict[str, LevelDivergences] = {}
+    found: list[Divergence] = []
+    for lv in levels:
+        answers = [(rep.repetition, x, _beside(x, rep.sessions)) for rep in lv.repetitions for x in rep.sessions] + [
+            (None, t.completion, sorted(t.neighbours)) for t in lv.needle
+        ]
+        here = []
+        compared = 0
+        for repetition, x, beside in answers:
+            sid = needle_of if x.session_id == "needle" else x.session_id
+            if x.error is not None or sid not in cold:
+                continue
+            compared += 1
+            d = _divergence(lv.concurrency, repetition, sid, x, cold[sid], beside, threshold)
+            if d is not None:
+                here.append(d)
+        kinds = [d.kind for d in here]
+        per_level[str(lv.concurrency)] = LevelDivergences(
+            answers=compared,
+            differing=len(here),
+            near_ties=kinds.count("near-tie"),
+            confident=kinds.count("confident"),
+            unknown=kinds.count("unknown"),
+        )
+        found += here
+    return Divergences(
+        numerics=measured,
+        warm_differing=warm,
+        threshold=round(threshold, 6),
+        floor=FLOOR,
+        levels=per_level,
+        confident=[d for d in found if d.kind == "confident"],
+        near_ties=[d for d in found if d.kind == "near-tie"],
+    )
+
+
+def _divergence(
+    c: int, repetition: int | None, sid: str, x: Completion, a: Completion, beside: list[str], threshold: float
+) -> Divergence | None:
+    k = first_difference(a.tokens, x.tokens)
+    if k is None:
+        return None
+    margin = a.margins[k] if a.margins is not None and k < len(a.margins) else None
+    kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
+    return Divergence(
+        concurrency=c,
+        repetition=repetition,
+        session_id=sid,
+        token_index=k,
+        margin=margin,
+        kind=kind,
+        beside=beside,
+    )
+
+
+def _beside(x: Completion, sessions: Sequence[Completion]) -> list[str]:
+    """The sessions whose requests were in flight while ``x``'s was (from submission to the last token)."""
+    start, end = x.submit_ns, _end(x)
+    overlap = [y for y in sessions if y.session_id != x.session_id and y.submit_ns < end and start < _end(y)]
+    return sorted(y.session_id for y in overlap)
+
+
+def _end(x: Completion) -> int:
+    return x.token_ns[-1] if x.token_ns else x.submit_ns

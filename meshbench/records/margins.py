@@ -1,0 +1,57 @@
+"""The records of an endpoint's margins: each session's answer with the server's top-2 log-probabilities per
+token (alone cold, alone warm, and with every session at once), and every output of the sweep that differs from
+the session's cold answer, classified by the margin where it first differs (meshbench.analysis.endpoint_margins)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshbench.records.model import Completion
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MarginPasses:
+    """Every session sent with top-2 log-probabilities, outside the timed passes (asking for them costs the
+    server time): alone and cold (``cache_prompt`` false: nothing reused), at once again alone as the sweep sends
+    it (``warm``: after itself, where the server's prompt cache keeps it), and all at once (``together``)."""
+
+    cold: list[Completion]
+    warm: list[Completion]
+    together: list[Completion]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Divergence:
+    """One answer that differs from its session's cold answer: where, the cold answer's margin there, and the
+    sessions in flight beside it (their requests overlapped it in time)."""
+
+    concurrency: int
+    repetition: int | None  # None: a needle trial, or a margin pass
+    session_id: str
+    token_index: int
+    margin: float | None  # top-1 minus top-2 log-probability of the cold answer at token_index (None: unknown)
+    kind: str  # "near-tie" (margin within the server's own numerics), "confident", or "unknown"
+    beside: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LevelDivergences:
+    answers: int  # answers compared at this level (every repetition, and the needle's trials)
+    differing: int
+    near_ties: int
+    confident: int
+    unknown: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Divergences:
+    """The sweep's answers against each session's cold answer, with the threshold that tells a near-tie."""
+
+    numerics: float | None  # the largest margin change the warm or the batched answer showed where it agrees
+    # with the cold one
+    warm_differing: list[Divergence]  # sessions whose warm answer differs from their cold one
+    threshold: float  # a divergence whose margin is at most this is a near-tie: max(numerics, floor)
+    floor: float
+    levels: dict[str, LevelDivergences]
+    confident: list[Divergence]  # every confident divergence, with its neighbours: suspected leaks
+    near_ties: list[Divergence]
