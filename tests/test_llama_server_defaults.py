@@ -87,10 +87,21 @@ def test_cache_prompt_off_is_sent_and_recorded_and_verify_holds_the_record_to_th
     assert data["workload"]["request"]["cache_prompt"] is False
     assert all(c["computed"] == c["evaluated"] for c in _answers(data))
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
-    data["workload"]["request"]["cache_prompt"] = True  # a forged record of what was sent
-    (out / "results.json").write_text(json.dumps(data))
-    r = runner.invoke(app, ["verify", str(out)])
-    assert r.exit_code == 1 and "workload.request.cache_prompt" in r.output
+    good = (out / "results.json").read_text()
+    forgeries = {  # forged records of what was sent, and of what the server answered
+        "cache on": lambda d: d["workload"]["request"].update(cache_prompt=True),
+        "cache 0": lambda d: d["workload"]["request"].update(cache_prompt=0),
+        "not greedy": lambda d: d["workload"]["request"].update(temperature=1.0, top_k=40),
+        "unrecorded": lambda d: d["workload"].update(request=None),
+        "computed > evaluated": lambda d: d["levels"][0]["repetitions"][0]["sessions"][0].update(computed=10**6),
+        "cold cut short": lambda d: d["margins"]["cold"][0].update(tokens=[1], margins=[0.5], token_ns=[1]),
+    }
+    for name, forge in forgeries.items():
+        d = json.loads(good)
+        forge(d)
+        (out / "results.json").write_text(json.dumps(d))
+        r = runner.invoke(app, ["verify", str(out)])
+        assert r.exit_code == 1 and "Traceback" not in r.output, name
 
 
 @needs_server
@@ -116,3 +127,94 @@ def test_a_server_killed_at_start_up_is_one_line_naming_the_signal(model, prompt
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert "killed by SIGILL" in r.output and "--no-repack" in r.output
     assert not out.exists()
+
+
+# 8 prompts: at 4 clients the longest in flight is s03's, at 8 s07's: both neighbours, never targets
+LEAK_PROMPTS = [
+    "The cat sat",
+    "A quick fox",
+    "Numbers go up",
+    "One two three four five six seven eight nine ten eleven twelve",
+    "Hello there",
+    "Blue sky",
+    "Cold tea",
+    "Rivers and mountains and valleys and forests and deserts and oceans and islands and plains of grass",
+]
+LEAK_WORKLOAD = ["--sessions", "8", "--new-tokens", "6", "--levels", "1,4,8", "--repeat", "5", "--warmup", "0"]
+
+
+@needs_server
+def test_a_leaking_proxy_is_caught_at_every_level_of_four_or_more_and_the_clean_server_is_not(model, tmp_path):
+    from leaky_proxy import serving as leaking
+
+    from meshbench.endpoint import llama_server
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(LEAK_PROMPTS) + "\n")
+    server = llama_server.binary(f.llama_server_binary())
+    args = ["-np", "8", "-c", "2048", "-t", "1", "--no-repack"]
+    with llama_server.serving(server, str(model), args) as url, leaking(url) as (proxy_url, proxy):
+        swept = {}
+        for name, target in (("CLEAN", url), ("LEAKY", proxy_url)):
+            out = tmp_path / name
+            r = runner.invoke(app, ["sweep", "--target", target, "--prompts", str(prompts), *LEAK_WORKLOAD,
+                                    "--out", str(out)])  # fmt: skip
+            assert r.exit_code == 0, r.output
+            swept[name] = json.loads((out / "results.json").read_text())
+            assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+        assert proxy.leaked > 0
+    for name, data in swept.items():
+        for lv in data["levels"]:
+            p = lv.get("perturbation")
+            if lv["concurrency"] == 1:
+                assert p is None
+                continue
+            v = p["verdict"]
+            assert v["labellings"] == 252  # 5 null and 5 perturbed runs
+            if name == "CLEAN":
+                assert v["depends"] is False, (lv["concurrency"], v)
+            else:
+                assert v["depends"] is True and v["p_value"] < 0.01 and v["changed"], (lv["concurrency"], v)
+                assert set(v["changed"]) <= set(p["targets"])
+    readme = (tmp_path / "LEAKY" / "README.md").read_text()
+    assert "| 4 | s0, s1 | s2, s3 |" in readme and "**yes**" in readme
+
+
+@pytest.mark.parametrize(
+    "probs, why",
+    [
+        ([{"top_logprobs": [{"logprob": 10**400}, {"logprob": -1.0}]}], "not a number"),
+        ([{"top_logprobs": [{"logprob": -0.1}, {"logprob": -1.0}]}] * 3, "3 completion_probabilities for 1 tokens"),
+        ([{"probs": [{"tok_str": "a", "prob": 0.5}]}], "'top_logprobs' is not a list"),
+        ("many", "not a list of objects"),
+    ],
+)
+def test_hostile_log_probabilities_are_the_answer_s_failure(probs, why):
+    from meshbench.endpoint.stream import Completion, Malformed, _native_chunk
+
+    c = Completion("s0", 0)
+    with pytest.raises(Malformed, match=why):
+        _native_chunk(c, {"tokens": [5], "content": "a", "completion_probabilities": probs}, 1)
+
+
+def test_a_near_tie_a_confident_divergence_and_the_margins_that_tell_them_apart():
+    from meshbench.analysis import endpoint_margins as m
+    from meshbench.records.margins import MarginPasses
+    from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition
+
+    def answer(sid, tokens, margins=None, at=0):
+        return Completion(session_id=sid, submit_ns=at, tokens=tokens, text="", token_ns=[at + 10] * len(tokens),
+                          stop="limit", predicted=len(tokens), evaluated=3, error=None, margins=margins)  # fmt: skip
+
+    cold = [answer("s0", [1, 2, 3], [2.0, 0.01, 3.0]), answer("s1", [4, 5, 6], [1.0, 1.0, 1.0])]
+    together = [answer("s0", [1, 2, 3], [2.2, 0.02, 2.9]), answer("s1", [4, 5, 6], [1.1, 1.0, 1.0])]
+    passes = MarginPasses(cold=cold, warm=cold, together=together)
+    assert m.numerics(passes) == pytest.approx(0.2)
+    # s0 flips at its near-tie (cold margin 0.01), s1 at a margin of 1.0 (above the 0.2 numerics measured)
+    sessions = [answer("s0", [1, 9, 3], at=0), answer("s1", [4, 5, 7], at=5)]
+    rep = EndpointRepetition(repetition=0, position=0, wall_s=1.0, metrics_before=None, metrics_after=None,
+                             figures={}, sessions=sessions)  # fmt: skip
+    d = m.divergences([EndpointLevel(concurrency=2, repetitions=[rep], needle=[], figures={})], passes, "s0")
+    assert d.threshold == pytest.approx(0.2) and d.levels["2"].differing == 2
+    assert [(x.session_id, x.token_index) for x in d.near_ties] == [("s0", 1)]
+    assert [(x.session_id, x.token_index, x.margin, x.beside) for x in d.confident] == [("s1", 2, 1.0, ["s0"])]

@@ -13,7 +13,7 @@ import factories as f
 import pytest
 
 from meshbench.errors import MeshbenchError
-from meshbench.records import context, documents, model, serial, sharing
+from meshbench.records import context, documents, margins, model, perturbation, serial, sharing
 
 ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
@@ -95,6 +95,13 @@ RECORDS = {
     model.FaultEvent: "level.fault_events.[]",
     model.EngineLoss: "level.engine_losses.[]",
     model.Completion: "endpoint:completion",
+    margins.MarginPasses: "endpoint:margins",
+    margins.Divergence: "endpoint:divergence",
+    margins.LevelDivergences: "endpoint:divergences.levels.*",
+    margins.Divergences: "endpoint:divergences",
+    perturbation.Perturbation: "endpoint:perturbation",
+    perturbation.PerturbationRun: "endpoint:perturbation.runs.[]",
+    perturbation.PerturbationVerdict: "endpoint:perturbation.verdict",
     model.EndpointRepetition: "endpoint:repetition",
     model.NeedleTrial: "endpoint:needle_trial",
     model.EndpointLevel: "endpoint:level",

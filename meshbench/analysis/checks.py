@@ -32,6 +32,8 @@ class Checks:
 
 
 def _same(a: object, b: object) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):  # (False is not 0: a flag is not a count)
+        return type(a) is type(b) and a == b
     if isinstance(a, float) or isinstance(b, float):
         return (
             isinstance(a, (int, float))

@@ -57,13 +57,8 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
     measured = numerics(passes)
     threshold = max(FLOOR, measured or 0.0)
     cold = {c.session_id: c for c in passes.cold if c.error is None}
-    warm = [
-        d
-        for x in passes.warm
-        if x.error is None and x.session_id in cold
-        for d in [_divergence(1, None, x.session_id, x, cold[x.session_id], [], threshold)]
-        if d is not None
-    ]
+    warm = _against_cold(passes.warm, cold, 1, threshold, beside=False)
+    together = _against_cold(passes.together, cold, len(passes.together), threshold, beside=True)
     per_level: dict[str, LevelDivergences] = {}
     found: list[Divergence] = []
     for lv in levels:
@@ -92,12 +87,27 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
     return Divergences(
         numerics=measured,
         warm_differing=warm,
+        together_differing=together,
         threshold=round(threshold, 6),
         floor=FLOOR,
         levels=per_level,
         confident=[d for d in found if d.kind == "confident"],
         near_ties=[d for d in found if d.kind == "near-tie"],
     )
+
+
+def _against_cold(
+    answers: Sequence[Completion], cold: dict[str, Completion], c: int, threshold: float, beside: bool
+) -> list[Divergence]:
+    """A margin pass's answers that differ from their cold ones (``beside``: every other session was in flight)."""
+    out = []
+    for x in answers:
+        if x.error is None and x.session_id in cold:
+            others = sorted(y.session_id for y in answers if y.session_id != x.session_id) if beside else []
+            d = _divergence(c, None, x.session_id, x, cold[x.session_id], others, threshold)
+            if d is not None:
+                out.append(d)
+    return out
 
 
 def _divergence(

@@ -5,7 +5,9 @@ predicted, and how many slots were busy per decode call.
 llama-server's counters (``*_total``) only grow, so a pass's count is their difference. Its
 ``n_busy_slots_per_decode`` is a ratio since the server started (busy slots summed over decode calls, over the
 decode calls): the pass's own ratio is ``(after * decodes_after - before * decodes_before) / decodes in the pass``.
-A metric that is missing from either scrape, or a counter that went down (the server restarted), gives no figure.
+A metric that is missing from either scrape, or a counter that went down (the server restarted), gives no figure;
+nor does the busy-slot ratio where its printed precision (6 significant digits, multiplied back by every decode
+call since the server started) could be off by more than 0.01 slots per call: a server up for long.
 """
 
 from __future__ import annotations
@@ -45,8 +47,12 @@ def _busy(before: Scrape, after: Scrape) -> float | None:
     ratio = PREFIX + "n_busy_slots_per_decode"
     if not decodes or before is None or after is None or ratio not in before or ratio not in after:
         return None
-    busy = after[ratio] * after[PREFIX + "n_decode_total"] - before[ratio] * before[PREFIX + "n_decode_total"]
-    return round(busy / decodes, 3) if busy >= 0 else None
+    n_after, n_before = after[PREFIX + "n_decode_total"], before[PREFIX + "n_decode_total"]
+    busy = after[ratio] * n_after - before[ratio] * n_before
+    # the ratio is printed to 6 significant digits: each product is off by up to half a unit of the 6th digit
+    # times the decode calls since start; beyond 0.01 slots per decode call, no figure
+    error = sum(abs(r) * n for r, n in ((after[ratio], n_after), (before[ratio], n_before))) * 5e-6 / decodes
+    return round(busy / decodes, 3) if busy >= 0 and error <= 0.01 else None
 
 
 def level_accounting(passes: Sequence[tuple[Scrape, Scrape]]) -> dict[str, list[float]]:

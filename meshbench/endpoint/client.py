@@ -38,6 +38,7 @@ from meshbench.endpoint.stream import (  # noqa: F401 - the answer, as the clien
     text_value,
 )
 from meshbench.errors import MeshbenchError
+from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target  # noqa: F401 - where an endpoint listens
 
 APIS = ("auto", "native", "openai")
@@ -155,33 +156,14 @@ class Endpoint:
 
     # --- one streamed completion ------------------------------------------------------------
     def body(self, prompt_ids: list[int], prompt_text: str, new_tokens: int, ban_eos: bool, seed: int) -> dict:
-        """One request's body: the prompt, its token count, greedy decoding, and ``cache_prompt`` only where the
-        user chose it."""
+        """One request's body: the prompt and its token count, then the fields every request carries
+        (meshbench.workload.request: greedy, the eos policy, ``cache_prompt`` only where the user chose it)."""
+        shared = request.shared_fields(self.api, ban_eos, seed, self.cache_prompt)
         if self.api == "native":
-            body: dict = {
-                "prompt": prompt_ids,
-                "n_predict": new_tokens,
-                "temperature": 0.0,
-                "top_k": 1,
-                "ignore_eos": ban_eos,
-                "return_tokens": True,
-                "stream": True,
-                "seed": seed,
-            }
-        else:
-            body = {
-                "prompt": prompt_text,
-                "max_tokens": new_tokens,
-                "temperature": 0.0,
-                "seed": seed,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            if ban_eos:
-                body["min_tokens"] = new_tokens  # llama-cpp-python's server
-                body["ignore_eos"] = True  # llama-server
-        if self.cache_prompt is not None:
-            body["cache_prompt"] = self.cache_prompt
+            return {"prompt": prompt_ids, "n_predict": new_tokens, **shared}
+        body = {"prompt": prompt_text, "max_tokens": new_tokens, **shared}
+        if ban_eos:
+            body["min_tokens"] = new_tokens  # llama-cpp-python's server
         return body
 
     def complete(self, session_id: str, body: dict, t0: int) -> Completion:
@@ -203,7 +185,7 @@ class Endpoint:
             Stream(self.api, body, c, t0, deadline).read(resp)
         except Malformed as e:
             c.error = f"malformed answer: {e}"
-        except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
+        except (OSError, http.client.HTTPException, ValueError, RecursionError, OverflowError) as e:
             timed_out = (cut is not None and cut.late()) or isinstance(e, TimeoutError)
             c.error = (
                 f"no answer within the deadline ({self.deadline_s:g} s)"

@@ -140,7 +140,10 @@ def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
             c.token_ns.append(now)
     c.text += content
     if "completion_probabilities" in chunk:
-        c.margins = (c.margins or []) + _margins(chunk["completion_probabilities"])
+        margins = _margins(chunk["completion_probabilities"])
+        if len(margins) != len(tokens):
+            raise Malformed(f"{len(margins)} completion_probabilities for {len(tokens)} tokens in a chunk")
+        c.margins = (c.margins or []) + margins
     if chunk.get("stop"):
         timings = chunk.get("timings")
         c.stop = _reason(chunk.get("stop_type"), "stop_type")
@@ -192,11 +195,11 @@ def _margins(probs) -> list[float | None]:
         raise Malformed("'completion_probabilities' is not a list of objects")
     out: list[float | None] = []
     for p in probs:
-        top = p.get("top_logprobs", p.get("probs"))
+        top = p.get("top_logprobs")
         if not isinstance(top, list) or not all(isinstance(x, dict) for x in top):
-            raise Malformed("'top_logprobs' is not a list of objects")
+            raise Malformed("'top_logprobs' is not a list of objects (a llama-server older than its logprob API?)")
         lps = [x.get("logprob") for x in top]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in lps):
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300 for v in lps):
             raise Malformed("a 'logprob' is not a number")
         finite = sorted((float(v) for v in lps if math.isfinite(v)), reverse=True)
         out.append(round(finite[0] - finite[1], 6) if len(finite) >= 2 and len(finite) == len(lps) else None)

@@ -18,7 +18,7 @@ import numpy as np
 from meshbench import files
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
-from meshbench.endpoint import client, llama_server
+from meshbench.endpoint import client, llama_server, perturb
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
 from meshbench.engine import packaged
@@ -31,6 +31,7 @@ from meshbench.records.model import Completion, EndpointLevel, EndpointRepetitio
 from meshbench.results import document
 from meshbench.sweep.plan import level_orders
 from meshbench.workload import prompts as prompts_mod
+from meshbench.workload import request
 from meshbench.workload.config import RunConfig, validate_levels
 
 MARGIN_PROBS = 2  # the top log-probabilities asked for per token in the margin passes
@@ -44,6 +45,9 @@ def check_record_size(cfg: RunConfig) -> None:
     new = cfg.workload.new_tokens
     passes = len(cfg.levels) * cfg.repeat
     bound = sum(new) * passes + new[0] * (passes + 1)  # every session each pass, and the needle's trials
+    bound += 3 * sum(new)  # the margin passes
+    runs = 2 * min(cfg.repeat, perturb.MAX_RUNS)
+    bound += sum(runs * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's targets
     if bound > MAX_RECORDED_TOKENS:
         raise MeshbenchError(
             f"this endpoint sweep could record up to {bound} tokens ({len(new)} sessions, {len(cfg.levels)} levels, "
@@ -90,7 +94,7 @@ def _sweep(
             f"--target {target.url}: not on this machine (loopback); meshbench sends it load and prompts only with "
             "--allow-remote (engine.allow_remote), and only to a server you run"
         )
-    cache_prompt = None if cfg.engine.cache_prompt is None else cfg.engine.cache_prompt == "on"
+    cache_prompt = request.chosen_cache_prompt(cfg.engine.cache_prompt)
     endpoint = Endpoint(target, cfg.engine.api, cfg.engine.deadline_s, cache_prompt)
     info = endpoint.probe()
     if launched is not None:
@@ -122,15 +126,20 @@ def _sweep(
             progress(f"repetition {r + 1}/{cfg.repeat}, concurrency {c}")
             passes[c].append(_pass(endpoint, jobs, c, r, position, judged))
             needles[c].append(_needle(endpoint, jobs, c, r, rng))
-    records = [
-        EndpointLevel(
-            concurrency=c,
-            repetitions=passes[c],
-            needle=needles[c],
-            figures=figures.summary([rep.figures for rep in passes[c]]),
+    shuffles = np.random.default_rng([cfg.workload.seed, 1])
+    records = []
+    for c in levels:
+        if c > 1 and endpoint.api == "native":
+            progress(f"perturbation, concurrency {c}: null and perturbed runs, interleaved")
+        records.append(
+            EndpointLevel(
+                concurrency=c,
+                repetitions=passes[c],
+                needle=needles[c],
+                figures=figures.summary([rep.figures for rep in passes[c]]),
+                perturbation=perturb.perturbation(endpoint, jobs, c, cfg.repeat, shuffles),
+            )
         )
-        for c in levels
-    ]
     return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins)
 
 

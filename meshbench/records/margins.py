@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshbench.records.model import Completion
+from meshbench.records.completion import Completion
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +50,7 @@ class Divergences:
     numerics: float | None  # the largest margin change the warm or the batched answer showed where it agrees
     # with the cold one
     warm_differing: list[Divergence]  # sessions whose warm answer differs from their cold one
+    together_differing: list[Divergence]  # sessions whose answer among all the others differs from their cold one
     threshold: float  # a divergence whose margin is at most this is a near-tie: max(numerics, floor)
     floor: float
     levels: dict[str, LevelDivergences]

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshbench.records.completion import Completion as Completion  # (re-exported: an endpoint answer)
 from meshbench.records.context import Budget
+from meshbench.records.perturbation import Perturbation
 from meshbench.records.sharing import CacheVerdict, PrefixStats
 
 JsonObject = dict[str, Any]  # what is typed by its own owner: the config echo (a RunConfig's), a model's config
@@ -302,26 +304,6 @@ class Reference:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Completion:
-    """An endpoint's answer to one session, as a client saw it (endpoint.schema.json): its stamps are the
-    timing record a node's session has too (``submit_ns``, ``token_ns``)."""
-
-    session_id: str
-    submit_ns: int
-    tokens: list[int]
-    text: str
-    token_ns: list[int]
-    stop: str | None
-    predicted: int | None  # tokens the server says it generated
-    evaluated: int | None  # prompt tokens the server says it evaluated
-    error: str | None  # the request failed: HTTP status, a closed stream, a timeout
-    computed: int | None = None  # of the evaluated, those the server computed rather than took from its prompt
-    # cache (llama-server's timings.prompt_n; None: not said, or a bundle from before it was recorded)
-    margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked for only in
-    # the margin passes; None elsewhere)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class EndpointRepetition:
     """One pass of an endpoint level: its completions, the server's metrics around it, its figures."""
 
@@ -352,3 +334,4 @@ class EndpointLevel:
     repetitions: list[EndpointRepetition]
     needle: list[NeedleTrial]
     figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions
+    perturbation: Perturbation | None = None  # (native API, C >= 2; absent from bundles made before it)

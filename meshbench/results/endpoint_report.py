@@ -48,7 +48,7 @@ def _sent(request: dict | None) -> list[str]:
         if "cache_prompt" in request
         else "no cache_prompt: the server's prompt cache as its own default sets it"
     )
-    fields = ", ".join(f"{k} {json.dumps(v)}" for k, v in request.items())
+    fields = markdown.inline(", ".join(f"{k} {json.dumps(v)}" for k, v in request.items()))
     return [f"Every request carried, beside its prompt and token counts: {fields}; {cache}."]
 
 
@@ -127,6 +127,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         "|" + "---|" * 13,
         *("| " + " | ".join(row) + " |" for row in table_rows(b)),
         "",
+        *_perturbation(b),
         *_divergences(b),
         *_metrics(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
@@ -163,6 +164,41 @@ def _metrics(b: EndpointBundle) -> list[str]:
     ]
 
 
+def _perturbation(b: EndpointBundle) -> list[str]:
+    """Each level's perturbation test: does a target's output depend on its neighbours' content?"""
+    tested = [lv for lv in b.results.levels if lv.perturbation is not None]
+    if not tested:
+        return []
+    rows = []
+    for lv in tested:
+        p = lv.perturbation
+        assert p is not None
+        v, kinds = p.verdict, [x.perturbed for x in p.runs]
+        depends = "-" if v.depends is None else "**yes**" if v.depends else "no"
+        rows.append(
+            f"| {lv.concurrency} | {', '.join(p.targets)} | {', '.join(p.neighbours)} | {kinds.count(False)} + "
+            f"{kinds.count(True)} | {v.statistic} | {v.p_value:.4g} | {depends} | {', '.join(v.changed) or '-'} |"
+        )
+    return [
+        "## Content dependence: perturbation against a run-to-run null",
+        "",
+        "At each level of two or more sessions, the first C sessions were submitted at once, again and again, "
+        "alternating a null run (every prompt as it is) and a perturbed run (the neighbours' prompt ids shuffled, "
+        "BOS first: the same lengths, other content); every request bans eos and the neighbours are sent with "
+        "`cache_prompt` false in both, so the batches stay alike. The statistic counts perturbed runs in which a "
+        "target gave an output no null run gave; its p-value is exact, over every relabelling of the runs into "
+        "null and perturbed (run-to-run variation shows under every labelling alike). Below "
+        f"{tested[0].perturbation.verdict.alpha:g} (assuming the runs exchangeable), a target's output depends on "
+        "its neighbours' content; the changed targets and their neighbours are named.",
+        "",
+        "| C | targets | neighbours | runs (null + perturbed) | statistic | p-value | depends on neighbours | "
+        "changed targets |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def _divergences(b: EndpointBundle) -> list[str]:
     """Every answer against its session's cold answer, classified by the margin where it first differs."""
     d = b.results.divergences
@@ -184,7 +220,9 @@ def _divergences(b: EndpointBundle) -> list[str]:
         "",
         "Every session was also sent with the server's top-2 log-probabilities per token, outside the timed passes "
         "(asking costs the server time): alone and cold (`cache_prompt` false), alone and warm (right after "
-        f"itself, as the sweep sends it), and with every session at once. Warm against cold: {warm}. Where a warm "
+        f"itself, as the sweep sends it), and with every session at once. Warm against cold: {warm}. All at once, "
+        f"{len(d.together_differing)} of the sessions differ from their cold answer "
+        f"({_kinds(d.together_differing)}). Where a warm "
         f"or batched answer agrees with the cold one, the margin (top-1 minus top-2) moved by at most {numerics}: "
         "the server's own numerics here. Every answer of the sweep is compared with its session's cold answer. "
         f"Where it first differs, a cold margin of at most {d.threshold:.3g} (the numerics, and never below "
@@ -209,6 +247,11 @@ def _divergences(b: EndpointBundle) -> list[str]:
     if len(d.confident) > MAX_LISTED:
         lines.append(f"- ... and {len(d.confident) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
     return lines + ([""] if d.confident else [])
+
+
+def _kinds(found: list) -> str:
+    kinds = [x.kind for x in found]
+    return ", ".join(f"{kinds.count(k)} {k}" for k in ("near-tie", "confident", "unknown") if k in kinds) or "none"
 
 
 def _margin(m: float | None) -> str:

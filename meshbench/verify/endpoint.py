@@ -5,13 +5,15 @@ and outputs (meshbench.analysis.endpoint), and the needle's trials."""
 from __future__ import annotations
 
 from meshbench.analysis import endpoint as figures
-from meshbench.analysis import endpoint_margins as margins
+from meshbench.analysis import server_accounting as accounting
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.model import Completion, EndpointLevel
 from meshbench.results.typed import EndpointBundle
+from meshbench.verify import endpoint_proofs as proofs
+from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target
 
 
@@ -37,14 +39,7 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
         [lv.concurrency for lv in typed_levels],
     )
     _check_endpoint_record(c, b)
-    if wl.request is not None:
-        chosen = cfg.engine.cache_prompt
-        c.equal(
-            RESULTS,
-            "workload.request.cache_prompt (sent only as config.engine.cache_prompt chose)",
-            None if chosen is None else chosen == "on",
-            wl.request.get("cache_prompt"),
-        )
+    _check_request(c, b)
     lengths, new = dict(zip(ids, wl.prompt_tokens)), dict(zip(ids, wl.new_tokens))
     slo = cfg.slo
     alone = b.results.needle.alone
@@ -74,27 +69,24 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
         b.results.verdicts,
     )
     c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, b.results.conclusions)
-    _check_margins(c, b, ids, compared)
+    proofs.check_margins(c, b, ids, compared, lengths, new)
+    if any(lv.perturbation is not None for lv in typed_levels):  # (a bundle made before the test has none)
+        for i, lv in enumerate(typed_levels):
+            proofs.check_perturbation(c, lv, f"levels[{i}]", ids, lengths, b.results.endpoint.api)
+    _check_accounting(c, b, typed_levels)
 
 
-def _check_margins(c: Checks, b: EndpointBundle, ids: list[str], compared: str) -> None:
-    """The margin passes answer every session once each way, with one margin per token; the divergences are
-    recomputed from them and the levels (none without margin passes, or where text is compared)."""
-    r = b.results
-    if r.margins is not None:
-        sides = (("cold", r.margins.cold), ("warm", r.margins.warm), ("together", r.margins.together))
-        for side, answers in sides:
-            c.equal(RESULTS, f"margins.{side} (every session once, in order)", ids, [x.session_id for x in answers])
-            for x in answers:
-                where = f"margins.{side}.{x.session_id}"
-                c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
-                c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
-    expected = (
-        None
-        if r.margins is None or compared != "tokens"
-        else margins.divergences(r.levels, r.margins, r.needle.prompt_of)
-    )
-    c.equal(RESULTS, "divergences (recomputed from the margin passes and the levels)", expected, r.divergences)
+def _check_request(c: Checks, b: EndpointBundle) -> None:
+    """What every request carried is what this config sends (recorded since cache_prompt could be chosen)."""
+    wl = b.results.workload
+    chosen = request.chosen_cache_prompt(b.cfg.engine.cache_prompt)
+    if wl.request is not None or chosen is not None:
+        c.equal(
+            RESULTS,
+            "workload.request (what every request carried, as this config sends it)",
+            request.shared_fields(b.results.endpoint.api, wl.eos == "ban", wl.seed, chosen),
+            wl.request,
+        )
 
 
 def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
@@ -214,3 +206,34 @@ def _check_evaluated(c: Checks, b: EndpointBundle, levels: list[EndpointLevel], 
                     lengths[sid],
                     x.evaluated,
                 )
+
+
+def _check_accounting(c: Checks, b: EndpointBundle, levels: list[EndpointLevel]) -> None:
+    """Every answer's prompt accounting is whole (computed at most evaluated; margins only in the margin passes),
+    and on a server meshbench started (no other client) the server's counters moved over each pass by exactly
+    what its answers say: tokens predicted, prompt tokens computed and taken from the cache."""
+    own = b.results.endpoint.launched is not None
+    for i, lv in enumerate(levels):
+        for r, rep in enumerate(lv.repetitions):
+            at = f"levels[{i}].repetitions[{r}]"
+            for x in rep.sessions:
+                _whole_accounting(c, f"{at}.{x.session_id}", x)
+            figures = accounting.pass_accounting(rep.metrics_before, rep.metrics_after)
+            answers = [x for x in rep.sessions if x.error is None]
+            if not own or len(answers) < len(rep.sessions) or any(x.computed is None for x in answers):
+                continue
+            said = {
+                "tokens predicted": sum(x.predicted or 0 for x in answers),
+                "prompt tokens computed": sum(x.computed or 0 for x in answers),
+                "prompt tokens from the cache": sum((x.evaluated or 0) - (x.computed or 0) for x in answers),
+            }
+            for name, total in said.items():
+                if figures[name] is not None:
+                    c.equal(RESULTS, f"{at}: the server's {name} over the pass (= its answers')", total, figures[name])
+
+
+def _whole_accounting(c: Checks, where: str, x: Completion) -> None:
+    if x.computed is not None:
+        whole = x.evaluated is not None and x.computed <= x.evaluated
+        c.equal(RESULTS, f"{where}.computed (at most the evaluated)", True, whole)
+    c.equal(RESULTS, f"{where}.margins (asked only in the margin passes)", None, x.margins)

@@ -1,0 +1,64 @@
+"""The perturbation test of one endpoint level (meshbench.analysis.perturbation): the first C sessions submitted
+at once, 2R times, alternating a null run (every prompt as it is) and a perturbed run (the neighbours' prompt ids
+shuffled, BOS first: the same lengths, other content).
+
+Every request of these runs bans eos (all generate exactly their token count) and the neighbours are sent with
+``cache_prompt`` false in both kinds of run, so the batches the server forms are alike in both: the same prompt
+lengths to compute, the same decode lengths. Only the neighbours' content differs. Native API only (token ids)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshbench.analysis import perturbation as test
+from meshbench.endpoint.client import Endpoint
+from meshbench.endpoint.load import Job, at_once
+from meshbench.records import serial
+from meshbench.records.perturbation import Perturbation, PerturbationRun
+
+MAX_RUNS = 8  # of each kind: C(16, 8) = 12870 relabellings for the exact p-value
+
+
+def perturbation(
+    endpoint: Endpoint, jobs: list[Job], c: int, runs: int, rng: np.random.Generator
+) -> Perturbation | None:
+    """The level's test (None: one session, or the OpenAI API, whose prompts are text)."""
+    if c < 2 or endpoint.api != "native":
+        return None
+    batch = jobs[:c]
+    half = (c + 1) // 2
+    targets, neighbours = batch[:half], batch[half:]
+    records = []
+    for i in range(2 * min(runs, MAX_RUNS)):
+        perturbed = i % 2 == 1
+        prompts = [_shuffled(j.body["prompt"], rng) if perturbed else list(j.body["prompt"]) for j in neighbours]
+        sent = [Job(j.session_id, {**j.body, "ignore_eos": True}) for j in targets] + [
+            Job(j.session_id, {**j.body, "ignore_eos": True, "cache_prompt": False, "prompt": p})
+            for j, p in zip(neighbours, prompts)
+        ]
+        done = at_once(endpoint, sent)
+        records.append(
+            PerturbationRun(
+                run=i,
+                perturbed=perturbed,
+                targets=[serial.completion(x.to_dict()) for x in done[:half]],
+                neighbour_prompts=prompts,
+                neighbours_failed=[x.session_id for x in done[half:] if x.error is not None],
+            )
+        )
+    return Perturbation(
+        targets=[j.session_id for j in targets],
+        neighbours=[j.session_id for j in neighbours],
+        runs=records,
+        verdict=test.verdict(records),
+    )
+
+
+def _shuffled(ids: list[int], rng: np.random.Generator) -> list[int]:
+    """Other content of the same length: the ids after the first shuffled; where that changes nothing (a prompt
+    of one repeated id, or too short), each id after the first replaced by its neighbour id + 1."""
+    head, tail = list(ids[:1]), list(ids[1:])
+    shuffled = [tail[k] for k in rng.permutation(len(tail))]
+    if shuffled == tail:
+        shuffled = [t + 1 for t in tail]
+    return head + shuffled

@@ -1,0 +1,25 @@
+"""An endpoint's answer to one session, as the client recorded it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """An endpoint's answer to one session, as a client saw it (endpoint.schema.json): its stamps are the
+    timing record a node's session has too (``submit_ns``, ``token_ns``)."""
+
+    session_id: str
+    submit_ns: int
+    tokens: list[int]
+    text: str
+    token_ns: list[int]
+    stop: str | None
+    predicted: int | None  # tokens the server says it generated
+    evaluated: int | None  # prompt tokens the server says it evaluated
+    error: str | None  # the request failed: HTTP status, a closed stream, a timeout
+    computed: int | None = None  # of the evaluated, those the server computed rather than took from its prompt
+    # cache (llama-server's timings.prompt_n; None: not said, or a bundle from before it was recorded)
+    margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked for only in
+    # the margin passes; None elsewhere)

@@ -1,0 +1,80 @@
+"""The endpoint's proofs of content dependence, checked from the bundle: the margin passes (every session cold,
+warm and together, with one margin per token, each answer whole) and the divergences recomputed from them; each
+level's perturbation test (its sessions, its alternating runs, its perturbed prompts, its verdict recomputed)."""
+
+from __future__ import annotations
+
+from meshbench.analysis import endpoint_margins as margins
+from meshbench.analysis import perturbation
+from meshbench.analysis.checks import Checks
+from meshbench.names import RESULTS
+from meshbench.records.model import Completion, EndpointLevel
+from meshbench.results.typed import EndpointBundle
+
+HOLD_BACK = 3  # (meshbench.endpoint.stream.HOLD_BACK: verify never imports the client)
+
+
+def check_margins(
+    c: Checks, b: EndpointBundle, ids: list[str], compared: str, lengths: dict[str, int], new: dict[str, int]
+) -> None:
+    """The margin passes answer every session once each way, with one margin per token; the divergences are
+    recomputed from them and the levels (none without margin passes, or where text is compared)."""
+    r = b.results
+    if r.margins is not None:
+        sides = (("cold", r.margins.cold), ("warm", r.margins.warm), ("together", r.margins.together))
+        for side, answers in sides:
+            c.equal(RESULTS, f"margins.{side} (every session once, in order)", ids, [x.session_id for x in answers])
+            for x in answers:
+                where = f"margins.{side}.{x.session_id}"
+                c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
+                c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
+                _whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos)
+    expected = (
+        None
+        if r.margins is None or compared != "tokens"
+        else margins.divergences(r.levels, r.margins, r.needle.prompt_of)
+    )
+    c.equal(RESULTS, "divergences (recomputed from the margin passes and the levels)", expected, r.divergences)
+
+
+def check_perturbation(c: Checks, lv: EndpointLevel, at: str, ids: list[str], lengths: dict, api: str) -> None:
+    """The level's test: its sessions (the first C, split into targets and neighbours), its runs alternating null
+    and perturbed, the null runs sending the neighbours' prompts unchanged and the perturbed ones other ids of the
+    same lengths, and its verdict recomputed from the targets' answers."""
+    p = lv.perturbation
+    if p is None:
+        c.equal(RESULTS, f"{at}.perturbation (every native level of C >= 2 has one)", False,
+                lv.concurrency > 1 and api == "native")  # fmt: skip
+        return
+    half = (lv.concurrency + 1) // 2
+    c.equal(RESULTS, f"{at}.perturbation: targets and neighbours (the first C sessions)",
+            [ids[:half], ids[half:lv.concurrency]], [p.targets, p.neighbours])  # fmt: skip
+    c.equal(RESULTS, f"{at}.perturbation.runs (alternating null, perturbed)",
+            [r % 2 == 1 for r in range(len(p.runs))], [x.perturbed for x in p.runs])  # fmt: skip
+    nulls = {tuple(map(tuple, x.neighbour_prompts)) for x in p.runs if not x.perturbed}
+    for x in p.runs:
+        where = f"{at}.perturbation.runs[{x.run}]"
+        c.equal(RESULTS, f"{where}: one answer per target", p.targets, [t.session_id for t in x.targets])
+        c.equal(RESULTS, f"{where}: neighbour prompts of the neighbours' lengths",
+                [lengths[n] for n in p.neighbours], [len(q) for q in x.neighbour_prompts])  # fmt: skip
+        if x.perturbed:
+            c.equal(RESULTS, f"{where}: perturbed (other ids than the null runs')", False,
+                    tuple(map(tuple, x.neighbour_prompts)) in nulls)  # fmt: skip
+    c.equal(RESULTS, f"{at}.perturbation: every null run sends the same prompts", True, len(nulls) <= 1)
+    c.equal(RESULTS, f"{at}.perturbation.verdict (recomputed)", perturbation.verdict(p.runs), p.verdict)
+
+
+def _whole(c: Checks, where: str, x: Completion, prompt: int, asked: int, eos: str) -> None:
+    """A margin pass's answer as whole as a level's: its stamps in order, the prompt it evaluated, its computed
+    tokens at most that, and every asked token unless it stopped at eos (where eos may stop it)."""
+    stamps = [x.submit_ns, *x.token_ns]
+    c.equal(RESULTS, f"{where}.token_ns (in order, after submit_ns)", True, stamps == sorted(stamps))
+    c.equal(RESULTS, f"{where}: prompt tokens the server evaluated", prompt, x.evaluated)
+    c.equal(RESULTS, f"{where}.computed (at most the evaluated)", True, x.computed is None or x.computed <= prompt)
+    stopped = x.stop == "eos" and eos == "stop"
+    generated = len(x.tokens) if x.predicted is None else x.predicted
+    c.equal(RESULTS, f"{where}: every token asked for, or an eos stop", True,
+            generated == asked or (stopped and generated < asked))  # fmt: skip
+    # (a stream may hold back the ids of an incomplete UTF-8 character at its end, as the client allows)
+    c.equal(RESULTS, f"{where}.predicted (its tokens, and at most {HOLD_BACK} held back)", True,
+            len(x.tokens) <= generated <= len(x.tokens) + HOLD_BACK)  # fmt: skip

@@ -1,0 +1,104 @@
+"""A proxy that leaks on purpose, in front of a real llama-server: a test fixture on a free loopback port.
+
+Every route is passed through unchanged, but ``/completion`` requests that arrive while four or more are in
+flight: each of those has its prompt's ids after BOS overwritten by the start of another in-flight request's
+prompt (the longest one other than its own; the same length is sent, so the server's counts stay right and only
+the content leaks). A content-dependence test must catch it and name the sessions.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import threading
+import time
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+LEAK_AT = 4  # in-flight requests from which the proxy leaks
+GATHER_S = 0.3  # a request waits this long so the requests submitted with it are in flight too
+FRAGMENT = 3  # ids spliced in
+
+
+class _Proxy(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname, parts.port)
+        self.lock = threading.Lock()
+        self.in_flight: dict[int, list[int]] = {}
+        self.next_id = 0
+        self.leaked = 0
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    server: _Proxy
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        self._forward(None)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path != "/completion":
+            self._forward(body)
+            return
+        request = json.loads(body)
+        prompt = list(request.get("prompt", []))
+        with self.server.lock:
+            me = self.server.next_id
+            self.server.next_id += 1
+            self.server.in_flight[me] = prompt
+        try:
+            time.sleep(GATHER_S)
+            with self.server.lock:
+                others = [p for k, p in self.server.in_flight.items() if k != me]
+                if len(others) + 1 >= LEAK_AT:
+                    donor = max(others, key=lambda p: (len(p), p))
+                    n = min(FRAGMENT, len(prompt) - 1, len(donor) - 1)
+                    if n > 0:
+                        request["prompt"] = prompt[:1] + donor[1 : 1 + n] + prompt[1 + n :]
+                        self.server.leaked += 1
+            self._forward(json.dumps(request).encode())
+        finally:
+            with self.server.lock:
+                del self.server.in_flight[me]
+
+    def _forward(self, body: bytes | None) -> None:
+        host, port = self.server.upstream
+        conn = http.client.HTTPConnection(host, port, timeout=120)
+        try:
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(self.command, self.path, body, headers)
+            resp = conn.getresponse()
+            self.send_response(resp.status)
+            self.send_header("Content-Type", resp.getheader("Content-Type", "application/json"))
+            self.end_headers()
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                self.wfile.write(line)
+                self.wfile.flush()
+        finally:
+            conn.close()
+
+
+@contextmanager
+def serving(upstream: str):
+    """The leaking proxy in front of ``upstream`` for the ``with`` block: yields (its URL, the proxy, whose
+    ``leaked`` counts the requests it changed); stopped after."""
+    proxy = _Proxy(upstream)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{proxy.server_address[1]}", proxy
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
