@@ -136,6 +136,18 @@ def test_an_endpoint_sweep_writes_a_bundle_that_verifies(bundle):
     assert r.exit_code == 0 and "0 failed" in r.output, r.output
 
 
+def test_the_chat_api_works_against_llama_cpp_python_s_server(server, prompts, tmp_path):
+    out = tmp_path / "CHAT"
+    r = _sweep(server, prompts, out, "--api", "chat", "--eos", "ban")
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["endpoint"]["api"] == "chat" and data["verdicts"]["compared"] == "text"
+    every = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"]]
+    # (llama-cpp-python's chat stream sends no usage: one chunk per token, five of them)
+    assert all(c["error"] is None and c["text"] and len(c["token_ns"]) == 5 for c in every)
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+
 def test_a_forged_output_or_stamp_fails_verify(bundle, tmp_path):
     for forge, expect in [
         (lambda d: d["levels"][1]["repetitions"][0]["sessions"][0].update(text="forged"), "verdicts"),

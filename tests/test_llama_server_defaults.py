@@ -105,12 +105,13 @@ def test_cache_prompt_off_is_sent_and_recorded_and_verify_holds_the_record_to_th
 
 
 @needs_server
-def test_the_openai_api_works_against_llama_server(model, prompts, tmp_path):
-    out = tmp_path / "OPENAI"
-    r = _serve(model, prompts, out, "--api", "openai", "--eos", "ban")
+@pytest.mark.parametrize("api", ["openai", "chat"])
+def test_the_openai_apis_work_against_llama_server(model, prompts, tmp_path, api):
+    out = tmp_path / api
+    r = _serve(model, prompts, out, "--api", api, "--eos", "ban")
     assert r.exit_code == 0, r.output
     data = json.loads((out / "results.json").read_text())
-    assert data["endpoint"]["api"] == "openai" and data["verdicts"]["compared"] == "text"
+    assert data["endpoint"]["api"] == api and data["verdicts"]["compared"] == "text"
     answers = _answers(data)
     assert all(c["error"] is None and c["predicted"] == 5 and c["text"] for c in answers)
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0

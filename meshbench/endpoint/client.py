@@ -41,7 +41,8 @@ from meshbench.errors import MeshbenchError
 from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target  # noqa: F401 - where an endpoint listens
 
-APIS = ("auto", "native", "openai")
+APIS = ("auto", "native", "openai", "chat")
+PATHS = {"native": "/completion", "openai": "/v1/completions", "chat": "/v1/chat/completions"}
 PROBE_TIMEOUT_S = 10.0
 MAX_ANSWER_BYTES = 16 << 20  # a plain (not streamed) answer: /props, /tokenize, /v1/models, /metrics
 DEADLINE_S = 300.0  # one request, from its submission to its last byte (engine.deadline_s)
@@ -161,7 +162,10 @@ class Endpoint:
         shared = request.shared_fields(self.api, ban_eos, seed, self.cache_prompt)
         if self.api == "native":
             return {"prompt": prompt_ids, "n_predict": new_tokens, **shared}
-        body = {"prompt": prompt_text, "max_tokens": new_tokens, **shared}
+        text: dict = (
+            {"messages": [{"role": "user", "content": prompt_text}]} if self.api == "chat" else {"prompt": prompt_text}
+        )
+        body = {**text, "max_tokens": new_tokens, **shared}
         if ban_eos:
             body["min_tokens"] = new_tokens  # llama-cpp-python's server
         return body
@@ -171,7 +175,7 @@ class Endpoint:
         (an HTTP error, a malformed answer, a stream closed before its end, the deadline) is the session's,
         not the run's."""
         c = Completion(session_id, time.monotonic_ns() - t0)
-        path = "/completion" if self.api == "native" else "/v1/completions"
+        path = PATHS[self.api]
         deadline = time.monotonic() + self.deadline_s
         conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.deadline_s)
         cut = None

@@ -95,7 +95,7 @@ class Stream:
                 if _native_chunk(self.c, chunk, now):
                     self.finished = True
                     return True
-            elif _openai_chunk(self.c, chunk, now):
+            elif _openai_chunk(self.c, chunk, now, chat=self.api == "chat"):
                 self.finished = True
             if len(self.c.token_ns) > self.asked + HOLD_BACK or len(self.c.text) > MAX_TEXT_PER_TOKEN * (
                 self.asked + HOLD_BACK
@@ -157,9 +157,9 @@ def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
     return False
 
 
-def _openai_chunk(c: Completion, chunk, now: int) -> bool:
-    """An OpenAI completion chunk: a piece of text (a token, as the server streams them), or the usage. True
-    when it gave a finish reason."""
+def _openai_chunk(c: Completion, chunk, now: int, chat: bool = False) -> bool:
+    """An OpenAI completion chunk (``chat``: a chat completion chunk, its text in ``delta.content``): a piece of
+    text (a token, as the server streams them), or the usage. True when it gave a finish reason."""
     if not isinstance(chunk, dict):
         raise Malformed(f"a chunk is {type(chunk).__name__}, not an object")
     choices = chunk.get("choices", [])
@@ -167,7 +167,7 @@ def _openai_chunk(c: Completion, chunk, now: int) -> bool:
         raise Malformed("'choices' is not a list of objects")
     finished = False
     for choice in choices:
-        piece = choice.get("text", "")
+        piece = _delta(choice) if chat else choice.get("text", "")
         if piece is None:
             piece = ""
         if not isinstance(piece, str):
@@ -204,6 +204,14 @@ def _margins(probs) -> list[float | None]:
         finite = sorted((float(v) for v in lps if math.isfinite(v)), reverse=True)
         out.append(round(finite[0] - finite[1], 6) if len(finite) >= 2 and len(finite) == len(lps) else None)
     return out
+
+
+def _delta(choice: dict):
+    """A chat chunk's text: ``delta.content`` (absent or null in a chunk that only names the role)."""
+    delta = choice.get("delta", {})
+    if not isinstance(delta, dict):
+        raise Malformed(f"a choice's 'delta' is {type(delta).__name__}, not an object")
+    return delta.get("content", "")
 
 
 def is_token(t) -> bool:

@@ -162,7 +162,7 @@ def _jobs(cfg: RunConfig, endpoint: Endpoint, texts: list[str], ids: list[list[i
     ]
 
 
-PER_SESSION = ("prompt", "n_predict", "max_tokens", "min_tokens")  # a body's fields that differ by session
+PER_SESSION = ("prompt", "messages", "n_predict", "max_tokens", "min_tokens")  # a body's fields that differ by session
 
 
 def sent(body: dict) -> dict:

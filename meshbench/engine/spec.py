@@ -192,10 +192,11 @@ class EngineSpec:
     api: str = setting(
         "auto",
         ENDPOINT,
-        {"enum": ["auto", "native", "openai"]},
+        {"enum": ["auto", "native", "openai", "chat"]},
         "--api",
         "With --target: native (llama-server's /completion, token ids) | openai (/v1/completions, text) | "
-        "auto (native where the server answers /props).",
+        "chat (/v1/chat/completions, each prompt one user message, text) | auto (native where the server "
+        "answers /props).",
         added=True,
     )
     serve: str | None = setting(None, ENDPOINT, {"enum": ["llama-server", None]}, added=True)

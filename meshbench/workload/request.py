@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def shared_fields(api: str, ban_eos: bool, seed: int, cache_prompt: bool | None) -> dict:
-    """The fields every request of the sweep carries (``api``: native or openai)."""
+    """The fields every request of the sweep carries (``api``: native, or openai and chat alike)."""
     if api == "native":
         body: dict = {"temperature": 0.0, "top_k": 1, "ignore_eos": ban_eos, "return_tokens": True}
         body.update(stream=True, seed=seed)
