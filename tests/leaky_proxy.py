@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 LEAK_AT = 4  # in-flight requests from which the proxy leaks
-GATHER_S = 0.3  # a request waits this long so the requests submitted with it are in flight too
+QUIET_S = 0.15  # a request waits until no other has arrived for this long (at most GATHER_S), so the requests
+GATHER_S = 2.0  # submitted with it are in flight too, however late a slow machine starts their threads
 FRAGMENT = 3  # ids spliced in
 
 
@@ -32,6 +33,7 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.in_flight: dict[int, list[int]] = {}
         self.next_id = 0
         self.leaked = 0
+        self.last_arrival = 0.0
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -55,8 +57,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             me = self.server.next_id
             self.server.next_id += 1
             self.server.in_flight[me] = prompt
+            self.server.last_arrival = time.monotonic()
         try:
-            time.sleep(GATHER_S)
+            start = time.monotonic()
+            while time.monotonic() - start < GATHER_S and time.monotonic() - self.server.last_arrival < QUIET_S:
+                time.sleep(0.02)
             with self.server.lock:
                 others = [p for k, p in self.server.in_flight.items() if k != me]
                 if len(others) + 1 >= LEAK_AT:

@@ -10,17 +10,23 @@ The statistic counts (target, perturbed run) pairs whose output never appeared i
 appear only under perturbation. Its p-value is exact: the fraction of the C(2R, R) relabellings of the runs
 into null and perturbed whose statistic is at least the observed one. A run-to-run variation (the null's own)
 shows up under every labelling alike; only content dependence makes the true labelling stand out. With R = 5,
-the smallest p-value is 1/252 = 0.004; a level is judged dependent below ALPHA.
+a clean separation gives p = 2/252 = 0.008 (the true labelling and its complement tie), with R = 6 (the runs
+meshbench.endpoint.perturb makes) 2/924 = 0.002; a level is judged dependent below ALPHA, and not judged where
+too few runs could not reach it. A "no" means no dependence was detected, of the targets (the first half of the
+C sessions) on the neighbours (the rest): a leak among the targets, or from a target into a neighbour, is not
+tested; and where the null runs already disagree with each other (``null_varied``), a leak hides in that noise.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence
 
 from meshbench.records.perturbation import PerturbationRun, PerturbationVerdict
 
 ALPHA = 0.01
+RUNS = 6  # of each kind, in meshbench.endpoint.perturb: C(12, 6) = 924 relabellings
 Output = tuple[int | str, ...]
 
 
@@ -35,12 +41,17 @@ def statistic(outputs: Sequence[Sequence[Output]], perturbed: Sequence[bool]) ->
 
 
 def verdict(runs: Sequence[PerturbationRun]) -> PerturbationVerdict:
-    """The test over a level's runs (None: a failed answer, or no run of each kind)."""
+    """The test over a level's runs. ``depends`` is None where it cannot say: a failed answer, no run of each
+    kind, or too few runs for a clean separation (p = 2 / C(2R, R), the true labelling and its complement) to
+    reach ALPHA."""
     labels = [r.perturbed for r in runs]
-    whole = all(c.error is None for r in runs for c in r.targets) and not any(r.neighbours_failed for r in runs)
     k = sum(labels)
+    whole = all(c.error is None for r in runs for c in r.targets) and not any(r.neighbours_failed for r in runs)
+    failed = sum(c.error is not None for r in runs for c in r.targets) + sum(len(r.neighbours_failed) for r in runs)
     if not whole or not runs or k in (0, len(runs)) or not runs[0].targets:
-        return PerturbationVerdict(statistic=0, labellings=0, p_value=1.0, alpha=ALPHA, depends=None, changed=[])
+        return PerturbationVerdict(
+            statistic=0, labellings=0, p_value=1.0, alpha=ALPHA, depends=None, changed=[], null_varied=[], failed=failed
+        )
     # (ids and text: a stream may hold back an incomplete character's ids, never its text)
     outputs: list[list[Output]] = [[(*c.tokens, c.text) for c in r.targets] for r in runs]
     observed = statistic(outputs, labels)
@@ -50,16 +61,30 @@ def verdict(runs: Sequence[PerturbationRun]) -> PerturbationVerdict:
         total += 1
         at_least += statistic(outputs, relabelled) >= observed
     p = at_least / total
-    changed = []
+    changed, varied = [], []
     for t, c in enumerate(runs[0].targets):
         null = {outputs[r][t] for r in range(len(runs)) if not labels[r]}
         if any(outputs[r][t] not in null for r in range(len(runs)) if labels[r]):
             changed.append(c.session_id)
+        if len(null) > 1:
+            varied.append(c.session_id)
+    powered = 2 / math.comb(len(runs), k) < ALPHA
     return PerturbationVerdict(
         statistic=observed,
         labellings=total,
         p_value=round(p, 6),
         alpha=ALPHA,
-        depends=p < ALPHA,
+        depends=(p < ALPHA) if powered else None,
         changed=changed,
+        null_varied=varied,
+        failed=0,
     )
+
+
+def is_perturbation(null: Sequence[int], sent: Sequence[int]) -> bool:
+    """Is ``sent`` what meshbench.endpoint.perturb sends for ``null``: its first id (BOS), then the rest rearranged
+    into another order, or (where no order differs) each of them + 1?"""
+    if len(sent) != len(null) or list(sent[:1]) != list(null[:1]) or list(sent) == list(null):
+        return False
+    tail, other = list(null[1:]), list(sent[1:])
+    return sorted(other) == sorted(tail) or (len(set(tail)) <= 1 and other == [t + 1 for t in tail])

@@ -2,9 +2,10 @@
 at once, 2R times, alternating a null run (every prompt as it is) and a perturbed run (the neighbours' prompt ids
 shuffled, BOS first: the same lengths, other content).
 
-Every request of these runs bans eos (all generate exactly their token count) and the neighbours are sent with
-``cache_prompt`` false in both kinds of run, so the batches the server forms are alike in both: the same prompt
-lengths to compute, the same decode lengths. Only the neighbours' content differs. Native API only (token ids)."""
+Which runs are perturbed is drawn at random (seeded, recorded), so nothing carried from one run to the next lines
+up with the labels. Every request of these runs bans eos (all generate exactly their token count) and is sent with
+``cache_prompt`` false (nothing reused from an earlier run: every prompt computed whole), so the batches the
+server forms are alike in both kinds of run. Only the neighbours' content differs. Native API only (token ids)."""
 
 from __future__ import annotations
 
@@ -16,25 +17,23 @@ from meshbench.endpoint.load import Job, at_once
 from meshbench.records import serial
 from meshbench.records.perturbation import Perturbation, PerturbationRun
 
-MAX_RUNS = 8  # of each kind: C(16, 8) = 12870 relabellings for the exact p-value
+RUNS = test.RUNS  # of each kind: a clean separation gives p = 2/924 = 0.002
 
 
-def perturbation(
-    endpoint: Endpoint, jobs: list[Job], c: int, runs: int, rng: np.random.Generator
-) -> Perturbation | None:
+def perturbation(endpoint: Endpoint, jobs: list[Job], c: int, rng: np.random.Generator) -> Perturbation | None:
     """The level's test (None: one session, or the OpenAI API, whose prompts are text)."""
     if c < 2 or endpoint.api != "native":
         return None
     batch = jobs[:c]
     half = (c + 1) // 2
     targets, neighbours = batch[:half], batch[half:]
+    order = [bool(x) for x in rng.permutation([0] * RUNS + [1] * RUNS)]  # which runs are perturbed, at random
     records = []
-    for i in range(2 * min(runs, MAX_RUNS)):
-        perturbed = i % 2 == 1
+    for i, perturbed in enumerate(order):
         prompts = [_shuffled(j.body["prompt"], rng) if perturbed else list(j.body["prompt"]) for j in neighbours]
-        sent = [Job(j.session_id, {**j.body, "ignore_eos": True}) for j in targets] + [
-            Job(j.session_id, {**j.body, "ignore_eos": True, "cache_prompt": False, "prompt": p})
-            for j, p in zip(neighbours, prompts)
+        cold = {"ignore_eos": True, "cache_prompt": False}  # every run computes every prompt, to its last token
+        sent = [Job(j.session_id, {**j.body, **cold}) for j in targets] + [
+            Job(j.session_id, {**j.body, **cold, "prompt": p}) for j, p in zip(neighbours, prompts)
         ]
         done = at_once(endpoint, sent)
         records.append(
@@ -55,10 +54,10 @@ def perturbation(
 
 
 def _shuffled(ids: list[int], rng: np.random.Generator) -> list[int]:
-    """Other content of the same length: the ids after the first shuffled; where that changes nothing (a prompt
-    of one repeated id, or too short), each id after the first replaced by its neighbour id + 1."""
+    """Other content of the same length: the ids after the first shuffled; where no shuffle changes them (one
+    repeated id, or too short), each id after the first + 1 (meshbench.analysis.perturbation.is_perturbation)."""
     head, tail = list(ids[:1]), list(ids[1:])
     shuffled = [tail[k] for k in rng.permutation(len(tail))]
     if shuffled == tail:
-        shuffled = [t + 1 for t in tail]
+        shuffled = [t + 1 for t in tail] if len(set(tail)) <= 1 else tail[1:] + tail[:1]
     return head + shuffled

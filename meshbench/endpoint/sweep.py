@@ -46,8 +46,7 @@ def check_record_size(cfg: RunConfig) -> None:
     passes = len(cfg.levels) * cfg.repeat
     bound = sum(new) * passes + new[0] * (passes + 1)  # every session each pass, and the needle's trials
     bound += 3 * sum(new)  # the margin passes
-    runs = 2 * min(cfg.repeat, perturb.MAX_RUNS)
-    bound += sum(runs * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's targets
+    bound += sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's
     if bound > MAX_RECORDED_TOKENS:
         raise MeshbenchError(
             f"this endpoint sweep could record up to {bound} tokens ({len(new)} sessions, {len(cfg.levels)} levels, "
@@ -137,7 +136,7 @@ def _sweep(
                 repetitions=passes[c],
                 needle=needles[c],
                 figures=figures.summary([rep.figures for rep in passes[c]]),
-                perturbation=perturb.perturbation(endpoint, jobs, c, cfg.repeat, shuffles),
+                perturbation=perturb.perturbation(endpoint, jobs, c, shuffles),
             )
         )
     return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins)
@@ -263,6 +262,7 @@ def _document(
                 eos=wl.eos,
                 seed=wl.seed,
                 request=request,
+                prompt_ids=[list(x) for x in wl.prompt_ids or ()],
             ),
             needle=Needle(prompt_of=wl.session_ids()[0], alone=alone),
             levels=levels,

@@ -112,6 +112,8 @@ class EndpointWorkload:
     # the fields every request carried beside its prompt and token counts (what the client asked of the server:
     # cache_prompt only where the user chose it); None in a bundle made before it was recorded
     request: dict[str, Any] | None = None
+    prompt_ids: list[list[int]] | None = None  # each session's prompt ids as the server tokenized them (None: a
+    # bundle made before they were recorded)
 
 
 PROMPTS_FILE = "workload.prompts"  # the prompts file's config key: the input file a results.json records

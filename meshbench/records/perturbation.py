@@ -31,8 +31,10 @@ class PerturbationVerdict:
     labellings: int
     p_value: float
     alpha: float
-    depends: bool | None  # None: no whole run to judge (a failed answer, or a level of one session)
-    changed: list[str]  # targets with an output only under perturbation
+    depends: bool | None  # None: not judged (a failed answer, or too few runs to reach alpha)
+    changed: list[str]  # targets with an output only under perturbation (significant or not)
+    null_varied: list[str]  # targets whose null runs gave more than one output: noise a leak can hide in
+    failed: int  # answers of the runs that failed (targets' and neighbours')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -70,9 +70,11 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
     )
     c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, b.results.conclusions)
     proofs.check_margins(c, b, ids, compared, lengths, new)
-    if any(lv.perturbation is not None for lv in typed_levels):  # (a bundle made before the test has none)
+    if b.results.workload.request is not None:  # (recorded by every bundle made since the test; none before)
+        c.equal(RESULTS, "workload.prompt_ids (one list per session, of its length)", list(wl.prompt_tokens),
+                [len(x) for x in wl.prompt_ids or []])  # fmt: skip
         for i, lv in enumerate(typed_levels):
-            proofs.check_perturbation(c, lv, f"levels[{i}]", ids, lengths, b.results.endpoint.api)
+            proofs.check_perturbation(c, b, lv, f"levels[{i}]", ids)
     _check_accounting(c, b, typed_levels)
 
 

@@ -37,30 +37,41 @@ def check_margins(
     c.equal(RESULTS, "divergences (recomputed from the margin passes and the levels)", expected, r.divergences)
 
 
-def check_perturbation(c: Checks, lv: EndpointLevel, at: str, ids: list[str], lengths: dict, api: str) -> None:
-    """The level's test: its sessions (the first C, split into targets and neighbours), its runs alternating null
-    and perturbed, the null runs sending the neighbours' prompts unchanged and the perturbed ones other ids of the
-    same lengths, and its verdict recomputed from the targets' answers."""
-    p = lv.perturbation
+def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str, ids: list[str]) -> None:
+    """The level's test: its sessions (the first C, split into targets and neighbours), RUNS runs of each kind, the
+    null runs sending the neighbours' recorded prompt ids and the perturbed ones those rearranged, every target's
+    answer whole, and the verdict recomputed from the targets' answers."""
+    p, wl = lv.perturbation, b.results.workload
     if p is None:
         c.equal(RESULTS, f"{at}.perturbation (every native level of C >= 2 has one)", False,
-                lv.concurrency > 1 and api == "native")  # fmt: skip
+                lv.concurrency > 1 and b.results.endpoint.api == "native")  # fmt: skip
         return
     half = (lv.concurrency + 1) // 2
     c.equal(RESULTS, f"{at}.perturbation: targets and neighbours (the first C sessions)",
             [ids[:half], ids[half:lv.concurrency]], [p.targets, p.neighbours])  # fmt: skip
-    c.equal(RESULTS, f"{at}.perturbation.runs (alternating null, perturbed)",
-            [r % 2 == 1 for r in range(len(p.runs))], [x.perturbed for x in p.runs])  # fmt: skip
-    nulls = {tuple(map(tuple, x.neighbour_prompts)) for x in p.runs if not x.perturbed}
+    kinds = [x.perturbed for x in p.runs]
+    c.equal(RESULTS, f"{at}.perturbation.runs: {perturbation.RUNS} null and {perturbation.RUNS} perturbed, in order",
+            [perturbation.RUNS, perturbation.RUNS, list(range(len(p.runs)))],
+            [kinds.count(False), kinds.count(True), [x.run for x in p.runs]])  # fmt: skip
+    prompts = dict(zip(ids, wl.prompt_ids or []))
+    lengths, new = dict(zip(ids, wl.prompt_tokens)), dict(zip(ids, wl.new_tokens))
     for x in p.runs:
         where = f"{at}.perturbation.runs[{x.run}]"
         c.equal(RESULTS, f"{where}: one answer per target", p.targets, [t.session_id for t in x.targets])
-        c.equal(RESULTS, f"{where}: neighbour prompts of the neighbours' lengths",
-                [lengths[n] for n in p.neighbours], [len(q) for q in x.neighbour_prompts])  # fmt: skip
-        if x.perturbed:
-            c.equal(RESULTS, f"{where}: perturbed (other ids than the null runs')", False,
-                    tuple(map(tuple, x.neighbour_prompts)) in nulls)  # fmt: skip
-    c.equal(RESULTS, f"{at}.perturbation: every null run sends the same prompts", True, len(nulls) <= 1)
+        null = [prompts.get(n) for n in p.neighbours]
+        sent_ok = (
+            len(null) == len(x.neighbour_prompts)
+            and all(q is not None for q in null)
+            and all(
+                perturbation.is_perturbation(q or [], s) if x.perturbed else q == s
+                for q, s in zip(null, x.neighbour_prompts)
+            )
+        )
+        c.equal(RESULTS, f"{where}: the neighbours' recorded prompts, {'rearranged' if x.perturbed else 'as they are'}",
+                True, sent_ok)  # fmt: skip
+        for t in x.targets:  # (eos banned: every token asked for)
+            if t.error is None and t.session_id in lengths:
+                _whole(c, f"{where}.{t.session_id}", t, lengths[t.session_id], new[t.session_id], "ban")
     c.equal(RESULTS, f"{at}.perturbation.verdict (recomputed)", perturbation.verdict(p.runs), p.verdict)
 
 
