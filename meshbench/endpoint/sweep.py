@@ -183,6 +183,9 @@ def _margin_passes(endpoint: Endpoint, jobs: list[Job], progress: Callable[[str]
         cold.append(_answer(at_once(endpoint, [Job(j.session_id, {**j.body, "cache_prompt": False})])[0]))
         warm.append(_answer(at_once(endpoint, [j])[0]))
     together = [_answer(x) for x in at_once(endpoint, asked)]
+    if any(x.margins is None and x.tokens for x in [*cold, *warm, *together]):
+        progress("margins: the server gives no log-probabilities (n_probs): none recorded")
+        return None
     return MarginPasses(cold=cold, warm=warm, together=together)
 
 
