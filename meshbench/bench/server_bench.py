@@ -129,9 +129,8 @@ def _body(endpoint: Endpoint, r, stream: bool, cache_prompt: bool | None = False
     sent), every token generated (end-of-generation ignored, as meshbench bans it); streamed, or whole for the
     token comparison."""
     body = {**endpoint.body(list(r.prompt_tokens), "", r.max_new_tokens, True, 0), "stream": stream}
-    if cache_prompt is None:
-        del body["cache_prompt"]
-    else:
+    body.pop("cache_prompt", None)  # (the endpoint's own choice: this bench sets its own)
+    if cache_prompt is not None:
         body["cache_prompt"] = cache_prompt
     return body
 
