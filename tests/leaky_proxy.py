@@ -1,9 +1,10 @@
 """A proxy that leaks on purpose, in front of a real llama-server: a test fixture on a free loopback port.
 
 Every route is passed through unchanged, but ``/completion`` requests that arrive while four or more are in
-flight: each of those has its prompt's ids after BOS overwritten by the start of another in-flight request's
-prompt (the longest one other than its own; the same length is sent, so the server's counts stay right and only
-the content leaks). A content-dependence test must catch it and name the sessions.
+flight: each of those has the end of its prompt overwritten by the end of another in-flight request's prompt
+(the longest one other than its own; up to FRAGMENT ids, never its BOS; the same length is sent, so the server's
+counts stay right and only the content leaks). A model continues what its prompt ends with, so the leaked ids
+reach the answer: the content-dependence test and the canaries must catch it and name the sessions.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from urllib.parse import urlsplit
 LEAK_AT = 4  # in-flight requests from which the proxy leaks
 QUIET_S = 0.15  # a request waits until no other has arrived for this long (at most GATHER_S), so the requests
 GATHER_S = 2.0  # submitted with it are in flight too, however late a slow machine starts their threads
-FRAGMENT = 3  # ids spliced in
+FRAGMENT = 16  # ids spliced in, at most (two repeats of a canary code)
 
 
 class _Proxy(http.server.ThreadingHTTPServer):
@@ -68,7 +69,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     donor = max(others, key=lambda p: (len(p), p))
                     n = min(FRAGMENT, len(prompt) - 1, len(donor) - 1)
                     if n > 0:
-                        request["prompt"] = prompt[:1] + donor[1 : 1 + n] + prompt[1 + n :]
+                        request["prompt"] = prompt[: len(prompt) - n] + donor[len(donor) - n :]
                         self.server.leaked += 1
             self._forward(json.dumps(request).encode())
         finally:

@@ -156,6 +156,15 @@ def test_a_forged_output_or_stamp_fails_verify(bundle, tmp_path):
             lambda d: d["levels"][0]["repetitions"][0].update(wall_s=d["levels"][0]["repetitions"][0]["wall_s"] * 2),
             "figures",
         ),
+        (lambda d: d["canaries"].update(leak=True), "canaries (every answer searched"),
+        (lambda d: d["levels"][1]["canary"]["canaries"].__setitem__(0, "AAAAAAAA"), "drawn from the workload's seed"),
+        (lambda d: d["levels"][0].pop("canary"), "every level has its canary run"),
+        (  # a code of one session in another's answer: a leak the bundle's search must have found
+            lambda d: d["levels"][1]["repetitions"][0]["sessions"][1].update(
+                text=d["levels"][1]["canary"]["canaries"][0]
+            ),
+            "canaries (every answer searched",
+        ),
     ]:
         copy = tmp_path / f"forged{len(list(tmp_path.iterdir()))}"
         copy.mkdir()

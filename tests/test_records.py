@@ -13,7 +13,7 @@ import factories as f
 import pytest
 
 from meshbench.errors import MeshbenchError
-from meshbench.records import context, documents, margins, model, perturbation, serial, sharing
+from meshbench.records import canary, context, documents, margins, model, perturbation, serial, sharing
 
 ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
@@ -102,6 +102,9 @@ RECORDS = {
     perturbation.Perturbation: "endpoint:perturbation",
     perturbation.PerturbationRun: "endpoint:perturbation.runs.[]",
     perturbation.PerturbationVerdict: "endpoint:perturbation.verdict",
+    canary.CanaryRun: "endpoint:canary_run",
+    canary.CanaryHit: "endpoint:canaries.hits.[]",
+    canary.CanarySearch: "endpoint:canaries",
     model.EndpointRepetition: "endpoint:repetition",
     model.NeedleTrial: "endpoint:needle_trial",
     model.EndpointLevel: "endpoint:level",

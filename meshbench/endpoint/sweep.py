@@ -16,9 +16,11 @@ from typing import Callable
 import numpy as np
 
 from meshbench import files
+from meshbench.analysis import canary as plant
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
 from meshbench.endpoint import client, llama_server, perturb
+from meshbench.endpoint.canary import canary_run
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
 from meshbench.engine import packaged
@@ -47,6 +49,7 @@ def check_record_size(cfg: RunConfig) -> None:
     bound = sum(new) * passes + new[0] * (passes + 1)  # every session each pass, and the needle's trials
     bound += 3 * sum(new)  # the margin passes
     bound += sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's
+    bound += sum(cfg.levels) * max(new)  # the canary runs
     if bound > MAX_RECORDED_TOKENS:
         raise MeshbenchError(
             f"this endpoint sweep could record up to {bound} tokens ({len(new)} sessions, {len(cfg.levels)} levels, "
@@ -126,17 +129,21 @@ def _sweep(
             passes[c].append(_pass(endpoint, jobs, c, r, position, judged))
             needles[c].append(_needle(endpoint, jobs, c, r, rng))
     shuffles = np.random.default_rng([cfg.workload.seed, 1])
+    codes = plant.canaries(cfg.workload.seed, levels)
     records = []
     for c in levels:
         if c > 1 and endpoint.api == "native":
             progress(f"perturbation, concurrency {c}: null and perturbed runs, interleaved")
+        tested = perturb.perturbation(endpoint, jobs, c, shuffles)
+        progress(f"canaries, concurrency {c}: each session's own code, all at once")
         records.append(
             EndpointLevel(
                 concurrency=c,
                 repetitions=passes[c],
                 needle=needles[c],
                 figures=figures.summary([rep.figures for rep in passes[c]]),
-                perturbation=perturb.perturbation(endpoint, jobs, c, shuffles),
+                perturbation=tested,
+                canary=canary_run(endpoint, jobs, codes[c]),
             )
         )
     return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins)
@@ -275,5 +282,6 @@ def _document(
             divergences=None
             if margins is None or compared != "tokens"
             else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
+            canaries=plant.search(levels, margins, alone),
         )
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshbench.records.canary import CanarySearch
 from meshbench.records.context import (
     Budget,
     EndpointInfo,
@@ -140,3 +141,4 @@ class EndpointResults:
     conclusions: dict[str, str]
     margins: MarginPasses | None = None  # (native API; absent from bundles made before margins were asked for)
     divergences: Divergences | None = None  # recomputed by verify from the levels and the margin passes
+    canaries: CanarySearch | None = None  # recomputed by verify from every answer (absent before canaries)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshbench.records.canary import CanaryRun
 from meshbench.records.completion import Completion as Completion  # (re-exported: an endpoint answer)
 from meshbench.records.context import Budget
 from meshbench.records.perturbation import Perturbation
@@ -335,3 +336,4 @@ class EndpointLevel:
     needle: list[NeedleTrial]
     figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions
     perturbation: Perturbation | None = None  # (native API, C >= 2; absent from bundles made before it)
+    canary: CanaryRun | None = None  # (absent from bundles made before canaries)

@@ -15,8 +15,8 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn
 
 from meshbench.errors import MeshbenchError
+from meshbench.records import canary, context, documents, margins, model, perturbation, sharing
 from meshbench.records import completion as answers
-from meshbench.records import context, documents, margins, model, perturbation, sharing
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ def _records() -> list[type]:
     ]
 
 
-MODULES = (model, answers, context, documents, sharing, margins, perturbation)
+MODULES = (model, answers, context, documents, sharing, margins, perturbation, canary)
 
 
 _CONVERTER = _converter()

@@ -128,6 +128,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         *("| " + " | ".join(row) + " |" for row in table_rows(b)),
         "",
         *_perturbation(b),
+        *_canaries(b),
         *_divergences(b),
         *_metrics(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
@@ -204,6 +205,55 @@ def _perturbation(b: EndpointBundle) -> list[str]:
         *rows,
         "",
     ]
+
+
+def _canaries(b: EndpointBundle) -> list[str]:
+    """Each level's canary run, and every answer searched for every code but its own."""
+    found = b.results.canaries
+    runs = [(lv.concurrency, lv.canary) for lv in b.results.levels if lv.canary is not None]
+    if found is None or not runs:
+        return []
+    verdict = (
+        "**yes: a canary crossed**"
+        if found.leak
+        else "no canary crossed"
+        if found.leak is False
+        else "not judged: no session repeated even its own code, so a leak would not show"
+    )
+    rows = [
+        f"| {c} | {len(run.sessions)} | {len(run.echoed)} | "
+        + str(sum(h.carrier_level == c for h in found.hits))
+        + " |"
+        for c, run in runs
+    ]
+    hits = [
+        f"- {markdown.inline(h.canary)}, carried by {markdown.inline(h.carrier)} at C={h.carrier_level}, in "
+        f"{markdown.inline(h.receiver)}'s answer ({markdown.inline(h.where)}, by {' and '.join(h.by)})"
+        for h in found.hits[:HITS_LISTED]
+    ]
+    more = len(found.hits) - len(hits)
+    return [
+        "## Canaries",
+        "",
+        "At each level, the first C sessions were sent at once, each prompt its own random code repeated "
+        f"(a planted canary), each request otherwise as the sweep sends it. Then all {found.searched} answers of "
+        f"the sweep, every pass, were searched for each of the {found.planted} codes but the one their own request "
+        "carried, in their text and their token ids. No model writes such a code by chance: a hit is a proven "
+        "leak, naming the session that carried the code and the one whose answer holds it. The search has power "
+        f"only where a session repeats its own code: {found.echoed} of {found.planted} did. "
+        f"Leak: {verdict}.",
+        "",
+        "| C | codes planted | repeated by their own session | found in another answer |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        *hits,
+        *([f"- and {more} more (`{RESULTS}`, canaries.hits)"] if more > 0 else []),
+        *([""] if hits else []),
+    ]
+
+
+HITS_LISTED = 20
 
 
 def _divergences(b: EndpointBundle) -> list[str]:

@@ -13,6 +13,7 @@ from meshbench.records import serial
 from meshbench.records.model import Completion, EndpointLevel
 from meshbench.results.typed import EndpointBundle
 from meshbench.verify import endpoint_proofs as proofs
+from meshbench.verify.endpoint_canary import check_canaries
 from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target
 
@@ -75,6 +76,7 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
                 [len(x) for x in wl.prompt_ids or []])  # fmt: skip
         for i, lv in enumerate(typed_levels):
             proofs.check_perturbation(c, b, lv, f"levels[{i}]", ids)
+        check_canaries(c, b, ids)
     _check_accounting(c, b, typed_levels)
 
 

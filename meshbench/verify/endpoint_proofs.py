@@ -28,7 +28,7 @@ def check_margins(
                 where = f"margins.{side}.{x.session_id}"
                 c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
                 c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
-                _whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos)
+                whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos)
     expected = (
         None
         if r.margins is None or compared != "tokens"
@@ -71,11 +71,11 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
                 True, sent_ok)  # fmt: skip
         for t in x.targets:  # (eos banned: every token asked for)
             if t.error is None and t.session_id in lengths:
-                _whole(c, f"{where}.{t.session_id}", t, lengths[t.session_id], new[t.session_id], "ban")
+                whole(c, f"{where}.{t.session_id}", t, lengths[t.session_id], new[t.session_id], "ban")
     c.equal(RESULTS, f"{at}.perturbation.verdict (recomputed)", perturbation.verdict(p.runs), p.verdict)
 
 
-def _whole(c: Checks, where: str, x: Completion, prompt: int, asked: int, eos: str) -> None:
+def whole(c: Checks, where: str, x: Completion, prompt: int, asked: int, eos: str) -> None:
     """A margin pass's answer as whole as a level's: its stamps in order, the prompt it evaluated, its computed
     tokens at most that, and every asked token unless it stopped at eos (where eos may stop it)."""
     stamps = [x.submit_ns, *x.token_ns]

@@ -1,0 +1,38 @@
+"""One level's canary run (meshbench.analysis.canary): the first C sessions sent at once, each prompt its own
+code repeated, each request otherwise as the sweep sends it (its token count, its eos policy, nothing else
+changed: the server's prompt cache as its users run it)."""
+
+from __future__ import annotations
+
+from meshbench.analysis import canary as plant
+from meshbench.endpoint.client import Endpoint
+from meshbench.endpoint.load import Job, at_once
+from meshbench.records import serial
+from meshbench.records.canary import CanaryRun
+
+
+def canary_run(endpoint: Endpoint, jobs: list[Job], codes: list[str]) -> CanaryRun:
+    """The first ``len(codes)`` sessions at once, each carrying its code."""
+    batch = jobs[: len(codes)]
+    texts = [plant.prompt_text(code) for code in codes]
+    native = endpoint.api == "native"
+    prompts = endpoint.tokenize(texts) if native else [[] for _ in texts]
+    ids = [code_ids(endpoint, code) for code in codes] if native else [[] for _ in codes]
+    sent = [Job(j.session_id, _with_prompt(endpoint.api, j.body, p, t)) for j, p, t in zip(batch, prompts, texts)]
+    done = [serial.completion(x.to_dict()) for x in at_once(endpoint, sent)]
+    return plant.run_record([j.session_id for j in batch], codes, ids, prompts, done)
+
+
+def code_ids(endpoint: Endpoint, code: str) -> list[int]:
+    """The code's ids as the server tokenizes it after a space mid-prompt (as every repeat after the first is):
+    the ids of ``code code`` after those of ``code``; [] where the tokenizer does not split it so."""
+    one, two = endpoint.tokenize([code, f"{code} {code}"])
+    return two[len(one) :] if two[: len(one)] == one and len(two) > len(one) else []
+
+
+def _with_prompt(api: str, body: dict, ids: list[int], text: str) -> dict:
+    if api == "native":
+        return {**body, "prompt": ids}
+    if api == "chat":
+        return {**body, "messages": [{"role": "user", "content": text}]}
+    return {**body, "prompt": text}

@@ -1,0 +1,56 @@
+"""Canaries (meshbench.analysis.canary): codes drawn from the seed, distinct across a sweep; every answer searched
+for every code but its own, in text and ids; a hit names both sessions; no echo means not judged."""
+
+from __future__ import annotations
+
+from meshbench.analysis import canary
+from meshbench.records.model import Completion, EndpointLevel
+
+
+def _answer(sid: str, text: str = "", tokens: list[int] | None = None) -> Completion:
+    return Completion(session_id=sid, submit_ns=0, tokens=tokens or [], text=text, token_ns=[], stop="limit",
+                      predicted=None, evaluated=None, error=None)  # fmt: skip
+
+
+def _level(c: int, codes: list[str], answers: list[Completion], ids: list[list[int]] | None = None) -> EndpointLevel:
+    sessions = [f"s{i}" for i in range(c)]
+    ids = ids or [[] for _ in sessions]
+    return EndpointLevel(
+        concurrency=c,
+        repetitions=[],
+        needle=[],
+        figures={},
+        canary=canary.run_record(sessions, codes, ids, [[] for _ in sessions], answers),
+    )
+
+
+def test_codes_are_drawn_from_the_seed_and_distinct_across_the_sweep():
+    a, b = canary.canaries(3, [1, 4, 8]), canary.canaries(3, [8, 1, 4])
+    assert a == b and [len(a[c]) for c in (1, 4, 8)] == [1, 4, 8]
+    every = [x for codes in a.values() for x in codes]
+    assert len(set(every)) == 13 and all(len(x) == canary.LENGTH and set(x) <= set(canary.ALPHABET) for x in every)
+    assert canary.canaries(4, [1, 4, 8]) != a
+    assert canary.prompt_text("AB") == " ".join(["AB"] * canary.REPEATS)
+
+
+def test_a_code_in_another_answer_is_a_hit_naming_both_sessions_and_its_own_is_not():
+    codes = canary.canaries(0, [1, 2])
+    lv1 = _level(1, codes[1], [_answer("s0", f" {codes[1][0]} {codes[1][0]}")])
+    # at C=2: s1 repeats its own code (by ids); s0's answer holds the C=1 code (text); the needle s1's (ids)
+    at2 = [_answer("s0", f"x {codes[1][0]}"), _answer("s1", "", [4, 8, 9])]
+    lv2 = _level(2, codes[2], at2, ids=[[5, 6], [8, 9]])
+    assert lv2.canary is not None and lv2.canary.echoed == ["s1"]
+    found = canary.search([lv1, lv2], None, _answer("s0", "", [1, 8, 9, 2]))
+    assert found is not None and found.leak is True and found.planted == 3 and found.echoed == 2
+    assert found.searched == 4  # the needle alone and three canary answers
+    hits = {(h.carrier, h.carrier_level, h.receiver, h.where, tuple(h.by)) for h in found.hits}
+    assert hits == {("s0", 1, "s0", "C=2 canary run", ("text",)), ("s1", 2, "s0", "needle alone", ("ids",))}
+
+
+def test_no_code_back_even_to_its_own_session_is_not_judged_and_echo_without_a_hit_is_no_leak():
+    codes = canary.canaries(1, [2])[2]
+    silent = canary.search([_level(2, codes, [_answer("s0", "a"), _answer("s1", "b")])], None, _answer("s0"))
+    assert silent is not None and silent.leak is None and silent.hits == []
+    echo = canary.search([_level(2, codes, [_answer("s0", codes[0]), _answer("s1")])], None, _answer("s0"))
+    assert echo is not None and echo.leak is False and echo.echoed == 1
+    assert canary.search([], None, _answer("s0")) is None
