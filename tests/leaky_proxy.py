@@ -5,6 +5,11 @@ flight: each of those has the end of its prompt overwritten by the end of anothe
 (the longest one other than its own; up to FRAGMENT ids, never its BOS; the same length is sent, so the server's
 counts stay right and only the content leaks). A model continues what its prompt ends with, so the leaked ids
 reach the answer: the content-dependence test and the canaries must catch it and name the sessions.
+
+With ``on_cancel`` it leaks only on the cancel-and-retry path instead (the bug class of SGLang#23392): a request
+whose prompt is still in flight (its client left the first one mid-stream and sent it again) gets the end of the
+longest other prompt in flight, by the same splice. The cancel-and-retry run must find the retried answer
+changed.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ FRAGMENT = 16  # ids spliced in, at most (two repeats of a canary code)
 class _Proxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, on_cancel: bool = False) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
@@ -35,6 +40,7 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.next_id = 0
         self.leaked = 0
         self.last_arrival = 0.0
+        self.on_cancel = on_cancel
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -54,6 +60,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         request = json.loads(body)
         prompt = list(request.get("prompt", []))
+        if self.server.on_cancel:
+            self._on_retry(request, prompt)
+            return
         with self.server.lock:
             me = self.server.next_id
             self.server.next_id += 1
@@ -67,10 +76,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 others = [p for k, p in self.server.in_flight.items() if k != me]
                 if len(others) + 1 >= LEAK_AT:
                     donor = max(others, key=lambda p: (len(p), p))
-                    n = min(FRAGMENT, len(prompt) - 1, len(donor) - 1)
-                    if n > 0:
-                        request["prompt"] = prompt[: len(prompt) - n] + donor[len(donor) - n :]
+                    if _spliced(prompt, donor) != prompt:
+                        request["prompt"] = _spliced(prompt, donor)
                         self.server.leaked += 1
+            self._forward(json.dumps(request).encode())
+        finally:
+            with self.server.lock:
+                del self.server.in_flight[me]
+
+    def _on_retry(self, request: dict, prompt: list[int]) -> None:
+        """(on_cancel) A retry (its prompt still in flight) gets the end of the longest other prompt in flight."""
+        with self.server.lock:
+            me = self.server.next_id
+            self.server.next_id += 1
+            retry = prompt in self.server.in_flight.values()
+            self.server.in_flight[me] = prompt
+            others = [p for p in self.server.in_flight.values() if p != prompt]
+            if retry and others:
+                request["prompt"] = _spliced(prompt, max(others, key=lambda p: (len(p), p)))
+                self.server.leaked += 1
+        try:
             self._forward(json.dumps(request).encode())
         finally:
             with self.server.lock:
@@ -92,15 +117,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     break
                 self.wfile.write(line)
                 self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the client left mid-stream
+            pass
         finally:
             conn.close()
 
 
+def _spliced(prompt: list[int], donor: list[int]) -> list[int]:
+    """``prompt`` with its end (up to FRAGMENT ids, never its first) overwritten by the end of ``donor``."""
+    n = min(FRAGMENT, len(prompt) - 1, len(donor) - 1)
+    return prompt[: len(prompt) - n] + donor[len(donor) - n :] if n > 0 else prompt
+
+
 @contextmanager
-def serving(upstream: str):
+def serving(upstream: str, on_cancel: bool = False):
     """The leaking proxy in front of ``upstream`` for the ``with`` block: yields (its URL, the proxy, whose
     ``leaked`` counts the requests it changed); stopped after."""
-    proxy = _Proxy(upstream)
+    proxy = _Proxy(upstream, on_cancel)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
     try:

@@ -36,15 +36,22 @@ def test_codes_are_drawn_from_the_seed_and_distinct_across_the_sweep():
 def test_a_code_in_another_answer_is_a_hit_naming_both_sessions_and_its_own_is_not():
     codes = canary.canaries(0, [1, 2])
     lv1 = _level(1, codes[1], [_answer("s0", f" {codes[1][0]} {codes[1][0]}")])
-    # at C=2: s1 repeats its own code (by ids); s0's answer holds the C=1 code (text); the needle s1's (ids)
-    at2 = [_answer("s0", f"x {codes[1][0]}"), _answer("s1", "", [4, 8, 9])]
+    # at C=2: s0's answer holds the C=1 code (text) and s1's (ids); s1 repeats its own (ids)
+    at2 = [_answer("s0", f"x {codes[1][0]}", [1, 8, 9, 2]), _answer("s1", "", [4, 8, 9])]
     lv2 = _level(2, codes[2], at2, ids=[[5, 6], [8, 9]])
     assert lv2.canary is not None and lv2.canary.echoed == ["s1"]
-    found = canary.search([lv1, lv2], None, _answer("s0", "", [1, 8, 9, 2]))
+    # the needle alone was answered before any code was sent: whatever it holds is no hit
+    found = canary.search([lv1, lv2], None, _answer("s0", codes[2][1], [8, 9]))
     assert found is not None and found.leak is True and found.planted == 3 and found.echoed == 2
-    assert found.searched == 4  # the needle alone and three canary answers
+    assert found.searched == 2  # the C=2 canary answers (s0 at C=1 carried the only code sent by then)
     hits = {(h.carrier, h.carrier_level, h.receiver, h.where, tuple(h.by)) for h in found.hits}
-    assert hits == {("s0", 1, "s0", "C=2 canary run", ("text",)), ("s1", 2, "s0", "needle alone", ("ids",))}
+    assert hits == {("s0", 1, "s0", "C=2 canary run", ("text",)), ("s1", 2, "s0", "C=2 canary run", ("ids",))}
+
+
+def test_the_ids_search_is_a_run_of_ids_and_linear():
+    assert canary.contains([1, 12, 3], [12, 3]) and not canary.contains([1, 12, 3], [2, 3])
+    assert not canary.contains([1, 2], [])
+    assert canary.contains(list(range(200_000)), [199_998, 199_999])  # (a forged answer of any length: quick)
 
 
 def test_no_code_back_even_to_its_own_session_is_not_judged_and_echo_without_a_hit_is_no_leak():
@@ -53,4 +60,13 @@ def test_no_code_back_even_to_its_own_session_is_not_judged_and_echo_without_a_h
     assert silent is not None and silent.leak is None and silent.hits == []
     echo = canary.search([_level(2, codes, [_answer("s0", codes[0]), _answer("s1")])], None, _answer("s0"))
     assert echo is not None and echo.leak is False and echo.echoed == 1
+    # one echo at one client says nothing of two: every level of two or more needs one of its own
+    c1, c2 = canary.canaries(1, [1, 2]).values()
+    deaf = canary.search([_level(1, c1, [_answer("s0", c1[0])]), _level(2, c2, [_answer("s0"), _answer("s1")])],
+                         None, _answer("s0"))  # fmt: skip
+    assert deaf is not None and deaf.leak is None and deaf.echoed == 1
+    failed = _answer("s1")
+    failed = Completion(**{**{f: getattr(failed, f) for f in failed.__slots__}, "error": "HTTP 503"})
+    broken = canary.search([_level(2, codes, [_answer("s0", codes[0]), failed])], None, _answer("s0"))
+    assert broken is not None and broken.leak is None and broken.failed == 1
     assert canary.search([], None, _answer("s0")) is None

@@ -159,10 +159,8 @@ def test_a_forged_output_or_stamp_fails_verify(bundle, tmp_path):
         (lambda d: d["canaries"].update(leak=True), "canaries (every answer searched"),
         (lambda d: d["levels"][1]["canary"]["canaries"].__setitem__(0, "AAAAAAAA"), "drawn from the workload's seed"),
         (lambda d: d["levels"][0].pop("canary"), "every level has its canary run"),
-        (  # a code of one session in another's answer: a leak the bundle's search must have found
-            lambda d: d["levels"][1]["repetitions"][0]["sessions"][1].update(
-                text=d["levels"][1]["canary"]["canaries"][0]
-            ),
+        (  # a code sent at C=1 in an answer at C=2: a leak the bundle's search must have found
+            lambda d: d["levels"][1]["canary"]["answers"][1].update(text=d["levels"][0]["canary"]["canaries"][0]),
             "canaries (every answer searched",
         ),
     ]:
@@ -241,6 +239,9 @@ def test_a_server_that_is_not_an_llm_endpoint_is_one_line(tmp_path, prompts, fil
         (["--target", "http://127.0.0.1:1", "--sessions", "2"], "needs workload.prompts"),
         (["--target", "http://127.0.0.1:1", "--inject", "cancel:s0@1"], "a meshbench node's"),
         (["--target", "http://127.0.0.1:1", "--engine", "gguf", "--model", "m.gguf"], "an engine of meshbench's own"),
+        (["--target", "http://127.0.0.1:1", "--cancel", "soon"], "none of auto, off or a token index"),
+        (["--target", "http://127.0.0.1:1", "--cancel", "0"], "must be between 1"),
+        (["--target", "http://127.0.0.1:1", "--cancel", "9", "--new-tokens", "9"], "not before the end of every"),
     ],
 )
 def test_an_endpoint_sweep_refuses_what_it_cannot_run(args, expect, prompts):

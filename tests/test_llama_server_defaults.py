@@ -236,6 +236,76 @@ def test_canaries_name_both_sessions_behind_the_leaking_proxy_and_none_cross_on_
     assert f"carried by {at4[0]['carrier']} at C=4, in {at4[0]['receiver']}'s answer" in readme
 
 
+@needs_server
+def test_cancel_and_retry_cuts_every_second_client_and_verify_holds_the_run_to_its_record(model, prompts, tmp_path):
+    out = tmp_path / "CANCEL"
+    r = _serve(model, prompts, out, "--cancel", "2")
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["config"]["workload"]["cancel"] == 2 and data["levels"][0].get("cancel") is None  # (C=1: none)
+    run = data["levels"][1]["cancel"]
+    assert run["sessions"] == ["s0", "s1"] and run["cancelled"] == ["s1"] and run["at_token"] == 2
+    assert [(x["session_id"], x["stop"]) for x in run["cut"]] == [("s1", "cancelled")]
+    assert 2 <= len(run["cut"][0]["tokens"]) < 5  # (the client stopped reading: the answer was not whole)
+    assert all(x["error"] is None and len(x["tokens"]) == 5 for x in [*run["reference"], *run["answers"]])
+    assert run["verdict"]["affected"] is not True
+    readme = (out / "README.md").read_text()
+    assert "## Cancel and retry" in readme and "| 2 | s1 | 2 | 1 |" in readme
+    for forge, expect in [
+        (lambda d: d["levels"][1]["cancel"].update(at_token=3), "the token they cut at"),
+        (lambda d: d["levels"][1]["cancel"]["verdict"].update(affected=True), "verdict (recomputed"),
+        (lambda d: d["levels"][1]["cancel"]["cut"][0].update(stop="limit"), "cut at token 2"),
+        (lambda d: d["levels"][1].pop("cancel"), "unless workload.cancel is off"),
+    ]:
+        copy = tmp_path / f"forged{len(list(tmp_path.iterdir()))}"
+        copy.mkdir()
+        forged = json.loads((out / "results.json").read_text())
+        forge(forged)
+        (copy / "results.json").write_text(json.dumps(forged))
+        (copy / "README.md").write_text(readme)
+        v = runner.invoke(app, ["verify", str(copy)])
+        assert v.exit_code == 1 and expect in v.output, v.output
+
+
+@needs_server
+@needs_gemma
+def test_a_proxy_that_leaks_after_a_cancellation_is_caught_by_the_retry_against_cold(tmp_path):
+    """Behind a proxy that, once a client has disconnected, puts the end of the cancelled prompt at the end of
+    the next other request (the bug class of SGLang#23392), a retried answer leaves its cold answer where Gemma
+    was sure: the run says affected and names it. The same server without the proxy is not."""
+    from leaky_proxy import serving as leaking
+
+    from meshbench.endpoint import llama_server
+    from meshbench.engine import packaged
+
+    prompts = Path(__file__).resolve().parents[1] / "configs/prompts/gemma3-270m.txt"
+    server = llama_server.binary(f.llama_server_binary())
+    args = ["-np", "4", "-c", "2048", "-t", "2", "--no-repack"]
+    runs = {}
+    with (
+        llama_server.serving(server, str(packaged.path("gemma3-270m-q4-k-m")), args) as url,
+        leaking(url, on_cancel=True) as (proxy_url, proxy),
+    ):
+        for name, target in (("CLEAN", url), ("LEAKY", proxy_url)):
+            out = tmp_path / name
+            r = runner.invoke(app, ["sweep", "--target", target, "--prompts", str(prompts), *CANCEL_WORKLOAD,
+                                    "--out", str(out)])  # fmt: skip
+            assert r.exit_code == 0, r.output
+            assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+            runs[name] = json.loads((out / "results.json").read_text())["levels"][1]["cancel"]
+        assert proxy.leaked > 0
+    assert runs["CLEAN"]["verdict"]["affected"] is not True
+    leaky = runs["LEAKY"]["verdict"]
+    assert leaky["affected"] is True
+    confident = [d for d in leaky["retries_differing"] + leaky["others_differing"] if d["kind"] == "confident"]
+    assert confident and {d["session_id"] for d in confident} <= {"s0", "s1", "s2", "s3"}
+    assert "**yes**" in (tmp_path / "LEAKY" / "README.md").read_text()
+
+
+CANCEL_WORKLOAD = ["--sessions", "4", "--new-tokens", "16", "--levels", "1,4", "--repeat", "1", "--warmup", "0",
+                   "--eos", "ban", "--cancel", "4"]  # fmt: skip
+
+
 def _runs(outputs_by_run: list[list[str]], perturbed: list[bool]):
     from meshbench.records.model import Completion
     from meshbench.records.perturbation import PerturbationRun

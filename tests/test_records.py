@@ -13,7 +13,7 @@ import factories as f
 import pytest
 
 from meshbench.errors import MeshbenchError
-from meshbench.records import canary, context, documents, margins, model, perturbation, serial, sharing
+from meshbench.records import canary, cancel, context, documents, margins, model, perturbation, serial, sharing
 
 ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
@@ -103,6 +103,8 @@ RECORDS = {
     perturbation.PerturbationRun: "endpoint:perturbation.runs.[]",
     perturbation.PerturbationVerdict: "endpoint:perturbation.verdict",
     canary.CanaryRun: "endpoint:canary_run",
+    cancel.CancelRun: "endpoint:cancel_run",
+    cancel.CancelVerdict: "endpoint:cancel_run.verdict",
     canary.CanaryHit: "endpoint:canaries.hits.[]",
     canary.CanarySearch: "endpoint:canaries",
     model.EndpointRepetition: "endpoint:repetition",

@@ -5,8 +5,13 @@ model continues a repeated string, so its own answer shows the code, and an answ
 shows that one's). Every answer the sweep recorded, in every pass, is then searched for every code planted but
 the one its own request carried, in its text and (where ids are compared) in its token ids. The codes are drawn
 at random from an alphabet a tokenizer splits into several pieces, so no model writes one by chance: a hit is a
-proven leak, and it names the session that carried the code and the one whose answer holds it. No hit means no
-more than that no code crossed: the search has power only where sessions repeat their own code (``echoed``).
+proven leak, and it names the session that carried the code and the one whose answer holds it. An answer is
+searched only for the codes sent before or beside it (the sweep's order is fixed: its timed passes come first).
+
+No hit means no more than that no code crossed where a model would show it: the search has power only where
+sessions repeat their own code (``echoed``), and a leak that puts another's ids where the model does not continue
+them (the start of a prompt, say) need not surface; the perturbation test looks there. It is judged only where
+every canary answer came back and every level of two or more sessions echoed at least one code.
 """
 
 from __future__ import annotations
@@ -50,14 +55,19 @@ def holds(answer: Completion, code: str, ids: Sequence[int]) -> list[str]:
     """How ``answer`` holds ``code``: in its text, in its token ids (``ids``, the code as the server tokenizes
     it mid-prompt), both, or neither."""
     by = ["text"] if code in answer.text else []
-    if ids and _contains(answer.tokens, ids):
+    if ids and contains(answer.tokens, ids):
         by.append("ids")
     return by
 
 
-def _contains(seq: Sequence[int], sub: Sequence[int]) -> bool:
-    n = len(sub)
-    return any(list(seq[i : i + n]) == list(sub) for i in range(len(seq) - n + 1))
+def contains(seq: Sequence[int], sub: Sequence[int]) -> bool:
+    """Does ``sub`` occur in ``seq`` as a run? (A substring search over their decimal forms: linear, not
+    len(seq) x len(sub).)"""
+    return bool(sub) and _joined(sub) in _joined(seq)
+
+
+def _joined(ids: Sequence[int]) -> str:
+    return "," + ",".join(map(str, ids)) + ","
 
 
 def echoed(
@@ -67,54 +77,71 @@ def echoed(
     return [s for s, code, i, a in zip(sessions, codes, ids, answers) if a.error is None and holds(a, code, i)]
 
 
+Planted = tuple[int, str]  # (level, session): whose code
+
+
 def answers(
     levels: Sequence[EndpointLevel], margins: MarginPasses | None, alone: Completion
-) -> Iterator[tuple[str, Completion, tuple[int, str] | None]]:
-    """Every answer the sweep recorded: where it is, the answer, and the (level, session) whose code its own
-    request carried (None: it carried none)."""
-    yield "needle alone", alone, None
+) -> Iterator[tuple[str, Completion, Planted | None, list[Planted]]]:
+    """Every answer the sweep recorded, in the order the sweep sends them (the needle alone, the margin passes,
+    every repetition and needle trial; then level by level its perturbation, canary and cancel runs): where it
+    is, the answer, the code its own request carried (None: none), and the codes sent before or beside it (the
+    ones it could hold)."""
+    yield "needle alone", alone, None, []
     if margins is not None:
         for side, xs in (("cold", margins.cold), ("warm", margins.warm), ("together", margins.together)):
             for x in xs:
-                yield f"margins {side}", x, None
+                yield f"margins {side}", x, None, []
     for lv in levels:
-        c = lv.concurrency
         for rep in lv.repetitions:
             for x in rep.sessions:
-                yield f"C={c} repetition {rep.repetition}", x, None
+                yield f"C={lv.concurrency} repetition {rep.repetition}", x, None, []
         for t in lv.needle:
-            yield f"C={c} needle trial {t.repetition}", t.completion, None
+            yield f"C={lv.concurrency} needle trial {t.repetition}", t.completion, None, []
+    sent: list[Planted] = []
+    for lv in levels:
+        c = lv.concurrency
         if lv.perturbation is not None:
             for run in lv.perturbation.runs:
                 for x in run.targets:
-                    yield f"C={c} perturbation run {run.run}", x, None
+                    yield f"C={c} perturbation run {run.run}", x, None, list(sent)
         if lv.canary is not None:
+            sent += [(c, s) for s in lv.canary.sessions]
             for x in lv.canary.answers:
-                yield f"C={c} canary run", x, (c, x.session_id)
+                yield f"C={c} canary run", x, (c, x.session_id), list(sent)
+        if lv.cancel is not None:
+            for side, xs in (("reference", lv.cancel.reference), ("cut", lv.cancel.cut), ("run", lv.cancel.answers)):
+                for x in xs:
+                    yield f"C={c} cancel {side}", x, None, list(sent)
 
 
 def search(levels: Sequence[EndpointLevel], margins: MarginPasses | None, alone: Completion) -> CanarySearch | None:
-    """Every answer searched for every code planted but its own (None: no level planted any)."""
+    """Every answer searched for every code sent before or beside it but its own (None: no level planted any)."""
     runs = [(lv.concurrency, lv.canary) for lv in levels if lv.canary is not None]
     if not runs:
         return None
-    planted = [(c, s, code, ids) for c, run in runs for s, code, ids in zip(run.sessions, run.canaries, run.canary_ids)]
+    codes = {(c, s): (code, ids) for c, run in runs for s, code, ids in zip(run.sessions, run.canaries, run.canary_ids)}
     hits, searched = [], 0
-    for where, x, own in answers(levels, margins, alone):
-        searched += 1
-        for c, s, code, ids in planted:
-            by = holds(x, code, ids) if (c, s) != own else []
+    for where, x, own, sent in answers(levels, margins, alone):
+        carriers = [p for p in sent if p != own]
+        searched += bool(carriers)
+        for c, s in carriers:
+            code, ids = codes[(c, s)]
+            by = holds(x, code, ids)
             if by:
                 hits.append(
                     CanaryHit(canary=code, carrier=s, carrier_level=c, receiver=x.session_id, where=where, by=by)
                 )
-    echo = sum(len(run.echoed) for _, run in runs)
+    failed = sum(x.error is not None for _, run in runs for x in run.answers)
+    deaf = [c for c, run in runs if c > 1 and not run.echoed]  # levels where no session repeated its own code
+    judged = failed == 0 and not deaf and any(c > 1 for c, _ in runs)
     return CanarySearch(
-        planted=len(planted),
-        echoed=echo,
+        planted=len(codes),
+        echoed=sum(len(run.echoed) for _, run in runs),
         searched=searched,
+        failed=failed,
         hits=hits,
-        leak=True if hits else (False if echo else None),
+        leak=True if hits else (False if judged else None),
     )
 
 

@@ -51,6 +51,12 @@ def numerics(passes: MarginPasses) -> float | None:
     return None if worst is None else round(worst, 6)
 
 
+def near_tie(passes: MarginPasses | None) -> float:
+    """The threshold of a near-tie: the measured numerics, and never below FLOOR (FLOOR without margin passes)."""
+    measured = None if passes is None else numerics(passes)
+    return max(FLOOR, measured or 0.0)
+
+
 def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of: str) -> Divergences:
     """Every answer of the sweep against its session's cold answer, classified by the margin where it differs;
     and the warm answers against the cold."""
@@ -72,7 +78,7 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
             if x.error is not None or sid not in cold:
                 continue
             compared += 1
-            d = _divergence(lv.concurrency, repetition, sid, x, cold[sid], beside, threshold)
+            d = divergence(lv.concurrency, repetition, sid, x, cold[sid], beside, threshold)
             if d is not None:
                 here.append(d)
         kinds = [d.kind for d in here]
@@ -104,13 +110,13 @@ def _against_cold(
     for x in answers:
         if x.error is None and x.session_id in cold:
             others = sorted(y.session_id for y in answers if y.session_id != x.session_id) if beside else []
-            d = _divergence(c, None, x.session_id, x, cold[x.session_id], others, threshold)
+            d = divergence(c, None, x.session_id, x, cold[x.session_id], others, threshold)
             if d is not None:
                 out.append(d)
     return out
 
 
-def _divergence(
+def divergence(
     c: int, repetition: int | None, sid: str, x: Completion, a: Completion, beside: list[str], threshold: float
 ) -> Divergence | None:
     k = first_difference(a.tokens, x.tokens)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from meshbench import limits
-from meshbench.cli.flags import Option, _levels, _rates, _rows, _slo, _text, int_list, per_session
+from meshbench.cli.flags import Option, _cancel, _levels, _rates, _rows, _slo, _text, int_list, per_session
 
 RUN = (
     Option("config", Optional[Path], typer.Option("--config", help="YAML run config (see configs/).")),
@@ -75,6 +75,18 @@ RUN = (
             "--turn-tokens", rich_help_panel="Workload", min=1, max=65536, help="New user ids in each later turn."
         ),
         paths=("workload.turn_tokens",),
+    ),
+    Option(
+        "cancel",
+        Optional[str],
+        typer.Option(
+            "--cancel",
+            rich_help_panel="Workload",
+            help="An endpoint sweep's cancel-and-retry run: every second session disconnects after this many "
+            "tokens and retries; auto (half the shortest answer, the default) or off.",
+        ),
+        paths=("workload.cancel",),
+        parse=_cancel,
     ),
     Option(
         "new_tokens",

@@ -45,6 +45,7 @@ SWEEP_OPTIONS = (
     "prefix_tokens",
     "turns",
     "turn_tokens",
+    "cancel",
     "prompts",
     "new_tokens",
     "max_prefill_tokens_per_tick",

@@ -170,10 +170,11 @@ class Endpoint:
             body["min_tokens"] = new_tokens  # llama-cpp-python's server
         return body
 
-    def complete(self, session_id: str, body: dict, t0: int) -> Completion:
+    def complete(self, session_id: str, body: dict, t0: int, cancel_after: int | None = None) -> Completion:
         """Send one request and read its stream, stamping each chunk as it arrives (ns from ``t0``). A failure
         (an HTTP error, a malformed answer, a stream closed before its end, the deadline) is the session's,
-        not the run's."""
+        not the run's. With ``cancel_after``, the client disconnects once that many tokens are in (its answer's
+        stop says ``cancelled``), as a user who closes the page does."""
         c = Completion(session_id, time.monotonic_ns() - t0)
         path = PATHS[self.api]
         deadline = time.monotonic() + self.deadline_s
@@ -186,7 +187,7 @@ class Endpoint:
             if resp.status != 200:
                 c.error = f"HTTP {resp.status}: {excerpt(resp.read(4096))}"
                 return c
-            Stream(self.api, body, c, t0, deadline).read(resp)
+            Stream(self.api, body, c, t0, deadline, cancel_after).read(resp)
         except Malformed as e:
             c.error = f"malformed answer: {e}"
         except (OSError, http.client.HTTPException, ValueError, RecursionError, OverflowError) as e:

@@ -9,6 +9,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from meshbench.records.completion import CANCELLED
+
 MAX_LINE_BYTES = 1 << 20  # one server-sent event line
 HOLD_BACK = 3  # token ids a stream may hold back at its end (an incomplete UTF-8 character spans up to 4 bytes)
 MAX_TEXT_PER_TOKEN = 64  # characters of text per asked token (a token's piece is a few bytes)
@@ -51,17 +53,30 @@ class Malformed(Exception):
     """A server's answer of the wrong shape or content: the session's failure, with what was wrong."""
 
 
+class _Cancelled(Exception):
+    """The client stops reading (``cancel_after`` tokens are in): its answer ends here, said as ``stop``."""
+
+
 class Stream:
     """One streamed answer read into a Completion, every chunk checked, within the deadline and the caps."""
 
-    def __init__(self, api: str, body: dict, c: Completion, t0: int, deadline: float) -> None:
+    def __init__(
+        self, api: str, body: dict, c: Completion, t0: int, deadline: float, cancel_after: int | None = None
+    ) -> None:
         self.api, self.c, self.t0, self.deadline = api, c, t0, deadline
+        self.cancel_after = cancel_after  # the client disconnects once this many tokens are in (None: never)
         self.asked = int(body.get("n_predict", body.get("max_tokens", 0)))
         self.ban = bool(body.get("ignore_eos") or body.get("min_tokens"))
         self.streamed = body.get("stream", True)
         self.finished = False  # native: a chunk with stop; openai: a finish_reason
 
     def read(self, resp) -> None:
+        try:
+            self._read(resp)
+        except _Cancelled:
+            self.c.stop = CANCELLED
+
+    def _read(self, resp) -> None:
         if not self.streamed:  # a whole native answer (bench server's token comparison)
             raw = resp.read(MAX_LINE_BYTES + 1)
             if len(raw) > MAX_LINE_BYTES:
@@ -101,6 +116,8 @@ class Stream:
                 self.asked + HOLD_BACK
             ):
                 raise Malformed(f"more than the {self.asked} tokens asked for")
+            if self.cancel_after is not None and len(self.c.token_ns) >= self.cancel_after and not self.finished:
+                raise _Cancelled
 
     def _check_counts(self) -> None:
         """What the server says it generated against what it sent, and an eos ban honoured."""

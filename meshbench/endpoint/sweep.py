@@ -21,11 +21,13 @@ from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
 from meshbench.endpoint import client, llama_server, perturb
 from meshbench.endpoint.canary import canary_run
+from meshbench.endpoint.cancel import cancel_run
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
+from meshbench.records.cancel import CancelRun
 from meshbench.records.context import EndpointInfo, EndpointWorkload, Environment
 from meshbench.records.documents import EndpointResults, Needle
 from meshbench.records.margins import MarginPasses
@@ -50,6 +52,7 @@ def check_record_size(cfg: RunConfig) -> None:
     bound += 3 * sum(new)  # the margin passes
     bound += sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's
     bound += sum(cfg.levels) * max(new)  # the canary runs
+    bound += sum(3 * c * max(new) for c in cfg.levels if c > 1)  # the cancel runs: reference, cut, answers
     if bound > MAX_RECORDED_TOKENS:
         raise MeshbenchError(
             f"this endpoint sweep could record up to {bound} tokens ({len(new)} sessions, {len(cfg.levels)} levels, "
@@ -128,14 +131,31 @@ def _sweep(
             progress(f"repetition {r + 1}/{cfg.repeat}, concurrency {c}")
             passes[c].append(_pass(endpoint, jobs, c, r, position, judged))
             needles[c].append(_needle(endpoint, jobs, c, r, rng))
+    records = _levels(cfg, endpoint, jobs, passes, needles, margins, progress)
+    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins)
+
+
+def _levels(
+    cfg: RunConfig,
+    endpoint: Endpoint,
+    jobs: list[Job],
+    passes: dict[int, list[EndpointRepetition]],
+    needles: dict[int, list[NeedleTrial]],
+    margins: MarginPasses | None,
+    progress: Callable[[str], None],
+) -> list[EndpointLevel]:
+    """Each level's record: its timed passes and needle trials, then (run here, level by level, after every timed
+    pass) its perturbation test, its canary run and its cancel-and-retry run."""
     shuffles = np.random.default_rng([cfg.workload.seed, 1])
-    codes = plant.canaries(cfg.workload.seed, levels)
+    codes = plant.canaries(cfg.workload.seed, sorted(passes))
+    cold = {x.session_id: x for x in margins.cold if x.error is None} if margins is not None else {}
+    threshold = endpoint_margins.near_tie(margins)
     records = []
-    for c in levels:
+    for c in sorted(passes):
         if c > 1 and endpoint.api == "native":
             progress(f"perturbation, concurrency {c}: null and perturbed runs, interleaved")
         tested = perturb.perturbation(endpoint, jobs, c, shuffles)
-        progress(f"canaries, concurrency {c}: each session's own code, all at once")
+        progress(f"canaries, concurrency {c}: each session's own code, submitted together")
         records.append(
             EndpointLevel(
                 concurrency=c,
@@ -144,9 +164,26 @@ def _sweep(
                 figures=figures.summary([rep.figures for rep in passes[c]]),
                 perturbation=tested,
                 canary=canary_run(endpoint, jobs, codes[c]),
+                cancel=_cancel(cfg, endpoint, jobs, c, cold, threshold, progress),
             )
         )
-    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins)
+    return records
+
+
+def _cancel(
+    cfg: RunConfig,
+    endpoint: Endpoint,
+    jobs: list[Job],
+    c: int,
+    cold: dict[str, Completion],
+    threshold: float,
+    progress: Callable[[str], None],
+) -> CancelRun | None:
+    """The level's cancel-and-retry run (meshbench.endpoint.cancel), where there is one."""
+    if c > 1 and endpoint.api == "native" and cfg.workload.cancel != "off":
+        progress(f"cancel and retry, concurrency {c}: every second session disconnects and retries")
+    new = dict(zip(cfg.workload.session_ids(), cfg.workload.new_tokens))
+    return cancel_run(endpoint, jobs, c, cfg.workload.cancel, new, cold, threshold)
 
 
 def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:

@@ -39,6 +39,8 @@ class CanarySearch:
 
     planted: int  # canaries sent (one per session per level)
     echoed: int  # of them, repeated by their own session: the search's power
-    searched: int  # answers searched
+    searched: int  # answers searched (those sent beside or after a canary run)
+    failed: int  # canary answers that failed
     hits: list[CanaryHit]
-    leak: bool | None  # True: a canary crossed; None: no canary came back even to its own session (no power)
+    leak: bool | None  # True: a canary crossed; None: not judged (a canary answer failed, or a level of two or more
+    # sessions where none repeated its own code: no power there)

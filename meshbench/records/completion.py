@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+CANCELLED = "cancelled"  # the stop of an answer its client cut: it disconnected mid-stream (workload.cancel)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Completion:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshbench.records.canary import CanaryRun
+from meshbench.records.cancel import CancelRun
 from meshbench.records.completion import Completion as Completion  # (re-exported: an endpoint answer)
 from meshbench.records.context import Budget
 from meshbench.records.perturbation import Perturbation
@@ -337,3 +338,4 @@ class EndpointLevel:
     figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions
     perturbation: Perturbation | None = None  # (native API, C >= 2; absent from bundles made before it)
     canary: CanaryRun | None = None  # (absent from bundles made before canaries)
+    cancel: CancelRun | None = None  # (native API, C >= 2, unless off; absent from bundles made before it)

@@ -69,7 +69,9 @@ def build(
 
 
 ENDPOINT_SCHEMA = "endpoint.schema.json"
-ENDPOINT_VERSION = 2  # 2: failed answers fail the verdicts (verdicts.failed); deadline_s in the echo
+ENDPOINT_VERSION = 3  # 2: failed answers fail the verdicts (verdicts.failed); deadline_s in the echo; 3: the
+# requests' shared fields and prompt ids, the perturbation, canary and cancel-and-retry runs, all required
+ENDPOINT_READS = (2, 3)  # a version-2 bundle is checked for what it records, and says it has no such runs
 
 
 def check_node_version(v: Any, where: str) -> None:

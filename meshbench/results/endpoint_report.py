@@ -129,6 +129,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         "",
         *_perturbation(b),
         *_canaries(b),
+        *_cancels(b),
         *_divergences(b),
         *_metrics(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
@@ -208,22 +209,26 @@ def _perturbation(b: EndpointBundle) -> list[str]:
 
 
 def _canaries(b: EndpointBundle) -> list[str]:
-    """Each level's canary run, and every answer searched for every code but its own."""
+    """Each level's canary run, and every answer searched for every code sent before or beside it."""
     found = b.results.canaries
     runs = [(lv.concurrency, lv.canary) for lv in b.results.levels if lv.canary is not None]
     if found is None or not runs:
         return []
+    deaf = [str(c) for c, run in runs if c > 1 and not run.echoed]
     verdict = (
         "**yes: a canary crossed**"
         if found.leak
         else "no canary crossed"
         if found.leak is False
-        else "not judged: no session repeated even its own code, so a leak would not show"
+        else f"not judged ({found.failed} canary answers failed)"
+        if found.failed
+        else "not judged (at C = " + ", ".join(deaf) + " no session repeated even its own code: a leak would not "
+        "show there)"
+        if deaf
+        else "not judged (no level of two or more sessions)"
     )
     rows = [
-        f"| {c} | {len(run.sessions)} | {len(run.echoed)} | "
-        + str(sum(h.carrier_level == c for h in found.hits))
-        + " |"
+        f"| {c} | {len(run.sessions)} | {len(run.echoed)} | {sum(h.carrier_level == c for h in found.hits)} |"
         for c, run in runs
     ]
     hits = [
@@ -232,16 +237,19 @@ def _canaries(b: EndpointBundle) -> list[str]:
         for h in found.hits[:HITS_LISTED]
     ]
     more = len(found.hits) - len(hits)
+    where = "their text and their token ids" if b.results.endpoint.api == "native" else "their text"
     return [
         "## Canaries",
         "",
-        "At each level, the first C sessions were sent at once, each prompt its own random code repeated "
-        f"(a planted canary), each request otherwise as the sweep sends it. Then all {found.searched} answers of "
-        f"the sweep, every pass, were searched for each of the {found.planted} codes but the one their own request "
-        "carried, in their text and their token ids. No model writes such a code by chance: a hit is a proven "
-        "leak, naming the session that carried the code and the one whose answer holds it. The search has power "
-        f"only where a session repeats its own code: {found.echoed} of {found.planted} did. "
-        f"Leak: {verdict}.",
+        "At each level, the first C sessions were submitted together (a server with fewer slots queues the rest), "
+        "each prompt its own random code repeated (a planted canary), each request otherwise as the sweep sends it. "
+        f"Each answer sent beside or after a canary run ({found.searched} of them) was then searched for every code "
+        f"sent before or beside it but the one its own request carried, in {where}. No model writes such a code by "
+        "chance: a hit is a proven leak, naming the session that carried the code and the one whose answer holds "
+        "it. The search has power only where a model repeats the code before it: here "
+        f"{found.echoed} of the {found.planted} sessions repeated their own. A leak that puts another's ids where "
+        "a model does not continue them (the start of a prompt, say) need not surface here; the perturbation test "
+        f"looks there. Leak: {verdict}.",
         "",
         "| C | codes planted | repeated by their own session | found in another answer |",
         "|---|---|---|---|",
@@ -254,6 +262,54 @@ def _canaries(b: EndpointBundle) -> list[str]:
 
 
 HITS_LISTED = 20
+
+
+def _cancels(b: EndpointBundle) -> list[str]:
+    """Each level's cancel-and-retry run: what the cancellations did to the others, and the retries against cold."""
+    runs = [(lv.concurrency, lv.cancel) for lv in b.results.levels if lv.cancel is not None]
+    if not runs:
+        return []
+    rows, named = [], []
+    for c, run in runs:
+        v = run.verdict
+        affected = (
+            f"not judged ({v.failed} failed)"
+            if v.failed
+            else "not judged (a margin unknown)"
+            if v.affected is None
+            else ("**yes**" if v.affected else "no")
+        )
+        rows.append(
+            f"| {c} | {', '.join(run.cancelled)} | {run.at_token} | {len(run.sessions) - len(run.cancelled)} | "
+            f"{_kinds(v.others_differing) if v.others_differing else '0'} | "
+            f"{_kinds(v.retries_differing) if v.retries_differing else '0'} | {affected} |"
+        )
+        named += [
+            f"- C={c}: {markdown.inline(d.session_id)} ({'retried' if d.session_id in run.cancelled else 'ran through'}"
+            f"), token {d.token_index}, margin {_margin(d.margin)}"
+            for d in [*v.others_differing, *v.retries_differing]
+            if d.kind == "confident"
+        ]
+    return [
+        "## Cancel and retry",
+        "",
+        "At each level of two or more sessions, the first C were sent at once (the reference), then again with "
+        "every second session's client disconnecting once the token shown was in and sending its request again at "
+        "once, every request with the server's top-2 log-probabilities and otherwise as the sweep sends it. Each "
+        "session that ran through is compared with its reference answer (what the cancellations did to the "
+        "others), each retried one with its cold answer (alone, `cache_prompt` false). Where an answer first "
+        f"differs, a margin of at most {runs[0][1].verdict.threshold:.3g} is a near-tie (numerics: the batch "
+        "changed shape when the cancelled requests left and came back); a larger one is confident, which numerics "
+        "do not explain: what a slot, a cache entry or a cell left behind by a cancelled request would do.",
+        "",
+        "| C | cancelled | at token | ran through | ran through, differing from the reference | retried, differing "
+        "from cold | affected |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        *named,
+        *([""] if named else []),
+    ]
 
 
 def _divergences(b: EndpointBundle) -> list[str]:

@@ -14,6 +14,7 @@ from meshbench.records.model import Completion, EndpointLevel
 from meshbench.results.typed import EndpointBundle
 from meshbench.verify import endpoint_proofs as proofs
 from meshbench.verify.endpoint_canary import check_canaries
+from meshbench.verify.endpoint_cancel import check_cancels
 from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target
 
@@ -71,13 +72,28 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
     )
     c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, b.results.conclusions)
     proofs.check_margins(c, b, ids, compared, lengths, new)
-    if b.results.workload.request is not None:  # (recorded by every bundle made since the test; none before)
+    _check_proofs(c, b, ids)
+    _check_accounting(c, b, typed_levels)
+
+
+def _check_proofs(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
+    """The perturbation, canary and cancel-and-retry runs. Every bundle of schema 3 records what its requests
+    carried and all of them; a bundle of schema 2 records none of the last two (its README claims none)."""
+    wl, levels = b.results.workload, b.results.levels
+    v3 = b.results.schema_version >= 3
+    if v3:
+        c.equal(RESULTS, "workload.request (recorded by every bundle of schema 3)", True, wl.request is not None)
+    else:
+        c.equal(RESULTS, "canaries and cancel runs (none in a bundle of schema 2)", [None, []],
+                [b.results.canaries, [lv.concurrency for lv in levels if lv.canary or lv.cancel]])  # fmt: skip
+    if v3 or wl.request is not None:  # (a schema-2 bundle made since the perturbation test records its requests)
         c.equal(RESULTS, "workload.prompt_ids (one list per session, of its length)", list(wl.prompt_tokens),
                 [len(x) for x in wl.prompt_ids or []])  # fmt: skip
-        for i, lv in enumerate(typed_levels):
+        for i, lv in enumerate(levels):
             proofs.check_perturbation(c, b, lv, f"levels[{i}]", ids)
+    if v3:
         check_canaries(c, b, ids)
-    _check_accounting(c, b, typed_levels)
+        check_cancels(c, b, ids)
 
 
 def _check_request(c: Checks, b: EndpointBundle) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from meshbench.analysis import canary as plant
 from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
-from meshbench.records.canary import CanaryRun
+from meshbench.records.canary import CanaryRun, CanarySearch
 from meshbench.results.typed import EndpointBundle
 from meshbench.verify.endpoint_proofs import whole
 
@@ -22,8 +22,27 @@ def check_canaries(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
         if lv.canary is not None:
             _check_run(c, lv.canary, at, ids[: lv.concurrency], codes[lv.concurrency], native,
                        dict(zip(ids, r.workload.new_tokens)), r.workload.eos)  # fmt: skip
-    c.equal(RESULTS, "canaries (every answer searched for every code but its own, recomputed)",
-            plant.search(r.levels, r.margins, r.needle.alone), r.canaries)  # fmt: skip
+    if native:
+        every = [tuple(i) for lv in r.levels if lv.canary is not None for i in lv.canary.canary_ids]
+        c.equal(RESULTS, "canary codes' ids (the native API: each code's own, none empty, no two alike)", True,
+                all(every) and len(set(every)) == len(every))  # fmt: skip
+    _check_search(c, plant.search(r.levels, r.margins, r.needle.alone), r.canaries)
+
+
+def _check_search(c: Checks, expected: CanarySearch | None, recorded: CanarySearch | None) -> None:
+    """The search recomputed: its counts and verdict, then its hits (their number, and the first that differs,
+    so a forged list of a million hits is one short line)."""
+    what = "canaries (every answer searched for every code sent before or beside it but its own, recomputed)"
+    if expected is None or recorded is None:
+        c.equal(RESULTS, what, expected, recorded)
+        return
+    counts = ("planted", "echoed", "searched", "failed", "leak")
+    c.equal(RESULTS, f"{what}: {', '.join(counts)}", [getattr(expected, k) for k in counts],
+            [getattr(recorded, k) for k in counts])  # fmt: skip
+    c.equal(RESULTS, "canaries.hits (how many)", len(expected.hits), len(recorded.hits))
+    first = next((i for i, (a, b) in enumerate(zip(expected.hits, recorded.hits)) if a != b), None)
+    if first is not None:
+        c.equal(RESULTS, f"canaries.hits[{first}]", expected.hits[first], recorded.hits[first])
 
 
 def _check_run(
@@ -40,7 +59,8 @@ def _check_run(
         if not native:  # (a text API sends the text, which is the code repeated: nothing else to hold it to)
             c.equal(RESULTS, f"{where}: no ids over a text API", [[], []], [code_ids, prompt])
             continue
-        c.equal(RESULTS, f"{where}.prompts: the code's ids repeated", True, _carries(prompt, code_ids))
+        c.equal(RESULTS, f"{where}.prompts: the code, then its ids {plant.REPEATS - 1} times more", True,
+                _carries(prompt, code_ids))  # fmt: skip
         if x.error is None and s in new:
             whole(c, where, x, len(prompt), new[s], eos)
     c.equal(RESULTS, f"{at}.echoed (recomputed)",
@@ -48,14 +68,8 @@ def _check_run(
 
 
 def _carries(prompt: list[int], code_ids: list[int]) -> bool:
-    """Does ``prompt`` hold ``code_ids`` once for each repeat after the first (each follows a space)? Where the
-    code's ids are not known ([]), a prompt of at least one id per repeat."""
-    if not code_ids:
-        return len(prompt) >= plant.REPEATS
-    n, found, i = len(code_ids), 0, 0
-    while i + n <= len(prompt):
-        if prompt[i : i + n] == code_ids:
-            found, i = found + 1, i + n
-        else:
-            i += 1
-    return found >= plant.REPEATS - 1
+    """Is ``prompt`` the code (BOS and its first ids, at most two more than the code's own) followed by its ids
+    once for each repeat after the first, and nothing else?"""
+    tail = code_ids * (plant.REPEATS - 1)
+    head = len(prompt) - len(tail)
+    return bool(code_ids) and 1 <= head <= len(code_ids) + 2 and prompt[head:] == tail

@@ -78,6 +78,8 @@ class RunConfig:
         )
         if self.workload.turns > 1:
             _check_turns(self)
+        if self.engine.kind != ENDPOINT_KIND and isinstance(self.workload.cancel, int):
+            raise MeshbenchError("workload.cancel: cancel-and-retry runs against an endpoint (engine.kind endpoint)")
         if self.faults and self.engine.prefix_cache:
             raise MeshbenchError("faults with engine.prefix_cache: not built yet (fault checks count no shared KV)")
         if self.faults and (self.rates is not None or self.clock == "wall"):
@@ -104,6 +106,12 @@ class RunConfig:
                 self.workload.eos == "continue"
             ),
         }
+        cancel = self.workload.cancel
+        if isinstance(cancel, int) and cancel >= min(self.workload.new_tokens):
+            raise MeshbenchError(
+                f"workload.cancel: token {cancel} is not before the end of every answer (the shortest asks for "
+                f"{min(self.workload.new_tokens)} new tokens)"
+            )
         given = [k for k, v in node_only.items() if v]
         if given:
             raise MeshbenchError(
@@ -173,7 +181,7 @@ DEFAULTS: dict = _defaults()
 # echo without them means their defaults.
 ADDED_KEYS: dict[str, frozenset[str]] = {
     "engine": engine_spec.added(),
-    "workload": frozenset({"prefix", "turns", "turn_tokens"}),
+    "workload": frozenset({"prefix", "turns", "turn_tokens", "cancel"}),
 }
 
 

@@ -11,6 +11,8 @@ import numpy as np
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.session import GenerationRequest
 
+CANCEL_WORDS = ("auto", "off")  # workload.cancel: at half the shortest answer, or no cancel-and-retry run
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:
@@ -28,8 +30,16 @@ class Workload:
     prefix_tokens: int = 0
     turns: int = 1  # a conversation of this many turns per session: each later turn adds turn_tokens user ids
     turn_tokens: int = 0
+    cancel: int | str = "auto"  # an endpoint's cancel-and-retry run: auto, off, or the token clients cancel at
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.cancel, str)
+            and self.cancel not in CANCEL_WORDS
+            or isinstance(self.cancel, int)
+            and (isinstance(self.cancel, bool) or self.cancel < 1)
+        ):
+            raise MeshbenchError(f"workload.cancel: {self.cancel!r} is none of auto, off or a token index >= 1")
         if not self.prompt_tokens:
             raise MeshbenchError("workload: at least one session is needed")
         if len(self.prompt_tokens) != len(self.new_tokens):
@@ -131,6 +141,7 @@ class Workload:
             "eos": self.eos,
             **(prefix if self.prefix_groups else {}),
             **({"turns": self.turns, "turn_tokens": self.turn_tokens} if self.turns > 1 else {}),
+            **({"cancel": self.cancel} if self.cancel != "auto" else {}),
         }
 
 
@@ -149,6 +160,7 @@ class WorkloadSection:
     prefix: dict | None = None  # {groups: [sizes], tokens: n}: shared prefixes; prompt_tokens are then each own
     turns: int = 1  # conversations: each session's later turns, each the whole conversation so far + turn_tokens
     turn_tokens: int = 0
+    cancel: int | str = "auto"  # an endpoint's cancel-and-retry run (meshbench.endpoint.cancel)
 
     def build(self, source: str) -> Workload:
         # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
@@ -168,6 +180,7 @@ class WorkloadSection:
             prefix_tokens=shared,
             turns=self.turns,
             turn_tokens=self.turn_tokens,
+            cancel=self.cancel,
         )
 
 

@@ -1,0 +1,31 @@
+"""The records of an endpoint's cancel-and-retry run: at one level, the first C sessions sent at once (the
+reference), then again with every second session disconnecting mid-stream and sending its request again; and the
+verdict (meshbench.analysis.cancel): did a cancellation change another session's answer, and does a retried
+request answer as it does cold?"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshbench.records.completion import Completion
+from meshbench.records.margins import Divergence
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelVerdict:
+    threshold: float  # a divergence whose margin is at most this is a near-tie (the sweep's measured numerics)
+    others_differing: list[Divergence]  # sessions that ran through, against their reference answer
+    retries_differing: list[Divergence]  # retried sessions, against their cold answer
+    failed: int  # answers of the two runs that failed (a cut attempt is not a failure)
+    affected: bool | None  # True: a confident divergence; None: a failed answer, or a divergence of unknown margin
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRun:
+    sessions: list[str]  # the first C
+    cancelled: list[str]  # every second of them: s1, s3, ...
+    at_token: int  # a cancelled client disconnects once this many tokens are in
+    reference: list[Completion]  # the first C at once, nothing cancelled, in session order
+    cut: list[Completion]  # each cancelled session's first attempt, cut (stop "cancelled"), in ``cancelled`` order
+    answers: list[Completion]  # the run: the others' answers and the retried ones, in session order
+    verdict: CancelVerdict

@@ -1,0 +1,56 @@
+"""Cancel and retry judged (meshbench.analysis.cancel): which sessions are cut and where, and every divergence
+classified by its margin: the others against their reference answers, the retried against their cold ones."""
+
+from __future__ import annotations
+
+import pytest
+from test_bad_input import run_refused
+
+from meshbench.analysis import cancel
+
+
+def _answer(sid: str, tokens: list[int], margins: list[float] | None = None, error: str | None = None):
+    from meshbench.records.model import Completion
+
+    return Completion(session_id=sid, submit_ns=0, tokens=tokens, text="", token_ns=list(range(len(tokens))),
+                      stop="limit", predicted=len(tokens), evaluated=3, error=error, margins=margins)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "setting,new,expect",
+    [("auto", [8, 5], 2), ("auto", [1], None), (3, [8, 5], 3), (5, [8, 5], None), ("off", [8], None)],
+)
+def test_the_token_the_clients_cut_at(setting, new, expect):
+    assert cancel.at_token(setting, new) == expect
+
+
+def test_a_node_sweep_refuses_a_cancel_token_in_one_line():
+    run_refused("sweep", "--cancel", "3", "--levels", "1", expect="cancel-and-retry runs against an endpoint")
+
+
+def test_every_second_session_is_cancelled():
+    assert cancel.cancelled(["s0", "s1", "s2", "s3", "s4"]) == ["s1", "s3"]
+
+
+def test_the_others_are_held_to_their_reference_and_the_retried_to_their_cold_answer():
+    ref = [_answer("s0", [1, 2, 3], [2.0, 0.01, 2.0]), _answer("s1", [4, 5, 6], [2.0, 2.0, 2.0])]
+    cold = {"s1": _answer("s1", [4, 5, 6], [3.0, 3.0, 0.02])}
+    same = cancel.verdict(2, ["s1"], ref, [_answer("s0", [1, 2, 3]), _answer("s1", [4, 5, 6])], cold, 0.05)
+    assert same.affected is False and same.others_differing == [] and same.retries_differing == []
+    # s0 flips a near-tie (the reference's margin 0.01 at token 1): numerics; s1's retry flips its cold near-tie
+    ties = cancel.verdict(2, ["s1"], ref, [_answer("s0", [1, 9, 9]), _answer("s1", [4, 5, 7])], cold, 0.05)
+    assert ties.affected is False
+    assert [(d.session_id, d.token_index, d.kind, d.beside) for d in ties.others_differing] == [
+        ("s0", 1, "near-tie", ["s1"])
+    ]
+    assert [(d.session_id, d.token_index, d.kind) for d in ties.retries_differing] == [("s1", 2, "near-tie")]
+    # a retry that leaves its cold answer where the cold answer was sure: what numerics do not explain
+    sure = cancel.verdict(2, ["s1"], ref, [_answer("s0", [1, 2, 3]), _answer("s1", [8, 5, 6])], cold, 0.05)
+    assert sure.affected is True and sure.retries_differing[0].kind == "confident"
+    assert sure.retries_differing[0].beside == ["s0"]
+
+
+def test_a_failed_answer_is_not_judged():
+    ref = [_answer("s0", [1]), _answer("s1", [2])]
+    v = cancel.verdict(2, ["s1"], ref, [_answer("s0", [1]), _answer("s1", [], error="HTTP 503")], {}, 0.05)
+    assert v.affected is None and v.failed == 1
