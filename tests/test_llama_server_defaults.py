@@ -250,11 +250,13 @@ def test_cancel_and_retry_cuts_every_second_client_and_verify_holds_the_run_to_i
     assert all(x["error"] is None and len(x["tokens"]) == 5 for x in [*run["reference"], *run["answers"]])
     assert run["verdict"]["affected"] is not True
     readme = (out / "README.md").read_text()
-    assert "## Cancel and retry" in readme and "| 2 | s1 | 2 | 1 |" in readme
+    assert "## Cancel and retry" in readme and "| 2 | s1 | 2 | 1 of 1 | 1 |" in readme
     for forge, expect in [
         (lambda d: d["levels"][1]["cancel"].update(at_token=3), "the token they cut at"),
         (lambda d: d["levels"][1]["cancel"]["verdict"].update(affected=True), "verdict (recomputed"),
-        (lambda d: d["levels"][1]["cancel"]["cut"][0].update(stop="limit"), "cut at token 2"),
+        (lambda d: d["levels"][1]["cancel"]["cut"][0].update(stop="limit"), "ended before token 2"),
+        (lambda d: d["levels"][1]["cancel"]["cut"][0]["tokens"].clear(), "one per token id"),
+        (lambda d: d["levels"][1]["cancel"]["answers"][1].update(submit_ns=0), "sent after its cut attempt"),
         (lambda d: d["levels"][1].pop("cancel"), "unless workload.cancel is off"),
     ]:
         copy = tmp_path / f"forged{len(list(tmp_path.iterdir()))}"

@@ -61,16 +61,16 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
     """Every answer of the sweep against its session's cold answer, classified by the margin where it differs;
     and the warm answers against the cold."""
     measured = numerics(passes)
-    threshold = max(FLOOR, measured or 0.0)
+    threshold = near_tie(passes)
     cold = {c.session_id: c for c in passes.cold if c.error is None}
     warm = _against_cold(passes.warm, cold, 1, threshold, beside=False)
     together = _against_cold(passes.together, cold, len(passes.together), threshold, beside=True)
     per_level: dict[str, LevelDivergences] = {}
     found: list[Divergence] = []
     for lv in levels:
-        answers = [(rep.repetition, x, _beside(x, rep.sessions)) for rep in lv.repetitions for x in rep.sessions] + [
-            (None, t.completion, sorted(t.neighbours)) for t in lv.needle
-        ]
+        answers = [
+            (rep.repetition, x, overlapping(x, rep.sessions)) for rep in lv.repetitions for x in rep.sessions
+        ] + [(None, t.completion, sorted(t.neighbours)) for t in lv.needle]
         here = []
         compared = 0
         for repetition, x, beside in answers:
@@ -135,7 +135,7 @@ def divergence(
     )
 
 
-def _beside(x: Completion, sessions: Sequence[Completion]) -> list[str]:
+def overlapping(x: Completion, sessions: Sequence[Completion]) -> list[str]:
     """The sessions whose requests were in flight while ``x``'s was (from submission to the last token)."""
     start, end = x.submit_ns, _end(x)
     overlap = [y for y in sessions if y.session_id != x.session_id and y.submit_ns < end and start < _end(y)]

@@ -97,10 +97,9 @@ def _cancel(value: str, flag: str) -> int | str:
     """auto, off, or a token index >= 1."""
     if value in ("auto", "off"):
         return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise MeshbenchError(f"{flag}: {value!r} is none of auto, off or a token index") from None
+    if not (value.isascii() and value.isdigit()):
+        raise MeshbenchError(f"{flag}: {value!r} is none of auto, off or a token index")
+    n = int(value)
     if not 1 <= n <= limits.MAX_TOKENS:
         raise MeshbenchError(f"{flag}: {n} must be between 1 and {limits.MAX_TOKENS}")
     return n

@@ -23,17 +23,15 @@ def cancel_run(
     endpoint: Endpoint,
     jobs: list[Job],
     c: int,
-    setting: int | str,
-    new_tokens: dict[str, int],
+    at: int,
     cold: dict[str, Completion],
+    seen: dict[str, set[tuple[int, ...]]],
     threshold: float,
-) -> CancelRun | None:
-    """The level's run (None: one session, a text API, ``off``, or no cancelled answer long enough to cut)."""
+) -> CancelRun:
+    """The level's run: the first C sessions, every second one cut at token ``at`` (meshbench.analysis.cancel.
+    runs_at says where there is one)."""
     batch = [Job(j.session_id, {**j.body, "n_probs": PROBS}) for j in jobs[:c]]
     cut_ids = judge.cancelled([j.session_id for j in batch])
-    at = judge.at_token(setting, [new_tokens[s] for s in cut_ids])
-    if c < 2 or endpoint.api != "native" or at is None:
-        return None
     reference = [_record(x) for x in at_once(endpoint, batch)]
     cut, answers = _with_cancels(endpoint, batch, set(cut_ids), at)
     return CancelRun(
@@ -43,7 +41,7 @@ def cancel_run(
         reference=reference,
         cut=cut,
         answers=answers,
-        verdict=judge.verdict(c, cut_ids, reference, answers, cold, threshold),
+        verdict=judge.verdict(c, cut, reference, answers, cold, seen, threshold),
     )
 
 

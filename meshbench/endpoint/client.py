@@ -179,7 +179,7 @@ class Endpoint:
         path = PATHS[self.api]
         deadline = time.monotonic() + self.deadline_s
         conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.deadline_s)
-        cut = None
+        cut = resp = None
         try:
             cut = _Deadline(conn, self.deadline_s)
             conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
@@ -200,6 +200,8 @@ class Endpoint:
         finally:
             if cut is not None:
                 cut.cancel()
+            if resp is not None:
+                resp.close()  # (its socket too: a cancelled client leaves the server's stream here)
             conn.close()
         if cut is not None and cut.late():  # (whatever the cut stream looked like)
             c.error = f"no answer within the deadline ({self.deadline_s:g} s)"

@@ -17,6 +17,7 @@ import numpy as np
 
 from meshbench import files
 from meshbench.analysis import canary as plant
+from meshbench.analysis import cancel as cancel_rule
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
 from meshbench.endpoint import client, llama_server, perturb
@@ -148,8 +149,6 @@ def _levels(
     pass) its perturbation test, its canary run and its cancel-and-retry run."""
     shuffles = np.random.default_rng([cfg.workload.seed, 1])
     codes = plant.canaries(cfg.workload.seed, sorted(passes))
-    cold = {x.session_id: x for x in margins.cold if x.error is None} if margins is not None else {}
-    threshold = endpoint_margins.near_tie(margins)
     records = []
     for c in sorted(passes):
         if c > 1 and endpoint.api == "native":
@@ -164,7 +163,7 @@ def _levels(
                 figures=figures.summary([rep.figures for rep in passes[c]]),
                 perturbation=tested,
                 canary=canary_run(endpoint, jobs, codes[c]),
-                cancel=_cancel(cfg, endpoint, jobs, c, cold, threshold, progress),
+                cancel=_cancel(cfg, endpoint, jobs, c, passes[c], margins, progress),
             )
         )
     return records
@@ -175,15 +174,21 @@ def _cancel(
     endpoint: Endpoint,
     jobs: list[Job],
     c: int,
-    cold: dict[str, Completion],
-    threshold: float,
+    repetitions: list[EndpointRepetition],
+    margins: MarginPasses | None,
     progress: Callable[[str], None],
 ) -> CancelRun | None:
     """The level's cancel-and-retry run (meshbench.endpoint.cancel), where there is one."""
-    if c > 1 and endpoint.api == "native" and cfg.workload.cancel != "off":
-        progress(f"cancel and retry, concurrency {c}: every second session disconnects and retries")
-    new = dict(zip(cfg.workload.session_ids(), cfg.workload.new_tokens))
-    return cancel_run(endpoint, jobs, c, cfg.workload.cancel, new, cold, threshold)
+    wl = cfg.workload
+    at = cancel_rule.runs_at(c, endpoint.api, wl.cancel, dict(zip(wl.session_ids(), wl.new_tokens)), wl.session_ids())
+    if at is None:
+        if isinstance(wl.cancel, int) and c > 1:
+            progress(f"cancel and retry, concurrency {c}: none over the {endpoint.api} API (token ids and margins)")
+        return None
+    progress(f"cancel and retry, concurrency {c}: every second session disconnects at token {at} and retries")
+    seen = cancel_rule.seen_outputs([rep.sessions for rep in repetitions])
+    cold, threshold = cancel_rule.cold_answers(margins), endpoint_margins.near_tie(margins)
+    return cancel_run(endpoint, jobs, c, at, cold, seen, threshold)
 
 
 def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:

@@ -14,10 +14,13 @@ from meshbench.records.margins import Divergence
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelVerdict:
     threshold: float  # a divergence whose margin is at most this is a near-tie (the sweep's measured numerics)
-    others_differing: list[Divergence]  # sessions that ran through, against their reference answer
-    retries_differing: list[Divergence]  # retried sessions, against their cold answer
-    failed: int  # answers of the two runs that failed (a cut attempt is not a failure)
-    affected: bool | None  # True: a confident divergence; None: a failed answer, or a divergence of unknown margin
+    cut: int  # cancelled sessions whose client did disconnect mid-stream (an answer may end before the token)
+    others_differing: list[Divergence]  # sessions that ran through with an output never seen without a cancel,
+    # where it leaves their reference answer
+    retries_differing: list[Divergence]  # retried sessions with such an output, where it leaves their cold answer
+    failed: int  # answers of the two runs that failed, cut attempts included
+    affected: bool | None  # True: a confident divergence; None: not judged (a failed answer, nothing cut, or a
+    # divergence of unknown margin)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

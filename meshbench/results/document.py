@@ -70,8 +70,8 @@ def build(
 
 ENDPOINT_SCHEMA = "endpoint.schema.json"
 ENDPOINT_VERSION = 3  # 2: failed answers fail the verdicts (verdicts.failed); deadline_s in the echo; 3: the
-# requests' shared fields and prompt ids, the perturbation, canary and cancel-and-retry runs, all required
-ENDPOINT_READS = (2, 3)  # a version-2 bundle is checked for what it records, and says it has no such runs
+# requests' shared fields and prompt ids, the perturbation, canary and cancel-and-retry runs, all required (a
+# bundle of 2 is not read: stripped of them it could not be told from an honest older one)
 
 
 def check_node_version(v: Any, where: str) -> None:

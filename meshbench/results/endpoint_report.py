@@ -10,7 +10,9 @@ from typing import Mapping
 from meshbench.analysis import server_accounting as accounting
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
+from meshbench.results import endpoint_proofs_report as proofs_report
 from meshbench.results import markdown
+from meshbench.results.endpoint_proofs_report import kinds, margin
 from meshbench.results.markdown import median_range
 from meshbench.results.typed import EndpointBundle
 
@@ -128,8 +130,8 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         *("| " + " | ".join(row) + " |" for row in table_rows(b)),
         "",
         *_perturbation(b),
-        *_canaries(b),
-        *_cancels(b),
+        *proofs_report.canaries(b),
+        *proofs_report.cancels(b),
         *_divergences(b),
         *_metrics(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
@@ -208,110 +210,6 @@ def _perturbation(b: EndpointBundle) -> list[str]:
     ]
 
 
-def _canaries(b: EndpointBundle) -> list[str]:
-    """Each level's canary run, and every answer searched for every code sent before or beside it."""
-    found = b.results.canaries
-    runs = [(lv.concurrency, lv.canary) for lv in b.results.levels if lv.canary is not None]
-    if found is None or not runs:
-        return []
-    deaf = [str(c) for c, run in runs if c > 1 and not run.echoed]
-    verdict = (
-        "**yes: a canary crossed**"
-        if found.leak
-        else "no canary crossed"
-        if found.leak is False
-        else f"not judged ({found.failed} canary answers failed)"
-        if found.failed
-        else "not judged (at C = " + ", ".join(deaf) + " no session repeated even its own code: a leak would not "
-        "show there)"
-        if deaf
-        else "not judged (no level of two or more sessions)"
-    )
-    rows = [
-        f"| {c} | {len(run.sessions)} | {len(run.echoed)} | {sum(h.carrier_level == c for h in found.hits)} |"
-        for c, run in runs
-    ]
-    hits = [
-        f"- {markdown.inline(h.canary)}, carried by {markdown.inline(h.carrier)} at C={h.carrier_level}, in "
-        f"{markdown.inline(h.receiver)}'s answer ({markdown.inline(h.where)}, by {' and '.join(h.by)})"
-        for h in found.hits[:HITS_LISTED]
-    ]
-    more = len(found.hits) - len(hits)
-    where = "their text and their token ids" if b.results.endpoint.api == "native" else "their text"
-    return [
-        "## Canaries",
-        "",
-        "At each level, the first C sessions were submitted together (a server with fewer slots queues the rest), "
-        "each prompt its own random code repeated (a planted canary), each request otherwise as the sweep sends it. "
-        f"Each answer sent beside or after a canary run ({found.searched} of them) was then searched for every code "
-        f"sent before or beside it but the one its own request carried, in {where}. No model writes such a code by "
-        "chance: a hit is a proven leak, naming the session that carried the code and the one whose answer holds "
-        "it. The search has power only where a model repeats the code before it: here "
-        f"{found.echoed} of the {found.planted} sessions repeated their own. A leak that puts another's ids where "
-        "a model does not continue them (the start of a prompt, say) need not surface here; the perturbation test "
-        f"looks there. Leak: {verdict}.",
-        "",
-        "| C | codes planted | repeated by their own session | found in another answer |",
-        "|---|---|---|---|",
-        *rows,
-        "",
-        *hits,
-        *([f"- and {more} more (`{RESULTS}`, canaries.hits)"] if more > 0 else []),
-        *([""] if hits else []),
-    ]
-
-
-HITS_LISTED = 20
-
-
-def _cancels(b: EndpointBundle) -> list[str]:
-    """Each level's cancel-and-retry run: what the cancellations did to the others, and the retries against cold."""
-    runs = [(lv.concurrency, lv.cancel) for lv in b.results.levels if lv.cancel is not None]
-    if not runs:
-        return []
-    rows, named = [], []
-    for c, run in runs:
-        v = run.verdict
-        affected = (
-            f"not judged ({v.failed} failed)"
-            if v.failed
-            else "not judged (a margin unknown)"
-            if v.affected is None
-            else ("**yes**" if v.affected else "no")
-        )
-        rows.append(
-            f"| {c} | {', '.join(run.cancelled)} | {run.at_token} | {len(run.sessions) - len(run.cancelled)} | "
-            f"{_kinds(v.others_differing) if v.others_differing else '0'} | "
-            f"{_kinds(v.retries_differing) if v.retries_differing else '0'} | {affected} |"
-        )
-        named += [
-            f"- C={c}: {markdown.inline(d.session_id)} ({'retried' if d.session_id in run.cancelled else 'ran through'}"
-            f"), token {d.token_index}, margin {_margin(d.margin)}"
-            for d in [*v.others_differing, *v.retries_differing]
-            if d.kind == "confident"
-        ]
-    return [
-        "## Cancel and retry",
-        "",
-        "At each level of two or more sessions, the first C were sent at once (the reference), then again with "
-        "every second session's client disconnecting once the token shown was in and sending its request again at "
-        "once, every request with the server's top-2 log-probabilities and otherwise as the sweep sends it. Each "
-        "session that ran through is compared with its reference answer (what the cancellations did to the "
-        "others), each retried one with its cold answer (alone, `cache_prompt` false). Where an answer first "
-        f"differs, a margin of at most {runs[0][1].verdict.threshold:.3g} is a near-tie (numerics: the batch "
-        "changed shape when the cancelled requests left and came back); a larger one is confident, which numerics "
-        "do not explain: what a slot, a cache entry or a cell left behind by a cancelled request would do.",
-        "",
-        "| C | cancelled | at token | ran through | ran through, differing from the reference | retried, differing "
-        "from cold | affected |",
-        "|---|---|---|---|---|---|---|",
-        *rows,
-        "",
-        *named,
-        *([""] if named else []),
-    ]
-
-
 def _divergences(b: EndpointBundle) -> list[str]:
     """Every answer against its session's cold answer, classified by the margin where it first differs."""
     d = b.results.divergences
@@ -326,7 +224,7 @@ def _divergences(b: EndpointBundle) -> list[str]:
         "every warm answer equals its cold one"
         if not d.warm_differing
         else "warm differs from cold for "
-        + ", ".join(f"{x.session_id} (token {x.token_index}, margin {_margin(x.margin)})" for x in d.warm_differing)
+        + ", ".join(f"{x.session_id} (token {x.token_index}, margin {margin(x.margin)})" for x in d.warm_differing)
     )
     lines = [
         "## Divergences, with margins",
@@ -335,7 +233,7 @@ def _divergences(b: EndpointBundle) -> list[str]:
         "(asking costs the server time): alone and cold (`cache_prompt` false), alone and warm (right after "
         f"itself, as the sweep sends it), and with every session at once. Warm against cold: {warm}. All at once, "
         f"{len(d.together_differing)} of the sessions differ from their cold answer "
-        f"({_kinds(d.together_differing)}). Where a warm "
+        f"({kinds(d.together_differing)}). Where a warm "
         f"or batched answer agrees with the cold one, the margin (top-1 minus top-2) moved by at most {numerics}: "
         "the server's own numerics here. Every answer of the sweep is compared with its session's cold answer. "
         f"Where it first differs, a cold margin of at most {d.threshold:.3g} (the numerics, and never below "
@@ -355,20 +253,11 @@ def _divergences(b: EndpointBundle) -> list[str]:
         rep = "a needle trial" if x.repetition is None else f"repetition {x.repetition}"
         lines.append(
             f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, margin "
-            f"{_margin(x.margin)}; beside: {', '.join(x.beside) or 'none'}."
+            f"{margin(x.margin)}; beside: {', '.join(x.beside) or 'none'}."
         )
     if len(d.confident) > MAX_LISTED:
         lines.append(f"- ... and {len(d.confident) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
     return lines + ([""] if d.confident else [])
-
-
-def _kinds(found: list) -> str:
-    kinds = [x.kind for x in found]
-    return ", ".join(f"{kinds.count(k)} {k}" for k in ("near-tie", "confident", "unknown") if k in kinds) or "none"
-
-
-def _margin(m: float | None) -> str:
-    return "unknown" if m is None else f"{m:.3g}"
 
 
 MAX_LISTED = 20  # confident divergences listed in the README (all are in results.json)

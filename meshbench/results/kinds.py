@@ -96,11 +96,10 @@ def check_version(data: Any, where: str) -> None:
     v = data.get("schema_version") if isinstance(data, dict) else None
     k = kind(data)
     if k.name == ENDPOINT:
-        if v not in document.ENDPOINT_READS:
+        if v != k.version:
             raise MeshbenchError(
-                f"{where}: an endpoint bundle of schema_version {v!r}; this meshbench reads "
-                f"{' and '.join(map(str, document.ENDPOINT_READS))} (re-run its sweep command, commands.txt beside it, "
-                "with this version)"
+                f"{where}: an endpoint bundle of schema_version {v!r}; this meshbench reads {k.version} (re-run "
+                "its sweep command, commands.txt beside it, with this version)"
             )
         return
     document.check_node_version(v, where)

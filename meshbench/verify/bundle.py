@@ -136,6 +136,7 @@ COMMAND_FLAGS: dict[str, Callable[[RunConfig], object]] = {
     "--prefix-tokens": lambda cfg: cfg.workload.prefix_tokens if cfg.workload.prefix_groups else None,
     "--prefix-groups": lambda cfg: ",".join(map(str, cfg.workload.prefix_groups)) or None,
     "--block-tokens": lambda cfg: cfg.engine.block_tokens,
+    "--cancel": lambda cfg: cfg.workload.cancel,
 }
 
 

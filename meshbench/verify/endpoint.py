@@ -77,23 +77,16 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
 
 
 def _check_proofs(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
-    """The perturbation, canary and cancel-and-retry runs. Every bundle of schema 3 records what its requests
-    carried and all of them; a bundle of schema 2 records none of the last two (its README claims none)."""
-    wl, levels = b.results.workload, b.results.levels
-    v3 = b.results.schema_version >= 3
-    if v3:
-        c.equal(RESULTS, "workload.request (recorded by every bundle of schema 3)", True, wl.request is not None)
-    else:
-        c.equal(RESULTS, "canaries and cancel runs (none in a bundle of schema 2)", [None, []],
-                [b.results.canaries, [lv.concurrency for lv in levels if lv.canary or lv.cancel]])  # fmt: skip
-    if v3 or wl.request is not None:  # (a schema-2 bundle made since the perturbation test records its requests)
-        c.equal(RESULTS, "workload.prompt_ids (one list per session, of its length)", list(wl.prompt_tokens),
-                [len(x) for x in wl.prompt_ids or []])  # fmt: skip
-        for i, lv in enumerate(levels):
-            proofs.check_perturbation(c, b, lv, f"levels[{i}]", ids)
-    if v3:
-        check_canaries(c, b, ids)
-        check_cancels(c, b, ids)
+    """What every request carried, and the perturbation, canary and cancel-and-retry runs (every bundle of the
+    schema this meshbench reads records them all)."""
+    wl = b.results.workload
+    c.equal(RESULTS, "workload.request (what every request carried: recorded)", True, wl.request is not None)
+    c.equal(RESULTS, "workload.prompt_ids (one list per session, of its length)", list(wl.prompt_tokens),
+            [len(x) for x in wl.prompt_ids or []])  # fmt: skip
+    for i, lv in enumerate(b.results.levels):
+        proofs.check_perturbation(c, b, lv, f"levels[{i}]", ids)
+    check_canaries(c, b, ids)
+    check_cancels(c, b, ids)
 
 
 def _check_request(c: Checks, b: EndpointBundle) -> None:

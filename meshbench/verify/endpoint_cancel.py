@@ -1,6 +1,10 @@
 """The endpoint's cancel-and-retry runs, checked from the bundle: each level's run where the config asks for one
-(its sessions, the cancelled ones, the token they disconnect at), every answer whole, each cut attempt cut where
-it says, and the verdict recomputed from the answers and the margin passes."""
+(its sessions, the cancelled ones, the token they disconnect at), every answer whole, each cut attempt cut at the
+first chunk that reached the token (or ended before it), each retry sent after its cut, and the verdict
+recomputed from the answers, the level's repetitions and the margin passes.
+
+What verify cannot see without the server: which of two recorded answers came from which run, and whether the
+margins are the server's own numbers."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from meshbench.analysis import endpoint_margins
 from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
 from meshbench.records.cancel import CancelRun
-from meshbench.records.completion import CANCELLED
+from meshbench.records.completion import CANCELLED, Completion
 from meshbench.results.typed import EndpointBundle
 from meshbench.verify.endpoint_proofs import whole
 
@@ -17,29 +21,27 @@ from meshbench.verify.endpoint_proofs import whole
 def check_cancels(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
     r, wl = b.results, b.results.workload
     new, lengths = dict(zip(ids, wl.new_tokens)), dict(zip(ids, wl.prompt_tokens))
-    cold = {x.session_id: x for x in r.margins.cold if x.error is None} if r.margins is not None else {}
-    threshold = endpoint_margins.near_tie(r.margins)
+    cold, threshold = judge.cold_answers(r.margins), endpoint_margins.near_tie(r.margins)
     for i, lv in enumerate(r.levels):
         at, sessions = f"levels[{i}].cancel", ids[: lv.concurrency]
-        cut = judge.cancelled(sessions)
-        token = judge.at_token(b.cfg.workload.cancel, [new[s] for s in cut])
-        expected = lv.concurrency > 1 and r.endpoint.api == "native" and token is not None
+        token = judge.runs_at(lv.concurrency, r.endpoint.api, b.cfg.workload.cancel, new, ids)
         c.equal(RESULTS, f"{at} (a run at every native level of C >= 2, unless workload.cancel is off)",
-                expected, lv.cancel is not None)  # fmt: skip
+                token is not None, lv.cancel is not None)  # fmt: skip
         if lv.cancel is None or token is None:
             continue
         run = lv.cancel
         c.equal(RESULTS, f"{at}: its sessions, the cancelled ones (every second) and the token they cut at",
-                [sessions, cut, token], [run.sessions, run.cancelled, run.at_token])  # fmt: skip
+                [sessions, judge.cancelled(sessions), token], [run.sessions, run.cancelled, run.at_token])  # fmt: skip
         _answers(c, run, at, lengths, new, wl.eos)
-        c.equal(RESULTS, f"{at}.verdict (recomputed from the answers and the margin passes)",
-                judge.verdict(lv.concurrency, run.cancelled, run.reference, run.answers, cold, threshold),
+        _cuts(c, run, at, lengths, new, wl.eos)
+        seen = judge.seen_outputs([rep.sessions for rep in lv.repetitions])
+        c.equal(RESULTS, f"{at}.verdict (recomputed from the answers, the repetitions and the margin passes)",
+                judge.verdict(lv.concurrency, run.cut, run.reference, run.answers, cold, seen, threshold),
                 run.verdict)  # fmt: skip
 
 
 def _answers(c: Checks, run: CancelRun, at: str, lengths: dict, new: dict, eos: str) -> None:
-    """The reference and the run answer every session in order, whole, with a margin per token; each cut attempt
-    stopped at the token (or ended before it)."""
+    """The reference and the run answer every session in order, whole, with a margin per token."""
     for side, answers in (("reference", run.reference), ("answers", run.answers)):
         c.equal(RESULTS, f"{at}.{side} (every session once, in order)", run.sessions, [x.session_id for x in answers])
         for x in answers:
@@ -47,11 +49,33 @@ def _answers(c: Checks, run: CancelRun, at: str, lengths: dict, new: dict, eos: 
                 where = f"{at}.{side}.{x.session_id}"
                 whole(c, where, x, lengths[x.session_id], new[x.session_id], eos)
                 c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
+
+
+def _cuts(c: Checks, run: CancelRun, at: str, lengths: dict, new: dict, eos: str) -> None:
+    """Each cancelled session's first attempt: cut at the first chunk that reached the token (its stamps say where
+    each chunk ended), or a whole answer that ended before it; its retry sent after it."""
     c.equal(RESULTS, f"{at}.cut (each cancelled session once, in order)", run.cancelled,
             [x.session_id for x in run.cut])  # fmt: skip
+    retried = {x.session_id: x for x in run.answers}
     for x in run.cut:
-        if x.error is None:
-            cut = x.stop == CANCELLED and run.at_token <= len(x.token_ns) <= new.get(x.session_id, 0)
-            ended = x.stop != CANCELLED and len(x.token_ns) < run.at_token
-            c.equal(RESULTS, f"{at}.cut.{x.session_id}: cut at token {run.at_token} (or ended before it)", True,
-                    cut or ended)  # fmt: skip
+        if x.error is not None or x.session_id not in new:
+            continue
+        where = f"{at}.cut.{x.session_id}"
+        stamps = [x.submit_ns, *x.token_ns]
+        c.equal(RESULTS, f"{where}.token_ns (in order, after submit_ns; one per token id)", [True, len(x.tokens)],
+                [stamps == sorted(stamps), len(x.token_ns)])  # fmt: skip
+        if x.stop == CANCELLED:
+            before_last_chunk = sum(t < x.token_ns[-1] for t in x.token_ns) if x.token_ns else 0
+            c.equal(RESULTS, f"{where}: cut at the first chunk that reached token {run.at_token}", True,
+                    before_last_chunk < run.at_token <= len(x.tokens) <= new[x.session_id])  # fmt: skip
+        else:
+            whole(c, where, x, lengths[x.session_id], new[x.session_id], eos)
+            c.equal(RESULTS, f"{where}: ended before token {run.at_token} (eos)", True, len(x.tokens) < run.at_token)
+        again = retried.get(x.session_id)
+        if again is not None:
+            c.equal(RESULTS, f"{at}.answers.{x.session_id}: sent after its cut attempt's last token", True,
+                    again.submit_ns >= _last(x))  # fmt: skip
+
+
+def _last(x: Completion) -> int:
+    return x.token_ns[-1] if x.token_ns else x.submit_ns

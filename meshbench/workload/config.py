@@ -112,6 +112,11 @@ class RunConfig:
                 f"workload.cancel: token {cancel} is not before the end of every answer (the shortest asks for "
                 f"{min(self.workload.new_tokens)} new tokens)"
             )
+        if isinstance(cancel, int) and (self.engine.api in ("openai", "chat") or all(c < 2 for c in self.levels)):
+            raise MeshbenchError(
+                "workload.cancel: cancel-and-retry runs at levels of two or more sessions over the native API "
+                "(token ids and margins); give a level >= 2 and --api native or auto, or cancel off"
+            )
         given = [k for k, v in node_only.items() if v]
         if given:
             raise MeshbenchError(

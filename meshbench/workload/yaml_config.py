@@ -56,6 +56,9 @@ def read_yaml(path: str | Path) -> dict:
     engine = data.get("engine")
     if isinstance(engine, dict) and engine.get("tiled_mm") is False:
         engine["tiled_mm"] = "off"  # YAML 1.1 reads an unquoted off as false; the docs write it so
+    workload = data.get("workload")
+    if isinstance(workload, dict) and workload.get("cancel") is False:
+        workload["cancel"] = "off"  # (likewise)
     return data
 
 
