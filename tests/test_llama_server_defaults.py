@@ -384,3 +384,30 @@ def test_a_near_tie_a_confident_divergence_and_the_margins_that_tell_them_apart(
     assert d.threshold == pytest.approx(0.2) and d.levels["2"].differing == 2
     assert [(x.session_id, x.token_index) for x in d.near_ties] == [("s0", 1)]
     assert [(x.session_id, x.token_index, x.margin, x.beside) for x in d.confident] == [("s1", 2, 1.0, ["s0"])]
+
+
+def test_where_a_target_changes_under_perturbation_is_classified_by_its_cold_margin():
+    from meshbench.analysis import perturbation
+    from meshbench.records.model import Completion
+    from meshbench.records.perturbation import PerturbationRun
+
+    def answer(tokens):
+        return Completion(session_id="s0", submit_ns=0, tokens=tokens, text="", token_ns=[], stop="limit",
+                          predicted=None, evaluated=None, error=None)  # fmt: skip
+
+    runs = [
+        PerturbationRun(
+            run=i,
+            perturbed=p,
+            targets=[answer([1, 2, 3] if not p else [1, 9, 9])],
+            neighbour_prompts=[],
+            neighbours_failed=[],
+        )  # fmt: skip
+        for i, p in enumerate([False, True, False, True])
+    ]
+    cold = {"s0": Completion(**{**{f: getattr(answer([1, 2, 3]), f) for f in Completion.__slots__},
+                                "margins": [3.0, 0.1, 2.0]})}  # fmt: skip
+    (flip,) = perturbation.flips(runs, cold, 0.5)
+    assert (flip.session_id, flip.token_index, flip.margin, flip.kind) == ("s0", 1, 0.1, "near-tie")
+    assert perturbation.flips(runs, cold, 0.05)[0].kind == "confident"
+    assert perturbation.flips(runs, {}, 0.5)[0].kind == "unknown"  # (no cold answer: no margin)

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from meshbench.analysis.endpoint_margins import cold_answers as cold_answers  # noqa: F401 - (re-exported)
 from meshbench.analysis.endpoint_margins import divergence, overlapping
 from meshbench.records.cancel import CancelVerdict
 from meshbench.records.completion import CANCELLED, Completion
-from meshbench.records.margins import Divergence, MarginPasses
+from meshbench.records.margins import Divergence
 
 Output = tuple[int, ...]
 
@@ -48,11 +49,6 @@ def runs_at(c: int, api: str, setting: int | str, new: dict[str, int], sessions:
     if c < 2 or api != "native":
         return None
     return at_token(setting, [new[s] for s in cancelled(sessions[:c])])
-
-
-def cold_answers(margins: MarginPasses | None) -> dict[str, Completion]:
-    """Each session's cold answer from the margin passes (none without them)."""
-    return {} if margins is None else {x.session_id: x for x in margins.cold if x.error is None}
 
 
 def seen_outputs(repetitions: Sequence[Sequence[Completion]]) -> dict[str, set[Output]]:

@@ -51,6 +51,11 @@ def numerics(passes: MarginPasses) -> float | None:
     return None if worst is None else round(worst, 6)
 
 
+def cold_answers(passes: MarginPasses | None) -> dict[str, Completion]:
+    """Each session's cold answer from the margin passes (none without them)."""
+    return {} if passes is None else {x.session_id: x for x in passes.cold if x.error is None}
+
+
 def near_tie(passes: MarginPasses | None) -> float:
     """The threshold of a near-tie: the measured numerics, and never below FLOOR (FLOOR without margin passes)."""
     measured = None if passes is None else numerics(passes)

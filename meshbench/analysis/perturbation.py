@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
+from meshbench.analysis.endpoint_margins import first_difference
+from meshbench.records.completion import Completion
 from meshbench.records.perturbation import PerturbationRun, PerturbationVerdict
 
 ALPHA = 0.01
@@ -88,3 +91,39 @@ def is_perturbation(null: Sequence[int], sent: Sequence[int]) -> bool:
         return False
     tail, other = list(null[1:]), list(sent[1:])
     return sorted(other) == sorted(tail) or (len(set(tail)) <= 1 and other == [t + 1 for t in tail])
+
+
+def flips(runs: Sequence[PerturbationRun], cold: dict[str, Completion], threshold: float) -> list[Flip]:
+    """Where each target whose output changed under perturbation changed: the first token where its first
+    perturbed-only output leaves its most frequent null output, and the cold answer's margin there (where the
+    cold answer agrees with both up to it): a near-tie within the measured numerics, or confident."""
+    out = []
+    for t in range(len(runs[0].targets) if runs else 0):
+        null = [tuple(r.targets[t].tokens) for r in runs if not r.perturbed and r.targets[t].error is None]
+        sid = runs[0].targets[t].session_id
+        novel = [
+            tuple(r.targets[t].tokens)
+            for r in runs
+            if r.perturbed and r.targets[t].error is None and tuple(r.targets[t].tokens) not in set(null)
+        ]
+        if not null or not novel:
+            continue
+        usual = max(set(null), key=null.count)
+        k = first_difference(usual, novel[0])
+        a = cold.get(sid)
+        margin = None
+        if k is not None and a is not None and a.margins is not None and list(a.tokens[:k]) == list(usual[:k]):
+            margin = a.margins[k] if k < len(a.margins) else None
+        kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
+        out.append(Flip(session_id=sid, token_index=k, margin=margin, kind=kind))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Flip:
+    """Where a target's output changed under perturbation, and how close the choice was there."""
+
+    session_id: str
+    token_index: int | None
+    margin: float | None
+    kind: str

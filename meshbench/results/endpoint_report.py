@@ -7,6 +7,7 @@ import json
 import statistics
 from typing import Mapping
 
+from meshbench.analysis import endpoint_margins, perturbation
 from meshbench.analysis import server_accounting as accounting
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
@@ -174,6 +175,7 @@ def _perturbation(b: EndpointBundle) -> list[str]:
     if not tested:
         return []
     rows = []
+    cold, threshold = endpoint_margins.cold_answers(b.results.margins), endpoint_margins.near_tie(b.results.margins)
     for c, p in tested:
         v, kinds = p.verdict, [x.perturbed for x in p.runs]
         depends = (
@@ -186,7 +188,7 @@ def _perturbation(b: EndpointBundle) -> list[str]:
         rows.append(
             f"| {c} | {', '.join(p.targets)} | {', '.join(p.neighbours)} | {kinds.count(False)} + "
             f"{kinds.count(True)} | {v.statistic} | {v.p_value:.4g} | {depends} | {', '.join(v.changed) or '-'} | "
-            f"{', '.join(v.null_varied) or '-'} |"
+            f"{', '.join(v.null_varied) or '-'} | {_flips(perturbation.flips(p.runs, cold, threshold))} |"
         )
     return [
         "## Content dependence: perturbation against a run-to-run null",
@@ -200,14 +202,28 @@ def _perturbation(b: EndpointBundle) -> list[str]:
         f"variation shows under every labelling alike). Below {tested[0][1].verdict.alpha:g}, the targets' outputs "
         "depend on their neighbours' content. Not detected means no more than that: only the targets (the first "
         "half) are tested, against the neighbours (the rest), and where a target's null runs already disagree "
-        "(null varied), a leak can hide in that noise.",
+        "(null varied), a leak can hide in that noise. A dependence is not a leak of content by itself: where "
+        "an output changes, the cold answer's margin says whether the choice was a near-tie (within the measured "
+        "numerics: the neighbours' content changed how the server computed it, through which slot or cache path "
+        "it took) or confident. On a single-slot or batch-invariant server any dependence is conclusive.",
         "",
         "| C | targets | neighbours | runs (null + perturbed) | statistic | p-value | depends on neighbours | "
-        "targets with an output only under perturbation | null varied |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "targets with an output only under perturbation | null varied | where it changes (cold margin) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
     ]
+
+
+def _flips(found: list) -> str:
+    return (
+        "; ".join(
+            f"{markdown.inline(f.session_id)}: token {f.token_index}, "
+        + (f"{margin(f.margin)} ({f.kind})" if f.margin is not None else "margin unknown")
+        for f in found
+        )
+        or "-"
+    )
 
 
 def _divergences(b: EndpointBundle) -> list[str]:
