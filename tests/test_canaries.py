@@ -20,7 +20,7 @@ def _level(c: int, codes: list[str], answers: list[Completion], ids: list[list[i
         repetitions=[],
         needle=[],
         figures={},
-        canary=canary.run_record(sessions, codes, ids, [[] for _ in sessions], answers),
+        canary=canary.run_record(sessions, codes, ids, [[] for _ in sessions], answers, canary.ids_usable(ids)),
     )
 
 
@@ -35,11 +35,12 @@ def test_codes_are_drawn_from_the_seed_and_distinct_across_the_sweep():
 
 def test_a_code_in_another_answer_is_a_hit_naming_both_sessions_and_its_own_is_not():
     codes = canary.canaries(0, [1, 2])
-    lv1 = _level(1, codes[1], [_answer("s0", f" {codes[1][0]} {codes[1][0]}")])
+    lv1 = _level(1, codes[1], [_answer("s0", f" {codes[1][0]} {codes[1][0]}")], ids=[[3, 4]])
     # at C=2: s0's answer holds the C=1 code (text) and s1's (ids); s1 repeats its own (ids)
     at2 = [_answer("s0", f"x {codes[1][0]}", [1, 8, 9, 2]), _answer("s1", "", [4, 8, 9])]
     lv2 = _level(2, codes[2], at2, ids=[[5, 6], [8, 9]])
     assert lv2.canary is not None and lv2.canary.echoed == ["s1"]
+    # (the ids count only where every code of the sweep has ids of its own: the C=1 code's are [3, 4])
     # the needle alone was answered before any code was sent: whatever it holds is no hit
     found = canary.search([lv1, lv2], None, _answer("s0", codes[2][1], [8, 9]))
     assert found is not None and found.leak is True and found.planted == 3 and found.echoed == 2
@@ -51,6 +52,7 @@ def test_a_code_in_another_answer_is_a_hit_naming_both_sessions_and_its_own_is_n
 def test_the_ids_search_is_a_run_of_ids_and_linear():
     assert canary.contains([1, 12, 3], [12, 3]) and not canary.contains([1, 12, 3], [2, 3])
     assert not canary.contains([1, 2], [])
+    assert canary.ids_usable([[1], [2, 3]]) and not canary.ids_usable([[1], [1]]) and not canary.ids_usable([[1], []])
     assert canary.contains(list(range(200_000)), [199_998, 199_999])  # (a forged answer of any length: quick)
 
 

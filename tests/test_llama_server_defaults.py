@@ -156,14 +156,7 @@ def test_a_leaking_proxy_is_caught_at_every_level_of_four_or_more_and_the_clean_
     server = llama_server.binary(f.llama_server_binary())
     args = ["-np", "8", "-c", "2048", "-t", "1", "--no-repack"]
     with llama_server.serving(server, str(model), args) as url, leaking(url) as (proxy_url, proxy):
-        swept = {}
-        for name, target in (("CLEAN", url), ("LEAKY", proxy_url)):
-            out = tmp_path / name
-            r = runner.invoke(app, ["sweep", "--target", target, "--prompts", str(prompts), *LEAK_WORKLOAD,
-                                    "--out", str(out)])  # fmt: skip
-            assert r.exit_code == 0, r.output
-            swept[name] = json.loads((out / "results.json").read_text())
-            assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+        swept = _clean_and_leaky(url, proxy_url, prompts, LEAK_WORKLOAD, tmp_path)
         assert proxy.leaked > 0
     assert swept["CLEAN"]["canaries"]["hits"] == []  # (the tiny random model repeats no code: see the Gemma test)
     for name, data in swept.items():
@@ -214,18 +207,11 @@ def test_canaries_name_both_sessions_behind_the_leaking_proxy_and_none_cross_on_
             proxy,
         ),
     ):
-        found = {}
-        for name, target in (("CLEAN", url), ("LEAKY", proxy_url)):
-            out = tmp_path / name
-            r = runner.invoke(app, ["sweep", "--target", target, "--prompts", str(prompts), *CANARY_WORKLOAD,
-                                    "--out", str(out)])  # fmt: skip
-            assert r.exit_code == 0, r.output
-            assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
-            data = json.loads((out / "results.json").read_text())
-            found[name] = data["canaries"]
-            run = data["levels"][1]["canary"]
-            assert run["sessions"] == ["s0", "s1", "s2", "s3"] and len(set(run["canaries"])) == 4
-    clean, leaky = found["CLEAN"], found["LEAKY"]
+        swept = _clean_and_leaky(url, proxy_url, prompts, CANARY_WORKLOAD, tmp_path)
+    for data in swept.values():
+        run = data["levels"][1]["canary"]
+        assert run["sessions"] == ["s0", "s1", "s2", "s3"] and len(set(run["canaries"])) == 4
+    clean, leaky = swept["CLEAN"]["canaries"], swept["LEAKY"]["canaries"]
     assert clean["planted"] == 5 and clean["echoed"] >= 4 and clean["hits"] == [] and clean["leak"] is False
     assert leaky["leak"] is True
     at4 = [h for h in leaky["hits"] if h["carrier_level"] == 4 and h["where"] == "C=4 canary run"]
@@ -272,9 +258,10 @@ def test_cancel_and_retry_cuts_every_second_client_and_verify_holds_the_run_to_i
 @needs_server
 @needs_gemma
 def test_a_proxy_that_leaks_after_a_cancellation_is_caught_by_the_retry_against_cold(tmp_path):
-    """Behind a proxy that, once a client has disconnected, puts the end of the cancelled prompt at the end of
-    the next other request (the bug class of SGLang#23392), a retried answer leaves its cold answer where Gemma
-    was sure: the run says affected and names it. The same server without the proxy is not."""
+    """Behind a proxy that gives a retried request (its prompt still in flight: its client left the first one
+    mid-stream) the end of the longest other prompt in flight (the cancel-and-retry path of SGLang#23392), a
+    retried answer leaves its cold answer where Gemma was sure: the run says affected and names it. The same
+    server without the proxy is not."""
     from leaky_proxy import serving as leaking
 
     from meshbench.endpoint import llama_server
@@ -283,18 +270,12 @@ def test_a_proxy_that_leaks_after_a_cancellation_is_caught_by_the_retry_against_
     prompts = Path(__file__).resolve().parents[1] / "configs/prompts/gemma3-270m.txt"
     server = llama_server.binary(f.llama_server_binary())
     args = ["-np", "4", "-c", "2048", "-t", "2", "--no-repack"]
-    runs = {}
     with (
         llama_server.serving(server, str(packaged.path("gemma3-270m-q4-k-m")), args) as url,
         leaking(url, on_cancel=True) as (proxy_url, proxy),
     ):
-        for name, target in (("CLEAN", url), ("LEAKY", proxy_url)):
-            out = tmp_path / name
-            r = runner.invoke(app, ["sweep", "--target", target, "--prompts", str(prompts), *CANCEL_WORKLOAD,
-                                    "--out", str(out)])  # fmt: skip
-            assert r.exit_code == 0, r.output
-            assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
-            runs[name] = json.loads((out / "results.json").read_text())["levels"][1]["cancel"]
+        swept = _clean_and_leaky(url, proxy_url, prompts, CANCEL_WORKLOAD, tmp_path)
+        runs = {name: data["levels"][1]["cancel"] for name, data in swept.items()}
         assert proxy.leaked > 0
     assert runs["CLEAN"]["verdict"]["affected"] is not True
     leaky = runs["LEAKY"]["verdict"]
@@ -306,6 +287,19 @@ def test_a_proxy_that_leaks_after_a_cancellation_is_caught_by_the_retry_against_
 
 CANCEL_WORKLOAD = ["--sessions", "4", "--new-tokens", "16", "--levels", "1,4", "--repeat", "1", "--warmup", "0",
                    "--eos", "ban", "--cancel", "4"]  # fmt: skip
+
+
+def _clean_and_leaky(url: str, proxy_url: str, prompts: Path, workload: list[str], tmp_path: Path) -> dict:
+    """The same sweep against the server and against the proxy in front of it: each bundle verifies; their
+    results by name (CLEAN, LEAKY)."""
+    swept = {}
+    for name, target in (("CLEAN", url), ("LEAKY", proxy_url)):
+        out = tmp_path / name
+        r = runner.invoke(app, ["sweep", "--target", target, "--prompts", str(prompts), *workload, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+        swept[name] = json.loads((out / "results.json").read_text())
+    return swept
 
 
 def _runs(outputs_by_run: list[list[str]], perturbed: list[bool]):

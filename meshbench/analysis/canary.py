@@ -51,11 +51,18 @@ def prompt_text(code: str) -> str:
     return " ".join([code] * REPEATS)
 
 
-def holds(answer: Completion, code: str, ids: Sequence[int]) -> list[str]:
+def ids_usable(ids: Sequence[Sequence[int]]) -> bool:
+    """Are the codes' ids (every code of the sweep) fit to search by: none empty, no two alike? A tokenizer that
+    gives two codes the same ids (or none) would make an ids hit ambiguous: then only text is searched."""
+    keys = [tuple(i) for i in ids]
+    return all(keys) and len(set(keys)) == len(keys)
+
+
+def holds(answer: Completion, code: str, ids: Sequence[int], use_ids: bool = True) -> list[str]:
     """How ``answer`` holds ``code``: in its text, in its token ids (``ids``, the code as the server tokenizes
-    it mid-prompt), both, or neither."""
+    it mid-prompt, where ``use_ids``), both, or neither."""
     by = ["text"] if code in answer.text else []
-    if ids and contains(answer.tokens, ids):
+    if use_ids and ids and contains(answer.tokens, ids):
         by.append("ids")
     return by
 
@@ -71,10 +78,14 @@ def _joined(ids: Sequence[int]) -> str:
 
 
 def echoed(
-    sessions: Sequence[str], codes: Sequence[str], ids: Sequence[Sequence[int]], answers: Sequence[Completion]
+    sessions: Sequence[str],
+    codes: Sequence[str],
+    ids: Sequence[Sequence[int]],
+    answers: Sequence[Completion],
+    use_ids: bool,
 ) -> list[str]:
     """The sessions whose answer repeated their own code."""
-    return [s for s, code, i, a in zip(sessions, codes, ids, answers) if a.error is None and holds(a, code, i)]
+    return [s for s, code, i, a in zip(sessions, codes, ids, answers) if a.error is None and holds(a, code, i, use_ids)]
 
 
 Planted = tuple[int, str]  # (level, session): whose code
@@ -121,13 +132,14 @@ def search(levels: Sequence[EndpointLevel], margins: MarginPasses | None, alone:
     if not runs:
         return None
     codes = {(c, s): (code, ids) for c, run in runs for s, code, ids in zip(run.sessions, run.canaries, run.canary_ids)}
+    use_ids = ids_usable([ids for _, ids in codes.values()])
     hits, searched = [], 0
     for where, x, own, sent in answers(levels, margins, alone):
         carriers = [p for p in sent if p != own]
         searched += bool(carriers)
         for c, s in carriers:
             code, ids = codes[(c, s)]
-            by = holds(x, code, ids)
+            by = holds(x, code, ids, use_ids)
             if by:
                 hits.append(
                     CanaryHit(canary=code, carrier=s, carrier_level=c, receiver=x.session_id, where=where, by=by)
@@ -151,13 +163,14 @@ def run_record(
     ids: list[list[int]],
     prompts: list[list[int]],
     done: list[Completion],
+    use_ids: bool,
 ) -> CanaryRun:
-    """A level's canary run as results.json holds it."""
+    """A level's canary run as results.json holds it (``use_ids``: the sweep's codes' ids are fit to search by)."""
     return CanaryRun(
         sessions=sessions,
         canaries=codes,
         canary_ids=ids,
         prompts=prompts,
         answers=done,
-        echoed=echoed(sessions, codes, ids, done),
+        echoed=echoed(sessions, codes, ids, done, use_ids),
     )

@@ -11,16 +11,21 @@ from meshbench.records import serial
 from meshbench.records.canary import CanaryRun
 
 
-def canary_run(endpoint: Endpoint, jobs: list[Job], codes: list[str]) -> CanaryRun:
-    """The first ``len(codes)`` sessions at once, each carrying its code."""
+def canary_run(endpoint: Endpoint, jobs: list[Job], codes: list[str], ids: list[list[int]], use_ids: bool) -> CanaryRun:
+    """The first ``len(codes)`` sessions at once, each carrying its code (``ids``: each code's ids, from
+    ``code_ids``; ``use_ids``: the sweep's ids are fit to search by, meshbench.analysis.canary.ids_usable)."""
     batch = jobs[: len(codes)]
     texts = [plant.prompt_text(code) for code in codes]
-    native = endpoint.api == "native"
-    prompts = endpoint.tokenize(texts) if native else [[] for _ in texts]
-    ids = [code_ids(endpoint, code) for code in codes] if native else [[] for _ in codes]
+    prompts = endpoint.tokenize(texts) if endpoint.api == "native" else [[] for _ in texts]
     sent = [Job(j.session_id, _with_prompt(endpoint.api, j.body, p, t)) for j, p, t in zip(batch, prompts, texts)]
     done = [serial.completion(x.to_dict()) for x in at_once(endpoint, sent)]
-    return plant.run_record([j.session_id for j in batch], codes, ids, prompts, done)
+    return plant.run_record([j.session_id for j in batch], codes, ids, prompts, done, use_ids)
+
+
+def sweep_ids(endpoint: Endpoint, codes: dict[int, list[str]]) -> dict[int, list[list[int]]]:
+    """Every code's ids, level by level (native API; [] each over a text API, which searches text only)."""
+    native = endpoint.api == "native"
+    return {c: [code_ids(endpoint, code) if native else [] for code in level] for c, level in codes.items()}
 
 
 def code_ids(endpoint: Endpoint, code: str) -> list[int]:

@@ -21,7 +21,7 @@ from meshbench.analysis import cancel as cancel_rule
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
 from meshbench.endpoint import client, llama_server, perturb
-from meshbench.endpoint.canary import canary_run
+from meshbench.endpoint.canary import canary_run, sweep_ids
 from meshbench.endpoint.cancel import cancel_run
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop
@@ -149,6 +149,8 @@ def _levels(
     pass) its perturbation test, its canary run and its cancel-and-retry run."""
     shuffles = np.random.default_rng([cfg.workload.seed, 1])
     codes = plant.canaries(cfg.workload.seed, sorted(passes))
+    ids = sweep_ids(endpoint, codes)
+    use_ids = endpoint.api == "native" and plant.ids_usable([i for level in ids.values() for i in level])
     records = []
     for c in sorted(passes):
         if c > 1 and endpoint.api == "native":
@@ -162,7 +164,7 @@ def _levels(
                 needle=needles[c],
                 figures=figures.summary([rep.figures for rep in passes[c]]),
                 perturbation=tested,
-                canary=canary_run(endpoint, jobs, codes[c]),
+                canary=canary_run(endpoint, jobs, codes[c], ids[c], use_ids),
                 cancel=_cancel(cfg, endpoint, jobs, c, passes[c], margins, progress),
             )
         )

@@ -3,6 +3,7 @@ searched for in every later answer) and the cancel-and-retry runs; and how a div
 
 from __future__ import annotations
 
+from meshbench.analysis import canary as plant
 from meshbench.names import RESULTS
 from meshbench.results import markdown
 from meshbench.results.typed import EndpointBundle
@@ -37,7 +38,15 @@ def canaries(b: EndpointBundle) -> list[str]:
         for h in found.hits[:HITS_LISTED]
     ]
     more = len(found.hits) - len(hits)
-    where = "their text and their token ids" if b.results.endpoint.api == "native" else "their text"
+    every = [i for _, run in runs for i in run.canary_ids]
+    by_ids = b.results.endpoint.api == "native" and plant.ids_usable(every)
+    where = (
+        "their text and their token ids"
+        if by_ids
+        else "their text (the server's tokenizer gave the codes no ids of their own to search by)"
+        if b.results.endpoint.api == "native"
+        else "their text"
+    )
     return [
         "## Canaries",
         "",

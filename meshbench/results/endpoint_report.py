@@ -219,8 +219,8 @@ def _flips(found: list) -> str:
     return (
         "; ".join(
             f"{markdown.inline(f.session_id)}: token {f.token_index}, "
-        + (f"{margin(f.margin)} ({f.kind})" if f.margin is not None else "margin unknown")
-        for f in found
+            + (f"{margin(f.margin)} ({f.kind})" if f.margin is not None else "margin unknown")
+            for f in found
         )
         or "-"
     )
