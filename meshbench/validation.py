@@ -29,7 +29,7 @@ _Validator = jsonschema.validators.extend(
 )
 
 
-SCHEMAS = ("config.schema.json", "results.schema.json", "endpoint.schema.json")
+SCHEMAS = ("config.schema.json", "results.schema.json", "endpoint.schema.json", "matrix.schema.json")
 
 
 @lru_cache(maxsize=None)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from meshbench.results import endpoint_report, fault_report, kinds, report
+from meshbench.results import endpoint_report, fault_report, kinds, matrix_report, report
 from meshbench.results import index as evidence_index
+from meshbench.results import matrix as settings_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -65,6 +66,13 @@ def test_readme_table_equals_the_committed_bundle(bundle):
     text = README + "\n" + DOCS
     assert marker in text, f"README.md and docs/ do not show how evidence/{bundle.name} was made"
     section = text.split(marker, 1)[1]
+    if settings_matrix.is_matrix(data):  # a matrix of server settings: its table, from its settings' bundles
+        rows = matrix_report.table_rows(
+            settings_matrix.settings(bundle, data, lambda p: json.loads((p / "results.json").read_text()))
+        )
+        assert report.parse_table(section, matrix_report.HEADER) == rows
+        assert data["command"].split("--out")[0].strip() in text
+        return
     typed = kinds.typed_results(data)
     if kinds.of(data) == kinds.ENDPOINT:  # a served model: its own table
         assert report.parse_table(section, endpoint_report.TABLE_HEADER) == endpoint_report.table_rows(typed)

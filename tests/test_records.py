@@ -159,17 +159,17 @@ def test_a_deterministic_tick_is_a_timed_one_without_its_times():
     assert set(timed["properties"]) - set(plain["properties"]) == optional - shared
 
 
-NODE_BUNDLES = sorted(
-    p for p in (ROOT / "evidence").glob("*/results.json") if json.loads(p.read_text()).get("kind") != "endpoint"
-)
+def _committed(kinds: tuple) -> list:
+    """The committed bundles of these kinds (a node's has none), a settings matrix's settings too."""
+    found = [*(ROOT / "evidence").glob("*/results.json"), *(ROOT / "evidence").glob("*/*/results.json")]
+    return sorted(p for p in found if json.loads(p.read_text()).get("kind") in kinds)
 
 
-ENDPOINT_BUNDLES = sorted(
-    p for p in (ROOT / "evidence").glob("*/results.json") if json.loads(p.read_text()).get("kind") == "endpoint"
-)
+NODE_BUNDLES = _committed((None,))
+ENDPOINT_BUNDLES = _committed(("endpoint",))
 
 
-@pytest.mark.parametrize("path", ENDPOINT_BUNDLES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", ENDPOINT_BUNDLES, ids=lambda p: str(p.parent.relative_to(ROOT / "evidence")))
 def test_every_committed_endpoint_bundle_goes_to_records_and_back_unchanged(path):
     data = json.loads(path.read_text())
     assert serial.to_json(serial.endpoint_results(data)) == data

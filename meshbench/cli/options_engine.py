@@ -11,6 +11,7 @@ import typer
 
 from meshbench.cli.flags import Option, _split
 from meshbench.engine import spec as engine_spec
+from meshbench.workload import matrix
 
 SPECIAL = {  # the rows that are more than a setting, at their setting's place
     "kind": (
@@ -61,6 +62,21 @@ SPECIAL = {  # the rows that are more than a setting, at their setting's place
             ),
             paths=("engine.split",),
             parse=_split,
+        ),
+    ),
+    "server_settings": (
+        Option(
+            "server_settings",
+            Optional[str],
+            typer.Option(
+                "--server-settings",
+                rich_help_panel="Engine",
+                help="With --serve: a matrix of server settings, a JSON list of flag strings added to "
+                '--server-args, e.g. \'["", "-np 1", "--no-cache-prompt"]\': one sweep per setting, each a '
+                "bundle in a folder of --out ('[]': one sweep).",
+            ),
+            paths=("engine.server_settings",),
+            parse=matrix.parse,
         ),
     ),
 }

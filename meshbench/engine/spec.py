@@ -209,6 +209,20 @@ class EngineSpec:
         "only the model, a loopback host and port, and --metrics).",
         added=True,
     )
+    server_settings: tuple[str, ...] | None = setting(
+        None,
+        ENDPOINT,
+        {
+            "oneOf": [
+                {"type": "null"},
+                {"type": "array", "maxItems": 16, "items": {"type": "string", "maxLength": 4096}},
+            ],
+            "description": "With engine.serve: a matrix of server settings, each a string of the server's own "
+            "flags added to engine.server_args, e.g. ['', '-np 1', '--no-cache-prompt']: one sweep per setting, "
+            "each a bundle of its own in a folder of the --out bundle (null or []: one sweep).",
+        },
+        added=True,
+    )  # (its flag, --server-settings, is parsed from a JSON list: meshbench.cli.options_engine)
     cache_prompt: str | None = setting(
         None,
         ENDPOINT,
@@ -276,6 +290,8 @@ class EngineSpec:
     def __post_init__(self) -> None:
         if self.split is not None:
             object.__setattr__(self, "split", tuple(self.split))
+        if self.server_settings is not None:
+            object.__setattr__(self, "server_settings", tuple(self.server_settings))
         spec_rules.check(self)
 
     @property
@@ -297,6 +313,7 @@ class EngineSpec:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["split"] = None if self.split is None else list(self.split)
+        d["server_settings"] = None if self.server_settings is None else list(self.server_settings)
         del d["ban_eog"]  # derived from workload.eos, echoed there
         if self.package:
             d["model"] = None  # the package names it; its file is assembled into the cache at run time

@@ -6,6 +6,7 @@ the engine's process (what must run in its own process, the RPC workers' layout)
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import fields
 from typing import TYPE_CHECKING, Callable
 
@@ -44,7 +45,8 @@ def _owned(spec: EngineSpec) -> None:
     """A setting given (not its default) that belongs to another kind of engine."""
     for f in fields(spec):
         kinds = f.metadata.get("kinds")
-        if kinds is None or spec.kind in kinds or getattr(spec, f.name) == f.default:
+        value = getattr(spec, f.name)
+        if kinds is None or spec.kind in kinds or value == f.default or (f.default is None and value == ()):
             continue
         if kinds == ENDPOINT:
             raise MeshbenchError(f"engine.{f.name} is an endpoint's (engine.kind endpoint: --target, --serve)")
@@ -77,15 +79,33 @@ def _endpoint(spec: EngineSpec) -> None:
         )
     if spec.server_args is not None and not spec.serve:
         raise MeshbenchError("engine.server_args are for a server meshbench starts (engine.serve)")
-    # llama.cpp reads --a_b as --a-b, and --flag=value as --flag value
-    flags = {a.split("=", 1)[0].replace("_", "-") if a.startswith("--") else a for a in spec.server_argv}
-    taken = sorted(flags & OWN_SERVER_FLAGS)
-    if taken:
-        raise MeshbenchError(
-            f"engine.server_args {taken[0]}: meshbench sets the server's model, host (loopback) and port itself"
-        )
+    _own_flags("engine.server_args", spec.server_argv)
+    _settings(spec)
     if not (isinstance(spec.deadline_s, (int, float)) and 0 < spec.deadline_s <= 86400):
         raise MeshbenchError(f"engine.deadline_s {spec.deadline_s!r}: give seconds, above 0 and at most 86400")
+
+
+def _own_flags(where: str, argv: list[str]) -> None:
+    # llama.cpp reads --a_b as --a-b, and --flag=value as --flag value
+    flags = {a.split("=", 1)[0].replace("_", "-") if a.startswith("--") else a for a in argv}
+    taken = sorted(flags & OWN_SERVER_FLAGS)
+    if taken:
+        raise MeshbenchError(f"{where} {taken[0]}: meshbench sets the server's model, host (loopback) and port itself")
+
+
+def _settings(spec: EngineSpec) -> None:
+    """A matrix of server settings: for a server meshbench starts, each setting flags of its own (each its own
+    folder too: meshbench.workload.config)."""
+    if not spec.server_settings:
+        return
+    if not spec.serve:
+        raise MeshbenchError("engine.server_settings are for a server meshbench starts (engine.serve)")
+    for flags in spec.server_settings:
+        try:
+            argv = shlex.split(flags)
+        except ValueError as e:
+            raise MeshbenchError(f"engine.server_settings {flags!r}: {e}") from None
+        _own_flags(f"engine.server_settings {flags!r}:", argv)
 
 
 KIND_RULES: dict[str, tuple[Callable[[EngineSpec], None], ...]] = {

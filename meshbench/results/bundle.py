@@ -90,7 +90,7 @@ def _check_replaceable(out: Path, force: bool) -> None:
                 f"{', ...' if len(entries) > 1 else ''}); meshbench replaces only its own "
                 "bundles, so choose another folder"
             )
-        foreign = [e for e in entries if e not in BUNDLE_FILES or not stat.S_ISREG((out / e).lstat().st_mode)]
+        foreign = [e for e in entries if not _own_entry(out, e)]
         if foreign:
             raise MeshbenchError(
                 f"--out {out}: the bundle there also holds {foreign[0]}, which meshbench did "
@@ -98,6 +98,36 @@ def _check_replaceable(out: Path, force: bool) -> None:
             )
         if not force:
             raise MeshbenchError(f"--out {out}: a meshbench bundle already exists there; pass --force to replace it")
+
+
+def _matrix_folders(folder: Path) -> set[str]:
+    """The setting folders a settings matrix's results.json names (none for any other bundle)."""
+    try:
+        data = json.loads((folder / RESULTS).read_bytes())
+        if isinstance(data, dict) and data.get("kind") == "matrix":
+            return {s["folder"] for s in data["settings"] if isinstance(s["folder"], str)}
+    except (OSError, ValueError, RecursionError, TypeError, KeyError):
+        pass
+    return set()
+
+
+def _own_entry(out: Path, entry: str) -> bool:
+    """A file meshbench writes in a bundle, or (in a settings matrix) a folder its results.json names that is
+    itself such a bundle."""
+    mode = (out / entry).lstat().st_mode
+    if entry in BUNDLE_FILES and stat.S_ISREG(mode):
+        return True
+    return (
+        stat.S_ISDIR(mode)
+        and entry in _matrix_folders(out)
+        and is_bundle(out / entry)
+        and all(e in BUNDLE_FILES and stat.S_ISREG((out / entry / e).lstat().st_mode) for e in os.listdir(out / entry))
+    )
+
+
+def display_name(out: Path) -> str:
+    """The name a bundle's README and commands.txt give it: as given, a bare name without its ./"""
+    return out.name if str(out) == out.name else str(out)
 
 
 def prepare(out: Path, force: bool) -> None:
@@ -136,24 +166,55 @@ def commit(out: Path, data: dict, force: bool = False, typed: Any = None) -> lis
             raise MeshbenchError(f"results.json would not validate: {errors[0]}")
         check_destination(out, force)  # again: the folder may have changed during the run
         staging = _staging(out)
-        name = out.name if str(out) == out.name else str(out)
-        mode = files.umask_mode(0o666)
-        written = [RESULTS, README, COMMANDS]
-        kind, quoted = kinds.kind(data), shlex.quote(name)
-        typed = typed if typed is not None else kinds.typed_results(data)  # (the caller's, typed once already)
-        for fname, text in (
-            (RESULTS, results.dumps(data)),
-            (README, kind.readme(typed, quoted)),
-            (COMMANDS, kind.commands(typed, quoted)),
-        ):
-            (staging / fname).write_text(text)
-        if kind.chart and chart.write(typed, staging / CHART):
-            written.append(CHART)
-        for fname in written:
-            os.chmod(staging / fname, mode)
+        written = fill(staging, data, display_name(out), typed)
         with _signals_held():
             _swap_in(staging, out, force)
         return written
+    except OSError as e:
+        raise MeshbenchError(f"--out {out}: cannot write the bundle ({e.strerror or e}); nothing was written") from None
+    finally:
+        discard(staging)
+
+
+def fill(folder: Path, data: dict, name: str, typed: Any = None) -> list[str]:
+    """A bundle's files written into ``folder`` (which exists), its README naming it ``name``: their names."""
+    mode = files.umask_mode(0o666)
+    written = [RESULTS, README, COMMANDS]
+    kind, quoted = kinds.kind(data), shlex.quote(name)
+    typed = typed if typed is not None else kinds.typed_results(data)  # (the caller's, typed once already)
+    for fname, text in (
+        (RESULTS, results.dumps(data)),
+        (README, kind.readme(typed, quoted)),
+        (COMMANDS, kind.commands(typed, quoted)),
+    ):
+        (folder / fname).write_text(text)
+    if kind.chart and chart.write(typed, folder / CHART):
+        written.append(CHART)
+    for fname in written:
+        os.chmod(folder / fname, mode)
+    return written
+
+
+def commit_matrix(out: Path, top: dict[str, str], settings: list[tuple[str, dict]], force: bool = False) -> None:
+    """A settings matrix: each setting's bundle (folder, results) in a folder of a staging folder beside ``out``,
+    the matrix's own files (``top``: name, text) beside them, then renamed to ``out`` as one bundle is."""
+    staging = None
+    name = display_name(out)
+    try:
+        for folder, data in settings:
+            errors = kinds.schema_errors(data)
+            if errors:
+                raise MeshbenchError(f"{folder}/results.json would not validate: {errors[0]}")
+        check_destination(out, force)
+        staging = _staging(out)
+        for folder, data in settings:
+            os.mkdir(staging / folder, files.umask_mode(0o777))
+            fill(staging / folder, data, str(Path(name) / folder))
+        for fname, text in top.items():
+            (staging / fname).write_text(text)
+            os.chmod(staging / fname, files.umask_mode(0o666))
+        with _signals_held():
+            _swap_in(staging, out, force)
     except OSError as e:
         raise MeshbenchError(f"--out {out}: cannot write the bundle ({e.strerror or e}); nothing was written") from None
     finally:

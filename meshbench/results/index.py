@@ -11,13 +11,16 @@ from pathlib import Path
 
 from meshbench.analysis import figures
 from meshbench.names import RESULTS
-from meshbench.results import index_rows, kinds
+from meshbench.results import document, index_rows, kinds, matrix, matrix_report
 
 HEADER = index_rows.HEADER
 
 
 def _row(folder: Path) -> str:
     d = json.loads((folder / RESULTS).read_text())
+    if matrix.is_matrix(d):
+        d = matrix.load(folder)  # (its folders checked: each its flags' own, inside the bundle)
+        return matrix_report.index_row(folder, d, matrix.settings(folder, d, lambda p: document.load(p / RESULTS)))
     return kinds.index_row(folder, d)
 
 

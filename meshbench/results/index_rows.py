@@ -30,11 +30,11 @@ def node_row(folder: Path, b: NodeBundle) -> str:
         f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(r.title or '')} | {e.kind}, {model} | "
         f"{','.join(str(lv.concurrency) for lv in b.levels[:8])}{' ...' if len(b.levels) > 8 else ''} | "
         f"{r.corruption_free} | {r.batch_invariant} | {r.isolation.levels_run} of {len(b.levels)} levels{bound} | "
-        f"{_cpu(r.environment)} | {tie} | `{made}` |"
+        f"{cpu(r.environment)} | {tie} | `{made}` |"
     )
 
 
-def _cpu(env: Environment) -> str:
+def cpu(env: Environment) -> str:
     kernel = env.compute.blas.kernel if env.compute.blas else None
     return markdown.inline(env.cpu + (f" ({kernel})" if kernel else ""))
 
@@ -48,5 +48,5 @@ def endpoint_row(folder: Path, b: EndpointBundle) -> str:
     return (
         f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(r.title)} | endpoint ({e.name}), {model} | "
         f"{','.join(str(lv.concurrency) for lv in r.levels)} | n/a (over HTTP) | "
-        f"{r.verdicts.batch_invariant} | not provable over HTTP | {_cpu(r.environment)} | - | `{made}` |"
+        f"{r.verdicts.batch_invariant} | not provable over HTTP | {cpu(r.environment)} | - | `{made}` |"
     )

@@ -94,6 +94,11 @@ def index_row(folder: Path, data: dict) -> str:
 def check_version(data: Any, where: str) -> None:
     """A document of the schema_version this meshbench reads for its kind, or one line saying what to do."""
     v = data.get("schema_version") if isinstance(data, dict) else None
+    if isinstance(data, dict) and data.get("kind") == "matrix":
+        raise MeshbenchError(
+            f"{where}: a matrix of server settings, not one sweep: verify it as a whole (meshbench verify), or use "
+            "one setting's bundle, a folder beside it"
+        )
     k = kind(data)
     if k.name == ENDPOINT:
         if v != k.version:

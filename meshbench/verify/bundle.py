@@ -8,6 +8,7 @@ schema violation) raise MeshbenchError instead: there is nothing to check.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 from pathlib import Path
@@ -97,7 +98,7 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
     c = Checks()
     r, cfg = typed.results, typed.cfg
     c.equal(bundle.RESULTS, "config.engine.kind (the records' kind)", kinds.of_engine(cfg.engine.kind), kinds.of(data))
-    c.equal(bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, _plain_command(r.command))
+    c.equal(bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, plain_command(r.command))
     flags = command_disagreements(r.command, cfg)
     c.equal(bundle.RESULTS, "command (its flags = the config echo's)", [], flags)
     CHECKS[kinds.of(data)](c, typed)
@@ -106,7 +107,7 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
     return c
 
 
-def _plain_command(command: str) -> bool:
+def plain_command(command: str) -> bool:
     """One ``meshbench`` command line, its words quoted, no control character in any of them (its flags are
     held to the echo by command_disagreements)."""
     try:
@@ -137,7 +138,17 @@ COMMAND_FLAGS: dict[str, Callable[[RunConfig], object]] = {
     "--prefix-groups": lambda cfg: ",".join(map(str, cfg.workload.prefix_groups)) or None,
     "--block-tokens": lambda cfg: cfg.engine.block_tokens,
     "--cancel": lambda cfg: cfg.workload.cancel,
+    "--server-settings": lambda cfg: json.dumps(list(cfg.engine.server_settings or ())),
 }
+# A flag whose value is compared as what it means, not as it was typed (a JSON list's spacing is presentation).
+COMMAND_VALUES: dict[str, Callable[[str], str]] = {"--server-settings": lambda v: _json(v)}
+
+
+def _json(value: str) -> str:
+    try:
+        return json.dumps(json.loads(value))
+    except (ValueError, RecursionError):
+        return value
 
 
 def command_disagreements(command: str, echo: RunConfig) -> list[str]:
@@ -158,6 +169,7 @@ def command_disagreements(command: str, echo: RunConfig) -> list[str]:
             out.append(flag)
         if flag in COMMAND_FLAGS:
             node = COMMAND_FLAGS[flag](echo)
+            value = COMMAND_VALUES.get(flag, str)(value)
             if str(node) != value:
                 out.append(f"{flag} {value} (the echo says {node})")
     return out

@@ -17,7 +17,7 @@ from meshbench.engine.spec import EngineSpec
 from meshbench.engine.spec_rules import ENDPOINT_KIND, GGUF_KIND, SYNTHETIC, TOKENIZED
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
-from meshbench.workload import arrivals, faults
+from meshbench.workload import arrivals, faults, matrix
 from meshbench.workload.faults import Fault
 from meshbench.workload.workload import Workload, WorkloadSection
 from meshbench.workload.yaml_config import merge, read_yaml
@@ -78,6 +78,7 @@ class RunConfig:
         )
         if self.workload.turns > 1:
             _check_turns(self)
+        matrix.check_folders(self.engine.server_settings or ())
         if self.engine.kind != ENDPOINT_KIND and isinstance(self.workload.cancel, int):
             raise MeshbenchError("workload.cancel: cancel-and-retry runs against an endpoint (engine.kind endpoint)")
         if self.faults and self.engine.prefix_cache:

@@ -1,0 +1,150 @@
+"""verify for a settings matrix: what ran (its config echo, held to its command, its settings and flags), then
+every setting's endpoint bundle checked as verify checks any (its failures named by its folder), each held to the
+digest, the config and the command the matrix records for it, then the matrix's README and commands.txt as its
+results.json and the settings' bundles render them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+from pathlib import Path
+
+from meshbench import files
+from meshbench.analysis.checks import Checks
+from meshbench.errors import MeshbenchError
+from meshbench.names import README, RESULTS
+from meshbench.results import bundle, document, matrix_report
+from meshbench.results import matrix as matrix_doc
+from meshbench.verify import bundle as verify_bundle
+from meshbench.workload import config, matrix
+from meshbench.workload.config import RunConfig
+from meshbench.workload.matrix_config import as_run, setting_config
+
+
+def is_matrix(path: Path) -> bool:
+    """Does the folder hold a settings matrix (its results.json says so)? Anything else is left to verify's own
+    loading, which says what is wrong with it."""
+    try:
+        return matrix_doc.is_matrix(document.load(path / RESULTS))
+    except (MeshbenchError, OSError):
+        return False
+
+
+def check(path: Path) -> Checks:
+    data = matrix_doc.load(path)
+    errors = verify_bundle.config_echo_errors(data["config"])
+    if errors:
+        raise MeshbenchError(f"{path / RESULTS}: its config echo fails the config schema: {errors[0]}")
+    cfg = config.from_mapping(data["config"], f"{path / RESULTS} config")
+    c = Checks()
+    _check_what_ran(c, data, cfg)
+    settings = []
+    for entry in data["settings"]:
+        found = _check_setting(c, path, cfg, data["command"], entry)
+        if found is not None:
+            settings.append(found)
+    ids = {json_key(s.data["config"]["workload"].get("prompt_ids")) for s in settings}
+    c.equal(RESULTS, "the prompts' ids (one server's tokenizer, every setting alike)", 1, len(ids))
+    if len(settings) == len(data["settings"]):
+        _check_files(c, path, data, settings)
+    return c
+
+
+def json_key(value: object) -> str:
+    return json.dumps(value)
+
+
+def _check_what_ran(c: Checks, data: dict, cfg: RunConfig) -> None:
+    """The matrix's command is one meshbench command whose flags are its config echo's; its settings, flags,
+    story and title are the echo's."""
+    c.equal(
+        RESULTS,
+        "command (one meshbench command line, its words quoted)",
+        True,
+        verify_bundle.plain_command(data["command"]),
+    )
+    c.equal(
+        RESULTS,
+        "command (its flags = the config echo's)",
+        [],
+        verify_bundle.command_disagreements(data["command"], cfg),
+    )
+    c.equal(
+        RESULTS,
+        "settings (the config echo's engine.server_settings)",
+        list(cfg.engine.server_settings or ()),
+        [s["flags"] for s in data["settings"]],
+    )
+    for key in ("story", "title"):
+        c.equal(RESULTS, f"{key} (the config echo's)", getattr(cfg, key), data[key])
+    c.equal(RESULTS, "server_args (the config echo's engine.server_args)", cfg.engine.server_args, data["server_args"])
+
+
+def _check_setting(c: Checks, path: Path, cfg: RunConfig, made_by: str, entry: dict) -> matrix_doc.Setting | None:
+    """One setting's bundle, as verify checks any, and as the matrix says it ran."""
+    folder = path / entry["folder"]
+    at = f"{entry['folder']}/{RESULTS}"
+    if folder.is_symlink() or not folder.is_dir():
+        c.equal(
+            entry["folder"],
+            "(a folder of the matrix, not a link)",
+            "a folder",
+            "a link" if folder.is_symlink() else "missing",
+        )
+        return None
+    data, typed, own = verify_bundle.checked_bundle(folder)
+    s = matrix_doc.setting(entry, data, path)
+    c.failures += [dataclasses.replace(f, file=f"{s.folder}/{f.file}") for f in own.failures]
+    c.count += own.count
+    c.notes += [f"{s.folder}: {n}" for n in own.notes]
+    c.equal(at, "sha256 (the matrix's record of it)", s.results_sha256, files.sha256(folder / RESULTS))
+    expected = setting_config(cfg, s.flags)
+    c.equal(at, "config (the matrix's, with the setting's flags)", as_run(expected.to_dict()), as_run(data["config"]))
+    launched = typed.results.endpoint.launched
+    c.equal(at, "endpoint.launched (a server meshbench started)", True, launched is not None)
+    if launched is not None:
+        argv = expected.engine.server_argv
+        tail = launched.args[len(launched.args) - len(argv) :]
+        c.equal(at, "endpoint.launched.args (ending in the matrix's flags, then the setting's)", argv, tail)
+    try:
+        command = matrix.sub_command(made_by, cfg.engine.server_args, s.flags)
+    except MeshbenchError as e:
+        command = str(e)
+    c.equal(at, "command (the matrix's, for this setting alone)", command, typed.results.command)
+    return s
+
+
+def _check_files(c: Checks, path: Path, data: dict, settings: list[matrix_doc.Setting]) -> None:
+    """README.md and commands.txt as the matrix renders them; nothing else in the folder but the settings'."""
+    readme = path / README
+    if not readme.is_file() or readme.is_symlink():
+        c.equal(README, "(file)", "present", "missing")
+        return
+    text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
+    name = shlex.quote(verify_bundle.bundle_name(text, path))
+    want, got = matrix_report.render_readme(data, settings, name).split("\n"), text.split("\n")
+    if want != got:
+        k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        c.equal(
+            README,
+            f"line {k + 1} (the README as the matrix renders it)",
+            repr(want[k]) if k < len(want) else "(end of file)",
+            repr(got[k]) if k < len(got) else "(end of file)",
+        )
+    commands = path / bundle.COMMANDS
+    found = (
+        files.read_text(commands, "commands.txt", bundle.MAX_RESULTS_BYTES)
+        if commands.is_file() and not commands.is_symlink()
+        else "(missing)"
+    )
+    c.equal(bundle.COMMANDS, "(as results.json renders it)", matrix_report.render_commands(data, name), found)
+    folders = {s.folder for s in settings}
+    for entry in sorted(os.listdir(path)):
+        if entry in (RESULTS, README, bundle.COMMANDS) or entry in folders:
+            continue
+        if (path / entry / RESULTS).exists():  # a bundle the matrix does not name: a setting hidden from it?
+            c.equal(entry, "(a setting of the matrix's results.json)", "named there", "not named")
+        else:
+            c.notes.append(f"{entry}: not a file meshbench writes; unchecked")

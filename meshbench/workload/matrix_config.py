@@ -1,0 +1,26 @@
+"""One setting's sweep of a matrix of server settings, as a config: the matrix's, its server's flags the matrix's
+then the setting's, no matrix. The runner runs it; verify holds each setting's config echo to it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from meshbench.workload import matrix
+from meshbench.workload.config import RunConfig
+
+# What a setting's sweep fills in from the server it ran (its tokenizer's prompt lengths and ids): not the
+# matrix's to say, but the same for every setting of one model.
+MEASURED = ("prompt_tokens", "prompt_ids")
+
+
+def setting_config(cfg: RunConfig, flags: str) -> RunConfig:
+    engine = dataclasses.replace(
+        cfg.engine, server_args=matrix.server_args(cfg.engine.server_args, flags), server_settings=()
+    )
+    return dataclasses.replace(cfg, engine=engine)
+
+
+def as_run(echo: dict) -> dict:
+    """A config echo without what a setting's sweep measured (MEASURED), to compare one setting's with another's
+    or with the matrix's."""
+    return {**echo, "workload": {k: v for k, v in echo["workload"].items() if k not in MEASURED}}
