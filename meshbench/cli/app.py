@@ -14,6 +14,7 @@ import typer
 from meshbench import __version__
 from meshbench.cli import (
     admit,
+    bench_clock,  # noqa: F401 - registers bench clock
     bench_llama,  # noqa: F401 - registers bench server, breakdown, invariance
     sweep,
     verify,

@@ -23,14 +23,17 @@ class Job:
     body: dict
 
 
-def closed_loop(endpoint: Endpoint, jobs: Sequence[Job], clients: int) -> tuple[list[Completion], float]:
+def closed_loop(
+    endpoint: Endpoint, jobs: Sequence[Job], clients: int, t0: int | None = None
+) -> tuple[list[Completion], float]:
     """Run ``jobs`` in order on ``clients`` closed-loop clients. Returns the completions (in job order) and the
-    wall time from the first submission to the last answer."""
+    wall time from the first submission to the last answer. Every stamp is in ns from ``t0`` (default: now, on
+    the monotonic clock), so a caller that gives it can hold the stamps to another clock's."""
     todo: queue.Queue = queue.Queue()
     for i, job in enumerate(jobs):
         todo.put((i, job))
     done: list[Completion | None] = [None] * len(jobs)
-    t0 = time.monotonic_ns()
+    t0 = time.monotonic_ns() if t0 is None else t0
 
     def client() -> None:
         while True:

@@ -1,0 +1,152 @@
+"""meshbench's latencies held to a reference clock: a server whose token times are known
+(meshbench.bench.clock_server), driven by the endpoint sweep's own client (closed-loop clients, the same
+stamping), every figure computed twice by the same code (meshbench.analysis.latency): from the client's stamps
+and from the server's send stamps. Their difference is what meshbench's clock adds to a latency.
+
+Two definitions of an inter-token latency are reported, because load generators differ: every gap pooled
+(meshbench's ITL, vLLM's) and one mean gap per request (guidellm's ITL; vLLM's TPOT). The schedule makes them
+differ: most gaps are short, a few are long stalls, as a server's are when a prompt is prefilled beside a decode.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from meshbench.analysis import latency
+from meshbench.endpoint.client import Endpoint, parse_target
+from meshbench.endpoint.load import Job, closed_loop
+from meshbench.engine.process.children import die_with_parent
+from meshbench.engine.process.workers import free_port
+from meshbench.errors import MeshbenchError
+
+READY_S = 20.0
+GAPS_MS = (8.0, 12.0, 16.0)  # a token's usual gap
+STALL_MS, STALL_SHARE = 60.0, 0.05  # and now and then a stall
+FIGURES = ("ttft p50", "ttft p99", "itl p50 (every gap)", "itl p99 (every gap)", "itl p50 (mean per request)",
+           "itl p99 (mean per request)", "e2e p50")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Stamps:
+    submit_ns: int
+    token_ns: list[int]
+
+
+def schedule(sessions: int, tokens: int, seed: int) -> list[dict]:
+    """Each session's wait before its first token and its gaps after it (ms), drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(sessions):
+        gaps = [STALL_MS if rng.random() < STALL_SHARE else float(rng.choice(GAPS_MS)) for _ in range(tokens - 1)]
+        out.append({"first_ms": 30.0 + 10.0 * (k % 3), "gaps_ms": gaps})
+    return out
+
+
+def run(levels: Sequence[int], sessions: int, tokens: int, seed: int, rounds: int,
+        progress: Callable[[str], None] = lambda m: None) -> dict:  # fmt: skip
+    """Per level, every figure from the server's stamps and from meshbench's, over ``rounds`` passes."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshbench.bench.clock_server", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),
+    )
+    try:
+        _wait_ready(proc, port)
+        endpoint = Endpoint(parse_target(f"http://127.0.0.1:{port}"), "native", 60.0)
+        plan = schedule(sessions, tokens, seed)
+        result = {"sessions": sessions, "tokens": tokens, "seed": seed, "rounds": rounds, "levels": []}
+        for c in levels:
+            passes = []
+            for r in range(rounds):
+                progress(f"reference clock: {c} clients, round {r + 1} of {rounds}")
+                passes.append(_pass(endpoint, plan, c, f"{c}-{r}"))
+            result["levels"].append({"concurrency": c, **_summary(passes)})
+        return result
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> dict:
+    jobs = []
+    for k, ref in enumerate(plan):
+        body = endpoint.body([1, 2, 3], "", len(ref["gaps_ms"]) + 1, False, 0)
+        jobs.append(Job(f"s{k:02d}", {**body, "reference": {**ref, "id": f"{tag}-{k}"}}))
+    t0 = time.monotonic_ns()
+    done, _ = closed_loop(endpoint, jobs, c, t0)
+    failed = [x for x in done if x.error]
+    if failed:
+        raise MeshbenchError(f"reference clock: {failed[0].session_id} failed: {failed[0].error}")
+    log = _log(endpoint, [f"{tag}-{k}" for k in range(len(plan))])
+    server = [_Stamps(x.submit_ns, [s - t0 for s in log[f"{tag}-{k}"]["sent_ns"]]) for k, x in enumerate(done)]
+    delays = [(a - b) / latency.MS for x, s in zip(done, server) for a, b in zip(x.token_ns, s.token_ns)]
+    return {"server": _figures(server), "meshbench": _figures(done), "delay_ms": delays}
+
+
+def _figures(stamps: Sequence[latency.Stamped]) -> dict[str, float]:
+    lat = latency.samples(stamps)
+    p = latency.percentiles
+    values = (p(lat.ttft, (50, 99)), p(lat.itl, (50, 99)), p(lat.tpot, (50, 99)), p(lat.e2e, (50,)))
+    flat = [values[0]["p50"], values[0]["p99"], values[1]["p50"], values[1]["p99"], values[2]["p50"],
+            values[2]["p99"], values[3]["p50"]]  # fmt: skip
+    return dict(zip(FIGURES, flat))
+
+
+def _summary(passes: list[dict]) -> dict:
+    """Each figure's median over the rounds, from either side's stamps, and the per-token delivery delay."""
+    delays = [d for p in passes for d in p["delay_ms"]]
+    figures = {
+        f: {side: statistics.median(p[side][f] for p in passes) for side in ("server", "meshbench")} for f in FIGURES
+    }
+    return {"figures": figures, "delay_ms": latency.percentiles(delays, (50, 99), with_max=True)}
+
+
+def _log(endpoint: Endpoint, ids: list[str]) -> dict:
+    """The server's stamps of these requests, once each has all of them (the last is taken just after the client
+    may have read it)."""
+    deadline = time.monotonic() + READY_S
+    while True:
+        conn = http.client.HTTPConnection(endpoint.target.host, endpoint.target.port, timeout=10)
+        try:
+            conn.request("GET", "/clock")
+            log = json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+        if all(i in log and len(log[i]["sent_ns"]) == log[i]["tokens"] for i in ids):
+            return log
+        if time.monotonic() > deadline:
+            raise MeshbenchError("the reference clock's server did not record every send")
+        time.sleep(0.01)
+
+
+def _wait_ready(proc: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise MeshbenchError(f"the reference clock's server exited with {proc.returncode} before it was ready")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/props")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise MeshbenchError(f"the reference clock's server did not answer within {READY_S:.0f} s")

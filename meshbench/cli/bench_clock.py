@@ -1,0 +1,42 @@
+"""``meshbench bench clock``: meshbench's latencies against a server whose token times are known."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from meshbench import limits
+from meshbench.bench import reference_clock
+from meshbench.cli.bench import bench_app
+from meshbench.cli.common import JsonOpt, err, int_list, out, print_json, table
+
+
+@bench_app.command("clock")
+def bench_clock(
+    levels: Annotated[str, typer.Option("--levels", help="Closed-loop clients per level, e.g. 1,4,16.")] = "1,4,16",
+    sessions: Annotated[int, typer.Option("--sessions", min=1, max=256, help="Requests per pass.")] = 16,
+    tokens: Annotated[int, typer.Option("--tokens", min=2, max=1024, help="Tokens per request.")] = 32,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Passes per level.")] = 3,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="The schedule's seed.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """meshbench's TTFT, ITL and E2E against a reference clock: a loopback server that sends each token on a known
+    schedule and stamps every send. Both ITL definitions: every gap pooled, and one mean per request."""
+    chosen = int_list(levels, "--levels", unique=True, maximum=limits.MAX_SESSIONS)
+    res = reference_clock.run(chosen, sessions, tokens, seed, rounds, progress=lambda m: err.print(m, markup=False))
+    if as_json:
+        print_json(res)
+        return
+    t = table(
+        f"a reference clock: {sessions} requests of {tokens} tokens per pass, medians of {rounds} passes (ms)",
+        ("C", "figure", "server's send stamps", "meshbench's client", "difference"),
+    )
+    for lv in res["levels"]:
+        for name, v in lv["figures"].items():
+            t.add_row(str(lv["concurrency"]), name, f"{v['server']:.2f}", f"{v['meshbench']:.2f}",
+                      f"{v['meshbench'] - v['server']:+.2f}")  # fmt: skip
+        d = lv["delay_ms"]
+        t.add_row(str(lv["concurrency"]), "delivery p50 / p99 / max", "", f"{d['p50']:.2f} / {d['p99']:.2f} / "
+                  f"{d['max']:.2f}", "")  # fmt: skip
+    out.print(t)
