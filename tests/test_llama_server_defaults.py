@@ -405,3 +405,44 @@ def test_where_a_target_changes_under_perturbation_is_classified_by_its_cold_mar
     assert (flip.session_id, flip.token_index, flip.margin, flip.kind) == ("s0", 1, 0.1, "near-tie")
     assert perturbation.flips(runs, cold, 0.05)[0].kind == "confident"
     assert perturbation.flips(runs, {}, 0.5)[0].kind == "unknown"  # (no cold answer: no margin)
+
+
+@needs_server
+def test_open_loop_sessions_at_a_rate_are_recorded_and_held_to_their_arrivals(model, prompts, tmp_path):
+    out = tmp_path / "RATE"
+    rate = ["--rates", "6", "--arrivals", "poisson:1", "--clock", "wall", "--slo-ttft", "400"]
+    r = _serve(model, prompts, out, *rate)
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    (x,) = data["rates"]
+    assert x["rate"] == 6 and x["arrivals"] == "poisson:6.0" and len(x["arrival_s"]) == 4 and x["arrival_s"][0] == 0
+    assert len(x["repetitions"]) == 2 and all(len(rep["sessions"]) == 4 for rep in x["repetitions"])
+    for rep in x["repetitions"]:  # each session submitted at or after its own arrival, by a client of its own
+        assert all(s["submit_ns"] >= int(t * 1e9) for s, t in zip(rep["sessions"], x["arrival_s"]))
+    readme = (out / "README.md").read_text()
+    assert "## Open loop: sessions at a rate" in readme and "| 6 | poisson:6.0 |" in readme
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    for forge in (
+        lambda d: d["rates"][0]["arrival_s"].__setitem__(1, d["rates"][0]["arrival_s"][1] * 2),
+        lambda d: d["rates"][0]["repetitions"][0]["sessions"][3].update(submit_ns=0),
+        lambda d: d.pop("rates"),
+    ):
+        forged = json.loads((out / "results.json").read_text())
+        forge(forged)
+        (out / "results.json").write_text(json.dumps(forged))
+        r = runner.invoke(app, ["verify", str(out)])
+        assert r.exit_code == 1 and "rates" in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--rates", "2", "--arrivals", "poisson:1"], "rates without --clock wall"),
+        (["--clock", "wall"], "clock wall without --rates"),
+        (["--rates", "2", "--clock", "wall"], "--rates needs a poisson or gamma arrival process"),
+    ],
+)
+def test_an_endpoint_s_open_loop_needs_its_rates_clock_and_process(extra, says, tmp_path):
+    args = ["sweep", "--target", "http://127.0.0.1:9", "--prompts", str(tmp_path / "p.txt"), *extra]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output

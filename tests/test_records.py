@@ -13,7 +13,18 @@ import factories as f
 import pytest
 
 from meshbench.errors import MeshbenchError
-from meshbench.records import canary, cancel, context, documents, margins, model, perturbation, serial, sharing
+from meshbench.records import (
+    canary,
+    cancel,
+    context,
+    documents,
+    margins,
+    model,
+    open_loop,
+    perturbation,
+    serial,
+    sharing,
+)
 
 ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
@@ -110,6 +121,7 @@ RECORDS = {
     model.EndpointRepetition: "endpoint:repetition",
     model.NeedleTrial: "endpoint:needle_trial",
     model.EndpointLevel: "endpoint:level",
+    open_loop.EndpointRate: "endpoint:rate",
     sharing.PrefixStats: "level.prefix",
     sharing.CacheVerdict: "level.cache_verdict",
     sharing.CacheDivergence: "level.cache_verdict.divergences.[]",

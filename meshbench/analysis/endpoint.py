@@ -151,6 +151,22 @@ def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, c
     )
 
 
+def differing_from_reference(
+    levels: Sequence[EndpointLevel], answers: Sequence[Completion], compared: str
+) -> list[str]:
+    """The sessions among ``answers`` with an output other than the reference's (the lowest level's first
+    repetition): for answers given outside the levels, as the open-loop passes'."""
+    ref = min(levels, key=lambda lv: lv.concurrency)
+    reference = {c.session_id: output(c, compared) for c in ref.repetitions[0].sessions if c.error is None}
+    return sorted(
+        {
+            c.session_id
+            for c in answers
+            if c.error is None and c.session_id in reference and output(c, compared) != reference[c.session_id]
+        }
+    )
+
+
 def _key(x: list[int] | str) -> str | tuple[int, ...]:
     return tuple(x) if isinstance(x, list) else x
 

@@ -56,6 +56,32 @@ def closed_loop(
     return [c for c in done if c is not None], wall_s
 
 
+def open_loop(endpoint: Endpoint, jobs: Sequence[Job], arrival_s: Sequence[float]) -> tuple[list[Completion], float]:
+    """Each job submitted at its arrival time (s from the pass's start) by a client of its own, whatever is still
+    in flight: the server's queue decides when each is served. Returns the completions (in job order) and the wall
+    time from the start to the last answer."""
+    done: list[Completion | None] = [None] * len(jobs)
+    t0 = time.monotonic_ns()
+
+    def client(i: int, job: Job) -> None:
+        due = t0 + int(arrival_s[i] * 1e9)
+        while (wait_ns := due - time.monotonic_ns()) > 0:  # (never before its arrival: verify holds it to that)
+            time.sleep(wait_ns / 1e9)
+        try:
+            done[i] = endpoint.complete(job.session_id, job.body, t0)
+        except Exception as e:  # noqa: BLE001 - whatever went wrong is this session's, never its neighbours'
+            done[i] = Completion(job.session_id, time.monotonic_ns() - t0, error=f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=client, args=(i, job), daemon=True) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall_s = (time.monotonic_ns() - t0) / 1e9
+    assert all(c is not None for c in done), "a client thread ended with its session unanswered"
+    return [c for c in done if c is not None], wall_s
+
+
 def at_once(endpoint: Endpoint, jobs: Sequence[Job]) -> list[Completion]:
     """Every job submitted together, one client each (the needle's batch)."""
     return closed_loop(endpoint, jobs, len(jobs))[0]

@@ -24,7 +24,7 @@ from meshbench.endpoint import client, llama_server, perturb
 from meshbench.endpoint.canary import canary_run, sweep_ids
 from meshbench.endpoint.cancel import cancel_run
 from meshbench.endpoint.client import Endpoint, parse_target
-from meshbench.endpoint.load import Job, at_once, closed_loop
+from meshbench.endpoint.load import Job, at_once, closed_loop, open_loop
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
@@ -33,8 +33,10 @@ from meshbench.records.context import EndpointInfo, EndpointWorkload, Environmen
 from meshbench.records.documents import EndpointResults, Needle
 from meshbench.records.margins import MarginPasses
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, NeedleTrial
+from meshbench.records.open_loop import EndpointRate
 from meshbench.results import document
 from meshbench.sweep.plan import level_orders
+from meshbench.workload import open_loop as open_loop_plan
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload import request
 from meshbench.workload.config import RunConfig, validate_levels
@@ -54,6 +56,7 @@ def check_record_size(cfg: RunConfig) -> None:
     bound += sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's
     bound += sum(cfg.levels) * max(new)  # the canary runs
     bound += sum(3 * c * max(new) for c in cfg.levels if c > 1)  # the cancel runs: reference, cut, answers
+    bound += sum(new) * cfg.repeat * len(cfg.rates or ())  # the open-loop passes
     if bound > MAX_RECORDED_TOKENS:
         raise MeshbenchError(
             f"this endpoint sweep could record up to {bound} tokens ({len(new)} sessions, {len(cfg.levels)} levels, "
@@ -140,7 +143,37 @@ def _sweep(
             passes[c].append(_pass(endpoint, jobs, c, r, position, judged))
             needles[c].append(_needle(endpoint, jobs, c, r, rng))
     records = _levels(cfg, endpoint, jobs, passes, needles, margins, progress)
-    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins)
+    rates = _open_loop(cfg, endpoint, jobs, judged, progress)
+    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins, rates)
+
+
+def _open_loop(
+    cfg: RunConfig,
+    endpoint: Endpoint,
+    jobs: list[Job],
+    judged: Callable[[list[Completion], float], dict],
+    progress: Callable[[str], None],
+) -> list[EndpointRate] | None:
+    """The open-loop passes at each rate (config.rates, sessions per second), ``repeat`` times each, the server's
+    metrics around each."""
+    if cfg.rates is None:
+        return None
+    wl = cfg.workload
+    out = []
+    for position, planned in enumerate(open_loop_plan.plan(wl.arrivals, cfg.rates, wl.sessions, wl.seed)):
+        reps = []
+        for r in range(cfg.repeat):
+            progress(f"open loop, {planned.rate:g} sessions/s ({planned.arrivals}): repetition {r + 1}/{cfg.repeat}")
+            before = endpoint.metrics()
+            done, wall_s = open_loop(endpoint, jobs, planned.arrival_s)
+            after = endpoint.metrics()
+            answers = [_answer(x) for x in done]
+            reps.append(EndpointRepetition(repetition=r, position=position, wall_s=wall_s, sessions=answers,
+                                           metrics_before=before, metrics_after=after,
+                                           figures=judged(answers, wall_s)))  # fmt: skip
+        out.append(EndpointRate(rate=planned.rate, arrivals=planned.arrivals, arrival_s=planned.arrival_s,
+                                repetitions=reps, figures=figures.summary([x.figures for x in reps])))  # fmt: skip
+    return out
 
 
 def _levels(
@@ -302,6 +335,7 @@ def _document(
     levels: list[EndpointLevel],
     request: dict,
     margins: MarginPasses | None,
+    rates: list[EndpointRate] | None = None,
 ) -> dict:
     wl = cfg.workload
     every = [c for lv in levels for rep in lv.repetitions for c in rep.sessions]
@@ -334,5 +368,6 @@ def _document(
             if margins is None or compared != "tokens"
             else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
             canaries=plant.search(levels, margins, alone),
+            rates=rates,
         )
     )

@@ -20,6 +20,7 @@ from meshbench.records.context import (
 )
 from meshbench.records.margins import Divergences, MarginPasses
 from meshbench.records.model import Completion, EndpointLevel, LevelRecord, Reference
+from meshbench.records.open_loop import EndpointRate
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,3 +143,4 @@ class EndpointResults:
     margins: MarginPasses | None = None  # (native API; absent from bundles made before margins were asked for)
     divergences: Divergences | None = None  # recomputed by verify from the levels and the margin passes
     canaries: CanarySearch | None = None  # recomputed by verify from every answer (absent before canaries)
+    rates: list[EndpointRate] | None = None  # the open-loop passes, where config.rates asks for them

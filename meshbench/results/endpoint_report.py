@@ -12,7 +12,7 @@ from meshbench.analysis import server_accounting as accounting
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
 from meshbench.results import endpoint_proofs_report as proofs_report
-from meshbench.results import markdown
+from meshbench.results import markdown, open_loop_report
 from meshbench.results.endpoint_proofs_report import kinds, margin
 from meshbench.results.markdown import median_range
 from meshbench.results.typed import EndpointBundle
@@ -135,6 +135,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         *proofs_report.cancels(b),
         *_divergences(b),
         *_metrics(b),
+        *open_loop_report.section(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
         "",
     ]

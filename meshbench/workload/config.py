@@ -95,11 +95,13 @@ class RunConfig:
             raise MeshbenchError(
                 "engine.kind endpoint needs workload.prompts (a file of real prompts the server tokenizes)"
             )
+        open_loop = self.rates is not None and self.clock == "wall"  # (sessions per second, on the wall clock)
         node_only = {
             "faults": bool(self.faults),
-            "rates": self.rates is not None,
-            "clock wall": self.clock == "wall",
-            "workload.arrivals": self.workload.arrivals != "all-at-once",
+            "rates without --clock wall (an endpoint's rates are sessions per second)": self.rates is not None
+            and not open_loop,
+            "clock wall without --rates": self.clock == "wall" and not open_loop,
+            "workload.arrivals without --rates": self.workload.arrivals != "all-at-once" and not open_loop,
             "restart_engine": self.restart_engine,
             "prefill chunked": self.prefill != "whole",
             "budget": self.budget != DGR_012_BUDGET,
@@ -121,8 +123,9 @@ class RunConfig:
         given = [k for k, v in node_only.items() if v]
         if given:
             raise MeshbenchError(
-                f"{given[0]}: an endpoint sweep runs C closed-loop clients per level; arrivals over "
-                "time, faults and the prefill policy are a meshbench node's"
+                f"{given[0]}: an endpoint sweep runs C closed-loop clients per level, and open-loop arrivals at "
+                "--rates (sessions per second) with --clock wall and a poisson or gamma --arrivals; faults and "
+                "the prefill policy are a meshbench node's"
             )
 
     def to_dict(self) -> dict:
