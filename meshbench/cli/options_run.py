@@ -128,8 +128,9 @@ RUN = (
         typer.Option(
             "--rates",
             rich_help_panel="Load",
-            help="Arrival rates (sessions per tick) of the poisson or gamma process, each a level "
-            "(crossed with --levels), e.g. 0.25,0.5,1,2.",
+            help="Arrival rates (sessions per tick; per second on --clock wall) of the poisson or gamma process, "
+            "each a level (crossed with --levels), e.g. 0.25,0.5,1,2; for an endpoint (with --clock wall), each an "
+            "open-loop pass after the closed-loop levels.",
         ),
         paths=("rates",),
         parse=_rates,
@@ -278,7 +279,7 @@ RUN = (
             "--arrivals",
             rich_help_panel="Load",
             help="all-at-once (default) | poisson:RATE | gamma:RATE:CV | trace:T0,T1,... | trace:FILE "
-            "(rates in sessions per tick).",
+            "(rates in sessions per tick; per second on --clock wall).",
         ),
         paths=("workload.arrivals",),
     ),
