@@ -421,13 +421,16 @@ def test_open_loop_sessions_at_a_rate_are_recorded_and_held_to_their_arrivals(mo
         assert all(s["submit_ns"] >= int(t * 1e9) for s, t in zip(rep["sessions"], x["arrival_s"]))
     readme = (out / "README.md").read_text()
     assert "## Open loop: sessions at a rate" in readme and "| 6 | poisson:6.0 |" in readme
+    assert "TTFT from arrival p50 ms" in readme
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    honest = (out / "results.json").read_text()
     for forge in (
         lambda d: d["rates"][0]["arrival_s"].__setitem__(1, d["rates"][0]["arrival_s"][1] * 2),
         lambda d: d["rates"][0]["repetitions"][0]["sessions"][3].update(submit_ns=0),
         lambda d: d.pop("rates"),
+        lambda d: d["rates"][0]["repetitions"][1].update(position=1),  # (one rate: every pass at position 0)
     ):
-        forged = json.loads((out / "results.json").read_text())
+        forged = json.loads(honest)
         forge(forged)
         (out / "results.json").write_text(json.dumps(forged))
         r = runner.invoke(app, ["verify", str(out)])
@@ -440,9 +443,23 @@ def test_open_loop_sessions_at_a_rate_are_recorded_and_held_to_their_arrivals(mo
         (["--rates", "2", "--arrivals", "poisson:1"], "rates without --clock wall"),
         (["--clock", "wall"], "clock wall without --rates"),
         (["--rates", "2", "--clock", "wall"], "--rates needs a poisson or gamma arrival process"),
+        (["--rates", "0.001", "--clock", "wall", "--arrivals", "poisson:1", "--sessions", "64"], "beyond the 3600 s"),
     ],
 )
 def test_an_endpoint_s_open_loop_needs_its_rates_clock_and_process(extra, says, tmp_path):
     args = ["sweep", "--target", "http://127.0.0.1:9", "--prompts", str(tmp_path / "p.txt"), *extra]
     r = runner.invoke(app, args)
     assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_command_s_open_loop_flags_are_held_to_the_config_echo():
+    from meshbench.verify.bundle import command_disagreements
+    from meshbench.workload import config
+
+    cfg = config.load(Path(__file__).parent.parent / "configs" / "llama-server-gemma3-open-loop.yaml", {})
+    same = "meshbench sweep --rates 2,4.0,6 --clock wall --arrivals poisson:1 --slo-ttft 1000"
+    assert command_disagreements(same, cfg) == []
+    told = command_disagreements("meshbench sweep --rates 2,4 --clock tick --slo-ttft 100 --arrivals gamma:1:2", cfg)
+    assert [x.split()[0] for x in told] == ["--rates", "--clock", "--slo-ttft", "--arrivals"]
+    # a bundle stripped of its rates, its command still asking for them, is caught
+    assert command_disagreements(same, config.load(None, {})) != []

@@ -24,6 +24,7 @@ from meshbench.records.canary import CanaryHit, CanaryRun, CanarySearch
 from meshbench.records.completion import Completion
 from meshbench.records.margins import MarginPasses
 from meshbench.records.model import EndpointLevel
+from meshbench.records.open_loop import EndpointRate
 
 ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # (no I, O, 0, 1: nothing a model writes for a word)
 LENGTH = 8
@@ -56,6 +57,16 @@ def ids_usable(ids: Sequence[Sequence[int]]) -> bool:
     gives two codes the same ids (or none) would make an ids hit ambiguous: then only text is searched."""
     keys = [tuple(i) for i in ids]
     return all(keys) and len(set(keys)) == len(keys)
+
+
+def open_loop_answers(rates: Sequence[EndpointRate] | None) -> list[tuple[str, Completion]]:
+    """The open-loop passes' answers, each where it is, in the order they were sent."""
+    return [
+        (f"{x.rate:g}/s repetition {rep.repetition}", a)
+        for x in rates or ()
+        for rep in x.repetitions
+        for a in rep.sessions
+    ]
 
 
 def holds(answer: Completion, code: str, ids: Sequence[int], use_ids: bool = True) -> list[str]:
@@ -92,7 +103,10 @@ Planted = tuple[int, str]  # (level, session): whose code
 
 
 def answers(
-    levels: Sequence[EndpointLevel], margins: MarginPasses | None, alone: Completion
+    levels: Sequence[EndpointLevel],
+    margins: MarginPasses | None,
+    alone: Completion,
+    later: Sequence[tuple[str, Completion]] = (),
 ) -> Iterator[tuple[str, Completion, Planted | None, list[Planted]]]:
     """Every answer the sweep recorded, in the order the sweep sends them (the needle alone, the margin passes,
     every repetition and needle trial; then level by level its perturbation, canary and cancel runs): where it
@@ -124,17 +138,25 @@ def answers(
             for side, xs in (("reference", lv.cancel.reference), ("cut", lv.cancel.cut), ("run", lv.cancel.answers)):
                 for x in xs:
                     yield f"C={c} cancel {side}", x, None, list(sent)
+    for where, x in later:  # (the open-loop passes: after every level's runs)
+        yield where, x, None, list(sent)
 
 
-def search(levels: Sequence[EndpointLevel], margins: MarginPasses | None, alone: Completion) -> CanarySearch | None:
-    """Every answer searched for every code sent before or beside it but its own (None: no level planted any)."""
+def search(
+    levels: Sequence[EndpointLevel],
+    margins: MarginPasses | None,
+    alone: Completion,
+    later: Sequence[tuple[str, Completion]] = (),
+) -> CanarySearch | None:
+    """Every answer searched for every code sent before or beside it but its own (None: no level planted any);
+    ``later``: answers sent after every level's runs (the open-loop passes'), each where it is."""
     runs = [(lv.concurrency, lv.canary) for lv in levels if lv.canary is not None]
     if not runs:
         return None
     codes = {(c, s): (code, ids) for c, run in runs for s, code, ids in zip(run.sessions, run.canaries, run.canary_ids)}
     use_ids = ids_usable([ids for _, ids in codes.values()])
     hits, searched = [], 0
-    for where, x, own, sent in answers(levels, margins, alone):
+    for where, x, own, sent in answers(levels, margins, alone, later):
         carriers = [p for p in sent if p != own]
         searched += bool(carriers)
         for c, s in carriers:

@@ -3,8 +3,9 @@
 It speaks llama-server's native streaming ``/completion`` (and ``/props``), and sends each request's tokens on
 a schedule the request names (``reference``: its wait before the first token and the gaps after it, in ms),
 stamping every send on the machine's monotonic clock (``CLOCK_MONOTONIC``, the clock meshbench's client stamps
-with) after the chunk is flushed. ``GET /clock`` returns every request's stamps: its receipt and each token's
-send. It computes nothing: the schedule is the truth a client's stamps are held to.
+with) after the chunk is flushed. ``GET /clock/TAG`` returns the stamps of the requests whose id is TAG-k
+(each one's receipt and each token's send), once, when they are whole. It computes nothing: the schedule
+is the truth a client's stamps are held to.
 
 Run as ``python -m meshbench.bench.clock_server PORT``: on loopback only, until it is stopped, by the code that
 started it (meshbench.bench.reference_clock).
@@ -46,9 +47,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/props":
             return self._json({"build_info": "reference clock", "model_path": "clock", "total_slots": 64})
-        if self.path == "/clock":
+        if self.path.startswith("/clock/"):  # a pass's stamps (ids TAG-k), handed over once each is whole
+            prefix = self.path.removeprefix("/clock/") + "-"
             with self.server.lock:
-                return self._json(self.server.log)
+                found = {k: v for k, v in self.server.log.items() if k.startswith(prefix)}
+                if all(len(v["sent_ns"]) == v["tokens"] for v in found.values()):
+                    for k in found:
+                        del self.server.log[k]
+                return self._json(found)
         return self._json({"error": "not found"}, 404)
 
     def do_POST(self) -> None:  # noqa: N802

@@ -95,10 +95,13 @@ def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> dict:
     failed = [x for x in done if x.error]
     if failed:
         raise MeshbenchError(f"reference clock: {failed[0].session_id} failed: {failed[0].error}")
-    log = _log(endpoint, [f"{tag}-{k}" for k in range(len(plan))])
+    log = _log(endpoint, tag, [f"{tag}-{k}" for k in range(len(plan))])
     server = [_Stamps(x.submit_ns, [s - t0 for s in log[f"{tag}-{k}"]["sent_ns"]]) for k, x in enumerate(done)]
+    if any(len(x.token_ns) != len(s.token_ns) for x, s in zip(done, server)):
+        raise MeshbenchError("reference clock: the client saw another number of tokens than the server sent")
     delays = [(a - b) / latency.MS for x, s in zip(done, server) for a, b in zip(x.token_ns, s.token_ns)]
-    return {"server": _figures(server), "meshbench": _figures(done), "delay_ms": delays}
+    requests = [(log[f"{tag}-{k}"]["received_ns"] - t0 - x.submit_ns) / latency.MS for k, x in enumerate(done)]
+    return {"server": _figures(server), "meshbench": _figures(done), "delay_ms": delays, "request_ms": requests}
 
 
 def _figures(stamps: Sequence[latency.Stamped]) -> dict[str, float]:
@@ -113,20 +116,25 @@ def _figures(stamps: Sequence[latency.Stamped]) -> dict[str, float]:
 def _summary(passes: list[dict]) -> dict:
     """Each figure's median over the rounds, from either side's stamps, and the per-token delivery delay."""
     delays = [d for p in passes for d in p["delay_ms"]]
+    requests = [d for p in passes for d in p["request_ms"]]
     figures = {
         f: {side: statistics.median(p[side][f] for p in passes) for side in ("server", "meshbench")} for f in FIGURES
     }
-    return {"figures": figures, "delay_ms": latency.percentiles(delays, (50, 99), with_max=True)}
+    return {
+        "figures": figures,
+        "delay_ms": latency.percentiles(delays, (50, 99), with_max=True),  # a token: its send to its stamp
+        "request_ms": latency.percentiles(requests, (50, 99), with_max=True),  # a request: its stamp to its receipt
+    }
 
 
-def _log(endpoint: Endpoint, ids: list[str]) -> dict:
-    """The server's stamps of these requests, once each has all of them (the last is taken just after the client
-    may have read it)."""
+def _log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict:
+    """The server's stamps of this pass's requests, once each has all of them (the last is taken just after the
+    client may have read it)."""
     deadline = time.monotonic() + READY_S
     while True:
         conn = http.client.HTTPConnection(endpoint.target.host, endpoint.target.port, timeout=10)
         try:
-            conn.request("GET", "/clock")
+            conn.request("GET", f"/clock/{tag}")
             log = json.loads(conn.getresponse().read())
         finally:
             conn.close()
@@ -140,6 +148,7 @@ def _log(endpoint: Endpoint, ids: list[str]) -> dict:
 def _wait_ready(proc: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
+        time.sleep(0.05)
         if proc.poll() is not None:
             raise MeshbenchError(f"the reference clock's server exited with {proc.returncode} before it was ready")
         try:
@@ -148,5 +157,5 @@ def _wait_ready(proc: subprocess.Popen, port: int) -> None:
             if conn.getresponse().status == 200:
                 return
         except OSError:
-            time.sleep(0.05)
+            pass
     raise MeshbenchError(f"the reference clock's server did not answer within {READY_S:.0f} s")

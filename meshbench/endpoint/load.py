@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from meshbench.endpoint.client import Completion, Endpoint
+from meshbench.errors import MeshbenchError
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,44 +42,54 @@ def closed_loop(
                 i, job = todo.get_nowait()
             except queue.Empty:
                 return
-            try:
-                done[i] = endpoint.complete(job.session_id, job.body, t0)
-            except Exception as e:  # noqa: BLE001 - whatever went wrong is this session's, never its neighbours'
-                done[i] = Completion(job.session_id, time.monotonic_ns() - t0, error=f"{type(e).__name__}: {e}")
+            done[i] = _attempt(endpoint, job, t0)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:
         t.start()
+    return _joined(threads, done, t0)
+
+
+def open_loop(endpoint: Endpoint, jobs: Sequence[Job], arrival_s: Sequence[float]) -> tuple[list[Completion], float]:
+    """Each job submitted at its arrival time (s from the pass's start) by a client started then, whatever is
+    still in flight: the server's queue decides when each is served (one client per session in flight, none
+    waiting on another). Returns the completions (in job order) and the wall time to the last answer."""
+    done: list[Completion | None] = [None] * len(jobs)
+    t0 = time.monotonic_ns()
+    threads = []
+    for i in sorted(range(len(jobs)), key=lambda k: arrival_s[k]):
+        due = t0 + int(arrival_s[i] * 1e9)
+        while (wait_ns := due - time.monotonic_ns()) > 0:  # (never before its arrival: verify holds it to that)
+            time.sleep(wait_ns / 1e9)
+        t = threading.Thread(target=_into, args=(done, i, endpoint, jobs[i], t0), daemon=True)
+        try:
+            t.start()
+        except RuntimeError as e:
+            raise MeshbenchError(
+                f"open loop: cannot start a client for {jobs[i].session_id} with {len(threads)} in flight ({e}): "
+                "a lower rate or fewer sessions"
+            ) from None
+        threads.append(t)
+    return _joined(threads, done, t0)
+
+
+def _into(done: list[Completion | None], i: int, endpoint: Endpoint, job: Job, t0: int) -> None:
+    done[i] = _attempt(endpoint, job, t0)
+
+
+def _attempt(endpoint: Endpoint, job: Job, t0: int) -> Completion:
+    """One request; whatever goes wrong is this session's failure, never its neighbours'."""
+    try:
+        return endpoint.complete(job.session_id, job.body, t0)
+    except Exception as e:  # noqa: BLE001 - whatever went wrong is this session's, never its neighbours'
+        return Completion(job.session_id, time.monotonic_ns() - t0, error=f"{type(e).__name__}: {e}")
+
+
+def _joined(threads: list[threading.Thread], done: list[Completion | None], t0: int) -> tuple[list[Completion], float]:
     for t in threads:
         t.join()
     wall_s = (time.monotonic_ns() - t0) / 1e9
     assert all(c is not None for c in done), "a client thread ended with sessions unanswered"
-    return [c for c in done if c is not None], wall_s
-
-
-def open_loop(endpoint: Endpoint, jobs: Sequence[Job], arrival_s: Sequence[float]) -> tuple[list[Completion], float]:
-    """Each job submitted at its arrival time (s from the pass's start) by a client of its own, whatever is still
-    in flight: the server's queue decides when each is served. Returns the completions (in job order) and the wall
-    time from the start to the last answer."""
-    done: list[Completion | None] = [None] * len(jobs)
-    t0 = time.monotonic_ns()
-
-    def client(i: int, job: Job) -> None:
-        due = t0 + int(arrival_s[i] * 1e9)
-        while (wait_ns := due - time.monotonic_ns()) > 0:  # (never before its arrival: verify holds it to that)
-            time.sleep(wait_ns / 1e9)
-        try:
-            done[i] = endpoint.complete(job.session_id, job.body, t0)
-        except Exception as e:  # noqa: BLE001 - whatever went wrong is this session's, never its neighbours'
-            done[i] = Completion(job.session_id, time.monotonic_ns() - t0, error=f"{type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=client, args=(i, job), daemon=True) for i, job in enumerate(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall_s = (time.monotonic_ns() - t0) / 1e9
-    assert all(c is not None for c in done), "a client thread ended with its session unanswered"
     return [c for c in done if c is not None], wall_s
 
 

@@ -57,6 +57,8 @@ def check_record_size(cfg: RunConfig) -> None:
     bound += sum(cfg.levels) * max(new)  # the canary runs
     bound += sum(3 * c * max(new) for c in cfg.levels if c > 1)  # the cancel runs: reference, cut, answers
     bound += sum(new) * cfg.repeat * len(cfg.rates or ())  # the open-loop passes
+    if cfg.rates is not None:  # (their arrivals drawn now: a rate too low for its sessions is refused at once)
+        open_loop_plan.plan(cfg.workload.arrivals, cfg.rates, cfg.workload.sessions, cfg.workload.seed)
     if bound > MAX_RECORDED_TOKENS:
         raise MeshbenchError(
             f"this endpoint sweep could record up to {bound} tokens ({len(new)} sessions, {len(cfg.levels)} levels, "
@@ -159,21 +161,29 @@ def _open_loop(
     if cfg.rates is None:
         return None
     wl = cfg.workload
-    out = []
-    for position, planned in enumerate(open_loop_plan.plan(wl.arrivals, cfg.rates, wl.sessions, wl.seed)):
-        reps = []
-        for r in range(cfg.repeat):
+    plans = open_loop_plan.plan(wl.arrivals, cfg.rates, wl.sessions, wl.seed)
+    reps: list[list[EndpointRepetition]] = [[] for _ in plans]
+    for r, order in enumerate(level_orders(len(plans), cfg.repeat)):  # (the rates' order rotated, as the levels')
+        for position, k in enumerate(order):
+            planned = plans[k]
             progress(f"open loop, {planned.rate:g} sessions/s ({planned.arrivals}): repetition {r + 1}/{cfg.repeat}")
             before = endpoint.metrics()
             done, wall_s = open_loop(endpoint, jobs, planned.arrival_s)
             after = endpoint.metrics()
             answers = [_answer(x) for x in done]
-            reps.append(EndpointRepetition(repetition=r, position=position, wall_s=wall_s, sessions=answers,
-                                           metrics_before=before, metrics_after=after,
-                                           figures=judged(answers, wall_s)))  # fmt: skip
-        out.append(EndpointRate(rate=planned.rate, arrivals=planned.arrivals, arrival_s=planned.arrival_s,
-                                repetitions=reps, figures=figures.summary([x.figures for x in reps])))  # fmt: skip
-    return out
+            reps[k].append(EndpointRepetition(repetition=r, position=position, wall_s=wall_s, sessions=answers,
+                                              metrics_before=before, metrics_after=after,
+                                              figures=judged(answers, wall_s)))  # fmt: skip
+    return [
+        EndpointRate(
+            rate=p.rate,
+            arrivals=p.arrivals,
+            arrival_s=p.arrival_s,
+            repetitions=rs,
+            figures=figures.summary([x.figures for x in rs]),
+        )  # fmt: skip
+        for p, rs in zip(plans, reps)
+    ]
 
 
 def _levels(
@@ -367,7 +377,7 @@ def _document(
             divergences=None
             if margins is None or compared != "tokens"
             else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
-            canaries=plant.search(levels, margins, alone),
+            canaries=plant.search(levels, margins, alone, plant.open_loop_answers(rates)),
             rates=rates,
         )
     )

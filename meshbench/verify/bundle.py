@@ -139,9 +139,27 @@ COMMAND_FLAGS: dict[str, Callable[[RunConfig], object]] = {
     "--block-tokens": lambda cfg: cfg.engine.block_tokens,
     "--cancel": lambda cfg: cfg.workload.cancel,
     "--server-settings": lambda cfg: json.dumps(list(cfg.engine.server_settings or ())),
+    "--rates": lambda cfg: None if cfg.rates is None else _numbers(",".join(map(str, cfg.rates))),
+    "--clock": lambda cfg: cfg.clock,
+    "--arrivals": lambda cfg: cfg.workload.arrivals,
+    "--slo-ttft": lambda cfg: _numbers(str(cfg.slo.get("ttft"))),
+    "--slo-tpot": lambda cfg: _numbers(str(cfg.slo.get("tpot"))),
 }
-# A flag whose value is compared as what it means, not as it was typed (a JSON list's spacing is presentation).
-COMMAND_VALUES: dict[str, Callable[[str], str]] = {"--server-settings": lambda v: _json(v)}
+# A flag whose value is compared as what it means, not as it was typed (a JSON list's spacing, 2 or 2.0).
+COMMAND_VALUES: dict[str, Callable[[str], str]] = {
+    "--server-settings": lambda v: _json(v),
+    "--rates": lambda v: _numbers(v),
+    "--slo-ttft": lambda v: _numbers(v),
+    "--slo-tpot": lambda v: _numbers(v),
+}
+
+
+def _numbers(value: str) -> str:
+    """Comma-separated numbers as floats (``2,4`` and ``2.0,4.0`` alike); anything else as it is."""
+    try:
+        return ",".join(repr(float(x)) for x in value.split(","))
+    except ValueError:
+        return value
 
 
 def _json(value: str) -> str:

@@ -10,7 +10,7 @@ from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
-from meshbench.records.model import Completion, EndpointLevel
+from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition
 from meshbench.results.typed import EndpointBundle
 from meshbench.verify import endpoint_proofs as proofs
 from meshbench.verify.endpoint_canary import check_canaries
@@ -59,7 +59,7 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
             lv.figures,
         )
         _check_needle(c, lv, at, ids)
-    _check_stamps(c, b, typed_levels)
+    _check_stamps(c, b)
     _check_evaluated(c, b, typed_levels, lengths)
     _check_answered(c, alone, typed_levels)
     every = [x for lv in typed_levels for rep in lv.repetitions for x in rep.sessions]
@@ -74,7 +74,7 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
     c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, b.results.conclusions)
     proofs.check_margins(c, b, ids, compared, lengths, new)
     _check_proofs(c, b, ids)
-    _check_accounting(c, b, typed_levels)
+    _check_accounting(c, b)
     check_rates(c, b, ids, lengths, new)
 
 
@@ -167,29 +167,43 @@ def _check_needle(c: Checks, lv: EndpointLevel, at: str, ids: list[str]) -> None
         c.equal(RESULTS, f"{where}.completion.token_ns (in order, after submit_ns)", True, stamps == sorted(stamps))
 
 
-def _check_stamps(c: Checks, b: EndpointBundle, levels: list[EndpointLevel]) -> None:
+def _passes(b: EndpointBundle) -> list[tuple[str, EndpointRepetition]]:
+    """Every timed pass, where it is: the levels' repetitions, then the open-loop passes'."""
+    out = [
+        (f"levels[{i}].repetitions[{r}]", rep)
+        for i, lv in enumerate(b.results.levels)
+        for r, rep in enumerate(lv.repetitions)
+    ]
+    out += [
+        (f"rates[{k}].repetitions[{r}]", rep)
+        for k, x in enumerate(b.results.rates or ())
+        for r, rep in enumerate(x.repetitions)
+    ]
+    return out
+
+
+def _check_stamps(c: Checks, b: EndpointBundle) -> None:
     """Every completion's token stamps never decrease and come after its submission; a native answer has one
     stamp per token id."""
     native = b.results.endpoint.api == "native"
-    for i, lv in enumerate(levels):
-        for r, rep in enumerate(lv.repetitions):
-            for x in rep.sessions:
-                where = f"levels[{i}].repetitions[{r}].{x.session_id}"
-                stamps = x.token_ns
-                c.equal(
-                    RESULTS,
-                    f"{where}.token_ns (in order, after submit_ns)",
-                    True,
-                    all(a <= b for a, b in zip([x.submit_ns, *stamps], stamps)),
-                )
-                if native:
-                    c.equal(RESULTS, f"{where}: one stamp per token id", len(x.tokens), len(stamps))
-                c.equal(
-                    RESULTS,
-                    f"{where}: within the pass's wall time",
-                    True,
-                    not stamps or stamps[-1] <= rep.wall_s * 1e9 + 1e6,
-                )
+    for at, rep in _passes(b):
+        for x in rep.sessions:
+            where = f"{at}.{x.session_id}"
+            stamps = x.token_ns
+            c.equal(
+                RESULTS,
+                f"{where}.token_ns (in order, after submit_ns)",
+                True,
+                all(a <= b for a, b in zip([x.submit_ns, *stamps], stamps)),
+            )
+            if native:
+                c.equal(RESULTS, f"{where}: one stamp per token id", len(x.tokens), len(stamps))
+            c.equal(
+                RESULTS,
+                f"{where}: within the pass's wall time",
+                True,
+                not stamps or stamps[-1] <= rep.wall_s * 1e9 + 1e6,
+            )
 
 
 def _check_answered(c: Checks, alone: Completion, levels: list[EndpointLevel]) -> None:
@@ -210,41 +224,34 @@ def _check_evaluated(c: Checks, b: EndpointBundle, levels: list[EndpointLevel], 
     """Where the server says how many prompt tokens it evaluated, it evaluated exactly the session's prompt (no
     BOS added to ids, no prompt cache reused)."""
     first = b.results.needle.prompt_of
-    for i, lv in enumerate(levels):
-        answers = [x for rep in lv.repetitions for x in rep.sessions] + [t.completion for t in lv.needle]
-        for x in answers:
-            if x.evaluated is not None:
-                sid = first if x.session_id == "needle" else x.session_id
-                c.equal(
-                    RESULTS,
-                    f"levels[{i}] {x.session_id}: prompt tokens the server evaluated",
-                    lengths[sid],
-                    x.evaluated,
-                )
+    answers = [(f"levels[{i}]", t.completion) for i, lv in enumerate(levels) for t in lv.needle]
+    answers += [(at, x) for at, rep in _passes(b) for x in rep.sessions]
+    for at, x in answers:
+        if x.evaluated is not None:
+            sid = first if x.session_id == "needle" else x.session_id
+            c.equal(RESULTS, f"{at} {x.session_id}: prompt tokens the server evaluated", lengths[sid], x.evaluated)
 
 
-def _check_accounting(c: Checks, b: EndpointBundle, levels: list[EndpointLevel]) -> None:
+def _check_accounting(c: Checks, b: EndpointBundle) -> None:
     """Every answer's prompt accounting is whole (computed at most evaluated; margins only in the margin passes),
     and on a server meshbench started (no other client) the server's counters moved over each pass by exactly
     what its answers say: tokens predicted, prompt tokens computed and taken from the cache."""
     own = b.results.endpoint.launched is not None
-    for i, lv in enumerate(levels):
-        for r, rep in enumerate(lv.repetitions):
-            at = f"levels[{i}].repetitions[{r}]"
-            for x in rep.sessions:
-                _whole_accounting(c, f"{at}.{x.session_id}", x)
-            figures = accounting.pass_accounting(rep.metrics_before, rep.metrics_after)
-            answers = [x for x in rep.sessions if x.error is None]
-            if not own or len(answers) < len(rep.sessions) or any(x.computed is None for x in answers):
-                continue
-            said = {
-                "tokens predicted": sum(x.predicted or 0 for x in answers),
-                "prompt tokens computed": sum(x.computed or 0 for x in answers),
-                "prompt tokens from the cache": sum((x.evaluated or 0) - (x.computed or 0) for x in answers),
-            }
-            for name, total in said.items():
-                if figures[name] is not None:
-                    c.equal(RESULTS, f"{at}: the server's {name} over the pass (= its answers')", total, figures[name])
+    for at, rep in _passes(b):
+        for x in rep.sessions:
+            _whole_accounting(c, f"{at}.{x.session_id}", x)
+        figures = accounting.pass_accounting(rep.metrics_before, rep.metrics_after)
+        answers = [x for x in rep.sessions if x.error is None]
+        if not own or len(answers) < len(rep.sessions) or any(x.computed is None for x in answers):
+            continue
+        said = {
+            "tokens predicted": sum(x.predicted or 0 for x in answers),
+            "prompt tokens computed": sum(x.computed or 0 for x in answers),
+            "prompt tokens from the cache": sum((x.evaluated or 0) - (x.computed or 0) for x in answers),
+        }
+        for name, total in said.items():
+            if figures[name] is not None:
+                c.equal(RESULTS, f"{at}: the server's {name} over the pass (= its answers')", total, figures[name])
 
 
 def _whole_accounting(c: Checks, where: str, x: Completion) -> None:

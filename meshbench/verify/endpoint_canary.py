@@ -24,7 +24,8 @@ def check_canaries(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
         if lv.canary is not None:
             _check_run(c, lv.canary, at, ids[: lv.concurrency], codes[lv.concurrency], native, use_ids,
                        dict(zip(ids, r.workload.new_tokens)), r.workload.eos)  # fmt: skip
-    _check_search(c, plant.search(r.levels, r.margins, r.needle.alone), r.canaries)
+    later = plant.open_loop_answers(r.rates)
+    _check_search(c, plant.search(r.levels, r.margins, r.needle.alone, later), r.canaries)
 
 
 def _check_search(c: Checks, expected: CanarySearch | None, recorded: CanarySearch | None) -> None:

@@ -7,7 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from meshbench.errors import MeshbenchError
 from meshbench.workload import arrivals
+
+MAX_ARRIVAL_S = 3600.0  # an open-loop pass whose last session arrives later than this is a typo, not a workload
+MAX_LATE_S = 1.0  # a session submitted this long after its arrival: the client fell behind, the pass is not open
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,5 +26,16 @@ def plan(process: str, rates: Sequence[float], sessions: int, seed: int) -> list
     out = []
     for r in sorted(rates):
         at = base.with_rate(r)
-        out.append(RatePlan(r, at.label(), [float(t) for t in at.seconds(sessions, seed)]))
+        times = [float(t) for t in at.seconds(sessions, seed)]
+        if max(times) > MAX_ARRIVAL_S:
+            raise MeshbenchError(
+                f"--rates {r:g}: the last of {sessions} sessions would arrive after {max(times):.0f} s, beyond the "
+                f"{MAX_ARRIVAL_S:.0f} s an open-loop pass may take: a higher rate or fewer sessions"
+            )
+        out.append(RatePlan(r, at.label(), times))
     return out
+
+
+def lateness_s(submit_ns: int, due_s: float) -> float:
+    """How long after its arrival a session was submitted (s)."""
+    return submit_ns / 1e9 - due_s
