@@ -47,6 +47,8 @@ def endpoint_row(folder: Path, b: EndpointBundle) -> str:
     made = r.command.split(" --out")[0]
     return (
         f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(r.title)} | endpoint ({e.name}), {model} | "
-        f"{','.join(str(lv.concurrency) for lv in r.levels)} | n/a (over HTTP) | "
+        f"{','.join(str(lv.concurrency) for lv in r.levels)}"
+        + (f"; open loop {','.join(f'{x.rate:g}' for x in r.rates)}/s" if r.rates else "")
+        + " | n/a (over HTTP) | "
         f"{r.verdicts.batch_invariant} | not provable over HTTP | {cpu(r.environment)} | - | `{made}` |"
     )

@@ -132,14 +132,19 @@ def _verdict(s: Setting) -> str:
     r = s.bundle.results
     v, found = r.verdicts, r.canaries
     depends = [str(lv.concurrency) for lv in r.levels if lv.perturbation and lv.perturbation.verdict.depends]
-    confident = [] if r.divergences is None else r.divergences.confident
+    d = r.divergences
+    confident = [] if d is None else d.confident
+    alone = sum(not x.beside for x in confident)
+    threshold = "" if d is None else f" (a near-tie: a margin of at most {d.threshold:.3g}, this setting's numerics)"
     leak = "not judged" if found is None or found.leak is None else ("**yes**" if found.leak else "no")
     launched = " ".join(r.endpoint.launched.args) if r.endpoint.launched else ""
     return (
         f"- [{s.folder}]({s.folder}/README.md), flags `{markdown.inline(launched)}`: batch_invariant "
         f"{v.batch_invariant}, run_to_run_deterministic {v.run_to_run_deterministic}; a canary crossed: {leak}; "
         f"output depends on the neighbours' content at C = {', '.join(depends) or 'none'}; confident "
-        f"divergences from cold: {len(confident)}; environment {cpu(r.environment)}."
+        f"divergences from cold{threshold}: {len(confident)}"
+        + (f", {alone} of them with no session beside (the server's own state, not a neighbour)" if alone else "")
+        + f"; environment {cpu(r.environment)}."
     )
 
 
