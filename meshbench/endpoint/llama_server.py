@@ -22,6 +22,7 @@ from meshbench import files
 from meshbench.engine.process.children import die_with_parent
 from meshbench.engine.process.workers import free_port
 from meshbench.errors import MeshbenchError
+from meshbench.workload.target import own_flags
 
 READY_TIMEOUT_S = 120.0
 
@@ -93,11 +94,6 @@ def serving(server: Path, model: str, args: Sequence[str] = ()) -> Iterator[str]
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(proc)
-
-
-def own_flags(args: Sequence[str]) -> list[str]:
-    """The flags meshbench adds beside the user's, model and address aside: ``--metrics`` unless given."""
-    return [] if "--metrics" in args else ["--metrics"]
 
 
 def exited(code: int) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshbench.analysis import endpoint as figures
-from meshbench.analysis import latency
+from meshbench.analysis import endpoint_margins, latency
 from meshbench.results.markdown import median_range
 from meshbench.results.typed import EndpointBundle
 from meshbench.workload import open_loop
@@ -14,6 +14,17 @@ from meshbench.workload import open_loop
 
 def cell(spread: dict[str, float] | None, digits: int) -> str:
     return median_range(spread, f".{digits}f", sep="..", drop_equal=True)
+
+
+def _kinds(answers: list, cold: dict, threshold: float) -> str:
+    found = [
+        endpoint_margins.divergence(0, None, a.session_id, a, cold[a.session_id], [], threshold)
+        for a in answers
+        if a.error is None and a.session_id in cold
+    ]
+    kinds = [d.kind for d in found if d is not None]
+    unknown = kinds.count("unknown")
+    return f"{kinds.count('near-tie')} / {kinds.count('confident')}" + (f" ({unknown} unknown)" if unknown else "")
 
 
 def _p(values: list[float], q: int, digits: int = 1) -> str:
@@ -30,17 +41,21 @@ def section(b: EndpointBundle) -> list[str]:
     slo = b.cfg.slo or {}
     within = ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items() if v is not None) or "none set: every session"
     rows = []
+    cold = endpoint_margins.cold_answers(r.margins)
+    threshold = endpoint_margins.near_tie(r.margins)
     for x in r.rates:
         answers = [a for rep in x.repetitions for a in rep.sessions]
         refused = sum(a.error is not None and a.error.startswith(("HTTP 429", "HTTP 503")) for a in answers)
         differ = figures.differing_from_reference(r.levels, answers, r.verdicts.compared)
+        kinds = _kinds(answers, cold, threshold) if r.verdicts.compared == "tokens" and cold else "-"
+        rate = open_loop.offered(x.arrival_s)
         due = [(a, t) for rep in x.repetitions for a, t in zip(rep.sessions, x.arrival_s)]
         late = [open_loop.lateness_s(a.submit_ns, t) * 1e3 for a, t in due]
         timed = [(a, int(t * 1e9)) for a, t in due if a.error is None and a.token_ns]
         from_arrival = latency.samples([a for a, _ in timed], [t for _, t in timed]).ttft
         rows.append(
-            f"| {x.rate:g} | {x.arrivals} | {max(x.arrival_s, default=0):.2f} | {sum(a.error is None for a in answers)}"
-            f" of {len(answers)} | {refused} | {len(differ)} | "
+            f"| {x.rate:g} | {'-' if rate is None else f'{rate:.2f}'} | {x.arrivals} | {max(x.arrival_s):.2f} | "
+            f"{sum(a.error is None for a in answers)} of {len(answers)} | {refused} | {len(differ)} | {kinds} | "
             + " | ".join(cell(x.figures.get(k), d) for k, d in COLUMNS)
             + f" | {_p(from_arrival, 50)} | {_p(late, 99, 2)} / {_p(late, 100, 2)} |"
         )
@@ -51,16 +66,21 @@ def section(b: EndpointBundle) -> list[str]:
         f"clock, drawn from the seed, by a client of its own, whatever was still in flight: the server's queue, "
         f"not the clients, decided when each was served; {len(r.rates[0].repetitions)} repetition(s), the same "
         f"arrival times each. Refused: answers of HTTP 429 or 503 (a server's backpressure); a server that queues "
-        f"instead shows it in TTFT. Differ from C=ref: sessions whose output differs from the reference level's. "
+        f"instead shows it in TTFT. Offered: the rate the drawn arrivals give (the gaps' count over their sum): "
+        f"with a few sessions it can be far from the process's. Differ from C=ref: sessions whose output differs "
+        f"from the reference level's. Differ from cold: answers that differ from their session's cold answer, "
+        f"by the cold margin where they first differ (as the closed-loop levels' are; the verdicts above judge "
+        f"the closed-loop levels only). "
         f"Goodput: sessions per second within the SLO ({within}). Medians over the repetitions, min..max. "
         "TTFT is timed from each request's submission, as in the closed-loop table; TTFT from arrival is timed "
         "from its scheduled arrival, pooled over the repetitions, and submitted late is how long after its arrival "
         "a request went out (a client that falls behind its arrivals hides the queue a real user meets: verify "
         f"fails a pass with a request {open_loop.MAX_LATE_S:g} s late).",
         "",
-        "| rate /s | arrivals | last arrival s | answered | refused | differ from C=ref | tok/s | TTFT p50 ms | "
-        "TTFT p99 ms | E2E p50 ms | goodput /s | TTFT from arrival p50 ms | submitted late p99 / max ms |",
-        "|" + "---|" * 13,
+        "| rate /s | offered /s | arrivals | last arrival s | answered | refused | differ from C=ref | differ from "
+        "cold: near-tie / confident | tok/s | TTFT p50 ms | TTFT p99 ms | E2E p50 ms | goodput /s | TTFT from "
+        "arrival p50 ms | submitted late p99 / max ms |",
+        "|" + "---|" * 15,
         *rows,
         "",
     ]

@@ -17,7 +17,7 @@ from meshbench.verify.endpoint_canary import check_canaries
 from meshbench.verify.endpoint_cancel import check_cancels
 from meshbench.verify.endpoint_open_loop import check_rates
 from meshbench.workload import request
-from meshbench.workload.target import Target, parse_target
+from meshbench.workload.target import Target, own_flags, parse_target
 
 
 def check_endpoint(c: Checks, b: EndpointBundle) -> None:
@@ -122,6 +122,12 @@ def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
         c.equal(RESULTS, "endpoint.api (= config.engine.api)", eng.api, e.api)
     if e.api == "native":  # (only llama-server has the native API; it answers the OpenAI one as well)
         c.equal(RESULTS, "endpoint.server (the native api is llama-server's)", "llama-server", e.server)
+    c.equal(RESULTS, "endpoint.launched (exactly where config.engine.serve starts a server)", bool(eng.serve),
+            e.launched is not None)  # fmt: skip
+    if e.launched is not None and eng.serve:
+        argv = eng.server_argv
+        c.equal(RESULTS, "endpoint.launched.args (meshbench's own flags, then config.engine.server_args)",
+                [*own_flags(argv), *argv], e.launched.args)  # fmt: skip
 
 
 def _target(url) -> Target | None:

@@ -45,11 +45,29 @@ def check(path: Path) -> Checks:
         found = _check_setting(c, path, cfg, data["command"], entry)
         if found is not None:
             settings.append(found)
+    _check_alike(c, settings)
     ids = {json_key(s.data["config"]["workload"].get("prompt_ids")) for s in settings}
     c.equal(RESULTS, "the prompts' ids (one server's tokenizer, every setting alike)", 1, len(ids))
     if len(settings) == len(data["settings"]):
         _check_files(c, path, data, settings)
     return c
+
+
+def _check_alike(c: Checks, settings: list[matrix_doc.Setting]) -> None:
+    """Every setting ran on one server build, one model file, one machine: the README names them once."""
+    first = settings[0].bundle.results if settings else None
+    for s in settings[1:]:
+        r, at = s.bundle.results, f"{s.folder}/{RESULTS}"
+        for name, get in ALIKE.items():
+            c.equal(at, f"{name} (the first setting's: one server, model and machine)", get(first), get(r))
+
+
+ALIKE = {  # what every setting of a matrix shares, by where it is recorded
+    "endpoint.launched.version": lambda r: r.endpoint.launched and r.endpoint.launched.version,
+    "endpoint.launched.model": lambda r: r.endpoint.launched and r.endpoint.launched.model,
+    "endpoint.models": lambda r: r.endpoint.models,
+    "environment.compute.digest": lambda r: r.environment.compute.digest,
+}
 
 
 def json_key(value: object) -> str:

@@ -40,8 +40,11 @@ def check_folders(settings: tuple[str, ...]) -> None:
 
 
 def split(flags: str) -> list[str]:
-    """A setting's flags as a shell splits them (ValueError for an unterminated quote)."""
-    return shlex.split(flags)
+    """A setting's flags as a shell splits them (an unterminated quote is one line)."""
+    try:
+        return shlex.split(flags)
+    except ValueError as e:
+        raise MeshbenchError(f"server settings {flags!r}: {e}") from None
 
 
 def server_args(base: str | None, flags: str) -> str:
@@ -52,7 +55,10 @@ def server_args(base: str | None, flags: str) -> str:
 def sub_command(command: str, base: str | None, flags: str) -> str:
     """The command that makes one setting's bundle alone: the matrix's command, its --out the setting's folder in
     the matrix's, its --server-args the setting's whole flags, and no matrix (``--server-settings '[]'``)."""
-    words = shlex.split(command)
+    try:
+        words = shlex.split(command)
+    except ValueError as e:
+        raise MeshbenchError(f"the matrix's command: {e}") from None
     kept, out, k = [], None, 0
     while k < len(words):
         w = words[k]

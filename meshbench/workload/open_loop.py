@@ -26,14 +26,25 @@ def plan(process: str, rates: Sequence[float], sessions: int, seed: int) -> list
     out = []
     for r in sorted(rates):
         at = base.with_rate(r)
-        times = [float(t) for t in at.seconds(sessions, seed)]
+        try:
+            times = [float(t) for t in at.seconds(sessions, seed)]
+        except MeshbenchError:  # (arrivals beyond the node's tick bound: said here in seconds)
+            times = [float("inf")]
         if max(times) > MAX_ARRIVAL_S:
+            when = f"after {max(times):.0f} s" if max(times) < float("inf") else "too late to count"
             raise MeshbenchError(
-                f"--rates {r:g}: the last of {sessions} sessions would arrive after {max(times):.0f} s, beyond the "
+                f"--rates {r:g}: the last of {sessions} sessions would arrive {when}, beyond the "
                 f"{MAX_ARRIVAL_S:.0f} s an open-loop pass may take: a higher rate or fewer sessions"
             )
         out.append(RatePlan(r, at.label(), times))
     return out
+
+
+def offered(arrival_s: list[float]) -> float | None:
+    """The rate the drawn arrivals offer (sessions per second: the gaps' count over their sum), which a few
+    sessions' draw can put far from the process's rate; None for one session."""
+    span = max(arrival_s) - min(arrival_s)
+    return (len(arrival_s) - 1) / span if len(arrival_s) > 1 and span > 0 else None
 
 
 def lateness_s(submit_ns: int, due_s: float) -> float:
