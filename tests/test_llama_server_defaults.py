@@ -463,3 +463,37 @@ def test_a_command_s_open_loop_flags_are_held_to_the_config_echo():
     assert [x.split()[0] for x in told] == ["--rates", "--clock", "--slo-ttft", "--arrivals"]
     # a bundle stripped of its rates, its command still asking for them, is caught
     assert command_disagreements(same, config.load(None, {})) != []
+
+
+@needs_server
+def test_the_server_s_queue_is_sampled_while_each_pass_runs_and_verify_bounds_it(model, prompts, tmp_path):
+    out = tmp_path / "ONE-SLOT"
+    # one slot, two clients: while both have a request out, the server defers one (long enough answers that a
+    # pass spans many samples)
+    r = _serve(model, prompts, out, "--server-args", f"{SERVER} -np 1", "--new-tokens", "48")
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    by_level = {lv["concurrency"]: lv["repetitions"] for lv in data["levels"]}
+    for c, reps in by_level.items():
+        for rep in reps:
+            g = rep["gauges"]
+            assert len(g) >= 2 and all(0 < s["t_ms"] <= rep["wall_s"] * 1e3 for s in g)
+            assert max(s["processing"] for s in g) <= 1 and max(s["processing"] + s["deferred"] for s in g) <= c
+    assert all(s["deferred"] == 0 for rep in by_level[1] for s in rep["gauges"])
+    assert max(s["deferred"] for rep in by_level[2] for s in rep["gauges"]) == 1
+    readme = (out / "README.md").read_text()
+    assert "requests deferred, max" in readme and "| C or rate |" in readme
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    honest = (out / "results.json").read_text()
+    forgeries = {
+        "in flight": (lambda d: d["levels"][1]["repetitions"][0]["gauges"][0].update(deferred=2), "in flight"),
+        "slots": (lambda d: d["levels"][0]["repetitions"][0]["gauges"][0].update(processing=2), "slots"),
+        "order": (lambda d: d["levels"][0]["repetitions"][0]["gauges"].reverse(), "in time order"),
+        "after": (lambda d: d["levels"][0]["repetitions"][0]["gauges"][-1].update(t_ms=10**7), "in time order"),
+    }
+    for name, (forge, says) in forgeries.items():
+        forged = json.loads(honest)
+        forge(forged)
+        (out / "results.json").write_text(json.dumps(forged))
+        r = runner.invoke(app, ["verify", str(out)])
+        assert r.exit_code == 1 and says in r.output, (name, r.output)

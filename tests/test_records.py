@@ -118,6 +118,7 @@ RECORDS = {
     cancel.CancelVerdict: "endpoint:cancel_run.verdict",
     canary.CanaryHit: "endpoint:canaries.hits.[]",
     canary.CanarySearch: "endpoint:canaries",
+    model.GaugeSample: "endpoint:gauge_sample",
     model.EndpointRepetition: "endpoint:repetition",
     model.NeedleTrial: "endpoint:needle_trial",
     model.EndpointLevel: "endpoint:level",

@@ -8,11 +8,17 @@ decode calls): the pass's own ratio is ``(after * decodes_after - before * decod
 A metric that is missing from either scrape, or a counter that went down (the server restarted), gives no figure;
 nor does the busy-slot ratio where its printed precision (6 significant digits, multiplied back by every decode
 call since the server started) could be off by more than 0.01 slots per call: a server up for long.
+
+Its gauges (requests in a slot, requests waiting for one) are sampled while the pass runs
+(meshbench.endpoint.gauges): a pass's figures are their largest values and the mean of the deferred count over
+its samples.
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
+
+from meshbench.records.model import GaugeSample
 
 PREFIX = "llamacpp:"
 # (the figure, its llama-server counter), in the order the README shows them
@@ -59,3 +65,21 @@ def level_accounting(passes: Sequence[tuple[Scrape, Scrape]]) -> dict[str, list[
     """Each figure over a level's passes (the passes that give it)."""
     per_pass = [pass_accounting(b, a) for b, a in passes]
     return {name: [v for p in per_pass if (v := p[name]) is not None] for name in FIGURES}
+
+
+SAMPLE_INTERVAL_S = 0.1  # how often the gauges are read while a pass runs (meshbench.endpoint.gauges)
+GAUGES = ("requests processing, max", "requests deferred, max", "requests deferred, mean")
+
+
+def pass_gauges(samples: Sequence[GaugeSample] | None) -> dict[str, float] | None:
+    """One pass's gauge figures (None: no samples)."""
+    if not samples:
+        return None
+    deferred = [s.deferred for s in samples]
+    return dict(zip(GAUGES, (max(s.processing for s in samples), max(deferred), sum(deferred) / len(deferred))))
+
+
+def level_gauges(passes: Sequence[Sequence[GaugeSample] | None]) -> dict[str, list[float]]:
+    """Each gauge figure over a level's passes (the passes sampled)."""
+    per_pass = [g for p in passes if (g := pass_gauges(p)) is not None]
+    return {name: [g[name] for g in per_pass] for name in GAUGES}

@@ -50,12 +50,15 @@ def closed_loop(
     return _joined(threads, done, t0)
 
 
-def open_loop(endpoint: Endpoint, jobs: Sequence[Job], arrival_s: Sequence[float]) -> tuple[list[Completion], float]:
-    """Each job submitted at its arrival time (s from the pass's start) by a client started then, whatever is
-    still in flight: the server's queue decides when each is served (one client per session in flight, none
-    waiting on another). Returns the completions (in job order) and the wall time to the last answer."""
+def open_loop(
+    endpoint: Endpoint, jobs: Sequence[Job], arrival_s: Sequence[float], t0: int | None = None
+) -> tuple[list[Completion], float]:
+    """Each job submitted at its arrival time (s from the pass's start, ``t0``: default now) by a client started
+    then, whatever is still in flight: the server's queue decides when each is served (one client per session
+    in flight, none waiting on another). Returns the completions (in job order) and the wall time to the last
+    answer."""
     done: list[Completion | None] = [None] * len(jobs)
-    t0 = time.monotonic_ns()
+    t0 = time.monotonic_ns() if t0 is None else t0
     threads = []
     for i in sorted(range(len(jobs)), key=lambda k: arrival_s[k]):
         due = t0 + int(arrival_s[i] * 1e9)

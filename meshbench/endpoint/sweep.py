@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +21,7 @@ from meshbench.analysis import canary as plant
 from meshbench.analysis import cancel as cancel_rule
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
-from meshbench.endpoint import client, llama_server, perturb
+from meshbench.endpoint import client, gauges, llama_server, perturb
 from meshbench.endpoint.canary import canary_run, sweep_ids
 from meshbench.endpoint.cancel import cancel_run
 from meshbench.endpoint.client import Endpoint, parse_target
@@ -168,12 +169,14 @@ def _open_loop(
             planned = plans[k]
             progress(f"open loop, {planned.rate:g} sessions/s ({planned.arrivals}): repetition {r + 1}/{cfg.repeat}")
             before = endpoint.metrics()
-            done, wall_s = open_loop(endpoint, jobs, planned.arrival_s)
+            with gauges.sampled(endpoint, t0 := time.monotonic_ns()) as samples:
+                done, wall_s = open_loop(endpoint, jobs, planned.arrival_s, t0)
             after = endpoint.metrics()
             answers = [_answer(x) for x in done]
             reps[k].append(EndpointRepetition(repetition=r, position=position, wall_s=wall_s, sessions=answers,
                                               metrics_before=before, metrics_after=after,
-                                              figures=judged(answers, wall_s)))  # fmt: skip
+                                              figures=judged(answers, wall_s),
+                                              gauges=samples.within(wall_s)))  # fmt: skip
     return [
         EndpointRate(
             rate=p.rate,
@@ -306,7 +309,8 @@ def _pass(
     """One repetition of level ``c``: every job on ``c`` closed-loop clients, the metrics around it, and its
     figures (``judged``)."""
     before = endpoint.metrics()
-    done, wall_s = closed_loop(endpoint, jobs, c)
+    with gauges.sampled(endpoint, t0 := time.monotonic_ns()) as samples:
+        done, wall_s = closed_loop(endpoint, jobs, c, t0)
     after = endpoint.metrics()
     answers = [_answer(x) for x in done]
     return EndpointRepetition(
@@ -317,6 +321,7 @@ def _pass(
         metrics_before=before,
         metrics_after=after,
         figures=judged(answers, wall_s),
+        gauges=samples.within(wall_s),
     )
 
 

@@ -306,6 +306,15 @@ class Reference:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GaugeSample:
+    """The server's request gauges read once while a pass ran (meshbench.endpoint.gauges)."""
+
+    t_ms: float  # when the scrape was sent, from the pass's start
+    processing: int  # requests in a slot (llama-server's requests_processing)
+    deferred: int  # requests waiting for a slot (requests_deferred)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EndpointRepetition:
     """One pass of an endpoint level: its completions, the server's metrics around it, its figures."""
 
@@ -316,6 +325,8 @@ class EndpointRepetition:
     metrics_before: dict[str, float] | None
     metrics_after: dict[str, float] | None
     figures: dict[str, float | None]  # by name, e.g. ttft_ms.p50 (meshbench.analysis.endpoint.FIGURES)
+    # the gauges sampled during the pass (absent: the server has none, or the bundle was made before sampling)
+    gauges: list[GaugeSample] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,15 +4,13 @@ compares)."""
 from __future__ import annotations
 
 import json
-import statistics
 from typing import Mapping
 
 from meshbench.analysis import endpoint_margins, perturbation
-from meshbench.analysis import server_accounting as accounting
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
+from meshbench.results import accounting_report, markdown, open_loop_report
 from meshbench.results import endpoint_proofs_report as proofs_report
-from meshbench.results import markdown, open_loop_report
 from meshbench.results.endpoint_proofs_report import kinds, margin
 from meshbench.results.markdown import median_range
 from meshbench.results.typed import EndpointBundle
@@ -134,7 +132,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         *proofs_report.canaries(b),
         *proofs_report.cancels(b),
         *_divergences(b),
-        *_metrics(b),
+        *accounting_report.section(b),
         *open_loop_report.section(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
         "",
@@ -144,30 +142,6 @@ def render_readme(b: EndpointBundle, name: str) -> str:
 
 # What each verdict means, by its name in the conclusions (meshbench.analysis.endpoint.CONCLUSIONS)
 BATCH_INVARIANT, RUN_TO_RUN, NEEDLE = "batch_invariant", "run_to_run_deterministic", "needle"
-
-
-def _metrics(b: EndpointBundle) -> list[str]:
-    """The server's own accounting of each level (meshbench.analysis.server_accounting), from its ``/metrics``
-    scraped around every pass, where it exposes them."""
-    rows = []
-    for lv in b.results.levels:
-        figures = accounting.level_accounting([(rep.metrics_before, rep.metrics_after) for rep in lv.repetitions])
-        if any(figures.values()):
-            rows.append(f"| {lv.concurrency} | " + " | ".join(_spread(figures[k]) for k in accounting.FIGURES) + " |")
-    if not rows:
-        return ["The server exposes no accounting of its own (`/metrics`, llama-server's counters).", ""]
-    return [
-        "## The server's own accounting",
-        "",
-        "Per pass, from its `/metrics` scraped before and after every pass (counters' differences); median "
-        "(min..max) over the repetitions. Prompt tokens from the cache are those the server did not compute "
-        "because its prompt cache held them.",
-        "",
-        "| C | " + " | ".join(accounting.FIGURES) + " |",
-        "|" + "---|" * (len(accounting.FIGURES) + 1),
-        *rows,
-        "",
-    ]
 
 
 def _perturbation(b: EndpointBundle) -> list[str]:
@@ -278,15 +252,6 @@ def _divergences(b: EndpointBundle) -> list[str]:
 
 
 MAX_LISTED = 20  # confident divergences listed in the README (all are in results.json)
-
-
-def _spread(values: list[float]) -> str:
-    """A per-pass figure over the repetitions: the median, and min..max where they differ."""
-    if not values:
-        return "-"
-    fmt = ".0f" if all(float(v).is_integer() for v in values) else ".2f"
-    med, lo, hi = (format(x, fmt) for x in (statistics.median(values), min(values), max(values)))
-    return med if lo == hi else f"{med} ({lo}..{hi})"
 
 
 def render_commands(b: EndpointBundle, name: str) -> str:

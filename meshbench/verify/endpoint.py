@@ -15,6 +15,7 @@ from meshbench.results.typed import EndpointBundle
 from meshbench.verify import endpoint_proofs as proofs
 from meshbench.verify.endpoint_canary import check_canaries
 from meshbench.verify.endpoint_cancel import check_cancels
+from meshbench.verify.endpoint_gauges import check_gauges
 from meshbench.verify.endpoint_open_loop import check_rates
 from meshbench.workload import request
 from meshbench.workload.target import Target, own_flags, parse_target
@@ -75,6 +76,7 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
     proofs.check_margins(c, b, ids, compared, lengths, new)
     _check_proofs(c, b, ids)
     _check_accounting(c, b)
+    check_gauges(c, b)
     check_rates(c, b, ids, lengths, new)
 
 
