@@ -111,3 +111,45 @@ def test_an_engine_option_is_one_field_everything_else_derives_from_it():
     assert CliRunner().invoke(app, ["--knob", "5"]).exit_code == 0 and seen == {"knob": 5}
     assert CliRunner().invoke(app, ["--knob", "10"]).exit_code == 2  # bounded by its schema
     assert "knob" in engine_spec.added(spec)
+
+
+def test_adding_an_engine_option_is_one_field_and_its_flag_schema_and_owner_follow_from_it():
+    """Issue 30's measure: one EngineSpec field is the whole hand-written declaration. Its CLI row (typed and
+    bounded by its schema), its config schema entry and the rule that refuses it for another engine kind all
+    come from it; the two committed generated files (the schema's engine section, docs/reference/cli.md) are
+    written from it by the commands their tests name."""
+    import dataclasses
+
+    import jsonschema
+    import typer
+    from typer.testing import CliRunner
+
+    from meshbench.cli import options_engine
+
+    knob = {"type": "integer", "minimum": 0, "maximum": 8, "description": "A new knob of the gguf engine."}
+    extended = dataclasses.make_dataclass(
+        "Extended",
+        [("knob", int, engine_spec.setting(0, engine_spec.GGUF, knob, "--knob"))],
+        bases=(EngineSpec,),
+        frozen=True,
+        slots=True,
+    )
+    assert engine_spec.properties(extended)["knob"] == knob
+    (field,) = [f for f in engine_spec.settings(extended) if f.name == "knob"]
+    row = options_engine._row(field)
+    assert row.paths == ("engine.knob",) and row.option.help == knob["description"]
+    app = typer.Typer()
+
+    @app.command()
+    def sweep(knob: row.annotated = None) -> None:  # type: ignore[valid-type]
+        print(f"knob={knob}")
+
+    assert CliRunner().invoke(app, ["--knob", "3"]).output == "knob=3\n"
+    assert CliRunner().invoke(app, ["--knob", "9"]).exit_code == 2  # (bounded by its schema)
+    section = {"type": "object", "additionalProperties": False, "properties": engine_spec.properties(extended)}
+    jsonschema.validate({"kind": "gguf", "knob": 3}, section)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"knob": 9}, section)
+    assert extended(kind="gguf", model="m.gguf", knob=3).knob == 3  # (every rule runs when a spec is made)
+    with pytest.raises(MeshbenchError, match="engine.knob needs the gguf engine"):
+        extended(knob=3)
