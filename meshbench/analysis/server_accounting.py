@@ -68,6 +68,7 @@ def level_accounting(passes: Sequence[tuple[Scrape, Scrape]]) -> dict[str, list[
 
 
 SAMPLE_INTERVAL_S = 0.1  # how often the gauges are read while a pass runs (meshbench.endpoint.gauges)
+GAUGE_KEYS = (PREFIX + "requests_processing", PREFIX + "requests_deferred")  # (in a slot, waiting for one)
 GAUGES = ("requests processing, max", "requests deferred, max", "requests deferred, mean")
 
 

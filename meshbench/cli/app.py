@@ -15,6 +15,7 @@ from meshbench import __version__
 from meshbench.cli import (
     admit,
     bench_clock,  # noqa: F401 - registers bench clock
+    bench_gauges,  # noqa: F401 - registers bench gauges
     bench_llama,  # noqa: F401 - registers bench server, breakdown, invariance
     sweep,
     verify,

@@ -143,7 +143,7 @@ def _sweep(
         for position, i in enumerate(order):
             c = levels[i]
             progress(f"repetition {r + 1}/{cfg.repeat}, concurrency {c}")
-            passes[c].append(_pass(endpoint, jobs, c, r, position, judged))
+            passes[c].append(_pass(endpoint, jobs, c, r, position, judged, cfg.engine.gauges))
             needles[c].append(_needle(endpoint, jobs, c, r, rng))
     records = _levels(cfg, endpoint, jobs, passes, needles, margins, progress)
     rates = _open_loop(cfg, endpoint, jobs, judged, progress)
@@ -169,7 +169,7 @@ def _open_loop(
             planned = plans[k]
             progress(f"open loop, {planned.rate:g} sessions/s ({planned.arrivals}): repetition {r + 1}/{cfg.repeat}")
             before = endpoint.metrics()
-            with gauges.sampled(endpoint, t0 := time.monotonic_ns()) as samples:
+            with gauges.sampled(endpoint, t0 := time.monotonic_ns(), cfg.engine.gauges) as samples:
                 done, wall_s = open_loop(endpoint, jobs, planned.arrival_s, t0)
             after = endpoint.metrics()
             answers = [_answer(x) for x in done]
@@ -305,11 +305,12 @@ def _pass(
     r: int,
     position: int,
     judged: Callable[[list[Completion], float], dict],
+    sample: bool,
 ) -> EndpointRepetition:
-    """One repetition of level ``c``: every job on ``c`` closed-loop clients, the metrics around it, and its
-    figures (``judged``)."""
+    """One repetition of level ``c``: every job on ``c`` closed-loop clients, the metrics around it (and the
+    gauges sampled while it runs, where ``sample``), and its figures (``judged``)."""
     before = endpoint.metrics()
-    with gauges.sampled(endpoint, t0 := time.monotonic_ns()) as samples:
+    with gauges.sampled(endpoint, t0 := time.monotonic_ns(), sample) as samples:
         done, wall_s = closed_loop(endpoint, jobs, c, t0)
     after = endpoint.metrics()
     answers = [_answer(x) for x in done]

@@ -259,6 +259,19 @@ class EngineSpec:
         "Let --target name a host off this machine; without it only loopback is sent load and prompts.",
         added=True,
     )
+    gauges: bool = setting(
+        True,
+        ENDPOINT,
+        {
+            "type": "boolean",
+            "description": "Endpoint: read the server's request gauges (requests in a slot, requests waiting for "
+            "one) from /metrics every 0.1 s while each timed pass runs (default true; its cost is measured by "
+            "meshbench bench gauges: docs/guides/endpoint.md).",
+        },
+        "--gauges/--no-gauges",
+        "Endpoint: sample the server's queue (/metrics) every 0.1 s during each timed pass (default on).",
+        added=True,
+    )
     prefix_cache: bool = setting(
         False,
         NODE,

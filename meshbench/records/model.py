@@ -310,6 +310,7 @@ class GaugeSample:
     """The server's request gauges read once while a pass ran (meshbench.endpoint.gauges)."""
 
     t_ms: float  # when the scrape was sent, from the pass's start
+    answer_ms: float  # when its answer was in (the server read its state in between)
     processing: int  # requests in a slot (llama-server's requests_processing)
     deferred: int  # requests waiting for a slot (requests_deferred)
 

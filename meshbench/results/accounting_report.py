@@ -39,16 +39,18 @@ def section(b: EndpointBundle) -> list[str]:
     groups = [(str(lv.concurrency), lv.repetitions) for lv in r.levels]
     rates = [(f"{x.rate:g} /s", x.repetitions) for x in r.rates or ()]
     sampled = any(rep.gauges for _, reps in [*groups, *rates] for rep in reps)
-    groups += rates if sampled else []
+    shown = sampled or not b.cfg.engine.gauges  # (a bundle made before the gauges: levels only, as then)
+    groups += rates if shown else []
     rows = [row for label, reps in groups if (row := _row(label, reps, sampled)) is not None]
     if not rows:
         return ["The server exposes no accounting of its own (`/metrics`, llama-server's counters).", ""]
     names = [*accounting.FIGURES, *(accounting.GAUGES if sampled else ())]
     gauges = (
         f" Requests processing and deferred are the server's gauges (requests in a slot, requests waiting for "
-        f"one), read from `/metrics` every {accounting.SAMPLE_INTERVAL_S:g} s while the pass ran: a pass's "
-        "largest values and the mean of the deferred count over its samples. Rows: each closed-loop level (C), "
-        "then each open-loop rate (/s)."
+        f"one), read from `/metrics` about every {accounting.SAMPLE_INTERVAL_S:g} s while the pass ran: a pass's "
+        "largest values and the mean of the deferred count over its samples, over the passes sampled. Rows: each "
+        "closed-loop level (C), then each open-loop rate as asked (/s; the rate its arrivals offer is in the "
+        "open-loop table)."
         if sampled
         else ""
     )
@@ -59,7 +61,7 @@ def section(b: EndpointBundle) -> list[str]:
         "(min..max) over the repetitions. Prompt tokens from the cache are those the server did not compute "
         f"because its prompt cache held them.{gauges}",
         "",
-        ("| C or rate | " if sampled else "| C | ") + " | ".join(names) + " |",
+        ("| C or rate | " if shown else "| C | ") + " | ".join(names) + " |",
         "|" + "---|" * (len(names) + 1),
         *rows,
         "",

@@ -185,6 +185,8 @@ def command_disagreements(command: str, echo: RunConfig) -> list[str]:
             out.append(flag)
         if flag in ("--prefix-cache", "--no-prefix-cache") and echo.engine.prefix_cache != (flag == "--prefix-cache"):
             out.append(flag)
+        if flag in ("--gauges", "--no-gauges") and echo.engine.gauges != (flag == "--gauges"):
+            out.append(flag)
         if flag in COMMAND_FLAGS:
             node = COMMAND_FLAGS[flag](echo)
             value = COMMAND_VALUES.get(flag, str)(value)

@@ -1,0 +1,88 @@
+"""What sampling the server's gauges costs a pass (meshbench.endpoint.gauges): one llama-server, started as an
+endpoint config says (``--serve llama-server``), the config's sessions on C closed-loop clients, in pairs of
+passes with and without the sampler; which side of a pair goes first alternates by pair. Every request goes
+over the native API with eos banned, so both sides of a pair generate the same tokens. Per pass: tokens/s
+(generated, over the wall time) and ITL p99 (every gap pooled); per level: each side's median, the ratio
+sampled / unsampled of each pair (median and range), and the samples a sampled pass took."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+from meshbench.analysis import latency
+from meshbench.endpoint import gauges, llama_server
+from meshbench.endpoint.client import Endpoint, parse_target
+from meshbench.endpoint.load import Job, closed_loop
+from meshbench.endpoint.sweep import served
+from meshbench.errors import MeshbenchError
+from meshbench.workload import prompts as prompts_mod
+from meshbench.workload.config import RunConfig
+
+
+def _pass(endpoint: Endpoint, jobs: list[Job], c: int, sampled: bool) -> dict:
+    with gauges.sampled(endpoint, t0 := time.monotonic_ns(), sampled) as samples:
+        done, wall_s = closed_loop(endpoint, jobs, c, t0)
+    bad = [x for x in done if x.error]
+    if bad:
+        raise MeshbenchError(f"llama-server: {bad[0].session_id}: {bad[0].error}")
+    gaps = [g for x in done for g in latency.itl_ms(x.token_ns)]
+    return {
+        "tokens_per_s": sum(len(x.tokens) for x in done) / wall_s,
+        "itl_p99_ms": latency.percentiles(gaps)["p99"],
+        "samples": len(samples.within(wall_s) or []),
+    }
+
+
+def _level(c: int, pairs: list[tuple[dict, dict]]) -> dict:
+    out: dict = {"concurrency": c, "pairs": len(pairs)}
+    for key in ("tokens_per_s", "itl_p99_ms"):
+        both = [(on[key], off[key]) for on, off in pairs if on[key] is not None and off[key] is not None]
+        ratios = [a / b for a, b in both if b]
+        out[key] = {
+            "sampled": statistics.median(a for a, _ in both) if both else None,
+            "unsampled": statistics.median(b for _, b in both) if both else None,
+            "ratio": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)} if ratios else None,
+        }
+    out["samples_per_pass"] = statistics.median(on["samples"] for on, _ in pairs)
+    return out
+
+
+def check(cfg: RunConfig) -> None:
+    if cfg.engine.kind != "endpoint" or cfg.engine.serve != "llama-server" or cfg.workload.prompts is None:
+        raise MeshbenchError("bench gauges needs an endpoint config that starts llama-server and has prompts")
+
+
+def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str], None] = lambda m: None) -> dict:
+    """Every level's pairs, the levels' order the same each round, after one unsampled warm-up pass per level."""
+    check(cfg)
+    texts = prompts_mod.read(cfg.workload.prompts)[: cfg.workload.sessions]
+    if len(texts) < cfg.workload.sessions:
+        raise MeshbenchError(
+            f"workload.prompts {cfg.workload.prompts}: {len(texts)} prompts for {cfg.workload.sessions} sessions"
+        )
+    server, model = served(cfg)
+    args = [*llama_server.own_flags(cfg.engine.server_argv), *cfg.engine.server_argv]
+    found: dict[int, list[tuple[dict, dict]]] = {c: [] for c in levels}
+    with llama_server.serving(server, model, cfg.engine.server_argv) as url:
+        endpoint = Endpoint(parse_target(url), "native", cfg.engine.deadline_s)
+        endpoint.probe()
+        ids = endpoint.tokenize(texts)
+        new = cfg.workload.new_tokens
+        jobs = [Job(f"s{i}", endpoint.body(ids[i], texts[i], new[i], True, cfg.workload.seed)) for i in range(len(ids))]
+        for c in levels:
+            closed_loop(endpoint, jobs, c)
+        for r in range(pairs):
+            for c in levels:
+                progress(f"pair {r + 1}/{pairs}, concurrency {c}")
+                first = _pass(endpoint, jobs, c, r % 2 == 0)
+                second = _pass(endpoint, jobs, c, r % 2 == 1)
+                found[c].append((first, second) if r % 2 == 0 else (second, first))
+    return {
+        "config": cfg.source,
+        "server_version": llama_server.version(server),
+        "server_args": args,
+        "interval_s": gauges.SAMPLE_INTERVAL_S,
+        "levels": [_level(c, found[c]) for c in levels],
+    }
