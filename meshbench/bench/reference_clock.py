@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from meshbench.analysis import latency
+from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.engine.process.children import die_with_parent
@@ -76,13 +77,7 @@ def run(levels: Sequence[int], sessions: int, tokens: int, seed: int, rounds: in
             result["levels"].append({"concurrency": c, **_summary(passes)})
         return result
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        llama_server.stop(proc)  # (by the process id started here: SIGTERM, then SIGKILL after 10 s)
 
 
 def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> dict:

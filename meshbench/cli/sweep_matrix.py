@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from meshbench.cli.common import command_line, err, out, print_json
+from meshbench.cli.common import command_line, err, out, print_json, table
 from meshbench.endpoint import matrix as run_matrix
 from meshbench.errors import MeshbenchError
 from meshbench.names import README, RESULTS
@@ -42,9 +42,11 @@ def sweep(cfg: RunConfig, out_dir: Path | None, force: bool, as_json: bool) -> N
     if as_json:
         print_json(doc)
     else:
-        for line in readme.split("\n"):
-            if line.startswith("|"):
-                out.print(line, markup=False)
+        columns = [c.strip() for c in matrix_report.HEADER.strip("|").split("|")]
+        t = table(f"{name}: {len(settings)} server settings, medians", tuple(columns))
+        for row in matrix_report.table_rows(settings):
+            t.add_row(*row)
+        out.print(t)
     failures = verify_matrix.check(out_dir).failures
     if failures:
         for f in failures:
