@@ -232,3 +232,21 @@ def test_an_optional_key_is_left_out_when_none_and_numbers_keep_their_type():
     }
     wall = serial.from_json({**serial.to_json(event), "arrival_ms": 0, "submit_ms": 0.5}, model.SubmitEvent)
     assert wall.arrival_ms == 0 and type(wall.arrival_ms) is int and wall.submit_ms == 0.5
+
+
+MATRIX_BUNDLES = _committed(("matrix",))
+TOP_ENDPOINT_BUNDLES = [p for p in ENDPOINT_BUNDLES if p.parent.parent == ROOT / "evidence"]
+
+
+@pytest.mark.parametrize(
+    "path", TOP_ENDPOINT_BUNDLES + MATRIX_BUNDLES, ids=lambda p: str(p.parent.relative_to(ROOT / "evidence"))
+)
+def test_every_committed_endpoint_and_matrix_bundle_verifies_with_today_s_code(path):
+    """(CI verifies them too; here a change that an older bundle's record no longer meets fails the tests: a
+    setting added since a matrix was made is its default in both its echo and its settings')"""
+    from typer.testing import CliRunner
+
+    from meshbench.cli import app
+
+    r = CliRunner().invoke(app, ["verify", str(path.parent)])
+    assert r.exit_code == 0, r.output[-2000:]
