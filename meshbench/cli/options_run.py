@@ -64,7 +64,7 @@ RUN = (
             min=1,
             max=64,
             help="Conversations: turns per session; each later turn's prompt is the whole conversation so far "
-            "and --turn-tokens new user ids.",
+            "and --turn-tokens new user ids (with --prompts: the user's next message, each JSON line's 'turns').",
         ),
         paths=("workload.turns",),
     ),
@@ -221,7 +221,8 @@ RUN = (
         typer.Option(
             "--eos",
             rich_help_panel="Workload",
-            help="End of sequence: stop (the default with --prompts) | ban (llama-server's ignore_eos) | continue.",
+            help="End of sequence: stop (the default with --prompts; ban with --prompts and --turns) | ban "
+            "(llama-server's ignore_eos) | continue.",
         ),
         paths=("workload.eos",),
     ),

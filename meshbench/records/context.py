@@ -87,7 +87,8 @@ class Workload:
     eos: str
     prefix: SharedPrefix | None = None  # shared prefixes: prompt_tokens are then each session's own, after it
     turns: int | None = None  # conversations: turns per session (written when more than one)
-    turn_tokens: int | None = None  # the user's ids each later turn adds
+    # the user's ids each later turn adds: one count (synthetic turns), or real turns' lengths, a list per session
+    turn_tokens: int | list[list[int]] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

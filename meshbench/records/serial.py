@@ -37,6 +37,7 @@ def _converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
     for kind, name in ((int, "an integer"), (float, "a number"), (str, "a string"), (bool, "a boolean")):
         conv.register_structure_hook(kind, _exact(kind, name))
+    conv.register_structure_hook(TURN_TOKENS, _turn_tokens(conv))  # (before the records' hooks, which look it up)
     for cls in _records():
         conv.register_unstructure_hook(cls, _unstructure(conv, cls))
         conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True))
@@ -56,6 +57,17 @@ def _engine_info(conv: cattrs.Converter) -> Any:
         if kind not in _ENGINE_KINDS:
             raise ValueError(f"engine kind {kind!r} is none of {sorted(_ENGINE_KINDS)}")
         return conv.structure(value, _ENGINE_KINDS[kind])
+
+    return structure
+
+
+# workload.turn_tokens: one count of synthetic ids, or the real turns' lengths, a list per session
+TURN_TOKENS = int | list[list[int]] | None
+
+
+def _turn_tokens(conv: cattrs.Converter) -> Any:
+    def structure(value: Any, _: Any) -> Any:
+        return None if value is None else conv.structure(value, list[list[int]] if isinstance(value, list) else int)
 
     return structure
 

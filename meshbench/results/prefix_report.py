@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
+from meshbench.workload.workload import Workload
 
 
 def section(b: NodeBundle) -> list[str]:
@@ -83,7 +84,7 @@ def _conversations(b: NodeBundle, levels: list[LevelRecord], holds: bool) -> lis
     return [
         "",
         f"Conversations: {wl.turns} turns per session, each later turn's prompt the whole conversation so far "
-        f"and {wl.turn_tokens} new user ids. A session's whole blocks (prompt and answer) stay cached when a "
+        f"and {_user_turns(wl)}. A session's whole blocks (prompt and answer) stay cached when a "
         "turn ends, so its next turn starts from them; where they were evicted meanwhile, the context is "
         f"prefilled again (a conversation miss: {missed} over all levels). **Conversation equivalence**: the "
         f"{later} later turns compared (all levels) give the tokens of a cold prefill of the whole context "
@@ -91,3 +92,14 @@ def _conversations(b: NodeBundle, levels: list[LevelRecord], holds: bool) -> lis
         "",
         "The isolation passes perturb a session's content in every turn (its prompt and its user ids).",
     ]
+
+
+def _user_turns(wl: Workload) -> str:
+    """What each later turn adds: synthetic ids, or the user's next message from the prompts file."""
+    if wl.turn_lengths is None:
+        return f"{wl.turn_tokens} new user ids"
+    sizes = [n for x in wl.turn_lengths for n in x]
+    return (
+        f"the user's next message from `{wl.prompts}` (its 'turns', {min(sizes)} to {max(sizes)} tokens, "
+        "tokenized without BOS)"
+    )

@@ -41,6 +41,7 @@ def check_turns(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     if lv.turn_events is None:
         return
     by_key = {(s.session_id, s.epoch): s for s in lv.sessions}
+    index = {sid: k for k, sid in enumerate(wl.session_ids())}
     expected = sorted(
         [s.end_tick + 1, s.session_id]
         for s in lv.sessions
@@ -66,7 +67,10 @@ def check_turns(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
             now = by_key.get((e.session_id, e.epoch or 0))
             c.equal(RESULTS, f"{at}.turn_events[{k}]: its turn and the one before are recorded", True,
                     prev is not None and now is not None)  # fmt: skip
-            want = None if prev is None else prev.prompt_tokens + len(prev.tokens) + wl.turn_tokens
+            sizes = wl.turn_sizes(index[e.session_id]) if e.session_id in index else ()
+            j = (e.epoch or 0) - 2  # (the user's turn that starts this epoch: epoch 2 is the first later turn)
+            user = sizes[j] if 0 <= j < len(sizes) else None
+            want = None if prev is None or user is None else prev.prompt_tokens + len(prev.tokens) + user
             c.equal(
                 RESULTS,
                 f"{at}.sessions[{e.session_id}#{e.epoch}].prompt_tokens (the last turn's, its answer, the user's)",

@@ -103,6 +103,7 @@ class RunConfig:
             "clock wall without --rates": self.clock == "wall" and not open_loop,
             "workload.arrivals without --rates": self.workload.arrivals != "all-at-once" and not open_loop,
             "restart_engine": self.restart_engine,
+            "workload.turns (conversations run on a meshbench node so far)": self.workload.turns > 1,
             "prefill chunked": self.prefill != "whole",
             "budget": self.budget != DGR_012_BUDGET,
             "workload.eos continue (a server stops at its end-of-generation token, eos stop, or bans it, eos ban)": (
@@ -151,13 +152,14 @@ class RunConfig:
 
 # The rules of a run that are its engine kind's (an endpoint sweep's), beside the engine spec's own.
 def _check_turns(cfg: RunConfig) -> None:
-    """What conversations run with so far: the tick clock, no faults or rates, eos continue, whole prompts."""
+    """What conversations run with so far: the tick clock, no faults or rates, answers of fixed lengths (eos continue
+    or ban), whole prompts."""
     if cfg.faults or cfg.rates is not None or cfg.clock == "wall":
         raise MeshbenchError("workload.turns: conversations run on the tick clock, without faults or rates, so far")
-    if cfg.workload.eos != "continue" or cfg.prefill != "whole":
+    if cfg.workload.eos == "stop" or cfg.prefill != "whole":
         raise MeshbenchError(
-            "workload.turns: conversations need eos continue and whole-prompt prefill so far (a perturbed turn is "
-            "pinned to its conversation's length; a chunk caps what a turn reads from the cache)"
+            "workload.turns: conversations need eos continue or ban and whole-prompt prefill so far (a perturbed "
+            "turn is pinned to its conversation's length; a chunk caps what a turn reads from the cache)"
         )
 
 

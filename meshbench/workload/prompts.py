@@ -1,11 +1,12 @@
 """Real prompts for a workload: a file of text lines, or of JSON lines with a ``prompt`` field (and a shared
-``prefix``, a system prompt), one per session in order, tokenized by the GGUF model's own tokenizer (its BOS
-added as it says)."""
+``prefix``, a system prompt; a conversation's later user ``turns``), one per session in order, tokenized by the GGUF
+model's own tokenizer (its BOS added as it says)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 
 from meshbench import files
 from meshbench.engine import packaged
@@ -16,28 +17,41 @@ from meshbench.workload.config import RunConfig
 MAX_PROMPTS_BYTES = 64 << 20
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One session's prompt: its text, the system prompt its group shares (or None), and a conversation's later
+    user turns, in order (none for one turn)."""
+
+    prefix: str | None
+    prompt: str
+    turns: tuple[str, ...] = ()
+
+
 def read(path: str) -> list[str]:
-    """The prompts' whole texts, in order (a JSON line's ``prefix`` and ``prompt`` together)."""
-    return [(prefix or "") + prompt for prefix, prompt in read_entries(path)]
+    """The prompts' whole first-turn texts, in order (a JSON line's ``prefix`` and ``prompt`` together)."""
+    return [(e.prefix or "") + e.prompt for e in read_entries(path)]
 
 
-def read_entries(path: str) -> list[tuple[str | None, str]]:
-    """The prompts, in order, each with its shared prefix (a system prompt) or None: JSONL when every non-empty
-    line is a JSON object with a string ``prompt`` (and, on every line or none, a string ``prefix``), else one
-    prompt per non-empty line."""
+def read_entries(path: str) -> list[Entry]:
+    """The prompts, in order: JSONL when every non-empty line is a JSON object with a string ``prompt`` (and, on
+    every line or none, a string ``prefix`` and a list of strings ``turns``), else one prompt per non-empty line."""
     text = files.read_text(files.regular_file(path, "workload.prompts"), "workload.prompts", MAX_PROMPTS_BYTES)
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise MeshbenchError(f"workload.prompts {path}: no prompts in it")
     if not lines[0].lstrip().startswith("{"):
-        return [(None, line) for line in lines]
+        return [Entry(None, line) for line in lines]
     entries = [_entry(path, i, line) for i, line in enumerate(lines, 1)]
-    if len({prefix is None for prefix, _ in entries}) > 1:
-        raise MeshbenchError(f"workload.prompts {path}: give a 'prefix' on every line or on none")
+    for name, given in (
+        ("prefix", {e.prefix is not None for e in entries}),
+        ("turns", {bool(e.turns) for e in entries}),
+    ):
+        if len(given) > 1:
+            raise MeshbenchError(f"workload.prompts {path}: give a '{name}' on every line or on none")
     return entries
 
 
-def _entry(path: str, i: int, line: str) -> tuple[str | None, str]:
+def _entry(path: str, i: int, line: str) -> Entry:
     try:
         obj = json.loads(line)
     except (ValueError, RecursionError):
@@ -45,10 +59,16 @@ def _entry(path: str, i: int, line: str) -> tuple[str | None, str]:
     prompt = obj.get("prompt") if isinstance(obj, dict) else None
     if not isinstance(prompt, str) or not prompt:
         raise MeshbenchError(f"workload.prompts {path}: line {i} is not a JSON object with a non-empty string 'prompt'")
-    prefix = obj.get("prefix") if isinstance(obj, dict) else None
+    assert isinstance(obj, dict)
+    prefix = obj.get("prefix")
     if prefix is not None and (not isinstance(prefix, str) or not prefix):
         raise MeshbenchError(f"workload.prompts {path}: line {i}'s 'prefix' is not a non-empty string")
-    return prefix, prompt
+    turns = obj.get("turns", [])
+    if not isinstance(turns, list) or not turns and "turns" in obj or not all(isinstance(t, str) and t for t in turns):
+        raise MeshbenchError(
+            f"workload.prompts {path}: line {i}'s 'turns' is not a list of non-empty strings (the user's later turns)"
+        )
+    return Entry(prefix, prompt, tuple(turns))
 
 
 def apply(cfg: RunConfig) -> RunConfig:
@@ -65,22 +85,56 @@ def apply(cfg: RunConfig) -> RunConfig:
     if len(entries) < wl.sessions:
         raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(entries)} prompts for {wl.sessions} sessions")
     entries = entries[: wl.sessions]
-    if wl.prefix_groups and entries[0][0] is None:
+    if wl.prefix_groups and entries[0].prefix is None:
         raise MeshbenchError(
             f"workload.prompts {wl.prompts}: workload.prefix with real prompts needs JSONL lines with a 'prefix' "
             "(the text each group shares)"
         )
-    ids = _ids(cfg, entries) if entries[0][0] is not None else tokenize(cfg.engine.model, [p for _, p in entries])
+    texts = [e.prompt for e in entries]
+    ids = _ids(cfg, entries) if entries[0].prefix is not None else tokenize(cfg.engine.model, texts)
     lengths = tuple(len(x) for x in ids)
-    if cfg.source.startswith("results.json") and lengths != wl.prompt_tokens:
+    turn_ids = _turn_ids(cfg, entries)
+    turn_lengths = None if turn_ids is None else tuple(tuple(len(t) for t in x) for x in turn_ids)
+    recorded = wl.turn_lengths if wl.turn_lengths is not None else turn_lengths
+    if cfg.source.startswith("results.json") and (lengths != wl.prompt_tokens or turn_lengths != recorded):
         raise MeshbenchError(
             f"workload.prompts {wl.prompts}: its prompts now tokenize to other lengths than "
             "the bundle recorded (the file or the model changed)"
         )
-    return dataclasses.replace(cfg, workload=dataclasses.replace(wl, prompt_tokens=lengths, prompt_ids=tuple(ids)))
+    wl = dataclasses.replace(
+        wl, prompt_tokens=lengths, prompt_ids=tuple(ids), turn_lengths=turn_lengths, turn_ids=turn_ids
+    )
+    return dataclasses.replace(cfg, workload=wl)
 
 
-def _ids(cfg: RunConfig, entries: list[tuple[str | None, str]]) -> list[tuple[int, ...]]:
+def _turn_ids(cfg: RunConfig, entries: list[Entry]) -> tuple[tuple[tuple[int, ...], ...], ...] | None:
+    """A conversation's later user turns (workload.turns > 1), each tokenized without BOS (it continues the
+    conversation): the first turns - 1 of each line's ``turns``; None for one turn."""
+    wl, path = cfg.workload, cfg.workload.prompts
+    if wl.turns == 1:
+        if entries[0].turns:
+            raise MeshbenchError(
+                f"workload.prompts {path}: its lines have 'turns': give workload.turns (the turns each session runs)"
+            )
+        return None
+    short = [i for i, e in enumerate(entries, 1) if len(e.turns) < wl.turns - 1]
+    if short:
+        raise MeshbenchError(
+            f"workload.prompts {path}: workload.turns {wl.turns} needs {wl.turns - 1} later 'turns' on each line; "
+            f"line {short[0]} has {len(entries[short[0] - 1].turns)}"
+        )
+    texts = [t for e in entries for t in e.turns[: wl.turns - 1]]
+    flat = iter(tokenize(cfg.engine.model, texts, bos=False))
+    out = tuple(tuple(next(flat) for _ in range(wl.turns - 1)) for _ in entries)
+    empty = [(k, j) for k, x in enumerate(out) for j, t in enumerate(x) if not t]
+    if empty:
+        raise MeshbenchError(
+            f"workload.prompts {path}: line {empty[0][0] + 1}'s turn {empty[0][1] + 2} tokenizes to no ids"
+        )
+    return out
+
+
+def _ids(cfg: RunConfig, entries: list[Entry]) -> list[tuple[int, ...]]:
     """Prompts with shared prefixes (system prompts): each group's prefix (workload.prefix.groups, consecutive
     lines) is one text, whose first workload.prefix.tokens ids (BOS first) start each of its prompts; the
     prompt's own ids follow, tokenized without BOS."""
@@ -92,7 +146,7 @@ def _ids(cfg: RunConfig, entries: list[tuple[str | None, str]]) -> list[tuple[in
         )
     texts, start = [], 0
     for g, size in enumerate(wl.prefix_groups):
-        group = {prefix for prefix, _ in entries[start : start + size]}
+        group = {e.prefix for e in entries[start : start + size]}
         if len(group) != 1:
             raise MeshbenchError(
                 f"workload.prompts {path}: lines {start + 1} to {start + size} are prefix group {g} but their "
@@ -114,6 +168,6 @@ def _ids(cfg: RunConfig, entries: list[tuple[str | None, str]]) -> list[tuple[in
             f"workload.prompts {path}: prefix groups {same[0][0]} and {same[0][1]} start with the same "
             f"{wl.prefix_tokens} ids: make them one group (the isolation proof perturbs each group's prefix alone)"
         )
-    own = tokenize(cfg.engine.model, [p for _, p in entries], bos=False)
+    own = tokenize(cfg.engine.model, [e.prompt for e in entries], bos=False)
     sizes = [h for h, size in zip(cut, wl.prefix_groups) for _ in range(size)]
     return [head + mine for head, mine in zip(sizes, own)]

@@ -31,6 +31,10 @@ class Workload:
     turns: int = 1  # a conversation of this many turns per session: each later turn adds turn_tokens user ids
     turn_tokens: int = 0
     cancel: int | str = "auto"  # an endpoint's cancel-and-retry run: auto, off, or the token clients cancel at
+    # real conversations (the prompts file's ``turns``): each session's later turns' lengths, and once tokenized
+    # their ids; synthetic turns draw turn_tokens ids each instead
+    turn_lengths: tuple[tuple[int, ...], ...] | None = None
+    turn_ids: tuple[tuple[tuple[int, ...], ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -55,12 +59,32 @@ class Workload:
                 f"workload.prefix.groups: {len(self.prefix_groups)} groups hold {sum(self.prefix_groups)} sessions, "
                 f"the workload has {self.sessions}"
             )
-        if self.turns > 1 and self.turn_tokens < 1:
-            raise MeshbenchError("workload.turns: a later turn needs user tokens of its own (turn_tokens >= 1)")
-        if self.turns == 1 and self.turn_tokens:
-            raise MeshbenchError("workload.turn_tokens: user tokens of later turns need workload.turns > 1")
+        self._check_turns()
         if self.prefix_groups and min(self.prompt_tokens) <= self.prefix_tokens:
             raise MeshbenchError("workload.prefix: every session needs prompt tokens of its own after the prefix")
+
+    def _check_turns(self) -> None:
+        if self.turns == 1 and (self.turn_tokens or self.turn_lengths is not None):
+            raise MeshbenchError("workload.turn_tokens: user tokens of later turns need workload.turns > 1")
+        if self.turns == 1:
+            return
+        if self.prompts is None and self.turn_tokens < 1:
+            raise MeshbenchError("workload.turns: a later turn needs user tokens of its own (turn_tokens >= 1)")
+        if self.prompts is not None and self.turn_tokens:
+            raise MeshbenchError(
+                "workload.turn_tokens: real prompts take each later turn from the prompts file's 'turns' (JSON "
+                "lines); turn_tokens draws synthetic ids"
+            )
+        lengths = self.turn_lengths
+        if lengths is not None and self.prompts is None:
+            raise MeshbenchError("workload.turn_tokens: lists of turn lengths are real prompts' (workload.prompts)")
+        if lengths is not None and (
+            len(lengths) != self.sessions or any(len(x) != self.turns - 1 or min(x) < 1 for x in lengths)
+        ):
+            raise MeshbenchError(
+                f"workload.turn_tokens: give each of the {self.sessions} sessions {self.turns - 1} later turns' "
+                "lengths, each >= 1"
+            )
 
     @classmethod
     def uniform(cls, sessions: int, prompt_tokens: int, new_tokens: int, seed: int = 0) -> "Workload":
@@ -74,13 +98,27 @@ class Workload:
     def longest(self) -> int:
         """Positions the longest session needs: prompt plus every new token (a conversation's last turn: every
         earlier prompt, answer and user turn)."""
-        later = (self.turns - 1) * self.turn_tokens
-        return max(p + later + self.turns * n for p, n in zip(self.prompt_tokens, self.new_tokens))
+        return max(
+            p + sum(self.turn_sizes(k)) + self.turns * n
+            for k, (p, n) in enumerate(zip(self.prompt_tokens, self.new_tokens))
+        )
 
     @property
     def longest_prompt(self) -> int:
         """The longest prompt: a conversation's last turn holds every earlier prompt, answer and user turn."""
-        return max(self.prompt_tokens) + (self.turns - 1) * (max(self.new_tokens) + self.turn_tokens)
+        return max(
+            p + sum(self.turn_sizes(k)) + (self.turns - 1) * n
+            for k, (p, n) in enumerate(zip(self.prompt_tokens, self.new_tokens))
+        )
+
+    def turn_sizes(self, k: int) -> tuple[int, ...]:
+        """Session k's user ids in each turn after the first: the real turns' lengths (0 each until the prompts
+        file is read), else turn_tokens each."""
+        if self.turn_lengths is not None:
+            return self.turn_lengths[k]
+        if self.prompts is not None:
+            return (0,) * (self.turns - 1)
+        return (self.turn_tokens,) * (self.turns - 1)
 
     def session_ids(self) -> list[str]:
         width = len(str(self.sessions - 1))
@@ -103,9 +141,10 @@ class Workload:
         """One request per session; with ``eos: stop`` each ends at any of the model's ``eog`` tokens."""
         stop = eog if self.eos == "stop" else frozenset()
         if self.prompt_ids is not None:  # real prompts: their ids, as the model's tokenizer gave them
+            turns = self.turn_ids or ((),) * self.sessions
             return [
-                GenerationRequest(sid, ids, n, stop)
-                for sid, ids, n in zip(self.session_ids(), self.prompt_ids, self.new_tokens)
+                GenerationRequest(sid, ids, n, stop, turns=later)
+                for sid, ids, n, later in zip(self.session_ids(), self.prompt_ids, self.new_tokens, turns)
             ]
         rng = np.random.default_rng(self.seed)
         heads = [p for p, group in zip(self.prefixes(vocab_size), self.groups()) for _ in group]
@@ -140,9 +179,15 @@ class Workload:
             "prompts": self.prompts,
             "eos": self.eos,
             **(prefix if self.prefix_groups else {}),
-            **({"turns": self.turns, "turn_tokens": self.turn_tokens} if self.turns > 1 else {}),
+            **({"turns": self.turns, "turn_tokens": self._turn_tokens_echo()} if self.turns > 1 else {}),
             **({"cancel": self.cancel} if self.cancel != "auto" else {}),
         }
+
+    def _turn_tokens_echo(self) -> int | list[list[int]]:
+        """turn_tokens as results.json echoes it: the real turns' lengths per session, else the synthetic count."""
+        if self.turn_lengths is not None:
+            return [list(x) for x in self.turn_lengths]
+        return self.turn_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,19 +201,22 @@ class WorkloadSection:
     seed: int = 0
     arrivals: str = "all-at-once"  # meshbench.workload.arrivals.parse reads it
     prompts: str | None = None  # a file of real prompts (meshbench.workload.prompts)
-    eos: str | None = None  # null: stop for real prompts, continue for synthetic ones (the seed's behaviour)
+    eos: str | None = None  # null: stop for real prompts (ban for their conversations), continue for synthetic ones
     prefix: dict | None = None  # {groups: [sizes], tokens: n}: shared prefixes; prompt_tokens are then each own
     turns: int = 1  # conversations: each session's later turns, each the whole conversation so far + turn_tokens
-    turn_tokens: int = 0
+    # synthetic user ids per later turn; with real prompts (their file's 'turns') 0, or as an echo writes them the
+    # real turns' lengths, one list per session
+    turn_tokens: int | tuple[tuple[int, ...], ...] = 0
     cancel: int | str = "auto"  # an endpoint's cancel-and-retry run (meshbench.endpoint.cancel)
 
     def build(self, source: str) -> Workload:
-        # NOTE: real prompts end where the model says by default; synthetic ones keep the seed's behaviour.
-        eos = self.eos or ("stop" if self.prompts is not None else "continue")
+        # NOTE: real prompts end where the model says by default (a real conversation's answers at new_tokens, eos
+        # ban: its turns have fixed lengths); synthetic ones keep the seed's behaviour.
+        real = "ban" if self.turns > 1 else "stop"
+        eos = self.eos or (real if self.prompts is not None else "continue")
         n = self.sessions
         groups, shared = (tuple(self.prefix["groups"]), self.prefix["tokens"]) if self.prefix else ((), 0)
-        if self.turns > 1 and self.prompts is not None:
-            raise MeshbenchError(f"{source}: workload.turns draws synthetic user turns; workload.prompts are real ones")
+        real_turns = None if isinstance(self.turn_tokens, int) else tuple(tuple(x) for x in self.turn_tokens)
         return Workload(
             tuple(shared + p for p in _per_session(self.prompt_tokens, n, "prompt_tokens", source)),
             _per_session(self.new_tokens, n, "new_tokens", source),
@@ -179,8 +227,9 @@ class WorkloadSection:
             prefix_groups=groups,
             prefix_tokens=shared,
             turns=self.turns,
-            turn_tokens=self.turn_tokens,
+            turn_tokens=self.turn_tokens if isinstance(self.turn_tokens, int) else 0,
             cancel=self.cancel,
+            turn_lengths=real_turns,
         )
 
 

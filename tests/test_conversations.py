@@ -1,0 +1,135 @@
+"""Conversations (`--turns`): synthetic user turns and real ones (a prompts file's JSON `turns`), each later turn's
+prompt the whole conversation so far, verified from the records; and what conversations do not run with yet,
+refused in one line."""
+
+import json
+
+import factories as f
+import pytest
+from test_bad_input import run_refused
+from typer.testing import CliRunner
+
+from meshbench.cli import app
+from meshbench.engine.llama_model import tokenize
+from meshbench.workload.config import DEFAULTS, from_mapping
+
+runner = CliRunner()
+
+QUESTIONS = ["what time is it", "where is the fox", "hello world", "the quick brown fox"]
+
+
+def _conversations(tmp_path, turns=2, lines=None):
+    lines = lines or [
+        {"prompt": f"user: {q}\nassistant:", "turns": [f"\nuser: and then {k}?\nassistant:" for k in range(turns)]}
+        for q in QUESTIONS
+    ]
+    p = tmp_path / "talk.jsonl"
+    p.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    return p
+
+
+def _gguf(model, p, *extra):
+    return ["sweep", "--engine", "gguf", "--model", model, "--threads", "1", "--warmup", "0", "--prompts", p, *extra]
+
+
+@pytest.fixture(scope="module")
+def vocab_model(tmp_path_factory):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable")
+    path = tmp_path_factory.mktemp("m") / "vocab.gguf"
+    f.tiny_gguf(path, "q4_0", "bench")
+    return path
+
+
+def test_real_turns_grow_the_conversation_and_the_bundle_verifies(vocab_model, tmp_path):
+    p, out = _conversations(tmp_path), tmp_path / "b"
+    args = _gguf(vocab_model, p, "--sessions", 4, "--new-tokens", 4, "--turns", 3, "--eos", "ban", "--levels", "1,4")
+    r = runner.invoke(app, [*map(str, args), "--prefix-cache", "--block-tokens", "8", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    text = json.loads(p.read_text().splitlines()[1])["turns"]
+    want = [len(x) for x in tokenize(str(vocab_model), text[:2], bos=False)]
+    assert d["config"]["workload"]["turn_tokens"][1] == want  # each session's real turns' lengths, echoed
+    for lv in d["levels"]:
+        by = {(s["session_id"], s["epoch"]): s for s in lv["sessions"]}
+        assert sorted(by) == [(f"s{k}", e) for k in range(4) for e in (1, 2, 3)]
+        for (sid, e), s in by.items():
+            if e > 1:  # the last turn's prompt, its answer and the user's next message
+                prev = by[(sid, e - 1)]
+                user = d["config"]["workload"]["turn_tokens"][int(sid[1:])][e - 2]
+                assert s["prompt_tokens"] == prev["prompt_tokens"] + len(prev["tokens"]) + user
+        assert lv["cache_verdict"]["holds"] and lv["cache_verdict"]["later_turns"] == 8
+        assert lv["prefix"]["saved_tokens"] > 0  # later turns start from their own earlier blocks
+    assert d["corruption_free"] and all(lv["isolation_verdict"]["holds"] for lv in d["levels"])
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 0, r.output
+    # a forged echo: a turn one token shorter than the prompts recorded
+    forged = json.loads((out / "results.json").read_text())
+    forged["config"]["workload"]["turn_tokens"][2][0] -= 1
+    (out / "results.json").write_text(json.dumps(forged))
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1 and "sessions[s2#2].prompt_tokens (the last turn's, its answer, the user's)" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "lines, extra, expect",
+    [
+        ([{"prompt": "a", "turns": ["b"]}, {"prompt": "c"}], [], "give a 'turns' on every line or on none"),
+        ([{"prompt": "a", "turns": "b"}, {"prompt": "c", "turns": "d"}], [], "line 1's 'turns' is not a list"),
+        ([{"prompt": "a", "turns": ["b", ""]}, {"prompt": "c", "turns": ["d"]}], [], "is not a list of non-empty"),
+        ([{"prompt": "a", "turns": []}, {"prompt": "c", "turns": []}], [], "is not a list of non-empty strings"),
+        ([{"prompt": "a", "turns": ["b"]}, {"prompt": "c", "turns": ["d"]}], None, "give workload.turns"),
+        ([{"prompt": "a", "turns": ["b", "c"]}, {"prompt": "d", "turns": ["e"]}], ["--turns", 3], "line 2 has 1"),
+        (["plain a", "plain b"], ["--turns", 2], "needs 1 later 'turns' on each line; line 1 has 0"),
+        (
+            [{"prompt": "a", "turns": ["b"]}, {"prompt": "c", "turns": ["d"]}],
+            ["--turns", 2, "--turn-tokens", 4],
+            "real prompts take each later turn from the prompts file's 'turns'",
+        ),
+        (
+            [{"prompt": "a", "turns": ["b"]}, {"prompt": "c", "turns": ["d"]}],
+            ["--turns", 2, "--eos", "stop"],
+            "conversations need eos continue or ban",
+        ),
+    ],
+)
+def test_real_turns_that_cannot_be_a_conversation_are_refused(vocab_model, tmp_path, lines, extra, expect):
+    p = _conversations(tmp_path, lines=lines)
+    args = _gguf(vocab_model, p, "--sessions", 2, "--levels", 1, "--out", tmp_path / "o")
+    run_refused(*args, *(extra if extra is not None else []), expect=expect, cwd_files=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "extra, expect",
+    [
+        (["--turns", 3], "a later turn needs user tokens of its own"),
+        (["--turn-tokens", 4], "user tokens of later turns need workload.turns > 1"),
+        (["--turns", 3, "--turn-tokens", 4, "--arrivals", "poisson:1", "--rates", "0.5"], "on the tick clock"),
+        (["--turns", 3, "--turn-tokens", 4, "--prefill", "chunked"], "whole-prompt prefill"),
+    ],
+)
+def test_synthetic_turns_that_cannot_run_are_refused(tmp_path, extra, expect):
+    run_refused("sweep", "--levels", "1,2", "--out", tmp_path / "o", *extra, expect=expect, cwd_files=tmp_path)
+
+
+def test_an_endpoint_refuses_conversations_it_does_not_run(tmp_path):
+    p = _conversations(tmp_path)
+    args = ["sweep", "--target", "http://127.0.0.1:9", "--prompts", p, "--sessions", 2, "--turns", 2, "--eos", "ban"]
+    run_refused(*args, "--levels", 1, expect="workload.turns (conversations run on a meshbench node so far)")
+
+
+def test_an_echo_of_real_turns_reads_back_as_the_same_workload():
+    data = {
+        **DEFAULTS,
+        "engine": {**DEFAULTS["engine"], "kind": "gguf", "model": "m.gguf"},
+        "workload": {
+            **DEFAULTS["workload"],
+            **{"sessions": 2, "prompts": "p.jsonl", "eos": "ban", "turns": 3, "turn_tokens": [[3, 4], [5, 6]]},
+        },
+    }
+    wl = from_mapping(data, "results.json").workload
+    assert wl.turn_lengths == ((3, 4), (5, 6)) and wl.turn_tokens == 0 and wl.turn_sizes(1) == (5, 6)
+    assert wl.to_dict()["turn_tokens"] == [[3, 4], [5, 6]]
+    assert wl.longest == max(wl.prompt_tokens) + 11 + 3 * max(wl.new_tokens)  # session 1: 5 + 6 user ids
+    for bad in ([[3, 4]], [[3], [4]], [[3, 0], [4, 5]]):
+        with pytest.raises(Exception, match="give each of the 2 sessions 2 later turns' lengths"):
+            from_mapping({**data, "workload": {**data["workload"], "turn_tokens": bad}}, "results.json")
