@@ -62,6 +62,15 @@ def test_real_turns_grow_the_conversation_and_the_bundle_verifies(vocab_model, t
     assert d["corruption_free"] and all(lv["isolation_verdict"]["holds"] for lv in d["levels"])
     r = runner.invoke(app, ["verify", str(out)])
     assert r.exit_code == 0, r.output
+    # a forged own-KV replay where no turn differs (and on a level that holds, nothing to launder)
+    good = (out / "results.json").read_text()
+    forged = json.loads(good)
+    forged["levels"][0]["cache_verdict"]["own_kv"] = {"reproduced": True, "tokens": 48, "session_id": "s1"}
+    (out / "results.json").write_text(json.dumps(forged))
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1 and "own_kv (only where turns differ, replayable)" in r.stdout, r.stdout
+    assert "a mismatch names a turn and token of the level, a match none" in r.stdout
+    (out / "results.json").write_text(good)
     # a forged echo: a turn one token shorter than the prompts recorded
     forged = json.loads((out / "results.json").read_text())
     forged["config"]["workload"]["turn_tokens"][2][0] -= 1
@@ -90,6 +99,7 @@ def test_real_turns_grow_the_conversation_and_the_bundle_verifies(vocab_model, t
             ["--turns", 2, "--eos", "stop"],
             "conversations need eos continue or ban",
         ),
+        (['{"prompt": "a", "turns": ["\\ud800x"]}', {"prompt": "c", "turns": ["d"]}], [], "is not UTF-8"),
     ],
 )
 def test_real_turns_that_cannot_be_a_conversation_are_refused(vocab_model, tmp_path, lines, extra, expect):
@@ -113,8 +123,17 @@ def test_synthetic_turns_that_cannot_run_are_refused(tmp_path, extra, expect):
 
 def test_an_endpoint_refuses_conversations_it_does_not_run(tmp_path):
     p = _conversations(tmp_path)
-    args = ["sweep", "--target", "http://127.0.0.1:9", "--prompts", p, "--sessions", 2, "--turns", 2, "--eos", "ban"]
-    run_refused(*args, "--levels", 1, expect="workload.turns (conversations run on a meshbench node so far)")
+    args = ["sweep", "--target", "http://127.0.0.1:9", "--prompts", p, "--sessions", 2, "--levels", 1]
+    run_refused(*args, "--turns", 2, "--eos", "ban", expect="workload.turns (conversations run on a meshbench node")
+    run_refused(*args, expect="its lines have 'turns' (conversations), which run on a meshbench node so far")
+
+
+def test_turn_lengths_in_a_config_are_refused_with_real_prompts(vocab_model, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    data = {"engine": {"kind": "gguf", "model": str(vocab_model), "threads": 1}, "levels": [1]}
+    data["workload"] = {"sessions": 2, "prompts": str(_conversations(tmp_path)), "turns": 2, "turn_tokens": [[1], [1]]}
+    cfg.write_text(json.dumps(data))
+    run_refused("sweep", "--config", cfg, "--out", tmp_path / "o", expect="with real prompts leave it out")
 
 
 def test_an_echo_of_real_turns_reads_back_as_the_same_workload():

@@ -126,6 +126,7 @@ RECORDS = {
     sharing.PrefixStats: "level.prefix",
     sharing.CacheVerdict: "level.cache_verdict",
     sharing.CacheDivergence: "level.cache_verdict.divergences.[]",
+    sharing.OwnKvReplay: "level.cache_verdict.own_kv",
     context.SharedPrefix: "results:workload.prefix",
 }
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Sequence, TypeVar
 
 from meshbench.records.model import SessionRecord, Tick
-from meshbench.records.sharing import CacheDivergence, CacheVerdict, PrefixStats
+from meshbench.records.sharing import CacheDivergence, CacheVerdict, OwnKvReplay, PrefixStats
 
 T = TypeVar("T")
 
-NUMERICS = "engine numerics"  # a near-tie, isolation holding: the rest of a prompt computed in another batch shape
+# isolation holding, a near-tie, or a turn whose session's own KV gives the cache's tokens: the rest of a prompt
+# computed in another batch shape, or cached positions computed otherwise than by a cold prefill (an answer by decode)
+NUMERICS = "engine numerics"
 CORRUPTION = "corruption"  # a confident token, isolation holding: a session's own KV was not what it computed
 LEAK = "leak"  # isolation fails too: a session read what another session wrote
 UNCLASSIFIED = "unclassified"  # isolation did not run at the level: nothing tells a leak from the rest
@@ -70,15 +72,35 @@ def divergence(on: SessionRecord, off: SessionRecord) -> CacheDivergence | None:
     )
 
 
+def replayable(sessions: Sequence[SessionRecord], ticks: Sequence[Tick]) -> bool:
+    """Whether the level can be replayed on own KV: conversations whose turns took from the cache no more than their
+    own last turn's prompt and answer (a first turn's hit holds another session's blocks), every turn completed,
+    whole prompts (one piece each)."""
+    by_key = {(s.session_id, s.epoch): s for s in sessions}
+    own = all(  # a later turn's cached positions all its own: its last turn's prompt and answer fed
+        (s.cached_tokens or 0) <= (last.prompt_tokens + len(last.tokens) - 1 if last is not None else 0)
+        for s in sessions
+        for last in [by_key.get((s.session_id, s.epoch - 1))]
+    )
+    return (
+        any(s.epoch > 1 for s in sessions)
+        and all(s.done_reason == "COMPLETED" for s in sessions)
+        and own
+        and all(start == 0 for t in ticks for _, start, _ in t.prefill_chunks)
+    )
+
+
 def cache_verdict(
     sessions: Sequence[SessionRecord],
     cache_off: Sequence[SessionRecord],
     isolation_holds: bool | None,
     near_tie: float,
+    own_kv: OwnKvReplay | None = None,
 ) -> CacheVerdict:
     """The level's sessions (cache on) against the same sessions with the cache off: the ones that completed in
     both (each epoch) are compared token by token. A difference is a leak where isolation fails; where it holds,
-    engine numerics when every first divergence is a near-tie (the cache-off margin below ``near_tie``), else
+    engine numerics when every conversation's first divergence is a near-tie (the cache-off margin below
+    ``near_tie``) or the level replayed on its sessions' own KV gave every recorded token (``own_kv``), else
     corruption; unclassified where isolation did not run."""
     off = {(s.session_id, s.epoch): s for s in cache_off if s.done_reason == "COMPLETED"}
     pairs = [
@@ -92,15 +114,34 @@ def cache_verdict(
         holds=not found,
         compared=len(pairs),
         divergences=found,
-        classification=None if not found else _classify(found, isolation_holds, near_tie),
+        classification=None if not found else _classify(found, isolation_holds, near_tie, own_kv),
         later_turns=len(later) if any(s.epoch > 1 for s in sessions) else None,
+        own_kv=own_kv,
     )
 
 
-def _classify(found: Sequence[CacheDivergence], isolation_holds: bool | None, near_tie: float) -> str:
+def first_turns(found: Sequence[CacheDivergence]) -> list[CacheDivergence]:
+    """The divergences that are their conversation's first. A later turn of a session whose earlier turn differed
+    has another context with the cache off (that turn's other answer), so its own difference tells nothing more."""
+    first: dict[str, int] = {}
+    for d in found:
+        first[d.session_id] = min(first.get(d.session_id, d.epoch), d.epoch)
+    return [d for d in found if d.epoch == first[d.session_id]]
+
+
+def _classify(
+    found: Sequence[CacheDivergence], isolation_holds: bool | None, near_tie: float, own_kv: OwnKvReplay | None
+) -> str:
+    """A leak where isolation fails; where it holds, what the own-KV replay found where it ran (reproduced:
+    numerics; not: corruption); else the margin rule over each conversation's first divergence, unclassified when
+    a later turn after one went unexamined (without the cache it had another context)."""
     if isolation_holds is None:
         return UNCLASSIFIED
     if not isolation_holds:
         return LEAK
-    ties = all(d.margin_off is not None and d.margin_off < near_tie for d in found)
-    return NUMERICS if ties else CORRUPTION
+    if own_kv is not None:
+        return NUMERICS if own_kv.reproduced else CORRUPTION
+    first = first_turns(found)
+    if not all(d.margin_off is not None and d.margin_off < near_tie for d in first):
+        return CORRUPTION
+    return NUMERICS if len(first) == len(found) else UNCLASSIFIED

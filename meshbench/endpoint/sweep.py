@@ -73,6 +73,7 @@ def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str
     is started on the config's model for the sweep and stopped after it."""
     validate_levels(list(cfg.levels), cfg.workload.sessions)
     check_record_size(cfg)
+    prompts_mod.read(cfg.workload.prompts or "")  # the prompts file refused now, before a server is asked or started
     if not cfg.engine.serve:
         return _sweep(cfg, cfg.engine.url, command, environment, progress)
     server, model = served(cfg)

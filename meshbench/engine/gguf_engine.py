@@ -1,16 +1,15 @@
 """GgufEngine: llama.cpp through llama-cpp-python's low-level API, one llama_decode per tick.
 
-Each live session owns one llama.cpp sequence id. Prefill puts a whole prompt in one
-llama_decode with logits on its last token only; a tick's decode puts every batch
-member's next token, each with its own seq_id and position, in ONE llama_decode. A
-finished session's cells are removed by sequence (llama_memory_seq_rm).
-
-Defaults are the configuration measured to be batch-invariant on CPU for quantized
-weights: flash attention off, kv_unified off, each prompt prefilled alone.
+Each live session owns one llama.cpp sequence id. Prefill puts a whole prompt in one llama_decode with logits on
+its last token only; a tick's decode puts every batch member's next token, each with its own seq_id and position,
+in ONE llama_decode. A finished session's cells are removed by sequence (llama_memory_seq_rm). Defaults are the
+configuration measured to be batch-invariant on CPU for quantized weights: flash attention off, kv_unified off,
+each prompt prefilled alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Callable, Sequence
@@ -137,11 +136,9 @@ class GgufEngine:
             "repack": self.model.repack,
             "tiled_mm": self.tiled_mm,
         }
-        if self.banned is not None:
-            recipe["sampling"] = SAMPLING_CONTRACT + ":eog-banned"
-        if self.mixed:  # (absent otherwise: the fingerprints of separate calls stay what they were)
-            recipe["mixed_batch"] = True
-        return fingerprint(recipe)
+        recipe["sampling"] = SAMPLING_CONTRACT + (":eog-banned" if self.banned is not None else "")
+        # (mixed_batch absent otherwise: the fingerprints of separate calls stay what they were)
+        return fingerprint({**recipe, "mixed_batch": True} if self.mixed else recipe)
 
     @property
     def vocab_size(self) -> int:
@@ -374,6 +371,14 @@ class GgufEngine:
             self.profile.add("sample_ns", time.perf_counter_ns() - t0, rows=len(live))
         return out
 
+    def resume(self, session: SessionHandle, keep: int) -> None:
+        """A replay's later turn on the session's own sequence, no prefix cache: its first ``keep`` positions kept
+        (meshbench.sweep.replay.own_kv)."""
+        sid = session.session_id
+        assert self.prefix is None and keep <= self._stored[sid], (sid, keep, self._stored[sid])
+        self.lib.llama_memory_seq_rm(self.mem, self._seq_ids[sid], keep, -1)
+        self._stored[sid], self._ids[sid], self._epoch[sid] = keep, self._ids[sid][:keep], session.epoch
+
     def release(self, session_id: str) -> None:
         """Clear the session's sequence; with a prefix cache its whole blocks stay cached first, and the sequence
         is kept (retained) while it holds a block no other sequence does."""
@@ -391,7 +396,5 @@ class GgufEngine:
             self.ctx = None
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

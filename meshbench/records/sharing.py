@@ -45,3 +45,19 @@ class CacheVerdict:
     divergences: list[CacheDivergence]
     classification: str | None  # None when it holds; "engine numerics", "corruption", "leak" or "unclassified"
     later_turns: int | None = None  # conversations: of those compared, later turns (the conversation-equivalence part)
+    own_kv: OwnKvReplay | None = None  # conversations that differ: the level replayed on each session's own KV
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnKvReplay:
+    """A conversation level replayed without the prefix cache, each later turn continuing its session's own
+    llama.cpp sequence cut to the positions the cache gave it (``meshbench.sweep.own_kv``): whether every token the
+    engine sampled is the one the cache-on pass recorded. When so, the cache gave each turn exactly the KV its
+    session had computed itself, and a turn that differs from its cold prefill differs by how its cached positions
+    were computed (an answer's by decode, one at a time), not by what the cache held."""
+
+    reproduced: bool
+    tokens: int  # tokens compared
+    session_id: str | None = None  # the first that differs (None: none does)
+    epoch: int | None = None
+    index: int | None = None

@@ -102,6 +102,7 @@ CLASSES: dict[str, str] = {
     "levels[].cache_off": RERUN,  # the level run once more with the prefix cache off
     "levels[].cache_off[].digest": RECOMPUTED,
     "levels[].cache_verdict": RECOMPUTED,
+    "levels[].cache_verdict.own_kv": RERUN,  # the own-KV replay's finding: taken as recorded, replayed by --rerun
 }
 
 

@@ -3,6 +3,7 @@ session's tokens equal with the cache on and off), with the first divergence whe
 
 from __future__ import annotations
 
+from meshbench.analysis import prefix
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
 from meshbench.workload.workload import Workload
@@ -31,8 +32,8 @@ def section(b: NodeBundle) -> list[str]:
         "is a session whose prompt started from cached blocks; saved = prompt positions taken from the cache, "
         "computed = prompt positions prefilled. Each level ran once more with the cache off: **cache "
         f"equivalence = {holds}** (every session's tokens equal with the cache on and off; a difference is a leak "
-        "where isolation fails, engine numerics at a near-tie, else corruption, and either of those two leaves "
-        "corruption_free false).",
+        "where isolation fails, engine numerics at a near-tie or where the level replayed on its sessions' own KV "
+        "gives the cache's tokens, else corruption, and either of those two leaves corruption_free false).",
         "",
         "| level | hits | misses | prefill computed | saved | peak shared KV (bytes) | cache equivalence |"
         + (" conversation misses |" if talks else ""),
@@ -50,14 +51,45 @@ def section(b: NodeBundle) -> list[str]:
             f"| {lv.concurrency} | {p.hits} | {p.misses} | {p.computed_tokens} | {p.saved_tokens} | "
             f"{p.peak_shared_kv_bytes} | {verdict} |" + (f" {p.conversation_misses} |" if talks else "")
         )
-    lines += _sharing(b) + _conversations(b, levels, holds)
+    lines += _sharing(b) + _conversations(b, levels, holds) + _own_kv(levels)
     for lv in levels:
-        for d in lv.cache_verdict.divergences[:8] if lv.cache_verdict else []:
+        found = lv.cache_verdict.divergences if lv.cache_verdict else []
+        first = prefix.first_turns(found)
+        for d in found[:8]:
+            after = "" if d in first else " (after an earlier turn of it differed: another context without the cache)"
             lines.append(
                 f"- level {lv.concurrency}, session {d.session_id} (turn {d.epoch}): token {d.index} is {d.token_on} "
-                f"with the cache and {d.token_off} without (margins {d.margin_on} and {d.margin_off})"
+                f"with the cache and {d.token_off} without (margins {_m(d.margin_on)} and {_m(d.margin_off)}){after}"
             )
+        if len(found) > 8:
+            lines.append(f"- level {lv.concurrency}: {len(found) - 8} more in results.json")
     return [*lines, ""]
+
+
+def _m(margin: float | None) -> str:
+    return "none" if margin is None else f"{margin:.3f}"
+
+
+def _own_kv(levels: list[LevelRecord]) -> list[str]:
+    """What the own-KV replay found, where it ran."""
+    ran = [(lv.concurrency, lv.cache_verdict.own_kv) for lv in levels if lv.cache_verdict and lv.cache_verdict.own_kv]
+    if not ran:
+        return []
+    said = [
+        f"level {c}: every one of its {r.tokens} tokens reproduced"
+        if r.reproduced
+        else f"level {c}: not reproduced, first at session {r.session_id} turn {r.epoch} token {r.index}"
+        for c, r in ran
+    ]
+    return [
+        "",
+        "Where turns differ with the cache on and off, the level was replayed without the cache, each later turn "
+        "continuing its own session's llama.cpp sequence cut to the positions the cache gave it (`meshbench.sweep."
+        "own_kv`): " + "; ".join(said) + ". Reproduced means the cache gave each turn exactly the KV its session "
+        "had computed; a turn then differs from its cold prefill because its cached positions were computed "
+        "otherwise (an answer's by decode, one token at a time; the cold pass prefills the whole context at once): "
+        "engine numerics, not what the cache held.",
+    ]
 
 
 def _sharing(b: NodeBundle) -> list[str]:

@@ -126,7 +126,8 @@ def _what_ran(b: NodeBundle) -> list[str]:
             f"real prompts from `{w.prompts}`, tokenized by the model"
             if w.prompts
             else f"prompt ids drawn from seed {w.seed}"
-        ),
+        )
+        + (f"; {w.turns} turns a session (conversations)" if w.turns and w.turns > 1 else ""),
         f"- budget: KV {budget.kv_bytes} bytes, scratch {budget.scratch_bytes} bytes, weights {budget.weight_bytes} "
         f"bytes (reported), queue depth "
         + (str(budget.max_queue_depth) if b.arrival_sweep else ">= sessions")

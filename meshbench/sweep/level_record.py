@@ -9,6 +9,7 @@ from meshbench.analysis import backpressure, figures, isolation, prefix, verdict
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.records.context import Budget
 from meshbench.records.model import IsolationRecords, JsonObject, LevelRecord, Reference, Repetition
+from meshbench.records.sharing import OwnKvReplay
 from meshbench.scheduler.budget import ACCEPTED, NodeBudget
 from meshbench.sweep.passes import Pass
 from meshbench.sweep.plan import Level
@@ -25,11 +26,13 @@ def level_record(
     cache_off: Pass | None = None,
     near_tie: float = figures.NEAR_TIE,
     block_tokens: int = 0,
+    own_kv: OwnKvReplay | None = None,
 ) -> LevelRecord:
     """The results.json record of a level, complete: repetition 0's deterministic records, every repetition's
     raw timing and wall figures, their summary, and the isolation records (``proof``, from
     ``sweep.prove.isolation_record``) with their verdict. ``passes`` are (repetition, position in its order,
-    pass); ``cache_off``: with a prefix cache, the level run with it off."""
+    pass); ``cache_off``: with a prefix cache, the level run with it off (``own_kv``: a conversation level replayed
+    on its sessions' own KV where turns differ)."""
     first = passes[0][2]
     ticks = figures.deterministic_ticks(first.ticks)
     repetitions = [
@@ -75,7 +78,7 @@ def level_record(
         cache_off=None if cache_off is None else cache_off.sessions,
         cache_verdict=None
         if cache_off is None
-        else prefix.cache_verdict(first.sessions, cache_off.sessions, proven.holds, near_tie),
+        else prefix.cache_verdict(first.sessions, cache_off.sessions, proven.holds, near_tie, own_kv),
     )
 
 

@@ -14,14 +14,17 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
-from meshbench.analysis import isolation
+from meshbench.analysis import isolation, prefix
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine.base import BatchEngine, EngineLimits
 from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.errors import MeshbenchError
 from meshbench.records.model import Reference
+from meshbench.records.sharing import OwnKvReplay
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.scheduler.telemetry import TickRecord
+from meshbench.sweep import own_kv
 from meshbench.sweep.inject import FaultPlan
 from meshbench.sweep.level_record import concurrency_sweep, level_record
 from meshbench.sweep.passes import Pass, run_pass, run_pass_wall
@@ -89,7 +92,8 @@ def run_concurrency_sweep(
         # with a prefix cache, the level once more with it off: cache equivalence (on the wall clock or under
         # faults the schedule is not the level's own, and sessions are compared only where both completed)
         cache_off = one_pass(i, cache=False) if sweep.prefix_block_tokens else None
-        shared = (cache_off, sweep.near_tie, sweep.prefix_block_tokens)
+        own = None if cache_off is None else _own_kv(passes[i][0][2], cache_off, engine_factory, budgets[i], workload)
+        shared = (cache_off, sweep.near_tie, sweep.prefix_block_tokens, own)
         records.append(level_record(lv, budgets[i], times_of[i], slo, passes[i], proof, wall, *shared))
     reference = None
     if not all(lv.arrivals.all_at_once for lv in plan) or sweep.fault_rows:
@@ -97,6 +101,28 @@ def run_concurrency_sweep(
             workload, sweep.budget, engine_factory, clock, sweep.prefill, eog, sweep.prefix_block_tokens
         )
     return concurrency_sweep(records, reference)
+
+
+def _own_kv(
+    first: Pass, cache_off: Pass, factory: Callable[[EngineLimits], BatchEngine], budget: NodeBudget, wl: Workload
+) -> OwnKvReplay | None:
+    """Where a conversation's turns differ with the cache on and off: the level replayed on each session's own KV
+    (meshbench.sweep.own_kv), on an engine that can (llama.cpp's, one stream per sequence: kv_unified off; a
+    sequence for every session). None where nothing differs, or no such replay runs."""
+    if prefix.cache_verdict(first.sessions, cache_off.sessions, None, 0.0).holds:
+        return None
+    if not prefix.replayable(first.sessions, first.ticks):
+        return None
+    engine = factory(dataclasses.replace(budget.engine_limits(), max_active_sessions=wl.sessions))
+    try:
+        if not hasattr(engine, "resume") or getattr(engine, "kv_unified", True):
+            return None
+        requests = wl.requests(engine.vocab_size)  # (conversations run without eos stop)
+        return own_kv.own_kv(engine, first.sessions, first.ticks, requests)
+    except (MeshbenchError, RuntimeError):  # (the engine refused the replay: the margin rule stands alone)
+        return None
+    finally:
+        close_engine(engine)
 
 
 def _restarter(node: EngineSetup | None, limits: EngineLimits) -> Callable[[], BatchEngine] | None:

@@ -12,6 +12,7 @@ from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.context import GgufEngineInfo, SyntheticEngineInfo
 from meshbench.records.model import LevelRecord
+from meshbench.records.sharing import OwnKvReplay
 from meshbench.results.typed import NodeBundle
 from meshbench.verify import turns
 
@@ -213,5 +214,30 @@ def _check_cache_off(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None
             sorted((s.session_id, s.epoch, s.done_reason) for s in off),
         )
     near_tie = figures.near_tie(b.results.engine)
-    verdict = prefix.cache_verdict(lv.sessions, off, lv.isolation_verdict.holds, near_tie)
+    own = lv.cache_verdict.own_kv if lv.cache_verdict is not None else None
+    verdict = prefix.cache_verdict(lv.sessions, off, lv.isolation_verdict.holds, near_tie, own)
     c.equal(RESULTS, f"{at}.cache_verdict (recomputed)", serial.to_json(verdict), serial.to_json(lv.cache_verdict))
+    _check_own_kv(c, b, lv, at, own)
+
+
+def _check_own_kv(c: Checks, b: NodeBundle, lv: LevelRecord, at: str, own: OwnKvReplay | None) -> None:
+    """The own-KV replay (meshbench.sweep.own_kv): only where a conversation's turns differ with the cache on and
+    off and the level can be replayed; its count within the level's tokens, a mismatch naming one of its turns.
+    What it found is taken as recorded here: verify --rerun runs it again."""
+    if own is None:
+        return
+    differs = lv.cache_verdict is not None and not lv.cache_verdict.holds
+    c.equal(RESULTS, f"{at}.cache_verdict.own_kv (only where turns differ, replayable)", True,
+            differs and prefix.replayable(lv.sessions, lv.tick_records))  # fmt: skip
+    engine = b.results.engine
+    c.equal(RESULTS, f"{at}.cache_verdict.own_kv (only on llama.cpp with kv_unified off: one stream a sequence)",
+            True, isinstance(engine, GgufEngineInfo) and engine.kv_unified is False)  # fmt: skip
+    total = sum(len(s.tokens) for s in lv.sessions)
+    c.equal(RESULTS, f"{at}.cache_verdict.own_kv.tokens (within the level's {total})", True,
+            0 < own.tokens <= total and (own.tokens == total or not own.reproduced))  # fmt: skip
+    turns = {(s.session_id, s.epoch): len(s.tokens) for s in lv.sessions}
+    named = 0 <= (own.index or 0) < turns.get((own.session_id or "", own.epoch or 0), 0) and own.index is not None
+    nothing = own.session_id is None and own.epoch is None and own.index is None
+    c.equal(RESULTS, f"{at}.cache_verdict.own_kv: a mismatch names a turn and token of the level, a match none",
+            [not own.reproduced, own.reproduced], [named, nothing])  # fmt: skip
+    c.notes.append(f"{at}.cache_verdict.own_kv.reproduced: taken as recorded (unchecked; --rerun replays the level)")

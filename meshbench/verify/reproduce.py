@@ -79,6 +79,9 @@ def view(b: NodeBundle) -> dict:
         out.update(_isolation(f"{at}.isolation", lv.isolation))
         for j, s in enumerate(lv.sessions):
             out.update(_split(f"{at}.sessions[{j}]", s, ("margins",)))  # ids, epochs, ends, tokens; margins apart
+        if lv.cache_verdict is not None:  # the own-KV replay's finding (verify recomputes the rest of the verdict)
+            own = lv.cache_verdict.own_kv
+            out[f"{at}.cache_verdict.own_kv"] = None if own is None else serial.to_json(own)
         for j, s in enumerate(lv.cache_off or ()):  # the level with its prefix cache off
             out.update(_split(f"{at}.cache_off[{j}]", s, ("margins",)))
         for t in lv.tick_records:  # deterministic fields only

@@ -28,8 +28,14 @@ class Entry:
 
 
 def read(path: str) -> list[str]:
-    """The prompts' whole first-turn texts, in order (a JSON line's ``prefix`` and ``prompt`` together)."""
-    return [(e.prefix or "") + e.prompt for e in read_entries(path)]
+    """The prompts' whole texts, in order (a JSON line's ``prefix`` and ``prompt`` together), for a server to
+    tokenize: a conversation's later ``turns`` are refused (an endpoint runs one turn a session so far)."""
+    entries = read_entries(path)
+    if entries[0].turns:
+        raise MeshbenchError(
+            f"workload.prompts {path}: its lines have 'turns' (conversations), which run on a meshbench node so far"
+        )
+    return [(e.prefix or "") + e.prompt for e in entries]
 
 
 def read_entries(path: str) -> list[Entry]:
@@ -68,6 +74,11 @@ def _entry(path: str, i: int, line: str) -> Entry:
         raise MeshbenchError(
             f"workload.prompts {path}: line {i}'s 'turns' is not a list of non-empty strings (the user's later turns)"
         )
+    for text in (prompt, prefix or "", *turns):  # (a lone surrogate from a \ud800 escape is no UTF-8)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MeshbenchError(f"workload.prompts {path}: line {i} has text that is not UTF-8 (a lone surrogate)")
     return Entry(prefix, prompt, tuple(turns))
 
 
@@ -93,6 +104,11 @@ def apply(cfg: RunConfig) -> RunConfig:
     texts = [e.prompt for e in entries]
     ids = _ids(cfg, entries) if entries[0].prefix is not None else tokenize(cfg.engine.model, texts)
     lengths = tuple(len(x) for x in ids)
+    if wl.turn_lengths is not None and not cfg.source.startswith("results.json"):
+        raise MeshbenchError(
+            f"workload.turn_tokens: with real prompts leave it out (a bundle's echo writes the turns' lengths there; "
+            f"the turns come from {wl.prompts})"
+        )
     turn_ids = _turn_ids(cfg, entries)
     turn_lengths = None if turn_ids is None else tuple(tuple(len(t) for t in x) for x in turn_ids)
     recorded = wl.turn_lengths if wl.turn_lengths is not None else turn_lengths
