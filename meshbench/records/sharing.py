@@ -52,8 +52,8 @@ class CacheVerdict:
 class OwnKvReplay:
     """A conversation level replayed without the prefix cache, each later turn continuing its session's own
     llama.cpp sequence cut to the positions the cache gave it (``meshbench.sweep.own_kv``): whether every token the
-    engine sampled is the one the cache-on pass recorded. When so, the cache gave each turn exactly the KV its
-    session had computed itself, and a turn that differs from its cold prefill differs by how its cached positions
+    engine sampled is the one the cache-on pass recorded. When so, each turn's tokens with the cache are those
+    of its session's own KV, and a turn that differs from its cold prefill differs by how its cached positions
     were computed (an answer's by decode, one at a time), not by what the cache held."""
 
     reproduced: bool

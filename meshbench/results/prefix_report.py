@@ -85,10 +85,11 @@ def _own_kv(levels: list[LevelRecord]) -> list[str]:
         "",
         "Where turns differ with the cache on and off, the level was replayed without the cache, each later turn "
         "continuing its own session's llama.cpp sequence cut to the positions the cache gave it (`meshbench.sweep."
-        "own_kv`): " + "; ".join(said) + ". Reproduced means the cache gave each turn exactly the KV its session "
-        "had computed; a turn then differs from its cold prefill because its cached positions were computed "
-        "otherwise (an answer's by decode, one token at a time; the cold pass prefills the whole context at once): "
-        "engine numerics, not what the cache held.",
+        "own_kv`): " + "; ".join(said) + ". Reproduced means each turn's tokens with the cache are those of its "
+        "session's own KV, computed as the cache-on run computed it; a turn then differs from its cold prefill "
+        "because its cached positions were computed otherwise (its answers by decode, one token at a time, the "
+        "rest of its prompt in a prefill of its own; the cold pass prefills the whole context at once): engine "
+        "numerics, not what the cache held. Not reproduced is corruption.",
     ]
 
 
@@ -119,8 +120,10 @@ def _conversations(b: NodeBundle, levels: list[LevelRecord], holds: bool) -> lis
         f"and {_user_turns(wl)}. A session's whole blocks (prompt and answer) stay cached when a "
         "turn ends, so its next turn starts from them; where they were evicted meanwhile, the context is "
         f"prefilled again (a conversation miss: {missed} over all levels). **Conversation equivalence**: the "
-        f"{later} later turns compared (all levels) give the tokens of a cold prefill of the whole context "
-        "(the cache-off pass)" + (" at every level." if holds else "; see the divergences below."),
+        f"{later} later turns compared (all levels) "
+        + ("give" if holds else "are held to")
+        + " the tokens of a cold prefill of the whole context (the cache-off pass)"
+        + (" at every level." if holds else f"; {_differing(levels)} of them differ, listed below."),
         "",
         "The isolation passes perturb a session's content in every turn (its prompt and its user ids).",
     ]
@@ -135,3 +138,7 @@ def _user_turns(wl: Workload) -> str:
         f"the user's next message from `{wl.prompts}` (its 'turns', {min(sizes)} to {max(sizes)} tokens, "
         "tokenized without BOS)"
     )
+
+
+def _differing(levels: list[LevelRecord]) -> int:
+    return sum(1 for lv in levels if lv.cache_verdict for d in lv.cache_verdict.divergences if d.epoch > 1)

@@ -6,7 +6,7 @@ once instead, so a turn may differ from it by arithmetic alone. This replay tell
 gave a turn other KV than its own: it feeds the engine the recorded schedule (every tick's decode feed and prompt
 pieces, in order, in the same batches), without the cache; a later turn keeps its session's own llama.cpp
 sequence, cut to the positions the cache gave it (``resume``), and prefills the rest. If every token the engine
-samples is the one recorded, the cache gave each turn exactly the KV its session computed.
+samples is the one recorded, each turn's tokens with the cache are those of its session's own KV.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def own_kv(
         answers = [(sid, pos + 1, res) for (sid, pos, _), res in zip(t.decode_feed, out.decode)]
         answers += [(sid, None, res) for (sid, _, _), res in zip(t.prefill_chunks, out.prefill)]
         for sid, position, res in answers:
+            if res.error is not None or res.cache_miss:  # (the engine failed the replay: no finding, no verdict)
+                raise RuntimeError(f"own-KV replay: {sid}: {res.error or 'cache miss'}")
             compared += 1
             index = _mismatch(res, record[sid, epoch[sid]], position)
             if index is not None:
