@@ -2,7 +2,9 @@
 prompt the whole conversation so far, verified from the records; and what conversations do not run with yet,
 refused in one line."""
 
+import copy
 import json
+from pathlib import Path
 
 import factories as f
 import pytest
@@ -152,3 +154,17 @@ def test_an_echo_of_real_turns_reads_back_as_the_same_workload():
     for bad in ([[3, 4]], [[3], [4]], [[3, 0], [4, 5]]):
         with pytest.raises(Exception, match="give each of the 2 sessions 2 later turns' lengths"):
             from_mapping({**data, "workload": {**data["workload"], "turn_tokens": bad}}, "results.json")
+
+
+def test_the_own_kv_finding_is_noted_as_taken_as_recorded_only_without_a_rerun():
+    """Plain verify takes the own-KV replay's finding as recorded and says so; a rerun compares it with its own
+    replay, so the note is not printed there (here the rerun is the records themselves: nothing is loaded)."""
+    from meshbench.verify.bundle import check_bundle
+
+    path = Path(__file__).resolve().parent.parent / "evidence" / "GEMMA3-270M-CONVERSATIONS"
+    plain = check_bundle(path)
+    assert not plain.failures
+    noted = [n for n in plain.notes if "own_kv.reproduced: taken as recorded" in n]
+    assert len(noted) == 2  # (levels 1 and 8: their turns differ, and each was replayed)
+    rerun = check_bundle(path, rerun=lambda data: copy.deepcopy(data))
+    assert not [n for n in rerun.notes if "taken as recorded" in n]

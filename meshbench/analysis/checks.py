@@ -23,6 +23,8 @@ class Checks:
         self.failures: list[Failure] = []
         self.count = 0
         self.notes: list[str] = []  # outcomes that are not failures: how a rerun reproduced, what it could not compare
+        # records taken as written, which only a rerun checks: noted where there was none (verify.bundle)
+        self.until_rerun: list[str] = []
 
     def equal(self, file: str, field: str, expected: object, found: object, check: str | None = None) -> None:
         """Exact equality; floats within 1e-12 (the same arithmetic in another order)."""

@@ -27,6 +27,52 @@ def cell(spread: Mapping[str, float] | None, digits: int = 1) -> str:
     return median_range(spread, f".{digits}f", sep="..", drop_equal=True)
 
 
+SHARED_MIN = 16  # a common start of this many ids is a shared prefix (a system prompt), not a shared BOS or template
+
+
+def shared_prefixes(prompt_ids: list[list[int]] | None) -> str:
+    """What the sessions' prompts share, as the server tokenized them: the groups of sessions linked by common
+    starts of at least SHARED_MIN ids, each with the run all its members begin with ("" where none share one, or
+    the ids were not recorded)."""
+    ids = prompt_ids or []
+    group = list(range(len(ids)))  # each session's group: the first session linked to it
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    for i in range(len(ids)):
+        for j in range(i):
+            if _common(ids[i], ids[j]) >= SHARED_MIN:
+                group[root(i)] = root(j)
+    members: dict[int, list[int]] = {}
+    for i in range(len(ids)):
+        members.setdefault(root(i), []).append(i)
+    shared = sorted(
+        ((len(m), min(_common(ids[m[0]], ids[k]) for k in m[1:])) for m in members.values() if len(m) > 1),
+        reverse=True,
+    )
+    if not shared:
+        return ""
+    lengths = sorted(n for _, n in shared)
+    span = str(lengths[0]) if lengths[0] == lengths[-1] else f"{lengths[0]}-{lengths[-1]}"
+    return (
+        f"; {sum(k for k, _ in shared)} of them in {len(shared)} group(s) of {', '.join(str(k) for k, _ in shared)}, "
+        f"each group's prompts beginning with the same {span} tokens"
+    )
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """How many ids two prompts begin with alike."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _launched(e: EndpointInfo) -> list[str]:
     """The server meshbench started for the sweep, as it started it."""
     x = e.launched
@@ -103,7 +149,9 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         *_launched(e),
         f"{wl.sessions} sessions from `{wl.prompts}` (sha256 {wl.prompts_sha256[:12]}), tokenized by the "
         f"server ({min(wl.prompt_tokens)}-{max(wl.prompt_tokens)} tokens), {min(wl.new_tokens)}-"
-        f"{max(wl.new_tokens)} new tokens each, greedy, eos {wl.eos}; at each level C, C closed-loop clients; "
+        f"{max(wl.new_tokens)} new tokens each, greedy, eos {wl.eos}"
+        + shared_prefixes(wl.prompt_ids)
+        + "; at each level C, C closed-loop clients; "
         f"{reps} repetition(s), the level order rotated each time. Made by `{r.command}`.",
         *_sent(wl.request),
         "",

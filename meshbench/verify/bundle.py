@@ -84,6 +84,8 @@ def checked_bundle(
         if not kinds.kind(data).rerun:
             raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
         c.notes.append(str(reproduce.check_rerun(c, data, rerun)))
+    else:
+        c.notes.extend(c.until_rerun)  # (a rerun compared these records with its own)
     return data, typed, c
 
 

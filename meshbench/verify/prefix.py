@@ -240,4 +240,6 @@ def _check_own_kv(c: Checks, b: NodeBundle, lv: LevelRecord, at: str, own: OwnKv
     nothing = own.session_id is None and own.epoch is None and own.index is None
     c.equal(RESULTS, f"{at}.cache_verdict.own_kv: a mismatch names a turn and token of the level, a match none",
             [not own.reproduced, own.reproduced], [named, nothing])  # fmt: skip
-    c.notes.append(f"{at}.cache_verdict.own_kv.reproduced: taken as recorded (unchecked; --rerun replays the level)")
+    c.until_rerun.append(
+        f"{at}.cache_verdict.own_kv.reproduced: taken as recorded (unchecked; --rerun replays the level)"
+    )
