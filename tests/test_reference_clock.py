@@ -37,3 +37,23 @@ def test_bench_clock_reports_every_figure_from_both_sides_of_the_wire():
 def test_bench_clock_refuses_bad_levels_in_one_line():
     r = runner.invoke(app, ["bench", "clock", "--levels", "0"])
     assert r.exit_code == 2 and "Traceback" not in r.output and "--levels" in r.output
+
+
+def test_bench_client_counts_every_token_it_received_and_what_each_cost():
+    r = runner.invoke(app, ["bench", "client", "--levels", "1,3", "--requests", "6", "--tokens", "5", "--rounds",
+                            "2", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout[r.stdout.index("{") :])
+    assert (res["requests"], res["tokens"], res["rounds"]) == (6, 5, 2)
+    assert [lv["concurrency"] for lv in res["levels"]] == [1, 3]
+    for lv in res["levels"]:
+        for name in ("tokens_per_s", "client_cpu_us_per_token"):
+            s = lv[name]
+            assert 0 < s["min"] <= s["median"] <= s["max"], (name, s)
+        assert lv["client_ceiling_tokens_per_s"] == 1e6 / lv["client_cpu_us_per_token"]["median"]
+        assert set(lv["delay_ms"]) == {"p50", "p99", "max"}
+
+
+def test_bench_client_refuses_a_pass_too_large_to_stamp_in_one_line():
+    r = runner.invoke(app, ["bench", "client", "--levels", "4", "--requests", "4096", "--tokens", "4096"])
+    assert r.exit_code != 0 and "Traceback" not in r.output and "tokens in a pass" in r.output

@@ -10,6 +10,7 @@ differ: most gaps are short, a few are long stalls, as a server's are when a pro
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import statistics
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -55,6 +56,22 @@ def schedule(sessions: int, tokens: int, seed: int) -> list[dict]:
 def run(levels: Sequence[int], sessions: int, tokens: int, seed: int, rounds: int,
         progress: Callable[[str], None] = lambda m: None) -> dict:  # fmt: skip
     """Per level, every figure from the server's stamps and from meshbench's, over ``rounds`` passes."""
+    with serving() as (endpoint, _):
+        plan = schedule(sessions, tokens, seed)
+        result = {"sessions": sessions, "tokens": tokens, "seed": seed, "rounds": rounds, "levels": []}
+        for c in levels:
+            passes = []
+            for r in range(rounds):
+                progress(f"reference clock: {c} clients, round {r + 1} of {rounds}")
+                passes.append(_pass(endpoint, plan, c, f"{c}-{r}"))
+            result["levels"].append({"concurrency": c, **_summary(passes)})
+        return result
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[tuple[Endpoint, subprocess.Popen]]:
+    """The reference clock's server on a free loopback port, and meshbench's client for it; stopped on leaving,
+    by the process id started here (SIGTERM, then SIGKILL after 10 s)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "meshbench.bench.clock_server", str(port)],
@@ -66,18 +83,9 @@ def run(levels: Sequence[int], sessions: int, tokens: int, seed: int, rounds: in
     )
     try:
         _wait_ready(proc, port)
-        endpoint = Endpoint(parse_target(f"http://127.0.0.1:{port}"), "native", 60.0)
-        plan = schedule(sessions, tokens, seed)
-        result = {"sessions": sessions, "tokens": tokens, "seed": seed, "rounds": rounds, "levels": []}
-        for c in levels:
-            passes = []
-            for r in range(rounds):
-                progress(f"reference clock: {c} clients, round {r + 1} of {rounds}")
-                passes.append(_pass(endpoint, plan, c, f"{c}-{r}"))
-            result["levels"].append({"concurrency": c, **_summary(passes)})
-        return result
+        yield Endpoint(parse_target(f"http://127.0.0.1:{port}"), "native", 60.0), proc
     finally:
-        llama_server.stop(proc)  # (by the process id started here: SIGTERM, then SIGKILL after 10 s)
+        llama_server.stop(proc)
 
 
 def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> dict:
@@ -90,12 +98,12 @@ def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> dict:
     failed = [x for x in done if x.error]
     if failed:
         raise MeshbenchError(f"reference clock: {failed[0].session_id} failed: {failed[0].error}")
-    log = _log(endpoint, tag, [f"{tag}-{k}" for k in range(len(plan))])
-    server = [_Stamps(x.submit_ns, [s - t0 for s in log[f"{tag}-{k}"]["sent_ns"]]) for k, x in enumerate(done)]
+    sent = log(endpoint, tag, [f"{tag}-{k}" for k in range(len(plan))])
+    server = [_Stamps(x.submit_ns, [s - t0 for s in sent[f"{tag}-{k}"]["sent_ns"]]) for k, x in enumerate(done)]
     if any(len(x.token_ns) != len(s.token_ns) for x, s in zip(done, server)):
         raise MeshbenchError("reference clock: the client saw another number of tokens than the server sent")
     delays = [(a - b) / latency.MS for x, s in zip(done, server) for a, b in zip(x.token_ns, s.token_ns)]
-    requests = [(log[f"{tag}-{k}"]["received_ns"] - t0 - x.submit_ns) / latency.MS for k, x in enumerate(done)]
+    requests = [(sent[f"{tag}-{k}"]["received_ns"] - t0 - x.submit_ns) / latency.MS for k, x in enumerate(done)]
     return {"server": _figures(server), "meshbench": _figures(done), "delay_ms": delays, "request_ms": requests}
 
 
@@ -122,7 +130,7 @@ def _summary(passes: list[dict]) -> dict:
     }
 
 
-def _log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict:
+def log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict:
     """The server's stamps of this pass's requests, once each has all of them (the last is taken just after the
     client may have read it)."""
     deadline = time.monotonic() + READY_S
@@ -130,11 +138,11 @@ def _log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict:
         conn = http.client.HTTPConnection(endpoint.target.host, endpoint.target.port, timeout=10)
         try:
             conn.request("GET", f"/clock/{tag}")
-            log = json.loads(conn.getresponse().read())
+            stamps = json.loads(conn.getresponse().read())
         finally:
             conn.close()
-        if all(i in log and len(log[i]["sent_ns"]) == log[i]["tokens"] for i in ids):
-            return log
+        if all(i in stamps and len(stamps[i]["sent_ns"]) == stamps[i]["tokens"] for i in ids):
+            return stamps
         if time.monotonic() > deadline:
             raise MeshbenchError("the reference clock's server did not record every send")
         time.sleep(0.01)

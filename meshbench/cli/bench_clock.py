@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from meshbench.bench import reference_clock
+from meshbench.bench import client_ceiling, reference_clock
 from meshbench.cli.bench import bench_app
 from meshbench.cli.common import JsonOpt, err, int_list, out, print_json, table
 
@@ -40,3 +40,44 @@ def bench_clock(
             t.add_row(str(lv["concurrency"]), f"{name}, p50 / p99 / max", "",
                       f"{d['p50']:.2f} / {d['p99']:.2f} / {d['max']:.2f}", "")  # fmt: skip
     out.print(t)
+
+
+@bench_app.command("client")
+def bench_client(
+    levels: Annotated[str, typer.Option("--levels", help="Closed-loop clients per level, e.g. 1,4,16.")] = "1,4,16,64",
+    requests: Annotated[int, typer.Option("--requests", min=1, max=4096, help="Requests per pass.")] = 64,
+    tokens: Annotated[int, typer.Option("--tokens", min=2, max=4096, help="Tokens per request.")] = 512,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Passes per level.")] = 3,
+    as_json: JsonOpt = False,
+) -> None:
+    """The endpoint client's own cost: streamed tokens/s one meshbench process receives from a loopback server
+    that answers at once, its CPU per token (so its one-core ceiling), the server's, and how late the client
+    stamps a token after the server sent it."""
+    chosen = int_list(levels, "--levels", unique=True, maximum=requests)  # (more clients than requests: idle)
+    res = client_ceiling.run(chosen, requests, tokens, rounds, progress=lambda m: err.print(m, markup=False))
+    if as_json:
+        print_json(res)
+        return
+    t = table(
+        f"the client's own cost: {requests} requests of {tokens} tokens per pass, medians (min..max) of {rounds} "
+        "passes; at this rate the send-to-stamp delay is the client's backlog",
+        (
+            "C",
+            "tokens/s received",
+            "client CPU µs/token",
+            "server CPU µs/token",
+            "client ceiling tok/s (1 core)",
+            "send to stamp ms p50 / p99 / max",
+        ),  # fmt: skip
+    )
+    for lv in res["levels"]:
+        d = lv["delay_ms"]
+        ceiling = lv["client_ceiling_tokens_per_s"]
+        t.add_row(str(lv["concurrency"]), _spread(lv["tokens_per_s"], ".0f"), _spread(lv["client_cpu_us_per_token"]),
+                  _spread(lv["server_cpu_us_per_token"]), "-" if ceiling is None else f"{ceiling:.0f}",
+                  f"{d['p50']:.2f} / {d['p99']:.2f} / {d['max']:.2f}")  # fmt: skip
+    out.print(t)
+
+
+def _spread(s: dict | None, fmt: str = ".1f") -> str:
+    return "-" if s is None else f"{s['median']:{fmt}} ({s['min']:{fmt}}..{s['max']:{fmt}})"

@@ -1,0 +1,103 @@
+"""The endpoint client's own cost: how many streamed tokens one meshbench process receives per second, and how
+much CPU each costs it, from a server that answers at once (the reference clock's server with every wait zero:
+each token written and flushed as soon as the last one was).
+
+Per pass, C closed-loop clients (the endpoint sweep's own client and threads) share ``requests`` requests of
+``tokens`` tokens. Measured per pass:
+
+- tokens received per second of wall time (first request to last token);
+- the client's CPU per token: this process's CPU time over the pass (every client thread; the server is another
+  process) over the tokens received;
+- the server's CPU per token, from its process's CPU time on Linux (/proc), where the two share the machine's
+  cores: a ceiling the server sets is not the client's;
+- each token's delay from the server's send stamp (after its flush) to the client's stamp. With a server this
+  fast it is the client's backlog (tokens written, not yet read), not its clock's error: ``bench clock`` measures
+  that error with a server that paces its tokens as a model does.
+
+One core's worth of the client, 1e6 / (CPU µs per token), is the client's ceiling: the most tokens/s one meshbench
+process can stamp, whatever the server. Figures are medians of the passes, with min and max.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from typing import Callable, Sequence
+
+from meshbench.analysis import latency
+from meshbench.bench.reference_clock import log, serving
+from meshbench.endpoint.client import Endpoint
+from meshbench.endpoint.load import Job, closed_loop
+from meshbench.errors import MeshbenchError
+
+MAX_PASS_TOKENS = 1 << 21  # every token's two stamps are held until the pass ends
+
+
+def run(levels: Sequence[int], requests: int, tokens: int, rounds: int,
+        progress: Callable[[str], None] = lambda m: None) -> dict:  # fmt: skip
+    """Per level of C clients, each figure's median (min, max) over ``rounds`` passes, and the delays pooled."""
+    if requests * tokens > MAX_PASS_TOKENS:
+        raise MeshbenchError(
+            f"client ceiling: {requests * tokens} tokens in a pass (requests x tokens) is over the "
+            f"{MAX_PASS_TOKENS} a pass may stamp"
+        )
+    result: dict = {"requests": requests, "tokens": tokens, "rounds": rounds, "levels": []}
+    with serving() as (endpoint, proc):
+        for c in levels:
+            passes = []
+            for r in range(rounds):
+                progress(f"client ceiling: {c} clients, round {r + 1} of {rounds}")
+                passes.append(_pass(endpoint, proc, c, requests, tokens, f"ceiling-{c}-{r}"))
+            result["levels"].append({"concurrency": c, **_summary(passes)})
+    return result
+
+
+def _pass(endpoint: Endpoint, proc: subprocess.Popen, c: int, requests: int, tokens: int, tag: str) -> dict:
+    ids = [f"{tag}-{k}" for k in range(requests)]
+    reference = {"first_ms": 0.0, "gaps_ms": [0.0] * (tokens - 1)}
+    body = endpoint.body([1, 2, 3], "", tokens, False, 0)
+    jobs = [Job(f"s{k:03d}", {**body, "reference": {**reference, "id": i}}) for k, i in enumerate(ids)]
+    server_cpu, cpu = _cpu_s(proc.pid), time.process_time()
+    t0 = time.monotonic_ns()
+    done, _ = closed_loop(endpoint, jobs, c, t0)
+    cpu = time.process_time() - cpu
+    server_after = _cpu_s(proc.pid)
+    failed = [x for x in done if x.error]
+    if failed:
+        raise MeshbenchError(f"client ceiling: {failed[0].session_id} failed: {failed[0].error}")
+    received = sum(len(x.token_ns) for x in done)
+    if received != len(jobs) * tokens:
+        raise MeshbenchError(f"client ceiling: {received} tokens received of the {len(jobs) * tokens} sent")
+    wall_s = max(x.token_ns[-1] for x in done) / 1e9
+    sent = log(endpoint, tag, ids)
+    delays = [(a - (s - t0)) / latency.MS for x, i in zip(done, ids) for a, s in zip(x.token_ns, sent[i]["sent_ns"])]
+    server = None if server_cpu is None or server_after is None else (server_after - server_cpu) / received * 1e6
+    return {
+        "tokens_per_s": received / wall_s,
+        "client_cpu_us_per_token": cpu / received * 1e6,
+        "server_cpu_us_per_token": server,
+        "delay_ms": delays,
+    }
+
+
+def _summary(passes: list[dict]) -> dict:
+    out: dict = {}
+    for name in ("tokens_per_s", "client_cpu_us_per_token", "server_cpu_us_per_token"):
+        values = [p[name] for p in passes if p[name] is not None]
+        out[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+    client = out["client_cpu_us_per_token"]
+    out["client_ceiling_tokens_per_s"] = 1e6 / client["median"] if client and client["median"] > 0 else None
+    out["delay_ms"] = latency.percentiles([d for p in passes for d in p["delay_ms"]], (50, 99), with_max=True)
+    return out
+
+
+def _cpu_s(pid: int) -> float | None:
+    """A process's CPU time (user and system, seconds) from /proc; None where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
