@@ -457,3 +457,27 @@ def test_a_failed_restart_with_resubmissions_fails_the_accounting(tmp_path):
     (bundle / "results.json").write_text(json.dumps(data))
     r = CliRunner().invoke(app, ["verify", str(bundle)])
     assert r.exit_code == 1 and "a failed restart resubmitted nothing" in r.output, r.output
+
+
+def test_faults_run_with_the_prefix_cache_and_kv_is_held_to_the_store_it_leaves(tmp_path):
+    """Cancels, evictions and raised calls beside shared prefixes: every fault check and the prefix cache's hold;
+    the KV left at the end is the cache's unreferenced blocks, exactly, and KV left beside them is caught."""
+    out = tmp_path / "b"
+    args = ["sweep", "--levels", "2,4", "--prefix-cache", "--block-tokens", "4", "--prefix-groups", "3,3,2",
+            "--prefix-tokens", "8", "--inject", "cancel:s1@2,cancel:s6@2", "--inject", "evict:s0@3", "--inject",
+            "raise:prefill@2", "--inject", "raise:decode@4", "--out", str(out)]  # fmt: skip
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    assert sum(s["cached_tokens"] or 0 for lv in data["levels"] for s in lv["sessions"]) > 0  # (hits beside faults)
+    lv = level(data, 4, "evict:s0@3")
+    assert ended(lv)["s0", 1][0] == "CACHE_MISS"
+    last = data["levels"][1]["tick_records"][-1]
+    assert last["kv_bytes"] == last["kv_bytes_shared"] > 0  # the cache's blocks outlive every session
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+    def change(d):
+        d["levels"][1]["tick_records"][-1]["kv_bytes"] += 4096
+
+    found = _tampered(out, tmp_path, change)
+    assert "levels[1].faults[KV to zero] kv_bytes at the end (only the prefix cache's blocks)" in found

@@ -7,7 +7,9 @@ per level exactly what verify found:
   done reason, and a cause when it FAILED; each fault event names sessions as they ended;
 - ``KV to zero``: the engine's KV in use equals the positions held by running sessions at every
   tick (a lost engine's KV went with it, a restarted one holds only what it prefilled), and is
-  zero at the end; an evicted session's KV may be gone before its miss is seen (at most);
+  zero at the end; an evicted session's KV may be gone before its miss is seen (at most); with the
+  prefix cache, a shared block is counted once, in the store, which outlives the sessions (bounds, and
+  the store's bytes at the end);
 - ``untouched identical``: every session no fault ended COMPLETED with the reference's tokens;
 - ``resubmitted identical``: every session lost with its engine and resubmitted ended (in its
   last epoch) COMPLETED with the reference's tokens, unless a later fault ended it;
@@ -153,13 +155,24 @@ def _end(s: SessionRecord | FaultSession) -> JsonObject:
 
 
 def _kv_to_zero(c: Checks, per_token: int, lv: LevelRecord, at: str) -> None:
+    """Without the prefix cache, the KV in use is the running sessions' positions, and zero at the end. With it,
+    a shared block is counted once, in the store (kv_bytes_shared), whose unreferenced blocks outlive every
+    session: the KV in use is at least the store's and at most the sessions' positions plus the store's, and at
+    the end only the store's (verify's prefix replay holds it exactly where no session missed)."""
     evicted = any(_kind(e) is FaultKind.EVICT and e.sessions for e in lv.fault_events)
     for t in lv.tick_records:
         held = t.stored_tokens * per_token
-        ok = t.kv_bytes <= held if evicted else t.kv_bytes == held
-        _equal(c, at, "KV to zero", f"tick {t.tick} kv_bytes vs stored_tokens x {per_token}", True, ok)
-    last = lv.tick_records[-1].kv_bytes if lv.tick_records else 0
-    _equal(c, at, "KV to zero", "kv_bytes at the end", 0, last)
+        if t.kv_bytes_shared is not None:
+            ok, what = t.kv_bytes_shared <= t.kv_bytes <= held + t.kv_bytes_shared, "and kv_bytes_shared"
+        else:
+            ok, what = (t.kv_bytes <= held if evicted else t.kv_bytes == held), ""
+        _equal(c, at, "KV to zero", f"tick {t.tick} kv_bytes vs stored_tokens x {per_token} {what}".strip(), True, ok)
+    last = lv.tick_records[-1] if lv.tick_records else None
+    if last is not None and last.kv_bytes_shared is not None:
+        _equal(c, at, "KV to zero", "kv_bytes at the end (only the prefix cache's blocks)", last.kv_bytes_shared,
+               last.kv_bytes)  # fmt: skip
+    else:
+        _equal(c, at, "KV to zero", "kv_bytes at the end", 0, last.kv_bytes if last is not None else 0)
 
 
 def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[str, list[int]]) -> None:

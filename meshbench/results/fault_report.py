@@ -67,6 +67,14 @@ def section(b: NodeBundle) -> list[str]:
         "fails; the next pass gets a fresh one"
     )
     isolated = "in its own process behind a proxy" if b.results.engine.isolated else "in the node's process"
+    kv = (
+        "with the prefix cache a shared block is counted once, in the cache, whose unreferenced blocks outlive the "
+        "sessions: the engine's KV bytes lie at every tick between the cache's and the running sessions' positions "
+        "plus the cache's, and at the end are the cache's exactly (every session's own KV released)."
+        if b.cfg.engine.prefix_cache
+        else "the engine's KV bytes equal the running sessions' positions at every tick (at most, after an "
+        "eviction) and are zero at the end."
+    )
     return [
         HEADING,
         "",
@@ -78,10 +86,9 @@ def section(b: NodeBundle) -> list[str]:
         *["| " + " | ".join(r) + " |" for r in rows],
         "",
         "ends once: each session ends exactly once per epoch, with a cause when it failed, as its fault event "
-        "says. KV to zero: the engine's KV bytes equal the running sessions' positions at every tick (at most, "
-        "after an eviction) and are zero at the end. untouched / resubmitted identical: every session no fault "
-        "ended, and every resubmitted one, completed with the reference's tokens, byte for byte. accounting: "
-        "arrivals + resubmissions = completed + cancelled + failed + cache misses + rejected, and the "
+        f"says. KV to zero: {kv} untouched / resubmitted identical: every session no fault ended, and every "
+        "resubmitted one, completed with the reference's tokens, byte for byte. accounting: arrivals + "
+        "resubmissions = completed + cancelled + failed + cache misses + rejected, and the "
         "scheduler's counters equal the records.",
         "",
     ]

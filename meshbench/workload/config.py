@@ -81,8 +81,6 @@ class RunConfig:
         matrix.check_folders(self.engine.server_settings or ())
         if self.engine.kind != ENDPOINT_KIND and isinstance(self.workload.cancel, int):
             raise MeshbenchError("workload.cancel: cancel-and-retry runs against an endpoint (engine.kind endpoint)")
-        if self.faults and self.engine.prefix_cache:
-            raise MeshbenchError("faults with engine.prefix_cache: not built yet (fault checks count no shared KV)")
         if self.faults and (self.rates is not None or self.clock == "wall"):
             raise MeshbenchError(
                 "faults run on the tick clock with every session at once or an arrival process, "
