@@ -47,11 +47,13 @@ def test_bench_client_counts_every_token_it_received_and_what_each_cost():
     assert (res["requests"], res["tokens"], res["rounds"]) == (6, 5, 2)
     assert [lv["concurrency"] for lv in res["levels"]] == [1, 3]
     for lv in res["levels"]:
-        for name in ("tokens_per_s", "client_cpu_us_per_token"):
-            s = lv[name]
-            assert 0 < s["min"] <= s["median"] <= s["max"], (name, s)
-        assert lv["client_ceiling_tokens_per_s"] == 1e6 / lv["client_cpu_us_per_token"]["median"]
-        assert set(lv["delay_ms"]) == {"p50", "p99", "max"}
+        assert set(lv["clients"]) == {"threads", "asyncio"}  # meshbench's client, and the reference beside it
+        for x in lv["clients"].values():
+            for name in ("tokens_per_s", "client_cpu_us_per_token"):
+                s = x[name]
+                assert 0 < s["min"] <= s["median"] <= s["max"], (name, s)
+            assert x["client_ceiling_tokens_per_s"] == 1e6 / x["client_cpu_us_per_token"]["median"]
+            assert set(x["delay_ms"]) == {"p50", "p99", "max"}
 
 
 def test_bench_client_refuses_a_pass_too_large_to_stamp_in_one_line():

@@ -15,7 +15,11 @@ Per pass, C closed-loop clients (the endpoint sweep's own client and threads) sh
   that error with a server that paces its tokens as a model does.
 
 One core's worth of the client, 1e6 / (CPU µs per token), is the client's ceiling: the most tokens/s one meshbench
-process can stamp, whatever the server. Figures are medians of the passes, with min and max.
+process could stamp on one core, whatever the server, if CPU were all it waited for. Where the tokens/s received
+fall far below it, the client waits on something else: with a thread per client, on the interpreter's lock handed
+between its threads. Each pass is therefore run twice, interleaved: by meshbench's client (``threads``) and by a
+reference client that reads the same streams as asyncio tasks on one thread (meshbench.bench.async_client).
+Figures are medians of the passes, with min and max.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from typing import Callable, Sequence
 
 from meshbench.analysis import latency
+from meshbench.bench import async_client
 from meshbench.bench.reference_clock import log, serving
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.load import Job, closed_loop
@@ -35,9 +40,13 @@ from meshbench.errors import MeshbenchError
 MAX_PASS_TOKENS = 1 << 21  # every token's two stamps are held until the pass ends
 
 
+CLIENTS = ("threads", "asyncio")  # meshbench's client (a thread per client), and the reference beside it
+
+
 def run(levels: Sequence[int], requests: int, tokens: int, rounds: int,
         progress: Callable[[str], None] = lambda m: None) -> dict:  # fmt: skip
-    """Per level of C clients, each figure's median (min, max) over ``rounds`` passes, and the delays pooled."""
+    """Per level of C clients and per client, each figure's median (min, max) over ``rounds`` passes, and the
+    delays pooled; the two clients' passes interleaved, their order alternating round by round."""
     if requests * tokens > MAX_PASS_TOKENS:
         raise MeshbenchError(
             f"client ceiling: {requests * tokens} tokens in a pass (requests x tokens) is over the "
@@ -46,33 +55,40 @@ def run(levels: Sequence[int], requests: int, tokens: int, rounds: int,
     result: dict = {"requests": requests, "tokens": tokens, "rounds": rounds, "levels": []}
     with serving() as (endpoint, proc):
         for c in levels:
-            passes = []
+            passes: dict[str, list[dict]] = {name: [] for name in CLIENTS}
             for r in range(rounds):
-                progress(f"client ceiling: {c} clients, round {r + 1} of {rounds}")
-                passes.append(_pass(endpoint, proc, c, requests, tokens, f"ceiling-{c}-{r}"))
-            result["levels"].append({"concurrency": c, **_summary(passes)})
+                for name in CLIENTS if r % 2 == 0 else CLIENTS[::-1]:
+                    progress(f"client ceiling: {c} clients, {name}, round {r + 1} of {rounds}")
+                    passes[name].append(_pass(endpoint, proc, name, c, requests, tokens, f"ceiling-{name}-{c}-{r}"))
+            result["levels"].append({"concurrency": c, "clients": {k: _summary(v) for k, v in passes.items()}})
     return result
 
 
-def _pass(endpoint: Endpoint, proc: subprocess.Popen, c: int, requests: int, tokens: int, tag: str) -> dict:
+def _pass(
+    endpoint: Endpoint, proc: subprocess.Popen, client: str, c: int, requests: int, tokens: int, tag: str
+) -> dict:
     ids = [f"{tag}-{k}" for k in range(requests)]
     reference = {"first_ms": 0.0, "gaps_ms": [0.0] * (tokens - 1)}
     body = endpoint.body([1, 2, 3], "", tokens, False, 0)
-    jobs = [Job(f"s{k:03d}", {**body, "reference": {**reference, "id": i}}) for k, i in enumerate(ids)]
+    bodies = [{**body, "reference": {**reference, "id": i}} for i in ids]
     server_cpu, cpu = _cpu_s(proc.pid), time.process_time()
     t0 = time.monotonic_ns()
-    done, _ = closed_loop(endpoint, jobs, c, t0)
+    if client == "threads":
+        done, _ = closed_loop(endpoint, [Job(f"s{k:03d}", b) for k, b in enumerate(bodies)], c, t0)
+        failed = [x for x in done if x.error]
+        if failed:
+            raise MeshbenchError(f"client ceiling: {failed[0].session_id} failed: {failed[0].error}")
+        stamps = [x.token_ns for x in done]
+    else:
+        stamps = async_client.closed_loop(endpoint.target.host, endpoint.target.port, bodies, c, t0)
     cpu = time.process_time() - cpu
     server_after = _cpu_s(proc.pid)
-    failed = [x for x in done if x.error]
-    if failed:
-        raise MeshbenchError(f"client ceiling: {failed[0].session_id} failed: {failed[0].error}")
-    received = sum(len(x.token_ns) for x in done)
-    if received != len(jobs) * tokens:
-        raise MeshbenchError(f"client ceiling: {received} tokens received of the {len(jobs) * tokens} sent")
-    wall_s = max(x.token_ns[-1] for x in done) / 1e9
+    received = sum(len(x) for x in stamps)
+    if received != len(bodies) * tokens:
+        raise MeshbenchError(f"client ceiling: {received} tokens received of the {len(bodies) * tokens} sent")
+    wall_s = max(x[-1] for x in stamps) / 1e9
     sent = log(endpoint, tag, ids)
-    delays = [(a - (s - t0)) / latency.MS for x, i in zip(done, ids) for a, s in zip(x.token_ns, sent[i]["sent_ns"])]
+    delays = [(a - (s - t0)) / latency.MS for x, i in zip(stamps, ids) for a, s in zip(x, sent[i]["sent_ns"])]
     server = None if server_cpu is None or server_after is None else (server_after - server_cpu) / received * 1e6
     return {
         "tokens_per_s": received / wall_s,

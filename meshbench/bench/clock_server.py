@@ -22,6 +22,7 @@ import time
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # the listen backlog: every client of a level connects at once (the default, 5, resets)
 
     def __init__(self, port: int) -> None:
         super().__init__(("127.0.0.1", port), _Handler)

@@ -52,7 +52,8 @@ def bench_client(
 ) -> None:
     """The endpoint client's own cost: streamed tokens/s one meshbench process receives from a loopback server
     that answers at once, its CPU per token (so its one-core ceiling), the server's, and how late the client
-    stamps a token after the server sent it."""
+    stamps a token after the server sent it; beside it, interleaved, a reference client of asyncio tasks on one
+    thread reading the same streams."""
     chosen = int_list(levels, "--levels", unique=True, maximum=requests)  # (more clients than requests: idle)
     res = client_ceiling.run(chosen, requests, tokens, rounds, progress=lambda m: err.print(m, markup=False))
     if as_json:
@@ -63,6 +64,7 @@ def bench_client(
         "passes; at this rate the send-to-stamp delay is the client's backlog",
         (
             "C",
+            "client",
             "tokens/s received",
             "client CPU µs/token",
             "server CPU µs/token",
@@ -71,11 +73,12 @@ def bench_client(
         ),  # fmt: skip
     )
     for lv in res["levels"]:
-        d = lv["delay_ms"]
-        ceiling = lv["client_ceiling_tokens_per_s"]
-        t.add_row(str(lv["concurrency"]), _spread(lv["tokens_per_s"], ".0f"), _spread(lv["client_cpu_us_per_token"]),
-                  _spread(lv["server_cpu_us_per_token"]), "-" if ceiling is None else f"{ceiling:.0f}",
-                  f"{d['p50']:.2f} / {d['p99']:.2f} / {d['max']:.2f}")  # fmt: skip
+        for name, x in lv["clients"].items():
+            d, ceiling = x["delay_ms"], x["client_ceiling_tokens_per_s"]
+            t.add_row(str(lv["concurrency"]), name, _spread(x["tokens_per_s"], ".0f"),
+                      _spread(x["client_cpu_us_per_token"]), _spread(x["server_cpu_us_per_token"]),
+                      "-" if ceiling is None else f"{ceiling:.0f}",
+                      f"{d['p50']:.2f} / {d['p99']:.2f} / {d['max']:.2f}")  # fmt: skip
     out.print(t)
 
 
