@@ -481,3 +481,20 @@ def test_faults_run_with_the_prefix_cache_and_kv_is_held_to_the_store_it_leaves(
 
     found = _tampered(out, tmp_path, change)
     assert "levels[1].faults[KV to zero] kv_bytes at the end (only the prefix cache's blocks)" in found
+
+    def late(d):  # a session's KV freed late, after its eviction, but before the end
+        for t in level(d, 2, "evict:s0@3")["tick_records"][4:8]:
+            t["kv_bytes"] += 8 * 1536
+
+    (tmp_path / "late").mkdir()
+    found = _tampered(out, tmp_path / "late", late)
+    assert "kv_bytes (at most the live sessions' own positions x 1536, plus the store's) expected=True found=False" in (
+        found
+    )
+
+
+def test_a_session_released_after_a_whole_block_of_its_answer_leaves_it_cached_however_it_ended():
+    """Cancelled, evicted or failed after a whole block of its answer, a session's release caches what it wrote,
+    as a completed one's does: the sweep's own verify replays that (it failed the store's bytes before)."""
+    sweep("--levels", "2,4", "--prefix-cache", "--block-tokens", "4", "--prefix-groups", "3,3,2", "--prefix-tokens",
+          "8", "--inject", "cancel:s0@6", "--inject", "evict:s0@6", "--inject", "raise:decode@6")  # fmt: skip

@@ -53,6 +53,7 @@ def test_bench_client_counts_every_token_it_received_and_what_each_cost():
                 s = x[name]
                 assert 0 < s["min"] <= s["median"] <= s["max"], (name, s)
             assert x["client_ceiling_tokens_per_s"] == 1e6 / x["client_cpu_us_per_token"]["median"]
+            assert x["server_cpu_us_per_token"]["min"] > 0  # (the server reports its CPU time to the ns)
             assert set(x["delay_ms"]) == {"p50", "p99", "max"}
 
 

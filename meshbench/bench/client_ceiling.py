@@ -8,8 +8,8 @@ Per pass, C closed-loop clients (the endpoint sweep's own client and threads) sh
 - tokens received per second of wall time (first request to last token);
 - the client's CPU per token: this process's CPU time over the pass (every client thread; the server is another
   process) over the tokens received;
-- the server's CPU per token, from its process's CPU time on Linux (/proc), where the two share the machine's
-  cores: a ceiling the server sets is not the client's;
+- the server's CPU per token, from the CPU time its process reports (every thread's, to the nanosecond), where
+  the two share the machine's cores: a ceiling the server sets is not the client's;
 - each token's delay from the server's send stamp (after its flush) to the client's stamp. With a server this
   fast it is the client's backlog (tokens written, not yet read), not its clock's error: ``bench clock`` measures
   that error with a server that paces its tokens as a model does.
@@ -24,9 +24,9 @@ Figures are medians of the passes, with min and max.
 
 from __future__ import annotations
 
-import os
+import http.client
+import json
 import statistics
-import subprocess
 import time
 from typing import Callable, Sequence
 
@@ -53,25 +53,23 @@ def run(levels: Sequence[int], requests: int, tokens: int, rounds: int,
             f"{MAX_PASS_TOKENS} a pass may stamp"
         )
     result: dict = {"requests": requests, "tokens": tokens, "rounds": rounds, "levels": []}
-    with serving() as (endpoint, proc):
+    with serving() as (endpoint, _):
         for c in levels:
             passes: dict[str, list[dict]] = {name: [] for name in CLIENTS}
             for r in range(rounds):
                 for name in CLIENTS if r % 2 == 0 else CLIENTS[::-1]:
                     progress(f"client ceiling: {c} clients, {name}, round {r + 1} of {rounds}")
-                    passes[name].append(_pass(endpoint, proc, name, c, requests, tokens, f"ceiling-{name}-{c}-{r}"))
+                    passes[name].append(_pass(endpoint, name, c, requests, tokens, f"ceiling-{name}-{c}-{r}"))
             result["levels"].append({"concurrency": c, "clients": {k: _summary(v) for k, v in passes.items()}})
     return result
 
 
-def _pass(
-    endpoint: Endpoint, proc: subprocess.Popen, client: str, c: int, requests: int, tokens: int, tag: str
-) -> dict:
+def _pass(endpoint: Endpoint, client: str, c: int, requests: int, tokens: int, tag: str) -> dict:
     ids = [f"{tag}-{k}" for k in range(requests)]
     reference = {"first_ms": 0.0, "gaps_ms": [0.0] * (tokens - 1)}
     body = endpoint.body([1, 2, 3], "", tokens, False, 0)
     bodies = [{**body, "reference": {**reference, "id": i}} for i in ids]
-    server_cpu, cpu = _cpu_s(proc.pid), time.process_time()
+    server_cpu, cpu = _cpu_s(endpoint), time.process_time()
     t0 = time.monotonic_ns()
     if client == "threads":
         done, _ = closed_loop(endpoint, [Job(f"s{k:03d}", b) for k, b in enumerate(bodies)], c, t0)
@@ -82,14 +80,14 @@ def _pass(
     else:
         stamps = async_client.closed_loop(endpoint.target.host, endpoint.target.port, bodies, c, t0)
     cpu = time.process_time() - cpu
-    server_after = _cpu_s(proc.pid)
+    server_after = _cpu_s(endpoint)
     received = sum(len(x) for x in stamps)
     if received != len(bodies) * tokens:
         raise MeshbenchError(f"client ceiling: {received} tokens received of the {len(bodies) * tokens} sent")
     wall_s = max(x[-1] for x in stamps) / 1e9
     sent = log(endpoint, tag, ids)
     delays = [(a - (s - t0)) / latency.MS for x, i in zip(stamps, ids) for a, s in zip(x, sent[i]["sent_ns"])]
-    server = None if server_cpu is None or server_after is None else (server_after - server_cpu) / received * 1e6
+    server = (server_after - server_cpu) / received * 1e6
     return {
         "tokens_per_s": received / wall_s,
         "client_cpu_us_per_token": cpu / received * 1e6,
@@ -109,11 +107,13 @@ def _summary(passes: list[dict]) -> dict:
     return out
 
 
-def _cpu_s(pid: int) -> float | None:
-    """A process's CPU time (user and system, seconds) from /proc; None where there is no /proc."""
+def _cpu_s(endpoint: Endpoint) -> float:
+    """The server process's CPU time (s), as it reports it."""
+    conn = http.client.HTTPConnection(endpoint.target.host, endpoint.target.port, timeout=10)
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+        conn.request("GET", "/cpu")
+        return float(json.loads(conn.getresponse().read())["cpu_s"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MeshbenchError(f"client ceiling: the server did not report its CPU time ({e})") from None
+    finally:
+        conn.close()

@@ -48,6 +48,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/props":
             return self._json({"build_info": "reference clock", "model_path": "clock", "total_slots": 64})
+        if self.path == "/cpu":  # the server's own CPU time, every thread's (for the client's cost beside it)
+            return self._json({"cpu_s": time.process_time()})
         if self.path.startswith("/clock/"):  # a pass's stamps (ids TAG-k), handed over once each is whole
             prefix = self.path.removeprefix("/clock/") + "-"
             with self.server.lock:

@@ -31,26 +31,15 @@ SHARED_MIN = 16  # a common start of this many ids is a shared prefix (a system 
 
 
 def shared_prefixes(prompt_ids: list[list[int]] | None) -> str:
-    """What the sessions' prompts share, as the server tokenized them: the groups of sessions linked by common
-    starts of at least SHARED_MIN ids, each with the run all its members begin with ("" where none share one, or
-    the ids were not recorded)."""
-    ids = prompt_ids or []
-    group = list(range(len(ids)))  # each session's group: the first session linked to it
-
-    def root(i: int) -> int:
-        while group[i] != i:
-            i = group[i]
-        return i
-
-    for i in range(len(ids)):
-        for j in range(i):
-            if _common(ids[i], ids[j]) >= SHARED_MIN:
-                group[root(i)] = root(j)
-    members: dict[int, list[int]] = {}
-    for i in range(len(ids)):
-        members.setdefault(root(i), []).append(i)
+    """What the sessions' prompts share, as the server tokenized them: the groups of sessions whose prompts begin
+    with the same SHARED_MIN ids (sharing at least that many is an equivalence: the same first SHARED_MIN ids), each
+    with the run all its members begin with ("" where none share one, or the ids were not recorded)."""
+    groups: dict[tuple[int, ...], list[list[int]]] = {}
+    for ids in prompt_ids or []:
+        if len(ids) >= SHARED_MIN:
+            groups.setdefault(tuple(ids[:SHARED_MIN]), []).append(ids)
     shared = sorted(
-        ((len(m), min(_common(ids[m[0]], ids[k]) for k in m[1:])) for m in members.values() if len(m) > 1),
+        ((len(m), min(_common(m[0], other) for other in m[1:])) for m in groups.values() if len(m) > 1),
         reverse=True,
     )
     if not shared:
