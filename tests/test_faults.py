@@ -498,3 +498,6 @@ def test_a_session_released_after_a_whole_block_of_its_answer_leaves_it_cached_h
     as a completed one's does: the sweep's own verify replays that (it failed the store's bytes before)."""
     sweep("--levels", "2,4", "--prefix-cache", "--block-tokens", "4", "--prefix-groups", "3,3,2", "--prefix-tokens",
           "8", "--inject", "cancel:s0@6", "--inject", "evict:s0@6", "--inject", "raise:decode@6")  # fmt: skip
+    # cancelled mid-prompt, between ticks, after a whole block: a sharer prefilled in the next tick hits it
+    sweep("--levels", "2,4", "--prefix-cache", "--block-tokens", "4", "--prefix-groups", "3,3,2", "--prefix-tokens",
+          "8", "--prefill", "chunked", "--max-prefill-tokens-per-tick", "5", "--inject", "cancel:s3@8")  # fmt: skip

@@ -264,7 +264,16 @@ def test_a_proxy_that_leaks_after_a_cancellation_is_caught_by_the_retry_against_
     from meshbench.endpoint import llama_server
     from meshbench.engine import packaged
 
-    prompts = Path(__file__).resolve().parents[1] / "configs/prompts/gemma3-270m.txt"
+    # Sequences the model continues with confidence, each ending in its own: a retry given another's end answers
+    # that one from its first token, where its cold answer was sure (the files' prose prompts may first differ
+    # at a near-tie on some CPUs, which is numerics, not evidence of the leak)
+    prompts = tmp_path / "sequences.txt"
+    prompts.write_text(
+        "Counting up: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,\n"
+        "The alphabet: a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q,\n"
+        "The days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday,\n"
+        "Counting down: 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17,\n"
+    )
     server = llama_server.binary(f.llama_server_binary())
     args = ["-np", "4", "-c", "2048", "-t", "2", "--no-repack"]
     with (

@@ -93,6 +93,13 @@ def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     per = b.results.engine.kv_bytes_per_token
     for t in lv.tick_records:
         where = f"{at}.tick_records[{t.tick}]"
+        # a cancel or an eviction fires between ticks, before this tick's pieces take their runs: released then
+        fired = [x.session_id for e in lv.fault_events if e.tick == t.tick and e.fault.startswith(("evict:", "cancel:"))
+                 for x in e.sessions]  # fmt: skip
+        for sid in fired:
+            s = current.get(sid)
+            if s is not None:
+                r.release((sid, s.epoch), s.tokens)
         chunks = [(sid, current.get(sid), start, n) for sid, start, n in t.prefill_chunks]
         pieces = [(sid, (sid, s.epoch if s is not None else 0), start, n) for sid, s, start, n in chunks]
         for group in [pieces] if b.cfg.engine.mixed_batch else [[p] for p in pieces]:
@@ -101,11 +108,8 @@ def _check_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
                     r.take(sid, key, n)
             for sid, key, start, n in group:
                 r.written(sid, key, start, n)
-        # released, however it ended (and an evicted one when the fault fired): the whole blocks it wrote, prompt
-        # and answer, are shared as it goes
-        evicted = [x.session_id for e in lv.fault_events if e.tick == t.tick and e.fault.startswith("evict:")
-                   for x in e.sessions]  # fmt: skip
-        for sid in (*evicted, *t.completed, *t.ended):
+        # released, however it ended: the whole blocks it wrote, prompt and answer, are shared as it goes
+        for sid in (*t.completed, *t.ended):
             s = current.get(sid)
             if s is not None:
                 r.release((sid, s.epoch), s.tokens)
