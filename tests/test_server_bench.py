@@ -49,27 +49,28 @@ def test_llama_server_gives_meshbench_s_tokens(tmp_path):
             "--repeat",
             "1",
             "--settings",
-            "defaults,matched",
+            "aligned,matched",
             "--json",
         ],
     )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
-    assert [lv["tokens_identical"] for lv in res["levels"]] == [True, True]
-    assert set(res["settings"]) == {"defaults", "matched"} and res["settings"]["defaults"][:2] == ["-np", "1"]
-    assert all("ratio vs llama-server defaults" in lv["tokens_per_s"] for lv in res["levels"])
+    assert [lv["tokens_identical"] for lv in res["levels"]] == [{"aligned": True, "matched": True}] * 2
+    assert set(res["settings"]) == {"aligned", "matched"} and res["settings"]["aligned"][:2] == ["-np", "1"]
+    assert all("ratio vs llama-server aligned" in lv["tokens_per_s"] for lv in res["levels"])
     assert Path(f.llama_server_binary()).is_file()
 
 
-def test_the_server_keeps_a_full_size_sliding_window_cache_only_for_a_model_with_one():
+def test_the_server_s_defaults_are_its_own_and_only_the_others_keep_a_full_size_sliding_window_cache():
     from meshbench.bench import server_bench
     from meshbench.workload import config
 
     cfg = config.load(None, {"engine": {"kind": "gguf", "model": "m.gguf", "threads": 2}})
-    for setting in server_bench.SETTINGS:
+    assert server_bench.server_args(cfg, "defaults", 4, 64, sliding=True) == ["-np", "4"]
+    for setting in ("aligned", "matched"):
         assert "--swa-full" in server_bench.server_args(cfg, setting, 4, 64, sliding=True)
         assert "--swa-full" not in server_bench.server_args(cfg, setting, 4, 64, sliding=False)
-    assert server_bench.server_args(cfg, "defaults", 4, 64, sliding=True) == [
+    assert server_bench.server_args(cfg, "aligned", 4, 64, sliding=True) == [
         "-np",
         "4",
         "-fa",
@@ -97,11 +98,11 @@ def test_llama_server_gives_meshbench_s_tokens_on_gemma_at_one_client(tmp_path):
         "budget: {max_prefill_tokens_per_tick: 64}\n"
     )
     argv = ["bench", "server", "--llama-server", f.llama_server_binary(), "--config", str(cfg)]
-    r = runner.invoke(app, [*argv, "--levels", "1", "--repeat", "1", "--settings", "defaults", "--json"])
+    r = runner.invoke(app, [*argv, "--levels", "1", "--repeat", "1", "--settings", "aligned", "--json"])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
-    assert "--swa-full" in res["settings"]["defaults"]
-    assert res["levels"][0]["tokens_identical"] is True
+    assert "--swa-full" in res["settings"]["aligned"]
+    assert res["levels"][0]["tokens_identical"] == {"aligned": True}
 
 
 def _prefix_config(tmp_path: Path) -> Path:
@@ -172,3 +173,36 @@ def test_bench_gauges_pairs_sampled_and_unsampled_passes_on_one_server(tmp_path,
         for key in ("tokens_per_s", "itl_p99_ms"):
             v = lv[key]
             assert v["sampled"] > 0 and v["unsampled"] > 0 and v["ratio"]["min"] <= v["ratio"]["median"]
+
+
+@f.needs_llama_server
+def test_a_setting_whose_server_dies_is_reported_as_failed_and_nothing_takes_its_place(tmp_path):
+    """The CPU this stands for: llama.cpp's repacked kernels die with SIGILL (the AMX machines of
+    docs/concepts/determinism.md). A wrapper in front of the real server dies so wherever it is started
+    without --no-repack: the server's own defaults fail, measured and said, and no flag is added to them."""
+    pytest.importorskip("llama_cpp")
+    model = f.small_vocab_gguf(tmp_path / "small.gguf")
+    wrapper = tmp_path / "llama-server"
+    wrapper.write_text(
+        f'#!/bin/sh\ncase " $* " in *" --no-repack "*) exec {f.llama_server_binary()} "$@";; esac\nkill -ILL $$\n'
+    )
+    wrapper.chmod(0o755)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"engine: {{kind: gguf, model: {model}, threads: 2}}\n"
+        "workload: {sessions: 2, prompt_tokens: 8, new_tokens: 4}\nbudget: {max_prefill_tokens_per_tick: 16}\n"
+    )
+    argv = ["bench", "server", "--llama-server", str(wrapper), "--config", str(cfg), "--levels", "2"]
+    r = runner.invoke(app, [*argv, "--repeat", "2", "--settings", "defaults,aligned", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert set(res["failed"]) == {"defaults"} and "SIGILL" in res["failed"]["defaults"]
+    assert res["settings"]["defaults"] == ["-np", "1"]
+    (lv,) = res["levels"]
+    assert lv["tokens_identical"]["defaults"] is None and isinstance(lv["tokens_identical"]["aligned"], bool)
+    assert lv["tokens_per_s"]["llama-server defaults"] is None
+    assert lv["tokens_per_s"]["ratio vs llama-server defaults"] is None
+    assert lv["tokens_per_s"]["ratio vs llama-server aligned"]["median"] > 0
+    table = runner.invoke(app, [*argv, "--repeat", "1", "--settings", "defaults,aligned"])
+    assert table.exit_code == 0, table.output
+    assert "llama-server defaults failed, not run again, nothing put in its place: concurrency 2" in table.stdout

@@ -81,7 +81,7 @@ def run(
         "config": cfg.source,
         "server": None if server is None else str(server),
         "server_version": None if server is None else llama_server.version(server),
-        "server_args": None if server is None else server_bench.server_args(cfg, "defaults", 1, 0, sliding),
+        "server_args": None if server is None else server_bench.server_args(cfg, "aligned", 1, 0, sliding),
         "repeat": repeat,
         "block_tokens": cfg.engine.block_tokens,
         "levels": [_level(c, runs[c]) for c in levels],
@@ -103,7 +103,7 @@ def _node(cfg: RunConfig, setup: EngineSetup, requests, c: int, cache: bool) -> 
 
 
 def _server(cfg: RunConfig, server: Path, requests, c: int, cache_prompt: bool | None, sliding: bool) -> dict:
-    out, done = server_bench.one_server(cfg, server, requests, c, "defaults", sliding, cache_prompt=cache_prompt)
+    out, done = server_bench.one_server(cfg, server, requests, c, "aligned", sliding, cache_prompt=cache_prompt)
     computed = [x.computed for x in done]
     out["computed"] = None if None in computed else sum(x for x in computed if x is not None)
     return out

@@ -30,7 +30,7 @@ from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
 from meshbench.workload.config import RunConfig
 
-SETTINGS = ("defaults", "matched")
+SETTINGS = ("defaults", "aligned", "matched")
 
 
 def run(
@@ -39,11 +39,12 @@ def run(
     levels: list[int],
     repeat: int,
     progress: Callable[[str], None] = lambda m: None,
-    settings: tuple[str, ...] = SETTINGS,
+    settings: tuple[str, ...] = ("defaults", "matched"),
 ) -> dict:
-    """meshbench's node and llama-server at each of ``settings`` (its defaults as a user runs it; held to
-    meshbench's recipe), interleaved: within a repetition every side runs each level, the order of the sides
-    rotated by the repetition."""
+    """meshbench's node and llama-server at each of ``settings`` (``server_args``), interleaved: within a
+    repetition every side runs each level, the order of the sides rotated by the repetition. A setting whose
+    server fails (its defaults may crash on this CPU) is reported with why, measured, and not run again; no
+    flag is put in its place."""
     # llama-server's ignore_eos bans end-of-generation tokens: meshbench bans them too (eos: ban), so both
     # sides generate exactly max_new_tokens and pick the same argmax.
     cfg = dataclasses.replace(
@@ -52,25 +53,43 @@ def run(
     sides = ["meshbench", *(f"llama-server {s}" for s in settings)]
     setup = prepare(cfg)  # checks every level against the workload and the model first
     sliding = any(w is not None for w in setup.info["kv_geometry"]["window"])
+    failed: dict[str, str] = {}
+
+    def serve(c: int, setting: str, stream: bool) -> dict | None:
+        if setting in failed:
+            return None
+        try:
+            return one_server(cfg, server, requests, c, setting, sliding, stream=stream)[0]
+        except MeshbenchError as e:
+            failed[setting] = f"concurrency {c}: {e}"
+            progress(f"llama-server {setting} failed: {failed[setting]}")
+            return None
+
     try:
         requests = cfg.workload.requests(setup.vocab_size)
         _one_meshbench(cfg, setup, requests, levels[0])  # warm-up: the first pass of a process is slower
         runs: dict[int, dict[str, list[dict]]] = {c: {s: [] for s in sides} for c in levels}
-        # The server's tokens, from whole (not streamed) answers: a streamed answer that holds back an
+        # Each setting's tokens, from whole (not streamed) answers: a streamed answer that holds back an
         # incomplete UTF-8 byte token drops that token's id from its "tokens" (measured).
-        served = {}
+        served: dict[int, dict[str, dict | None]] = {}
         for c in levels:
             progress(f"llama-server tokens, concurrency {c}")
-            served[c] = one_server(cfg, server, requests, c, settings[0], sliding, stream=False)[0]["tokens"]
+            served[c] = {}
+            for s in settings:
+                whole = serve(c, s, stream=False)
+                served[c][s] = None if whole is None else whole["tokens"]
         for r, order in enumerate(level_orders(len(levels), repeat)):
             for i in order:
                 c = levels[i]
                 for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
-                    progress(f"repetition {r + 1}/{repeat}: {side}, concurrency {c}")
                     if side == "meshbench":
+                        progress(f"repetition {r + 1}/{repeat}: {side}, concurrency {c}")
                         runs[c][side].append(_one_meshbench(cfg, setup, requests, c))
-                    else:
-                        runs[c][side].append(one_server(cfg, server, requests, c, side.split()[1], sliding)[0])
+                    elif side.split()[1] not in failed:
+                        progress(f"repetition {r + 1}/{repeat}: {side}, concurrency {c}")
+                        got = serve(c, side.split()[1], stream=True)
+                        if got is not None:
+                            runs[c][side].append(got)
     finally:
         setup.close()
     return {
@@ -79,7 +98,8 @@ def run(
         "server_version": llama_server.version(server),
         "repeat": repeat,
         "settings": {s: server_args(cfg, s, 1, 0, sliding) for s in settings},
-        "levels": [_level(c, runs[c], served[c]) for c in levels],
+        "failed": failed,
+        "levels": [_level(c, runs[c], served[c], failed) for c in levels],
     }
 
 
@@ -136,13 +156,21 @@ def _body(endpoint: Endpoint, r, stream: bool, cache_prompt: bool | None = False
 
 
 def server_args(cfg: RunConfig, setting: str, c: int, longest: int, sliding: bool) -> list[str]:
-    """``defaults``: the server as a user runs it for C clients: C slots (-np C) and nothing else but what
-    identity needs and what this machine needs. Identity: flash attention as meshbench's recipe has it, its
-    thread count if the config sets one, and for a model with sliding-window layers ``--swa-full``: meshbench's
-    engine keeps llama.cpp's context default, a full-size cache for those layers, while the server defaults to
-    a window-sized one, and that alone changed near-tie tokens on Gemma 3 at one client (measured: 3 of 16
-    sessions, on both llama.cpp builds here). This machine: --no-repack where meshbench's engine does not repack
-    (repacking dies with SIGILL here). ``matched``: held to meshbench's recipe as well."""
+    """The server's flags at ``setting`` for C clients.
+
+    ``defaults``: the server as its users run it, its own defaults: C slots (-np C) and nothing else. Its
+    recipe is its own (repacking where the CPU has it, its flash attention choice, its thread count, a
+    window-sized cache for sliding-window layers), so its tokens may differ from meshbench's.
+
+    ``aligned``: its defaults plus only what identical tokens need: flash attention as meshbench's recipe has
+    it, the config's thread count, ``--swa-full`` for a model with sliding-window layers (meshbench's engine
+    keeps llama.cpp's context default, a full-size cache for those layers; the window-sized one alone changed
+    near-tie tokens on Gemma 3 at one client: measured, 3 of 16 sessions, on both llama.cpp builds here), and
+    ``--no-repack`` where meshbench's engine does not repack.
+
+    ``matched``: held to meshbench's recipe as well (``_matched_args``)."""
+    if setting == "defaults":
+        return ["-np", str(c)]
     identity = ["--swa-full"] if sliding else []
     if setting == "matched":
         return [*_matched_args(cfg, c, longest), *identity]
@@ -204,16 +232,26 @@ def figures(tokens: dict, stamps: Sequence[latency.Stamped], slots: Sequence[int
     }
 
 
-def _level(c: int, runs: dict[str, list[dict]], served: dict) -> dict:
-    """Each side's figures, and meshbench over each server setting (paired by repetition)."""
+def _level(c: int, runs: dict[str, list[dict]], served: dict[str, dict | None], failed: dict[str, str]) -> dict:
+    """Each side's figures, and meshbench over each server setting (paired by repetition); whether meshbench's
+    tokens are each setting's (None: that setting's server failed)."""
     mesh = runs["meshbench"]
-    out = {"concurrency": c, "tokens_identical": all(m["tokens"] == served for m in mesh)}
+    out: dict = {
+        "concurrency": c,
+        "tokens_identical": {
+            s: None if ref is None else all(m["tokens"] == ref for m in mesh) for s, ref in served.items()
+        },
+    }
     for k in ("tokens_per_s", "ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p95", "itl_ms.p99"):
         a = [x[k] for x in mesh]
         out[k] = {"meshbench": stats.summary(a)}
         for side, srv in runs.items():
-            if side != "meshbench":
-                b = [x[k] for x in srv]
-                out[k][side] = stats.summary(b)
-                out[k][f"ratio vs {side}"] = stats.summary([x / y for x, y in zip(a, b)])
+            if side == "meshbench":
+                continue
+            if side.split()[1] in failed or len(srv) != len(a):  # (a failed setting: no pairs to compare)
+                out[k][side] = out[k][f"ratio vs {side}"] = None
+                continue
+            b = [x[k] for x in srv]
+            out[k][side] = stats.summary(b)
+            out[k][f"ratio vs {side}"] = stats.summary([x / y for x, y in zip(a, b)])
     return out

@@ -23,6 +23,7 @@ from meshbench.cli.common import (
     JsonOpt,
     MixedOpt,
     PrefillOpt,
+    RepackOpt,
     SeedOpt,
     ThreadsOpt,
     err,
@@ -56,13 +57,15 @@ def bench_server(
         str,
         typer.Option(
             "--settings",
-            help="The server's settings: defaults (as a user runs it: -np C, flash attention as meshbench's "
-            "recipe, --swa-full for sliding-window layers, --no-repack where meshbench does not repack), "
-            "matched (held to meshbench's batch sizes and KV layout too), or both.",
+            help="The server's settings, comma-separated: defaults (its own, as its users run it: -np C and "
+            "nothing else), aligned (its defaults plus what identical tokens need: flash attention and threads as "
+            "meshbench's recipe, --swa-full for sliding-window layers, --no-repack where meshbench does not "
+            "repack), matched (held to meshbench's batch sizes and KV layout too).",
         ),
     ] = "defaults,matched",
     prefill: PrefillOpt = None,
     mixed_batch: MixedOpt = None,
+    repack: RepackOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """meshbench's sweep against llama-server -np C on the same model and prompts: tokens, tokens/s, TTFT, ITL."""
@@ -71,22 +74,27 @@ def bench_server(
     overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
     if prefill is not None:
         overrides["prefill"] = prefill
-    if mixed_batch is not None:
-        overrides["engine"] = {"mixed_batch": mixed_batch}
+    engine = {k: v for k, v in (("mixed_batch", mixed_batch), ("repack", repack)) if v is not None}
+    if engine:
+        overrides["engine"] = engine
     cfg = config.load(config_path, overrides)
     if cfg.engine.kind != "gguf":
         raise MeshbenchError("bench server needs a gguf config (engine.kind gguf, engine.model)")
     cfg = prompts.apply(cfg)  # a packaged model's file, and real prompts tokenized by the model
-    chosen = tuple(x for x in server_bench.SETTINGS if x in settings.split(","))
-    if not chosen or len(chosen) != len(settings.split(",")):
-        raise MeshbenchError(f"--settings: give defaults, matched or defaults,matched, got {settings!r}")
+    given_settings = settings.split(",")
+    chosen = tuple(x for x in server_bench.SETTINGS if x in given_settings)
+    if not chosen or len(chosen) != len(given_settings):
+        raise MeshbenchError(
+            f"--settings: give some of {', '.join(server_bench.SETTINGS)}, comma-separated, each once; got {settings!r}"
+        )
     res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg), settings=chosen)
     if as_json:
         print_json(res)
         return
     t = table(
         f"meshbench vs llama-server {res['server_version']} ({cfg.source}, prefill {cfg.prefill}, mixed batch "
-        f"{cfg.engine.mixed_batch}; median (min-max) of {repeat}; ratios are meshbench / the server)",
+        f"{cfg.engine.mixed_batch}, repack {cfg.engine.repack}; median (min-max) of {repeat}; ratios are meshbench / "
+        "the server)",
         (
             "C",
             "tokens identical",
@@ -102,9 +110,12 @@ def bench_server(
     for lv in res["levels"]:
         for s in res["settings"]:
             side = f"llama-server {s}"
+            if lv["tokens_per_s"][side] is None:
+                t.add_row(str(lv["concurrency"]), "", s, "failed (below)", "", "", "", "", "")
+                continue
             t.add_row(
                 str(lv["concurrency"]),
-                str(lv["tokens_identical"]),
+                str(lv["tokens_identical"][s]),
                 s,
                 median_range(lv["tokens_per_s"]["meshbench"], ".1f"),
                 median_range(lv["tokens_per_s"][side], ".1f"),
@@ -116,6 +127,8 @@ def bench_server(
     out.print(t)
     for s, args in res["settings"].items():
         out.print(f"llama-server {s}: {' '.join(args)}", markup=False)
+    for s, why in res["failed"].items():
+        out.print(f"llama-server {s} failed, not run again, nothing put in its place: {why}", markup=False)
 
 
 @bench_app.command("prefix")
