@@ -23,6 +23,14 @@ def test_a_missing_or_unusable_server_binary_is_one_line(tmp_path):
     run_refused("bench", "server", "--llama-server", plain, expect="not executable")
     plain.chmod(0o755)
     run_refused("bench", "server", "--llama-server", plain, expect="needs a gguf config")
+    # --settings is checked before anything else is read
+    for bad, expect in (
+        ("defaults,fast", "'fast' is not a setting"),
+        ("matched,matched", "each setting once"),
+        ("", "'' is not a setting"),
+        ("defaults,", "'' is not a setting"),
+    ):
+        run_refused("bench", "server", "--llama-server", plain, "--settings", bad, expect=expect)
 
 
 @f.needs_llama_server
@@ -206,3 +214,9 @@ def test_a_setting_whose_server_dies_is_reported_as_failed_and_nothing_takes_its
     table = runner.invoke(app, [*argv, "--repeat", "1", "--settings", "defaults,aligned"])
     assert table.exit_code == 0, table.output
     assert "llama-server defaults failed, not run again, nothing put in its place: concurrency 2" in table.stdout
+    # no setting left to compare with: it ends there, in one error line under its progress lines
+    alone = runner.invoke(app, [*argv, "--settings", "defaults"])
+    assert alone.exit_code == 2 and "Traceback" not in alone.output
+    last = alone.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: llama-server did not run at any setting: defaults: concurrency 2"), last
+    assert "repetition" not in alone.stderr  # (no timed pass ran)

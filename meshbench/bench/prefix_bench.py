@@ -3,8 +3,9 @@
 Sides, each at every level C:
 - the node with its prefix cache off and on, with ``kv_unified`` off (each sequence a stream of its own: a hit
   copies cells) and on (one stream: a hit shares cells);
-- llama-server as its users run it (``-np C``, its prompt cache on: ``cache_prompt`` is not sent), and with
-  ``cache_prompt: false`` (optional: ``server``).
+- llama-server at ``aligned`` settings (server_bench.server_args: ``-np C`` and what identical tokens need), its
+  prompt cache on as its users have it (``cache_prompt`` is not sent), and with ``cache_prompt: false``
+  (optional: ``server``).
 
 Per side and level: prompt positions computed (the node's sessions' prompt less their cached positions; the
 server's ``timings.prompt_n``), TTFT p50 and p99 from the moment a slot took the session, total tokens/s

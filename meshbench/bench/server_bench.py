@@ -6,9 +6,9 @@ with ``-np C`` on a free loopback port, and C closed-loop clients send the same 
 token ids, ``n_predict`` new tokens, greedy, no prompt cache, end-of-generation tokens banned on both
 sides: the server's ignore_eos, meshbench's eos ban) and stream the tokens
 back, stamped as they arrive. Then the server is stopped by the process id that started it. Per
-level: whether every session's tokens are identical, total tokens/s (prompt + generated over the
-wall time of the level), TTFT and ITL percentiles, and meshbench's figures over the server's.
-Repetitions rotate the level order, and within a level the two sides alternate which goes first.
+level and server setting: whether every session's tokens are identical, total tokens/s (prompt +
+generated over the wall time of the level), TTFT and ITL percentiles, and meshbench's figures over the
+server's. Repetitions rotate the level order, and within a level the sides rotate which goes first.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def run(
             return None
         try:
             return one_server(cfg, server, requests, c, setting, sliding, stream=stream)[0]
-        except MeshbenchError as e:
+        except llama_server.NotReady as e:  # (any other error, e.g. a request's, ends the bench)
             failed[setting] = f"concurrency {c}: {e}"
             progress(f"llama-server {setting} failed: {failed[setting]}")
             return None
@@ -78,6 +78,10 @@ def run(
             for s in settings:
                 whole = serve(c, s, stream=False)
                 served[c][s] = None if whole is None else whole["tokens"]
+        if len(failed) == len(settings):
+            raise MeshbenchError(
+                "llama-server did not run at any setting: " + "; ".join(f"{s}: {why}" for s, why in failed.items())
+            )
         for r, order in enumerate(level_orders(len(levels), repeat)):
             for i in order:
                 c = levels[i]
@@ -239,7 +243,8 @@ def _level(c: int, runs: dict[str, list[dict]], served: dict[str, dict | None], 
     out: dict = {
         "concurrency": c,
         "tokens_identical": {
-            s: None if ref is None else all(m["tokens"] == ref for m in mesh) for s, ref in served.items()
+            s: None if ref is None or s in failed else all(m["tokens"] == ref for m in mesh)
+            for s, ref in served.items()
         },
     }
     for k in ("tokens_per_s", "ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p95", "itl_ms.p99"):

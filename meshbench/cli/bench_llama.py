@@ -69,6 +69,7 @@ def bench_server(
     as_json: JsonOpt = False,
 ) -> None:
     """meshbench's sweep against llama-server -np C on the same model and prompts: tokens, tokens/s, TTFT, ITL."""
+    chosen = _settings(settings)
     given = str(llama_server) if llama_server is not None else os.environ.get("MESHBENCH_LLAMA_SERVER")
     binary = llama_server_mod.binary(given)
     overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
@@ -81,12 +82,6 @@ def bench_server(
     if cfg.engine.kind != "gguf":
         raise MeshbenchError("bench server needs a gguf config (engine.kind gguf, engine.model)")
     cfg = prompts.apply(cfg)  # a packaged model's file, and real prompts tokenized by the model
-    given_settings = settings.split(",")
-    chosen = tuple(x for x in server_bench.SETTINGS if x in given_settings)
-    if not chosen or len(chosen) != len(given_settings):
-        raise MeshbenchError(
-            f"--settings: give some of {', '.join(server_bench.SETTINGS)}, comma-separated, each once; got {settings!r}"
-        )
     res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg), settings=chosen)
     if as_json:
         print_json(res)
@@ -129,6 +124,19 @@ def bench_server(
         out.print(f"llama-server {s}: {' '.join(args)}", markup=False)
     for s, why in res["failed"].items():
         out.print(f"llama-server {s} failed, not run again, nothing put in its place: {why}", markup=False)
+
+
+def _settings(given: str) -> tuple[str, ...]:
+    """``--settings``: some of server_bench.SETTINGS, comma-separated (spaces around a name allowed), each once."""
+    names = [x.strip() for x in given.split(",")]
+    for x in names:
+        if x not in server_bench.SETTINGS:
+            raise MeshbenchError(
+                f"--settings: {x!r} is not a setting; give some of {', '.join(server_bench.SETTINGS)}, comma-separated"
+            )
+    if len(set(names)) != len(names):
+        raise MeshbenchError(f"--settings: each setting once, got {given!r}")
+    return tuple(x for x in server_bench.SETTINGS if x in names)
 
 
 @bench_app.command("prefix")

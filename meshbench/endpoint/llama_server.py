@@ -102,7 +102,7 @@ def exited(code: int) -> str:
         return (
             "llama-server was killed by SIGILL (an instruction this CPU cannot run: llama.cpp's CPU weight "
             "repacking picks kernels, e.g. AMX, that this machine reports but cannot execute) before it was ready; "
-            "--server-args --no-repack runs it without them"
+            "the server's --no-repack runs it without them"
         )
     if code < 0:
         try:
@@ -113,11 +113,15 @@ def exited(code: int) -> str:
     return f"llama-server exited with {code} before it was ready"
 
 
+class NotReady(MeshbenchError):
+    """The server died, or never answered /health, before it was ready: its settings do not run here."""
+
+
 def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise MeshbenchError(exited(proc.returncode))
+            raise NotReady(exited(proc.returncode))
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/health")
@@ -126,7 +130,7 @@ def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
         except OSError:
             pass
         time.sleep(0.1)
-    raise MeshbenchError(f"llama-server did not become healthy within {READY_TIMEOUT_S:.0f} s")
+    raise NotReady(f"llama-server did not become healthy within {READY_TIMEOUT_S:.0f} s")
 
 
 def stop(proc: subprocess.Popen) -> None:
