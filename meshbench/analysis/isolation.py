@@ -20,9 +20,11 @@ suspect alone (up to CONFIRM_TRIES fresh passes per suspect), so a leak is repor
 sessions named.
 
 End of sequence: a perturbed session is pinned to its length in the level (``end_at``), stop
-tokens or not, so its neighbours see the same schedule; an unperturbed one keeps the workload's
-eos policy and must end where it ended. The proof is about content: it cannot see a dependence on
-a neighbour's length or timing, which the schedule fixes.
+tokens or not, so its neighbours see the same schedule; one that did not complete there (evicted
+under KV pressure, a conversation's turn among them) is pinned to its whole length, so the node ends
+it where it did; an unperturbed one keeps the workload's eos policy and must end where it ended.
+The proof is about content: it cannot see a dependence on a neighbour's length or timing, which
+the schedule fixes.
 """
 
 from __future__ import annotations
@@ -158,9 +160,18 @@ def requests_for(
         if r.session_id in heads or r.session_id in perturbed:
             r = dataclasses.replace(r, prompt_tokens=head + own, turns=turns)
             if r.session_id in baseline:  # (one the level refused is refused again: same lengths, same queue)
-                r = dataclasses.replace(r, end_at=max(len(baseline[r.session_id].tokens), 1))
+                r = dataclasses.replace(r, end_at=pinned_length(baseline[r.session_id], r))
         out.append(r)
     return out
+
+
+def pinned_length(first: SessionRecord, request: GenerationRequest) -> int:
+    """Where a perturbed session ends, stop tokens or not: its length in the level (its first turn's) if it
+    completed there; else its whole ``max_new_tokens``, so it ends where the node ends it (evicted, cancelled,
+    failed) at the same tick as in the level, rather than completing one tick before."""
+    if first.done_reason == "COMPLETED":
+        return max(len(first.tokens), 1)
+    return request.max_new_tokens
 
 
 def schedule_view(ticks: Sequence[Tick]) -> list[JsonObject]:

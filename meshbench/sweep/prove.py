@@ -31,7 +31,7 @@ def isolation_passes(
     each suspect of a session that changed. ``run(requests)`` runs one pass of the level; ``baseline`` is the
     level's own first pass; ``groups``: the shared prefixes (of ``shared`` tokens), perturbed as units."""
     ids = [r.session_id for r in requests]
-    by_id = {s.session_id: s for s in baseline.sessions}
+    by_id = {s.session_id: s for s in reversed(baseline.sessions)}  # each session's first turn (epoch)
     passes: list[IsolationPass] = []
 
     def one(perturbed: list[str], confirm: bool) -> IsolationPass:
