@@ -10,8 +10,11 @@ import pytest
 from test_bad_input import run_refused
 from typer.testing import CliRunner
 
-from meshbench.bench import prefix_bench
+from meshbench.bench import prefix_bench, server_bench
 from meshbench.cli import app
+from meshbench.endpoint.stream import Completion
+from meshbench.errors import MeshbenchError
+from meshbench.scheduler.session import GenerationRequest
 
 runner = CliRunner()
 
@@ -220,3 +223,18 @@ def test_a_setting_whose_server_dies_is_reported_as_failed_and_nothing_takes_its
     last = alone.stderr.strip().splitlines()[-1]
     assert last.startswith("error: llama-server did not run at any setting: defaults: concurrency 2"), last
     assert "repetition" not in alone.stderr  # (no timed pass ran)
+
+
+def test_a_server_that_says_it_generated_fewer_tokens_than_asked_ends_the_bench():
+    """tokens/s counts every requested token on both sides: a server that stopped early (or said nothing) must
+    not be credited with the rest. (This llama-server honours a request's n_predict over its own -n and -c, so
+    no real flag makes it stop early: the check is held to crafted answers.)"""
+    req = GenerationRequest("s0", (1, 2, 3), 4)
+    ok = Completion("s0", 0, tokens=[5, 6, 7, 8], predicted=4, evaluated=3, stop="limit")
+    server_bench.check_served([ok], [req], "defaults")
+    for predicted in (2, None):
+        short = Completion("s0", 0, tokens=[5, 6], predicted=predicted, evaluated=3, stop="eos")
+        with pytest.raises(MeshbenchError, match=f"s0 generated {predicted} tokens, not the 4 asked for"):
+            server_bench.check_served([short], [req], "defaults")
+    with pytest.raises(MeshbenchError, match="evaluated 4 prompt tokens, not 3"):
+        server_bench.check_served([Completion("s0", 0, predicted=4, evaluated=4)], [req], "defaults")

@@ -114,6 +114,10 @@ def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)
     finally:
         close_engine(engine)
+    short = [s for s in p.sessions if s.done_reason != "COMPLETED" or len(s.tokens) != s.max_new_tokens]
+    if short:  # (tokens/s counts every requested token)
+        x = short[0]
+        raise MeshbenchError(f"meshbench: {x.session_id} ended {x.done_reason} after {len(x.tokens)} tokens")
     # From the moment a session got a slot: meshbench queues every session at once, the server's closed-loop
     # clients send the next only when one finishes, so time spent queued is not comparable; a slot is.
     slots = [t.submit_ns if t.admit_ns is None else t.admit_ns for t in p.timing]
@@ -140,12 +144,23 @@ def one_server(
     bad = [x for x in done if x.error]
     if bad:
         raise MeshbenchError(f"llama-server: {bad[0].session_id}: {bad[0].error}")
-    for x, r in zip(done, requests):  # the server ran exactly our prompt ids (it adds no BOS to ids)
-        if x.evaluated is not None and x.evaluated != len(r.prompt_tokens):
-            raise MeshbenchError(f"the server evaluated {x.evaluated} prompt tokens, not {len(r.prompt_tokens)}")
+    check_served(done, requests, setting)
     # (a closed-loop client's request takes a slot when it is sent)
     slots = [x.submit_ns for x in done]
     return figures({x.session_id: x.tokens for x in done}, done, slots, wall_s, requests), done
+
+
+def check_served(done: Sequence[Completion], requests, setting: str) -> None:
+    """The server ran exactly our prompt ids (it adds no BOS to ids) and says it generated every token asked for:
+    tokens/s counts every requested token on both sides."""
+    for x, r in zip(done, requests):
+        if x.evaluated is not None and x.evaluated != len(r.prompt_tokens):
+            raise MeshbenchError(f"the server evaluated {x.evaluated} prompt tokens, not {len(r.prompt_tokens)}")
+        if x.predicted != r.max_new_tokens:
+            raise MeshbenchError(
+                f"llama-server {setting}: {x.session_id} generated {x.predicted} tokens, not the "
+                f"{r.max_new_tokens} asked for (stop: {x.stop}): its tokens/s would count tokens it never made"
+            )
 
 
 def _body(endpoint: Endpoint, r, stream: bool, cache_prompt: bool | None = False) -> dict:
@@ -221,7 +236,8 @@ def _matched_args(cfg: RunConfig, c: int, longest: int) -> list[str]:
 
 def figures(tokens: dict, stamps: Sequence[latency.Stamped], slots: Sequence[int], wall_s: float, requests) -> dict:
     """A side's tokens, total tokens/s, and TTFT (from the moment a slot took the session) and ITL."""
-    # Both sides generate exactly max_new_tokens per session (the server ignores EOS).
+    # Both sides generate exactly max_new_tokens per session (the server ignores EOS; one_server checks what
+    # it says it generated, and meshbench bans EOS).
     total = sum(r.total_tokens for r in requests)
     lat = latency.samples(stamps, slots)
     ttft, itl = latency.percentiles(lat.ttft), latency.percentiles(lat.itl)
