@@ -114,7 +114,8 @@ def answers(
     ones it could hold)."""
     yield "needle alone", alone, None, []
     if margins is not None:
-        for side, xs in (("cold", margins.cold), ("warm", margins.warm), ("together", margins.together)):
+        sides = (("cold", margins.cold), ("warm", margins.warm), ("together", margins.together))
+        for side, xs in (*sides, ("after a sibling", margins.sibling or [])):
             for x in xs:
                 yield f"margins {side}", x, None, []
     for lv in levels:

@@ -3,7 +3,9 @@ divergence that numerics do not explain (a suspected leak).
 
 Each session is sent with the server's top-2 log-probabilities (its margin per token: top-1 minus top-2): alone
 and cold (nothing taken from the prompt cache), alone and warm (right after itself, the prompt cache as the sweep
-uses it), and with every session at once (meshbench.records.margins.MarginPasses). Where a warm or batched answer
+uses it), with every session at once, and, where a session's prompt starts like an earlier one's (a shared system
+prompt), right after that sibling, whose KV the server's prompt cache may serve the shared part from
+(meshbench.records.margins.MarginPasses). Where a warm or batched answer
 agrees with the cold one token for token, the change in each margin is what the cache or batching alone did to
 the server's arithmetic: the largest such change is the server's measured numerics (``numerics``). Every answer
 of the sweep is compared with its session's cold answer; where it first differs, the cold answer's margin says
@@ -17,6 +19,7 @@ how close the choice was:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from meshbench.analysis.figures import NEAR_TIE
@@ -24,6 +27,28 @@ from meshbench.records.margins import Divergence, Divergences, LevelDivergences,
 from meshbench.records.model import Completion, EndpointLevel
 
 FLOOR = NEAR_TIE  # (the node's near-tie, in the same unit: a logit difference is a log-probability difference)
+SHARED_MIN = 16  # a common start of this many ids is a shared prefix (a system prompt), not a shared BOS or template
+
+
+def siblings(ids: Sequence[str], prompt_ids: Sequence[Sequence[int]]) -> dict[str, str]:
+    """Each session whose prompt starts with at least SHARED_MIN of an earlier session's ids (a shared system
+    prompt) -> the earlier session sharing the most, the latest of equals: what a prompt cache could serve it from."""
+    out: dict[str, str] = {}
+    for i, sid in enumerate(ids):
+        best, shared = None, SHARED_MIN - 1
+        for j in range(i):
+            n = common_prefix(prompt_ids[i], prompt_ids[j])
+            if n >= shared and n >= SHARED_MIN:
+                best, shared = ids[j], n
+        if best is not None:
+            out[sid] = best
+    return out
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids two prompts share."""
+    k = first_difference(a, b)
+    return min(len(a), len(b)) if k is None else k
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -39,7 +64,7 @@ def numerics(passes: MarginPasses) -> float | None:
     tokens where the two agree and so saw the same context (None: no such token)."""
     cold = {c.session_id: c for c in passes.cold if c.error is None and c.margins is not None}
     worst: float | None = None
-    for t in [*passes.warm, *passes.together]:
+    for t in [*passes.warm, *passes.together, *(passes.sibling or [])]:
         a = cold.get(t.session_id)
         if a is None or a.margins is None or t.error is not None or t.margins is None:
             continue
@@ -70,6 +95,13 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
     cold = {c.session_id: c for c in passes.cold if c.error is None}
     warm = _against_cold(passes.warm, cold, 1, threshold, beside=False)
     together = _against_cold(passes.together, cold, len(passes.together), threshold, beside=True)
+    sibling = None
+    if passes.sibling is not None:  # (beside each: the sibling sent right before it)
+        after = passes.siblings or {}
+        found_after = _against_cold(passes.sibling, cold, 1, threshold, beside=False)
+        sibling = [
+            dataclasses.replace(d, beside=[after[d.session_id]] if d.session_id in after else []) for d in found_after
+        ]
     per_level: dict[str, LevelDivergences] = {}
     found: list[Divergence] = []
     for lv in levels:
@@ -104,6 +136,7 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
         levels=per_level,
         confident=[d for d in found if d.kind == "confident"],
         near_ties=[d for d in found if d.kind == "near-tie"],
+        sibling_differing=sibling,
     )
 
 

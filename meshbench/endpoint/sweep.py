@@ -21,11 +21,12 @@ from meshbench.analysis import canary as plant
 from meshbench.analysis import cancel as cancel_rule
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
-from meshbench.endpoint import client, gauges, llama_server, perturb
+from meshbench.endpoint import gauges, llama_server, margin_passes, perturb
 from meshbench.endpoint.canary import canary_run, sweep_ids
 from meshbench.endpoint.cancel import cancel_run
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop, open_loop
+from meshbench.endpoint.margin_passes import answer as _answer
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
@@ -42,7 +43,6 @@ from meshbench.workload import prompts as prompts_mod
 from meshbench.workload import request
 from meshbench.workload.config import RunConfig, validate_levels
 
-MARGIN_PROBS = 2  # the top log-probabilities asked for per token in the margin passes
 NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
 # Tokens an endpoint sweep may record (each an id, a stamp and its text, some 30 bytes): beyond this results.json
 # would grow past what verify loads, so such a sweep is refused before it sends anything.
@@ -130,7 +130,7 @@ def _sweep(
             progress(f"warm-up {w + 1}/{cfg.warmup}, concurrency {c}")
             closed_loop(endpoint, jobs, c)
     alone = _answer(at_once(endpoint, [Job(NEEDLE, jobs[0].body)])[0])
-    margins = _margin_passes(endpoint, jobs, progress)
+    margins = margin_passes.run(endpoint, jobs, ids, progress)
     wl = cfg.workload
     lengths, new = dict(zip(wl.session_ids(), wl.prompt_tokens)), dict(zip(wl.session_ids(), wl.new_tokens))
     slo = dict(cfg.slo or {})
@@ -272,31 +272,6 @@ PER_SESSION = ("prompt", "messages", "n_predict", "max_tokens", "min_tokens")  #
 def sent(body: dict) -> dict:
     """What every request asked of the server beside its prompt and token counts (the record of what was sent)."""
     return {k: v for k, v in body.items() if k not in PER_SESSION}
-
-
-def _margin_passes(endpoint: Endpoint, jobs: list[Job], progress: Callable[[str], None]) -> MarginPasses | None:
-    """Every session with the server's top-2 log-probabilities per token (native ``n_probs``), outside the timed
-    passes (asking for them costs the server a softmax and a sort per token): alone and cold (``cache_prompt``
-    false), alone again as the sweep sends it (warm: right after itself), then all at once. None over the OpenAI
-    API, whose text outputs do not align with tokens."""
-    if endpoint.api != "native":
-        return None
-    progress("margins: every session cold, warm, then all at once, with top-2 log-probabilities")
-    asked = [Job(j.session_id, {**j.body, "n_probs": MARGIN_PROBS}) for j in jobs]
-    cold, warm = [], []
-    for j in asked:
-        cold.append(_answer(at_once(endpoint, [Job(j.session_id, {**j.body, "cache_prompt": False})])[0]))
-        warm.append(_answer(at_once(endpoint, [j])[0]))
-    together = [_answer(x) for x in at_once(endpoint, asked)]
-    if any(x.margins is None and x.tokens for x in [*cold, *warm, *together]):
-        progress("margins: the server gives no log-probabilities (n_probs): none recorded")
-        return None
-    return MarginPasses(cold=cold, warm=warm, together=together)
-
-
-def _answer(x: client.Completion) -> Completion:
-    """The client's answer (filled while it streamed) as the record results.json holds."""
-    return serial.completion(x.to_dict())
 
 
 def _pass(

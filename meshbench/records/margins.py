@@ -18,6 +18,11 @@ class MarginPasses:
     cold: list[Completion]
     warm: list[Completion]
     together: list[Completion]
+    # Each session whose prompt shares its start with an earlier one's, sent right after that sibling (as the sweep
+    # sends both): where the server's prompt cache serves the shared part from the sibling's KV. ``siblings``:
+    # each such session -> its sibling (meshbench.analysis.endpoint_margins.siblings). None in older bundles.
+    sibling: list[Completion] | None = None
+    siblings: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,3 +61,5 @@ class Divergences:
     levels: dict[str, LevelDivergences]
     confident: list[Divergence]  # every confident divergence, with its neighbours: suspected leaks
     near_ties: list[Divergence]
+    sibling_differing: list[Divergence] | None = None  # answers right after a sibling that differ from cold (beside:
+    # the sibling); None where there was no sibling pass

@@ -7,6 +7,7 @@ import json
 from typing import Mapping
 
 from meshbench.analysis import endpoint_margins, perturbation
+from meshbench.analysis.endpoint_margins import SHARED_MIN, common_prefix
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
 from meshbench.results import accounting_report, markdown, open_loop_report
@@ -27,9 +28,6 @@ def cell(spread: Mapping[str, float] | None, digits: int = 1) -> str:
     return median_range(spread, f".{digits}f", sep="..", drop_equal=True)
 
 
-SHARED_MIN = 16  # a common start of this many ids is a shared prefix (a system prompt), not a shared BOS or template
-
-
 def shared_prefixes(prompt_ids: list[list[int]] | None) -> str:
     """What the sessions' prompts share, as the server tokenized them: the groups of sessions whose prompts begin
     with the same SHARED_MIN ids (sharing at least that many is an equivalence: the same first SHARED_MIN ids), each
@@ -39,7 +37,7 @@ def shared_prefixes(prompt_ids: list[list[int]] | None) -> str:
         if len(ids) >= SHARED_MIN:
             groups.setdefault(tuple(ids[:SHARED_MIN]), []).append(ids)
     shared = sorted(
-        ((len(m), min(_common(m[0], other) for other in m[1:])) for m in groups.values() if len(m) > 1),
+        ((len(m), min(common_prefix(m[0], other) for other in m[1:])) for m in groups.values() if len(m) > 1),
         reverse=True,
     )
     if not shared:
@@ -50,16 +48,6 @@ def shared_prefixes(prompt_ids: list[list[int]] | None) -> str:
         f"; {sum(k for k, _ in shared)} of them in {len(shared)} group(s) of {', '.join(str(k) for k, _ in shared)}, "
         f"each group's prompts beginning with the same {span} tokens"
     )
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    """How many ids two prompts begin with alike."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _launched(e: EndpointInfo) -> list[str]:
@@ -238,6 +226,23 @@ def _flips(found: list) -> str:
     )
 
 
+def _after_sibling(differing: list, n: int) -> str:
+    """The sibling pass in one sentence: each session whose prompt starts like an earlier one's, sent right after
+    that sibling (where the server's prompt cache can serve the shared part from its KV), against its cold answer."""
+    head = (
+        f"Right after a sibling (each of the {n} sessions whose prompt shares at least 16 leading ids with an "
+        "earlier one's, sent right after it, so the server's prompt cache can serve the shared part from its KV): "
+    )
+    if not differing:
+        return head + "every answer equals its cold one."
+    listed = ", ".join(
+        f"{x.session_id} after {', '.join(x.beside) or '?'} (token {x.token_index}, margin {margin(x.margin)}, "
+        f"{x.kind})"
+        for x in differing[:MAX_LISTED]
+    )
+    return head + f"{len(differing)} differ from their cold answer: {listed}."
+
+
 def _divergences(b: EndpointBundle) -> list[str]:
     """Every answer against its session's cold answer, classified by the margin where it first differs."""
     d = b.results.divergences
@@ -274,6 +279,9 @@ def _divergences(b: EndpointBundle) -> list[str]:
         *rows,
         "",
     ]
+    if d.sibling_differing is not None:
+        after = b.results.margins.siblings or {} if b.results.margins is not None else {}
+        lines += [_after_sibling(d.sibling_differing, len(after)), ""]
     if d.near_ties:
         lo, hi = min(x.margin or 0.0 for x in d.near_ties), max(x.margin or 0.0 for x in d.near_ties)
         lines += [f"Near-tie margins: {lo:.3g} to {hi:.3g}.", ""]

@@ -1,0 +1,54 @@
+"""The margin passes of an endpoint sweep: every session with the server's top-2 log-probabilities per token,
+outside the timed passes (meshbench.analysis.endpoint_margins judges them)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from meshbench.analysis import endpoint_margins
+from meshbench.endpoint import client
+from meshbench.endpoint.client import Endpoint
+from meshbench.endpoint.load import Job, at_once
+from meshbench.records import serial
+from meshbench.records.margins import MarginPasses
+from meshbench.records.model import Completion
+
+MARGIN_PROBS = 2  # the top log-probabilities asked for per token in the margin passes
+
+
+def run(
+    endpoint: Endpoint, jobs: list[Job], ids: list[list[int]], progress: Callable[[str], None]
+) -> MarginPasses | None:
+    """Every session with the server's top-2 log-probabilities per token (native ``n_probs``), outside the timed
+    passes (asking for them costs the server a softmax and a sort per token): alone and cold (``cache_prompt``
+    false), alone again as the sweep sends it (warm: right after itself), then all at once; then each session whose
+    prompt starts like an earlier one's right after that sibling (``ids``: the prompts' ids). None over the OpenAI
+    API, whose text outputs do not align with tokens."""
+    if endpoint.api != "native":
+        return None
+    progress("margins: every session cold, warm, all at once, then after a sibling, with top-2 log-probabilities")
+    asked = [Job(j.session_id, {**j.body, "n_probs": MARGIN_PROBS}) for j in jobs]
+    cold, warm = [], []
+    for j in asked:
+        cold.append(answer(at_once(endpoint, [Job(j.session_id, {**j.body, "cache_prompt": False})])[0]))
+        warm.append(answer(at_once(endpoint, [j])[0]))
+    together = [answer(x) for x in at_once(endpoint, asked)]
+    after = endpoint_margins.siblings([j.session_id for j in jobs], ids)
+    sibling = []
+    by_id = {j.session_id: j for j in jobs}
+    for j in asked:  # each session right after its sibling, both as the sweep sends them
+        if j.session_id in after:
+            progress(f"margins: {j.session_id} right after {after[j.session_id]}, which shares its prompt's start")
+            at_once(endpoint, [by_id[after[j.session_id]]])
+            sibling.append(answer(at_once(endpoint, [j])[0]))
+    if any(x.margins is None and x.tokens for x in [*cold, *warm, *together, *sibling]):
+        progress("margins: the server gives no log-probabilities (n_probs): none recorded")
+        return None
+    if not after:
+        return MarginPasses(cold=cold, warm=warm, together=together)
+    return MarginPasses(cold=cold, warm=warm, together=together, sibling=sibling, siblings=after)
+
+
+def answer(x: client.Completion) -> Completion:
+    """The client's answer (filled while it streamed) as the record results.json holds."""
+    return serial.completion(x.to_dict())
