@@ -227,8 +227,9 @@ def test_a_setting_whose_server_dies_is_reported_as_failed_and_nothing_takes_its
 
 def test_a_server_that_says_it_generated_fewer_tokens_than_asked_ends_the_bench():
     """tokens/s counts every requested token on both sides: a server that stopped early (or said nothing) must
-    not be credited with the rest. (This llama-server honours a request's n_predict over its own -n and -c, so
-    no real flag makes it stop early: the check is held to crafted answers.)"""
+    not be credited with the rest. (Under ignore_eos the streaming client already refuses a short answer that
+    gives its count, so against a real server only a missing count reaches this check: it is held to crafted
+    answers.) Likewise meshbench's own sessions: one evicted under KV pressure is refused."""
     req = GenerationRequest("s0", (1, 2, 3), 4)
     ok = Completion("s0", 0, tokens=[5, 6, 7, 8], predicted=4, evaluated=3, stop="limit")
     server_bench.check_served([ok], [req], "defaults")
@@ -238,3 +239,8 @@ def test_a_server_that_says_it_generated_fewer_tokens_than_asked_ends_the_bench(
             server_bench.check_served([short], [req], "defaults")
     with pytest.raises(MeshbenchError, match="evaluated 4 prompt tokens, not 3"):
         server_bench.check_served([Completion("s0", 0, predicted=4, evaluated=4)], [req], "defaults")
+    whole = f.session_record(session_id="s0", max_new_tokens=4, tokens=[5, 6, 7, 8], done_reason="COMPLETED")
+    server_bench.check_completed([whole])
+    missed = f.session_record(session_id="s1", max_new_tokens=4, tokens=[5], done_reason="CACHE_MISS")
+    with pytest.raises(MeshbenchError, match="s1 ended CACHE_MISS after 1 tokens"):
+        server_bench.check_completed([whole, missed])

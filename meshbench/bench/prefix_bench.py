@@ -97,6 +97,7 @@ def _node(cfg: RunConfig, setup: EngineSetup, requests, c: int, cache: bool) -> 
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)
     finally:
         close_engine(engine)
+    server_bench.check_completed(p.sessions)
     slots = [t.submit_ns if t.admit_ns is None else t.admit_ns for t in p.timing]
     out = server_bench.figures({s.session_id: s.tokens for s in p.sessions}, p.timing, slots, p.wall_s, requests)
     out["computed"] = sum(s.prompt_tokens - (s.cached_tokens or 0) for s in p.sessions)

@@ -25,6 +25,7 @@ from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.stream import Completion
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
+from meshbench.records.model import SessionRecord
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
@@ -114,10 +115,7 @@ def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)
     finally:
         close_engine(engine)
-    short = [s for s in p.sessions if s.done_reason != "COMPLETED" or len(s.tokens) != s.max_new_tokens]
-    if short:  # (tokens/s counts every requested token)
-        x = short[0]
-        raise MeshbenchError(f"meshbench: {x.session_id} ended {x.done_reason} after {len(x.tokens)} tokens")
+    check_completed(p.sessions)
     # From the moment a session got a slot: meshbench queues every session at once, the server's closed-loop
     # clients send the next only when one finishes, so time spent queued is not comparable; a slot is.
     slots = [t.submit_ns if t.admit_ns is None else t.admit_ns for t in p.timing]
@@ -150,9 +148,19 @@ def one_server(
     return figures({x.session_id: x.tokens for x in done}, done, slots, wall_s, requests), done
 
 
+def check_completed(sessions: Sequence[SessionRecord]) -> None:
+    """Every meshbench session completed with every token asked for: tokens/s counts every requested token (a
+    session evicted under KV pressure, for one, would be credited with tokens it never made)."""
+    short = [s for s in sessions if s.done_reason != "COMPLETED" or len(s.tokens) != s.max_new_tokens]
+    if short:
+        x = short[0]
+        raise MeshbenchError(f"meshbench: {x.session_id} ended {x.done_reason} after {len(x.tokens)} tokens")
+
+
 def check_served(done: Sequence[Completion], requests, setting: str) -> None:
     """The server ran exactly our prompt ids (it adds no BOS to ids) and says it generated every token asked for:
-    tokens/s counts every requested token on both sides."""
+    tokens/s counts every requested token on both sides. (Under ignore_eos the client already refuses a short
+    answer that says how long it is; this also refuses one that says nothing.)"""
     for x, r in zip(done, requests):
         if x.evaluated is not None and x.evaluated != len(r.prompt_tokens):
             raise MeshbenchError(f"the server evaluated {x.evaluated} prompt tokens, not {len(r.prompt_tokens)}")

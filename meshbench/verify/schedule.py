@@ -269,6 +269,13 @@ def check_isolation(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
         base = isolation.digest(isolation.schedule_view(lv.tick_records))
         for k, p in enumerate(iso.passes):
             if p.schedule_digest != base:  # another schedule ends sessions in another order: the verdict names it
+                pairs = [(s.session_id, s.epoch) for s in p.sessions]
+                c.equal(
+                    RESULTS,
+                    f"{at}.isolation.passes[{k}].sessions (the workload's, each turn once; its schedule changed)",
+                    True,
+                    len(set(pairs)) == len(pairs) and {sid for sid, _ in pairs} <= set(ids),
+                )
                 continue
             c.equal(
                 RESULTS,
