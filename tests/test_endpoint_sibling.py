@@ -6,6 +6,7 @@ forged sibling records fail verify; older bundles without the pass are noted, no
 from __future__ import annotations
 
 import json
+import re
 
 import factories as f
 from typer.testing import CliRunner
@@ -46,7 +47,9 @@ def test_each_session_after_its_sibling_is_compared_with_its_cold_answer_and_ver
         assert x["computed"] < x["evaluated"]  # the server's prompt cache served the shared start
     d = data["divergences"]["sibling_differing"]
     assert isinstance(d, list) and all(x["beside"] == [m["siblings"][x["session_id"]]] for x in d)
-    assert "Right after a sibling" in (out / "README.md").read_text()
+    line = next(x for x in (out / "README.md").read_text().splitlines() if x.startswith("Right after a sibling"))
+    counts = re.search(r"could give, for (\d+); more than that .* for (\d+); nothing for (\d+)", line)
+    assert counts is not None and sum(map(int, counts.groups())) == 2, line  # each sibling answer classified
     ok = runner.invoke(app, ["verify", str(out)])
     assert ok.exit_code == 0, ok.output
 

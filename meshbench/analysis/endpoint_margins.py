@@ -32,17 +32,34 @@ SHARED_MIN = 16  # a common start of this many ids is a shared prefix (a system 
 
 def siblings(ids: Sequence[str], prompt_ids: Sequence[Sequence[int]]) -> dict[str, str]:
     """Each session whose prompt starts with at least SHARED_MIN of an earlier session's ids (a shared system
-    prompt) -> the earlier session sharing the most, the latest of equals: what a prompt cache could serve it from."""
+    prompt) -> the earlier session sharing the most, the latest of equals: what a prompt cache could serve it from.
+    One pass over a trie of the prompts (each node: the latest session whose prompt runs through it), so the cost
+    is the prompts' total length, however many sessions share."""
+    root = _Node()
     out: dict[str, str] = {}
-    for i, sid in enumerate(ids):
-        best, shared = None, SHARED_MIN - 1
-        for j in range(i):
-            n = common_prefix(prompt_ids[i], prompt_ids[j])
-            if n >= shared and n >= SHARED_MIN:
-                best, shared = ids[j], n
-        if best is not None:
-            out[sid] = best
+    for sid, prompt in zip(ids, prompt_ids):
+        node, depth = root, 0
+        for t in prompt:  # the deepest node an earlier prompt reached: the longest shared start
+            if t not in node.children:
+                break
+            node, depth = node.children[t], depth + 1
+        if depth >= SHARED_MIN:
+            out[sid] = node.latest
+        node = root
+        for t in prompt:
+            node = node.children.setdefault(t, _Node())
+            node.latest = sid
     return out
+
+
+class _Node:
+    """A trie node: the next ids, and the latest session whose prompt runs through it."""
+
+    __slots__ = ("children", "latest")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Node] = {}
+        self.latest = ""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -53,7 +53,7 @@ def check_record_size(cfg: RunConfig) -> None:
     new = cfg.workload.new_tokens
     passes = len(cfg.levels) * cfg.repeat
     bound = sum(new) * passes + new[0] * (passes + 1)  # every session each pass, and the needle's trials
-    bound += 3 * sum(new)  # the margin passes
+    bound += 4 * sum(new)  # the margin passes (cold, warm, together, after a sibling)
     bound += sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's
     bound += sum(cfg.levels) * max(new)  # the canary runs
     bound += sum(3 * c * max(new) for c in cfg.levels if c > 1)  # the cancel runs: reference, cut, answers

@@ -226,21 +226,39 @@ def _flips(found: list) -> str:
     )
 
 
-def _after_sibling(differing: list, n: int) -> str:
+def _after_sibling(b: EndpointBundle, differing: list) -> str:
     """The sibling pass in one sentence: each session whose prompt starts like an earlier one's, sent right after
-    that sibling (where the server's prompt cache can serve the shared part from its KV), against its cold answer."""
+    that sibling, where the server's prompt cache can serve the shared start from the sibling's KV; what the server
+    says it reused (evaluated minus computed), against what the two prompts share; and its answer against cold."""
+    r = b.results
+    assert r.margins is not None
+    after = r.margins.siblings or {}
+    prompts = dict(zip((x.session_id for x in r.margins.cold), r.workload.prompt_ids or []))  # (every session)
+    kinds_of = {"sibling": 0, "own": 0, "none": 0, "unsaid": 0}
+    for x in r.margins.sibling or []:
+        if x.error is not None or x.computed is None or x.evaluated is None or x.session_id not in after:
+            kinds_of["unsaid"] += 1
+            continue
+        reused = x.evaluated - x.computed
+        shared = common_prefix(prompts.get(x.session_id, []), prompts.get(after[x.session_id], []))
+        kinds_of["none" if reused <= 0 else "sibling" if reused <= shared else "own"] += 1
     head = (
-        f"Right after a sibling (each of the {n} sessions whose prompt shares at least 16 leading ids with an "
-        "earlier one's, sent right after it, so the server's prompt cache can serve the shared part from its KV): "
+        f"Right after a sibling (each of the {len(after)} sessions whose prompt shares at least {SHARED_MIN} leading "
+        "ids with an earlier one's, sent right after it): the server reused at most the shared start, which only "
+        f"the sibling's KV could give, for {kinds_of['sibling']}; more than that (its own earlier KV, still in a "
+        f"slot) for {kinds_of['own']}; nothing for {kinds_of['none']}"
+        + (f"; it did not say for {kinds_of['unsaid']}" if kinds_of["unsaid"] else "")
+        + ". "
     )
     if not differing:
-        return head + "every answer equals its cold one."
+        return head + "Every answer equals its cold one."
     listed = ", ".join(
         f"{x.session_id} after {', '.join(x.beside) or '?'} (token {x.token_index}, margin {margin(x.margin)}, "
         f"{x.kind})"
         for x in differing[:MAX_LISTED]
     )
-    return head + f"{len(differing)} differ from their cold answer: {listed}."
+    more = f" and {len(differing) - MAX_LISTED} more" if len(differing) > MAX_LISTED else ""
+    return head + f"{len(differing)} differ from their cold answer: {listed}{more}."
 
 
 def _divergences(b: EndpointBundle) -> list[str]:
@@ -279,9 +297,8 @@ def _divergences(b: EndpointBundle) -> list[str]:
         *rows,
         "",
     ]
-    if d.sibling_differing is not None:
-        after = b.results.margins.siblings or {} if b.results.margins is not None else {}
-        lines += [_after_sibling(d.sibling_differing, len(after)), ""]
+    if d.sibling_differing is not None and b.results.margins is not None:
+        lines += [_after_sibling(b, d.sibling_differing), ""]
     if d.near_ties:
         lo, hi = min(x.margin or 0.0 for x in d.near_ties), max(x.margin or 0.0 for x in d.near_ties)
         lines += [f"Near-tie margins: {lo:.3g} to {hi:.3g}.", ""]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshbench.names import RESULTS
+from meshbench.records.margins import Divergences
 from meshbench.records.model import EndpointLevel
 from meshbench.results import markdown
 from meshbench.results.endpoint_proofs_report import kinds
@@ -128,6 +129,14 @@ def _cancel(lv: EndpointLevel) -> str:
     return kinds(new) if new else "0"
 
 
+def _sibling(d: Divergences | None) -> str:
+    """The answers right after a sibling that differ from cold ("" without a sibling pass)."""
+    if d is None or d.sibling_differing is None:
+        return ""
+    found = d.sibling_differing
+    return f"; right after a sibling, {len(found)} differ from cold" + (f" ({kinds(found)})" if found else "")
+
+
 def _verdict(s: Setting) -> str:
     r = s.bundle.results
     v, found = r.verdicts, r.canaries
@@ -144,6 +153,7 @@ def _verdict(s: Setting) -> str:
         f"output depends on the neighbours' content at C = {', '.join(depends) or 'none'}; confident "
         f"divergences from cold{threshold}: {len(confident)}"
         + (f", {alone} of them with no session beside (the server's own state, not a neighbour)" if alone else "")
+        + _sibling(d)
         + f"; environment {cpu(r.environment)}."
     )
 
