@@ -264,33 +264,41 @@ def check_isolation(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
             isolation.expected_confirmations(lv),
             [p.perturbed for p in iso.passes if p.confirm],
         )
-        turns = any(s.epoch > 1 for s in lv.sessions)  # a conversation: each turn is its own record
-        epochs = [(s.session_id, s.epoch if turns else None) for s in lv.sessions]
-        base = isolation.digest(isolation.schedule_view(lv.tick_records))
-        for k, p in enumerate(iso.passes):
-            if p.schedule_digest != base:  # another schedule ends sessions in another order: the verdict names it
-                pairs = [(s.session_id, s.epoch) for s in p.sessions]
-                c.equal(
-                    RESULTS,
-                    f"{at}.isolation.passes[{k}].sessions (the workload's, each turn once; its schedule changed)",
-                    True,
-                    len(set(pairs)) == len(pairs) and {sid for sid, _ in pairs} <= set(ids),
-                )
-                continue
-            c.equal(
-                RESULTS,
-                f"{at}.isolation.passes[{k}].sessions (the level's)",
-                served,
-                [s.session_id for s in p.sessions],
-            )
-            c.equal(
-                RESULTS,
-                f"{at}.isolation.passes[{k}].sessions epochs (the level's turns)",
-                epochs,
-                [(s.session_id, s.epoch) for s in p.sessions],
-            )
+        _check_pass_sessions(c, lv, at, ids, served)
     verdict = isolation.verdict(lv.isolation, lv.sessions, lv.tick_records)
     c.equal(RESULTS, f"{at}.isolation_verdict", serial.to_json(verdict), serial.to_json(lv.isolation_verdict))
+
+
+def _check_pass_sessions(c: Checks, lv: LevelRecord, at: str, ids: list[str], served: list[str]) -> None:
+    """Each pass served the level's sessions (each turn) in the level's order where its schedule is the level's;
+    where it changed, the workload's sessions, each turn once (the verdict names the pass)."""
+    iso = lv.isolation
+    assert iso.passes is not None
+    turns = any(s.epoch > 1 for s in lv.sessions)  # a conversation: each turn is its own record
+    epochs = [(s.session_id, s.epoch if turns else None) for s in lv.sessions]
+    base = isolation.digest(isolation.schedule_view(lv.tick_records))
+    for k, p in enumerate(iso.passes):
+        if p.schedule_digest != base:  # another schedule ends sessions in another order: the verdict names it
+            pairs = [(s.session_id, s.epoch) for s in p.sessions]
+            c.equal(
+                RESULTS,
+                f"{at}.isolation.passes[{k}].sessions (the workload's, each turn once; its schedule changed)",
+                True,
+                len(set(pairs)) == len(pairs) and {sid for sid, _ in pairs} <= set(ids),
+            )
+            continue
+        c.equal(
+            RESULTS,
+            f"{at}.isolation.passes[{k}].sessions (the level's)",
+            served,
+            [s.session_id for s in p.sessions],
+        )
+        c.equal(
+            RESULTS,
+            f"{at}.isolation.passes[{k}].sessions epochs (the level's turns)",
+            epochs,
+            [(s.session_id, s.epoch) for s in p.sessions],
+        )
 
 
 def check_sessions(c: Checks, b: NodeBundle, levels: list[LevelRecord]) -> None:
