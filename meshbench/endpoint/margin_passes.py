@@ -36,7 +36,7 @@ def run(
     after = endpoint_margins.siblings([j.session_id for j in jobs], ids)
     sibling = []
     by_id = {j.session_id: j for j in jobs}
-    for j in asked:  # each session right after its sibling, both as the sweep sends them
+    for j in asked:  # each session right after its sibling (the sibling as the sweep sends it)
         if j.session_id in after:
             progress(f"margins: {j.session_id} right after {after[j.session_id]}, which shares its prompt's start")
             at_once(endpoint, [by_id[after[j.session_id]]])

@@ -25,11 +25,7 @@ def check_margins(
         for side, answers in sides:
             c.equal(RESULTS, f"margins.{side} (every session once, in order)", ids, [x.session_id for x in answers])
             for x in answers:
-                where = f"margins.{side}.{x.session_id}"
-                c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
-                c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
-                if x.session_id in lengths:  # (another id already failed the order check above)
-                    whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos)
+                _check_answer(c, b, f"margins.{side}.{x.session_id}", x, lengths, new)
         _check_siblings(c, b, ids, lengths, new)
     expected = (
         None
@@ -60,11 +56,18 @@ def _check_siblings(c: Checks, b: EndpointBundle, ids: list[str], lengths: dict[
     c.equal(RESULTS, "margins.sibling (each session with a sibling once, in order)", list(after) or None,
             found if r.margins.sibling is not None else None)  # fmt: skip
     for x in r.margins.sibling or []:
-        where = f"margins.sibling.{x.session_id}"
-        c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
-        c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
-        if x.session_id in lengths:
-            whole(c, where, x, lengths[x.session_id], new[x.session_id], r.workload.eos)
+        _check_answer(c, b, f"margins.sibling.{x.session_id}", x, lengths, new)
+
+
+def _check_answer(
+    c: Checks, b: EndpointBundle, where: str, x: Completion, lengths: dict[str, int], new: dict[str, int]
+) -> None:
+    """A margin pass's answer: answered, one margin per token, whole (an unknown id already failed its order
+    check)."""
+    c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
+    c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
+    if x.session_id in lengths:
+        whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos)
 
 
 def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str, ids: list[str]) -> None:
