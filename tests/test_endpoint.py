@@ -4,6 +4,7 @@ process id. Skips cleanly without the extra."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import subprocess
@@ -19,8 +20,11 @@ from test_bad_input import run_refused
 from typer.testing import CliRunner
 
 from meshbench.cli import app
+from meshbench.endpoint import retokenize
 from meshbench.endpoint.llama_server import stop
 from meshbench.engine.process.workers import free_port
+from meshbench.results import kinds
+from meshbench.results.typed import EndpointBundle
 
 pytest.importorskip("llama_cpp.server", reason="the server extra (llama-cpp-python[server]) is not installed")
 
@@ -127,6 +131,8 @@ def test_an_endpoint_sweep_writes_a_bundle_that_verifies(bundle):
     assert v["run_to_run_deterministic"] is True
     r = runner.invoke(app, ["verify", str(bundle)])
     assert r.exit_code == 0 and "0 failed" in r.output, r.output
+    # a --target server chose its own model: its prompt ids cannot be held to a tokenizer here, and verify says so
+    assert "prompt_ids: not held to the model's tokenizer here (the config names no model" in r.output, r.output
 
 
 def test_the_chat_api_works_against_llama_cpp_python_s_server(server, prompts, tmp_path):
@@ -314,7 +320,30 @@ def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, pr
     # ids where every answer's ids are whole (a streamed answer may hold back an incomplete UTF-8 token's id):
     # verify recomputes which from the records
     assert data["verdicts"]["compared"] in ("tokens", "text")
-    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 0 and "prompt_ids: not held" not in r.output, r.output  # (the model is here: held)
+    # the server's prompt ids, which every sibling, margin and canary check rests on, are the model's own
+    # tokenization of the prompts file: one id changed (its length kept) fails verify, naming the session
+    data["workload"]["prompt_ids"][2][-1] += 1
+    forged = tmp_path / "FORGED"
+    forged.mkdir()
+    (forged / "results.json").write_text(json.dumps(data))
+    (forged / "README.md").write_text((out / "README.md").read_text())
+    r = runner.invoke(app, ["verify", str(forged)])
+    assert r.exit_code == 1 and "model here tokenizes them: the sessions that differ) expected=[] found=['s2']" in (
+        r.output
+    ), r.output
+    # where the prompts file is not the one the bundle recorded, or the model is not here, the ids go unchecked,
+    # and why is said (a file that changed since is not blamed on the bundle)
+    typed = kinds.typed_results(json.loads((out / "results.json").read_text()))
+    assert isinstance(typed, EndpointBundle)
+    wl = dataclasses.replace(typed.results.workload, prompts_sha256="0" * 64)
+    other = dataclasses.replace(typed, results=dataclasses.replace(typed.results, workload=wl))
+    assert "not the file the bundle recorded" in str(retokenize.here(other))
+    engine = dataclasses.replace(typed.cfg.engine, model=str(tmp_path / "gone.gguf"))
+    assert "gone.gguf" in str(
+        retokenize.here(dataclasses.replace(typed, cfg=dataclasses.replace(typed.cfg, engine=engine)))
+    )
 
 
 def test_compare_an_endpoint_bundle_with_itself_and_with_meshbench_s_node(bundle, model, prompts, tmp_path):

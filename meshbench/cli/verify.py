@@ -12,6 +12,7 @@ from meshbench.cli.common import (
     err,
     out,
 )
+from meshbench.endpoint import retokenize
 from meshbench.errors import MeshbenchError
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify_mod
@@ -49,7 +50,7 @@ def verify(
                         f"{path}: a matrix of server settings (endpoint bundles): a rerun needs its server (verify it "
                         "without --rerun)"
                     )
-                checks = verify_matrix.check(path)
+                checks = verify_matrix.check(path, tokens=functools.partial(retokenize.here, bundle=path))
             else:
                 checks = verify_mod.check_bundle(
                     path,
@@ -57,6 +58,7 @@ def verify(
                     if rerun
                     else None,
                     resolve=functools.partial(run.with_prompt_ids, bundle=path),
+                    tokens=functools.partial(retokenize.here, bundle=path),
                 )
         except MeshbenchError as e:
             err.print(f"error: {e}", markup=False)

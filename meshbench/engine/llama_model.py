@@ -273,10 +273,11 @@ def repack_probe(path: str) -> None:
     sys.exit(0 if lib.llama_decode(ctx, batch) == 0 else 1)
 
 
-def tokenize(path: str, texts: Sequence[str], bos: bool = True) -> list[tuple[int, ...]]:
+def tokenize(path: str, texts: Sequence[str], bos: bool = True, special: bool = False) -> list[tuple[int, ...]]:
     """Each text's token ids by the model's own tokenizer (BOS added as the model says, unless ``bos`` is false:
-    a text that continues another). A model without a vocabulary is refused here: llama.cpp aborts the process
-    when asked to tokenize with none."""
+    a text that continues another; special-token text read as those tokens where ``special``, as llama-server's
+    ``/tokenize`` and llama-cpp-python's server's ``/extras/tokenize`` read it, else as plain characters). A model
+    without a vocabulary is refused here: llama.cpp aborts the process when asked to tokenize with none."""
     lib = llama_cpp_lib()
     set_llama_logging(False)
     model_path = files.regular_file(path, "model")
@@ -294,19 +295,19 @@ def tokenize(path: str, texts: Sequence[str], bos: bool = True) -> list[tuple[in
                 f"model {path} has no tokenizer (vocabulary type none): real prompts need one "
                 "(meshbench model make-tiny --preset bench writes one)"
             )
-        return [_tokenize(lib, vocab, text, bos) for text in texts]
+        return [_tokenize(lib, vocab, text, bos, special) for text in texts]
     finally:
         lib.llama_model_free(ptr)
 
 
-def _tokenize(lib, vocab, text: str, bos: bool = True) -> tuple[int, ...]:
+def _tokenize(lib, vocab, text: str, bos: bool = True, special: bool = False) -> tuple[int, ...]:
     raw = text.encode()
     size = len(raw) + 8
     buf = (lib.llama_token * size)()
-    n = lib.llama_tokenize(vocab, raw, len(raw), buf, size, bos, False)
+    n = lib.llama_tokenize(vocab, raw, len(raw), buf, size, bos, special)
     if n < 0:  # the buffer was too small: -n is the size needed
         buf = (lib.llama_token * -n)()
-        n = lib.llama_tokenize(vocab, raw, len(raw), buf, -n, bos, False)
+        n = lib.llama_tokenize(vocab, raw, len(raw), buf, -n, bos, special)
     if n <= 0:
         raise MeshbenchError(f"prompt {text[:40]!r}: the tokenizer gave no tokens")
     return tuple(buf[:n])

@@ -171,7 +171,7 @@ def _check_inputs(inputs: dict[str, InputFile] | None, cfg: RunConfig) -> None:
         )
 
 
-def _locate(name: str, bundle: Path) -> str:
+def locate(name: str, bundle: Path) -> str:
     """A relative input path as given, if it exists from here; else the first bundle ancestor that has it."""
     try:
         return _located(name, bundle)
@@ -198,7 +198,7 @@ def with_prompt_ids(b: NodeBundle, bundle: Path | None = None) -> RunConfig:
     wl = cfg.workload
     if not (wl.prompts and cfg.engine.prefix_cache and wl.prompt_ids is None) or cfg.engine.make_model:
         return cfg
-    located = dataclasses.replace(wl, prompts=_locate(wl.prompts, bundle)) if bundle is not None else wl
+    located = dataclasses.replace(wl, prompts=locate(wl.prompts, bundle)) if bundle is not None else wl
     try:
         here = dataclasses.replace(cfg, workload=located)
         _check_inputs(b.results.inputs, here)
@@ -239,7 +239,7 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
     cfg = dataclasses.replace(config_from_results(b.cfg), repeat=1, warmup=0)
     if cfg.workload.prompts and bundle is not None:
         cfg = dataclasses.replace(
-            cfg, workload=dataclasses.replace(cfg.workload, prompts=_locate(cfg.workload.prompts, bundle))
+            cfg, workload=dataclasses.replace(cfg.workload, prompts=locate(cfg.workload.prompts, bundle))
         )
     _check_inputs(b.results.inputs, cfg)
     if cfg.engine.rpc and not trust_endpoints:

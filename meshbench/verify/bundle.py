@@ -27,6 +27,7 @@ from meshbench.workload import config
 from meshbench.workload.config import RunConfig
 
 Resolve = Callable[[NodeBundle], RunConfig]  # a bundle's config made concrete here (its real prompts' ids)
+Tokens = Callable[[EndpointBundle], "list[list[int]] | str"]  # its prompts as the model here tokenizes them, or why not
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -64,21 +65,26 @@ def config_echo_errors(echo: dict) -> list[str]:
     return errors
 
 
-def check_bundle(path: Path, rerun: Rerun | None = None, resolve: Resolve | None = None) -> Checks:
-    return checked_bundle(path, rerun, resolve)[2]
+def check_bundle(
+    path: Path, rerun: Rerun | None = None, resolve: Resolve | None = None, tokens: Tokens | None = None
+) -> Checks:
+    return checked_bundle(path, rerun, resolve, tokens)[2]
 
 
 def checked_bundle(
-    path: Path, rerun: Rerun | None = None, resolve: Resolve | None = None
+    path: Path, rerun: Rerun | None = None, resolve: Resolve | None = None, tokens: Tokens | None = None
 ) -> tuple[dict, NodeBundle | EndpointBundle, Checks]:
     """The bundle's results (as read, and typed) and every check of it; with ``rerun`` (the runner, injected:
     checking a file never loads an engine), its deterministic records compared with a fresh run's; ``resolve``
-    (injected too) gives a node bundle's config its real prompts' ids, where the model is here."""
+    (injected too) gives a node bundle's config its real prompts' ids, where the model is here; ``tokens``
+    (injected) an endpoint bundle's prompts as the model here tokenizes them, or why it could not."""
     data = load_bundle(path)
     typed = kinds.typed_results(data)
     if resolve is not None and isinstance(typed, NodeBundle):
         typed = dataclasses.replace(typed, cfg=resolve(typed))
     c = check_typed(data, typed)
+    if tokens is not None and isinstance(typed, EndpointBundle):
+        endpoint.check_prompt_ids(c, typed, tokens(typed))
     check_readme(c, data, typed, path)
     if rerun is not None:
         if not kinds.kind(data).rerun:

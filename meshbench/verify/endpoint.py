@@ -93,6 +93,24 @@ def _check_proofs(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
     check_cancels(c, b, ids)
 
 
+def check_prompt_ids(c: Checks, b: EndpointBundle, here: list[list[int]] | str) -> None:
+    """The prompt ids the bundle records, which the server's tokenizer gave and every sibling, margin and canary
+    check rests on, are its prompts as the model tokenizes them here (``here``, from meshbench.endpoint.retokenize:
+    injected, as checking a file never loads a model); where it could not, why, in a note."""
+    if isinstance(here, str):
+        c.notes.append(f"workload.prompt_ids: not held to the model's tokenizer here ({here})")
+        return
+    recorded = b.results.workload.prompt_ids or []
+    sessions = [f"s{i:0{len(str(len(here) - 1))}d}" for i in range(len(here))]
+    differ = [sid for sid, mine, theirs in zip(sessions, here, recorded) if mine != theirs]
+    c.equal(
+        RESULTS,
+        "workload.prompt_ids (= the prompts file as the model here tokenizes them: the sessions that differ)",
+        [] if len(here) == len(recorded) else ["(one list per session)"],
+        differ if len(here) == len(recorded) else [f"{len(recorded)} lists for {len(here)} sessions"],
+    )
+
+
 def _check_request(c: Checks, b: EndpointBundle) -> None:
     """What every request carried is what this config sends (recorded since cache_prompt could be chosen)."""
     wl = b.results.workload

@@ -18,6 +18,7 @@ from meshbench.names import README, RESULTS
 from meshbench.results import bundle, document, matrix_report
 from meshbench.results import matrix as matrix_doc
 from meshbench.verify import bundle as verify_bundle
+from meshbench.verify import endpoint as verify_endpoint
 from meshbench.workload import config, matrix
 from meshbench.workload.config import RunConfig
 from meshbench.workload.matrix_config import as_run, setting_config
@@ -32,7 +33,9 @@ def is_matrix(path: Path) -> bool:
         return False
 
 
-def check(path: Path) -> Checks:
+def check(path: Path, tokens: verify_bundle.Tokens | None = None) -> Checks:
+    """The matrix and every setting's bundle; with ``tokens`` (injected, as verify_bundle's), the prompt ids the
+    settings share held to the model's tokenizer here (once: every setting's are the first's)."""
     data = matrix_doc.load(path)
     errors = verify_bundle.config_echo_errors(data["config"])
     if errors:
@@ -48,6 +51,13 @@ def check(path: Path) -> Checks:
     _check_alike(c, settings)
     ids = {json_key(s.data["config"]["workload"].get("prompt_ids")) for s in settings}
     c.equal(RESULTS, "the prompts' ids (one server's tokenizer, every setting alike)", 1, len(ids))
+    if tokens is not None and settings:
+        first = settings[0]
+        own = Checks()
+        verify_endpoint.check_prompt_ids(own, first.bundle, tokens(first.bundle))
+        c.failures += [dataclasses.replace(f, file=f"{first.folder}/{f.file}") for f in own.failures]
+        c.count += own.count
+        c.notes += own.notes
     if len(settings) == len(data["settings"]):
         _check_files(c, path, data, settings)
     return c
