@@ -16,6 +16,7 @@ from meshbench.engine.llama_model import tokenize
 from meshbench.workload.config import DEFAULTS, from_mapping
 
 runner = CliRunner()
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 QUESTIONS = ["what time is it", "where is the fox", "hello world", "the quick brown fox"]
 
@@ -117,6 +118,11 @@ def test_real_turns_that_cannot_be_a_conversation_are_refused(vocab_model, tmp_p
         (["--turn-tokens", 4], "user tokens of later turns need workload.turns > 1"),
         (["--turns", 3, "--turn-tokens", 4, "--arrivals", "poisson:1", "--rates", "0.5"], "on the tick clock"),
         (["--turns", 3, "--turn-tokens", 4, "--prefill", "chunked"], "whole-prompt prefill"),
+        (  # an engine loss resubmits under a new epoch, and a conversation's epochs are its turns
+            ["--turns", 3, "--turn-tokens", 4, "--isolate", "--inject", "kill-engine@5"],
+            "kill-engine@5: an engine loss resubmits its sessions under a new epoch",
+        ),
+        (["--turns", 3, "--turn-tokens", 4, "--isolate", "--restart-engine"], "restart_engine: an engine loss"),
     ],
 )
 def test_synthetic_turns_that_cannot_run_are_refused(tmp_path, extra, expect):
@@ -168,3 +174,32 @@ def test_the_own_kv_finding_is_noted_as_taken_as_recorded_only_without_a_rerun()
     assert len(noted) == 2  # (levels 1 and 8: their turns differ, and each was replayed)
     rerun = check_bundle(path, rerun=lambda data: copy.deepcopy(data))
     assert not [n for n in rerun.notes if "taken as recorded" in n]
+
+
+def test_faults_in_conversations_end_the_turn_they_hit_and_every_other_turn_equals_its_own_reference(tmp_path):
+    """Cancel, evict and raise faults in 3-turn conversations on the prefix cache: a fault ends the turn it hits
+    (and its conversation); every other turn, later turns included, must equal that turn of the conversation run
+    alone, which verify checks turn by turn (each turn is its own reference, not the session's first)."""
+    out = tmp_path / "CF"
+    args = ["sweep", "--config", str(CONFIGS / "conversations.yaml"), "--levels", "2,4", "--out", str(out)]
+    args += ["--inject", "cancel:s1@6,evict:s2@12", "--inject", "raise:decode@9", "--inject", "evict:s3@40"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    hit = {(e["fault"], s["session_id"], s["epoch"], s["done_reason"]) for lv in data["levels"]
+           for e in lv["fault_events"] for s in e["sessions"]}  # fmt: skip
+    assert ("evict:s3@40", "s3", 2, "CACHE_MISS") in hit  # (at 4 clients: s3's second turn, decoding)
+    later = [s for lv in data["levels"] for s in lv["sessions"] if s["epoch"] == 3 and s["done_reason"] == "COMPLETED"]
+    assert later  # untouched conversations ran all their turns, held to the reference's third turns
+    assert "`s3#2` is session s3's second turn" in (out / "README.md").read_text()
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    # a later turn's tokens changed: verify holds it to that turn's reference
+    lv = data["levels"][0]
+    s = next(s for s in lv["sessions"] if s["epoch"] == 3 and s["done_reason"] == "COMPLETED")
+    s["tokens"][0] = (s["tokens"][0] + 1) % 100
+    forged = tmp_path / "FORGED"
+    forged.mkdir()
+    (forged / "results.json").write_text(json.dumps(data))
+    (forged / "README.md").write_text((out / "README.md").read_text())
+    r = runner.invoke(app, ["verify", str(forged)])
+    assert r.exit_code == 1 and f"untouched identical] {s['session_id']}#3 tokens = the reference's" in r.output

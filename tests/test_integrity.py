@@ -405,8 +405,8 @@ def test_a_relative_prompts_file_is_found_from_the_bundle_upwards(tmp_path, monk
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert run._locate("configs/p.txt", bundle) == str(tmp_path / "configs" / "p.txt")
-    assert run._locate("configs/missing.txt", bundle) == "configs/missing.txt"  # then refused where it is read
+    assert run.locate("configs/p.txt", bundle) == str(tmp_path / "configs" / "p.txt")
+    assert run.locate("configs/missing.txt", bundle) == "configs/missing.txt"  # then refused where it is read
 
 
 def test_a_fault_event_moved_after_its_sessions_end_fails_plain_verify(tmp_path):

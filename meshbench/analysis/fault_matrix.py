@@ -50,7 +50,7 @@ def check_level(c: Checks, lv: LevelRecord, at: str, reference: Served, kv_bytes
         return
     _ends_once(c, lv, at)
     _kv_to_zero(c, kv_bytes_per_token, lv, at)
-    _identical(c, lv, at, {s.session_id: s.tokens for s in reference.sessions})
+    _identical(c, lv, at, reference_tokens(reference))
 
 
 def verdicts(lv: LevelRecord, reference: Served, kv_bytes_per_token: int) -> dict[str, bool | None]:
@@ -175,7 +175,18 @@ def _kv_to_zero(c: Checks, per_token: int, lv: LevelRecord, at: str) -> None:
         _equal(c, at, "KV to zero", "kv_bytes at the end", 0, last.kv_bytes if last is not None else 0)
 
 
-def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[str, list[int]]) -> None:
+def reference_tokens(reference: Served) -> dict[tuple[str, int], list[int]]:
+    """The reference's tokens by (session, epoch): a conversation's turns are its epochs, each its own reference."""
+    return {(s.session_id, s.epoch): s.tokens for s in reference.sessions}
+
+
+def _expected(reference: dict[tuple[str, int], list[int]], sid: str, epoch: int) -> list[int] | None:
+    """A session's reference tokens in ``epoch``: that turn's where the reference has it (a conversation), else
+    its first epoch's (a session resubmitted after an engine loss runs its one request again)."""
+    return reference.get((sid, epoch), reference.get((sid, 1)) if (sid, 2) not in reference else None)
+
+
+def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[tuple[str, int], list[int]]) -> None:
     named, resubmitted = figures.fault_named(lv.fault_events), _resubmitted(lv)
     for s in lv.sessions:
         key = (s.session_id, s.epoch)
@@ -184,7 +195,14 @@ def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[str, list[in
         check = "resubmitted identical" if key in resubmitted else "untouched identical"
         where = f"{s.session_id}#{s.epoch}"
         _equal(c, at, check, f"{where} done_reason", "COMPLETED", s.done_reason)
-        _equal(c, at, check, f"{where} tokens = the reference's", True, s.tokens == reference.get(s.session_id))
+        _equal(
+            c,
+            at,
+            check,
+            f"{where} tokens = the reference's",
+            True,
+            s.tokens == _expected(reference, s.session_id, s.epoch),
+        )
     for again in sorted(resubmitted, key=lambda k: (k[0], k[1] or 0)):  # each ran: its session is in the records
         _equal(
             c,

@@ -75,11 +75,17 @@ def section(b: NodeBundle) -> list[str]:
         else "the engine's KV bytes equal the running sessions' positions at every tick (at most, after an "
         "eviction) and are zero at the end."
     )
+    epoch = (
+        "second turn (a conversation's turns are its epochs; a turn a fault ended ends its conversation). The "
+        "reference is each conversation run alone without faults, turn by turn"
+        if b.cfg.workload.turns > 1
+        else "second epoch. The reference is each session run alone without faults"
+    )
     return [
         HEADING,
         "",
         f"The engine runs {isolated}; policy: {policy}. Every fault row runs at every level; a session named "
-        "`s3#2` is session s3's second epoch. The reference is each session run alone without faults.",
+        f"`s3#2` is session s3's {epoch}.",
         "",
         TABLE_HEADER,
         "|" + "---|" * (5 + len(fault_checks.CHECKS)),

@@ -152,8 +152,14 @@ class RunConfig:
 def _check_turns(cfg: RunConfig) -> None:
     """What conversations run with so far: the tick clock, no faults or rates, answers of fixed lengths (eos continue
     or ban), whole prompts."""
-    if cfg.faults or cfg.rates is not None or cfg.clock == "wall":
-        raise MeshbenchError("workload.turns: conversations run on the tick clock, without faults or rates, so far")
+    if cfg.rates is not None or cfg.clock == "wall":
+        raise MeshbenchError("workload.turns: conversations run on the tick clock, without rates, so far")
+    process = sorted({f.label for row in cfg.faults for f in row if f.kind.needs_process})
+    if process or cfg.restart_engine:
+        raise MeshbenchError(
+            f"workload.turns: {', '.join(process) or 'restart_engine'}: an engine loss resubmits its sessions under "
+            "a new epoch, and a conversation's epochs are its turns: cancel, evict and raise faults only, so far"
+        )
     if cfg.workload.eos == "stop" or cfg.prefill != "whole":
         raise MeshbenchError(
             "workload.turns: conversations need eos continue or ban and whole-prompt prefill so far (a perturbed "
