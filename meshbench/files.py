@@ -24,6 +24,8 @@ def regular_file(path: str | Path, what: str) -> Path:
         raise MeshbenchError(f"{what} {p}: no such file") from None
     except OSError as e:
         raise MeshbenchError(f"{what} {p}: cannot be read ({e.strerror})") from None
+    except ValueError:  # a NUL in the path
+        raise MeshbenchError(f"{what} {str(p)!r}: not a usable path (it holds a NUL character)") from None
     if stat.S_ISDIR(mode):
         raise MeshbenchError(f"{what} {p}: is a directory, expected a file")
     if not stat.S_ISREG(mode):

@@ -340,10 +340,23 @@ def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, pr
     wl = dataclasses.replace(typed.results.workload, prompts_sha256="0" * 64)
     other = dataclasses.replace(typed, results=dataclasses.replace(typed.results, workload=wl))
     assert "not the file the bundle recorded" in str(retokenize.here(other))
+    # a model file that is not what the server loaded, or that llama.cpp cannot read (read in a throwaway process)
+    (tmp_path / "other.gguf").symlink_to(model)
+    assert f"loaded '{model.name}', not the config's model 'other.gguf'" in str(
+        _here_with_model(typed, tmp_path / "other.gguf")
+    )
+    junk = tmp_path / model.name
+    junk.write_bytes(b"GGUF" + b"\xff" * 60)
+    assert str(junk) in str(_here_with_model(typed, junk)) and "not held" not in str(_here_with_model(typed, junk))
     engine = dataclasses.replace(typed.cfg.engine, model=str(tmp_path / "gone.gguf"))
     assert "gone.gguf" in str(
         retokenize.here(dataclasses.replace(typed, cfg=dataclasses.replace(typed.cfg, engine=engine)))
     )
+
+
+def _here_with_model(typed: EndpointBundle, path: Path) -> list[list[int]] | str:
+    engine = dataclasses.replace(typed.cfg.engine, model=str(path))
+    return retokenize.here(dataclasses.replace(typed, cfg=dataclasses.replace(typed.cfg, engine=engine)))
 
 
 def test_compare_an_endpoint_bundle_with_itself_and_with_meshbench_s_node(bundle, model, prompts, tmp_path):

@@ -1,42 +1,83 @@
 """An endpoint bundle's prompts tokenized here, by the model file its config names, for verify to hold the prompt
 ids the bundle records to: every sibling, margin and canary check rests on those ids, and the server gave them
 (a forger who edits them, and the records they lead to, would otherwise pass). Where the model or the prompts are
-not here, the reason instead: verify notes the ids unchecked."""
+not here, the reason instead: verify notes the ids unchecked.
+
+The tokenizer runs in a throwaway process: the model file is named by a bundle, which can come from anyone, and
+llama.cpp aborts its process on some malformed vocabularies."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from meshbench import files
 from meshbench.engine import packaged
-from meshbench.engine.llama_model import tokenize
 from meshbench.errors import MeshbenchError
 from meshbench.results.typed import EndpointBundle
 from meshbench.sweep.run import locate
 from meshbench.workload import prompts as prompts_mod
 
+TIMEOUT_S = 300.0  # a vocabulary load and a few thousand prompts' tokenization take seconds
+
 
 def here(b: EndpointBundle, bundle: Path | None = None) -> list[list[int]] | str:
     """The bundle's prompts as the model it names tokenizes them here (BOS as the model says, special-token text
-    read as the server's tokenizer reads it), or why they cannot be: a model the server chose (a ``--target``), one
-    the bundle says how to make (never made for this), a model or prompts file that is not here, or a prompts file
-    that is not the one the bundle recorded. A relative path is looked for from here, then from the bundle's
-    folder upwards."""
-    eng, wl = b.cfg.engine, b.results.workload
-    if eng.make_model:
-        return "its model is one the bundle says how to make, never made to verify it"
+    read as the server's tokenizer reads it), or why they cannot be: a model the server chose (a ``--target``), a
+    model or prompts file that is not here, a prompts file that is not the one the bundle recorded, a model that
+    is not the one the server loaded, or a vocabulary llama.cpp cannot read. A relative prompts file is looked for
+    from here, then from the bundle's folder upwards; a model path is taken as given."""
+    eng, wl, launched = b.cfg.engine, b.results.workload, b.results.endpoint.launched
     if not eng.package and not eng.model:
         return "the config names no model: the server's own"
     try:
-        model = str(packaged.path(eng.package)) if eng.package else _located(eng.model or "", bundle)
-        prompts = files.regular_file(_located(wl.prompts, bundle), "workload.prompts")
-        if files.sha256(prompts) != wl.prompts_sha256:
+        # a packaged model is checked by its sha256 (packaged.path); any other file by llama.cpp's loader's own
+        # checks, in the child, and its weights' (gguf_io.check_model_file)
+        model = packaged.path(eng.package) if eng.package else files.regular_file(eng.model or "", "engine.model")
+        if launched is not None and launched.model != model.name:
+            return f"the server loaded {launched.model!r}, not the config's model {model.name!r}"
+        at = files.regular_file(locate(wl.prompts, bundle) if bundle is not None else wl.prompts, "workload.prompts")
+        if files.sha256(at) != wl.prompts_sha256:
             return f"workload.prompts {wl.prompts}: not the file the bundle recorded (its sha256 differs)"
-        texts = prompts_mod.read(str(prompts))[: wl.sessions]
-        return [list(ids) for ids in tokenize(model, texts, special=True)]
-    except (MeshbenchError, OSError) as e:
+        texts = prompts_mod.read(str(at))[: wl.sessions]
+        return _tokenized(model, texts, checked=bool(eng.package))
+    except (MeshbenchError, OSError, ValueError) as e:  # (ValueError: a path with a NUL in it)
         return str(e)
 
 
-def _located(name: str, bundle: Path | None) -> str:
-    return locate(name, bundle) if bundle is not None else name
+def _tokenized(model: Path, texts: list[str], checked: bool) -> list[list[int]] | str:
+    code = "from meshbench.endpoint.retokenize import child; child()"
+    request = json.dumps({"model": str(model), "texts": texts, "checked": checked})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], input=request, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return f"model {model}: tokenizing the prompts took over {TIMEOUT_S:.0f} s"
+    if done.returncode < 0:
+        return f"model {model}: llama.cpp died reading its vocabulary ({signal.Signals(-done.returncode).name})"
+    try:
+        answer = json.loads(done.stdout)
+    except ValueError:
+        answer = None
+    if done.returncode != 0 or not isinstance(answer, dict):
+        last = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+        return f"model {model}: the tokenizer did not answer ({last[:200]})"
+    if "error" in answer:
+        return str(answer["error"])
+    return answer["ids"]
+
+
+def child() -> None:
+    """The throwaway process: a request on stdin, the ids (or the one-line reason) on stdout."""
+    from meshbench.engine.llama_model import tokenize
+
+    request = json.loads(sys.stdin.read())
+    try:
+        ids = tokenize(request["model"], request["texts"], special=True, check_file=not request["checked"])
+        print(json.dumps({"ids": [list(x) for x in ids]}))
+    except MeshbenchError as e:
+        print(json.dumps({"error": str(e)}))

@@ -273,15 +273,20 @@ def repack_probe(path: str) -> None:
     sys.exit(0 if lib.llama_decode(ctx, batch) == 0 else 1)
 
 
-def tokenize(path: str, texts: Sequence[str], bos: bool = True, special: bool = False) -> list[tuple[int, ...]]:
+def tokenize(
+    path: str, texts: Sequence[str], bos: bool = True, special: bool = False, check_file: bool = True
+) -> list[tuple[int, ...]]:
     """Each text's token ids by the model's own tokenizer (BOS added as the model says, unless ``bos`` is false:
     a text that continues another; special-token text read as those tokens where ``special``, as llama-server's
     ``/tokenize`` and llama-cpp-python's server's ``/extras/tokenize`` read it, else as plain characters). A model
-    without a vocabulary is refused here: llama.cpp aborts the process when asked to tokenize with none."""
+    without a vocabulary is refused here: llama.cpp aborts the process when asked to tokenize with none. The file's
+    weights are checked first (gguf_io.check_model_file) unless ``check_file`` is false: a file whose sha256 was
+    checked already (a packaged model)."""
     lib = llama_cpp_lib()
     set_llama_logging(False)
     model_path = files.regular_file(path, "model")
-    gguf_io.check_model_file(model_path)
+    if check_file:
+        gguf_io.check_model_file(model_path)
     lib.llama_backend_init()
     mp = lib.llama_model_default_params()
     mp.vocab_only = True

@@ -106,8 +106,8 @@ def check_prompt_ids(c: Checks, b: EndpointBundle, here: list[list[int]] | str) 
     c.equal(
         RESULTS,
         "workload.prompt_ids (= the prompts file as the model here tokenizes them: the sessions that differ)",
-        [] if len(here) == len(recorded) else ["(one list per session)"],
-        differ if len(here) == len(recorded) else [f"{len(recorded)} lists for {len(here)} sessions"],
+        [] if len(here) == len(recorded) else [f"{len(here)} prompts in the file"],
+        differ if len(here) == len(recorded) else [f"{len(recorded)} lists of ids recorded"],
     )
 
 

@@ -49,14 +49,15 @@ def check(path: Path, tokens: verify_bundle.Tokens | None = None) -> Checks:
         if found is not None:
             settings.append(found)
     _check_alike(c, settings)
-    ids = {json_key(s.data["config"]["workload"].get("prompt_ids")) for s in settings}
+    ids = {json_key(s.bundle.results.workload.prompt_ids) for s in settings}
     c.equal(RESULTS, "the prompts' ids (one server's tokenizer, every setting alike)", 1, len(ids))
     if tokens is not None and settings:
-        first = settings[0]
-        own = Checks()
-        verify_endpoint.check_prompt_ids(own, first.bundle, tokens(first.bundle))
-        c.failures += [dataclasses.replace(f, file=f"{first.folder}/{f.file}") for f in own.failures]
-        c.count += own.count
+        here = tokens(settings[0].bundle)  # (one model and prompts file for every setting: tokenized once)
+        for s in settings:
+            own = Checks()
+            verify_endpoint.check_prompt_ids(own, s.bundle, here)
+            c.failures += [dataclasses.replace(f, file=f"{s.folder}/{f.file}") for f in own.failures]
+            c.count += own.count
         c.notes += own.notes
     if len(settings) == len(data["settings"]):
         _check_files(c, path, data, settings)
