@@ -501,3 +501,27 @@ def test_a_session_released_after_a_whole_block_of_its_answer_leaves_it_cached_h
     # cancelled mid-prompt, between ticks, after a whole block: a sharer prefilled in the next tick hits it
     sweep("--levels", "2,4", "--prefix-cache", "--block-tokens", "4", "--prefix-groups", "3,3,2", "--prefix-tokens",
           "8", "--prefill", "chunked", "--max-prefill-tokens-per-tick", "5", "--inject", "cancel:s3@8")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "workload, faults",
+    [  # the node's own evictions under KV pressure (240 positions; 4 sessions of 120 at once), and a fault beside
+        ("{sessions: 8, prompt_tokens: 80, new_tokens: 40}", "cancel:s1@5"),
+        ("{sessions: 8, prompt_tokens: 24, new_tokens: 16, turns: 3, turn_tokens: 8}", "cancel:s7@5"),
+        # an evict and a raised decode in one tick: the decode fails the session before its eviction is seen
+        ("{sessions: 8, prompt_tokens: 4, new_tokens: 8}", "evict:s0@5,raise:decode@5"),
+    ],
+)
+def test_a_fault_beside_the_node_s_own_evictions_or_another_fault_of_its_tick_verifies(tmp_path, workload, faults):
+    """A session the node itself evicted under KV pressure is no fault's: it ends CACHE_MISS with the tokens it had
+    made, a start of the reference's, and the KV held may drop before its miss is seen; an evicted session that a
+    raised decode of the same tick failed ends FAILED. Each held as a genuine run, not a failure."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"story: P\nbudget: {{kv_bytes: 368640, max_prefill_tokens_per_tick: 64}}\nworkload: {workload}\n")
+    out = tmp_path / "P"
+    r = runner.invoke(app, ["sweep", "--config", str(cfg), "--levels", "4", "--inject", faults, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    ends = [s["done_reason"] for s in data["levels"][0]["sessions"]]
+    assert "CACHE_MISS" in ends or "FAILED" in ends
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0

@@ -10,7 +10,9 @@ per level exactly what verify found:
   zero at the end; an evicted session's KV may be gone before its miss is seen (at most); with the
   prefix cache, a shared block is counted once, in the store, which outlives the sessions (bounds, and
   the store's bytes at the end);
-- ``untouched identical``: every session no fault ended COMPLETED with the reference's tokens;
+- ``untouched identical``: every session no fault ended COMPLETED with the reference's tokens (a conversation's
+  turns each with that turn's; one the node itself evicted under KV pressure ended CACHE_MISS with a start of
+  them);
 - ``resubmitted identical``: every session lost with its engine and resubmitted ended (in its
   last epoch) COMPLETED with the reference's tokens, unless a later fault ended it;
 - ``accounting``: offered (arrivals + resubmissions) = completed + cancelled + failed + cache
@@ -50,7 +52,7 @@ def check_level(c: Checks, lv: LevelRecord, at: str, reference: Served, kv_bytes
         return
     _ends_once(c, lv, at)
     _kv_to_zero(c, kv_bytes_per_token, lv, at)
-    _identical(c, lv, at, reference_tokens(reference))
+    _identical(c, lv, at, reference_tokens(reference), lv.turn_events is not None)
 
 
 def verdicts(lv: LevelRecord, reference: Served, kv_bytes_per_token: int) -> dict[str, bool | None]:
@@ -146,7 +148,20 @@ def _event_end(c: Checks, lv: LevelRecord, at: str, e: FaultEvent, kind: FaultKi
         _end(named),
         found,
     )
-    _equal(c, at, "ends once", f"{e.fault} ended it as", True, named.done_reason in EXPECTED_END.get(kind, ()))
+    ends = EXPECTED_END.get(kind, ())
+    if kind is FaultKind.EVICT and _raised_too(lv, e, named):  # (the raised decode it was in failed it first)
+        ends = (*ends, "FAILED")
+    _equal(c, at, "ends once", f"{e.fault} ended it as", True, named.done_reason in ends)
+
+
+def _raised_too(lv: LevelRecord, e: FaultEvent, named: FaultSession) -> bool:
+    """Does a raise fault of the same tick name the session an evict names (both hit it in one tick)?"""
+    return any(
+        other.tick == e.tick
+        and _kind(other) is FaultKind.RAISE
+        and any((x.session_id, x.epoch) == (named.session_id, named.epoch) for x in other.sessions)
+        for other in lv.fault_events
+    )
 
 
 def _end(s: SessionRecord | FaultSession) -> JsonObject:
@@ -159,7 +174,10 @@ def _kv_to_zero(c: Checks, per_token: int, lv: LevelRecord, at: str) -> None:
     a shared block is counted once, in the store (kv_bytes_shared), whose unreferenced blocks outlive every
     session: the KV in use is at least the store's and at most the sessions' positions plus the store's, and at
     the end only the store's (verify's prefix replay holds it exactly where no session missed)."""
-    evicted = any(_kind(e) is FaultKind.EVICT and e.sessions for e in lv.fault_events)
+    # an evict fault, or the node's own eviction under KV pressure: the KV may be gone before the miss is seen
+    evicted = any(_kind(e) is FaultKind.EVICT and e.sessions for e in lv.fault_events) or any(
+        s.done_reason == "CACHE_MISS" for s in lv.sessions
+    )
     for t in lv.tick_records:
         held = t.stored_tokens * per_token
         if t.kv_bytes_shared is not None:
@@ -180,13 +198,17 @@ def reference_tokens(reference: Served) -> dict[tuple[str, int], list[int]]:
     return {(s.session_id, s.epoch): s.tokens for s in reference.sessions}
 
 
-def _expected(reference: dict[tuple[str, int], list[int]], sid: str, epoch: int) -> list[int] | None:
-    """A session's reference tokens in ``epoch``: that turn's where the reference has it (a conversation), else
-    its first epoch's (a session resubmitted after an engine loss runs its one request again)."""
-    return reference.get((sid, epoch), reference.get((sid, 1)) if (sid, 2) not in reference else None)
+def _expected(
+    reference: dict[tuple[str, int], list[int]], sid: str, epoch: int, conversations: bool
+) -> list[int] | None:
+    """A session's reference tokens in ``epoch``: in a conversation that turn's, and none where the reference
+    lacks it; else its one request's (a session resubmitted after an engine loss runs it again)."""
+    return reference.get((sid, epoch) if conversations else (sid, 1))
 
 
-def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[tuple[str, int], list[int]]) -> None:
+def _identical(
+    c: Checks, lv: LevelRecord, at: str, reference: dict[tuple[str, int], list[int]], conversations: bool
+) -> None:
     named, resubmitted = figures.fault_named(lv.fault_events), _resubmitted(lv)
     for s in lv.sessions:
         key = (s.session_id, s.epoch)
@@ -194,15 +216,13 @@ def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[tuple[str, i
             continue
         check = "resubmitted identical" if key in resubmitted else "untouched identical"
         where = f"{s.session_id}#{s.epoch}"
+        expected = _expected(reference, s.session_id, s.epoch, conversations)
+        if s.done_reason == "CACHE_MISS":  # the node's own eviction under KV pressure: the tokens it had made
+            _equal(c, at, check, f"{where} tokens (evicted by the node) begin the reference's", True,
+                   expected is not None and s.tokens == expected[: len(s.tokens)])  # fmt: skip
+            continue
         _equal(c, at, check, f"{where} done_reason", "COMPLETED", s.done_reason)
-        _equal(
-            c,
-            at,
-            check,
-            f"{where} tokens = the reference's",
-            True,
-            s.tokens == _expected(reference, s.session_id, s.epoch),
-        )
+        _equal(c, at, check, f"{where} tokens = the reference's", True, s.tokens == expected)
     for again in sorted(resubmitted, key=lambda k: (k[0], k[1] or 0)):  # each ran: its session is in the records
         _equal(
             c,

@@ -77,10 +77,11 @@ def section(b: NodeBundle) -> list[str]:
     )
     epoch = (
         "second turn (a conversation's turns are its epochs; a turn a fault ended ends its conversation). The "
-        "reference is each conversation run alone without faults, turn by turn"
+        "reference is every conversation at one client without faults, turn by turn"
         if b.cfg.workload.turns > 1
         else "second epoch. The reference is each session run alone without faults"
     )
+    later = " + later turns" if b.cfg.workload.turns > 1 else ""
     return [
         HEADING,
         "",
@@ -93,8 +94,9 @@ def section(b: NodeBundle) -> list[str]:
         "",
         "ends once: each session ends exactly once per epoch, with a cause when it failed, as its fault event "
         f"says. KV to zero: {kv} untouched / resubmitted identical: every session no fault ended, and every "
-        "resubmitted one, completed with the reference's tokens, byte for byte. accounting: arrivals + "
-        "resubmissions = completed + cancelled + failed + cache misses + rejected, and the "
+        "resubmitted one, completed with the reference's tokens, byte for byte (one the node itself evicted "
+        "under KV pressure, with the tokens it had made a start of the reference's). accounting: arrivals + "
+        f"resubmissions{later} = completed + cancelled + failed + cache misses + rejected, and the "
         "scheduler's counters equal the records.",
         "",
     ]

@@ -150,8 +150,8 @@ class RunConfig:
 
 # The rules of a run that are its engine kind's (an endpoint sweep's), beside the engine spec's own.
 def _check_turns(cfg: RunConfig) -> None:
-    """What conversations run with so far: the tick clock, no faults or rates, answers of fixed lengths (eos continue
-    or ban), whole prompts."""
+    """What conversations run with so far: the tick clock, no rates, no fault that loses the engine, answers of
+    fixed lengths (eos continue or ban), whole prompts."""
     if cfg.rates is not None or cfg.clock == "wall":
         raise MeshbenchError("workload.turns: conversations run on the tick clock, without rates, so far")
     process = sorted({f.label for row in cfg.faults for f in row if f.kind.needs_process})
