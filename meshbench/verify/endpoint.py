@@ -101,8 +101,7 @@ def check_prompt_ids(c: Checks, b: EndpointBundle, here: list[list[int]] | str) 
         c.notes.append(f"workload.prompt_ids: not held to the model's tokenizer here ({here})")
         return
     recorded = b.results.workload.prompt_ids or []
-    sessions = [f"s{i:0{len(str(len(here) - 1))}d}" for i in range(len(here))]
-    differ = [sid for sid, mine, theirs in zip(sessions, here, recorded) if mine != theirs]
+    differ = [sid for sid, mine, theirs in zip(b.cfg.workload.session_ids(), here, recorded) if mine != theirs]
     c.equal(
         RESULTS,
         "workload.prompt_ids (= the prompts file as the model here tokenizes them: the sessions that differ)",

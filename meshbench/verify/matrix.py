@@ -52,16 +52,22 @@ def check(path: Path, tokens: verify_bundle.Tokens | None = None) -> Checks:
     ids = {json_key(s.bundle.results.workload.prompt_ids) for s in settings}
     c.equal(RESULTS, "the prompts' ids (one server's tokenizer, every setting alike)", 1, len(ids))
     if tokens is not None and settings:
-        here = tokens(settings[0].bundle)  # (one model and prompts file for every setting: tokenized once)
-        for s in settings:
-            own = Checks()
-            verify_endpoint.check_prompt_ids(own, s.bundle, here)
-            c.failures += [dataclasses.replace(f, file=f"{s.folder}/{f.file}") for f in own.failures]
-            c.count += own.count
-        c.notes += own.notes
+        _check_prompt_ids(c, settings, tokens(settings[0].bundle))
     if len(settings) == len(data["settings"]):
         _check_files(c, path, data, settings)
     return c
+
+
+def _check_prompt_ids(c: Checks, settings: list[matrix_doc.Setting], here: list[list[int]] | str) -> None:
+    """Every setting's prompt ids held to one tokenization (one model and prompts file for all), or one note."""
+    if isinstance(here, str):
+        verify_endpoint.check_prompt_ids(c, settings[0].bundle, here)
+        return
+    for s in settings:
+        own = Checks()
+        verify_endpoint.check_prompt_ids(own, s.bundle, here)
+        c.failures += [dataclasses.replace(f, file=f"{s.folder}/{f.file}") for f in own.failures]
+        c.count += own.count
 
 
 def _check_alike(c: Checks, settings: list[matrix_doc.Setting]) -> None:
