@@ -118,11 +118,7 @@ def test_real_turns_that_cannot_be_a_conversation_are_refused(vocab_model, tmp_p
         (["--turn-tokens", 4], "user tokens of later turns need workload.turns > 1"),
         (["--turns", 3, "--turn-tokens", 4, "--arrivals", "poisson:1", "--rates", "0.5"], "on the tick clock"),
         (["--turns", 3, "--turn-tokens", 4, "--prefill", "chunked"], "whole-prompt prefill"),
-        (  # an engine loss resubmits under a new epoch, and a conversation's epochs are its turns
-            ["--turns", 3, "--turn-tokens", 4, "--isolate", "--inject", "kill-engine@5"],
-            "kill-engine@5: an engine loss resubmits its sessions under a new epoch",
-        ),
-        (["--turns", 3, "--turn-tokens", 4, "--isolate", "--restart-engine"], "restart_engine: an engine loss"),
+        (["--turns", 3, "--turn-tokens", 4, "--isolate", "--restart-engine"], "restart_engine: a restart resubmits"),
     ],
 )
 def test_synthetic_turns_that_cannot_run_are_refused(tmp_path, extra, expect):
@@ -203,3 +199,26 @@ def test_faults_in_conversations_end_the_turn_they_hit_and_every_other_turn_equa
     (forged / "README.md").write_text((out / "README.md").read_text())
     r = runner.invoke(app, ["verify", str(forged)])
     assert r.exit_code == 1 and f"untouched identical] {s['session_id']}#3 tokens = the reference's" in r.output
+
+
+def test_an_engine_lost_in_conversations_ends_their_turns_failed_and_the_bundle_verifies(tmp_path):
+    """kill-engine and abort-engine in 3-turn conversations (no restart): the turns lost or waiting fail, no later
+    turn follows them, every turn that ended before the loss equals its reference turn; a dropped lost turn is
+    caught."""
+    out = tmp_path / "KE"
+    args = ["sweep", "--config", str(CONFIGS / "conversations.yaml"), "--no-prefix-cache", "--isolate"]
+    args += ["--levels", "2,4", "--inject", "kill-engine@20", "--inject", "abort-engine@45", "--out", str(out)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    lost = {(s["session_id"], s["epoch"]) for lv in data["levels"] for e in lv["fault_events"] for s in e["sessions"]}
+    assert ("s0", 2) in lost and ("s4", 1) in lost  # a later turn and a first turn, each failed with the engine
+    assert all(s["epoch"] < 3 for lv in data["levels"] for s in lv["sessions"])  # no turn follows a failed one
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    lv = data["levels"][0]
+    lv["sessions"] = [s for s in lv["sessions"] if (s["session_id"], s["epoch"]) != ("s0", 2)]
+    forged = tmp_path / "FORGED"
+    forged.mkdir()
+    (forged / "results.json").write_text(json.dumps(data))
+    r = runner.invoke(app, ["verify", str(forged)])
+    assert r.exit_code != 0 and "s0" in r.output, r.output

@@ -154,11 +154,10 @@ def _check_turns(cfg: RunConfig) -> None:
     fixed lengths (eos continue or ban), whole prompts."""
     if cfg.rates is not None or cfg.clock == "wall":
         raise MeshbenchError("workload.turns: conversations run on the tick clock, without rates, so far")
-    process = sorted({f.label for row in cfg.faults for f in row if f.kind.needs_process})
-    if process or cfg.restart_engine:
+    if cfg.restart_engine:
         raise MeshbenchError(
-            f"workload.turns: {', '.join(process) or 'restart_engine'}: an engine loss resubmits its sessions under "
-            "a new epoch, and a conversation's epochs are its turns: cancel, evict and raise faults only, so far"
+            "workload.turns: restart_engine: a restart resubmits the lost sessions under a new epoch, and a "
+            "conversation's epochs are its turns: an engine loss ends its conversations FAILED, so far"
         )
     if cfg.workload.eos == "stop" or cfg.prefill != "whole":
         raise MeshbenchError(
