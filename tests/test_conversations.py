@@ -118,7 +118,6 @@ def test_real_turns_that_cannot_be_a_conversation_are_refused(vocab_model, tmp_p
         (["--turn-tokens", 4], "user tokens of later turns need workload.turns > 1"),
         (["--turns", 3, "--turn-tokens", 4, "--arrivals", "poisson:1", "--rates", "0.5"], "on the tick clock"),
         (["--turns", 3, "--turn-tokens", 4, "--prefill", "chunked"], "whole-prompt prefill"),
-        (["--turns", 3, "--turn-tokens", 4, "--isolate", "--restart-engine"], "restart_engine: a restart resubmits"),
     ],
 )
 def test_synthetic_turns_that_cannot_run_are_refused(tmp_path, extra, expect):
@@ -222,3 +221,56 @@ def test_an_engine_lost_in_conversations_ends_their_turns_failed_and_the_bundle_
     (forged / "results.json").write_text(json.dumps(data))
     r = runner.invoke(app, ["verify", str(forged)])
     assert r.exit_code != 0 and "s0" in r.output, r.output
+
+
+def _forged(tmp_path, data, name):
+    out = tmp_path / name
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(data))
+    return runner.invoke(app, ["verify", str(out)])
+
+
+def test_a_turn_lost_with_its_engine_is_resubmitted_under_the_next_epoch_as_the_same_turn(tmp_path):
+    """--restart-engine in 3-turn conversations: a turn lost with the engine runs again under the next epoch,
+    as the same turn (its request, and that turn of the reference), and the conversation goes on from it; a
+    resubmitted turn's tokens or prompt forged are caught, named by session and epoch."""
+    out = tmp_path / "KR"
+    args = ["sweep", "--config", str(CONFIGS / "conversations.yaml"), "--no-prefix-cache", "--isolate"]
+    args += ["--restart-engine", "--levels", "4", "--inject", "abort-engine@45", "--out", str(out)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    lv = data["levels"][0]
+    by = {(s["session_id"], s["epoch"]): s for s in lv["sessions"]}
+    again = [(x["session_id"], x["epoch"]) for loss in lv["engine_losses"] for x in loss["resubmitted"]]
+    assert again and all(by[k]["done_reason"] == "COMPLETED" for k in again)
+    sid, epoch = again[0]
+    lost, rerun = by[sid, epoch - 1], by[sid, epoch]
+    assert lost["done_reason"] == "FAILED" and epoch - 1 > 1  # a later turn was lost, not a first one
+    assert rerun["prompt_tokens"] == lost["prompt_tokens"] and rerun["tokens"][: len(lost["tokens"])] == lost["tokens"]
+    assert (sid, epoch + 1) in by  # its conversation went on: the next turn under the epoch after
+    assert by[sid, epoch + 1]["prompt_tokens"] == rerun["prompt_tokens"] + len(rerun["tokens"]) + 8
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    rerun["tokens"][-1] = (rerun["tokens"][-1] + 1) % 100
+    r = _forged(tmp_path, data, "TOKENS")
+    assert r.exit_code != 0 and f"[resubmitted identical] {sid}#{epoch} tokens = the reference's" in r.output
+    rerun["tokens"][-1] = (rerun["tokens"][-1] - 1) % 100
+    rerun["prompt_tokens"] += 1
+    r = _forged(tmp_path, data, "PROMPT")
+    assert r.exit_code != 0 and f"sessions[{sid}#{epoch}] (prompt, new tokens) = its lost turn's" in r.output
+
+
+def test_a_record_s_turn_counts_the_completed_turns_before_it():
+    """A next turn follows a completed one, a resubmission a lost one: turn = 1 + completed earlier epochs."""
+    from meshbench.records.model import SessionRecord
+    from meshbench.records.turns import by_turn, turn_numbers
+
+    def rec(sid, epoch, end):
+        return SessionRecord(session_id=sid, epoch=epoch, end_tick=1, prompt_tokens=1, max_new_tokens=1, tokens=[],
+                             margins=[], digest="", done_reason=end, error=None)  # fmt: skip
+
+    recs = [rec("a", 3, "FAILED"), rec("a", 1, "COMPLETED"), rec("a", 2, "FAILED"), rec("a", 4, "COMPLETED")]
+    recs += [rec("b", 1, "FAILED"), rec("b", 2, "COMPLETED"), rec("b", 3, "COMPLETED")]
+    turn = turn_numbers(recs)
+    assert [turn["a", e] for e in (1, 2, 3, 4)] == [1, 2, 2, 2] and [turn["b", e] for e in (1, 2, 3)] == [1, 1, 2]
+    assert {k: s.epoch for k, s in by_turn(recs).items()} == {("a", 1): 1, ("a", 2): 4, ("b", 1): 2, ("b", 2): 3}

@@ -29,6 +29,7 @@ from meshbench.analysis.figures import Served
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records.model import FaultEvent, FaultSession, JsonObject, LevelRecord, SessionRecord
+from meshbench.records.turns import by_turn, turn_numbers
 from meshbench.scheduler.budget import ACCEPTED
 from meshbench.workload import faults
 from meshbench.workload.faults import FaultKind
@@ -52,7 +53,7 @@ def check_level(c: Checks, lv: LevelRecord, at: str, reference: Served, kv_bytes
         return
     _ends_once(c, lv, at)
     _kv_to_zero(c, kv_bytes_per_token, lv, at)
-    _identical(c, lv, at, reference_tokens(reference), lv.turn_events is not None)
+    _identical(c, lv, at, reference_tokens(reference))
 
 
 def verdicts(lv: LevelRecord, reference: Served, kv_bytes_per_token: int) -> dict[str, bool | None]:
@@ -194,29 +195,21 @@ def _kv_to_zero(c: Checks, per_token: int, lv: LevelRecord, at: str) -> None:
 
 
 def reference_tokens(reference: Served) -> dict[tuple[str, int], list[int]]:
-    """The reference's tokens by (session, epoch): a conversation's turns are its epochs, each its own reference."""
-    return {(s.session_id, s.epoch): s.tokens for s in reference.sessions}
+    """The reference's tokens by (session, turn): a conversation's turns each its own reference; a session's one
+    request is turn 1, in every epoch (a session resubmitted after an engine loss runs it again)."""
+    return {k: s.tokens for k, s in by_turn(reference.sessions).items()}
 
 
-def _expected(
-    reference: dict[tuple[str, int], list[int]], sid: str, epoch: int, conversations: bool
-) -> list[int] | None:
-    """A session's reference tokens in ``epoch``: in a conversation that turn's, and none where the reference
-    lacks it; else its one request's (a session resubmitted after an engine loss runs it again)."""
-    return reference.get((sid, epoch) if conversations else (sid, 1))
-
-
-def _identical(
-    c: Checks, lv: LevelRecord, at: str, reference: dict[tuple[str, int], list[int]], conversations: bool
-) -> None:
+def _identical(c: Checks, lv: LevelRecord, at: str, reference: dict[tuple[str, int], list[int]]) -> None:
     named, resubmitted = figures.fault_named(lv.fault_events), _resubmitted(lv)
+    turn = turn_numbers(lv.sessions)
     for s in lv.sessions:
         key = (s.session_id, s.epoch)
         if key in named:
             continue
         check = "resubmitted identical" if key in resubmitted else "untouched identical"
         where = f"{s.session_id}#{s.epoch}"
-        expected = _expected(reference, s.session_id, s.epoch, conversations)
+        expected = reference.get((s.session_id, turn[s.session_id, s.epoch]))  # none where the reference lacks it
         if s.done_reason == "CACHE_MISS":  # the node's own eviction under KV pressure: the tokens it had made
             _equal(c, at, check, f"{where} tokens (evicted by the node) begin the reference's", True,
                    expected is not None and s.tokens == expected[: len(s.tokens)])  # fmt: skip

@@ -25,6 +25,7 @@ from meshbench.records.model import (
     Timing,
     WallFigures,
 )
+from meshbench.records.turns import by_turn, turn_numbers
 
 SATURATION_MARGIN = 0.05  # occupancy must rise by more than 5% to count as still rising
 
@@ -131,10 +132,10 @@ def first_divergence(reference: Served, other: Served) -> FirstDivergence | None
     A session that ended early (cache miss, failure) is compared on the tokens it has; a session absent from
     the reference is not compared here (verify checks that every level holds the same ids).
     """
-    ref = {s.session_id: s for s in reference.sessions}
-    turns = {(s.session_id, s.epoch): s for s in reference.sessions}  # a conversation's turns, by epoch
+    ref = by_turn(reference.sessions)  # a conversation's turns, each its own (a session's one request: turn 1)
+    turn = turn_numbers(other.sessions)
     for s in other.sessions:
-        r = turns.get((s.session_id, s.epoch)) or ref.get(s.session_id)
+        r = ref.get((s.session_id, turn[s.session_id, s.epoch]))
         if r is None:
             continue
         for i, (a, b) in enumerate(zip(r.tokens, s.tokens)):

@@ -75,12 +75,16 @@ def section(b: NodeBundle) -> list[str]:
         else "the engine's KV bytes equal the running sessions' positions at every tick (at most, after an "
         "eviction) and are zero at the end."
     )
-    epoch = (
-        "second turn (a conversation's turns are its epochs; a turn a fault ended ends its conversation). The "
-        "reference is every conversation at one client without faults, turn by turn"
-        if b.cfg.workload.turns > 1
-        else "second epoch. The reference is each session run alone without faults"
-    )
+    epoch = "second epoch. The reference is each session run alone without faults"
+    if b.cfg.workload.turns > 1:
+        epoch = (
+            "second epoch: a conversation's turns take one epoch each, and a turn lost with its engine and "
+            "resubmitted takes the next one, under the same turn (a turn a fault ended ends its conversation). "
+            "The reference is every conversation at one client without faults, turn by turn"
+            if b.cfg.restart_engine
+            else "second turn (a conversation's turns are its epochs; a turn a fault ended ends its conversation). "
+            "The reference is every conversation at one client without faults, turn by turn"
+        )
     later = " + later turns" if b.cfg.workload.turns > 1 else ""
     return [
         HEADING,

@@ -17,6 +17,7 @@ from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.context import Budget, GgufEngineInfo
 from meshbench.records.model import LevelRecord, Reference, SessionRecord, Tick
+from meshbench.records.turns import by_turn, turn_numbers
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
 from meshbench.verify import turns
@@ -269,13 +270,11 @@ def _plain_tick_figures(ticks: list[Tick]) -> dict:
 def _plain_batch_invariant(levels: list[LevelRecord], alone: Reference | None) -> bool:
     """Every session's tokens agree with the reference's (the sessions run alone, else the first level's)
     on their common part."""
-    reference: dict[object, list[int]] = {}
-    for s in (alone or levels[0]).sessions:
-        reference[s.session_id] = s.tokens
-        reference[s.session_id, s.epoch] = s.tokens  # a conversation's turns, each its own
+    reference = {k: s.tokens for k, s in by_turn((alone or levels[0]).sessions).items()}  # each turn its own
     for lv in levels:
+        turn = turn_numbers(lv.sessions)
         for s in lv.sessions:
-            ref = reference.get((s.session_id, s.epoch), reference.get(s.session_id))
+            ref = reference.get((s.session_id, turn[s.session_id, s.epoch]))
             if ref is not None:
                 common = min(len(ref), len(s.tokens))
                 if ref[:common] != s.tokens[:common]:

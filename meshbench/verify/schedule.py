@@ -9,6 +9,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.model import LevelRecord
+from meshbench.records.turns import turn_numbers
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
 from meshbench.verify import turns
@@ -318,9 +319,11 @@ def check_sessions(c: Checks, b: NodeBundle, levels: list[LevelRecord]) -> None:
             ref_ids = sorted(set(ids))
         elif b.results.reference is None:  # all at once: every level serves the same sessions
             c.equal(RESULTS, f"{at}.sessions ids (same as levels[0])", ref_ids, sorted(set(ids)))
+        turn = turn_numbers(lv.sessions)
         for j, s in enumerate(lv.sessions):
             k = expected.get(s.session_id)
-            if k is not None and (s.epoch == 1 or not lv.turn_events):  # (a later turn: meshbench.verify.turns)
+            first = turn[s.session_id, s.epoch] == 1 or not lv.turn_events  # (a later turn: meshbench.verify.turns)
+            if k is not None and first:
                 whole = b.cfg.workload.prompt_tokens[k]  # a shared prefix and its own
                 c.equal(RESULTS, f"{at}.sessions[{j}].prompt_tokens", whole, s.prompt_tokens)
                 c.equal(RESULTS, f"{at}.sessions[{j}].max_new_tokens", w.new_tokens[k], s.max_new_tokens)

@@ -150,15 +150,10 @@ class RunConfig:
 
 # The rules of a run that are its engine kind's (an endpoint sweep's), beside the engine spec's own.
 def _check_turns(cfg: RunConfig) -> None:
-    """What conversations run with so far: the tick clock, no rates, no fault that loses the engine, answers of
-    fixed lengths (eos continue or ban), whole prompts."""
+    """What conversations run with so far: the tick clock, no rates, answers of fixed lengths (eos continue or
+    ban), whole prompts."""
     if cfg.rates is not None or cfg.clock == "wall":
         raise MeshbenchError("workload.turns: conversations run on the tick clock, without rates, so far")
-    if cfg.restart_engine:
-        raise MeshbenchError(
-            "workload.turns: restart_engine: a restart resubmits the lost sessions under a new epoch, and a "
-            "conversation's epochs are its turns: an engine loss ends its conversations FAILED, so far"
-        )
     if cfg.workload.eos == "stop" or cfg.prefill != "whole":
         raise MeshbenchError(
             "workload.turns: conversations need eos continue or ban and whole-prompt prefill so far (a perturbed "
