@@ -117,7 +117,6 @@ def test_real_turns_that_cannot_be_a_conversation_are_refused(vocab_model, tmp_p
         (["--turns", 3], "a later turn needs user tokens of its own"),
         (["--turn-tokens", 4], "user tokens of later turns need workload.turns > 1"),
         (["--turns", 3, "--turn-tokens", 4, "--arrivals", "poisson:1", "--rates", "0.5"], "on the tick clock"),
-        (["--turns", 3, "--turn-tokens", 4, "--prefill", "chunked"], "whole-prompt prefill"),
     ],
 )
 def test_synthetic_turns_that_cannot_run_are_refused(tmp_path, extra, expect):
@@ -258,6 +257,16 @@ def test_a_turn_lost_with_its_engine_is_resubmitted_under_the_next_epoch_as_the_
     rerun["prompt_tokens"] += 1
     r = _forged(tmp_path, data, "PROMPT")
     assert r.exit_code != 0 and f"sessions[{sid}#{epoch}] (prompt, new tokens) = its lost turn's" in r.output
+    rerun["prompt_tokens"] -= 1
+    loss = lv["engine_losses"][0]
+    lost, loss["lost"] = loss["lost"], []  # the loss no longer says whom it lost: the resubmissions are unfounded
+    r = _forged(tmp_path, data, "LOST")
+    assert r.exit_code != 0 and f"engine loss at tick {loss['tick']}: resubmitted (each lost session once" in r.output
+    loss["lost"] = lost
+    last = max(lv["sessions"], key=lambda s: s["end_tick"])
+    last["end_tick"] -= 2  # a turn's end moved: the tick that completed it no longer agrees
+    r = _forged(tmp_path, data, "END")
+    assert r.exit_code != 0 and f"completed {last['session_id']} (ended COMPLETED in this tick)" in r.output
 
 
 def test_a_record_s_turn_counts_the_completed_turns_before_it():
@@ -274,3 +283,38 @@ def test_a_record_s_turn_counts_the_completed_turns_before_it():
     turn = turn_numbers(recs)
     assert [turn["a", e] for e in (1, 2, 3, 4)] == [1, 2, 2, 2] and [turn["b", e] for e in (1, 2, 3)] == [1, 1, 2]
     assert {k: s.epoch for k, s in by_turn(recs).items()} == {("a", 1): 1, ("a", 2): 4, ("b", 1): 2, ("b", 2): 3}
+
+
+def test_conversations_with_chunked_prefill_verify(tmp_path):
+    """Chunked prefill in conversations on the prefix cache: a later turn's prompt (up to 88 ids) split at the
+    64-token budget, its first piece reading the cache; isolation, cache and conversation equivalence hold."""
+    out = tmp_path / "CH"
+    args = ["sweep", "--config", str(CONFIGS / "conversations.yaml"), "--prefill", "chunked", "--levels", "1,4"]
+    r = runner.invoke(app, [*args, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    for lv in data["levels"]:
+        assert lv["isolation_verdict"]["holds"] and lv["cache_verdict"]["holds"]
+        assert any(start > 0 for t in lv["tick_records"] for _, start, _ in t["prefill_chunks"])  # a prompt split
+        assert any(s["epoch"] > 1 and s["cached_tokens"] for s in lv["sessions"])  # a later turn read the cache
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+
+def test_a_perturbed_conversation_is_pinned_turn_by_turn():
+    """An isolation pass pins each turn of a perturbed conversation to that turn's length in the level (one the
+    level did not complete, or never ran, to its whole max_new_tokens), and next_turn hands each turn its pin."""
+    from meshbench.analysis import isolation
+    from meshbench.records.model import SessionRecord
+    from meshbench.scheduler.session import GenerationRequest
+
+    def rec(epoch, n, end="COMPLETED"):
+        return SessionRecord(session_id="s0", epoch=epoch, end_tick=1, prompt_tokens=4, max_new_tokens=9,
+                             tokens=[5] * n, margins=[], digest="", done_reason=end, error=None)  # fmt: skip
+
+    req = GenerationRequest("s0", (1, 2, 3, 4), 9, turns=((7, 7), (8, 8), (9, 9)))
+    base = {("s0", 1): rec(1, 3), ("s0", 2): rec(2, 6), ("s0", 3): rec(3, 2, "CACHE_MISS")}
+    (out,) = isolation.requests_for([req], ["s0"], base, 256, 0, 0)
+    assert (out.end_at, out.turn_end_at) == (3, (6, 9, 9))
+    second = out.next_turn([5, 5, 5])
+    assert second is not None and (second.end_at, second.turn_end_at) == (6, (9, 9))
+    assert len(second.prompt_tokens) == 4 + 3 + 2

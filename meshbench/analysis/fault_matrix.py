@@ -4,7 +4,9 @@ Five named checks, each a category of ``Checks`` fields, so the README's fault m
 per level exactly what verify found:
 
 - ``ends once``: each session ends exactly once per epoch (epochs 1, 2, ... in order), with a
-  done reason, and a cause when it FAILED; each fault event names sessions as they ended;
+  done reason, and a cause when it FAILED; each fault event names sessions as they ended; each engine
+  loss's sessions ended FAILED in its tick, each was resubmitted once under its next epoch (as the tick and
+  the fault event say), and a record after one that did not complete is such a resubmission;
 - ``KV to zero``: the engine's KV in use equals the positions held by running sessions at every
   tick (a lost engine's KV went with it, a restarted one holds only what it prefilled), and is
   zero at the end; an evicted session's KV may be gone before its miss is seen (at most); with the
@@ -49,6 +51,7 @@ def check_level(c: Checks, lv: LevelRecord, at: str, reference: Served, kv_bytes
     """Every check of a level that ran faults, against the sessions' ``reference`` (each run alone, else the
     sweep's first level); the accounting for every level."""
     _accounting(c, lv, at)
+    _losses(c, lv, at)
     if not lv.faults:
         return
     _ends_once(c, lv, at)
@@ -107,6 +110,44 @@ def _ends_once(c: Checks, lv: LevelRecord, at: str) -> None:
             _equal(c, at, "ends once", f"{e.fault} cause (an engine loss's)", True, e.cause in causes)
         for named in e.sessions:
             _event_end(c, lv, at, e, kind, named)
+
+
+def _losses(c: Checks, lv: LevelRecord, at: str) -> None:
+    """Each engine loss as the records have it: every session it lost ended FAILED in its tick; every lost
+    session is resubmitted once (after a restart that worked) under its next epoch, as the tick and the fault
+    event that caused the loss say; and a session's record after one that did not complete is such a
+    resubmission (a conversation's next turn follows only a completed turn)."""
+    by_key = {(s.session_id, s.epoch): s for s in lv.sessions}
+    ticks = {t.tick: t for t in lv.tick_records}
+    events = [e for e in lv.fault_events if e.cause is not None]
+    for loss in lv.engine_losses:
+        where = f"engine loss at tick {loss.tick}"
+        lost = {str(k[0]): k[1] for k in loss.lost if len(k) == 2}
+        for sid, epoch in lost.items():
+            s = by_key.get((sid, epoch))
+            _equal(c, at, "ends once", f"{where}: {sid}#{epoch} ended FAILED in it", ["FAILED", loss.tick],
+                   [s and s.done_reason, s and s.end_tick])  # fmt: skip
+        again = [(r.session_id, r.epoch) for r in loss.resubmitted]
+        accepted = [(r.session_id, r.epoch) for r in loss.resubmitted if r.decision in ACCEPTED]
+        if loss.restart_error is None and again:  # (no restart, or a failed one: nothing resubmitted)
+            want = [(sid, e + 1 if (sid, e + 1) in accepted else None) for sid, e in lost.items()]
+            found = [(sid, e if (sid, e) in accepted else None) for sid, e in again]
+            _equal(c, at, "ends once", f"{where}: resubmitted (each lost session once, accepted under its next "
+                   "epoch, refused under none)", sorted(want), sorted(found))  # fmt: skip
+        t = ticks.get(loss.tick)
+        _equal(c, at, "ends once", f"{where}: tick_records[{loss.tick}].resubmitted (the accepted ones)",
+               [sid for sid, _ in accepted], t.resubmitted if t is not None else None)  # fmt: skip
+        e = next((e for e in events if e.tick <= loss.tick and e.cause == loss.cause), None)
+        if e is not None:
+            events.remove(e)
+            _equal(c, at, "ends once", f"{e.fault} resubmitted (its engine loss's)", again,
+                   [(r.session_id, r.epoch) for r in e.resubmitted])  # fmt: skip
+    resubmitted = _resubmitted(lv)
+    for s in lv.sessions:
+        before = by_key.get((s.session_id, s.epoch - 1))
+        if before is not None and before.done_reason != "COMPLETED":
+            _equal(c, at, "ends once", f"{s.session_id}#{s.epoch} (after one that did not complete) resubmitted",
+                   True, (s.session_id, s.epoch) in resubmitted)  # fmt: skip
 
 
 def _kind(event: FaultEvent) -> FaultKind | None:

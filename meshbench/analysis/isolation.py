@@ -136,14 +136,15 @@ def perturb(prompt: Sequence[int], vocab_size: int, seed: int, index: int, pass_
 def requests_for(
     requests: Sequence[GenerationRequest],
     perturbed: Sequence[str],
-    baseline: dict[str, SessionRecord],
+    baseline: dict[tuple[str, int], SessionRecord],
     vocab_size: int,
     seed: int,
     pass_no: int,
     groups: Groups | None = None,
     shared: int = 0,
 ) -> list[GenerationRequest]:
-    """The pass's requests: perturbed sessions with other prompt content, pinned to their baseline length. With
+    """The pass's requests: perturbed sessions with other prompt content, pinned to their baseline length (each
+    turn to its own: ``baseline`` is the level's records by (session, turn)). With
     shared prefixes (``groups``, of ``shared`` tokens), a session's own content is the rest of its prompt, and a
     perturbed prefix is replaced the same way for every sharer: the sharing stays as it was."""
     out = []
@@ -159,14 +160,16 @@ def requests_for(
             turns = tuple(perturb(t, vocab_size, seed, k + 1_000 * (j + 1), pass_no) for j, t in enumerate(turns))
         if r.session_id in heads or r.session_id in perturbed:
             r = dataclasses.replace(r, prompt_tokens=head + own, turns=turns)
-            if r.session_id in baseline:  # (one the level refused is refused again: same lengths, same queue)
-                r = dataclasses.replace(r, end_at=pinned_length(baseline[r.session_id], r))
+            if (r.session_id, 1) in baseline:  # (one the level refused is refused again: same lengths, same queue)
+                pins = [baseline.get((r.session_id, t)) for t in range(1, len(r.turns) + 2)]
+                ends = [r.max_new_tokens if s is None else pinned_length(s, r) for s in pins]
+                r = dataclasses.replace(r, end_at=ends[0], turn_end_at=tuple(ends[1:]))
         out.append(r)
     return out
 
 
 def pinned_length(first: SessionRecord, request: GenerationRequest) -> int:
-    """Where a perturbed session ends, stop tokens or not: its length in the level (its first turn's) if it
+    """Where a perturbed session (a conversation's turn) ends, stop tokens or not: its length in the level if it
     completed there; else its whole ``max_new_tokens``, so it ends where the node ends it (evicted, cancelled,
     failed) at the same tick as in the level, rather than completing one tick before."""
     if first.done_reason == "COMPLETED":

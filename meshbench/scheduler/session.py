@@ -18,6 +18,7 @@ class GenerationRequest:
     stop_tokens: frozenset[int] = frozenset()  # eos: stop: the session ends after generating one of these
     end_at: int | None = None  # ends after exactly this many tokens, stop tokens or not (isolation passes)
     turns: tuple[tuple[int, ...], ...] = ()  # a conversation: the user's ids of each later turn
+    turn_end_at: tuple[int, ...] = ()  # a pinned conversation: each later turn's end_at (isolation passes)
 
     def __post_init__(self) -> None:
         if not self.session_id:
@@ -38,7 +39,10 @@ class GenerationRequest:
         if not self.turns:
             return None
         prompt = self.prompt_tokens + tuple(answer) + self.turns[0]
-        return dataclasses.replace(self, prompt_tokens=prompt, turns=self.turns[1:])
+        end_at = self.turn_end_at[0] if self.turn_end_at else self.end_at
+        return dataclasses.replace(
+            self, prompt_tokens=prompt, turns=self.turns[1:], end_at=end_at, turn_end_at=self.turn_end_at[1:]
+        )
 
     @property
     def later_tokens(self) -> int:

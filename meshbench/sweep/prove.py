@@ -12,6 +12,7 @@ from meshbench.analysis.figures import deterministic_ticks
 from meshbench.errors import MeshbenchError
 from meshbench.records.documents import FirstDivergence
 from meshbench.records.model import IsolationPass, IsolationRecords
+from meshbench.records.turns import by_turn
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.passes import Pass
 from meshbench.workload.config import RunConfig
@@ -31,7 +32,7 @@ def isolation_passes(
     each suspect of a session that changed. ``run(requests)`` runs one pass of the level; ``baseline`` is the
     level's own first pass; ``groups``: the shared prefixes (of ``shared`` tokens), perturbed as units."""
     ids = [r.session_id for r in requests]
-    by_id = {s.session_id: s for s in reversed(baseline.sessions)}  # each session's first turn (epoch)
+    by_id = by_turn(baseline.sessions)  # each turn's record
     passes: list[IsolationPass] = []
 
     def one(perturbed: list[str], confirm: bool) -> IsolationPass:

@@ -181,8 +181,9 @@ def check_feed(c: Checks, lv: LevelRecord, at: str) -> None:
 
 
 def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
-    """Who ended in a tick agrees with how the sessions ended (single-epoch levels), a session taken from the
-    queue was queued and submitted by then and prefilled only after, and prefill pieces stay in budget."""
+    """Who ended in a tick agrees with how the sessions ended, a session taken from the queue was queued and
+    submitted by then and prefilled only after (levels without an engine loss: a resubmission queues unseen
+    by the submit events), and prefill pieces stay in budget."""
     budget = lv.budget.max_prefill_tokens_per_tick
     chunked = b.cfg.prefill == "chunked"
     for t in lv.tick_records:
@@ -190,8 +191,6 @@ def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
         # whole prompts: the first always runs (one larger than the budget still progresses), the rest fit
         ok = sum(pieces) <= budget if chunked or len(pieces) > 1 else True
         c.equal(RESULTS, f"{at}.tick_records[{t.tick}].prefill_chunks (within the budget of {budget})", True, ok)
-    if lv.engine_losses:
-        return
     ended_at = {(s.session_id, s.end_tick): s for s in lv.sessions}
     queued: dict[str, list[int]] = {}  # ticks it was queued at (a conversation: once per turn, at most)
     for e in [*lv.submit_events, *(lv.turn_events or ())]:
@@ -220,7 +219,7 @@ def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
                 [True, t.tick],
                 [s is not None and s.done_reason != "COMPLETED", s and s.end_tick],
             )
-        for sid in t.admitted:
+        for sid in t.admitted if not lv.engine_losses else ():
             q = max((x for x in queued.get(sid, ()) if x <= t.tick), default=None)
             mine = starts.get(sid, [])
             ok = q is not None and not any(q <= x <= t.tick for x in mine)  # (it may fail before any piece)

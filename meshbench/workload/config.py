@@ -150,14 +150,13 @@ class RunConfig:
 
 # The rules of a run that are its engine kind's (an endpoint sweep's), beside the engine spec's own.
 def _check_turns(cfg: RunConfig) -> None:
-    """What conversations run with so far: the tick clock, no rates, answers of fixed lengths (eos continue or
-    ban), whole prompts."""
+    """What conversations run with so far: the tick clock, without rates; answers of fixed lengths."""
     if cfg.rates is not None or cfg.clock == "wall":
         raise MeshbenchError("workload.turns: conversations run on the tick clock, without rates, so far")
-    if cfg.workload.eos == "stop" or cfg.prefill != "whole":
+    if cfg.workload.eos == "stop":
         raise MeshbenchError(
-            "workload.turns: conversations need eos continue or ban and whole-prompt prefill so far (a perturbed "
-            "turn is pinned to its conversation's length; a chunk caps what a turn reads from the cache)"
+            "workload.turns: conversations need eos continue or ban so far (turns that end at an end-of-generation "
+            "token, each of another length, are not tested yet)"
         )
 
 
