@@ -116,7 +116,6 @@ def test_real_turns_that_cannot_be_a_conversation_are_refused(vocab_model, tmp_p
     [
         (["--turns", 3], "a later turn needs user tokens of its own"),
         (["--turn-tokens", 4], "user tokens of later turns need workload.turns > 1"),
-        (["--turns", 3, "--turn-tokens", 4, "--arrivals", "poisson:1", "--rates", "0.5"], "on the tick clock"),
     ],
 )
 def test_synthetic_turns_that_cannot_run_are_refused(tmp_path, extra, expect):
@@ -318,3 +317,21 @@ def test_a_perturbed_conversation_is_pinned_turn_by_turn():
     second = out.next_turn([5, 5, 5])
     assert second is not None and (second.end_at, second.turn_end_at) == (6, (9, 9))
     assert len(second.prompt_tokens) == 4 + 3 + 2
+
+
+def test_conversations_on_the_wall_clock_at_rates_verify(tmp_path):
+    """Conversations arriving at rates on the wall clock: every later turn is submitted once its last completed
+    (recorded as turn events), each with the whole conversation so far; a conversation's wait and TTFT are its
+    first turn's, as on the tick clock."""
+    out = tmp_path / "WR"
+    args = ["sweep", "--config", str(CONFIGS / "conversations.yaml"), "--arrivals", "poisson:1", "--rates", "200"]
+    r = runner.invoke(app, [*args, "--levels", "4", "--clock", "wall", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    lv = next(lv for lv in data["levels"] if lv.get("rate"))
+    assert len(lv["turn_events"]) == 16 and sum(s["done_reason"] == "COMPLETED" for s in lv["sessions"]) == 24
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    s = next(s for s in lv["sessions"] if s["epoch"] == 3)
+    s["prompt_tokens"] += 1
+    r = _forged(tmp_path, data, "FORGED")
+    assert r.exit_code != 0 and f"sessions[{s['session_id']}#3].prompt_tokens (the last turn's" in r.output

@@ -118,15 +118,21 @@ def _on_wall(
     wall_s: float,
     slo: JsonObject,
 ) -> JsonObject:
-    """The wall clock: waits and TTFT in ms from each session's arrival time, and rates per second.
+    """The wall clock: waits and TTFT in ms from each session's arrival time, and rates per second. A
+    conversation counts once, as on the tick clock: its first turn's wait and TTFT, good if it completed.
 
     ``timing`` is the first repetition's session stamps (ns from the start of the pass)."""
     arrival = {e.session_id: e.arrival_ms or 0.0 for e in events}
     ended = {s.session_id: s.done_reason for s in sessions}
+    first_epoch: dict[str, int] = {}
+    for r in sessions:
+        first_epoch[r.session_id] = min(first_epoch.get(r.session_id, r.epoch), r.epoch)
     waits: list[float] = []
     ttft: list[float] = []
     good = 0
     for s in timing:
+        if s.epoch > first_epoch.get(s.session_id, s.epoch):
+            continue  # a later turn (its first turn stands for the conversation)
         a = arrival[s.session_id]
         if s.admit_ns is not None:
             waits.append(s.admit_ns / 1e6 - a)

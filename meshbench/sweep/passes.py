@@ -204,7 +204,12 @@ def run_pass_wall(
     def submitted(tick: int, d: AdmissionDecision, arrival: float, now: float) -> None:
         events.append(submit_event(tick, d, arrival_ms=arrival * 1e3, submit_ms=now * 1e3))
 
+    turns: list[SubmitEvent] = []
     node.run_to_completion(
-        on_tick=on_tick, arrivals=list(zip(arrival_s, requests)), on_submit=submitted, wall=WallClock(t0, sleep)
+        on_tick=on_tick,
+        arrivals=list(zip(arrival_s, requests)),
+        on_submit=submitted,
+        wall=WallClock(t0, sleep),
+        on_turn=lambda tick, d, _at, _now: turns.append(submit_event(tick, d)),
     )
-    return finished_pass(node, events, t0, clock())
+    return finished_pass(node, events, t0, clock(), None, turns if any(r.turns for r in requests) else None)

@@ -150,9 +150,7 @@ class RunConfig:
 
 # The rules of a run that are its engine kind's (an endpoint sweep's), beside the engine spec's own.
 def _check_turns(cfg: RunConfig) -> None:
-    """What conversations run with so far: the tick clock, without rates; answers of fixed lengths."""
-    if cfg.rates is not None or cfg.clock == "wall":
-        raise MeshbenchError("workload.turns: conversations run on the tick clock, without rates, so far")
+    """What conversations run with so far: answers of fixed lengths."""
     if cfg.workload.eos == "stop":
         raise MeshbenchError(
             "workload.turns: conversations need eos continue or ban so far (turns that end at an end-of-generation "
