@@ -34,19 +34,23 @@ class _OnTicks:
 
 
 def session_ticks(events: Sequence[SubmitEvent], ticks: Sequence[Tick]) -> dict[str, _OnTicks]:
-    """Per accepted session: arrival, admission and token ticks."""
+    """Per accepted session: arrival, admission and token ticks, until it completed (a conversation counts
+    once, by its first turn, as on the wall clock: a later turn's ticks would add its wait and prefill to the
+    conversation's gaps between tokens)."""
     out = {
         e.session_id: _OnTicks(e.tick, e.tick if e.decision == "ADMITTED" else None)
         for e in events
         if e.decision in ACCEPTED
     }
+    done: set[str] = set()
     for t in ticks:  # ids that no event accepted are verify's to report, not counted here
         for sid in (*t.prefill_sessions, *t.decode_sessions):
-            if sid in out:
+            if sid in out and sid not in done:
                 out[sid].tokens.append(t.tick)
         for sid in t.admitted:
-            if sid in out:
+            if sid in out and sid not in done:
                 out[sid].admit = t.tick + 1
+        done.update(t.completed)
     return out
 
 
@@ -119,7 +123,7 @@ def _on_wall(
     slo: JsonObject,
 ) -> JsonObject:
     """The wall clock: waits and TTFT in ms from each session's arrival time, and rates per second. A
-    conversation counts once, as on the tick clock: its first turn's wait and TTFT, good if it completed.
+    conversation counts once, as on the tick clock: by its first turn's wait and TTFT, good if it completed.
 
     ``timing`` is the first repetition's session stamps (ns from the start of the pass)."""
     arrival = {e.session_id: e.arrival_ms or 0.0 for e in events}
