@@ -335,3 +335,14 @@ def test_conversations_on_the_wall_clock_at_rates_verify(tmp_path):
     s["prompt_tokens"] += 1
     r = _forged(tmp_path, data, "FORGED")
     assert r.exit_code != 0 and f"sessions[{s['session_id']}#3].prompt_tokens (the last turn's" in r.output
+
+
+def test_wall_clock_conversations_with_prefill_only_ticks_finish(tmp_path):
+    """On the wall clock the tick bound counts prompt positions too: chunked prefill of 8 positions a tick
+    spends ticks that write no token (the bound counted tokens only, and such a run stopped unfinished)."""
+    out = tmp_path / "WCH"
+    args = ["sweep", "--config", str(CONFIGS / "conversations.yaml"), "--clock", "wall", "--rates", "4"]
+    args += ["--arrivals", "poisson:1", "--prefill", "chunked", "--max-prefill-tokens-per-tick", "8"]
+    r = runner.invoke(app, [*args, "--levels", "4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0

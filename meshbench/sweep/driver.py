@@ -152,7 +152,7 @@ class NodeDriver:
         if max_ticks is not None:
             return max_ticks
         if wall is not None:
-            return sum(r.max_new_tokens * (1 + len(r.turns)) for _, _, r in schedule) + 1
+            return sum(r.total_tokens + r.later_tokens for _, _, r in schedule) + 1  # (chunked: prefill-only ticks)
         pending = self.sched.pending_tokens() + sum(r.total_tokens + r.later_tokens for _, _, r in schedule)
         return max((t for t, _, _ in schedule), default=0) + pending + 1
 
