@@ -120,7 +120,7 @@ def answers(
                 yield f"margins {side}", x, None, []
     for lv in levels:
         for rep in lv.repetitions:
-            for x in rep.sessions:
+            for x in [*rep.sessions, *(rep.turns or ())]:  # (a conversation's later turns too)
                 yield f"C={lv.concurrency} repetition {rep.repetition}", x, None, []
         for t in lv.needle:
             yield f"C={lv.concurrency} needle trial {t.repetition}", t.completion, None, []

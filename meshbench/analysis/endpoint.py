@@ -12,6 +12,7 @@ the deadline) fails every verdict of its level, and is counted.
 Three verdicts, each saying what it cannot conclude (CONCLUSIONS):
 - batch invariance: every session's output at each level equals the lowest level's (repetition 0);
 - run-to-run determinism: one distinct output per session over the repetitions of a level;
+  (in conversations, every turn is judged so, by its name: ``s0#t2`` is session s0's second turn)
 - the needle: one fixed prompt among different neighbours at each level, its distinct outputs and how
   many differ from the needle alone.
 """
@@ -21,8 +22,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from meshbench.analysis import latency, stats
+from meshbench.analysis.conversation import label
 from meshbench.records.documents import EndpointVerdicts, NeedleVerdict
-from meshbench.records.model import Completion, EndpointLevel, JsonObject, NeedleTrial
+from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, JsonObject, NeedleTrial
 
 CONCLUSIONS = {
     "batch_invariant": "True: every session's output was the same at every level, in these runs. False: a "
@@ -76,13 +78,14 @@ def pass_figures(
     slo: JsonObject,
     new_tokens: dict[str, int],
 ) -> JsonObject:
-    """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time)."""
+    """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time): every
+    answer, a conversation's later turns too (``prompt_lengths`` and ``new_tokens`` by the turn's name)."""
     answered = [c for c in sessions if c.error is None]
     ok = [c for c in answered if c.token_ns]  # (an answer of no tokens has no latencies)
     lat = latency.samples(ok)
     ttft, itl, e2e = (latency.percentiles(x, (50, 99)) for x in (lat.ttft, lat.itl, lat.e2e))
     generated = sum(_generated(c) for c in ok)
-    prompt = sum(prompt_lengths[c.session_id] for c in ok)
+    prompt = sum(prompt_lengths[label(c)] for c in ok)
     good = sum(latency.within_slo(c.token_ns, c.submit_ns, slo) for c in ok)
     return {
         "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
@@ -97,7 +100,7 @@ def pass_figures(
         "goodput_per_s": good / wall_s if wall_s > 0 else 0.0,
         "completed": len(answered),
         "failed": sum(c.error is not None for c in sessions),
-        "early_stops": sum(c.error is None and _generated(c) < new_tokens[c.session_id] for c in sessions),
+        "early_stops": sum(c.error is None and _generated(c) < new_tokens[label(c)] for c in sessions),
     }
 
 
@@ -119,22 +122,22 @@ def summary(per_pass: Sequence[JsonObject]) -> JsonObject:
 def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, compared: str) -> EndpointVerdicts:
     """The three verdicts from the recorded outputs."""
     ref = min(levels, key=lambda lv: lv.concurrency)
-    reference = {c.session_id: output(c, compared) for c in ref.repetitions[0].sessions if c.error is None}
+    reference = {label(c): output(c, compared) for c in pass_answers(ref.repetitions[0]) if c.error is None}
     differing: dict[str, list[str]] = {}
     distinct: dict[str, dict[str, int]] = {}
     needles: dict[str, NeedleVerdict] = {}
     failed: dict[str, int] = {}
     for lv in levels:
         c_ = str(lv.concurrency)
-        answers = [c for rep in lv.repetitions for c in rep.sessions] + [t.completion for t in lv.needle]
+        answers = [c for rep in lv.repetitions for c in pass_answers(rep)] + [t.completion for t in lv.needle]
         failed[c_] = sum(c.error is not None for c in answers)
-        first = {c.session_id: output(c, compared) for c in lv.repetitions[0].sessions if c.error is None}
+        first = {label(c): output(c, compared) for c in pass_answers(lv.repetitions[0]) if c.error is None}
         differing[c_] = sorted(s for s, out in first.items() if s in reference and out != reference[s])
         seen: dict[str, set[str | tuple[int, ...]]] = {}
         for rep in lv.repetitions:
-            for c in rep.sessions:
+            for c in pass_answers(rep):
                 if c.error is None:
-                    seen.setdefault(c.session_id, set()).add(_key(output(c, compared)))
+                    seen.setdefault(label(c), set()).add(_key(output(c, compared)))
         distinct[c_] = {s: len(v) for s, v in sorted(seen.items())}
         needles[c_] = _needle(lv.needle, needle_alone, compared)
     whole = not any(failed.values()) and (needle_alone is None or needle_alone.error is None)
@@ -149,6 +152,11 @@ def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, c
         needle=needles,
         needle_stable=whole and all(n.distinct <= 1 and n.differs_from_alone == 0 for n in needles.values()),
     )
+
+
+def pass_answers(rep: EndpointRepetition) -> list[Completion]:
+    """A pass's answers: its sessions' first turns, then a conversation's later turns."""
+    return [*rep.sessions, *(rep.turns or ())]
 
 
 def differing_from_reference(

@@ -64,7 +64,8 @@ RUN = (
             min=1,
             max=64,
             help="Conversations: turns per session; each later turn's prompt is the whole conversation so far "
-            "and --turn-tokens new user ids (with --prompts: the user's next message, each JSON line's 'turns').",
+            "and --turn-tokens new user ids (with --prompts: the user's next message, each JSON line's 'turns'; "
+            "an endpoint's over --api native, the growing ids, or chat, the messages so far).",
         ),
         paths=("workload.turns",),
     ),

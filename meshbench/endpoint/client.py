@@ -120,22 +120,29 @@ class Endpoint:
             info["server"] = "openai-compatible"
         return info
 
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
+    def tokenize(self, texts: list[str], add_special: bool = True) -> list[list[int]]:
         """Each prompt's ids by the server's own tokenizer, whichever API the sweep uses: llama-server's
         ``/tokenize`` (special tokens added as the model says), llama-cpp-python's server's ``/extras/tokenize``
-        (the one the probe found)."""
+        (the one the probe found). Not ``add_special``: nothing added (a conversation's later turn); where the
+        server has no such switch (``/extras/tokenize``), what it adds to an empty text is cut from each text's
+        start."""
         path = self.tokenize_path or ("/tokenize" if self.api == "native" else "/extras/tokenize")
+        added = [] if add_special or path == "/tokenize" else self._tokens(path, "", True)
         out = []
         for text in texts:
-            if path == "/tokenize":
-                d = self._json("POST", path, {"content": text, "add_special": True})
-            else:
-                d = self._json("POST", path, {"input": text})
-            tokens = d.get("tokens") if isinstance(d, dict) else None
-            if not isinstance(tokens, list) or not all(is_token(t) for t in tokens):
-                raise MeshbenchError(f"{self.target.url}{path}: the answer holds no list of token ids")
-            out.append(list(tokens))
+            tokens = self._tokens(path, text, add_special)
+            out.append(tokens[len(added) :] if tokens[: len(added)] == added else tokens)
         return out
+
+    def _tokens(self, path: str, text: str, add_special: bool) -> list[int]:
+        if path == "/tokenize":
+            d = self._json("POST", path, {"content": text, "add_special": add_special})
+        else:
+            d = self._json("POST", path, {"input": text})
+        tokens = d.get("tokens") if isinstance(d, dict) else None
+        if not isinstance(tokens, list) or not all(is_token(t) for t in tokens):
+            raise MeshbenchError(f"{self.target.url}{path}: the answer holds no list of token ids")
+        return list(tokens)
 
     def metrics(self) -> dict | None:
         """The server's own gauges and counters from ``/metrics`` (None: not exposed, or no answer)."""

@@ -42,7 +42,7 @@ def here(b: EndpointBundle, bundle: Path | None = None) -> list[list[int]] | str
         at = files.regular_file(locate(wl.prompts, bundle) if bundle is not None else wl.prompts, "workload.prompts")
         if files.sha256(at) != wl.prompts_sha256:
             return f"workload.prompts {wl.prompts}: not the file the bundle recorded (its sha256 differs)"
-        texts = prompts_mod.read(str(at))[: wl.sessions]
+        texts = prompts_mod.read(str(at), wl.turns or 1)[: wl.sessions]
         return _tokenized(model, texts, checked=bool(eng.package))
     except (MeshbenchError, OSError, ValueError) as e:  # (ValueError: a path with a NUL in it)
         return str(e)

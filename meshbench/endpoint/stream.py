@@ -32,6 +32,7 @@ class Completion:
     computed: int | None = None  # of them, the ones it computed, not taken from its prompt cache (timings.prompt_n)
     margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked: n_probs)
     error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
+    turn: int = 1  # a conversation's turn (meshbench.endpoint.conversation)
 
     def to_dict(self) -> dict:
         return {
@@ -46,6 +47,7 @@ class Completion:
             "error": self.error,
             "computed": self.computed,
             "margins": self.margins,
+            "turn": self.turn if self.turn > 1 else None,
         }
 
 

@@ -19,8 +19,10 @@ import numpy as np
 from meshbench import files
 from meshbench.analysis import canary as plant
 from meshbench.analysis import cancel as cancel_rule
+from meshbench.analysis import conversation as talk
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
+from meshbench.endpoint import conversation_passes as conversations
 from meshbench.endpoint import gauges, llama_server, margin_passes, perturb
 from meshbench.endpoint.canary import canary_run, sweep_ids
 from meshbench.endpoint.cancel import cancel_run
@@ -32,6 +34,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.records import serial
 from meshbench.records.cancel import CancelRun
 from meshbench.records.context import EndpointInfo, EndpointWorkload, Environment
+from meshbench.records.conversation import ConversationCold
 from meshbench.records.documents import EndpointResults, Needle
 from meshbench.records.margins import MarginPasses
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, NeedleTrial
@@ -52,7 +55,8 @@ MAX_RECORDED_TOKENS = 4_000_000
 def check_record_size(cfg: RunConfig) -> None:
     new = cfg.workload.new_tokens
     passes = len(cfg.levels) * cfg.repeat
-    bound = sum(new) * passes + new[0] * (passes + 1)  # every session each pass, and the needle's trials
+    turns = cfg.workload.turns  # (a conversation's every turn each pass, and its later ones once more, cold)
+    bound = sum(new) * (passes * turns + turns - 1) + new[0] * (passes + 1)  # every session, the needle's trials
     bound += 4 * sum(new)  # the margin passes (cold, warm, together, after a sibling)
     bound += sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's
     bound += sum(cfg.levels) * max(new)  # the canary runs
@@ -73,7 +77,7 @@ def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str
     is started on the config's model for the sweep and stopped after it."""
     validate_levels(list(cfg.levels), cfg.workload.sessions)
     check_record_size(cfg)
-    prompts_mod.read(cfg.workload.prompts or "")  # the prompts file refused now, before a server is asked or started
+    prompts_mod.read(cfg.workload.prompts or "", cfg.workload.turns)  # (refused now, before a server is asked)
     if not cfg.engine.serve:
         return _sweep(cfg, cfg.engine.url, command, environment, progress)
     server, model = served(cfg)
@@ -124,19 +128,23 @@ def _sweep(
     wl = dataclasses.replace(cfg.workload, prompt_tokens=tuple(len(x) for x in ids), prompt_ids=tuple(map(tuple, ids)))
     cfg = dataclasses.replace(cfg, workload=wl)
     jobs = _jobs(cfg, endpoint, texts, ids)
+    later = conversations.later_turns(cfg, endpoint)
+    talks = jobs if later is None else [Job(j.session_id, j.body, t) for j, t in zip(jobs, later)]
     rng = np.random.default_rng(cfg.workload.seed)
     for w in range(cfg.warmup):
         for c in levels:
             progress(f"warm-up {w + 1}/{cfg.warmup}, concurrency {c}")
-            closed_loop(endpoint, jobs, c)
+            closed_loop(endpoint, talks, c)
     alone = _answer(at_once(endpoint, [Job(NEEDLE, jobs[0].body)])[0])
     margins = margin_passes.run(endpoint, jobs, ids, progress)
     wl = cfg.workload
     lengths, new = dict(zip(wl.session_ids(), wl.prompt_tokens)), dict(zip(wl.session_ids(), wl.new_tokens))
     slo = dict(cfg.slo or {})
+    turn_ids = conversations.turn_ids(wl.session_ids(), later)
 
     def judged(answers: list[Completion], wall_s: float) -> dict:
-        return figures.pass_figures(answers, wall_s, lengths, slo, new)
+        by_turn = talk.prompt_lengths(lengths, turn_ids, answers)
+        return figures.pass_figures(answers, wall_s, by_turn, slo, talk.new_tokens(new, answers))
 
     passes: dict[int, list[EndpointRepetition]] = {c: [] for c in levels}
     needles: dict[int, list[NeedleTrial]] = {c: [] for c in levels}
@@ -144,11 +152,13 @@ def _sweep(
         for position, i in enumerate(order):
             c = levels[i]
             progress(f"repetition {r + 1}/{cfg.repeat}, concurrency {c}")
-            passes[c].append(_pass(endpoint, jobs, c, r, position, judged, cfg.engine.gauges))
+            passes[c].append(_pass(endpoint, talks, c, r, position, judged, cfg.engine.gauges))
             needles[c].append(_needle(endpoint, jobs, c, r, rng))
     records = _levels(cfg, endpoint, jobs, passes, needles, margins, progress)
     rates = _open_loop(cfg, endpoint, jobs, judged, progress)
-    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins, rates)
+    cold = conversations.cold_pass(endpoint, talks, records, margins, progress)
+    return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins, rates, cold,
+                     turn_ids)  # fmt: skip
 
 
 def _open_loop(
@@ -250,7 +260,7 @@ def _cancel(
 def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:
     """The sessions' prompts, and their ids by the server's own tokenizer."""
     wl = cfg.workload
-    texts = prompts_mod.read(wl.prompts)
+    texts = prompts_mod.read(wl.prompts, wl.turns)
     if len(texts) < wl.sessions:
         raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(texts)} prompts for {wl.sessions} sessions")
     texts = texts[: wl.sessions]
@@ -294,11 +304,12 @@ def _pass(
         repetition=r,
         position=position,
         wall_s=wall_s,
-        sessions=answers,
+        sessions=[x for x in answers if x.turn is None],
         metrics_before=before,
         metrics_after=after,
         figures=judged(answers, wall_s),
         gauges=samples.within(wall_s),
+        turns=[x for x in answers if x.turn is not None] if any(j.turns for j in jobs) else None,
     )
 
 
@@ -328,9 +339,11 @@ def _document(
     request: dict,
     margins: MarginPasses | None,
     rates: list[EndpointRate] | None = None,
+    cold: ConversationCold | None = None,
+    turn_ids: dict[str, list[list[int]]] | None = None,
 ) -> dict:
     wl = cfg.workload
-    every = [c for lv in levels for rep in lv.repetitions for c in rep.sessions]
+    every = [c for lv in levels for rep in lv.repetitions for c in figures.pass_answers(rep)]
     every += [t.completion for lv in levels for t in lv.needle] + [alone]
     endpoint = serial.from_json(info, EndpointInfo, "the endpoint's record")
     compared = figures.compared_by(endpoint.api, every)
@@ -350,6 +363,8 @@ def _document(
                 seed=wl.seed,
                 request=request,
                 prompt_ids=[list(x) for x in wl.prompt_ids or ()],
+                turns=wl.turns if wl.turns > 1 else None,
+                turn_ids=None if turn_ids is None else [turn_ids[s] for s in wl.session_ids()],
             ),
             needle=Needle(prompt_of=wl.session_ids()[0], alone=alone),
             levels=levels,
@@ -361,5 +376,6 @@ def _document(
             else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
             canaries=plant.search(levels, margins, alone, plant.open_loop_answers(rates)),
             rates=rates,
+            conversations=cold,
         )
     )

@@ -25,3 +25,4 @@ class Completion:
     # cache (llama-server's timings.prompt_n; None: not said, or a bundle from before it was recorded)
     margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked for only in
     # the margin passes; None elsewhere)
+    turn: int | None = None  # a conversation's later turn (2, 3, ...); None: a session's first (or only) turn

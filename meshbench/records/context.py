@@ -115,6 +115,9 @@ class EndpointWorkload:
     request: dict[str, Any] | None = None
     prompt_ids: list[list[int]] | None = None  # each session's prompt ids as the server tokenized them (None: a
     # bundle made before they were recorded)
+    turns: int | None = None  # conversations: the turns each session runs (None: one)
+    turn_ids: list[list[list[int]]] | None = None  # each session's later user turns as the server tokenized them,
+    # nothing special added (a turn continues the conversation)
 
 
 PROMPTS_FILE = "workload.prompts"  # the prompts file's config key: the input file a results.json records

@@ -18,6 +18,7 @@ from meshbench.records.context import (
     SyntheticEngineInfo,
     Workload,
 )
+from meshbench.records.conversation import ConversationCold
 from meshbench.records.margins import Divergences, MarginPasses
 from meshbench.records.model import Completion, EndpointLevel, LevelRecord, Reference
 from meshbench.records.open_loop import EndpointRate
@@ -144,3 +145,4 @@ class EndpointResults:
     divergences: Divergences | None = None  # recomputed by verify from the levels and the margin passes
     canaries: CanarySearch | None = None  # recomputed by verify from every answer (absent before canaries)
     rates: list[EndpointRate] | None = None  # the open-loop passes, where config.rates asks for them
+    conversations: ConversationCold | None = None  # workload.turns > 1: the later turns sent again cold

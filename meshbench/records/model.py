@@ -328,6 +328,9 @@ class EndpointRepetition:
     figures: dict[str, float | None]  # by name, e.g. ttft_ms.p50 (meshbench.analysis.endpoint.FIGURES)
     # the gauges sampled during the pass (absent: the server has none, or the bundle was made before sampling)
     gauges: list[GaugeSample] | None = None
+    # conversations (workload.turns > 1): every session's later turns, session by session, each turn after the one
+    # before it (a turn after a failed one is not sent); ``sessions`` holds the first turns. None: one turn each
+    turns: list[Completion] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,18 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn
 
 from meshbench.errors import MeshbenchError
-from meshbench.records import canary, cancel, context, documents, margins, model, open_loop, perturbation, sharing
+from meshbench.records import (
+    canary,
+    cancel,
+    context,
+    conversation,
+    documents,
+    margins,
+    model,
+    open_loop,
+    perturbation,
+    sharing,
+)
 from meshbench.records import completion as answers
 
 T = TypeVar("T")
@@ -97,7 +108,7 @@ def _records() -> list[type]:
     ]
 
 
-MODULES = (model, answers, context, documents, sharing, margins, perturbation, canary, cancel, open_loop)
+MODULES = (model, answers, context, documents, sharing, margins, perturbation, canary, cancel, open_loop, conversation)
 
 
 _CONVERTER = _converter()

@@ -10,7 +10,7 @@ from meshbench.analysis import endpoint_margins, perturbation
 from meshbench.analysis.endpoint_margins import SHARED_MIN, common_prefix
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
-from meshbench.results import accounting_report, markdown, open_loop_report
+from meshbench.results import accounting_report, conversation_report, markdown, open_loop_report
 from meshbench.results import endpoint_proofs_report as proofs_report
 from meshbench.results.endpoint_proofs_report import kinds, margin
 from meshbench.results.markdown import median_range
@@ -157,6 +157,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         *proofs_report.canaries(b),
         *proofs_report.cancels(b),
         *_divergences(b),
+        *conversation_report.section(b),
         *accounting_report.section(b),
         *open_loop_report.section(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",

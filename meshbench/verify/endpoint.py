@@ -4,6 +4,7 @@ and outputs (meshbench.analysis.endpoint), and the needle's trials."""
 
 from __future__ import annotations
 
+from meshbench.analysis import conversation as talk
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import server_accounting as accounting
 from meshbench.analysis.checks import Checks
@@ -12,6 +13,7 @@ from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition
 from meshbench.results.typed import EndpointBundle
+from meshbench.verify import endpoint_conversations as conversations
 from meshbench.verify import endpoint_proofs as proofs
 from meshbench.verify.endpoint_canary import check_canaries
 from meshbench.verify.endpoint_cancel import check_cancels
@@ -51,7 +53,9 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
         at = f"levels[{i}]"
         _check_passes(c, lv, at, ids, cfg.repeat, len(typed_levels), i)
         for r, rep in enumerate(lv.repetitions):
-            expected = figures.pass_figures(rep.sessions, rep.wall_s, lengths, slo, new)
+            answers = figures.pass_answers(rep)
+            by_turn, asked = conversations.lengths(b, answers)
+            expected = figures.pass_figures(answers, rep.wall_s, by_turn, slo, asked)
             c.equal(RESULTS, f"{at}.repetitions[{r}].figures (recomputed from the stamps)", expected, rep.figures)
         c.equal(
             RESULTS,
@@ -61,9 +65,9 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
         )
         _check_needle(c, lv, at, ids)
     _check_stamps(c, b)
-    _check_evaluated(c, b, typed_levels, lengths)
+    _check_evaluated(c, b, typed_levels)
     _check_answered(c, alone, typed_levels)
-    every = [x for lv in typed_levels for rep in lv.repetitions for x in rep.sessions]
+    every = [x for lv in typed_levels for rep in lv.repetitions for x in figures.pass_answers(rep)]
     every += [t.completion for lv in typed_levels for t in lv.needle] + [alone]
     compared = figures.compared_by(b.results.endpoint.api, every)
     c.equal(
@@ -78,6 +82,7 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
     _check_accounting(c, b)
     check_gauges(c, b)
     check_rates(c, b, ids, lengths, new)
+    conversations.check_conversations(c, b, _passes(b))
 
 
 def _check_proofs(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
@@ -212,8 +217,8 @@ def _check_stamps(c: Checks, b: EndpointBundle) -> None:
     stamp per token id."""
     native = b.results.endpoint.api == "native"
     for at, rep in _passes(b):
-        for x in rep.sessions:
-            where = f"{at}.{x.session_id}"
+        for x in figures.pass_answers(rep):
+            where = f"{at}.{talk.label(x)}"
             stamps = x.token_ns
             c.equal(
                 RESULTS,
@@ -237,24 +242,27 @@ def _check_answered(c: Checks, alone: Completion, levels: list[EndpointLevel]) -
     c.equal(RESULTS, "needle.alone: answered", "answered", "answered" if alone.error is None else alone.error)
     for i, lv in enumerate(levels):
         for r, rep in enumerate(lv.repetitions):
-            for x in rep.sessions:
+            for x in figures.pass_answers(rep):
                 if x.error is not None:
-                    c.equal(RESULTS, f"levels[{i}].repetitions[{r}].{x.session_id}: answered", "answered", x.error)
+                    c.equal(RESULTS, f"levels[{i}].repetitions[{r}].{talk.label(x)}: answered", "answered", x.error)
         for k, t in enumerate(lv.needle):
             if t.completion.error is not None:
                 c.equal(RESULTS, f"levels[{i}].needle[{k}]: answered", "answered", t.completion.error)
 
 
-def _check_evaluated(c: Checks, b: EndpointBundle, levels: list[EndpointLevel], lengths: dict[str, int]) -> None:
+def _check_evaluated(c: Checks, b: EndpointBundle, levels: list[EndpointLevel]) -> None:
     """Where the server says how many prompt tokens it evaluated, it evaluated exactly the session's prompt (no
-    BOS added to ids, no prompt cache reused)."""
+    BOS added to ids; a conversation's later turn: the conversation so far)."""
     first = b.results.needle.prompt_of
-    answers = [(f"levels[{i}]", t.completion) for i, lv in enumerate(levels) for t in lv.needle]
-    answers += [(at, x) for at, rep in _passes(b) for x in rep.sessions]
-    for at, x in answers:
+    lengths = dict(zip(b.cfg.workload.session_ids(), b.results.workload.prompt_tokens))
+    answers = [(f"levels[{i}]", t.completion, lengths) for i, lv in enumerate(levels) for t in lv.needle]
+    for at, rep in _passes(b):
+        by_turn, _ = conversations.lengths(b, figures.pass_answers(rep))
+        answers += [(at, x, by_turn) for x in figures.pass_answers(rep)]
+    for at, x, known in answers:
         if x.evaluated is not None:
-            sid = first if x.session_id == "needle" else x.session_id
-            c.equal(RESULTS, f"{at} {x.session_id}: prompt tokens the server evaluated", lengths[sid], x.evaluated)
+            name = first if x.session_id == "needle" else talk.label(x)
+            c.equal(RESULTS, f"{at} {talk.label(x)}: prompt tokens the server evaluated", known[name], x.evaluated)
 
 
 def _check_accounting(c: Checks, b: EndpointBundle) -> None:
@@ -263,11 +271,12 @@ def _check_accounting(c: Checks, b: EndpointBundle) -> None:
     what its answers say: tokens predicted, prompt tokens computed and taken from the cache."""
     own = b.results.endpoint.launched is not None
     for at, rep in _passes(b):
-        for x in rep.sessions:
-            _whole_accounting(c, f"{at}.{x.session_id}", x)
-        figures = accounting.pass_accounting(rep.metrics_before, rep.metrics_after)
-        answers = [x for x in rep.sessions if x.error is None]
-        if not own or len(answers) < len(rep.sessions) or any(x.computed is None for x in answers):
+        every = figures.pass_answers(rep)
+        for x in every:
+            _whole_accounting(c, f"{at}.{talk.label(x)}", x)
+        moved = accounting.pass_accounting(rep.metrics_before, rep.metrics_after)
+        answers = [x for x in every if x.error is None]
+        if not own or len(answers) < len(every) or any(x.computed is None for x in answers):
             continue
         said = {
             "tokens predicted": sum(x.predicted or 0 for x in answers),
@@ -275,8 +284,8 @@ def _check_accounting(c: Checks, b: EndpointBundle) -> None:
             "prompt tokens from the cache": sum((x.evaluated or 0) - (x.computed or 0) for x in answers),
         }
         for name, total in said.items():
-            if figures[name] is not None:
-                c.equal(RESULTS, f"{at}: the server's {name} over the pass (= its answers')", total, figures[name])
+            if moved[name] is not None:
+                c.equal(RESULTS, f"{at}: the server's {name} over the pass (= its answers')", total, moved[name])
 
 
 def _whole_accounting(c: Checks, where: str, x: Completion) -> None:

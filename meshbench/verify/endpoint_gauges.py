@@ -8,6 +8,7 @@ may still hold the request it dropped)."""
 from __future__ import annotations
 
 from meshbench.analysis.checks import Checks
+from meshbench.analysis.endpoint import pass_answers
 from meshbench.analysis.server_accounting import GAUGE_KEYS, SAMPLE_INTERVAL_S
 from meshbench.names import RESULTS
 from meshbench.records.model import EndpointRepetition, GaugeSample
@@ -65,7 +66,7 @@ def check_gauges(c: Checks, b: EndpointBundle) -> None:
             c.equal(RESULTS, f"{at}.gauges: most requests processing (at most the server's {slots} slots)",
                     min(busiest, slots), busiest)  # fmt: skip
         if own:
-            dropped = sum(x.error is not None and not x.error.startswith("HTTP ") for x in rep.sessions)
+            dropped = sum(x.error is not None and not x.error.startswith("HTTP ") for x in pass_answers(rep))
             bound = clients + dropped
             most = max(s.processing + s.deferred for s in rep.gauges)
             c.equal(RESULTS, f"{at}.gauges: most requests processing + deferred (at most {bound} in flight)",

@@ -101,13 +101,17 @@ class RunConfig:
             "clock wall without --rates": self.clock == "wall" and not open_loop,
             "workload.arrivals without --rates": self.workload.arrivals != "all-at-once" and not open_loop,
             "restart_engine": self.restart_engine,
-            "workload.turns (conversations run on a meshbench node so far)": self.workload.turns > 1,
             "prefill chunked": self.prefill != "whole",
             "budget": self.budget != DGR_012_BUDGET,
             "workload.eos continue (a server stops at its end-of-generation token, eos stop, or bans it, eos ban)": (
                 self.workload.eos == "continue"
             ),
         }
+        if self.workload.turns > 1 and (open_loop or self.engine.api == "openai"):
+            raise MeshbenchError(
+                "workload.turns: conversations over HTTP run on closed-loop clients (no --rates so far), over the "
+                "native or chat API (--api openai would send each answer back as text to tokenize again)"
+            )
         cancel = self.workload.cancel
         if isinstance(cancel, int) and cancel >= min(self.workload.new_tokens):
             raise MeshbenchError(

@@ -27,15 +27,30 @@ class Entry:
     turns: tuple[str, ...] = ()
 
 
-def read(path: str) -> list[str]:
+def read(path: str, turns: int = 1) -> list[str]:
     """The prompts' whole texts, in order (a JSON line's ``prefix`` and ``prompt`` together), for a server to
-    tokenize: a conversation's later ``turns`` are refused (an endpoint runs one turn a session so far)."""
+    tokenize; a conversation's later ``turns`` are read by ``later_turns``."""
     entries = read_entries(path)
-    if entries[0].turns:
-        raise MeshbenchError(
-            f"workload.prompts {path}: its lines have 'turns' (conversations), which run on a meshbench node so far"
-        )
+    later_turns(entries, turns, path)  # (lines with turns need workload.turns, and enough of them)
     return [(e.prefix or "") + e.prompt for e in entries]
+
+
+def later_turns(entries: list[Entry], turns: int, path: str) -> list[tuple[str, ...]] | None:
+    """Each line's later user turns for a conversation of ``turns`` turns (the first turns - 1 of its ``turns``);
+    None for one turn."""
+    if turns == 1:
+        if entries[0].turns:
+            raise MeshbenchError(
+                f"workload.prompts {path}: its lines have 'turns': give workload.turns (the turns each session runs)"
+            )
+        return None
+    short = [i for i, e in enumerate(entries, 1) if len(e.turns) < turns - 1]
+    if short:
+        raise MeshbenchError(
+            f"workload.prompts {path}: workload.turns {turns} needs {turns - 1} later 'turns' on each line; "
+            f"line {short[0]} has {len(entries[short[0] - 1].turns)}"
+        )
+    return [e.turns[: turns - 1] for e in entries]
 
 
 def read_entries(path: str) -> list[Entry]:
@@ -127,19 +142,10 @@ def _turn_ids(cfg: RunConfig, entries: list[Entry]) -> tuple[tuple[tuple[int, ..
     """A conversation's later user turns (workload.turns > 1), each tokenized without BOS (it continues the
     conversation): the first turns - 1 of each line's ``turns``; None for one turn."""
     wl, path = cfg.workload, cfg.workload.prompts
-    if wl.turns == 1:
-        if entries[0].turns:
-            raise MeshbenchError(
-                f"workload.prompts {path}: its lines have 'turns': give workload.turns (the turns each session runs)"
-            )
+    later = later_turns(entries, wl.turns, path)
+    if later is None:
         return None
-    short = [i for i, e in enumerate(entries, 1) if len(e.turns) < wl.turns - 1]
-    if short:
-        raise MeshbenchError(
-            f"workload.prompts {path}: workload.turns {wl.turns} needs {wl.turns - 1} later 'turns' on each line; "
-            f"line {short[0]} has {len(entries[short[0] - 1].turns)}"
-        )
-    texts = [t for e in entries for t in e.turns[: wl.turns - 1]]
+    texts = [t for x in later for t in x]
     flat = iter(tokenize(cfg.engine.model, texts, bos=False))
     out = tuple(tuple(next(flat) for _ in range(wl.turns - 1)) for _ in entries)
     empty = [(k, j) for k, x in enumerate(out) for j, t in enumerate(x) if not t]

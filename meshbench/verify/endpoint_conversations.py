@@ -1,0 +1,94 @@
+"""An endpoint bundle's conversations checked from its records (workload.turns > 1): each pass's later turns,
+every one after the turn before it was answered and none after a failed one, each prompt's length as the
+conversation so far, and the cold pass recomputed (meshbench.endpoint.conversation_passes)."""
+
+from __future__ import annotations
+
+from meshbench.analysis import conversation as talk
+from meshbench.analysis import endpoint as figures
+from meshbench.analysis import endpoint_margins
+from meshbench.analysis.checks import Checks
+from meshbench.names import RESULTS
+from meshbench.records.completion import CANCELLED
+from meshbench.records.model import Completion, EndpointRepetition
+from meshbench.results.typed import EndpointBundle
+
+
+def turn_ids(b: EndpointBundle) -> dict[str, list[list[int]]] | None:
+    """Each session's later turns' ids, by session (None: one turn each)."""
+    wl = b.results.workload
+    return None if wl.turn_ids is None else dict(zip(b.cfg.workload.session_ids(), wl.turn_ids))
+
+
+def lengths(b: EndpointBundle, answers: list[Completion]) -> tuple[dict[str, int], dict[str, int]]:
+    """Each answer's prompt length and asked-for new tokens, by its name (meshbench.analysis.conversation)."""
+    wl, ids = b.results.workload, b.cfg.workload.session_ids()
+    first, new = dict(zip(ids, wl.prompt_tokens)), dict(zip(ids, wl.new_tokens))
+    return talk.prompt_lengths(first, turn_ids(b), answers), talk.new_tokens(new, answers)
+
+
+def check_conversations(c: Checks, b: EndpointBundle, passes: list[tuple[str, EndpointRepetition]]) -> None:
+    wl, cfg = b.results.workload, b.cfg.workload
+    turns = cfg.turns if cfg.turns > 1 else None
+    c.equal(RESULTS, "workload.turns (= config.workload.turns, where more than one)", turns, wl.turns)
+    shape = None if wl.turn_ids is None else [len(x) for x in wl.turn_ids]
+    c.equal(RESULTS, "workload.turn_ids (each session's later turns)",
+            None if turns is None else [turns - 1] * wl.sessions, shape)  # fmt: skip
+    for at, rep in passes:
+        c.equal(RESULTS, f"{at}.turns (recorded in conversations only)", turns is not None, rep.turns is not None)
+        if turns is not None and rep.turns is not None:
+            _check_pass(c, at, rep, turns)
+    _check_cold(c, b)
+
+
+def _check_pass(c: Checks, at: str, rep: EndpointRepetition, turns: int) -> None:
+    """A pass's later turns: each session's turns 2, 3, ... in session order, each sent after the answer before it
+    was whole, and none after a failed or cut turn."""
+    last = {x.session_id: x for x in rep.sessions}
+    expected, found = [], [talk.label(x) for x in rep.turns or ()]
+    for x in rep.sessions:
+        before = x
+        for t in range(2, turns + 1):
+            if before.error is not None or before.stop == CANCELLED:
+                break
+            expected.append(f"{x.session_id}#t{t}")
+            nxt = next((y for y in rep.turns or () if y.session_id == x.session_id and y.turn == t), None)
+            if nxt is None:
+                break
+            before = nxt
+    c.equal(RESULTS, f"{at}.turns (each conversation's later turns in order, none after a failed one)", expected, found)
+    for y in rep.turns or ():
+        before = last.get(y.session_id)
+        if before is not None:
+            done = before.token_ns[-1] if before.token_ns else before.submit_ns
+            c.equal(RESULTS, f"{at}.{talk.label(y)}: sent after the turn before it was answered", True,
+                    y.submit_ns >= done)  # fmt: skip
+        last[y.session_id] = y
+
+
+def _check_cold(c: Checks, b: EndpointBundle) -> None:
+    """The cold pass: every later turn of the reference pass once, in order, and the differing turns recomputed."""
+    r = b.results
+    if r.workload.turns is None:
+        c.equal(RESULTS, "conversations (a cold pass only in conversations)", None, r.conversations)
+        return
+    ref = min(r.levels, key=lambda lv: lv.concurrency)
+    rep = ref.repetitions[0]
+    warm = rep.turns or []
+    cold = r.conversations
+    c.equal(RESULTS, "conversations (the cold pass: recorded)", True, cold is not None)
+    if cold is None:
+        return
+    c.equal(RESULTS, "conversations.concurrency (the reference level)", ref.concurrency, cold.concurrency)
+    c.equal(RESULTS, "conversations.cold (every later turn of the reference pass once, in order)",
+            [talk.label(x) for x in warm], [talk.label(x) for x in cold.cold])  # fmt: skip
+    by_turn, _ = lengths(b, figures.pass_answers(rep))
+    for x in cold.cold:
+        if x.evaluated is not None and talk.label(x) in by_turn:
+            c.equal(RESULTS, f"conversations.cold.{talk.label(x)}: prompt tokens the server evaluated (its "
+                    "conversation so far)", by_turn[talk.label(x)], x.evaluated)  # fmt: skip
+    compared = figures.compared_by(r.endpoint.api, [*warm, *cold.cold])
+    threshold = endpoint_margins.near_tie(r.margins)
+    differing, found = talk.cold_divergences(warm, cold.cold, ref.concurrency, threshold, compared)
+    c.equal(RESULTS, "conversations.differing (recomputed from the cold pass)", differing, cold.differing)
+    c.equal(RESULTS, "conversations.divergences (recomputed from the cold pass)", found, cold.divergences)
