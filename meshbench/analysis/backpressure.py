@@ -19,6 +19,7 @@ import numpy as np
 
 from meshbench.analysis import latency
 from meshbench.records.model import Backpressure, JsonObject, LevelRecord, SessionRecord, SubmitEvent, Tick, Timing
+from meshbench.records.turns import turn_numbers
 from meshbench.scheduler.budget import ACCEPTED
 
 REJECTIONS = ("REJECTED_KV_BUDGET", "REJECTED_SCRATCH_BUDGET", "REJECTED_QUEUE_FULL", "REJECTED_DUPLICATE")
@@ -128,14 +129,12 @@ def _on_wall(
     ``timing`` is the first repetition's session stamps (ns from the start of the pass)."""
     arrival = {e.session_id: e.arrival_ms or 0.0 for e in events}
     ended = {s.session_id: s.done_reason for s in sessions}
-    first_epoch: dict[str, int] = {}
-    for r in sessions:
-        first_epoch[r.session_id] = min(first_epoch.get(r.session_id, r.epoch), r.epoch)
+    turn = turn_numbers(sessions)
     waits: list[float] = []
     ttft: list[float] = []
     good = 0
     for s in timing:
-        if s.epoch > first_epoch.get(s.session_id, s.epoch):
+        if turn.get((s.session_id, s.epoch), 1) > 1:
             continue  # a later turn (its first turn stands for the conversation)
         a = arrival[s.session_id]
         if s.admit_ns is not None:

@@ -77,14 +77,13 @@ def section(b: NodeBundle) -> list[str]:
     )
     epoch = "second epoch. The reference is each session run alone without faults"
     if b.cfg.workload.turns > 1:
-        epoch = (
+        how = (
             "second epoch: a conversation's turns take one epoch each, and a turn lost with its engine and "
-            "resubmitted takes the next one, under the same turn (a turn a fault ended ends its conversation). "
-            "The reference is every conversation at one client without faults, turn by turn"
+            "resubmitted takes the next one, under the same turn (a turn a fault ended ends its conversation)"
             if b.cfg.restart_engine
-            else "second turn (a conversation's turns are its epochs; a turn a fault ended ends its conversation). "
-            "The reference is every conversation at one client without faults, turn by turn"
+            else "second turn (a conversation's turns are its epochs; a turn a fault ended ends its conversation)"
         )
+        epoch = f"{how}. The reference is every conversation at one client without faults, turn by turn"
     later = " + later turns" if b.cfg.workload.turns > 1 else ""
     return [
         HEADING,

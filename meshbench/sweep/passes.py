@@ -137,8 +137,7 @@ def run_pass(
         if node.engine is not wrapped:  # a restarted engine is this pass's to free
             close_engine(node.engine)
     faults = plan.events(budget.max_active_sessions, len(node.ticks()))
-    conversations = any(r.turns for r in requests)
-    return finished_pass(node, events, t0, clock(), faults, turns if conversations else None)
+    return finished_pass(node, events, t0, clock(), faults, turns if _conversations(requests) else None)
 
 
 def submit_event(
@@ -212,4 +211,9 @@ def run_pass_wall(
         wall=WallClock(t0, sleep),
         on_turn=lambda tick, d, _at, _now: turns.append(submit_event(tick, d)),
     )
-    return finished_pass(node, events, t0, clock(), None, turns if any(r.turns for r in requests) else None)
+    return finished_pass(node, events, t0, clock(), None, turns if _conversations(requests) else None)
+
+
+def _conversations(requests: Sequence[GenerationRequest]) -> bool:
+    """Does the pass run conversations (its turn events then recorded, an empty list where none came)?"""
+    return any(r.turns for r in requests)

@@ -32,11 +32,11 @@ def isolation_passes(
     each suspect of a session that changed. ``run(requests)`` runs one pass of the level; ``baseline`` is the
     level's own first pass; ``groups``: the shared prefixes (of ``shared`` tokens), perturbed as units."""
     ids = [r.session_id for r in requests]
-    by_id = by_turn(baseline.sessions)  # each turn's record
+    turn_records = by_turn(baseline.sessions)  # each (session, turn)'s record
     passes: list[IsolationPass] = []
 
     def one(perturbed: list[str], confirm: bool) -> IsolationPass:
-        reqs = isolation.requests_for(requests, perturbed, by_id, vocab_size, seed, len(passes), groups, shared)
+        reqs = isolation.requests_for(requests, perturbed, turn_records, vocab_size, seed, len(passes), groups, shared)
         p = run(reqs)
         passes.append(isolation.pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm))
         return passes[-1]
