@@ -116,7 +116,9 @@ def test_chat_conversations_on_llama_cpp_python_s_server_send_the_messages_so_fa
     assert r.exit_code == 0, r.output
     data = json.loads((out / "results.json").read_text())
     assert all(len(rep["turns"]) == 4 for lv in data["levels"] for rep in lv["repetitions"])
-    assert "divergences" not in data["conversations"] and len(data["conversations"]["cold"]) == 4  # (text: no margins)
+    cold = data["conversations"]
+    assert len(cold["cold"]) == 4 and isinstance(cold["divergences"], list)  # (text, placed by each token's bytes)
+    assert all(len(x["margins"]) == len(x["token_bytes"]) > 0 for x in cold["cold"])
     assert _verify(out).exit_code == 0
 
 

@@ -113,6 +113,16 @@ def test_the_openai_apis_work_against_llama_server(model, prompts, tmp_path, api
     answers = _answers(data)
     assert all(c["error"] is None and c["predicted"] == 5 and c["text"] for c in answers)
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    # margins over the OpenAI APIs: each token's margin and its length in bytes, from the server's logprobs
+    for side in ("cold", "warm", "together"):
+        for c in data["margins"][side]:
+            assert len(c["margins"]) == len(c["token_bytes"]) == 5 and not c["tokens"] and min(c["token_bytes"]) > 0
+    assert set(data["divergences"]["levels"]) == {"1", "2"}
+    d = json.loads((out / "results.json").read_text())
+    d["margins"]["cold"][0]["token_bytes"].pop()
+    (out / "results.json").write_text(json.dumps(d))
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1 and "one margin and one length in bytes per token" in r.output
 
 
 def test_a_server_killed_at_start_up_is_one_line_naming_the_signal(model, prompts, tmp_path, monkeypatch):
@@ -361,6 +371,72 @@ def test_hostile_log_probabilities_are_the_answer_s_failure(probs, why):
     c = Completion("s0", 0)
     with pytest.raises(Malformed, match=why):
         _native_chunk(c, {"tokens": [5], "content": "a", "completion_probabilities": probs}, 1)
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "margins", "sizes"),
+    [  # llama-server (both OpenAI APIs) and OpenAI's chat form; the completions API's older form
+        (
+            {
+                "content": [
+                    {
+                        "token": "é",
+                        "bytes": [195, 169],
+                        "logprob": -0.1,
+                        "top_logprobs": [{"logprob": -0.1}, {"logprob": -2.1}],
+                    }
+                ]
+            },
+            [2.0],
+            [2],
+        ),  # fmt: skip
+        ({"content": [{"token": "ab", "top_logprobs": [{"logprob": -1.0}]}]}, [None], [2]),
+        (
+            {"tokens": ["a", "é"], "top_logprobs": [{"a": -0.5, "b": -0.75}, {"é": -1.0, "e": -1.0}]},
+            [0.25, 0.0],
+            [1, 2],
+        ),  # fmt: skip
+    ],
+)
+def test_openai_log_probabilities_give_each_token_s_margin_and_bytes(logprobs, margins, sizes):
+    from meshbench.endpoint.stream import Completion, _openai_chunk
+
+    c = Completion("s0", 0)
+    _openai_chunk(c, {"choices": [{"text": "x", "logprobs": logprobs}]}, 1)
+    assert c.margins == margins and c.token_bytes == sizes
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "why"),
+    [
+        ("many", "not an object"),
+        ({"content": [{"token": "a", "top_logprobs": "x"}]}, "not a list of objects"),
+        ({"content": [{"top_logprobs": [{"logprob": -1.0}, {"logprob": -2.0}]}]}, "has no text"),
+        ({"tokens": ["a"], "top_logprobs": []}, "one 'top_logprobs' per token"),
+        ({"content": [{"token": "a", "top_logprobs": [{"logprob": "high"}, {"logprob": -1}]}]}, "not a number"),
+    ],
+)
+def test_hostile_openai_log_probabilities_are_the_answer_s_failure(logprobs, why):
+    from meshbench.endpoint.stream import Completion, Malformed, _openai_chunk
+
+    with pytest.raises(Malformed, match=why):
+        _openai_chunk(Completion("s0", 0), {"choices": [{"text": "x", "logprobs": logprobs}]}, 1)
+
+
+def test_a_text_answer_s_first_difference_is_the_cold_token_holding_the_first_differing_byte():
+    from meshbench.analysis.endpoint_margins import token_difference
+    from meshbench.records.model import Completion
+
+    def answer(text, sizes=None):
+        return Completion(session_id="s0", submit_ns=0, tokens=[], text=text, token_ns=[], stop="limit",
+                          predicted=None, evaluated=None, error=None, token_bytes=sizes)  # fmt: skip
+
+    cold = answer("héllo wörld", [1, 2, 3, 4, 3])  # h | é | llo | " wö" (ö: 2 bytes) | rld
+    assert token_difference(cold, answer("héllo wörld")) is None
+    assert token_difference(cold, answer("hello")) == 1  # (é's first byte differs)
+    assert token_difference(cold, answer("héllo wôrld")) == 3  # (ö's second byte: the fourth token)
+    assert token_difference(cold, answer("héllo wörld and more")) == 5  # (the cold answer ended first)
+    assert token_difference(cold, answer("héllo")) == 3
 
 
 def test_a_near_tie_a_confident_divergence_and_the_margins_that_tell_them_apart():

@@ -51,21 +51,22 @@ def new_tokens(new: dict[str, int], answers: Sequence[Completion]) -> dict[str, 
 
 
 def cold_divergences(
-    warm: Sequence[Completion], cold: Sequence[Completion], concurrency: int, threshold: float, compared: str
+    warm: Sequence[Completion], cold: Sequence[Completion], concurrency: int, threshold: float, classify: bool
 ) -> tuple[list[str], list[Divergence] | None]:
     """The later turns whose answer in the conversation (``warm``) differs from the same request sent cold, by
-    name; on token ids, where each first differs, classified by the cold answer's margin there."""
+    name; where ``classify`` (meshbench.analysis.endpoint_margins.compares), where each first differs, classified
+    by the cold answer's margin there; else by text alone."""
     by_name = {label(c): c for c in cold if c.error is None}
     differing, found = [], []
     for x in warm:
         a = by_name.get(label(x))
         if x.error is not None or a is None:
             continue
-        if compared == "tokens":
+        if classify:
             d = divergence(concurrency, 0, label(x), x, a, [], threshold)
             if d is not None:
                 differing.append(label(x))
                 found.append(d)
         elif x.text != a.text:
             differing.append(label(x))
-    return differing, found if compared == "tokens" else None
+    return differing, found if classify else None

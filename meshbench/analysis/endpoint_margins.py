@@ -76,6 +76,29 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def token_difference(a: Completion, x: Completion) -> int | None:
+    """Where ``x`` first leaves ``a`` (an answer with margins), as a token index of ``a``: by id; or, where ``a`` is
+    a text answer with its tokens' lengths in bytes (an OpenAI API), at the first byte the two texts differ, the
+    token of ``a`` that holds it (``a``'s token count where ``a``'s text is ``x``'s start)."""
+    if a.token_bytes is None:
+        return first_difference(a.tokens, x.tokens)
+    k = first_difference(a.text.encode("utf-8", "surrogatepass"), x.text.encode("utf-8", "surrogatepass"))
+    if k is None:
+        return None
+    end = 0
+    for i, n in enumerate(a.token_bytes):
+        end += n
+        if k < end:
+            return i
+    return len(a.token_bytes)
+
+
+def compares(api: str, compared: str) -> bool:
+    """Are an endpoint's divergences classified? Token ids are compared, or text over an OpenAI API, whose margin
+    passes record each token's bytes (a native answer compared by text held back ids: it is not placed)."""
+    return compared == "tokens" or api != "native"
+
+
 def numerics(passes: MarginPasses) -> float | None:
     """The largest change in a margin between a session's cold answer and its warm or batched one, over the
     tokens where the two agree and so saw the same context (None: no such token)."""
@@ -85,8 +108,8 @@ def numerics(passes: MarginPasses) -> float | None:
         a = cold.get(t.session_id)
         if a is None or a.margins is None or t.error is not None or t.margins is None:
             continue
-        k = first_difference(a.tokens, t.tokens)
-        agree = min(len(a.tokens), len(t.tokens)) if k is None else k
+        k = token_difference(a, t)
+        agree = min(len(a.margins), len(t.margins)) if k is None else k
         for x, y in zip(a.margins[:agree], t.margins[:agree]):
             if x is not None and y is not None:
                 worst = abs(x - y) if worst is None else max(worst, abs(x - y))
@@ -174,7 +197,7 @@ def _against_cold(
 def divergence(
     c: int, repetition: int | None, sid: str, x: Completion, a: Completion, beside: list[str], threshold: float
 ) -> Divergence | None:
-    k = first_difference(a.tokens, x.tokens)
+    k = token_difference(a, x)
     if k is None:
         return None
     margin = a.margins[k] if a.margins is not None and k < len(a.margins) else None

@@ -18,6 +18,7 @@ from meshbench.records.conversation import ConversationCold
 from meshbench.records.margins import MarginPasses
 from meshbench.records.model import Completion, EndpointLevel
 from meshbench.workload import prompts as prompts_mod
+from meshbench.workload import request
 from meshbench.workload.config import RunConfig
 
 
@@ -60,7 +61,7 @@ def cold_pass(
 ) -> ConversationCold | None:
     """Every later turn of the reference pass (the lowest level's first repetition) sent again alone and cold, the
     same request rebuilt from the pass's answers (meshbench.endpoint.conversation.bodies), with the top-2
-    log-probabilities on the native API; and the turns whose answer in the conversation differs."""
+    log-probabilities; and the turns whose answer in the conversation differs."""
     if not any(j.turns for j in talks):
         return None
     ref = min(levels, key=lambda lv: lv.concurrency)
@@ -69,18 +70,18 @@ def cold_pass(
     by_session: dict[str, list[Completion]] = {}
     for x in figures.pass_answers(rep):
         by_session.setdefault(x.session_id, []).append(x)
-    native = endpoint.api == "native"
     cold = []
     for job in talks:
         answers = by_session.get(job.session_id, [])
         assert job.turns is not None
         for body, warm in zip(conversation.bodies(endpoint.api, job.body, answers, job.turns), answers[1:]):
-            asked = {**body, "cache_prompt": False, **({"n_probs": MARGIN_PROBS} if native else {})}
+            asked = {**body, "cache_prompt": False, **request.logprobs(endpoint.api, MARGIN_PROBS)}
             x = at_once(endpoint, [Job(job.session_id, asked)])[0]
             x.turn = warm.turn or 1
             cold.append(answer(x))
     warm = rep.turns or []
     compared = figures.compared_by(endpoint.api, [*warm, *cold])
     threshold = endpoint_margins.near_tie(margins)
-    differing, found = talk.cold_divergences(warm, cold, ref.concurrency, threshold, compared)
+    classify = endpoint_margins.compares(endpoint.api, compared)
+    differing, found = talk.cold_divergences(warm, cold, ref.concurrency, threshold, classify)
     return ConversationCold(concurrency=ref.concurrency, cold=cold, differing=differing, divergences=found)

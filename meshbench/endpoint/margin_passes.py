@@ -12,6 +12,7 @@ from meshbench.endpoint.load import Job, at_once
 from meshbench.records import serial
 from meshbench.records.margins import MarginPasses
 from meshbench.records.model import Completion
+from meshbench.workload import request
 
 MARGIN_PROBS = 2  # the top log-probabilities asked for per token in the margin passes
 
@@ -19,15 +20,14 @@ MARGIN_PROBS = 2  # the top log-probabilities asked for per token in the margin 
 def run(
     endpoint: Endpoint, jobs: list[Job], ids: list[list[int]], progress: Callable[[str], None]
 ) -> MarginPasses | None:
-    """Every session with the server's top-2 log-probabilities per token (native ``n_probs``), outside the timed
-    passes (asking for them costs the server a softmax and a sort per token): alone and cold (``cache_prompt``
-    false), alone again as the sweep sends it (warm: right after itself), then all at once; then each session whose
-    prompt starts like an earlier one's right after that sibling (``ids``: the prompts' ids). None over the OpenAI
-    API, whose text outputs do not align with tokens."""
-    if endpoint.api != "native":
-        return None
+    """Every session with the server's top-2 log-probabilities per token (meshbench.workload.request.logprobs),
+    outside the timed passes (asking for them costs the server a softmax and a sort per token): alone and cold
+    (``cache_prompt`` false), alone again as the sweep sends it (warm: right after itself), then all at once; then
+    each session whose prompt starts like an earlier one's right after that sibling (``ids``: the prompts' ids).
+    Over an OpenAI API each answer also records its tokens' lengths in bytes, which place a text's first
+    difference at a token."""
     progress("margins: every session cold, warm, all at once, then after a sibling, with top-2 log-probabilities")
-    asked = [Job(j.session_id, {**j.body, "n_probs": MARGIN_PROBS}) for j in jobs]
+    asked = [Job(j.session_id, {**j.body, **request.logprobs(endpoint.api, MARGIN_PROBS)}) for j in jobs]
     cold, warm = [], []
     for j in asked:
         cold.append(answer(at_once(endpoint, [Job(j.session_id, {**j.body, "cache_prompt": False})])[0]))
@@ -41,8 +41,8 @@ def run(
             progress(f"margins: {j.session_id} right after {after[j.session_id]}, which shares its prompt's start")
             at_once(endpoint, [by_id[after[j.session_id]]])
             sibling.append(answer(at_once(endpoint, [j])[0]))
-    if any(x.margins is None and x.tokens for x in [*cold, *warm, *together, *sibling]):
-        progress("margins: the server gives no log-probabilities (n_probs): none recorded")
+    if any(x.margins is None and (x.tokens or x.text) for x in [*cold, *warm, *together, *sibling]):
+        progress("margins: the server gives no log-probabilities: none recorded")
         return None
     if not after:
         return MarginPasses(cold=cold, warm=warm, together=together)

@@ -30,7 +30,10 @@ class Completion:
     predicted: int | None = None  # the tokens the server says it generated
     evaluated: int | None = None  # the prompt tokens the server says it evaluated (native)
     computed: int | None = None  # of them, the ones it computed, not taken from its prompt cache (timings.prompt_n)
-    margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked: n_probs)
+    margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked: n_probs,
+    # or an OpenAI API's logprobs)
+    token_bytes: list[int] | None = None  # OpenAI APIs, where margins were asked: each token's length in bytes (its
+    # text has no ids: where an answer first differs is found by byte, then the token there)
     error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
     turn: int = 1  # a conversation's turn (meshbench.endpoint.conversation)
 
@@ -48,6 +51,7 @@ class Completion:
             "computed": self.computed,
             "margins": self.margins,
             "turn": self.turn if self.turn > 1 else None,
+            "token_bytes": self.token_bytes,
         }
 
 
@@ -194,6 +198,9 @@ def _openai_chunk(c: Completion, chunk, now: int, chat: bool = False) -> bool:
         if piece:
             c.text += piece
             c.token_ns.append(now)
+        if choice.get("logprobs") is not None:
+            margins, sizes = _openai_logprobs(choice["logprobs"])
+            c.margins, c.token_bytes = (c.margins or []) + margins, (c.token_bytes or []) + sizes
         reason = choice.get("finish_reason")
         if reason is not None:
             reason = _reason(reason, "finish_reason")
@@ -223,6 +230,39 @@ def _margins(probs) -> list[float | None]:
         finite = sorted((float(v) for v in lps if math.isfinite(v)), reverse=True)
         out.append(round(finite[0] - finite[1], 6) if len(finite) >= 2 and len(finite) == len(lps) else None)
     return out
+
+
+def _openai_logprobs(lp) -> tuple[list[float | None], list[int]]:
+    """A chunk's tokens' margins and lengths in bytes from an OpenAI ``logprobs``: the chat form (``content``, a
+    list of tokens each with its ``top_logprobs``; llama-server answers so on both APIs) or the completions API's
+    older form (``tokens`` and ``top_logprobs``, one mapping of text to log-probability per token)."""
+    if not isinstance(lp, dict):
+        raise Malformed(f"'logprobs' is {type(lp).__name__}, not an object")
+    if "content" in lp:
+        entries = lp["content"] or []
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise Malformed("'logprobs.content' is not a list of objects")
+        tops = [e.get("top_logprobs") for e in entries]
+        if not all(isinstance(t, list) and all(isinstance(x, dict) for x in t) for t in tops):
+            raise Malformed("a token's 'top_logprobs' is not a list of objects")
+        margins = _margins([{"top_logprobs": t} for t in tops])
+        return margins, [_size(e.get("token"), e.get("bytes")) for e in entries]
+    tokens, tops = lp.get("tokens"), lp.get("top_logprobs")
+    if not isinstance(tokens, list) or not isinstance(tops, list) or len(tokens) != len(tops):
+        raise Malformed("'logprobs' has neither 'content' nor one 'top_logprobs' per token in 'tokens'")
+    if not all(isinstance(t, dict) for t in tops):
+        raise Malformed("a token's 'top_logprobs' is not an object")
+    margins = _margins([{"top_logprobs": [{"logprob": v} for v in t.values()]} for t in tops])
+    return margins, [_size(t, None) for t in tokens]
+
+
+def _size(token, raw) -> int:
+    """A token's length in bytes: its ``bytes`` where given, else its text's in UTF-8."""
+    if isinstance(raw, list) and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in raw):
+        return len(raw)
+    if not isinstance(token, str):
+        raise Malformed("a token in 'logprobs' has no text")
+    return len(token.encode("utf-8", "surrogatepass"))
 
 
 def _delta(choice: dict):

@@ -372,7 +372,7 @@ def _document(
             conclusions=figures.CONCLUSIONS,
             margins=margins,
             divergences=None
-            if margins is None or compared != "tokens"
+            if margins is None or not endpoint_margins.compares(endpoint.api, compared)
             else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
             canaries=plant.search(levels, margins, alone, plant.open_loop_answers(rates)),
             rates=rates,

@@ -26,3 +26,5 @@ class Completion:
     margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked for only in
     # the margin passes; None elsewhere)
     turn: int | None = None  # a conversation's later turn (2, 3, ...); None: a session's first (or only) turn
+    token_bytes: list[int] | None = None  # OpenAI APIs' margin passes: each token's length in bytes (a text answer
+    # has no ids: where it first differs is found by byte, then the token there)

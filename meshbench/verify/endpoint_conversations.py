@@ -84,11 +84,15 @@ def _check_cold(c: Checks, b: EndpointBundle) -> None:
             [talk.label(x) for x in warm], [talk.label(x) for x in cold.cold])  # fmt: skip
     by_turn, _ = lengths(b, figures.pass_answers(rep))
     for x in cold.cold:
+        n = len(x.tokens) if x.token_bytes is None else len(x.token_bytes)
+        c.equal(RESULTS, f"conversations.cold.{talk.label(x)}: one margin per token (where the server gave them)",
+                True, x.margins is None or len(x.margins) == n)  # fmt: skip
         if x.evaluated is not None and talk.label(x) in by_turn:
             c.equal(RESULTS, f"conversations.cold.{talk.label(x)}: prompt tokens the server evaluated (its "
                     "conversation so far)", by_turn[talk.label(x)], x.evaluated)  # fmt: skip
     compared = figures.compared_by(r.endpoint.api, [*warm, *cold.cold])
     threshold = endpoint_margins.near_tie(r.margins)
-    differing, found = talk.cold_divergences(warm, cold.cold, ref.concurrency, threshold, compared)
+    classify = endpoint_margins.compares(r.endpoint.api, compared)
+    differing, found = talk.cold_divergences(warm, cold.cold, ref.concurrency, threshold, classify)
     c.equal(RESULTS, "conversations.differing (recomputed from the cold pass)", differing, cold.differing)
     c.equal(RESULTS, "conversations.divergences (recomputed from the cold pass)", found, cold.divergences)

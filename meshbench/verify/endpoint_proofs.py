@@ -29,7 +29,7 @@ def check_margins(
         _check_siblings(c, b, ids, lengths, new)
     expected = (
         None
-        if r.margins is None or compared != "tokens"
+        if r.margins is None or not margins.compares(r.endpoint.api, compared)
         else margins.divergences(r.levels, r.margins, r.needle.prompt_of)
     )
     c.equal(RESULTS, "divergences (recomputed from the margin passes and the levels)", expected, r.divergences)
@@ -65,7 +65,11 @@ def _check_answer(
     """A margin pass's answer: answered, one margin per token, whole (an unknown id already failed its order
     check)."""
     c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
-    c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
+    if b.results.endpoint.api == "native":
+        c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
+    else:  # (a text answer: its tokens' margins and lengths in bytes, from the server's logprobs)
+        c.equal(RESULTS, f"{where}: one margin and one length in bytes per token", len(x.margins or []),
+                len(x.token_bytes or []))  # fmt: skip
     if x.session_id in lengths:
         whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos)
 
@@ -113,12 +117,15 @@ def whole(c: Checks, where: str, x: Completion, prompt: int, asked: int, eos: st
     tokens at most that, and every asked token unless it stopped at eos (where eos may stop it)."""
     stamps = [x.submit_ns, *x.token_ns]
     c.equal(RESULTS, f"{where}.token_ns (in order, after submit_ns)", True, stamps == sorted(stamps))
-    c.equal(RESULTS, f"{where}: prompt tokens the server evaluated", prompt, x.evaluated)
+    text = x.token_bytes is not None  # (an OpenAI API's answer: no ids, no prompt accounting; a token per margin)
+    if not text:
+        c.equal(RESULTS, f"{where}: prompt tokens the server evaluated", prompt, x.evaluated)
     c.equal(RESULTS, f"{where}.computed (at most the evaluated)", True, x.computed is None or x.computed <= prompt)
     stopped = x.stop == "eos" and eos == "stop"
-    generated = len(x.tokens) if x.predicted is None else x.predicted
+    tokens = len(x.margins or []) if text else len(x.tokens)
+    generated = tokens if x.predicted is None else x.predicted
     c.equal(RESULTS, f"{where}: every token asked for, or an eos stop", True,
             generated == asked or (stopped and generated < asked))  # fmt: skip
     # (a stream may hold back the ids of an incomplete UTF-8 character at its end, as the client allows)
     c.equal(RESULTS, f"{where}.predicted (its tokens, and at most {HOLD_BACK} held back)", True,
-            len(x.tokens) <= generated <= len(x.tokens) + HOLD_BACK)  # fmt: skip
+            tokens <= generated <= tokens + HOLD_BACK)  # fmt: skip

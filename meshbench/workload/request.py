@@ -25,3 +25,11 @@ def shared_fields(api: str, ban_eos: bool, seed: int, cache_prompt: bool | None)
 def chosen_cache_prompt(setting: str | None) -> bool | None:
     """``engine.cache_prompt`` (on | off | None) as the field sent (None: not sent)."""
     return None if setting is None else setting == "on"
+
+
+def logprobs(api: str, k: int) -> dict:
+    """The fields that ask for the top ``k`` log-probabilities per token: native ``n_probs``, the OpenAI
+    completions API's ``logprobs``, the chat API's ``logprobs`` and ``top_logprobs``."""
+    if api == "native":
+        return {"n_probs": k}
+    return {"logprobs": k} if api == "openai" else {"logprobs": True, "top_logprobs": k}
