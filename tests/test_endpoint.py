@@ -330,7 +330,7 @@ def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, pr
     (forged / "results.json").write_text(json.dumps(data))
     (forged / "README.md").write_text((out / "README.md").read_text())
     r = runner.invoke(app, ["verify", str(forged)])
-    assert r.exit_code == 1 and "model here tokenizes them: the sessions that differ) expected=[] found=['s2']" in (
+    assert r.exit_code == 1 and "tokenizes them: the sessions and turns that differ) expected=[] found=['s2']" in (
         r.output
     ), r.output
     # where the prompts file is not the one the bundle recorded, or the model is not here, the ids go unchecked,

@@ -94,12 +94,43 @@ def test_native_conversations_on_llama_server_grow_their_prompt_and_verify(model
     def lost_cold(d):
         del d["conversations"]["cold"][2]
 
+    def first_as_later(d):  # (a first turn named as its second hides its answer from the verdicts)
+        x = d["levels"][1]["repetitions"][0]["sessions"][0]
+        x.update(turn=2, evaluated=None, computed=None)
+
+    def cut_short(d):  # (a timed pass never cancels: a forger's way to drop the turns after one)
+        rep = d["levels"][1]["repetitions"][0]
+        rep["turns"][0]["stop"] = "cancelled"
+        del rep["turns"][1]
+
+    def held_back(d):  # (the server generated an id it never streamed, and the next turn went on without it)
+        d["levels"][0]["repetitions"][0]["turns"][0]["predicted"] += 1
+
+    def cold_junk(d):
+        x = d["conversations"]["cold"][0]
+        x["token_ns"] = x["token_ns"][::-1]
+        x["computed"] = 1
+
+    def cold_failed(d):
+        d["conversations"]["cold"][1]["error"] = "HTTP 500"
+
+    def other_turn_ids(d):
+        ids = d["workload"]["turn_ids"][1][0]
+        d["workload"]["turn_ids"][1][0] = [(ids[0] + 1) % 500, *ids[1:]]
+
     for name, edit, says in (
         ("DROP", drop_turn, "later turns in order"),
         ("EARLY", early, "sent after the turn before it was answered"),
         ("OTHER", other_answer, "verdicts (recomputed"),
         ("HIDE", hide_cold, "conversations.differing"),
         ("LOST", lost_cold, "conversations.cold (every later turn"),
+        ("FIRST", first_as_later, "first turns: no turn number"),
+        ("CUT", cut_short, "a timed pass cancels nothing"),
+        ("HELD", held_back, "sent after a turn it could send back whole"),
+        ("JUNK", cold_junk, "every prompt token computed"),
+        ("JUNK2", cold_junk, "token_ns (in order"),
+        ("FAILED", cold_failed, "answered"),
+        ("TURNIDS", other_turn_ids, "s1#t2"),
     ):
         r = _verify(_forged(out, tmp_path, name, edit))
         assert r.exit_code == 1 and says in r.output, (name, r.output)
@@ -143,3 +174,8 @@ def test_a_later_turn_s_prompt_is_the_turn_before_it_its_answer_and_the_new_turn
     answers = [answer("s0", None, [1, 2]), answer("s1", None, [3]), answer("s0", 2, [4, 5, 6]), answer("s0", 3, [7])]
     lengths = talk.prompt_lengths({"s0": 10, "s1": 5}, {"s0": [[9], [8, 8]], "s1": [[1], [2]]}, answers)
     assert lengths == {"s0": 10, "s1": 5, "s0#t2": 10 + 2 + 1, "s0#t3": 13 + 3 + 2}
+    # a native answer whose stream held back an id cannot be sent back whole: its conversation ends there
+    held = answer("s0", None, [1, 2])
+    held = Completion(**{**{f: getattr(held, f) for f in Completion.__slots__}, "predicted": 3})
+    assert talk.unsendable("native", held) is not None and talk.unsendable("native", answers[0]) is None
+    assert talk.unsendable("chat", held) is None  # (chat sends the answer's text back)

@@ -17,6 +17,18 @@ def label(c: Completion) -> str:
     return c.session_id if c.turn is None else f"{c.session_id}#t{c.turn}"
 
 
+def unsendable(api: str, c: Completion) -> str | None:
+    """Why a conversation cannot go on after answer ``c`` as it was generated (None: it can): over the native API
+    the next prompt carries the answer's ids, and a stream that held back the ids of its last tokens (an
+    incomplete UTF-8 character at its end) did not give them all."""
+    if api == "native" and c.predicted is not None and c.predicted > len(c.tokens):
+        return (
+            f"not sent: the server generated {c.predicted} tokens in the turn before and streamed the ids of "
+            f"{len(c.tokens)} (it held back an incomplete character's): the conversation cannot go on as generated"
+        )
+    return None
+
+
 def generated(c: Completion) -> int:
     """The tokens an answer put into its conversation: its ids (native), else what the server says it generated
     (its streamed pieces where it does not say)."""

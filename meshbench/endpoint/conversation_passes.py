@@ -31,7 +31,7 @@ def later_turns(cfg: RunConfig, endpoint: Endpoint) -> list[conversation.Turns] 
     if endpoint.api not in conversation.APIS:
         raise MeshbenchError(
             f"workload.turns: conversations run over the native or the chat API, not {endpoint.api} (a text prompt "
-            "would tokenize each answer again, not send the conversation as it was)"
+            "would tokenize each answer again, not send the conversation as it was): give --api chat"
         )
     path = wl.prompts or ""
     texts = prompts_mod.later_turns(prompts_mod.read_entries(path), wl.turns, path)
@@ -59,9 +59,11 @@ def cold_pass(
     margins: MarginPasses | None,
     progress: Callable[[str], None],
 ) -> ConversationCold | None:
-    """Every later turn of the reference pass (the lowest level's first repetition) sent again alone and cold, the
-    same request rebuilt from the pass's answers (meshbench.endpoint.conversation.bodies), with the top-2
-    log-probabilities; and the turns whose answer in the conversation differs."""
+    """Every later turn the reference pass (the lowest level's first repetition) answered, sent again alone and
+    cold, the same request rebuilt from the pass's answers (meshbench.endpoint.conversation.bodies), with the top-2
+    log-probabilities; and the turns whose answer in the conversation differs. They go turn by turn (every
+    session's second turn, then every third), so that no request follows its own conversation's last: a server
+    that ignores ``cache_prompt`` (llama-cpp-python's) reuses at most a start the sessions share."""
     if not any(j.turns for j in talks):
         return None
     ref = min(levels, key=lambda lv: lv.concurrency)
@@ -70,15 +72,20 @@ def cold_pass(
     by_session: dict[str, list[Completion]] = {}
     for x in figures.pass_answers(rep):
         by_session.setdefault(x.session_id, []).append(x)
-    cold = []
-    for job in talks:
+    sends = []
+    for k, job in enumerate(talks):
         answers = by_session.get(job.session_id, [])
         assert job.turns is not None
         for body, warm in zip(conversation.bodies(endpoint.api, job.body, answers, job.turns), answers[1:]):
-            asked = {**body, "cache_prompt": False, **request.logprobs(endpoint.api, MARGIN_PROBS)}
-            x = at_once(endpoint, [Job(job.session_id, asked)])[0]
-            x.turn = warm.turn or 1
-            cold.append(answer(x))
+            if warm.error is None:
+                sends.append(((warm.turn or 1, k), job.session_id, warm.turn, body))
+    cold = []
+    for _, sid, turn, body in sorted(sends, key=lambda x: x[0]):  # (turn by turn: none right after its own last)
+        x = at_once(
+            endpoint, [Job(sid, {**body, "cache_prompt": False, **request.logprobs(endpoint.api, MARGIN_PROBS)})]
+        )[0]
+        x.turn = turn or 1
+        cold.append(answer(x))
     warm = rep.turns or []
     compared = figures.compared_by(endpoint.api, [*warm, *cold])
     threshold = endpoint_margins.near_tie(margins)

@@ -13,9 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from meshbench.analysis import conversation as talk
 from meshbench.endpoint import conversation
 from meshbench.endpoint.client import Completion, Endpoint
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
 from meshbench.records.completion import CANCELLED
 
 
@@ -88,7 +90,7 @@ def _into(done: list[list[Completion] | None], i: int, endpoint: Endpoint, job: 
 
 def _attempt(endpoint: Endpoint, job: Job, t0: int) -> list[Completion]:
     """A session's request, and a conversation's later turns, each sent once the one before it is answered (none
-    after a failed or cut turn)."""
+    after a failed or cut turn; a turn that cannot be sent as generated is recorded failed, and ends it)."""
     answers = [_one(endpoint, job.session_id, job.body, t0)]
     if job.turns is None:
         return answers
@@ -96,6 +98,10 @@ def _attempt(endpoint: Endpoint, job: Job, t0: int) -> list[Completion]:
     for turn, (ids, text) in enumerate(zip(job.turns.ids, job.turns.texts), start=2):
         last = answers[-1]
         if last.error is not None or last.stop == CANCELLED:
+            break
+        why = talk.unsendable(endpoint.api, serial.completion(last.to_dict()))
+        if why is not None:
+            answers.append(Completion(job.session_id, time.monotonic_ns() - t0, error=why, turn=turn))
             break
         body = conversation.follow(endpoint.api, body, last, ids, text)
         answers.append(_one(endpoint, job.session_id, body, t0))

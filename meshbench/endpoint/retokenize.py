@@ -43,14 +43,17 @@ def here(b: EndpointBundle, bundle: Path | None = None) -> list[list[int]] | str
         if files.sha256(at) != wl.prompts_sha256:
             return f"workload.prompts {wl.prompts}: not the file the bundle recorded (its sha256 differs)"
         texts = prompts_mod.read(str(at), wl.turns or 1)[: wl.sessions]
-        return _tokenized(model, texts, checked=bool(eng.package))
+        later = prompts_mod.later_turns(prompts_mod.read_entries(str(at)), wl.turns or 1, str(at)) or []
+        return _tokenized(model, texts, [t for x in later[: wl.sessions] for t in x], checked=bool(eng.package))
     except (MeshbenchError, OSError, ValueError) as e:  # (ValueError: a path with a NUL in it)
         return str(e)
 
 
-def _tokenized(model: Path, texts: list[str], checked: bool) -> list[list[int]] | str:
+def _tokenized(model: Path, texts: list[str], later: list[str], checked: bool) -> list[list[int]] | str:
+    """The prompts' ids, then a conversation's later turns' (nothing special added: each continues its
+    conversation), session by session."""
     code = "from meshbench.endpoint.retokenize import child; child()"
-    request = json.dumps({"model": str(model), "texts": texts, "checked": checked})
+    request = json.dumps({"model": str(model), "texts": texts, "later": later, "checked": checked})
     try:
         done = subprocess.run(
             [sys.executable, "-c", code], input=request, capture_output=True, text=True, timeout=TIMEOUT_S
@@ -68,7 +71,7 @@ def _tokenized(model: Path, texts: list[str], checked: bool) -> list[list[int]] 
         return f"model {model}: the tokenizer did not answer ({last[:200]})"
     if "error" in answer:
         return str(answer["error"])
-    return answer["ids"]
+    return answer["ids"] + answer["later"]
 
 
 def child() -> None:
@@ -78,6 +81,7 @@ def child() -> None:
     request = json.loads(sys.stdin.read())
     try:
         ids = tokenize(request["model"], request["texts"], special=True, check_file=not request["checked"])
-        print(json.dumps({"ids": [list(x) for x in ids]}))
+        later = tokenize(request["model"], request["later"], bos=False, special=True, check_file=False)
+        print(json.dumps({"ids": [list(x) for x in ids], "later": [list(x) for x in later]}))
     except MeshbenchError as e:
         print(json.dumps({"error": str(e)}))

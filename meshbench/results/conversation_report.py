@@ -35,7 +35,13 @@ def section(b: EndpointBundle) -> list[str]:
         "earlier part from the slot that ran the turn before it. The figures and verdicts above count every turn, "
         "named `s0#t2` for s0's second turn; the needle, the margin passes, the perturbation, canary and cancel runs "
         "send first turns only. A later turn differs from the reference's either by itself or because an earlier "
-        "turn of its conversation differed in the same pass (then its prompt is another).",
+        "turn of its conversation differed in the same pass (then its prompt is another)."
+        + (
+            " Over chat a turn's prompt length counts the messages' tokens (the first prompt, the answers, the "
+            "turns), not the chat template's, as the first turn's does."
+            if r.endpoint.api == "chat"
+            else ""
+        ),
         "",
         "| C | later turns sent (all repetitions) | failed | later turns differing from C=ref (first repetition) "
         "| of them after an earlier turn differed | which |",
@@ -56,17 +62,33 @@ def _cold(b: EndpointBundle) -> str:
     r = b.results
     cold = r.conversations
     assert cold is not None
-    how = "with `cache_prompt` false" + (" and the top-2 log-probabilities per token" if cold.divergences is not None
-                                          else "")  # fmt: skip
-    head = (
-        f"**Warm against cold.** Every later turn of concurrency {cold.concurrency}'s first repetition "
-        f"({len(cold.cold)} turns) was sent again alone, the same request {how}: nothing of its conversation taken "
-        "from the server's prompt cache."
+    ref = min(r.levels, key=lambda lv: lv.concurrency).repetitions[0].turns or []
+    failed_warm = sum(x.error is not None for x in ref)
+    failed_cold = sum(x.error is not None for x in cold.cold)
+    compared = len(cold.cold) - failed_cold
+    how = "with `cache_prompt` false and the top-2 log-probabilities per token"
+    own = (
+        ""
+        if r.endpoint.server == "llama-server"
+        else " A server that ignores `cache_prompt` (llama-cpp-python's does) may still reuse a start the sessions "
+        "share: they were sent turn by turn, none right after its own conversation's last turn."
     )
+    head = (
+        f"**Warm against cold.** Every later turn concurrency {cold.concurrency}'s first repetition answered "
+        f"({len(cold.cold)} of {len(ref)}) was sent again alone, the same request {how}: nothing of its "
+        f"conversation taken from the server's prompt cache.{own}"
+    )
+    if failed_warm or failed_cold:
+        head += (
+            f" Not compared: {failed_warm} turn(s) that failed in their conversation and {failed_cold} cold "
+            "re-send(s) that failed."
+        )
     if not cold.differing:
-        return head + " Every one gave the answer it gave in its conversation."
+        return head + f" Every one of the {compared} compared gave the answer it gave in its conversation."
     found = ", ".join(_where(d) for d in cold.divergences or []) or ", ".join(cold.differing)
-    return head + f" {len(cold.differing)} of them answer otherwise cold than in their conversation: {found}."
+    return (
+        head + f" {len(cold.differing)} of the {compared} compared answer otherwise cold than in conversation: {found}."
+    )
 
 
 def _where(d: Divergence) -> str:

@@ -11,6 +11,7 @@ from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
+from meshbench.records.completion import CANCELLED
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition
 from meshbench.results.typed import EndpointBundle
 from meshbench.verify import endpoint_conversations as conversations
@@ -105,11 +106,15 @@ def check_prompt_ids(c: Checks, b: EndpointBundle, here: list[list[int]] | str) 
     if isinstance(here, str):
         c.notes.append(f"workload.prompt_ids: not held to the model's tokenizer here ({here})")
         return
-    recorded = b.results.workload.prompt_ids or []
-    differ = [sid for sid, mine, theirs in zip(b.cfg.workload.session_ids(), here, recorded) if mine != theirs]
+    wl, ids = b.results.workload, b.cfg.workload.session_ids()
+    # (then a conversation's later turns, session by session: workload.turn_ids)
+    recorded = [*(wl.prompt_ids or []), *(t for x in wl.turn_ids or [] for t in x)]
+    names = [*ids, *(f"{s}#t{k + 2}" for s, x in zip(ids, wl.turn_ids or []) for k in range(len(x)))]
+    differ = [name for name, mine, theirs in zip(names, here, recorded) if mine != theirs]
     c.equal(
         RESULTS,
-        "workload.prompt_ids (= the prompts file as the model here tokenizes them: the sessions that differ)",
+        "workload.prompt_ids and turn_ids (= the prompts file as the model here tokenizes them: the sessions and "
+        "turns that differ)",
         [] if len(here) == len(recorded) else [f"{len(here)} prompts in the file"],
         differ if len(here) == len(recorded) else [f"{len(recorded)} lists of ids recorded"],
     )
@@ -228,6 +233,8 @@ def _check_stamps(c: Checks, b: EndpointBundle) -> None:
             )
             if native:
                 c.equal(RESULTS, f"{where}: one stamp per token id", len(x.tokens), len(stamps))
+            if x.stop == CANCELLED:  # (only a cancel run's clients disconnect)
+                c.equal(RESULTS, f"{where}: read to its end (a timed pass cancels nothing)", "read", x.stop)
             c.equal(
                 RESULTS,
                 f"{where}: within the pass's wall time",

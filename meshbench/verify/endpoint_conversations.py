@@ -12,6 +12,7 @@ from meshbench.names import RESULTS
 from meshbench.records.completion import CANCELLED
 from meshbench.records.model import Completion, EndpointRepetition
 from meshbench.results.typed import EndpointBundle
+from meshbench.verify.endpoint_proofs import whole
 
 
 def turn_ids(b: EndpointBundle) -> dict[str, list[list[int]]] | None:
@@ -34,16 +35,28 @@ def check_conversations(c: Checks, b: EndpointBundle, passes: list[tuple[str, En
     shape = None if wl.turn_ids is None else [len(x) for x in wl.turn_ids]
     c.equal(RESULTS, "workload.turn_ids (each session's later turns)",
             None if turns is None else [turns - 1] * wl.sessions, shape)  # fmt: skip
+    api = b.results.endpoint.api
     for at, rep in passes:
         c.equal(RESULTS, f"{at}.turns (recorded in conversations only)", turns is not None, rep.turns is not None)
+        c.equal(RESULTS, f"{at}.sessions (first turns: no turn number)", [], [x.turn for x in rep.sessions if x.turn])
         if turns is not None and rep.turns is not None:
-            _check_pass(c, at, rep, turns)
+            _check_pass(c, at, rep, turns, api)
+            if api == "native":
+                _check_accounted(c, at, [*rep.sessions, *rep.turns])
     _check_cold(c, b)
 
 
-def _check_pass(c: Checks, at: str, rep: EndpointRepetition, turns: int) -> None:
+def _check_accounted(c: Checks, at: str, answers: list[Completion]) -> None:
+    """Over llama-server's native API every answer says what it evaluated and computed: in a conversation each
+    prompt's length and the server's accounting rest on them, so none may leave them out."""
+    unsaid = [talk.label(x) for x in answers if x.error is None and (x.evaluated is None or x.computed is None)]
+    c.equal(RESULTS, f"{at}: every answer's evaluated and computed prompt tokens (the native API says them)", [],
+            unsaid)  # fmt: skip
+
+
+def _check_pass(c: Checks, at: str, rep: EndpointRepetition, turns: int, api: str) -> None:
     """A pass's later turns: each session's turns 2, 3, ... in session order, each sent after the answer before it
-    was whole, and none after a failed or cut turn."""
+    was whole (every id it generated, to send back), and none after a failed or cut turn."""
     last = {x.session_id: x for x in rep.sessions}
     expected, found = [], [talk.label(x) for x in rep.turns or ()]
     for x in rep.sessions:
@@ -63,7 +76,26 @@ def _check_pass(c: Checks, at: str, rep: EndpointRepetition, turns: int) -> None
             done = before.token_ns[-1] if before.token_ns else before.submit_ns
             c.equal(RESULTS, f"{at}.{talk.label(y)}: sent after the turn before it was answered", True,
                     y.submit_ns >= done)  # fmt: skip
+            if y.error is None:
+                c.equal(RESULTS, f"{at}.{talk.label(y)}: sent after a turn it could send back whole", None,
+                        talk.unsendable(api, before))  # fmt: skip
         last[y.session_id] = y
+
+
+def _check_cold_answer(c: Checks, b: EndpointBundle, x: Completion, prompt: int, new: int) -> None:
+    """A cold re-send: answered, whole as a margin pass's answer is (its stamps, every token asked, its prompt the
+    conversation so far), one margin per token where the server gave them, and nothing taken from the server's
+    prompt cache where the server says what it computed."""
+    where = f"conversations.cold.{talk.label(x)}"
+    c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
+    if x.error is not None:
+        return
+    whole(c, where, x, prompt, new, b.results.workload.eos, text=b.results.endpoint.api != "native")
+    n = len(x.tokens) if x.token_bytes is None else len(x.token_bytes)
+    c.equal(RESULTS, f"{where}: one margin per token (where the server gave them)", True,
+            x.margins is None or len(x.margins) == n)  # fmt: skip
+    c.equal(RESULTS, f"{where}: every prompt token computed (cache_prompt false), where the server says",
+            x.evaluated, x.evaluated if x.computed is None else x.computed)  # fmt: skip
 
 
 def _check_cold(c: Checks, b: EndpointBundle) -> None:
@@ -80,16 +112,13 @@ def _check_cold(c: Checks, b: EndpointBundle) -> None:
     if cold is None:
         return
     c.equal(RESULTS, "conversations.concurrency (the reference level)", ref.concurrency, cold.concurrency)
-    c.equal(RESULTS, "conversations.cold (every later turn of the reference pass once, in order)",
-            [talk.label(x) for x in warm], [talk.label(x) for x in cold.cold])  # fmt: skip
-    by_turn, _ = lengths(b, figures.pass_answers(rep))
+    order = {s: k for k, s in enumerate(b.cfg.workload.session_ids())}
+    sent = sorted((x for x in warm if x.error is None), key=lambda x: (x.turn or 1, order.get(x.session_id, 0)))
+    c.equal(RESULTS, "conversations.cold (every later turn the reference pass answered, once, turn by turn)",
+            [talk.label(x) for x in sent], [talk.label(x) for x in cold.cold])  # fmt: skip
+    by_turn, asked = lengths(b, figures.pass_answers(rep))
     for x in cold.cold:
-        n = len(x.tokens) if x.token_bytes is None else len(x.token_bytes)
-        c.equal(RESULTS, f"conversations.cold.{talk.label(x)}: one margin per token (where the server gave them)",
-                True, x.margins is None or len(x.margins) == n)  # fmt: skip
-        if x.evaluated is not None and talk.label(x) in by_turn:
-            c.equal(RESULTS, f"conversations.cold.{talk.label(x)}: prompt tokens the server evaluated (its "
-                    "conversation so far)", by_turn[talk.label(x)], x.evaluated)  # fmt: skip
+        _check_cold_answer(c, b, x, by_turn.get(talk.label(x), 0), asked.get(talk.label(x), 0))
     compared = figures.compared_by(r.endpoint.api, [*warm, *cold.cold])
     threshold = endpoint_margins.near_tie(r.margins)
     classify = endpoint_margins.compares(r.endpoint.api, compared)

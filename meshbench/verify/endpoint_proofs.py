@@ -112,18 +112,19 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
     c.equal(RESULTS, f"{at}.perturbation.verdict (recomputed)", perturbation.verdict(p.runs), p.verdict)
 
 
-def whole(c: Checks, where: str, x: Completion, prompt: int, asked: int, eos: str) -> None:
+def whole(c: Checks, where: str, x: Completion, prompt: int, asked: int, eos: str, text: bool | None = None) -> None:
     """A margin pass's answer as whole as a level's: its stamps in order, the prompt it evaluated, its computed
-    tokens at most that, and every asked token unless it stopped at eos (where eos may stop it)."""
+    tokens at most that, and every asked token unless it stopped at eos (where eos may stop it). ``text``: an
+    OpenAI API's answer (default: one with its tokens' lengths in bytes), whose tokens are its margins."""
     stamps = [x.submit_ns, *x.token_ns]
     c.equal(RESULTS, f"{where}.token_ns (in order, after submit_ns)", True, stamps == sorted(stamps))
-    text = x.token_bytes is not None  # (an OpenAI API's answer: no ids, no prompt accounting; a token per margin)
+    text = x.token_bytes is not None if text is None else text  # (no ids, no prompt accounting)
     if not text:
         c.equal(RESULTS, f"{where}: prompt tokens the server evaluated", prompt, x.evaluated)
     c.equal(RESULTS, f"{where}.computed (at most the evaluated)", True, x.computed is None or x.computed <= prompt)
     stopped = x.stop == "eos" and eos == "stop"
-    tokens = len(x.margins or []) if text else len(x.tokens)
-    generated = tokens if x.predicted is None else x.predicted
+    generated = (len(x.margins or []) if text else len(x.tokens)) if x.predicted is None else x.predicted
+    tokens = (generated if x.margins is None else len(x.margins)) if text else len(x.tokens)
     c.equal(RESULTS, f"{where}: every token asked for, or an eos stop", True,
             generated == asked or (stopped and generated < asked))  # fmt: skip
     # (a stream may hold back the ids of an incomplete UTF-8 character at its end, as the client allows)
