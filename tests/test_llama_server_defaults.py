@@ -63,11 +63,17 @@ def test_the_server_s_prompt_cache_is_its_own_default_and_its_accounting_shows_i
     assert d["threshold"] >= d["floor"] > 0 and set(d["levels"]) == {"1", "2"}
     assert all(x["answers"] == 2 * 4 + 2 for x in d["levels"].values())  # 2 repetitions of 4, and 2 needle trials
     assert "## Divergences, with margins" in readme
-    forged = json.loads((out / "results.json").read_text())
+    genuine = json.loads((out / "results.json").read_text())
+    forged = json.loads(json.dumps(genuine))
     forged["divergences"]["levels"]["2"]["confident"] += 1
     (out / "results.json").write_text(json.dumps(forged))
     r = runner.invoke(app, ["verify", str(out)])
     assert r.exit_code == 1 and "divergences (recomputed" in r.output
+    # lengths in bytes on a native answer would place its differences by text, past its ids' margins
+    genuine["margins"]["cold"][0]["token_bytes"] = [0] * len(genuine["margins"]["cold"][0]["tokens"])
+    (out / "results.json").write_text(json.dumps(genuine))
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1 and "token_bytes (an OpenAI API's only)" in r.output
 
 
 @needs_server
@@ -118,11 +124,22 @@ def test_the_openai_apis_work_against_llama_server(model, prompts, tmp_path, api
         for c in data["margins"][side]:
             assert len(c["margins"]) == len(c["token_bytes"]) == 5 and not c["tokens"] and min(c["token_bytes"]) > 0
     assert set(data["divergences"]["levels"]) == {"1", "2"}
-    d = json.loads((out / "results.json").read_text())
-    d["margins"]["cold"][0]["token_bytes"].pop()
-    (out / "results.json").write_text(json.dumps(d))
-    r = runner.invoke(app, ["verify", str(out)])
-    assert r.exit_code == 1 and "one margin and one length in bytes per token" in r.output
+    genuine = json.loads((out / "results.json").read_text())
+
+    def forged(edit) -> str:
+        d = json.loads(json.dumps(genuine))
+        edit(d["margins"]["cold"])
+        (out / "results.json").write_text(json.dumps(d))
+        r = runner.invoke(app, ["verify", str(out)])
+        assert r.exit_code == 1
+        return r.output
+
+    assert "one margin and one length in bytes per token" in forged(lambda xs: xs[0]["token_bytes"].pop())
+    assert "tokens (none over an OpenAI API)" in forged(lambda xs: xs[0].update(tokens=[1] * 5))
+    valid = [k for k, x in enumerate(genuine["margins"]["cold"]) if "\ufffd" not in x["text"]]
+    if valid:  # (the tiny model writes stray bytes, which the server's text replaces; its lengths add up elsewhere)
+        moved = forged(lambda xs: xs[valid[0]]["token_bytes"].__setitem__(0, xs[valid[0]]["token_bytes"][0] + 1))
+        assert "its tokens are its text" in moved
 
 
 def test_a_server_killed_at_start_up_is_one_line_naming_the_signal(model, prompts, tmp_path, monkeypatch):
@@ -414,6 +431,11 @@ def test_openai_log_probabilities_give_each_token_s_margin_and_bytes(logprobs, m
         ({"content": [{"top_logprobs": [{"logprob": -1.0}, {"logprob": -2.0}]}]}, "has no text"),
         ({"tokens": ["a"], "top_logprobs": []}, "one 'top_logprobs' per token"),
         ({"content": [{"token": "a", "top_logprobs": [{"logprob": "high"}, {"logprob": -1}]}]}, "not a number"),
+        ({"content": None}, "not a list of objects"),
+        ({"content": [{"token": "a", "bytes": "ab", "top_logprobs": []}]}, "not a list of bytes"),
+        ({"content": [{"token": "a" * 2000, "top_logprobs": []}]}, "over 1024"),
+        ({"content": [{"token": "a", "top_logprobs": [{"logprob": 0.5}, {"logprob": -1}]}]}, "at most 0"),
+        ({"content": [{"token": "a", "top_logprobs": [{"logprob": -0.1}, {"logprob": -5000.0}]}]}, "over 1000"),
     ],
 )
 def test_hostile_openai_log_probabilities_are_the_answer_s_failure(logprobs, why):
@@ -437,6 +459,14 @@ def test_a_text_answer_s_first_difference_is_the_cold_token_holding_the_first_di
     assert token_difference(cold, answer("héllo wôrld")) == 3  # (ö's second byte: the fourth token)
     assert token_difference(cold, answer("héllo wörld and more")) == 5  # (the cold answer ended first)
     assert token_difference(cold, answer("héllo")) == 3
+    # a first difference at a token's start may be the token before it extended (" the" against " they"): of the
+    # two, the one more easily flipped; where both answers give their tokens' lengths, the first token that differs
+    the = Completion(**{**{f: getattr(answer(" the dog", [4, 4]), f) for f in Completion.__slots__},
+                        "margins": [0.01, 5.0]})  # fmt: skip
+    assert token_difference(the, answer(" they walk")) == 0
+    assert token_difference(the, answer(" they walk", [5, 5])) == 0
+    assert token_difference(the, answer(" the cat", [4, 4])) == 1
+    assert token_difference(answer("abc"), answer("abd")) == 0  # (no lengths: past its margins, none: unknown)
 
 
 def test_a_near_tie_a_confident_divergence_and_the_margins_that_tell_them_apart():

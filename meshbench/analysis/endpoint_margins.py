@@ -77,20 +77,48 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def token_difference(a: Completion, x: Completion) -> int | None:
-    """Where ``x`` first leaves ``a`` (an answer with margins), as a token index of ``a``: by id; or, where ``a`` is
-    a text answer with its tokens' lengths in bytes (an OpenAI API), at the first byte the two texts differ, the
-    token of ``a`` that holds it (``a``'s token count where ``a``'s text is ``x``'s start)."""
-    if a.token_bytes is None:
+    """Where ``x`` first leaves ``a`` (an answer with margins), as a token index of ``a``: by id where either has
+    ids; else (an OpenAI API's text) by byte. Where both give their tokens' lengths in bytes (the margin passes),
+    the first token whose bytes or boundary differ. Where only ``a`` does (a timed answer: text alone), the token of
+    ``a`` holding the first differing byte; a byte at a token's start could be the one before it extended (" the"
+    against " they"), so of those two the one with the smaller margin, the choice more easily flipped. Where ``a``
+    gives no lengths, past its margins: unknown."""
+    if a.tokens or x.tokens:
         return first_difference(a.tokens, x.tokens)
-    k = first_difference(a.text.encode("utf-8", "surrogatepass"), x.text.encode("utf-8", "surrogatepass"))
+    ab, xb = a.text.encode("utf-8", "surrogatepass"), x.text.encode("utf-8", "surrogatepass")
+    k = first_difference(ab, xb)
     if k is None:
         return None
-    end = 0
-    for i, n in enumerate(a.token_bytes):
-        end += n
-        if k < end:
-            return i
-    return len(a.token_bytes)
+    if a.token_bytes is None:
+        return len(a.margins or [])
+    starts = [0]
+    for n in a.token_bytes:
+        starts.append(starts[-1] + n)
+    if x.token_bytes is not None:
+        at = 0
+        for j, (n, m) in enumerate(zip(a.token_bytes, x.token_bytes)):
+            if n != m or ab[at : at + n] != xb[at : at + n]:
+                return j
+            at += n
+        return min(len(a.token_bytes), len(x.token_bytes))
+    i = next((j for j in range(len(a.token_bytes)) if k < starts[j + 1]), len(a.token_bytes))
+    if i == 0 or k != starts[i]:
+        return i
+    margins = a.margins or []
+    known = [j for j in (i - 1, i) if j < len(margins) and margins[j] is not None]
+    return min(known, key=lambda j: margins[j] or 0.0) if known else i
+
+
+def text_tokens_whole(text: str, token_bytes: list[int], predicted: int | None) -> str | None:
+    """Why a text answer's tokens (their lengths in bytes, one per margin) are not its text's (None: they are): one
+    per token the server says it generated, adding up to the text's bytes (unless the text holds U+FFFD, where the
+    server replaced a byte that is no UTF-8)."""
+    if predicted is not None and len(token_bytes) != predicted:
+        return f"log-probabilities for {len(token_bytes)} tokens; the server says it generated {predicted}"
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if "\ufffd" not in text and sum(token_bytes) != size:
+        return f"the tokens' lengths add up to {sum(token_bytes)} bytes; the text has {size}"
+    return None
 
 
 def compares(api: str, compared: str) -> bool:

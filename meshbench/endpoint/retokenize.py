@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from meshbench import files
@@ -53,11 +54,18 @@ def _tokenized(model: Path, texts: list[str], later: list[str], checked: bool) -
     """The prompts' ids, then a conversation's later turns' (nothing special added: each continues its
     conversation), session by session."""
     code = "from meshbench.endpoint.retokenize import child; child()"
-    request = json.dumps({"model": str(model), "texts": texts, "later": later, "checked": checked})
+    request = json.dumps({"model": str(model.resolve()), "texts": texts, "later": later, "checked": checked})
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code], input=request, capture_output=True, text=True, timeout=TIMEOUT_S
-        )
+        with tempfile.TemporaryDirectory() as empty:  # (isolated, in an empty folder: no module of the caller's
+            # folder can stand in for one the child imports)
+            done = subprocess.run(
+                [sys.executable, "-I", "-c", code],
+                input=request,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                cwd=empty,
+            )
     except subprocess.TimeoutExpired:
         return f"model {model}: tokenizing the prompts took over {TIMEOUT_S:.0f} s"
     if done.returncode < 0:

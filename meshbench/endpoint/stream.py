@@ -5,15 +5,18 @@ and the whole answer for its counts. A wrong answer is a ``Malformed`` exception
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 
+from meshbench.analysis.endpoint_margins import text_tokens_whole
 from meshbench.records.completion import CANCELLED
 
 MAX_LINE_BYTES = 1 << 20  # one server-sent event line
 HOLD_BACK = 3  # token ids a stream may hold back at its end (an incomplete UTF-8 character spans up to 4 bytes)
 MAX_TEXT_PER_TOKEN = 64  # characters of text per asked token (a token's piece is a few bytes)
+MAX_LOGPROB = 1e-3  # a log-probability is at most 0 (rounding aside)
+MAX_MARGIN = 1000.0  # top-1 minus top-2 log-probability: beyond this, no server's arithmetic (results.json's bound)
+MAX_TOKEN_BYTES = 1024  # one token's text
 
 
 @dataclass(slots=True)
@@ -145,6 +148,10 @@ class Stream:
             raise Malformed(f"stopped at the limit after {generated} of the {self.asked} tokens asked for")
         if self.ban and generated < self.asked:
             raise Malformed(f"stopped at {generated} of {self.asked} tokens under eos ban (the ban was not honoured)")
+        if c.token_bytes is not None:
+            why = text_tokens_whole(c.text, c.token_bytes, c.predicted)
+            if why is not None:
+                raise Malformed(why)
 
 
 def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
@@ -225,10 +232,13 @@ def _margins(probs) -> list[float | None]:
         if not isinstance(top, list) or not all(isinstance(x, dict) for x in top):
             raise Malformed("'top_logprobs' is not a list of objects (a llama-server older than its logprob API?)")
         lps = [x.get("logprob") for x in top]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300 for v in lps):
-            raise Malformed("a 'logprob' is not a number")
-        finite = sorted((float(v) for v in lps if math.isfinite(v)), reverse=True)
-        out.append(round(finite[0] - finite[1], 6) if len(finite) >= 2 and len(finite) == len(lps) else None)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v <= MAX_LOGPROB for v in lps):
+            raise Malformed("a 'logprob' is not a number at most 0")
+        finite = sorted((float(v) for v in lps), reverse=True)
+        margin = round(finite[0] - finite[1], 6) if len(finite) >= 2 else None
+        if margin is not None and margin > MAX_MARGIN:
+            raise Malformed(f"a margin of {margin:g} between the top two log-probabilities (over {MAX_MARGIN})")
+        out.append(margin)
     return out
 
 
@@ -239,7 +249,7 @@ def _openai_logprobs(lp) -> tuple[list[float | None], list[int]]:
     if not isinstance(lp, dict):
         raise Malformed(f"'logprobs' is {type(lp).__name__}, not an object")
     if "content" in lp:
-        entries = lp["content"] or []
+        entries = lp["content"]
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise Malformed("'logprobs.content' is not a list of objects")
         tops = [e.get("top_logprobs") for e in entries]
@@ -258,11 +268,18 @@ def _openai_logprobs(lp) -> tuple[list[float | None], list[int]]:
 
 def _size(token, raw) -> int:
     """A token's length in bytes: its ``bytes`` where given, else its text's in UTF-8."""
-    if isinstance(raw, list) and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in raw):
-        return len(raw)
-    if not isinstance(token, str):
+    if raw is not None:
+        if not isinstance(raw, list) or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256
+                                                for b in raw):  # fmt: skip
+            raise Malformed("a token's 'bytes' is not a list of bytes")
+        size = len(raw)
+    elif isinstance(token, str):
+        size = len(token.encode("utf-8", "surrogatepass"))
+    else:
         raise Malformed("a token in 'logprobs' has no text")
-    return len(token.encode("utf-8", "surrogatepass"))
+    if size > MAX_TOKEN_BYTES:
+        raise Malformed(f"a token of {size} bytes (over {MAX_TOKEN_BYTES})")
+    return size
 
 
 def _delta(choice: dict):

@@ -69,7 +69,7 @@ def _cold(b: EndpointBundle) -> str:
     how = "with `cache_prompt` false and the top-2 log-probabilities per token"
     own = (
         ""
-        if r.endpoint.server == "llama-server"
+        if r.endpoint.server == "llama-server" or r.workload.sessions < 2
         else " A server that ignores `cache_prompt` (llama-cpp-python's does) may still reuse a start the sessions "
         "share: they were sent turn by turn, none right after its own conversation's last turn."
     )

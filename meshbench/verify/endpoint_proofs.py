@@ -65,13 +65,27 @@ def _check_answer(
     """A margin pass's answer: answered, one margin per token, whole (an unknown id already failed its order
     check)."""
     c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
-    if b.results.endpoint.api == "native":
-        c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
-    else:  # (a text answer: its tokens' margins and lengths in bytes, from the server's logprobs)
-        c.equal(RESULTS, f"{where}: one margin and one length in bytes per token", len(x.margins or []),
-                len(x.token_bytes or []))  # fmt: skip
+    api = b.results.endpoint.api
+    margined(c, where, x, api)
     if x.session_id in lengths:
-        whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos)
+        whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos, text=api != "native")
+
+
+def margined(c: Checks, where: str, x: Completion, api: str) -> None:
+    """An answer that asked for margins has one per token: over the native API one per id, and no lengths in bytes;
+    over an OpenAI API no ids, and one margin and one length in bytes per token the server says it generated,
+    adding up to its text (meshbench.endpoint.stream.text_tokens_whole)."""
+    if x.error is not None:
+        return
+    if api == "native":
+        c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
+        c.equal(RESULTS, f"{where}.token_bytes (an OpenAI API's only)", None, x.token_bytes)
+        return
+    c.equal(RESULTS, f"{where}.tokens (none over an OpenAI API)", [], x.tokens)
+    c.equal(RESULTS, f"{where}: one margin and one length in bytes per token", len(x.margins or [-1]),
+            len(x.token_bytes or []))  # fmt: skip
+    c.equal(RESULTS, f"{where}: its tokens are its text", None,
+            margins.text_tokens_whole(x.text, x.token_bytes or [], x.predicted))  # fmt: skip
 
 
 def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str, ids: list[str]) -> None:
