@@ -123,10 +123,11 @@ def test_synthetic_turns_that_cannot_run_are_refused(tmp_path, extra, expect):
 
 
 def test_an_endpoint_refuses_conversations_it_does_not_run(tmp_path):
+    # (an endpoint's conversations: tests/test_endpoint_conversations.py)
     p = _conversations(tmp_path)
     args = ["sweep", "--target", "http://127.0.0.1:9", "--prompts", p, "--sessions", 2, "--levels", 1]
-    run_refused(*args, "--turns", 2, "--eos", "ban", expect="workload.turns (conversations run on a meshbench node")
-    run_refused(*args, expect="its lines have 'turns' (conversations), which run on a meshbench node so far")
+    run_refused(*args, "--turns", 2, "--eos", "ban", "--api", "openai", expect="over the native or chat API")
+    run_refused(*args, expect="its lines have 'turns': give workload.turns")
 
 
 def test_turn_lengths_in_a_config_are_refused_with_real_prompts(vocab_model, tmp_path):
