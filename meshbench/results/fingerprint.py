@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 from pathlib import Path
 
 
@@ -83,6 +84,20 @@ def llama_cpp_build() -> dict | None:
         }
     except Exception:  # not installed, or its native library failed to load
         return None
+
+
+def llama_kernels(fp: dict | None) -> str | None:
+    """llama.cpp's CPU kernel family on a fingerprint: its version and the CPU features its build reports on
+    (``AVX2 = 1`` in system_info), e.g. ``0.3.36: AVX AVX2 AVX512 ...``; None without llama.cpp.
+
+    A quantized model's tokens are bound to it, not to the CPU model: AVX2 and AVX-512 builds sum the same
+    Q4_K dot products in other orders, and Gemma 3 270M's greedy tokens differ between them from the first
+    token on, at margins up to 2.2 (an AVX2 AMD EPYC against the AVX-512 ones its bundles were made on)."""
+    build = (fp or {}).get("llama_cpp")
+    if not build:
+        return None
+    on = sorted(set(re.findall(r"([A-Z][A-Z0-9_]*) = 1\b", str(build.get("system_info", "")))))
+    return f"{build.get('version')}: {' '.join(on) or 'no CPU features reported'}"
 
 
 def fingerprint() -> dict:

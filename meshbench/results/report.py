@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from meshbench.analysis import figures
+from meshbench.records import serial
 from meshbench.records.context import EngineInfo, Environment, GgufEngineInfo, SyntheticEngineInfo
 from meshbench.records.documents import LogitDeviation
-from meshbench.results import fault_report, load_report, markdown, prefix_report
+from meshbench.results import fault_report, fingerprint, load_report, markdown, prefix_report
 from meshbench.results.load_report import level_name, row
 from meshbench.results.typed import NodeBundle
 
@@ -280,24 +281,46 @@ def _environment(env: Environment) -> list[str]:
     ]
 
 
+def _machine_bound(b: NodeBundle) -> list[str]:
+    """What a rerun elsewhere holds, and what is this machine's (``meshbench.verify.reproduce``)."""
+    if b.results.engine.kind != "gguf":
+        return [
+            "`verify --rerun` holds tokens, the schedule, admission, KV bytes, ticks, the decode feed and the "
+            "verdicts identical on any machine; logit margins bit for bit on this compute fingerprint, and within a "
+            "stated tolerance on another (the largest deviation is reported)."
+        ]
+    held = (
+        "Tokens drive this schedule (eos stop, or conversations through a prefix cache), so there the schedule "
+        "is bound to the kernels too: only the engine, the inputs and the verdict that no session was corrupted "
+        "must reproduce."
+        if b.tokens_drive_schedule
+        else "There the schedule, admission, KV bytes, ticks and the isolation verdicts must still reproduce."
+    )
+    return [
+        "The tokens, their margins, the decode feed, the first divergence and the batch-invariance verdict are "
+        "bound to llama.cpp's kernels, which its build selects by CPU feature (below): `verify --rerun` holds "
+        "them identical (margins bit for bit on this compute fingerprint, within a stated tolerance on another) "
+        "wherever the kernels are these. Where they are not, it still compares them and reports each that "
+        "differs, rather than failing it, and checks the rerun's own records in full. " + held
+    ]
+
+
 def _reproduction(b: NodeBundle) -> list[str]:
     """What is machine-bound, and how close the closest call was."""
     fp = b.results.environment.compute
     low = figures.smallest_margin(b.levels)
     text = markdown.inline  # (every field of the fingerprint is the recording machine's say)
-    lines = [
-        "## Reproducing it on another machine",
-        "",
-        "`verify --rerun` holds tokens, the schedule, admission, KV bytes, ticks, the decode feed and the verdicts "
-        "identical on any machine; logit margins bit for bit on this compute fingerprint, and within a stated "
-        "tolerance on another (the largest deviation is reported).",
-        "",
+    lines = ["## Reproducing it on another machine", "", *_machine_bound(b), ""]
+    lines += [
         f"- compute fingerprint {fp.digest[:12]}: {text(fp.cpu)}; "
         + f"SIMD {text(' '.join(fp.simd)) or 'none read'}; "
         + (text(f"BLAS {fp.blas.library} {fp.blas.version}, kernel {fp.blas.kernel}") if fp.blas else "no BLAS")
         + f"; OPENBLAS_CORETYPE {text(fp.openblas_coretype or 'unset')}; "
         + (text(f"llama.cpp {fp.llama_cpp.version}") if fp.llama_cpp else "no llama.cpp"),
     ]
+    kernels = fingerprint.llama_kernels(serial.to_json(fp)) if b.results.engine.kind == "gguf" else None
+    if kernels is not None:
+        lines.append(f"- llama.cpp's kernels, which this bundle's tokens are bound to: {text(kernels)}")
     if low is not None:
         bound = figures.near_tie(b.results.engine)
         near = low.margin < bound

@@ -34,6 +34,13 @@ class NodeBundle:
         """Sessions arrived over time (a process, or rates), rather than all before the first tick."""
         return any(lv.arrivals != "all-at-once" for lv in self.results.levels)
 
+    @property
+    def tokens_drive_schedule(self) -> bool:
+        """A session's end (eos stop), or which positions a prefix cache holds (later turns' prompts carry the
+        answers), follows from the tokens' values; elsewhere the schedule depends on lengths alone."""
+        w = self.cfg.workload
+        return w.eos == "stop" or (w.turns > 1 and bool(self.cfg.engine.prefix_cache))
+
 
 @dataclass(frozen=True, slots=True)
 class EndpointBundle:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from meshbench import files, validation
-from meshbench.analysis.checks import Checks
+from meshbench.analysis.checks import Checks, Failure
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
 from meshbench.results import bundle, fault_report, fingerprint, kinds, report
@@ -89,10 +89,21 @@ def checked_bundle(
     if rerun is not None:
         if not kinds.kind(data).rerun:
             raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
-        c.notes.append(str(reproduce.check_rerun(c, data, rerun)))
+        c.notes.append(str(reproduce.check_rerun(c, data, rerun, check_own=check_fresh)))
     else:
         c.notes.extend(c.until_rerun)  # (a rerun compared these records with its own)
     return data, typed, c
+
+
+def check_fresh(data: dict) -> Checks:
+    """A rerun's own results (never written to a bundle): its schema, then every check of its records."""
+    errors = kinds.schema_errors(data)
+    if errors:
+        c = Checks()
+        c.count += 1
+        c.failures.append(Failure(bundle.RESULTS, "the schema", "valid", errors[0]))
+        return c
+    return check_data(data)
 
 
 def check_data(data: dict) -> Checks:

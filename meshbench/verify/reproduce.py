@@ -8,6 +8,15 @@ come from kernels the compute fingerprint selects: on the recording fingerprint 
 for bit; on another one the numbers must agree within ``tolerance`` (the largest deviation is
 reported), and digests of floats, which no tolerance can compare, are left to the rerun's own
 isolation verdict, which compares its passes bit for bit on this machine.
+
+**Kernel-bound** records: a GGUF engine's tokens come from llama.cpp's kernels, which its build selects by
+CPU feature (``fingerprint.llama_kernels``), and a quantized model's greedy tokens differ between, say, its
+AVX2 and AVX-512 kernels. Where the rerun's kernels are not the recording ones, the tokens and what follows
+from their values (digests, margins, the decode feed, the first divergence, the batch-invariance verdict)
+are still compared, and each that differs is reported as bound to the recording kernels rather than failed;
+the schedule, admission, KV bytes, ticks and the isolation verdicts must still reproduce, unless tokens
+drive the schedule (eos stop, or conversations through a prefix cache), where only the engine, the inputs
+and the verdict that no session was corrupted must.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from meshbench.analysis.checks import Checks, Failure
@@ -33,6 +42,15 @@ FILE = f"{RESULTS} (rerun)"
 # Float records: a margins list, a digest of margins, a logit deviation or a margin inside a divergence.
 _NUMBERS = re.compile(r"\.(margins|logit_deviation|reference_margin)$")
 _DIGESTS = re.compile(r"\.margins_digest$")
+# What follows from a GGUF engine's token values (each a key of ``view``, a session's tokens split off its record).
+_TOKEN_BOUND = re.compile(
+    r"^(batch_invariant|first_divergence(\..+)?|reference\.sessions\[\d+\]\.digest"
+    r"|levels\[\d+\]\.(sessions|cache_off)\[\d+\]\.(tokens|digest|margins)"
+    r"|levels\[\d+\]\.tick_records\[\d+\]\.decode_feed"
+    r"|levels\[\d+\]\.isolation\.passes\[\d+\]\.sessions\[\d+\]\.(digest|margins_digest))$"
+)
+# Where tokens drive the schedule, all but these follow from them.
+_SCHEDULE_FREE = frozenset({"engine", "inputs", "corruption_free"})
 TOKENS, SESSION_ID = "tokens", "session_id"  # a session's entry in the flattened view (its JSON keys)
 
 
@@ -48,11 +66,12 @@ def deterministic_view(data: dict) -> dict:
     return view(typed.node(data))
 
 
-def view(b: NodeBundle) -> dict:
+def view(b: NodeBundle, split_tokens: bool = False) -> dict:
     """Every field a rerun must reproduce, flattened to one key each; wall-clock and environment excluded.
 
     On the wall clock admission depends on speed: only the engine, the verdict and the sessions run
-    alone (the reference every completed session was checked against) must be reproduced."""
+    alone (the reference every completed session was checked against) must be reproduced. ``split_tokens``
+    gives each session's tokens and digest, and each isolation pass's token digests, keys of their own."""
     r = b.results
     # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
     # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared, and with it what the
@@ -76,14 +95,15 @@ def view(b: NodeBundle) -> dict:
         for k in DETERMINISTIC_LEVEL_FIELDS:
             if k != "isolation":
                 out[f"{at}.{k}"] = serial.to_json(getattr(lv, k))
-        out.update(_isolation(f"{at}.isolation", lv.isolation))
+        out.update(_isolation(f"{at}.isolation", lv.isolation, split_tokens))
+        apart = ("margins", TOKENS, "digest") if split_tokens else ("margins",)
         for j, s in enumerate(lv.sessions):
-            out.update(_split(f"{at}.sessions[{j}]", s, ("margins",)))  # ids, epochs, ends, tokens; margins apart
+            out.update(_split(f"{at}.sessions[{j}]", s, apart))  # ids, epochs, ends, tokens; margins apart
         if lv.cache_verdict is not None:  # the own-KV replay's finding (verify recomputes the rest of the verdict)
             own = lv.cache_verdict.own_kv
             out[f"{at}.cache_verdict.own_kv"] = None if own is None else serial.to_json(own)
         for j, s in enumerate(lv.cache_off or ()):  # the level with its prefix cache off
-            out.update(_split(f"{at}.cache_off[{j}]", s, ("margins",)))
+            out.update(_split(f"{at}.cache_off[{j}]", s, apart))
         for t in lv.tick_records:  # deterministic fields only
             for k, v in serial.to_json(t).items():
                 out[f"{at}.tick_records[{t.tick}].{k}"] = v
@@ -100,28 +120,29 @@ def _split(at: str, record: object | None, floats: tuple[str, ...]) -> dict:
     return out
 
 
-def _isolation(at: str, iso: IsolationRecords) -> dict:
-    """A level's isolation records, the margin digests (floats, hashed) each its own entry."""
+def _isolation(at: str, iso: IsolationRecords, split_tokens: bool = False) -> dict:
+    """A level's isolation records, the margin digests (floats, hashed) each its own entry, and with
+    ``split_tokens`` the token digests too."""
     passes = iso.passes or []
+    blank = {"margins_digest": "", **({"digest": ""} if split_tokens else {})}
     plain = dataclasses.replace(
         iso,
         passes=None
         if iso.passes is None
-        else [
-            dataclasses.replace(p, sessions=[dataclasses.replace(s, margins_digest="") for s in p.sessions])
-            for p in passes
-        ],
+        else [dataclasses.replace(p, sessions=[dataclasses.replace(s, **blank) for s in p.sessions]) for p in passes],
     )
     out = {at: serial.to_json(plain)}
     for k, p in enumerate(passes):
         for j, s in enumerate(p.sessions):
-            out[f"{at}.passes[{k}].sessions[{j}].margins_digest"] = s.margins_digest
+            for name in blank:
+                out[f"{at}.passes[{k}].sessions[{j}].{name}"] = getattr(s, name)
     return out
 
 
 @dataclass
 class Outcome:
-    """How the floats compared: on which fingerprints, the largest deviation, the digests left to the rerun."""
+    """How the floats compared: on which fingerprints, the largest deviation, the digests left to the rerun;
+    and where the rerun's llama.cpp kernels are not the recording ones, what differed that is bound to them."""
 
     same_fingerprint: bool
     recorded_on: str
@@ -131,41 +152,96 @@ class Outcome:
     unequal_bits: int = 0
     digests_skipped: int = 0
     failed: int = 0  # records the rerun did not reproduce
+    kernels: tuple[str, str] | None = None  # (recorded, here): the GGUF engine's kernels differ
+    schedule_bound: bool = False  # ... and its tokens drive the schedule
+    bound: list[str] = field(default_factory=list)  # kernel-bound records that differ, by key
+    bound_compared: int = 0
+    rerun_checks: tuple[int, int] | None = None  # the rerun's own records checked: (checks, failed)
 
     def __str__(self) -> str:
         where = f"recorded on {self.recorded_on}, rerun on {self.rerun_on}"
         if self.failed:
-            return (
+            text = (
                 f"does not reproduce here: {self.failed} records differ ({where}; expected = recorded, found = rerun)"
             )
-        if self.unequal_bits == 0 and self.digests_skipped == 0:
-            return f"reproduced here bit for bit ({where})"
-        text = (
-            f"reproduced here, floats within {self.deviation:.2g} of the recorded ones "
-            f"(relative tolerance {self.tolerance:g}, another compute fingerprint; {where})"
-        )
+        elif self.unequal_bits == 0 and self.digests_skipped == 0 and not self.bound:
+            text = f"reproduced here bit for bit ({where})"
+        elif self.kernels is not None:
+            text = f"reproduced here what does not depend on llama.cpp's kernels ({where})"
+        else:
+            text = (
+                f"reproduced here, floats within {self.deviation:.2g} of the recorded ones "
+                f"(relative tolerance {self.tolerance:g}, another compute fingerprint; {where})"
+            )
         if self.digests_skipped:
             text += (
                 f"; {self.digests_skipped} margin digests of isolation passes cannot be compared across kernels: "
                 "the rerun's own isolation verdict compared its passes bit for bit"
             )
+        return text + self._kernels()
+
+    def _kernels(self) -> str:
+        if self.kernels is None:
+            return ""
+        recorded, here = self.kernels
+        held = (
+            "the engine, the inputs and the corruption verdict (tokens drive this schedule: eos stop, or "
+            "conversations through a prefix cache)"
+            if self.schedule_bound
+            else "the schedule, admission, KV bytes, ticks and the isolation verdicts"
+        )
+        sessions = sorted({_session_key(k) for k in self.bound if _session_key(k)})
+        text = (
+            f"; llama.cpp's kernels differ (recorded: {recorded}; here: {here}): {len(self.bound)} of "
+            f"{self.bound_compared} records bound to the recording kernels differ"
+        )
+        if sessions:
+            text += f" (the tokens of {len(sessions)} session record{'s' * (len(sessions) != 1)}, first {sessions[0]})"
+        if "batch_invariant" in self.bound:
+            text += "; the batch-invariance verdict is the recording kernels' and differs here"
+        text += f"; held here: {held}"
+        if self.rerun_checks is not None:
+            n, bad = self.rerun_checks
+            text += f"; the rerun's own records: {n} checks, {bad} failed"
         return text
 
 
-def check_rerun(c: Checks, data: dict, rerun: Rerun) -> Outcome:
-    b, fresh = typed.node(data), typed.node(rerun(data))
+def _session_key(k: str) -> str | None:
+    m = re.match(r"(levels\[\d+\]\.(sessions|cache_off)\[\d+\])\.tokens$", k)
+    return m.group(1) if m else None
+
+
+def kernels_differ(recorded: dict | None, here: dict | None, engine: EngineInfo) -> tuple[str, str] | None:
+    """(recorded, here) where a GGUF engine's llama.cpp kernels differ between the two fingerprints, else None."""
+    if engine.kind != "gguf":
+        return None
+    was, now = fingerprint.llama_kernels(recorded), fingerprint.llama_kernels(here)
+    return None if was == now else (was or "no llama.cpp", now or "no llama.cpp")
+
+
+def check_rerun(c: Checks, data: dict, rerun: Rerun, check_own: Callable[[dict], Checks] | None = None) -> Outcome:
+    """The rerun's records held to the recorded ones; where the kernels differ, ``check_own`` (verify's checks
+    of a results document) holds the rerun's own records, whose verdicts then stand in for the recorded ones."""
+    fresh_data = rerun(data)
+    b, fresh = typed.node(data), typed.node(fresh_data)
     recorded, here = b.results.environment.compute, fresh.results.environment.compute
+    kernels = kernels_differ(serial.to_json(recorded), serial.to_json(here), b.results.engine)
     outcome = Outcome(
         same_fingerprint=recorded.digest == here.digest,
         recorded_on=fingerprint.describe(serial.to_json(recorded)),
         rerun_on=fingerprint.describe(serial.to_json(here)),
         tolerance=tolerance(b.results.engine),
+        kernels=kernels,
+        schedule_bound=kernels is not None and b.tokens_drive_schedule,
     )
-    old, new = view(b), view(fresh)
+    split = kernels is not None
+    old, new = view(b, split), view(fresh, split)
     before = len(c.failures)
     for k in sorted(set(old) | set(new)):
         was, now = old.get(k, "(absent)"), new.get(k, "(absent)")
-        if _DIGESTS.search(k):
+        if split and (_TOKEN_BOUND.search(k) or (outcome.schedule_bound and k not in _SCHEDULE_FREE)):
+            _bound(c, outcome, k, was, now)
+        elif _DIGESTS.search(k):
             _digest(c, outcome, k, was, now)
         elif _NUMBERS.search(k):
             _numbers(c, outcome, k, was, now)
@@ -173,8 +249,28 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun) -> Outcome:
             _session(c, outcome, b, k, was, now)
         else:
             c.equal(FILE, k, was, now)
+    if split and check_own is not None:
+        own = check_own(fresh_data)
+        outcome.rerun_checks = (own.count, len(own.failures))
+        c.count += own.count
+        c.failures.extend(dataclasses.replace(f, file=f"{FILE}: its own records") for f in own.failures)
     outcome.failed = len(c.failures) - before
     return outcome
+
+
+def _bound(c: Checks, o: Outcome, k: str, was, now) -> None:
+    """A record bound to the recording kernels: compared, and a difference reported, not failed; numbers within
+    the tolerance are as elsewhere on another fingerprint."""
+    c.count += 1
+    o.bound_compared += 1
+    if _bits(was) == _bits(now):
+        return
+    worst = _deviation(was, now, o.tolerance) if _NUMBERS.search(k) else None
+    if worst is not None and not worst[1]:
+        o.unequal_bits += 1
+        o.deviation = max(o.deviation, worst[0])
+        return
+    o.bound.append(k)
 
 
 def _digest(c: Checks, o: Outcome, k: str, was, now) -> None:

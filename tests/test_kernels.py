@@ -1,0 +1,146 @@
+"""verify --rerun where llama.cpp's kernels differ from the recording ones (another CPU feature set, another
+llama.cpp): the tokens and what follows from their values are bound to the recording kernels and reported,
+not failed; the schedule, admission and KV bytes must still reproduce, and the rerun's own records are
+checked in full. On the recording kernels a changed token still fails."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable: the GGUF engine is untested")
+
+import factories as f  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from meshbench.analysis.checks import Checks  # noqa: E402
+from meshbench.cli import app  # noqa: E402
+from meshbench.results import fingerprint, kinds  # noqa: E402
+from meshbench.verify import bundle as verify  # noqa: E402
+from meshbench.verify import reproduce  # noqa: E402
+
+runner = CliRunner()
+AVX2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | OPENMP = 1 |"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A GGUF bundle (the tiny Q8_0 model, levels 1 and 2) and its model, made once."""
+    d = tmp_path_factory.mktemp("kernels")
+    model = f.tiny_gguf(d / "tiny-q8_0.gguf", "q8_0")
+    out = d / "B"
+    r = runner.invoke(app, ["sweep", "--engine", "gguf", "--model", str(model), "--levels", "1,2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _on(data: dict, system_info: str) -> dict:
+    """The same records, as if llama.cpp had reported these CPU features."""
+    compute = dict(data["environment"]["compute"])
+    compute["llama_cpp"] = dict(compute["llama_cpp"], system_info=system_info)
+    compute.pop("digest")
+    data["environment"]["compute"] = {**compute, "digest": fingerprint.digest(compute)}
+    return data
+
+
+def _flip_token(data: dict, level: int = 1, session: int = 0, token: int = 3) -> str:
+    """Another token at one place, its digest and decode feed as a run would have written them."""
+    s = data["levels"][level]["sessions"][session]
+    s["tokens"][token] = (s["tokens"][token] + 1) % 256
+    s["digest"] = "0" * 64
+    for t in data["levels"][level]["tick_records"]:
+        for feed in t["decode_feed"]:
+            if feed[0] == s["session_id"] and feed[1] == s["prompt_tokens"] + token:
+                feed[2] = s["tokens"][token]
+    return s["session_id"]
+
+
+def _rerun_as(fresh: dict):
+    return lambda _data: copy.deepcopy(fresh)
+
+
+def test_the_kernel_family_is_llama_cpps_version_and_the_features_it_reports():
+    fp = {"llama_cpp": {"version": "0.3.36", "system_info": AVX2}}
+    assert fingerprint.llama_kernels(fp) == "0.3.36: AVX AVX2 BMI2 F16C FMA LLAMAFILE OPENMP SSE3 SSSE3"
+    assert fingerprint.llama_kernels({"llama_cpp": None}) is None
+    assert fingerprint.llama_kernels({"llama_cpp": {"version": "0.3.36", "system_info": "CPU : AVX2 = 0 |"}}) == (
+        "0.3.36: no CPU features reported"
+    )
+
+
+def test_a_token_that_differs_on_other_kernels_is_reported_bound_to_them_not_failed(made):
+    recorded = json.loads((made / "results.json").read_text())
+    fresh = _on(copy.deepcopy(recorded), AVX2)
+    _flip_token(fresh)
+    c = Checks()
+    outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
+    assert c.failures == [], [str(x) for x in c.failures]
+    assert outcome.kernels is not None and "AVX512" not in outcome.kernels[1]
+    assert "levels[1].sessions[0].tokens" in outcome.bound and "levels[1].sessions[0].digest" in outcome.bound
+    assert any(k.endswith(".decode_feed") for k in outcome.bound)
+    text = str(outcome)
+    assert "llama.cpp's kernels differ" in text, text
+    assert "the tokens of 1 session record, first levels[1].sessions[0]" in text, text
+    assert "held here: the schedule, admission" in text, text
+
+
+def test_the_schedule_still_fails_on_other_kernels(made):
+    recorded = json.loads((made / "results.json").read_text())
+    fresh = _on(copy.deepcopy(recorded), AVX2)
+    fresh["levels"][1]["tick_records"][2]["kv_bytes"] += 1
+    c = Checks()
+    outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
+    assert [x.field for x in c.failures] == ["levels[1].tick_records[2].kv_bytes"], [str(x) for x in c.failures]
+    assert outcome.failed == 1 and str(outcome).startswith("does not reproduce here")
+
+
+def test_a_token_that_differs_on_the_recording_kernels_fails(made):
+    recorded = json.loads((made / "results.json").read_text())
+    fresh = copy.deepcopy(recorded)
+    _flip_token(fresh)
+    c = Checks()
+    outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
+    assert outcome.kernels is None
+    assert any(x.field.startswith("levels[1].sessions[0] ") for x in c.failures), [str(x) for x in c.failures]
+
+
+def test_where_tokens_drive_the_schedule_only_the_engine_inputs_and_corruption_verdict_are_held(made):
+    recorded = json.loads((made / "results.json").read_text())
+    recorded["config"]["workload"]["eos"] = "stop"  # a session ends at its end-of-generation token
+    fresh = _on(copy.deepcopy(recorded), AVX2)
+    fresh["levels"][1]["sessions"][0]["end_tick"] += 1
+    fresh["levels"][1]["tick_records"][2]["kv_bytes"] += 1
+    c = Checks()
+    outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
+    assert c.failures == [] and outcome.schedule_bound
+    assert "held here: the engine, the inputs and the corruption verdict" in str(outcome)
+    fresh["corruption_free"] = not fresh["corruption_free"]
+    c = Checks()
+    reproduce.check_rerun(c, recorded, _rerun_as(fresh))
+    assert [x.field for x in c.failures] == ["corruption_free"]
+
+
+def test_the_reruns_own_records_are_checked_where_the_kernels_differ(made):
+    recorded = json.loads((made / "results.json").read_text())
+    fresh = _on(copy.deepcopy(recorded), AVX2)
+    _flip_token(fresh)  # its digest no longer the tokens' (a rerun that contradicts itself)
+    c = Checks()
+    outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh), check_own=verify.check_fresh)
+    assert outcome.rerun_checks is not None and outcome.rerun_checks[1] > 0
+    assert c.failures and all(x.file.endswith("its own records") for x in c.failures)
+    assert "the rerun's own records" in str(outcome)
+
+
+def test_verify_rerun_of_a_bundle_recorded_on_other_kernels_passes_and_says_so(made, tmp_path):
+    """The bundle says it was made on AVX2 kernels (its README rendered to match): a real rerun here."""
+    b = tmp_path / "B"
+    shutil.copytree(made, b)
+    data = _on(json.loads((made / "results.json").read_text()), AVX2)
+    (b / "results.json").write_text(json.dumps(data, indent=1))
+    (b / "README.md").write_text(kinds.readme(data, verify.bundle_name((made / "README.md").read_text(), made)))
+    r = runner.invoke(app, ["verify", str(b), "--rerun"])
+    assert r.exit_code == 0, r.output
+    assert "llama.cpp's kernels differ" in r.output and "the rerun's own records" in r.output, r.output
