@@ -20,7 +20,7 @@ from meshbench.analysis.checks import Checks  # noqa: E402
 from meshbench.cli import app  # noqa: E402
 from meshbench.results import fingerprint, kinds  # noqa: E402
 from meshbench.verify import bundle as verify  # noqa: E402
-from meshbench.verify import reproduce  # noqa: E402
+from meshbench.verify import kernels, reproduce  # noqa: E402
 
 runner = CliRunner()
 AVX2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | OPENMP = 1 |"
@@ -78,18 +78,20 @@ def test_a_token_that_differs_on_other_kernels_is_reported_bound_to_them_not_fai
     c = Checks()
     outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
     assert c.failures == [], [str(x) for x in c.failures]
-    assert outcome.kernels is not None and "AVX512" not in outcome.kernels[1]
-    assert "levels[1].sessions[0].tokens" in outcome.bound and "levels[1].sessions[0].digest" in outcome.bound
-    assert any(k.endswith(".decode_feed") for k in outcome.bound)
+    k = outcome.kernels
+    assert k is not None and "AVX512" in k.recorded and "AVX512" not in k.here
+    assert "levels[1].sessions[0].tokens" in k.bound and "levels[1].sessions[0].digest" in k.bound
+    assert any(x.endswith(".decode_feed") for x in k.bound) and c.kernel_bound == len(k.bound)
     text = str(outcome)
-    assert "llama.cpp's kernels differ" in text, text
-    assert "the tokens of 1 session record, first levels[1].sessions[0]" in text, text
+    assert f"NOT reproduced here: {len(k.bound)} of {k.compared} records bound to llama.cpp's kernels" in text, text
+    assert "only recorded: AVX512" in text and "the tokens of 1 session record among them, first levels[1]" in text
     assert "held here: the schedule, admission" in text, text
 
 
 def test_the_schedule_still_fails_on_other_kernels(made):
-    recorded = json.loads((made / "results.json").read_text())
-    fresh = _on(copy.deepcopy(recorded), AVX2)
+    recorded = _on(json.loads((made / "results.json").read_text()), AVX2)  # (recorded on AVX2, rerun here)
+    fresh = copy.deepcopy(json.loads((made / "results.json").read_text()))
+    _flip_token(fresh)
     fresh["levels"][1]["tick_records"][2]["kv_bytes"] += 1
     c = Checks()
     outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
@@ -103,24 +105,74 @@ def test_a_token_that_differs_on_the_recording_kernels_fails(made):
     _flip_token(fresh)
     c = Checks()
     outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
-    assert outcome.kernels is None
+    assert outcome.kernels is None and c.kernel_bound == 0
     assert any(x.field.startswith("levels[1].sessions[0] ") for x in c.failures), [str(x) for x in c.failures]
 
 
-def test_where_tokens_drive_the_schedule_only_the_engine_inputs_and_corruption_verdict_are_held(made):
+def test_where_tokens_differ_and_drive_the_schedule_only_the_engine_inputs_and_failures_are_held(made):
     recorded = json.loads((made / "results.json").read_text())
     recorded["config"]["workload"]["eos"] = "stop"  # a session ends at its end-of-generation token
     fresh = _on(copy.deepcopy(recorded), AVX2)
     fresh["levels"][1]["sessions"][0]["end_tick"] += 1
     fresh["levels"][1]["tick_records"][2]["kv_bytes"] += 1
     c = Checks()
+    reproduce.check_rerun(c, recorded, _rerun_as(fresh))
+    assert [x.field for x in c.failures] == ["levels[1].sessions[0]", "levels[1].tick_records[2].kv_bytes"], (
+        "with every token the same the schedule is held"
+    )
+    _flip_token(fresh)
+    c = Checks()
     outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
-    assert c.failures == [] and outcome.schedule_bound
-    assert "held here: the engine, the inputs and the corruption verdict" in str(outcome)
-    fresh["corruption_free"] = not fresh["corruption_free"]
+    assert c.failures == [] and outcome.kernels is not None and outcome.kernels.schedule_bound
+    text = str(outcome)
+    assert "held here: the engine, the inputs and that isolation holds" in text, text
+    assert "with them 2 schedule records (levels[1].sessions[0], levels[1].tick_records[2].kv_bytes)" in text, text
+    fresh["levels"][1]["sessions"][1]["done_reason"] = "FAILED"  # a failed session is held on any kernels
     c = Checks()
     reproduce.check_rerun(c, recorded, _rerun_as(fresh))
-    assert [x.field for x in c.failures] == ["corruption_free"]
+    assert [x.field for x in c.failures] == [kernels.CORRUPTION_HELD]
+
+
+def test_corruption_free_where_batch_invariance_decides_it_is_bound_to_the_kernels(made):
+    """Where isolation did not run, corruption_free needs batch invariance, which other kernels may not give
+    (an AVX2 EPYC reran MB-BENCH-GGUF-CHUNKED batch-variant): that part is reported, what remains held."""
+    recorded = json.loads((made / "results.json").read_text())
+    fresh = _on(copy.deepcopy(recorded), AVX2)
+    _flip_token(fresh)
+    fresh["batch_invariant"] = fresh["corruption_free"] = False
+    c = Checks()
+    outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh))
+    assert c.failures == [] and {"batch_invariant", "corruption_free"} <= set(outcome.kernels.bound)
+    assert "the batch-invariance verdict is the recording kernels' and differs here" in str(outcome)
+
+
+@pytest.mark.parametrize(
+    "forge, named",
+    [
+        (lambda b: b.update(system_info=AVX2 + " AMX_INT8 = 1 |"), "reports AMX_INT8 on a CPU without amx_int8"),
+        (lambda b: b.update(version="0.3.36\u200b"), "is not a version"),
+        (lambda b: b.update(system_info=AVX2.replace("SSE3", "SSE3\u200b")), "characters no build prints"),
+    ],
+)
+def test_a_fingerprint_whose_llama_cpp_its_cpu_contradicts_fails_plain_verify(made, tmp_path, forge, named):
+    data = json.loads((made / "results.json").read_text())
+    if "amx_int8" in data["environment"]["compute"]["simd"]:
+        pytest.skip("this CPU runs AMX")
+    compute = data["environment"]["compute"]
+    forge(compute["llama_cpp"])
+    _on(data, compute["llama_cpp"]["system_info"])
+    assert any(named in x for x in fingerprint.contradictions(data["environment"]["compute"]))
+    c = verify.check_data(data)
+    assert [x.field for x in c.failures] == ["environment.compute (its llama.cpp against its CPU)"]
+
+
+def test_a_gguf_bundle_without_llama_cpp_in_its_fingerprint_fails_plain_verify(made):
+    data = json.loads((made / "results.json").read_text())
+    compute = {k: v for k, v in data["environment"]["compute"].items() if k != "digest"}
+    compute["llama_cpp"] = None
+    data["environment"]["compute"] = {**compute, "digest": fingerprint.digest(compute)}
+    c = verify.check_data(data)
+    assert [x.field for x in c.failures] == ["environment.compute.llama_cpp (the GGUF engine runs llama.cpp)"]
 
 
 def test_the_reruns_own_records_are_checked_where_the_kernels_differ(made):
@@ -129,7 +181,7 @@ def test_the_reruns_own_records_are_checked_where_the_kernels_differ(made):
     _flip_token(fresh)  # its digest no longer the tokens' (a rerun that contradicts itself)
     c = Checks()
     outcome = reproduce.check_rerun(c, recorded, _rerun_as(fresh), check_own=verify.check_fresh)
-    assert outcome.rerun_checks is not None and outcome.rerun_checks[1] > 0
+    assert outcome.kernels.own is not None and outcome.kernels.own[1] > 0
     assert c.failures and all(x.file.endswith("its own records") for x in c.failures)
     assert "the rerun's own records" in str(outcome)
 
@@ -143,4 +195,5 @@ def test_verify_rerun_of_a_bundle_recorded_on_other_kernels_passes_and_says_so(m
     (b / "README.md").write_text(kinds.readme(data, verify.bundle_name((made / "README.md").read_text(), made)))
     r = runner.invoke(app, ["verify", str(b), "--rerun"])
     assert r.exit_code == 0, r.output
-    assert "llama.cpp's kernels differ" in r.output and "the rerun's own records" in r.output, r.output
+    assert "the rerun's own records" in r.output and "only here: AVX512" in r.output, r.output
+    assert "records bound to llama.cpp's kernels, which differ" in r.output and "reproduced nonetheless" in r.output

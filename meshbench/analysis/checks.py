@@ -25,6 +25,7 @@ class Checks:
         self.notes: list[str] = []  # outcomes that are not failures: how a rerun reproduced, what it could not compare
         # records taken as written, which only a rerun checks: noted where there was none (verify.bundle)
         self.until_rerun: list[str] = []
+        self.kernel_bound = 0  # records a rerun on other llama.cpp kernels did not reproduce (meshbench.verify.kernels)
 
     def equal(self, file: str, field: str, expected: object, found: object, check: str | None = None) -> None:
         """Exact equality; floats within 1e-12 (the same arithmetic in another order)."""

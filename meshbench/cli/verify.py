@@ -69,7 +69,12 @@ def verify(
         status = "FAIL" if checks.failures else "ok"
         out.print(
             f"{path}: {status}: {checks.count} checks, {len(checks.failures)} failed"
-            + (" (rerun included)" if rerun else ""),
+            + (" (rerun included)" if rerun else "")
+            + (
+                f"; {checks.kernel_bound} records bound to other llama.cpp kernels NOT reproduced here"
+                if checks.kernel_bound
+                else ""
+            ),
             markup=False,
         )
         for note in checks.notes:

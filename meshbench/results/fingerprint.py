@@ -100,6 +100,38 @@ def llama_kernels(fp: dict | None) -> str | None:
     return f"{build.get('version')}: {' '.join(on) or 'no CPU features reported'}"
 
 
+# llama.cpp's system_info words, and the CPU flag (as /proc/cpuinfo names it) each needs to run at all.
+_RUNS_ON = {
+    "AVX": "avx", "AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "SSSE3": "ssse3", "AVX_VNNI": "avx_vnni",
+    "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16",
+    "AMX_INT8": "amx_int8",
+}  # fmt: skip
+_VERSION = re.compile(r"\d+(\.\d+)+([.+-][0-9A-Za-z.]+)?")
+
+
+def contradictions(fp: dict) -> list[str]:
+    """What a fingerprint says of llama.cpp that the rest of it contradicts: a version that is not one, or
+    kernels its own CPU's flags could not run (a build for features the CPU lacks dies at its first use)."""
+    build = fp.get("llama_cpp")
+    if not build:
+        return []
+    out = []
+    if not _VERSION.fullmatch(str(build.get("version"))):
+        out.append(f"llama.cpp version {ascii(build.get('version'))} is not a version")
+    info = str(build.get("system_info", ""))
+    if not info.isascii() or not info.isprintable():
+        out.append("llama.cpp system_info holds characters no build prints")
+    simd = set(fp.get("simd") or [])
+    if simd:  # (empty where /proc/cpuinfo could not be read: nothing to hold it to)
+        on = re.findall(r"([A-Z][A-Z0-9_]*) = 1\b", info)
+        out += [
+            f"llama.cpp reports {w} on a CPU without {_RUNS_ON[w]}"
+            for w in on
+            if _RUNS_ON.get(w, w) not in simd and w in _RUNS_ON
+        ]
+    return out
+
+
 def fingerprint() -> dict:
     fp = {
         "cpu": cpu_model(),

@@ -8,6 +8,7 @@ schema violation) raise MeshbenchError instead: there is nothing to check.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -89,21 +90,28 @@ def checked_bundle(
     if rerun is not None:
         if not kinds.kind(data).rerun:
             raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
-        c.notes.append(str(reproduce.check_rerun(c, data, rerun, check_own=check_fresh)))
+        outcome = reproduce.check_rerun(c, data, rerun, check_own=functools.partial(check_fresh, resolve=resolve))
+        c.notes.append(str(outcome))
+        if outcome.kernels is not None:  # (what only a rerun on the recording kernels checks stays unchecked)
+            c.notes.extend(f"{note} (not on these kernels)" for note in c.until_rerun)
     else:
         c.notes.extend(c.until_rerun)  # (a rerun compared these records with its own)
     return data, typed, c
 
 
-def check_fresh(data: dict) -> Checks:
-    """A rerun's own results (never written to a bundle): its schema, then every check of its records."""
-    errors = kinds.schema_errors(data)
+def check_fresh(data: dict, resolve: Resolve | None = None) -> Checks:
+    """A rerun's own results (never written to a bundle) checked as a bundle's: its schema and config echo, then
+    every check of its records, its config given its real prompts' ids by ``resolve`` where it has some."""
+    errors = kinds.schema_errors(data) or config_echo_errors(data["config"])
     if errors:
         c = Checks()
         c.count += 1
         c.failures.append(Failure(bundle.RESULTS, "the schema", "valid", errors[0]))
         return c
-    return check_data(data)
+    typed = kinds.typed_results(data)
+    if resolve is not None and isinstance(typed, NodeBundle):
+        typed = dataclasses.replace(typed, cfg=resolve(typed))
+    return check_typed(data, typed)
 
 
 def check_data(data: dict) -> Checks:
@@ -123,6 +131,12 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
     CHECKS[kinds.of(data)](c, typed)
     compute = r.environment.compute  # a rerun trusts it to say whether floats must agree bit for bit
     c.equal(bundle.RESULTS, "environment.compute.digest", fingerprint.digest(serial.to_json(compute)), compute.digest)
+    # (a rerun on other llama.cpp kernels reports the tokens they bind rather than failing them: the claim must hold)
+    c.equal(bundle.RESULTS, "environment.compute (its llama.cpp against its CPU)", [],
+            fingerprint.contradictions(serial.to_json(compute)))  # fmt: skip
+    if isinstance(typed, NodeBundle) and r.engine.kind == "gguf":
+        c.equal(bundle.RESULTS, "environment.compute.llama_cpp (the GGUF engine runs llama.cpp)", True,
+                compute.llama_cpp is not None)  # fmt: skip
     return c
 
 

@@ -9,14 +9,8 @@ for bit; on another one the numbers must agree within ``tolerance`` (the largest
 reported), and digests of floats, which no tolerance can compare, are left to the rerun's own
 isolation verdict, which compares its passes bit for bit on this machine.
 
-**Kernel-bound** records: a GGUF engine's tokens come from llama.cpp's kernels, which its build selects by
-CPU feature (``fingerprint.llama_kernels``), and a quantized model's greedy tokens differ between, say, its
-AVX2 and AVX-512 kernels. Where the rerun's kernels are not the recording ones, the tokens and what follows
-from their values (digests, margins, the decode feed, the first divergence, the batch-invariance verdict)
-are still compared, and each that differs is reported as bound to the recording kernels rather than failed;
-the schedule, admission, KV bytes, ticks and the isolation verdicts must still reproduce, unless tokens
-drive the schedule (eos stop, or conversations through a prefix cache), where only the engine, the inputs
-and the verdict that no session was corrupted must.
+**Kernel-bound** records: a GGUF engine's tokens and what follows from their values, where the rerun's
+llama.cpp kernels are not the recording ones (``meshbench.verify.kernels``).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from meshbench.analysis.checks import Checks, Failure
@@ -35,6 +29,7 @@ from meshbench.results import fingerprint, typed
 from meshbench.results.bundle import RESULTS
 from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
 from meshbench.results.typed import NodeBundle
+from meshbench.verify import kernels
 
 Rerun = Callable[[dict], dict]  # a bundle's results -> the same configuration's results, run again
 
@@ -42,15 +37,6 @@ FILE = f"{RESULTS} (rerun)"
 # Float records: a margins list, a digest of margins, a logit deviation or a margin inside a divergence.
 _NUMBERS = re.compile(r"\.(margins|logit_deviation|reference_margin)$")
 _DIGESTS = re.compile(r"\.margins_digest$")
-# What follows from a GGUF engine's token values (each a key of ``view``, a session's tokens split off its record).
-_TOKEN_BOUND = re.compile(
-    r"^(batch_invariant|first_divergence(\..+)?|reference\.sessions\[\d+\]\.digest"
-    r"|levels\[\d+\]\.(sessions|cache_off)\[\d+\]\.(tokens|digest|margins)"
-    r"|levels\[\d+\]\.tick_records\[\d+\]\.decode_feed"
-    r"|levels\[\d+\]\.isolation\.passes\[\d+\]\.sessions\[\d+\]\.(digest|margins_digest))$"
-)
-# Where tokens drive the schedule, all but these follow from them.
-_SCHEDULE_FREE = frozenset({"engine", "inputs", "corruption_free"})
 TOKENS, SESSION_ID = "tokens", "session_id"  # a session's entry in the flattened view (its JSON keys)
 
 
@@ -142,7 +128,7 @@ def _isolation(at: str, iso: IsolationRecords, split_tokens: bool = False) -> di
 @dataclass
 class Outcome:
     """How the floats compared: on which fingerprints, the largest deviation, the digests left to the rerun;
-    and where the rerun's llama.cpp kernels are not the recording ones, what differed that is bound to them."""
+    where the rerun's llama.cpp kernels are not the recording ones, what differed that is bound to them."""
 
     same_fingerprint: bool
     recorded_on: str
@@ -152,95 +138,61 @@ class Outcome:
     unequal_bits: int = 0
     digests_skipped: int = 0
     failed: int = 0  # records the rerun did not reproduce
-    kernels: tuple[str, str] | None = None  # (recorded, here): the GGUF engine's kernels differ
-    schedule_bound: bool = False  # ... and its tokens drive the schedule
-    bound: list[str] = field(default_factory=list)  # kernel-bound records that differ, by key
-    bound_compared: int = 0
-    rerun_checks: tuple[int, int] | None = None  # the rerun's own records checked: (checks, failed)
+    kernels: kernels.KernelReport | None = None
 
     def __str__(self) -> str:
         where = f"recorded on {self.recorded_on}, rerun on {self.rerun_on}"
         if self.failed:
-            text = (
-                f"does not reproduce here: {self.failed} records differ ({where}; expected = recorded, found = rerun)"
-            )
-        elif self.unequal_bits == 0 and self.digests_skipped == 0 and not self.bound:
+            text = f"does not reproduce here: {self.failed} record{'s' * (self.failed != 1)} differ"
+            text += f" ({where}; expected = recorded, found = rerun)"
+        elif self.unequal_bits == 0 and self.digests_skipped == 0 and not (self.kernels and self.kernels.bound):
             text = f"reproduced here bit for bit ({where})"
-        elif self.kernels is not None:
-            text = f"reproduced here what does not depend on llama.cpp's kernels ({where})"
         else:
-            text = (
-                f"reproduced here, floats within {self.deviation:.2g} of the recorded ones "
-                f"(relative tolerance {self.tolerance:g}, another compute fingerprint; {where})"
-            )
+            text = "reproduced here" + (" what does not depend on llama.cpp's kernels" if self.kernels else "")
+            if self.unequal_bits:
+                text += (
+                    f", floats within {self.deviation:.2g} of the recorded ones (relative tolerance {self.tolerance:g}"
+                    ", another compute fingerprint)"
+                )
+            text += f" ({where})"
         if self.digests_skipped:
             text += (
                 f"; {self.digests_skipped} margin digests of isolation passes cannot be compared across kernels: "
                 "the rerun's own isolation verdict compared its passes bit for bit"
             )
-        return text + self._kernels()
-
-    def _kernels(self) -> str:
-        if self.kernels is None:
-            return ""
-        recorded, here = self.kernels
-        held = (
-            "the engine, the inputs and the corruption verdict (tokens drive this schedule: eos stop, or "
-            "conversations through a prefix cache)"
-            if self.schedule_bound
-            else "the schedule, admission, KV bytes, ticks and the isolation verdicts"
-        )
-        sessions = sorted({_session_key(k) for k in self.bound if _session_key(k)})
-        text = (
-            f"; llama.cpp's kernels differ (recorded: {recorded}; here: {here}): {len(self.bound)} of "
-            f"{self.bound_compared} records bound to the recording kernels differ"
-        )
-        if sessions:
-            text += f" (the tokens of {len(sessions)} session record{'s' * (len(sessions) != 1)}, first {sessions[0]})"
-        if "batch_invariant" in self.bound:
-            text += "; the batch-invariance verdict is the recording kernels' and differs here"
-        text += f"; held here: {held}"
-        if self.rerun_checks is not None:
-            n, bad = self.rerun_checks
-            text += f"; the rerun's own records: {n} checks, {bad} failed"
-        return text
+        return text + ("" if self.kernels is None else str(self.kernels))
 
 
-def _session_key(k: str) -> str | None:
-    m = re.match(r"(levels\[\d+\]\.(sessions|cache_off)\[\d+\])\.tokens$", k)
-    return m.group(1) if m else None
+Own = Callable[[dict], Checks]  # a results document -> verify's checks of it
 
 
-def kernels_differ(recorded: dict | None, here: dict | None, engine: EngineInfo) -> tuple[str, str] | None:
-    """(recorded, here) where a GGUF engine's llama.cpp kernels differ between the two fingerprints, else None."""
-    if engine.kind != "gguf":
-        return None
-    was, now = fingerprint.llama_kernels(recorded), fingerprint.llama_kernels(here)
-    return None if was == now else (was or "no llama.cpp", now or "no llama.cpp")
-
-
-def check_rerun(c: Checks, data: dict, rerun: Rerun, check_own: Callable[[dict], Checks] | None = None) -> Outcome:
-    """The rerun's records held to the recorded ones; where the kernels differ, ``check_own`` (verify's checks
-    of a results document) holds the rerun's own records, whose verdicts then stand in for the recorded ones."""
+def check_rerun(c: Checks, data: dict, rerun: Rerun, check_own: Own | None = None) -> Outcome:
+    """The rerun's records held to the recorded ones; where llama.cpp's kernels differ, ``check_own`` (verify's
+    checks of a results document) holds the rerun's own records, whose verdicts then stand for this machine."""
     fresh_data = rerun(data)
     b, fresh = typed.node(data), typed.node(fresh_data)
-    recorded, here = b.results.environment.compute, fresh.results.environment.compute
-    kernels = kernels_differ(serial.to_json(recorded), serial.to_json(here), b.results.engine)
+    recorded, here = serial.to_json(b.results.environment.compute), serial.to_json(fresh.results.environment.compute)
+    differ = kernels.differ(recorded, here, b.results.engine)
     outcome = Outcome(
-        same_fingerprint=recorded.digest == here.digest,
-        recorded_on=fingerprint.describe(serial.to_json(recorded)),
-        rerun_on=fingerprint.describe(serial.to_json(here)),
+        same_fingerprint=recorded["digest"] == here["digest"],
+        recorded_on=fingerprint.describe(recorded),
+        rerun_on=fingerprint.describe(here),
         tolerance=tolerance(b.results.engine),
-        kernels=kernels,
-        schedule_bound=kernels is not None and b.tokens_drive_schedule,
+        kernels=None if differ is None else kernels.KernelReport(*differ),
     )
-    split = kernels is not None
+    split = outcome.kernels is not None
     old, new = view(b, split), view(fresh, split)
+    if outcome.kernels is not None:
+        old[kernels.CORRUPTION_HELD] = kernels.held_corruption(b)
+        new[kernels.CORRUPTION_HELD] = kernels.held_corruption(fresh)
+        outcome.kernels.schedule_bound = b.tokens_drive_schedule and kernels.tokens_moved(old, new)
     before = len(c.failures)
     for k in sorted(set(old) | set(new)):
         was, now = old.get(k, "(absent)"), new.get(k, "(absent)")
-        if split and (_TOKEN_BOUND.search(k) or (outcome.schedule_bound and k not in _SCHEDULE_FREE)):
-            _bound(c, outcome, k, was, now)
+        if outcome.kernels is not None and (
+            kernels.TOKEN_BOUND.search(k) or (outcome.kernels.schedule_bound and k not in kernels.SCHEDULE_FREE)
+        ):
+            _bound(c, outcome, outcome.kernels, k, was, now)
         elif _DIGESTS.search(k):
             _digest(c, outcome, k, was, now)
         elif _NUMBERS.search(k):
@@ -249,20 +201,23 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun, check_own: Callable[[dict],
             _session(c, outcome, b, k, was, now)
         else:
             c.equal(FILE, k, was, now)
-    if split and check_own is not None:
+    if outcome.kernels is not None and check_own is not None:
         own = check_own(fresh_data)
-        outcome.rerun_checks = (own.count, len(own.failures))
+        outcome.kernels.own = (own.count, len(own.failures))
+        outcome.kernels.own_unchecked = list(own.until_rerun)
         c.count += own.count
         c.failures.extend(dataclasses.replace(f, file=f"{FILE}: its own records") for f in own.failures)
+    if outcome.kernels is not None:
+        c.kernel_bound += len(outcome.kernels.bound)
     outcome.failed = len(c.failures) - before
     return outcome
 
 
-def _bound(c: Checks, o: Outcome, k: str, was, now) -> None:
+def _bound(c: Checks, o: Outcome, report: kernels.KernelReport, k: str, was, now) -> None:
     """A record bound to the recording kernels: compared, and a difference reported, not failed; numbers within
     the tolerance are as elsewhere on another fingerprint."""
     c.count += 1
-    o.bound_compared += 1
+    report.compared += 1
     if _bits(was) == _bits(now):
         return
     worst = _deviation(was, now, o.tolerance) if _NUMBERS.search(k) else None
@@ -270,7 +225,7 @@ def _bound(c: Checks, o: Outcome, k: str, was, now) -> None:
         o.unequal_bits += 1
         o.deviation = max(o.deviation, worst[0])
         return
-    o.bound.append(k)
+    report.bound.append(k)
 
 
 def _digest(c: Checks, o: Outcome, k: str, was, now) -> None:
