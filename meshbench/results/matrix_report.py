@@ -31,8 +31,9 @@ def render_readme(doc: dict, settings: list[Setting], name: str) -> str:
             f"# {markdown.inline(doc['story'])}: {markdown.inline(doc['title'])}, a matrix of server settings",
             "",
             f"{server} on {e.launched.model if e.launched else ', '.join(map(str, e.models))}, started by meshbench "
-            f"once per setting, each setting's flags added to the matrix's own "
-            f"(`{markdown.inline(doc['server_args'] or '')}`), and swept alike: the same prompts, levels and "
+            "once per setting, each setting's flags added to "
+            + (f"the matrix's own (`{markdown.inline(doc['server_args'])}`)" if doc["server_args"] else "nothing else")
+            + ", and swept alike: the same prompts, levels and "
             "proofs. Each setting's sweep is an endpoint bundle of its own in the folder named below, with its "
             "proofs in full in its README; `meshbench verify` checks "
             f"each of them, their digests recorded in `{RESULTS}`, and this README. Made by `{doc['command']}`.",
