@@ -32,7 +32,8 @@ def made(tmp_path_factory):
     d = tmp_path_factory.mktemp("kernels")
     model = f.tiny_gguf(d / "tiny-q8_0.gguf", "q8_0")
     out = d / "B"
-    r = runner.invoke(app, ["sweep", "--engine", "gguf", "--model", str(model), "--levels", "1,2", "--out", str(out)])
+    args = ["sweep", "--engine", "gguf", "--model", str(model), "--levels", "1,2", "--repeat", "2", "--warmup", "1"]
+    r = runner.invoke(app, [*args, "--out", str(out)])  # (a rerun runs one repetition: its own check allows it)
     assert r.exit_code == 0, r.output
     return out
 
