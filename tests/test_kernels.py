@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 import shutil
 
 import pytest
@@ -33,7 +34,7 @@ def made(tmp_path_factory):
     model = f.tiny_gguf(d / "tiny-q8_0.gguf", "q8_0")
     out = d / "B"
     args = ["sweep", "--engine", "gguf", "--model", str(model), "--levels", "1,2", "--repeat", "2", "--warmup", "1"]
-    r = runner.invoke(app, [*args, "--out", str(out)])  # (a rerun runs one repetition: its own check allows it)
+    r = runner.invoke(app, [*args, "--out", str(out)])  # (CliRunner records the command as plain "meshbench")
     assert r.exit_code == 0, r.output
     return out
 
@@ -198,3 +199,19 @@ def test_verify_rerun_of_a_bundle_recorded_on_other_kernels_passes_and_says_so(m
     assert r.exit_code == 0, r.output
     assert "the rerun's own records" in r.output and "only here: AVX512" in r.output, r.output
     assert "records bound to llama.cpp's kernels, which differ" in r.output and "reproduced nonetheless" in r.output
+
+
+def test_the_reruns_own_records_are_held_to_what_a_rerun_runs_not_to_the_recorded_command(made):
+    """A rerun runs one repetition with no warm-up under the recorded command: its own check must not hold it
+    to that command's --repeat and --warmup (CI failed two bundles made with --repeat 5 --warmup 1 so)."""
+    from meshbench.sweep import run
+
+    recorded = _on(json.loads((made / "results.json").read_text()), AVX2)
+    model = recorded["config"]["engine"]["model"]
+    words = ["meshbench", "sweep", "--engine", "gguf", "--model", model, "--levels", "1,2"]
+    recorded["command"] = shlex.join([*words, "--repeat", "2", "--warmup", "1"])
+    assert verify.check_data(recorded).failures == []  # (the command agrees with the echo as recorded)
+    c = Checks()
+    outcome = reproduce.check_rerun(c, recorded, run.rerun_results, check_own=verify.check_fresh)
+    assert c.failures == [], [str(x) for x in c.failures]
+    assert outcome.kernels is not None and outcome.kernels.own is not None and outcome.kernels.own[1] == 0
