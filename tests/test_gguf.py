@@ -312,16 +312,3 @@ def test_a_gguf_with_non_finite_weights_is_refused_by_the_gguf_engine(tmp_path):
     t.data.view(np.uint8).reshape(-1)[:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
     del reader, t
     run_refused("sweep", "--engine", "gguf", "--model", p, expect="tensor output.weight holds 1 non-finite values")
-
-
-def test_the_repack_probe_runs_where_the_cpu_has_no_amx(tmp_path):
-    """The probe once freed its token buffer before llama_decode ('invalid token[1]') and so refused repacking on
-    every machine; on a CPU without AMX (whose repacked kernels are the ones that die), it must run."""
-    from meshbench.engine import llama_model
-    from meshbench.results import fingerprint
-
-    if any(flag.startswith("amx") for flag in fingerprint.simd_flags()):
-        pytest.skip("this CPU reports AMX: its repacked kernels may really die here")
-    model = f.tiny_gguf(tmp_path / "m.gguf")
-    assert llama_model._probe_repack(str(model)) is None
-    llama_model.check_repack_runs(model)  # no refusal

@@ -76,8 +76,22 @@ def test_the_server_s_defaults_are_its_own_and_only_the_others_keep_a_full_size_
     from meshbench.bench import server_bench
     from meshbench.workload import config
 
-    cfg = config.load(None, {"engine": {"kind": "gguf", "model": "m.gguf", "threads": 2}})
+    # (run() hands it the recipe meshbench's engine resolved: auto is never left here)
+    engine = {"kind": "gguf", "model": "m.gguf", "threads": 2, "repack": False, "flash_attn": False}
+    cfg = config.load(None, {"engine": engine})
     assert server_bench.server_args(cfg, "defaults", 4, 64, sliding=True) == ["-np", "4"]
+    repacking = config.load(None, {"engine": {**engine, "repack": True, "flash_attn": True}})
+    assert server_bench.server_args(repacking, "aligned", 4, 64, sliding=False) == [
+        "-np",
+        "4",
+        "-fa",
+        "on",
+        "-t",
+        "2",
+        "-tb",
+        "2",
+    ]
+    assert "--no-repack" not in server_bench.server_args(repacking, "matched", 4, 64, sliding=False)
     for setting in ("aligned", "matched"):
         assert "--swa-full" in server_bench.server_args(cfg, setting, 4, 64, sliding=True)
         assert "--swa-full" not in server_bench.server_args(cfg, setting, 4, 64, sliding=False)
@@ -200,7 +214,8 @@ def test_a_setting_whose_server_dies_is_reported_as_failed_and_nothing_takes_its
     wrapper.chmod(0o755)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
-        f"engine: {{kind: gguf, model: {model}, threads: 2}}\n"
+        # meshbench's side as it resolves where repacking dies (auto: off)
+        f"engine: {{kind: gguf, model: {model}, threads: 2, repack: false}}\n"
         "workload: {sessions: 2, prompt_tokens: 8, new_tokens: 4}\nbudget: {max_prefill_tokens_per_tick: 16}\n"
     )
     argv = ["bench", "server", "--llama-server", str(wrapper), "--config", str(cfg), "--levels", "2"]

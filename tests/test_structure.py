@@ -8,7 +8,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "meshbench"
 # Bottom to top. A module may import its own layer and the layers below it, never one above.
-# The top-level modules (errors, limits, files, names, records, validation) are the floor every layer uses.
+# The top-level modules (errors, limits, files, machine, names, records, validation) are the floor every layer uses.
 LAYERS = [
     (
         "core",
@@ -17,6 +17,7 @@ LAYERS = [
             "meshbench.errors",
             "meshbench.limits",
             "meshbench.files",
+            "meshbench.machine",
             "meshbench.names",
             "meshbench.records",
             "meshbench.validation",

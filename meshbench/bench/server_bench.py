@@ -53,6 +53,7 @@ def run(
     )
     sides = ["meshbench", *(f"llama-server {s}" for s in settings)]
     setup = prepare(cfg)  # checks every level against the workload and the model first
+    cfg = _as_resolved(cfg, setup.info)
     sliding = any(w is not None for w in setup.info["kv_geometry"]["window"])
     failed: dict[str, str] = {}
 
@@ -102,10 +103,20 @@ def run(
         "server": str(server),
         "server_version": llama_server.version(server),
         "repeat": repeat,
+        "recipe": {**{k: setup.info[k] for k in RECIPE}, "auto": setup.info.get("recipe_auto") or {}},
         "settings": {s: server_args(cfg, s, 1, 0, sliding) for s in settings},
         "failed": failed,
         "levels": [_level(c, runs[c], served[c], failed) for c in levels],
     }
+
+
+RECIPE = ("repack", "flash_attn")
+
+
+def _as_resolved(cfg: RunConfig, engine_info: dict) -> RunConfig:
+    """The config with the recipe meshbench's engine runs here (each auto setting resolved): the aligned and
+    matched servers follow it."""
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **{k: engine_info[k] for k in RECIPE}))
 
 
 def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict:

@@ -19,7 +19,9 @@ from meshbench.bench import (
 )
 from meshbench.cli.bench import bench_app
 from meshbench.cli.common import (
+    OPTIONS,
     ConfigOpt,
+    FlashAttnOpt,
     JsonOpt,
     MixedOpt,
     PrefillOpt,
@@ -66,6 +68,7 @@ def bench_server(
     prefill: PrefillOpt = None,
     mixed_batch: MixedOpt = None,
     repack: RepackOpt = None,
+    flash_attn: FlashAttnOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """meshbench's sweep against llama-server -np C on the same model and prompts: tokens, tokens/s, TTFT, ITL."""
@@ -75,7 +78,10 @@ def bench_server(
     overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
     if prefill is not None:
         overrides["prefill"] = prefill
-    engine = {k: v for k, v in (("mixed_batch", mixed_batch), ("repack", repack)) if v is not None}
+    engine = {"mixed_batch": mixed_batch} if mixed_batch is not None else {}
+    for key, value in (("repack", repack), ("flash_attn", flash_attn)):
+        if value is not None:
+            engine[key] = OPTIONS[key].parse(value, OPTIONS[key].flag)
     if engine:
         overrides["engine"] = engine
     cfg = config.load(config_path, overrides)
@@ -88,8 +94,8 @@ def bench_server(
         return
     t = table(
         f"meshbench vs llama-server {res['server_version']} ({cfg.source}, prefill {cfg.prefill}, mixed batch "
-        f"{cfg.engine.mixed_batch}, repack {cfg.engine.repack}; median (min-max) of {repeat}; ratios are meshbench / "
-        "the server)",
+        f"{cfg.engine.mixed_batch}, {_recipe(cfg, res['recipe'])}; median (min-max) of {repeat}; ratios are "
+        "meshbench / the server)",
         (
             "C",
             "tokens identical",
@@ -281,3 +287,11 @@ def bench_invariance(
             *[f"{rates[k]:.1f}" if k in rates else "-" for k in ("1", "8", "16")],
         )
     out.print(t)
+
+
+def _recipe(cfg, used: dict) -> str:
+    """meshbench's recipe as it ran: repacking and flash attention, each marked auto where llama.cpp chose it."""
+    return ", ".join(
+        f"{name} {'on' if used[key] else 'off'}" + (" (auto)" if getattr(cfg.engine, key) == "auto" else "")
+        for key, name in (("repack", "repack"), ("flash_attn", "flash attention"))
+    )

@@ -71,6 +71,7 @@ SplitOpt = OPTIONS["split"].annotated
 PrefillOpt = OPTIONS["prefill"].annotated
 MixedOpt = OPTIONS["mixed_batch"].annotated
 RepackOpt = OPTIONS["repack"].annotated
+FlashAttnOpt = OPTIONS["flash_attn"].annotated
 TiledOpt = OPTIONS["tiled_mm"].annotated
 EosOpt = OPTIONS["eos"].annotated
 IsolationOpt = OPTIONS["isolation"].annotated

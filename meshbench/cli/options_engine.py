@@ -11,6 +11,7 @@ import typer
 
 from meshbench.cli.flags import Option, _split
 from meshbench.engine import spec as engine_spec
+from meshbench.errors import MeshbenchError
 from meshbench.workload import matrix
 
 SPECIAL = {  # the rows that are more than a setting, at their setting's place
@@ -88,8 +89,12 @@ def _row(f: Any) -> Option:
     types = schema.get("type", [])
     types = [types] if isinstance(types, str) else types
     bounds = {k: schema[k] for k in ("minimum", "maximum") if k in schema}
-    if "boolean" in types:
-        kind: Any = Optional[bool]
+    parse = None
+    if schema.get("enum") == engine_spec.RECIPE_CHOICE["enum"]:  # a recipe choice: auto | on | off
+        kind: Any = Optional[str]
+        parse = _auto_on_off
+    elif "boolean" in types:
+        kind = Optional[bool]
     elif "integer" in types:
         kind = Optional[int]
     else:
@@ -102,7 +107,15 @@ def _row(f: Any) -> Option:
         **({"min": bounds["minimum"]} if "minimum" in bounds else {}),
         **({"max": bounds["maximum"]} if "maximum" in bounds else {}),
     )
-    return Option(f.name, kind, option, paths=(f"engine.{f.name}",))
+    return Option(f.name, kind, option, paths=(f"engine.{f.name}",), parse=parse)
+
+
+def _auto_on_off(value: str, flag: str) -> bool | str:
+    """A recipe choice's flag: auto, on or off (the config's "auto", true, false)."""
+    choices = {"auto": engine_spec.AUTO, "on": True, "off": False}
+    if value not in choices:
+        raise MeshbenchError(f"{flag}: {value!r} is none of auto, on, off")
+    return choices[value]
 
 
 ENGINE = tuple(

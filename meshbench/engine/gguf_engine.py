@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from meshbench import limits
+from meshbench.engine import recipe
 from meshbench.engine.base import (
     SAMPLING_CONTRACT,
     DecodeItem,
@@ -53,7 +54,7 @@ class GgufEngine:
         n_seq_max: int,
         seq_capacity: int,
         threads: int | None,
-        flash_attn: bool = False,
+        flash_attn: bool | str = False,
         kv_unified: bool = False,
         kv_type: str = "f16",
         max_prompt: int = 512,
@@ -93,7 +94,7 @@ class GgufEngine:
         cp.n_ubatch = self.n_batch
         n_threads = threads or os.cpu_count() or 1
         cp.n_threads = cp.n_threads_batch = n_threads
-        cp.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.flash_attn_type = recipe.flash_attn_type(lib, flash_attn)  # (auto: the setup reads llama.cpp's choice)
         cp.kv_unified = kv_unified
         cp.type_k = cp.type_v = KV_TYPES[kv_type][0]
         cp.no_perf = True

@@ -7,7 +7,7 @@ import os
 from typing import Sequence
 
 from meshbench import files, limits
-from meshbench.engine import rpc
+from meshbench.engine import recipe, rpc
 from meshbench.engine.base import (
     PROBE_LIMITS,
     EngineLimits,
@@ -18,7 +18,6 @@ from meshbench.engine.llama_model import (
     KV_TYPES,
     LoadedModel,
     capture_log,
-    check_repack_runs,
     kv_cache_log,
     topology,
 )
@@ -37,6 +36,7 @@ def setup_gguf(
 ) -> EngineSetup:
     """Load the model once (on the RPC workers' devices when ``endpoints`` are given)."""
     model = _load(spec, max_total_tokens, max_sessions, verbose, endpoints)
+    flash_attn = spec.flash_attn  # (auto: llama.cpp's choice in the probe context, then that for every engine)
 
     def make(limits: EngineLimits) -> GgufEngine:
         # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs).
@@ -46,7 +46,7 @@ def setup_gguf(
             limits.max_active_sessions,
             max_total_tokens,
             spec.threads,
-            spec.flash_attn,
+            flash_attn,
             spec.kv_unified,
             spec.kv_type,
             prefill,
@@ -59,16 +59,23 @@ def setup_gguf(
 
     with capture_log() as context_log:
         probe = make(PROBE_LIMITS)
+    auto = {"repack": model.repack_why} if model.repack_why else {}
+    if flash_attn == recipe.AUTO:
+        probe.flash_attn = flash_attn = recipe.flash_attn_chosen(context_log)
+        auto["flash_attn"] = f"{'on' if flash_attn else 'off'}: llama.cpp's own choice for this model and device"
     kv_log = kv_cache_log(context_log)
     if model.n_swa:  # which layers slide is llama.cpp's architecture code: its SWA cache names them
         model.geometry = model.geometry.with_windows(model.n_swa, kv_log["swa_layers"])
-    info = _record(probe, spec, model, kv_log, context_log)
+    info = _record(probe, spec, model, kv_log, context_log, auto)
     probe.close()
     return EngineSetup(make, info, model.vocab_size, model.n_ctx_train, resource=model, eog=frozenset(model.eog))
 
 
-def _record(probe: GgufEngine, spec: EngineSpec, model: LoadedModel, kv_log: dict, context_log: list[str]) -> dict:
-    """The engine record of results.json: the model, the recipe, the KV geometry and llama.cpp's allocation."""
+def _record(
+    probe: GgufEngine, spec: EngineSpec, model: LoadedModel, kv_log: dict, context_log: list[str], auto: dict
+) -> dict:
+    """The engine record of results.json: the model, the recipe (each auto choice resolved, and what decided it),
+    the KV geometry and llama.cpp's allocation."""
     return describe(
         probe,
         "gguf",
@@ -79,10 +86,10 @@ def _record(probe: GgufEngine, spec: EngineSpec, model: LoadedModel, kv_log: dic
         device=model.device,
         dtype=f"weights per file; KV {spec.kv_type}",
         threads=probe.threads,
-        flash_attn=spec.flash_attn,
+        flash_attn=probe.flash_attn,
         kv_unified=spec.kv_unified,
         mixed_batch=spec.mixed_batch,
-        repack=spec.repack,
+        repack=model.repack,
         tiled_mm=spec.tiled_mm,
         model_name=model.name,
         eog_tokens=list(model.eog),
@@ -90,6 +97,7 @@ def _record(probe: GgufEngine, spec: EngineSpec, model: LoadedModel, kv_log: dic
         kv_geometry=model.geometry.to_dict(KV_TYPES[spec.kv_type][1]),
         kv_allocated=_allocation(probe, kv_log),
         rpc=_rpc_record(model, spec, context_log) if model.endpoints else None,
+        **({"recipe_auto": auto} if auto else {}),
     )
 
 
@@ -100,10 +108,10 @@ def _load(
     if not spec.model:
         raise MeshbenchError("engine gguf needs --model PATH (a .gguf file; make one with meshbench model make-tiny)")
     path = files.regular_file(spec.model, "model")
-    if spec.repack:
-        check_repack_runs(path)
     check_tiled_mm_environment(spec.tiled_mm)
-    model = LoadedModel(path, spec.device, verbose, endpoints, spec.split, spec.repack)
+    repack, why = recipe.repack(spec.repack, path)
+    model = LoadedModel(path, spec.device, verbose, endpoints, spec.split, repack)
+    model.repack_why = why
     check_context(max_total_tokens, model.n_ctx_train)  # before any context is sized by it
     if max_sessions > limits.MAX_LLAMA_SEQUENCES:
         raise MeshbenchError(

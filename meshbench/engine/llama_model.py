@@ -4,11 +4,7 @@ device, the model loaded once and shared by the engines, and its tokenizer."""
 from __future__ import annotations
 
 import ctypes
-import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,6 +126,7 @@ class LoadedModel:
         self.arch = gguf_io.check_model_file(path)
         self.geometry = kv_geometry.read(path)
         self.repack = repack
+        self.repack_why: str | None = None  # what decided it, where engine.repack was auto (meshbench.engine.recipe)
         lib.llama_backend_init()
         self.path = path
         self.device = resolve_device(device)
@@ -214,63 +211,6 @@ def kv_cache_log(lines: Sequence[str]) -> dict:
                 }
             )
     return {"swa_layers": swa, "caches": caches}
-
-
-REPACK_PROBE_TIMEOUT_S = 300
-_repack_failure: dict[str, str | None] = {}  # model path -> why its repacked kernels failed (None: they ran)
-
-
-def check_repack_runs(path: Path) -> None:
-    """llama.cpp's repacked CPU kernels include AMX ones that die with SIGILL where the CPU reports AMX but
-    the machine cannot run it (seen on this project's CI VMs): one decode in a throwaway process first."""
-    key = str(path)
-    if key not in _repack_failure:
-        _repack_failure[key] = _probe_repack(key)
-    why = _repack_failure[key]
-    if why is not None:
-        raise MeshbenchError(
-            f"engine.repack true: llama.cpp's repacked CPU kernels {why} on this machine in a "
-            "16-token probe of this model in a throwaway process; use engine.repack false"
-        )
-
-
-def _probe_repack(path: str) -> str | None:
-    env = dict(os.environ, GGML_NO_BACKTRACE="1")
-    try:
-        code = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import sys; from meshbench.engine.llama_model import repack_probe; repack_probe(sys.argv[1])",
-                path,
-            ],
-            env=env,
-            timeout=REPACK_PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ).returncode
-    except subprocess.TimeoutExpired:
-        return f"did not finish within {REPACK_PROBE_TIMEOUT_S} s"
-    if code == 0:
-        return None
-    return f"died with {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
-
-
-def repack_probe(path: str) -> None:
-    """A throwaway process's one decode of one token with repacking on (check_repack_runs)."""
-    lib = llama_cpp_lib()
-    set_llama_logging(False)
-    lib.llama_backend_init()
-    mp = lib.llama_model_default_params()
-    mp.use_extra_bufts = True
-    model = lib.llama_model_load_from_file(path.encode(), mp)
-    cp = lib.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = 256, 32, 32
-    ctx = lib.llama_init_from_model(model, cp)
-    tokens = (lib.llama_token * 16)(*([1] * 16))  # kept alive: the batch holds only a pointer to it
-    batch = lib.llama_batch_get_one(tokens, 16)
-    sys.exit(0 if lib.llama_decode(ctx, batch) == 0 else 1)
 
 
 def tokenize(

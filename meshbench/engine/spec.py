@@ -23,6 +23,8 @@ from meshbench.errors import MeshbenchError
 
 PATH = {"type": ["string", "null"], "minLength": 1, "maxLength": 4096}
 SEED = {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}
+AUTO = "auto"  # a recipe choice left to llama.cpp's own default where it runs (meshbench.engine.recipe)
+RECIPE_CHOICE = {"type": ["boolean", "string"], "enum": [True, False, AUTO]}
 
 
 def setting(
@@ -33,12 +35,14 @@ def setting(
     help: str | None = None,  # noqa: A002 - the flag's help (default: the schema's description)
     why: str = "",
     added: bool = False,
+    inert: tuple = (),
 ) -> Any:
     """One engine setting: its default, the engine kinds it belongs to, its schema, its flag (None: a config key
     only; ``--name/--no-name`` for a switch) and its help; ``why`` is said when another kind is given it.
     ``added``: a setting newer than results schema 3, which a bundle's config echo from before it lacks (meaning
-    its default): a new setting is one."""
-    meta = {"kinds": kinds, "schema": schema, "flag": flag, "help": help, "why": why, "added": added}
+    its default): a new setting is one. ``inert``: values besides the default that another kind may carry, meaning
+    nothing there (``repack: false`` in a synthetic bundle's echo, from when false was the default)."""
+    meta = {"kinds": kinds, "schema": schema, "flag": flag, "help": help, "why": why, "added": added, "inert": inert}
     return field(default=default, metadata=meta)
 
 
@@ -60,7 +64,18 @@ class EngineSpec:
         "--threads",
         "Engine threads (gguf engine).",
     )
-    flash_attn: bool = setting(False, NODE, {"type": "boolean"})
+    flash_attn: bool | str = setting(
+        AUTO,
+        NODE,
+        {
+            **RECIPE_CHOICE,
+            "description": "GGUF engine: flash attention: auto (the default) = llama.cpp's own choice for the model "
+            "and device, as llama-server's default; true | false. What was used is the engine record's.",
+        },
+        "--flash-attn",
+        "GGUF engine: flash attention auto (llama.cpp's own choice, the default; the bundle says which) | on | off.",
+        inert=(False,),
+    )
     kv_unified: bool = setting(
         False,
         NODE,
@@ -152,17 +167,21 @@ class EngineSpec:
         why=" (one llama_decode per tick); the synthetic engine always runs its batched decode and each prompt "
         "in one call",
     )
-    repack: bool = setting(
-        False,
+    repack: bool | str = setting(
+        AUTO,
         GGUF,
         {
-            "type": "boolean",
-            "description": "GGUF engine: llama.cpp's CPU weight repacking (llama_model_params.use_extra_bufts). Off "
-            "by default: with it off, the decode is batch-invariant up to the tiled K-quant threshold, and on CPUs "
-            "whose AMX kernels cannot run (SIGILL) it is the only setting that runs.",
+            **RECIPE_CHOICE,
+            "description": "GGUF engine: llama.cpp's CPU weight repacking (llama_model_params.use_extra_bufts): "
+            "auto (the default) = llama.cpp's default where its repacked kernels run on this CPU (probed once per "
+            "model and machine in a throwaway process: AMX kernels die with SIGILL on CPUs that report AMX they "
+            "cannot run), off where they do not; true (refused where they do not run) | false. With it on, "
+            "Gemma's decode is batch-variant from 4 rows (docs/concepts/determinism.md).",
         },
-        "--repack/--no-repack",
-        "GGUF engine: llama.cpp's CPU weight repacking (default off: see docs/concepts/determinism.md).",
+        "--repack",
+        "GGUF engine: llama.cpp's CPU weight repacking auto (the default: on where its kernels run on this CPU) | "
+        "on | off.",
+        inert=(False,),
     )
     tiled_mm: str = setting(
         "auto",

@@ -46,7 +46,8 @@ def _owned(spec: EngineSpec) -> None:
     for f in fields(spec):
         kinds = f.metadata.get("kinds")
         value = getattr(spec, f.name)
-        if kinds is None or spec.kind in kinds or value == f.default or (f.default is None and value == ()):
+        inert = value == f.default or value in f.metadata.get("inert", ()) or (f.default is None and value == ())
+        if kinds is None or spec.kind in kinds or inert:
             continue
         if kinds == ENDPOINT:
             raise MeshbenchError(f"engine.{f.name} is an endpoint's (engine.kind endpoint: --target, --serve)")

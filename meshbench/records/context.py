@@ -72,6 +72,8 @@ class GgufEngineInfo(EngineInfo):
     kv_allocated: KvAllocation | None
     rpc: JsonObject | None  # RPC workers: endpoints, devices, layers and buffers per device
     vocab_size: int | None = None  # the model's vocabulary (synthetic prompts are drawn over it); since round 4
+    # each recipe setting that was auto (engine.repack, engine.flash_attn): what it resolved to here, and why
+    recipe_auto: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

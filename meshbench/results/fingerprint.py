@@ -12,44 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
-from pathlib import Path
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# The x86 and Arm flags that ggml and OpenBLAS dispatch on (others do not change arithmetic).
-KERNEL_FLAGS = frozenset(
-    {
-        "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni",
-        "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512_vnni", "avx512_bf16",
-        "avx512vbmi", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16",
-        "asimd", "asimddp", "sve", "sve2", "i8mm", "bf16", "fphp", "asimdhp",
-    }
-)  # fmt: skip
-
-
-def simd_flags(cpuinfo: str | None = None) -> list[str]:
-    """The kernel-selecting flags of the first CPU in /proc/cpuinfo, sorted (empty where it is unreadable)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return sorted(KERNEL_FLAGS.intersection(value.split()))
-    return []
+from meshbench.machine import KERNEL_FLAGS, cpu_model, llama_cpp_build, simd_flags  # noqa: F401 - re-exported
 
 
 def blas() -> dict | None:
@@ -70,20 +35,6 @@ def blas() -> dict | None:
             "threads": int(lib.get("num_threads") or 0),
         }
     return None
-
-
-def llama_cpp_build() -> dict | None:
-    """llama.cpp's version and the backend features it reports (``llama_print_system_info``), if installed."""
-    try:
-        import llama_cpp  # noqa: PLC0415 - optional dependency
-
-        info = llama_cpp.llama_print_system_info()
-        return {
-            "version": str(llama_cpp.__version__),
-            "system_info": (info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)).strip(),
-        }
-    except Exception:  # not installed, or its native library failed to load
-        return None
 
 
 def llama_kernels(fp: dict | None) -> str | None:

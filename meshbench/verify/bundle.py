@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from meshbench import files, validation
 from meshbench.analysis.checks import Checks, Failure
+from meshbench.engine.spec import AUTO, EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
 from meshbench.results import bundle, fault_report, fingerprint, kinds, report
@@ -134,10 +135,28 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
     # (a rerun on other llama.cpp kernels reports the tokens they bind rather than failing them: the claim must hold)
     c.equal(bundle.RESULTS, "environment.compute (its llama.cpp against its CPU)", [],
             fingerprint.contradictions(serial.to_json(compute)))  # fmt: skip
+    if isinstance(typed, NodeBundle):
+        c.equal(bundle.RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, r.engine.kind)
     if isinstance(typed, NodeBundle) and r.engine.kind == "gguf":
         c.equal(bundle.RESULTS, "environment.compute.llama_cpp (the GGUF engine runs llama.cpp)", True,
                 compute.llama_cpp is not None)  # fmt: skip
+        c.equal(bundle.RESULTS, "engine recipe (repack, flash_attn, recipe_auto: = the config echo's settings)", [],
+                recipe_disagreements(cfg.engine, r.engine))  # fmt: skip
     return c
+
+
+def recipe_disagreements(setting: EngineSpec, record: object) -> list[str]:
+    """Where the engine record's recipe contradicts the echo: a setting given as true or false is what ran; a
+    setting left auto says in recipe_auto what it resolved to, and recipe_auto says nothing else."""
+    auto = getattr(record, "recipe_auto", None) or {}
+    out = [f"recipe_auto.{k} for a setting the echo does not leave auto" for k in auto if getattr(setting, k) != AUTO]
+    for key in ("repack", "flash_attn"):
+        said, used = getattr(setting, key), getattr(record, key, None)
+        if said != AUTO and said is not used:
+            out.append(f"{key} {used} where the echo says {said}")
+        elif said == AUTO and not str(auto.get(key, "")).startswith(("on: " if used else "off: ")):
+            out.append(f"{key} {used} where recipe_auto.{key} says {auto.get(key)!r}")
+    return out
 
 
 def plain_command(command: str) -> bool:
