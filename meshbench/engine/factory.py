@@ -36,5 +36,7 @@ def setup(
     if spec.kind == "synthetic":
         return setup_synthetic(spec)
     if spec.kind == "gguf":
-        return setup_gguf(spec, sizing.max_total_tokens, sizing.max_sessions, sizing.max_prompt, verbose, endpoints)
+        return setup_gguf(
+            spec, sizing.max_total_tokens, sizing.max_sessions, sizing.max_prompt, verbose, endpoints, sizing.burst
+        )
     raise MeshbenchError(f"engine.kind must be synthetic or gguf, got {spec.kind!r}")

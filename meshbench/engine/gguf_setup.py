@@ -33,14 +33,18 @@ def setup_gguf(
     max_prompt: int = 512,
     verbose: bool = False,
     endpoints: Sequence[rpc.Endpoint] = (),
+    burst: bool = False,
 ) -> EngineSetup:
-    """Load the model once (on the RPC workers' devices when ``endpoints`` are given)."""
+    """Load the model once (on the RPC workers' devices when ``endpoints`` are given). ``burst``: a tick may
+    prefill every session's prompt at once (a mixed batch is sized for it)."""
     model = _load(spec, max_total_tokens, max_sessions, verbose, endpoints)
     flash_attn = spec.flash_attn  # (auto: llama.cpp's choice in the probe context, then that for every engine)
 
     def make(limits: EngineLimits) -> GgufEngine:
-        # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs).
-        prefill = max(max_prompt, limits.max_prefill_tokens_per_tick) if spec.mixed_batch else max_prompt
+        # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs), or in
+        # a burst every active session's prompt.
+        budget = max_prompt * limits.max_active_sessions if burst else limits.max_prefill_tokens_per_tick
+        prefill = max(max_prompt, budget) if spec.mixed_batch else max_prompt
         return GgufEngine(
             model,
             limits.max_active_sessions,

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from meshbench.engine.base import DecodeItem, PrefillChunk
 from meshbench.scheduler.session import Session
 
-PREFILL_POLICIES = ("whole", "chunked")
+# whole: whole prompts within the budget; chunked: the budget filled exactly; burst: whole, but every admitted prompt
+# in a tick where no session decodes (no one's inter-token latency is at stake: the budget bounds decode stalls)
+PREFILL_POLICIES = ("whole", "chunked", "burst")
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,7 +133,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
             if self._first_tick_ns is None:
                 self._first_tick_ns = t0
             chosen = self._pick_decode(self.budget.max_batch_size)
-            picks = self._pick_prefill(self.budget.max_prefill_tokens_per_tick)
+            picks = self._pick_prefill(self.prefill_budget(decoding=bool(chosen)))
             chunks = [
                 PrefillChunk(
                     SessionHandle(s.session_id, s.epoch, s.request.total_tokens),
@@ -180,13 +180,20 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         chosen.sort(key=lambda s: s.arrival)
         return chosen
 
+    def prefill_budget(self, decoding: bool) -> int:
+        """The tick's prefill tokens: the budget, which bounds how long a tick stalls the decoding sessions; with
+        ``burst``, unbounded in a tick where none decodes (the server's way: every waiting prompt in one go)."""
+        if self.prefill_policy == "burst" and not decoding:
+            return sum(s.prompt_len - s.prefilled for s in self._admitted.values())
+        return self.budget.max_prefill_tokens_per_tick
+
     def _pick_prefill(self, token_budget: int) -> list[tuple[Session, int, int]]:
         """(session, first position, tokens) to prefill, first in first out within ``token_budget``.
 
-        ``whole``: whole prompts while they fit; the first always runs, so one prompt larger than the
-        budget still progresses; the first that does not fit ends the phase (no reordering: a smaller
-        prompt behind it waits too). ``chunked``: the budget filled exactly, the last prompt split and
-        continued next tick at its next position.
+        ``whole`` (and ``burst``, its budget from ``prefill_budget``): whole prompts while they fit; the first
+        always runs, so one prompt larger than the budget still progresses; the first that does not fit ends the
+        phase (no reordering: a smaller prompt behind it waits too). ``chunked``: the budget filled exactly, the
+        last prompt split and continued next tick at its next position.
         """
         picks: list[tuple[Session, int, int]] = []
         spent = 0

@@ -37,7 +37,11 @@ def _run(cfg: RunConfig, burst: int | None, endpoints) -> dict:
     if burst is not None:
         wl = Workload((wl.prompt_tokens[0],) * burst, (wl.new_tokens[0],) * burst, wl.seed, wl.arrivals)
     process = arrivals.parse(wl.arrivals)
-    setup = factory.setup(cfg.engine, EngineSizing(wl.longest, budget.max_active_sessions), endpoints=endpoints)
+    setup = factory.setup(
+        cfg.engine,
+        EngineSizing(wl.longest, budget.max_active_sessions, burst=cfg.prefill == "burst"),
+        endpoints=endpoints,
+    )
     try:
         return _decide(cfg, wl, process, setup)
     finally:

@@ -48,7 +48,7 @@ def prepare(cfg: RunConfig, verbose: bool = False, on: Node | None = None) -> En
     validate_levels(cfg.levels, cfg.workload.sessions)
     on = on or Node()
     longest = cfg.workload.longest
-    sizing = EngineSizing(longest, max(cfg.levels), cfg.workload.longest_prompt)
+    sizing = EngineSizing(longest, max(cfg.levels), cfg.workload.longest_prompt, burst=cfg.prefill == "burst")
     if cfg.engine.isolated:
         setup = Supervisor(cfg.engine, sizing, verbose, on.pool, on.endpoints).setup()
     else:

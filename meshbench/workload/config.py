@@ -54,7 +54,7 @@ class RunConfig:
     slo: dict = field(default_factory=lambda: {"ttft": None, "tpot": None})  # ticks, or ms on the wall clock
     faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows (meshbench.workload.faults), each run at every level
     restart_engine: bool = False  # after an engine loss: a fresh engine, the lost sessions resubmitted
-    prefill: str = "whole"  # or chunked: the prefill budget filled exactly, prompts split across ticks
+    prefill: str = "whole"  # or chunked (the budget filled exactly, prompts split) or burst (meshbench.scheduler.plan)
     budget: NodeBudget = DGR_012_BUDGET  # max_active_sessions/max_batch_size are set per level by a sweep
     source: str = "defaults"  # where the config came from, for messages and the results echo
 
@@ -101,7 +101,7 @@ class RunConfig:
             "clock wall without --rates": self.clock == "wall" and not open_loop,
             "workload.arrivals without --rates": self.workload.arrivals != "all-at-once" and not open_loop,
             "restart_engine": self.restart_engine,
-            "prefill chunked": self.prefill != "whole",
+            f"prefill {self.prefill}": self.prefill != "whole",
             "budget": self.budget != DGR_012_BUDGET,
             "workload.eos continue (a server stops at its end-of-generation token, eos stop, or bans it, eos ban)": (
                 self.workload.eos == "continue"

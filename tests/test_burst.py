@@ -1,0 +1,63 @@
+"""Prefill burst: whole prompts within the budget while any session decodes, every waiting prompt in a tick where
+none decodes (the budget bounds decode stalls; with no decoder it would only delay first tokens). verify holds a
+burst bundle's ticks to that rule, and the default (whole) is untouched."""
+
+import json
+
+import factories as f
+import pytest
+from typer.testing import CliRunner
+
+from meshbench.cli import app
+
+runner = CliRunner()
+
+
+def test_a_burst_prefills_every_waiting_prompt_only_where_no_session_decodes():
+    s = f.scheduler(max_prefill_tokens_per_tick=6, prefill_policy="burst", max_active_sessions=4, max_batch_size=4)
+    for sid, n, new in (("a", 5, 2), ("b", 5, 4), ("c", 5, 4)):
+        s.submit(f.request(sid, tuple(range(1, n + 1)), new))
+    first = s.run_tick()
+    assert first.decode_batch == 0 and first.prefill_sessions == ("a", "b", "c")  # 15 > 6: nobody decodes
+    s.submit(f.request("d", (1, 2, 3, 4), 2))
+    s.submit(f.request("e", (1, 2, 3, 4), 2))
+    second = s.run_tick()
+    assert second.decode_batch == 3 and second.prefill_sessions == ("d",)  # decoding: the budget (4 + 4 > 6)
+    whole = f.scheduler(max_prefill_tokens_per_tick=6, max_active_sessions=4, max_batch_size=4)
+    for sid in "abc":
+        whole.submit(f.request(sid, tuple(range(1, 6)), 2))
+    assert whole.run_tick().prefill_sessions == ("a",)  # whole: the budget even with no decoder
+
+
+def bundle(tmp_path, *flags):
+    out = tmp_path / "b"
+    r = runner.invoke(app, ["sweep", "--levels", "1,4,8", "--prefill", "burst", "--out", str(out), *flags])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_a_burst_bundle_verifies_and_a_burst_while_decoding_does_not(tmp_path):
+    out = bundle(tmp_path)
+    data = json.loads((out / "results.json").read_text())
+    ticks = data["levels"][2]["tick_records"]
+    assert ticks[0]["decode_batch"] == 0 and sum(n for _, _, n in ticks[0]["prefill_chunks"]) > 4  # DGR-012's budget
+    r = runner.invoke(app, ["verify", str(out), "--rerun"])
+    assert r.exit_code == 0, r.output
+    # the same records said to be 'whole': the first tick's burst exceeds the budget
+    data["config"]["prefill"] = "whole"
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 1 and "tick_records[0].prefill_chunks (within the budget of 4)" in r.output
+
+
+def test_burst_with_a_mixed_batch_on_llama_cpp_sizes_the_batch_for_it(tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable: the GGUF engine is untested")
+    model = f.tiny_gguf(tmp_path / "m.gguf")
+    flags = ["--engine", "gguf", "--model", str(model), "--mixed-batch", "--repack", "off", "--flash-attn", "off"]
+    out = bundle(tmp_path, *flags)
+    r = runner.invoke(app, ["verify", str(out), "--rerun"])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    assert data["batch_invariant"] is True and data["isolation"]["holds"] is True
+    first = data["levels"][2]["tick_records"][0]  # (a llama_decode of every prompt: more than the budget of 4)
+    assert first["decode_batch"] == 0 and sum(n for _, _, n in first["prefill_chunks"]) > 4
