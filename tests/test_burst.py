@@ -29,9 +29,24 @@ def test_a_burst_prefills_every_waiting_prompt_only_where_no_session_decodes():
     assert whole.run_tick().prefill_sessions == ("a",)  # whole: the budget even with no decoder
 
 
-def bundle(tmp_path, *flags):
+def test_chunked_burst_fills_the_budget_exactly_while_sessions_decode():
+    s = f.scheduler(
+        max_prefill_tokens_per_tick=6, prefill_policy="chunked-burst", max_active_sessions=4, max_batch_size=4
+    )
+    for sid in "ab":
+        s.submit(f.request(sid, tuple(range(1, 6)), 4))
+    first = s.run_tick()
+    assert first.decode_batch == 0 and [n for _, _, n in first.prefill_chunks] == [5, 5]  # nobody decodes: all
+    s.submit(f.request("c", tuple(range(1, 6)), 2))
+    s.submit(f.request("d", tuple(range(1, 6)), 2))
+    second = s.run_tick()
+    assert second.decode_batch == 2 and list(second.prefill_chunks) == [("c", 0, 5), ("d", 0, 1)]  # 6 exactly
+    assert list(s.run_tick().prefill_chunks) == [("d", 1, 4)]  # d continues at its next position
+
+
+def bundle(tmp_path, *flags, policy="burst"):
     out = tmp_path / "b"
-    r = runner.invoke(app, ["sweep", "--levels", "1,4,8", "--prefill", "burst", "--out", str(out), *flags])
+    r = runner.invoke(app, ["sweep", "--levels", "1,4,8", "--prefill", policy, "--out", str(out), *flags])
     assert r.exit_code == 0, r.output
     return out
 
@@ -48,6 +63,12 @@ def test_a_burst_bundle_verifies_and_a_burst_while_decoding_does_not(tmp_path):
     (out / "results.json").write_text(json.dumps(data, indent=1))
     r = runner.invoke(app, ["verify", str(out)])
     assert r.exit_code == 1 and "tick_records[0].prefill_chunks (within the budget of 4)" in r.output
+
+
+def test_a_chunked_burst_bundle_verifies(tmp_path):
+    out = bundle(tmp_path, "--max-prefill-tokens-per-tick", "3", policy="chunked-burst")
+    r = runner.invoke(app, ["verify", str(out), "--rerun"])
+    assert r.exit_code == 0, r.output
 
 
 def test_burst_with_a_mixed_batch_on_llama_cpp_sizes_the_batch_for_it(tmp_path):

@@ -212,8 +212,8 @@ RUN = (
             "--prefill",
             rich_help_panel="Workload",
             help="whole (default: whole prompts within the prefill budget, the first always runs) | chunked "
-            "(the budget filled exactly, the last prompt split and continued next tick) | burst (whole, and every "
-            "waiting prompt in a tick where no session decodes).",
+            "(the budget filled exactly, the last prompt split and continued next tick) | burst | chunked-burst "
+            "(whole or chunked, and every waiting prompt in a tick where no session decodes).",
         ),
         paths=("prefill",),
     ),

@@ -7,9 +7,20 @@ from dataclasses import dataclass, field
 from meshbench.engine.base import DecodeItem, PrefillChunk
 from meshbench.scheduler.session import Session
 
-# whole: whole prompts within the budget; chunked: the budget filled exactly; burst: whole, but every admitted prompt
-# in a tick where no session decodes (no one's inter-token latency is at stake: the budget bounds decode stalls)
-PREFILL_POLICIES = ("whole", "chunked", "burst")
+# whole: whole prompts within the budget; chunked: the budget filled exactly; burst and chunked-burst: whole or
+# chunked, but every admitted prompt in a tick where no session decodes (no one's inter-token latency is at stake
+# then: the budget bounds how long a tick stalls the decoding sessions)
+PREFILL_POLICIES = ("whole", "chunked", "burst", "chunked-burst")
+
+
+def chunks(policy: str) -> bool:
+    """The policy splits prompts to fill the budget exactly."""
+    return policy.startswith("chunked")
+
+
+def bursts(policy: str) -> bool:
+    """The policy prefills every waiting prompt in a tick where no session decodes."""
+    return policy.endswith("burst")
 
 
 @dataclass(frozen=True, slots=True)

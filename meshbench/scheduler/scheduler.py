@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from meshbench.engine.base import DecodeItem, EngineFigures, PrefillChunk, SessionHandle, TickResult
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason, NodeBudget
-from meshbench.scheduler.plan import PREFILL_POLICIES, CancelResult, TickPlan
+from meshbench.scheduler.plan import PREFILL_POLICIES, CancelResult, TickPlan, bursts, chunks
 from meshbench.scheduler.readouts import SchedulerReadouts
 from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
 from meshbench.scheduler.telemetry import TickRecord
@@ -183,7 +183,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
     def prefill_budget(self, decoding: bool) -> int:
         """The tick's prefill tokens: the budget, which bounds how long a tick stalls the decoding sessions; with
         ``burst``, unbounded in a tick where none decodes (the server's way: every waiting prompt in one go)."""
-        if self.prefill_policy == "burst" and not decoding:
+        if bursts(self.prefill_policy) and not decoding:
             return sum(s.prompt_len - s.prefilled for s in self._admitted.values())
         return self.budget.max_prefill_tokens_per_tick
 
@@ -199,7 +199,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         spent = 0
         for s in self._admitted.values():
             left = s.prompt_len - s.prefilled
-            if self.prefill_policy == "chunked":
+            if chunks(self.prefill_policy):
                 left = min(left, token_budget - spent)
                 if left <= 0:
                     break

@@ -12,6 +12,7 @@ from meshbench.engine.base import check_context
 from meshbench.engine.setup import EngineSizing, close_engine
 from meshbench.engine.spec_rules import NODE
 from meshbench.errors import MeshbenchError
+from meshbench.scheduler.plan import bursts
 from meshbench.sweep.driver import NodeDriver
 from meshbench.sweep.run import node
 from meshbench.workload import arrivals, prompts
@@ -39,7 +40,7 @@ def _run(cfg: RunConfig, burst: int | None, endpoints) -> dict:
     process = arrivals.parse(wl.arrivals)
     setup = factory.setup(
         cfg.engine,
-        EngineSizing(wl.longest, budget.max_active_sessions, burst=cfg.prefill == "burst"),
+        EngineSizing(wl.longest, budget.max_active_sessions, burst=bursts(cfg.prefill)),
         endpoints=endpoints,
     )
     try:

@@ -27,6 +27,7 @@ from meshbench.results import document as results
 from meshbench.results import envinfo, kinds, typed
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.plan import bursts
 from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import prove, replay
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
@@ -48,7 +49,7 @@ def prepare(cfg: RunConfig, verbose: bool = False, on: Node | None = None) -> En
     validate_levels(cfg.levels, cfg.workload.sessions)
     on = on or Node()
     longest = cfg.workload.longest
-    sizing = EngineSizing(longest, max(cfg.levels), cfg.workload.longest_prompt, burst=cfg.prefill == "burst")
+    sizing = EngineSizing(longest, max(cfg.levels), cfg.workload.longest_prompt, burst=bursts(cfg.prefill))
     if cfg.engine.isolated:
         setup = Supervisor(cfg.engine, sizing, verbose, on.pool, on.endpoints).setup()
     else:

@@ -12,6 +12,7 @@ from meshbench.records.model import LevelRecord
 from meshbench.records.turns import turn_numbers
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
+from meshbench.scheduler.plan import bursts, chunks
 from meshbench.verify import turns
 from meshbench.verify.figures import workload_ids
 from meshbench.workload import arrivals
@@ -185,13 +186,13 @@ def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     submitted by then and prefilled only after (levels without an engine loss: a resubmission queues unseen
     by the submit events), and prefill pieces stay in budget."""
     budget = lv.budget.max_prefill_tokens_per_tick
-    chunked = b.cfg.prefill == "chunked"
+    chunked = chunks(b.cfg.prefill)
     for t in lv.tick_records:
         pieces = [n for _, _, n in t.prefill_chunks]
         # whole prompts: the first always runs (one larger than the budget still progresses), the rest fit;
         # burst: a tick where no session decoded prefills every prompt waiting
-        bursting = b.cfg.prefill == "burst" and t.decode_batch == 0
-        ok = sum(pieces) <= budget if chunked or (len(pieces) > 1 and not bursting) else True
+        bursting = bursts(b.cfg.prefill) and t.decode_batch == 0
+        ok = True if bursting else sum(pieces) <= budget if chunked or len(pieces) > 1 else True
         c.equal(RESULTS, f"{at}.tick_records[{t.tick}].prefill_chunks (within the budget of {budget})", True, ok)
     ended_at = {(s.session_id, s.end_tick): s for s in lv.sessions}
     queued: dict[str, list[int]] = {}  # ticks it was queued at (a conversation: once per turn, at most)
