@@ -82,3 +82,29 @@ def test_burst_with_a_mixed_batch_on_llama_cpp_sizes_the_batch_for_it(tmp_path):
     assert data["batch_invariant"] is True and data["isolation"]["holds"] is True
     first = data["levels"][2]["tick_records"][0]  # (a llama_decode of every prompt: more than the budget of 4)
     assert first["decode_batch"] == 0 and sum(n for _, _, n in first["prefill_chunks"]) > 4
+
+
+def test_a_tick_that_leaves_its_decoders_out_does_not_make_a_burst(tmp_path, monkeypatch):
+    """A forger (here a scheduler patched to skip its decoders whenever prompts wait) records decode_batch 0
+    consistently: the burst's exemption must still not apply while sessions are running."""
+    from meshbench.scheduler.scheduler import ContinuousBatchScheduler
+
+    honest = ContinuousBatchScheduler._pick_decode
+    monkeypatch.setattr(
+        ContinuousBatchScheduler,
+        "_pick_decode",
+        lambda self, n: [] if len(self._admitted) > 1 else honest(self, n),
+    )
+    out = tmp_path / "b"
+    argv = ["sweep", "--levels", "4", "--prefill", "burst", "--sessions", "6", "--new-tokens", "3,3,9,9,5,5"]
+    r = runner.invoke(app, [*argv, "--no-isolation", "--out", str(out)])  # (the sweep verifies what it wrote)
+    assert r.exit_code == 1 and "tick_records[3].prefill_chunks (within the budget of 4)" in r.output, r.output
+
+
+def test_a_mixed_burst_too_large_for_one_llama_decode_is_refused_in_one_line(tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable: the GGUF engine is untested")
+    model = f.tiny_gguf(tmp_path / "m.gguf")
+    argv = ["sweep", "--engine", "gguf", "--model", str(model), "--prefill", "burst", "--mixed-batch"]
+    r = runner.invoke(app, [*argv, "--levels", "64", "--sessions", "64", "--prompt-tokens", "200", "--new-tokens", "2"])
+    assert r.exit_code == 2 and "needs a llama_decode of 12800 tokens, over 8192" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "results").exists()

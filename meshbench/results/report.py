@@ -10,6 +10,7 @@ from meshbench.records.documents import LogitDeviation
 from meshbench.results import fault_report, fingerprint, load_report, markdown, prefix_report
 from meshbench.results.load_report import level_name, row
 from meshbench.results.typed import NodeBundle
+from meshbench.scheduler.plan import bursts
 
 SWEEP_HEADING = "## Concurrency sweep (deterministic)"
 TABLE_HEADER = "| concurrency | ticks | avg batch occupancy | max occupancy | tokens/tick | peak KV bytes |"
@@ -140,8 +141,14 @@ def _what_ran(b: NodeBundle) -> list[str]:
             else f"sessions arrive over time ({b.levels[0].arrivals.split(':')[0]} process, arrival "
             "ticks in results.json) and the configured queue applies"
         ),
-        "- policy: decode first (one batch per tick), then bounded first-in-first-out prefill; finished sessions "
-        "release their KV at the end of the tick",
+        "- policy: decode first (one batch per tick), then bounded first-in-first-out prefill"
+        + (
+            " while any session decodes and every waiting prompt in a tick where none decodes "
+            f"(prefill {b.cfg.prefill})"
+            if bursts(b.cfg.prefill)
+            else ""
+        )
+        + "; finished sessions release their KV at the end of the tick",
         "",
     ]
 

@@ -5,7 +5,8 @@ A tick is ``schedule`` -> the driver runs the plan's ONE engine call -> ``apply`
 ended -> ``record``. ``schedule`` is where the policy reads top to bottom: pick the decode batch (every
 decoding session, at most max_batch_size, least-recently-decoded first), then the prefill work
 (first-in-first-out within max_prefill_tokens_per_tick: whole prompts, or ``chunked`` pieces that fill the
-budget exactly). ``apply`` takes each session's answer, then the end-of-tick releases and promotion.
+budget exactly; with ``burst`` or ``chunked-burst``, every waiting prompt in a tick where none decodes).
+``apply`` takes each session's answer, then the end-of-tick releases and promotion.
 
 An engine that is lost (its process died) takes the sessions resident in it along: ``engine_lost`` ends
 them FAILED with the cause; the driver then restarts the engine and ``resubmit``s them under a new epoch
@@ -182,7 +183,8 @@ class ContinuousBatchScheduler(SchedulerReadouts):
 
     def prefill_budget(self, decoding: bool) -> int:
         """The tick's prefill tokens: the budget, which bounds how long a tick stalls the decoding sessions; with
-        ``burst``, unbounded in a tick where none decodes (the server's way: every waiting prompt in one go)."""
+        ``burst`` or ``chunked-burst``, unbounded in a tick where none decodes (the server's way: every waiting
+        prompt in one go)."""
         if bursts(self.prefill_policy) and not decoding:
             return sum(s.prompt_len - s.prefilled for s in self._admitted.values())
         return self.budget.max_prefill_tokens_per_tick
