@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ KV_TYPES = {"f32": (GGML_TYPE_F32, 4), "f16": (GGML_TYPE_F16, 2)}
 _log_lock = threading.Lock()
 _log_callback = None  # kept alive for as long as llama.cpp may call it
 _captured: list[str] | None = None  # llama.cpp's log lines while a topology is being read
+_echo = False  # llama.cpp's log lines also to stderr (--verbose)
 LAYER_LINE = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
 BUFFER_LINE = re.compile(r"^\w+:\s+(\S+) (model|KV) buffer size =\s+([\d.]+) MiB")
 
@@ -37,27 +39,29 @@ def llama_cpp_lib():
 
 
 def set_llama_logging(verbose: bool) -> None:
-    """Silence llama.cpp's own log lines unless ``verbose``."""
-    global _log_callback
+    """Silence llama.cpp's own log lines unless ``verbose`` (then they go to stderr); either way they are read
+    where a block captures them (``capture_log``: the KV allocation, the topology, flash attention's choice)."""
+    global _log_callback, _echo
     lib = llama_cpp_lib()
     with _log_lock:
-        if verbose:  # llama.cpp's own logger again: a NULL callback of the callback type (None is refused)
-            lib.llama_log_set(lib.llama_log_callback(), ctypes.c_void_p())
-            _log_callback = None
-        elif _log_callback is None:
+        _echo = verbose
+        if _log_callback is None:
 
             @lib.llama_log_callback
-            def _quiet(level, text, user_data):  # noqa: ARG001
+            def _log(level, text, user_data):  # noqa: ARG001
+                line = text.decode(errors="replace")
                 if _captured is not None:
-                    _captured.append(text.decode(errors="replace"))
+                    _captured.append(line)
+                if _echo:
+                    sys.stderr.write(line)
 
-            _log_callback = _quiet
+            _log_callback = _log
             lib.llama_log_set(_log_callback, ctypes.c_void_p())
 
 
 @contextmanager
 def capture_log():
-    """Collect llama.cpp's log lines (when not verbose) for the duration of the block."""
+    """Collect llama.cpp's log lines for the duration of the block."""
     global _captured
     lines: list[str] = []
     with _log_lock:
