@@ -100,9 +100,21 @@ def probe_key(path: Path) -> str:
         "cpu": machine.cpu_model(),
         "simd": machine.simd_flags(),
         "llama_cpp": machine.llama_cpp_build(),
-        "model_sha256": files.sha256(path),
+        "model_sha256": _model_sha256(path),
     }
     return hashlib.sha256(json.dumps(here, sort_keys=True).encode()).hexdigest()
+
+
+_hashed: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> sha256: a model hashed once per process
+
+
+def _model_sha256(path: Path) -> str:
+    """The model's sha256, hashed again only when the file changed (a rerun asks before its sweep does)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _hashed:
+        _hashed[key] = files.sha256(path)
+    return _hashed[key]
 
 
 def _cache_file(key: str) -> Path:
