@@ -248,43 +248,15 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
             f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
             "the model to them; pass --trust-endpoints if they are yours"
         )
-    _check_recipe_runs(cfg, b)
-    rerun = sweep_on_node(cfg, b.results.command)
-    _check_recipe_resolved(cfg, b, rerun)
-    return rerun
+    return sweep_on_node(_recorded_recipe(cfg, b), b.results.command)
 
 
-def _check_recipe_runs(cfg: RunConfig, b: NodeBundle) -> None:
-    """A bundle made with llama.cpp's weight repacking cannot recompute its tokens where the repacked kernels do
-    not run: said before anything runs (the probe's answer is cached per model and machine)."""
-    if cfg.engine.kind != "gguf" or not getattr(b.results.engine, "repack", False) or cfg.engine.repack is False:
-        return
-    if not cfg.engine.model:  # (a packaged model's file is found by the sweep: _check_recipe_resolved says it then)
-        return
-    model = Path(cfg.engine.model)
-    why = recipe.repack_failure(model) if model.is_file() else None
-    if why is not None:
-        raise MeshbenchError(
-            f"this bundle was made with llama.cpp's weight repacking (engine.repack {_said(cfg.engine.repack)}), "
-            f"and its repacked kernels {why} on this machine: its tokens cannot be recomputed here"
-        )
-
-
-def _check_recipe_resolved(cfg: RunConfig, b: NodeBundle, rerun: dict) -> None:
-    """A setting left auto must resolve here as it did where the bundle was made, or the rerun ran another
-    recipe: said in one line (what it resolved to there, what here and why) rather than as differing tokens."""
+def _recorded_recipe(cfg: RunConfig, b: NodeBundle) -> RunConfig:
+    """The rerun runs the recipe that ran where the bundle was made, whatever its echo said: a setting that ran
+    off (weight repacking, flash attention) is off here; one that ran on is auto, so on wherever llama.cpp runs
+    it here and off, said in the rerun's recipe_auto, where it does not (its repacked kernels die on this CPU).
+    A recipe that differs is then reported as other kernels are: what it binds is counted, not failed."""
     if cfg.engine.kind != "gguf":
-        return
-    for key in ("repack", "flash_attn"):
-        there, here = getattr(b.results.engine, key, None), rerun["engine"].get(key)
-        if getattr(cfg.engine, key) == recipe.AUTO and there != here:
-            why = (rerun["engine"].get("recipe_auto") or {}).get(key, "")
-            raise MeshbenchError(
-                f"engine.{key} auto resolved {'on' if there else 'off'} where this bundle was made and "
-                f"{why or ('on' if here else 'off')} here: the rerun ran another recipe, so its tokens are not "
-                "the bundle's to compare"
-            )
-
-
-def _said(value: bool | str) -> str:
-    return {True: "true", False: "false"}.get(value, str(value))  # type: ignore[call-overload]
+        return cfg
+    ran = {key: recipe.AUTO if getattr(b.results.engine, key, False) else False for key in ("repack", "flash_attn")}
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **ran))

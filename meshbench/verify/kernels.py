@@ -26,7 +26,8 @@ TOKEN_BOUND = re.compile(
     r"^(batch_invariant|corruption_free|first_divergence(\..+)?|reference\.sessions\[\d+\]\.digest"
     r"|levels\[\d+\]\.(sessions|cache_off)\[\d+\]\.(tokens|digest|margins)"
     r"|levels\[\d+\]\.tick_records\[\d+\]\.decode_feed"
-    r"|levels\[\d+\]\.isolation\.passes\[\d+\]\.sessions\[\d+\]\.(digest|margins_digest))$"
+    r"|levels\[\d+\]\.isolation\.passes\[\d+\]\.sessions\[\d+\]\.(digest|margins_digest)"
+    r"|engine\.recipe)$"
 )
 # corruption_free but for what token values decide (batch invariance where isolation did not run, the prefix
 # cache's classification of a cache-on/off difference): held wherever the kernels are.
@@ -35,12 +36,31 @@ CORRUPTION_HELD = "corruption_free: isolation holds where it ran and no session 
 SCHEDULE_FREE = frozenset({"engine", "inputs", CORRUPTION_HELD})
 
 
-def differ(recorded: dict | None, here: dict | None, engine: EngineInfo) -> tuple[str, str] | None:
-    """(recorded, here) where a GGUF engine's llama.cpp kernels differ between the two fingerprints, else None."""
+def recipe(engine: EngineInfo) -> str | None:
+    """The kernels a GGUF engine's recipe picks beside the build's: weight repacking and flash attention."""
+    if engine.kind != "gguf":
+        return None
+    on = {True: "on", False: "off"}
+    repack, flash = getattr(engine, "repack", False), getattr(engine, "flash_attn", False)
+    return f"repack {on[bool(repack)]}, flash attention {on[bool(flash)]}"
+
+
+def differ(recorded: dict | None, here: dict | None, engine: EngineInfo, rerun: EngineInfo) -> KernelReport | None:
+    """Where a GGUF engine's llama.cpp kernels differ between the two fingerprints, or the recipe that picks
+    among them does (a bundle made with repacking, rerun where its repacked kernels die), else None."""
     if engine.kind != "gguf":
         return None
     was, now = fingerprint.llama_kernels(recorded), fingerprint.llama_kernels(here)
-    return None if was == now else (was or "no llama.cpp", now or "no llama.cpp")
+    recipes = (recipe(engine) or "", recipe(rerun) or "")
+    if was == now and recipes[0] == recipes[1]:
+        return None
+    why = getattr(rerun, "recipe_auto", None) or {}
+    decided = [f"{k} {why[k]}" for k in ("repack", "flash_attn") if k in why and _on(engine, k) != _on(rerun, k)]
+    return KernelReport(was or "no llama.cpp", now or "no llama.cpp", recipes=recipes, decided=decided)
+
+
+def _on(engine: EngineInfo, key: str) -> bool:
+    return bool(getattr(engine, key, False))
 
 
 def held_corruption(b: NodeBundle) -> bool:
@@ -58,6 +78,8 @@ class KernelReport:
 
     recorded: str
     here: str
+    recipes: tuple[str, str] = ("", "")  # the recipe's kernels (repacking, flash attention): recorded, here
+    decided: list[str] = field(default_factory=list)  # why a setting ran otherwise here (the rerun's recipe_auto)
     schedule_bound: bool = False  # tokens differ and drive this schedule
     bound: list[str] = field(default_factory=list)  # kernel-bound records that differ, by key
     compared: int = 0
@@ -66,10 +88,17 @@ class KernelReport:
 
     def __str__(self) -> str:
         sessions = sorted({s for k in self.bound if (s := _session(k))}, key=_natural)
-        which = (
-            f"llama.cpp's kernels, which differ (recorded: {ascii(self.recorded)}; here: {ascii(self.here)}; "
-            f"{_difference(self.recorded, self.here)})"
-        )
+        if self.recorded == self.here:  # the same build's kernels, picked otherwise by the recipe
+            which = (
+                f"llama.cpp's kernels, which the recipe picks otherwise here ({self.recipes[0]} recorded, "
+                f"{self.recipes[1]} here{': ' * bool(self.decided)}{'; '.join(self.decided)}; the build's "
+                f"kernels the same: {ascii(self.recorded)})"
+            )
+        else:
+            which = (
+                f"llama.cpp's kernels, which differ (recorded: {ascii(self.recorded)}; here: {ascii(self.here)}; "
+                f"{_difference(self.recorded, self.here, self.recipes, self.decided)})"
+            )
         if self.bound:
             text = f"; NOT reproduced here: {len(self.bound)} of {self.compared} records bound to {which}"
         else:
@@ -96,13 +125,16 @@ class KernelReport:
         return text
 
 
-def _difference(recorded: str, here: str) -> str:
-    """Which of the two families' words differ: the version, and the features each alone reports."""
+def _difference(recorded: str, here: str, recipes: tuple[str, str], decided: list[str]) -> str:
+    """Which of the two families' words differ: the version, the features each alone reports, and the recipe."""
     (v1, _, f1), (v2, _, f2) = recorded.partition(": "), here.partition(": ")
     only = (sorted(set(f1.split()) - set(f2.split())), sorted(set(f2.split()) - set(f1.split())))
     parts = [f"version {ascii(v1)} against {ascii(v2)}"] if v1 != v2 else []
     parts += [f"only recorded: {' '.join(only[0])}"] if only[0] else []
     parts += [f"only here: {' '.join(only[1])}"] if only[1] else []
+    if recipes[0] != recipes[1]:
+        why = f": {'; '.join(decided)}" if decided else ""
+        parts.append(f"the recipe: {recipes[0]} recorded, {recipes[1]} here{why}")
     return ", ".join(parts) or "the same words"
 
 

@@ -52,6 +52,10 @@ def deterministic_view(data: dict) -> dict:
     return view(typed.node(data))
 
 
+_ENGINE_APART = ("rpc", "model", "vocab_size", "recipe_auto")
+_RECIPE = ("repack", "flash_attn", "recipe_fingerprint")  # a GGUF engine's: bound to the kernels they pick
+
+
 def view(b: NodeBundle, split_tokens: bool = False) -> dict:
     """Every field a rerun must reproduce, flattened to one key each; wall-clock and environment excluded.
 
@@ -62,13 +66,19 @@ def view(b: NodeBundle, split_tokens: bool = False) -> dict:
     # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
     # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared, and with it what the
     # file alone gives: its vocabulary size (recorded since round 4, so a bundle from before has none to compare).
+    # A GGUF engine's recipe (repacking, flash attention, and so its fingerprint) is a key of its own, bound to the
+    # kernels it picks; what decided an auto setting is this machine's word (plain verify holds it to the record).
+    engine = {k: v for k, v in serial.to_json(r.engine).items() if k not in _ENGINE_APART}
+    made_with = kernels.recipe(r.engine)
     out = {
-        "engine": {k: v for k, v in serial.to_json(r.engine).items() if k not in ("rpc", "model", "vocab_size")},
+        "engine": {k: v for k, v in engine.items() if made_with is None or k not in _RECIPE},
         "corruption_free": r.corruption_free,
         "saturation_concurrency": r.saturation_concurrency,
         "isolation": serial.to_json(r.isolation),
         "inputs": r.inputs,
     }
+    if made_with is not None:
+        out["engine.recipe"] = {k: engine.get(k) for k in _RECIPE}
     for j, s in enumerate(r.reference.sessions if r.reference else ()):
         out[f"reference.sessions[{j}].digest"] = s.digest
     if b.wall:
@@ -173,13 +183,13 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun, check_own: Own | None = Non
     fresh_data = rerun(data)
     b, fresh = typed.node(data), typed.node(fresh_data)
     recorded, here = serial.to_json(b.results.environment.compute), serial.to_json(fresh.results.environment.compute)
-    differ = kernels.differ(recorded, here, b.results.engine)
+    report = kernels.differ(recorded, here, b.results.engine, fresh.results.engine)
     outcome = Outcome(
         same_fingerprint=recorded["digest"] == here["digest"],
         recorded_on=fingerprint.describe(recorded),
         rerun_on=fingerprint.describe(here),
         tolerance=tolerance(b.results.engine),
-        kernels=None if differ is None else kernels.KernelReport(*differ),
+        kernels=report,
     )
     split = outcome.kernels is not None
     old, new = view(b, split), view(fresh, split)
