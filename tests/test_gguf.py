@@ -13,7 +13,7 @@ from test_model import GOLDEN_DGR012  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from meshbench.cli import app  # noqa: E402
-from meshbench.engine.base import DecodeItem, SessionHandle, separate_step  # noqa: E402
+from meshbench.engine.base import DecodeItem, PrefillChunk, SessionHandle, separate_step  # noqa: E402
 from meshbench.engine.gguf_engine import GgufEngine  # noqa: E402
 from meshbench.engine.llama_model import LoadedModel  # noqa: E402
 from meshbench.engine.synthetic import SyntheticEngine  # noqa: E402
@@ -312,3 +312,27 @@ def test_a_gguf_with_non_finite_weights_is_refused_by_the_gguf_engine(tmp_path):
     t.data.view(np.uint8).reshape(-1)[:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
     del reader, t
     run_refused("sweep", "--engine", "gguf", "--model", p, expect="tensor output.weight holds 1 non-finite values")
+
+
+def test_a_tick_over_llama_cpps_micro_batch_is_computed_in_pieces_of_it(loaded):
+    """n_ubatch is llama.cpp's own default (512) where a tick may be larger: one llama_decode, computed in pieces of
+    512 as llama-server's, the compute buffer bounded by them; up to it a tick is one piece, as before."""
+    small = GgufEngine(loaded["q8_0"], 4, 64, threads=2, max_prompt=32, mixed=True)
+    assert small.n_batch == small.n_ubatch == 36
+    small.close()
+    e = GgufEngine(loaded["q8_0"], 3, 504, threads=2, max_prompt=500, mixed=True)
+    assert e.n_batch == e.n_ubatch == 503
+    e.close()
+    e = GgufEngine(loaded["q8_0"], 16, 504, threads=2, max_prompt=500, mixed=True)
+    assert (e.n_batch, e.n_ubatch) == (516, 512)
+    toks = {sid: e.prefill(SessionHandle(sid, 0, 504), [1 + i, 2, 3]).token for i, sid in enumerate("ab")}
+    long = [(7 * i) % 200 + 1 for i in range(500)]
+    out = e.step(
+        [DecodeItem(sid, 0, 3, toks[sid]) for sid in "ab"],
+        [PrefillChunk(SessionHandle("c", 0, 504), tuple(long), 0, True)],
+    )
+    assert all(r.token is not None for r in out.decode) and out.prefill[0].token is not None  # 502 rows, in 2 pieces
+    alone = GgufEngine(loaded["q8_0"], 1, 504, threads=2, max_prompt=500)
+    assert alone.prefill(SessionHandle("c", 0, 504), long).token == out.prefill[0].token
+    alone.close()
+    e.close()

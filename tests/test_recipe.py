@@ -15,6 +15,7 @@ from meshbench.cli import app  # noqa: E402
 from meshbench.engine import recipe  # noqa: E402
 from meshbench.engine.spec import EngineSpec  # noqa: E402
 from meshbench.errors import MeshbenchError  # noqa: E402
+from meshbench.results import fingerprint  # noqa: E402
 
 runner = CliRunner()
 
@@ -141,27 +142,37 @@ def test_the_bundle_records_what_auto_resolved_to_and_a_rerun_is_held_to_it(cach
 
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
     assert r.exit_code == 0, r.output
-    # where the repacked kernels die, the rerun runs without them and says so, as on other kernels: what the recipe
-    # binds is counted, not failed, and the rest must reproduce
+    # on this same machine (the bundle's compute fingerprint), a rerun without its repacking is refused in one line
     monkeypatch.setattr(recipe, "repack_failure", lambda path: "died with SIGILL")
+    r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    said = " ".join(r.output.split())
+    assert "weight repacking on this same CPU and llama.cpp build (its compute fingerprint)" in said
+    # on another machine where the repacked kernels die, it runs without them and is judged as on other kernels
+    real = fingerprint.fingerprint()
+    other = {**real, "cpu": "Another CPU"}
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda: {**other, "digest": fingerprint.digest(other)})
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
     assert r.exit_code == 0, r.output
     said = " ".join(r.output.split())
     assert (
-        "which the recipe picks otherwise here (repack on, flash attention on recorded, repack off, flash attention on "
-        "here: repack off: llama.cpp's repacked kernels died with SIGILL on this CPU" in said
+        "which the recipe picks otherwise here ([repack on, flash attention on] recorded, [repack off, flash "
+        "attention on] here, as llama.cpp's repacked kernels died with SIGILL on this CPU" in said
     )
-    assert "NOT reproduced here" in said
-    # where flash attention auto resolves otherwise, likewise
+    # a probe that timed out says nothing of the kernels: refused rather than checking tokens no more
+    monkeypatch.setattr(recipe, "repack_failure", lambda path: "did not finish within 120 s")
+    r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
+    assert r.exit_code != 0 and "here it ran off: llama.cpp's repacked kernels did not finish within 120 s" in " ".join(
+        r.output.split()
+    )
+    # flash attention reruns as it ran, whatever llama.cpp's auto would choose here
     monkeypatch.setattr(recipe, "repack_failure", lambda path: None)
     monkeypatch.setattr(recipe, "flash_attn_chosen", lambda log: False)
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
-    assert r.exit_code == 0, r.output
-    said = " ".join(r.output.split())
-    assert "(repack on, flash attention on recorded, repack on, flash attention off here: flash_attn off: " in said
+    assert r.exit_code == 0 and "llama.cpp's kernels" not in r.output, r.output
     # a bundle made with both off reruns with both off, whatever this machine's auto would choose: reproduced whole
     r = runner.invoke(app, ["verify", str(tmp_path / "fixed"), "--rerun"])
-    assert r.exit_code == 0 and "kernels, which differ" not in r.output, r.output
+    assert r.exit_code == 0 and "llama.cpp's kernels" not in r.output, r.output
 
 
 def test_plain_verify_holds_the_recorded_recipe_to_the_echo(cache, model, tmp_path):

@@ -91,7 +91,11 @@ class GgufEngine:
         # Mixed: a whole prompt (the first of a tick may exceed the prefill budget) beside every decode.
         self.n_batch = max(max_prompt + n_seq_max if mixed else max(max_prompt, n_seq_max), 32)
         cp.n_batch = self.n_batch
-        cp.n_ubatch = self.n_batch
+        # llama.cpp's own micro-batch (n_ubatch, 512 by its defaults, llama-server's too) where a tick is larger: a
+        # burst of every waiting prompt is computed in pieces of it, as the server's, and the compute buffer llama.cpp
+        # reserves is bounded by it rather than by the largest tick (every tick up to it runs as one piece, as before)
+        self.n_ubatch = min(self.n_batch, int(cp.n_ubatch))
+        cp.n_ubatch = self.n_ubatch
         n_threads = threads or os.cpu_count() or 1
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.flash_attn_type = recipe.flash_attn_type(lib, flash_attn)  # (auto: the setup reads llama.cpp's choice)
@@ -131,7 +135,7 @@ class GgufEngine:
             "flash_attn": self.flash_attn,
             "kv_unified": self.kv_unified,
             "kv_type": self.kv_type,
-            "n_ubatch": self.n_batch,
+            "n_ubatch": self.n_ubatch,
             "device": self.model.device,
             "sampling": SAMPLING_CONTRACT,
             "repack": self.model.repack,

@@ -61,6 +61,14 @@ def repack(setting: bool | str, path: Path) -> tuple[bool, str | None]:
     return False, f"off: llama.cpp's repacked kernels {why} on this CPU in a probe of this model"
 
 
+def kernels_died(reason: str) -> bool:
+    """Whether an auto repack's reason (``repack``'s second value) is the probe's verdict that the repacked kernels
+    cannot run here (the process died of a signal, or llama_decode failed), not a timeout or a probe that exited."""
+    return reason.startswith(
+        ("off: llama.cpp's repacked kernels died with ", "off: llama.cpp's repacked kernels failed to")
+    )
+
+
 def flash_attn_type(lib, setting: bool | str) -> int:
     """llama_context_params.flash_attn_type for a setting."""
     if setting == AUTO:

@@ -46,6 +46,7 @@ CLASSES: dict[str, str] = {
     "engine": RERUN,  # the whole record, the recipe fingerprint and model digest included
     "engine.rpc": PROVENANCE,  # the workers' endpoints are free ports, new every run
     "engine.model": PROVENANCE,  # a path; the file's sha256 is compared
+    "engine.recipe_auto": RECOMPUTED,  # what decided an auto setting here: held to the record and the echo
     "corruption_free": RECOMPUTED,
     "batch_invariant": RECOMPUTED,
     "isolation": RECOMPUTED,

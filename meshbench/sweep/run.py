@@ -248,15 +248,38 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
             f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
             "the model to them; pass --trust-endpoints if they are yours"
         )
-    return sweep_on_node(_recorded_recipe(cfg, b), b.results.command)
+    rerun = sweep_on_node(_recorded_recipe(cfg, b), b.results.command)
+    _check_recipe_rerun(b, rerun)
+    return rerun
 
 
 def _recorded_recipe(cfg: RunConfig, b: NodeBundle) -> RunConfig:
-    """The rerun runs the recipe that ran where the bundle was made, whatever its echo said: a setting that ran
-    off (weight repacking, flash attention) is off here; one that ran on is auto, so on wherever llama.cpp runs
-    it here and off, said in the rerun's recipe_auto, where it does not (its repacked kernels die on this CPU).
-    A recipe that differs is then reported as other kernels are: what it binds is counted, not failed."""
+    """The rerun runs the recipe that ran where the bundle was made, whatever its echo said: flash attention as it
+    ran; weight repacking off where it ran off, and auto where it ran on, so on wherever llama.cpp's repacked
+    kernels run here and off, said in the rerun's recipe_auto, where they die (``_check_recipe_rerun``)."""
     if cfg.engine.kind != "gguf":
         return cfg
-    ran = {key: recipe.AUTO if getattr(b.results.engine, key, False) else False for key in ("repack", "flash_attn")}
+    e = b.results.engine
+    ran = {
+        "repack": recipe.AUTO if getattr(e, "repack", False) else False,
+        "flash_attn": bool(getattr(e, "flash_attn", False)),
+    }
     return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **ran))
+
+
+def _check_recipe_rerun(b: NodeBundle, rerun: dict) -> None:
+    """A rerun without the bundle's repacking is judged as on other kernels only where the probe found that the
+    repacked kernels die here, on another CPU or llama.cpp build than the bundle's: a probe that timed out, or the
+    bundle's own fingerprint claiming this machine, is said in one line instead of turning the token checks off."""
+    there, here = getattr(b.results.engine, "repack", False), rerun["engine"].get("repack", False)
+    if b.results.engine.kind != "gguf" or there == here:
+        return
+    why = str((rerun["engine"].get("recipe_auto") or {}).get("repack", ""))
+    same = serial.to_json(b.results.environment.compute).get("digest") == rerun["environment"]["compute"]["digest"]
+    if same or not recipe.kernels_died(why):
+        where = " on this same CPU and llama.cpp build (its compute fingerprint)" if same else ""
+        raise MeshbenchError(
+            f"engine.repack: this bundle ran with llama.cpp's weight repacking{where}, and here it ran "
+            f"{why or 'off'}: its tokens are not recomputed here; probe again (delete probes/ in meshbench's cache) "
+            "or rerun where the repacked kernels run"
+        )

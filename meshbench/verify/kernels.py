@@ -8,7 +8,9 @@ isolation verdicts and the part of ``corruption_free`` that no token value decid
 ran, no session failed), unless tokens drive the schedule (eos stop, or conversations through a prefix cache)
 and some token did differ: then only the engine, the inputs and that part of ``corruption_free`` must.
 The rerun's own records are then checked in full, as ``verify`` checks a bundle, so its own verdicts stand
-for the machine that ran it.
+for the machine that ran it. The recipe picks kernels too: a rerun that could not run the bundle's weight
+repacking (its repacked kernels die on this CPU, meshbench.sweep.run) is judged the same way, the recipe named
+on each side as the cause, its fingerprint (which follows from it) not compared.
 """
 
 from __future__ import annotations
@@ -26,8 +28,7 @@ TOKEN_BOUND = re.compile(
     r"^(batch_invariant|corruption_free|first_divergence(\..+)?|reference\.sessions\[\d+\]\.digest"
     r"|levels\[\d+\]\.(sessions|cache_off)\[\d+\]\.(tokens|digest|margins)"
     r"|levels\[\d+\]\.tick_records\[\d+\]\.decode_feed"
-    r"|levels\[\d+\]\.isolation\.passes\[\d+\]\.sessions\[\d+\]\.(digest|margins_digest)"
-    r"|engine\.recipe)$"
+    r"|levels\[\d+\]\.isolation\.passes\[\d+\]\.sessions\[\d+\]\.(digest|margins_digest))$"
 )
 # corruption_free but for what token values decide (batch invariance where isolation did not run, the prefix
 # cache's classification of a cache-on/off difference): held wherever the kernels are.
@@ -55,12 +56,18 @@ def differ(recorded: dict | None, here: dict | None, engine: EngineInfo, rerun: 
     if was == now and recipes[0] == recipes[1]:
         return None
     why = getattr(rerun, "recipe_auto", None) or {}
-    decided = [f"{k} {why[k]}" for k in ("repack", "flash_attn") if k in why and _on(engine, k) != _on(rerun, k)]
+    decided = [
+        str(why[k]).removeprefix("off: ").removeprefix("on: ")
+        for k in ("repack", "flash_attn")
+        if k in why and bool(getattr(engine, k, False)) != bool(getattr(rerun, k, False))
+    ]
     return KernelReport(was or "no llama.cpp", now or "no llama.cpp", recipes=recipes, decided=decided)
 
 
-def _on(engine: EngineInfo, key: str) -> bool:
-    return bool(getattr(engine, key, False))
+def recipe_differs(report: KernelReport | None) -> bool:
+    """The rerun ran another recipe than the bundle's (``engine.recipe`` is then the cause, said in the report,
+    neither compared nor counted): its fingerprint cannot be the recorded one."""
+    return report is not None and report.recipes[0] != report.recipes[1]
 
 
 def held_corruption(b: NodeBundle) -> bool:
@@ -90,9 +97,8 @@ class KernelReport:
         sessions = sorted({s for k in self.bound if (s := _session(k))}, key=_natural)
         if self.recorded == self.here:  # the same build's kernels, picked otherwise by the recipe
             which = (
-                f"llama.cpp's kernels, which the recipe picks otherwise here ({self.recipes[0]} recorded, "
-                f"{self.recipes[1]} here{': ' * bool(self.decided)}{'; '.join(self.decided)}; the build's "
-                f"kernels the same: {ascii(self.recorded)})"
+                f"llama.cpp's kernels, which the recipe picks otherwise here ({_recipes(self.recipes, self.decided)}; "
+                f"the build's kernels the same: {ascii(self.recorded)})"
             )
         else:
             which = (
@@ -133,9 +139,13 @@ def _difference(recorded: str, here: str, recipes: tuple[str, str], decided: lis
     parts += [f"only recorded: {' '.join(only[0])}"] if only[0] else []
     parts += [f"only here: {' '.join(only[1])}"] if only[1] else []
     if recipes[0] != recipes[1]:
-        why = f": {'; '.join(decided)}" if decided else ""
-        parts.append(f"the recipe: {recipes[0]} recorded, {recipes[1]} here{why}")
-    return ", ".join(parts) or "the same words"
+        parts.append(f"the recipe: {_recipes(recipes, decided)}")
+    return "; ".join(parts) or "the same words"
+
+
+def _recipes(recipes: tuple[str, str], decided: list[str]) -> str:
+    why = f", as {' and '.join(decided)}" if decided else ""
+    return f"[{recipes[0]}] recorded, [{recipes[1]}] here{why}"
 
 
 def _session(k: str) -> str | None:
