@@ -25,8 +25,6 @@ from meshbench.engine.setup import EngineSetup, describe
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 
-BURST_BATCH_MAX = 8192  # a mixed burst's llama_decode: 16 x 512 reserved 449 MiB of compute buffer, 64 x 2000 15 GiB
-
 
 def setup_gguf(
     spec: EngineSpec,
@@ -47,13 +45,7 @@ def setup_gguf(
         # a burst every active session's prompt.
         budget = max_prompt * limits.max_active_sessions if burst else limits.max_prefill_tokens_per_tick
         prefill = max(max_prompt, budget) if spec.mixed_batch else max_prompt
-        if spec.mixed_batch and burst and prefill > BURST_BATCH_MAX:
-            raise MeshbenchError(
-                f"prefill burst with engine.mixed_batch: a burst of {limits.max_active_sessions} prompts of up to "
-                f"{max_prompt} tokens needs a llama_decode of {prefill} tokens, over {BURST_BATCH_MAX} (llama.cpp "
-                "reserves compute memory for it); use separate calls (mixed_batch false), a lower level or shorter "
-                "prompts"
-            )
+        # (llama.cpp computes a burst in pieces of its n_ubatch: its compute buffer does not grow with the burst)
         return GgufEngine(
             model,
             limits.max_active_sessions,
