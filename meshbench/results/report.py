@@ -55,6 +55,27 @@ def _engine_line(e: EngineInfo) -> str:
     )
 
 
+def _recipe_line(e: EngineInfo) -> list[str]:
+    """A GGUF engine's llama.cpp recipe as it ran (the kernels its tokens are bound to), and what decided an auto."""
+    if not isinstance(e, GgufEngineInfo):
+        return []
+    auto = e.recipe_auto or {}
+
+    def said(name: str, key: str, on: bool) -> str:
+        return f"{name} {'on' if on else 'off'}" + (f" (auto, {auto[key].split(': ', 1)[-1]})" if key in auto else "")
+
+    calls = (
+        "one llama_decode a tick (mixed batch)"
+        if e.mixed_batch
+        else "separate llama_decode calls for the decode batch and each prompt"
+    )
+    return [
+        f"- llama.cpp recipe: {said('weight repacking', 'repack', e.repack)}, "
+        f"{said('flash attention', 'flash_attn', e.flash_attn)}, unified KV {'on' if e.kv_unified else 'off'}, "
+        f"tiled K-quant matmul {e.tiled_mm}; {calls}"
+    ]
+
+
 def _limitations(b: NodeBundle) -> list[str]:
     out = [
         "- Greedy sampling only (argmax, lowest id wins a tie): that is what makes byte-identical tokens "
@@ -119,6 +140,7 @@ def _what_ran(b: NodeBundle) -> list[str]:
         "## What ran",
         "",
         _engine_line(e),
+        *_recipe_line(e),
         f"- recipe fingerprint: `{e.recipe_fingerprint}`",
         *_kv_line(e),
         f"- workload: {w.sessions} sessions, prompt tokens {','.join(map(str, prompts))}"
