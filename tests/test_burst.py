@@ -115,3 +115,21 @@ def test_a_mixed_burst_larger_than_llama_cpps_micro_batch_runs_in_one_tick(tmp_p
     assert r.exit_code == 0, r.output
     first = json.loads((out / "results.json").read_text())["levels"][0]["tick_records"][0]
     assert first["decode_batch"] == 0 and sum(n for _, _, n in first["prefill_chunks"]) == 64 * 200
+
+
+def test_a_mixed_tick_is_one_call_for_every_session_in_it():
+    """The first-divergence replay names the batch that computed each token: with a mixed batch a prompt's last
+    piece shares the tick's one llama_decode with every decode and every other piece (a burst of 4 prompts: 4)."""
+    from types import SimpleNamespace
+
+    from meshbench.sweep import replay
+
+    def tick(decode, chunks, prefilled):
+        return SimpleNamespace(decode_sessions=decode, prefill_chunks=chunks, prefill_sessions=prefilled)
+
+    burst = tick((), tuple((s, 0, 8) for s in "abcd"), tuple("abcd"))
+    beside = tick(tuple("abcd"), (("e", 0, 3),), ("e",))
+    level = SimpleNamespace(tick_records=[burst, beside])
+    assert replay.batch_sizes(level, "a", mixed=True) == [4, 5]
+    assert replay.batch_sizes(level, "a") == [1, 4]  # separate calls: the prompt alone, then the decode batch
+    assert replay.batch_sizes(level, "e", mixed=True) == [5] and replay.batch_sizes(level, "e") == [1]

@@ -133,6 +133,12 @@ def test_where_tokens_differ_and_drive_the_schedule_only_the_engine_inputs_and_f
     c = Checks()
     reproduce.check_rerun(c, recorded, _rerun_as(fresh))
     assert [x.field for x in c.failures] == [kernels.CORRUPTION_HELD]
+    # the recipe, too, is held there: a recipe fingerprint that is not what the same recipe computes fails
+    fresh["levels"][1]["sessions"][1]["done_reason"] = recorded["levels"][1]["sessions"][1]["done_reason"]
+    fresh["engine"]["recipe_fingerprint"] = "0" * 64
+    c = Checks()
+    reproduce.check_rerun(c, recorded, _rerun_as(fresh))
+    assert [x.field for x in c.failures] == [kernels.RECIPE]
 
 
 def test_corruption_free_where_batch_invariance_decides_it_is_bound_to_the_kernels(made):

@@ -84,6 +84,25 @@ def test_a_probe_that_says_nothing_of_the_kernels_is_not_cached_and_a_poisoned_c
     assert len(calls) == 4
 
 
+@pytest.mark.parametrize(
+    "code, why, final",
+    [
+        (0, None, True),
+        (recipe.DECODE_FAILED, "failed to decode (llama_decode)", True),
+        (-4, "died with SIGILL", True),
+        (-11, "died with SIGSEGV", True),
+        (-9, "was stopped by SIGKILL", False),  # (out of memory, say: nothing of the kernels, asked again)
+        (-15, "was stopped by SIGTERM", False),
+        (1, "exited 1", False),
+    ],
+)
+def test_only_the_kernels_own_crash_is_an_answer_to_cache(monkeypatch, code, why, final):
+    monkeypatch.setattr(recipe.subprocess, "run", lambda *a, **k: type("Done", (), {"returncode": code})())
+    assert recipe._probe("m.gguf") == (why, final)
+    reason = f"off: llama.cpp's repacked kernels {why} on this CPU in a probe of this model"
+    assert recipe.kernels_died(reason) is (why is not None and final)
+
+
 def test_repack_true_where_its_kernels_die_is_refused_in_one_line(cache, model, monkeypatch):
     monkeypatch.setattr(recipe, "_probe", lambda path: ("died with SIGILL", True))
     with pytest.raises(recipe.RepackRefused, match="engine.repack true: .*died with SIGILL") as e:

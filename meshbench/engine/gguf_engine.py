@@ -92,8 +92,9 @@ class GgufEngine:
         self.n_batch = max(max_prompt + n_seq_max if mixed else max(max_prompt, n_seq_max), 32)
         cp.n_batch = self.n_batch
         # llama.cpp's own micro-batch (n_ubatch, 512 by its defaults, llama-server's too) where a tick is larger: a
-        # burst of every waiting prompt is computed in pieces of it, as the server's, and the compute buffer llama.cpp
-        # reserves is bounded by it rather than by the largest tick (every tick up to it runs as one piece, as before)
+        # burst of every waiting prompt is computed in pieces of at most 512, as the server's, and the compute buffer
+        # llama.cpp reserves is bounded by it rather than by the largest tick (llama.cpp may split a tick of several
+        # sequences further, into equal pieces per sequence, at any n_ubatch)
         self.n_ubatch = min(self.n_batch, int(cp.n_ubatch))
         cp.n_ubatch = self.n_ubatch
         n_threads = threads or os.cpu_count() or 1

@@ -32,6 +32,7 @@ WHY_MAX = 120
 # llama.cpp's word on flash_attn_type auto (llama_context's resolve_fused_ops): "Flash Attention enabled", or
 # "Flash Attention not supported, set to disabled" where a layer's device cannot run it
 _FLASH_ATTN_LINE = re.compile(r"Flash Attention (enabled|disabled|not supported, set to disabled)")
+_CRASHES = frozenset({"SIGILL", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGABRT"})  # a probe's death that is the kernels'
 _repack_failure: dict[str, str | None] = {}  # cache key -> why the repacked kernels failed (None: they ran)
 
 
@@ -183,9 +184,12 @@ def _probe(path: str) -> tuple[str | None, bool]:
     if code > 0:
         return f"exited {code}", False
     try:
-        return f"died with {signal.Signals(-code).name}", True
+        name = signal.Signals(-code).name
     except ValueError:
-        return f"died with signal {-code}", True
+        return f"was stopped by signal {-code}", False
+    if name in _CRASHES:  # (the kernels' own fault: an illegal instruction, a bad access, an abort)
+        return f"died with {name}", True
+    return f"was stopped by {name}", False  # (killed from outside, out of memory say: nothing of the kernels)
 
 
 def repack_probe(path: str) -> None:

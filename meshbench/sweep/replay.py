@@ -40,20 +40,27 @@ def session_rows(engine, level: LevelRecord, prompts: dict[str, Sequence[int]], 
     return rows
 
 
-def batch_sizes(level: LevelRecord, session_id: str) -> list[int]:
-    """For each of the session's tokens, how many sessions shared the call that computed it (a prompt's last
-    piece: its prefill call, 1)."""
+def batch_sizes(level: LevelRecord, session_id: str, mixed: bool = False) -> list[int]:
+    """For each of the session's tokens, how many sessions shared the call that computed it: a prompt's last piece,
+    its prefill call (1); with a mixed batch the tick's one call, every session decoded or prefilled in it."""
     sizes = []
     for t in level.tick_records:
+        shared = len(set(t.decode_sessions) | {sid for sid, _, _ in t.prefill_chunks}) if mixed else None
         if session_id in t.prefill_sessions:
-            sizes = [1]
+            sizes = [shared or 1]
         elif session_id in t.decode_sessions:
-            sizes.append(len(t.decode_sessions))
+            sizes.append(shared or len(t.decode_sessions))
     return sizes
 
 
 def deviation(
-    make, reference: LevelRecord, level: LevelRecord, prompts: dict[str, Sequence[int]], session_id: str, upto: int
+    make,
+    reference: LevelRecord,
+    level: LevelRecord,
+    prompts: dict[str, Sequence[int]],
+    session_id: str,
+    upto: int,
+    mixed: bool = False,
 ) -> LogitDeviation:
     """How ``session_id``'s logits moved between the two levels, step by step up to token ``upto`` (the first
     divergence: after it the two streams are fed different tokens): at its first batched step, and at the
@@ -66,7 +73,7 @@ def deviation(
         finally:
             engine.close()
     diffs = [float(np.max(np.abs(a - b))) for a, b in zip(*rows)]  # per step, (vocab,) rows
-    sizes = batch_sizes(level, session_id)
+    sizes = batch_sizes(level, session_id, mixed)
     batched = next((k for k, n in enumerate(sizes[: len(diffs)]) if n > 1), None)
     first = next((k for k, d in enumerate(diffs) if d > 0), None)
     span = [float(min(r.min() for r in rows[0])), float(max(r.max() for r in rows[0]))]

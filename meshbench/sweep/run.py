@@ -153,6 +153,7 @@ def _logit_deviation(
         prompts,
         div.session_id,
         div.token_index,
+        cfg.engine.mixed_batch,
     )
 
 

@@ -33,8 +33,10 @@ TOKEN_BOUND = re.compile(
 # corruption_free but for what token values decide (batch invariance where isolation did not run, the prefix
 # cache's classification of a cache-on/off difference): held wherever the kernels are.
 CORRUPTION_HELD = "corruption_free: isolation holds where it ran and no session failed"
+# A GGUF engine's recipe as it ran (repacking, flash attention, its fingerprint): a key of ``reproduce.view``.
+RECIPE = "engine.recipe"
 # Where tokens drive the schedule and some token differs, all but these follow from them.
-SCHEDULE_FREE = frozenset({"engine", "inputs", CORRUPTION_HELD})
+SCHEDULE_FREE = frozenset({"engine", RECIPE, "inputs", CORRUPTION_HELD})
 
 
 def recipe(engine: EngineInfo) -> str | None:

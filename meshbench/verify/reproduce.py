@@ -54,7 +54,7 @@ def deterministic_view(data: dict) -> dict:
 
 _ENGINE_APART = ("rpc", "model", "vocab_size", "recipe_auto")
 _RECIPE = ("repack", "flash_attn", "recipe_fingerprint")  # a GGUF engine's: the kernels they pick
-RECIPE = "engine.recipe"
+RECIPE = kernels.RECIPE
 
 
 def view(b: NodeBundle, split_tokens: bool = False) -> dict:
