@@ -91,12 +91,8 @@ class GgufEngine:
         # Mixed: a whole prompt (the first of a tick may exceed the prefill budget) beside every decode.
         self.n_batch = max(max_prompt + n_seq_max if mixed else max(max_prompt, n_seq_max), 32)
         cp.n_batch = self.n_batch
-        # llama.cpp's own micro-batch (n_ubatch, 512 by its defaults, llama-server's too) where a tick is larger: a
-        # burst of every waiting prompt is computed in pieces of at most 512, as the server's, and the compute buffer
-        # llama.cpp reserves is bounded by it rather than by the largest tick (llama.cpp may split a tick of several
-        # sequences further, into equal pieces per sequence, at any n_ubatch)
-        self.n_ubatch = min(self.n_batch, int(cp.n_ubatch))
-        cp.n_ubatch = self.n_ubatch
+        # llama.cpp's own n_ubatch (512) where a tick is larger, as llama-server's: a bounded compute buffer
+        self.n_ubatch = cp.n_ubatch = min(self.n_batch, int(cp.n_ubatch))
         n_threads = threads or os.cpu_count() or 1
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.flash_attn_type = recipe.flash_attn_type(lib, flash_attn)  # (auto: the setup reads llama.cpp's choice)
