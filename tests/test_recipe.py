@@ -16,6 +16,7 @@ from meshbench.engine import recipe  # noqa: E402
 from meshbench.engine.spec import EngineSpec  # noqa: E402
 from meshbench.errors import MeshbenchError  # noqa: E402
 from meshbench.results import fingerprint  # noqa: E402
+from meshbench.sweep import run  # noqa: E402
 
 runner = CliRunner()
 
@@ -55,11 +56,11 @@ def test_the_probe_runs_once_per_model_and_machine(cache, model, monkeypatch):
     assert recipe.repack("auto", model) == (False, "off: llama.cpp's repacked kernels died with SIGILL on this CPU "
                                                    "in a probe of this model")  # fmt: skip
     monkeypatch.setattr(recipe, "_repack_failure", {})  # a new process: the answer comes from the cache file
-    assert recipe.repack_failure(model) == "died with SIGILL" and len(calls) == 1
+    assert recipe.repack_failure(model) == recipe.Probe("died with SIGILL", final=True) and len(calls) == 1
     (file,) = cache.iterdir()
     file.write_text("{not json")  # a damaged cache file is probed again, never an error
     monkeypatch.setattr(recipe, "_repack_failure", {})
-    assert recipe.repack_failure(model) == "died with SIGILL" and len(calls) == 2
+    assert recipe.repack_failure(model).kernels_die and len(calls) == 2
     assert json.loads(file.read_text())["why"] == "died with SIGILL"
     # another CPU (its kernel-selecting flags) is another key: probed again
     monkeypatch.setattr(recipe, "_repack_failure", {})
@@ -74,6 +75,8 @@ def test_a_probe_that_says_nothing_of_the_kernels_is_not_cached_and_a_poisoned_c
     calls = []
     monkeypatch.setattr(recipe, "_probe", lambda path: (calls.append(path) or "did not finish within 300 s", False))
     assert recipe.repack("auto", model)[0] is False
+    assert recipe.repack_failure(model) == recipe.Probe("did not finish within 300 s", final=False)
+    assert not recipe.repack_failure(model).kernels_die and len(calls) == 1  # (held for the process)
     assert not cache.exists() or not list(cache.iterdir())  # a timeout is not an answer: asked again next time
     cache.mkdir(parents=True, exist_ok=True)
     key = recipe.probe_key(model)
@@ -99,8 +102,7 @@ def test_a_probe_that_says_nothing_of_the_kernels_is_not_cached_and_a_poisoned_c
 def test_only_the_kernels_own_crash_is_an_answer_to_cache(monkeypatch, code, why, final):
     monkeypatch.setattr(recipe.subprocess, "run", lambda *a, **k: type("Done", (), {"returncode": code})())
     assert recipe._probe("m.gguf") == (why, final)
-    reason = f"off: llama.cpp's repacked kernels {why} on this CPU in a probe of this model"
-    assert recipe.kernels_died(reason) is (why is not None and final)
+    assert recipe.Probe(why, final).kernels_die is (why is not None and final)
 
 
 def test_repack_true_where_its_kernels_die_is_refused_in_one_line(cache, model, monkeypatch):
@@ -162,7 +164,7 @@ def test_the_bundle_records_what_auto_resolved_to_and_a_rerun_is_held_to_it(cach
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
     assert r.exit_code == 0, r.output
     # on this same machine (the bundle's compute fingerprint), a rerun without its repacking is refused in one line
-    monkeypatch.setattr(recipe, "repack_failure", lambda path: "died with SIGILL")
+    monkeypatch.setattr(recipe, "repack_failure", lambda path: recipe.Probe("died with SIGILL", final=True))
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
     assert r.exit_code != 0 and "Traceback" not in r.output
     said = " ".join(r.output.split())
@@ -179,13 +181,17 @@ def test_the_bundle_records_what_auto_resolved_to_and_a_rerun_is_held_to_it(cach
         "attention on] here, as llama.cpp's repacked kernels died with SIGILL on this CPU" in said
     )
     # a probe that timed out says nothing of the kernels: refused rather than checking tokens no more
-    monkeypatch.setattr(recipe, "repack_failure", lambda path: "did not finish within 120 s")
+    monkeypatch.setattr(recipe, "repack_failure", lambda path: recipe.Probe("did not finish within 120 s", final=False))
+    swept, sweep_on_node = [], run.sweep_on_node  # (refused before the sweep: the model is at hand)
+    monkeypatch.setattr(run, "sweep_on_node", lambda *a, **k: swept.append(a))
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
-    assert r.exit_code != 0 and "here it ran off: llama.cpp's repacked kernels did not finish within 120 s" in " ".join(
+    monkeypatch.setattr(run, "sweep_on_node", sweep_on_node)
+    assert not swept
+    assert r.exit_code != 0 and "and here its repacked kernels did not finish within 120 s in a probe" in " ".join(
         r.output.split()
     )
     # flash attention reruns as it ran, whatever llama.cpp's auto would choose here
-    monkeypatch.setattr(recipe, "repack_failure", lambda path: None)
+    monkeypatch.setattr(recipe, "repack_failure", lambda path: recipe.Probe(None, final=True))
     monkeypatch.setattr(recipe, "flash_attn_chosen", lambda log: False)
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
     assert r.exit_code == 0 and "llama.cpp's kernels" not in r.output, r.output

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -33,7 +34,24 @@ WHY_MAX = 120
 # "Flash Attention not supported, set to disabled" where a layer's device cannot run it
 _FLASH_ATTN_LINE = re.compile(r"Flash Attention (enabled|disabled|not supported, set to disabled)")
 _CRASHES = frozenset({"SIGILL", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGABRT"})  # a probe's death that is the kernels'
-_repack_failure: dict[str, str | None] = {}  # cache key -> why the repacked kernels failed (None: they ran)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The repack probe's answer: why llama.cpp's repacked kernels failed here (None: they ran), and whether that is
+    an answer about the kernels (they ran, llama_decode failed, the process died of a crash signal: cached), not a
+    probe that timed out or was stopped from outside (asked again in the next process)."""
+
+    why: str | None
+    final: bool
+
+    @property
+    def kernels_die(self) -> bool:
+        """The probe's verdict that the repacked kernels cannot run here."""
+        return self.final and self.why is not None
+
+
+_repack_failure: dict[str, Probe] = {}  # cache key -> the probe's answer for that model and machine
 
 
 class RepackRefused(MeshbenchError):
@@ -52,7 +70,7 @@ def repack(setting: bool | str, path: Path) -> tuple[bool, str | None]:
     kernels die here is refused in one line; ``auto`` then runs without them and says why."""
     if setting is False:
         return False, None
-    why = repack_failure(path)
+    why = repack_failure(path).why
     if setting is True:
         if why is not None:
             raise RepackRefused(why)
@@ -60,14 +78,6 @@ def repack(setting: bool | str, path: Path) -> tuple[bool, str | None]:
     if why is None:
         return True, "on: llama.cpp's repacked kernels ran a probe of this model on this CPU"
     return False, f"off: llama.cpp's repacked kernels {why} on this CPU in a probe of this model"
-
-
-def kernels_died(reason: str) -> bool:
-    """Whether an auto repack's reason (``repack``'s second value) is the probe's verdict that the repacked kernels
-    cannot run here (the process died of a signal, or llama_decode failed), not a timeout or a probe that exited."""
-    return reason.startswith(
-        ("off: llama.cpp's repacked kernels died with ", "off: llama.cpp's repacked kernels failed to")
-    )
 
 
 def flash_attn_type(lib, setting: bool | str) -> int:
@@ -88,18 +98,17 @@ def flash_attn_chosen(context_log: Sequence[str]) -> bool:
     return found[-1] == "enabled"
 
 
-def repack_failure(path: Path) -> str | None:
-    """Why llama.cpp's repacked kernels fail on this machine for this model (None: they ran), probed once per
-    model and machine: in memory, then in meshbench's cache keyed by the CPU's fingerprint and llama.cpp's build."""
+def repack_failure(path: Path) -> Probe:
+    """Whether llama.cpp's repacked kernels fail on this machine for this model, and why, probed once per model and
+    machine: in memory, then in meshbench's cache keyed by the CPU's fingerprint and llama.cpp's build."""
     key = probe_key(path)
     if key not in _repack_failure:
         cached = _read_cached(key)
         if cached is None:
-            why, final = _probe(str(path))
-            cached = {"why": why}
-            if final:  # (a timeout or a probe that could not start says nothing of the kernels: asked again)
-                _write_cached(key, cached)
-        _repack_failure[key] = cached["why"]
+            cached = Probe(*_probe(str(path)))
+            if cached.final:  # (a timeout or a probe that could not start says nothing of the kernels: asked again)
+                _write_cached(key, {"why": cached.why})
+        _repack_failure[key] = cached
     return _repack_failure[key]
 
 
@@ -130,7 +139,7 @@ def _cache_file(key: str) -> Path:
     return files.cache_dir() / "probes" / f"repack-{key}.json"
 
 
-def _read_cached(key: str) -> dict | None:
+def _read_cached(key: str) -> Probe | None:
     """A cached answer, or None where there is none or it is not one (a damaged file is probed again)."""
     try:
         data = json.loads(_cache_file(key).read_text())
@@ -140,7 +149,7 @@ def _read_cached(key: str) -> dict | None:
         return None
     why = data.get("why", 0)
     if why is None or (isinstance(why, str) and why.isprintable() and 0 < len(why) <= WHY_MAX):
-        return {"why": why}
+        return Probe(why, final=True)  # (only final answers are written)
     return None
 
 

@@ -24,7 +24,7 @@ from meshbench.records.context import PROMPTS_FILE as PROMPTS
 from meshbench.records.context import InputFile
 from meshbench.records.documents import FirstDivergence, LogitDeviation
 from meshbench.results import document as results
-from meshbench.results import envinfo, kinds, typed
+from meshbench.results import envinfo, fingerprint, kinds, typed
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.plan import bursts
@@ -249,15 +249,20 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
             f"results.json names RPC endpoints (engine.rpc {cfg.engine.rpc}): a rerun would send "
             "the model to them; pass --trust-endpoints if they are yours"
         )
-    rerun = sweep_on_node(_recorded_recipe(cfg, b), b.results.command)
-    _check_recipe_rerun(b, rerun)
+    cfg = _recorded_recipe(cfg, b)
+    if cfg.engine.kind == "gguf" and cfg.engine.model and Path(cfg.engine.model).is_file():
+        # before anything runs, where the model is at hand (one that make_model writes is probed after its sweep)
+        _check_repack_here(b, Path(cfg.engine.model), fingerprint.fingerprint().get("digest"))
+    rerun = sweep_on_node(cfg, b.results.command)
+    if cfg.engine.kind == "gguf" and rerun["engine"].get("repack") is False:
+        _check_repack_here(b, Path(cfg.engine.model or ""), rerun["environment"]["compute"]["digest"])
     return rerun
 
 
 def _recorded_recipe(cfg: RunConfig, b: NodeBundle) -> RunConfig:
     """The rerun runs the recipe that ran where the bundle was made, whatever its echo said: flash attention as it
     ran; weight repacking off where it ran off, and auto where it ran on, so on wherever llama.cpp's repacked
-    kernels run here and off, said in the rerun's recipe_auto, where they die (``_check_recipe_rerun``)."""
+    kernels run here and off, said in the rerun's recipe_auto, where they die (``_check_repack_here``)."""
     if cfg.engine.kind != "gguf":
         return cfg
     e = b.results.engine
@@ -268,19 +273,21 @@ def _recorded_recipe(cfg: RunConfig, b: NodeBundle) -> RunConfig:
     return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **ran))
 
 
-def _check_recipe_rerun(b: NodeBundle, rerun: dict) -> None:
-    """A rerun without the bundle's repacking is judged as on other kernels only where the probe found that the
-    repacked kernels die here, on another CPU or llama.cpp build than the bundle's: a probe that timed out, or the
-    bundle's own fingerprint claiming this machine, is said in one line instead of turning the token checks off."""
-    there, here = getattr(b.results.engine, "repack", False), rerun["engine"].get("repack", False)
-    if b.results.engine.kind != "gguf" or there == here:
+def _check_repack_here(b: NodeBundle, model: Path, here: object) -> None:
+    """A bundle made with repacking reruns without it only where the probe found that the repacked kernels die
+    here (its verdict, not a timeout), on another CPU or llama.cpp build than the bundle's (``here``: this
+    machine's compute fingerprint); its tokens are then judged as on other kernels. Anything else is said in one
+    line instead of turning the token checks off."""
+    if b.results.engine.kind != "gguf" or not getattr(b.results.engine, "repack", False):
         return
-    why = str((rerun["engine"].get("recipe_auto") or {}).get("repack", ""))
-    same = serial.to_json(b.results.environment.compute).get("digest") == rerun["environment"]["compute"]["digest"]
-    if same or not recipe.kernels_died(why):
+    probe = recipe.repack_failure(model)
+    if probe.why is None:
+        return
+    same = serial.to_json(b.results.environment.compute).get("digest") == here
+    if same or not probe.kernels_die:
         where = " on this same CPU and llama.cpp build (its compute fingerprint)" if same else ""
         raise MeshbenchError(
-            f"engine.repack: this bundle ran with llama.cpp's weight repacking{where}, and here it ran "
-            f"{why or 'off'}: its tokens are not recomputed here; probe again (delete probes/ in meshbench's cache) "
-            "or rerun where the repacked kernels run"
+            f"engine.repack: this bundle ran with llama.cpp's weight repacking{where}, and here its repacked "
+            f"kernels {probe.why} in a probe of this model: its tokens are not recomputed here; probe again "
+            "(delete probes/ in meshbench's cache) or rerun where the repacked kernels run"
         )

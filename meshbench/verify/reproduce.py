@@ -54,7 +54,6 @@ def deterministic_view(data: dict) -> dict:
 
 _ENGINE_APART = ("rpc", "model", "vocab_size", "recipe_auto")
 _RECIPE = ("repack", "flash_attn", "recipe_fingerprint")  # a GGUF engine's: the kernels they pick
-RECIPE = kernels.RECIPE
 
 
 def view(b: NodeBundle, split_tokens: bool = False) -> dict:
@@ -80,7 +79,7 @@ def view(b: NodeBundle, split_tokens: bool = False) -> dict:
         "inputs": r.inputs,
     }
     if made_with is not None:
-        out[RECIPE] = {k: engine.get(k) for k in _RECIPE}
+        out[kernels.RECIPE] = {k: engine.get(k) for k in _RECIPE}
     for j, s in enumerate(r.reference.sessions if r.reference else ()):
         out[f"reference.sessions[{j}].digest"] = s.digest
     if b.wall:
@@ -202,7 +201,7 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun, check_own: Own | None = Non
     before = len(c.failures)
     for k in sorted(set(old) | set(new)):
         was, now = old.get(k, "(absent)"), new.get(k, "(absent)")
-        if k == RECIPE and kernels.recipe_differs(outcome.kernels):
+        if k == kernels.RECIPE and kernels.recipe_differs(outcome.kernels):
             continue  # (the cause, said in the report; the rerun let it differ only where the repacked kernels die)
         if outcome.kernels is not None and (
             kernels.TOKEN_BOUND.search(k) or (outcome.kernels.schedule_bound and k not in kernels.SCHEDULE_FREE)
