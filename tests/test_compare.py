@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from meshbench.analysis import stats
 from meshbench.cli import app
-from meshbench.compare import verdicts
+from meshbench.compare import diff, sides, verdicts
 from meshbench.compare.model import Change, SchedulerVerdict
 from meshbench.engine.base import StepResult, TickResult, separate_step
 from meshbench.engine.synthetic import setup_synthetic
 from meshbench.records import serial
-from meshbench.results import bundle, envinfo
+from meshbench.results import bundle, envinfo, typed
 from meshbench.results import document as results
 from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
 from meshbench.workload import config
@@ -215,6 +215,27 @@ def test_a_scheduler_change_is_reported_field_by_field(baseline):
     assert v.verdict == "changed"
     assert v.changes["ticks"] == Change(baseline=lv.ticks, candidate=lv.ticks - 1)
     assert verdicts.scheduler_verdict(n, lv, n, lv) == SchedulerVerdict(verdict="same", changes={})
+
+
+def test_the_prefill_policy_and_the_llama_cpp_recipe_are_listed_among_the_differences(baseline):
+    """The 63M model's default bundle and its serving bundle differ in what decides their schedules and kernels
+    (the prefill policy, repacking, one llama_decode a tick): compare says so; against a synthetic bundle, only
+    what both records have is compared."""
+    evidence = Path(__file__).resolve().parents[1] / "evidence"
+    plain, served, synthetic = (
+        sides.side("node", typed.node(json.loads(p.read_text())))
+        for p in (
+            evidence / "MB-BENCH-GGUF" / "results.json",
+            evidence / "MB-BENCH-GGUF-SERVING" / "results.json",
+            baseline / "results.json",
+        )
+    )
+    found = {(d.kind, d.field): (d.baseline, d.candidate) for d in diff.differences(plain, served)}
+    assert found[("run", "prefill")] == ("whole", "chunked-burst")
+    assert found[("engine", "repack")] == (False, True) and found[("engine", "mixed_batch")] == (False, True)
+    assert ("engine", "tiled_mm") not in found  # (auto on both)
+    against = {(d.kind, d.field) for d in diff.differences(synthetic, served)}
+    assert ("engine", "kind") in against and not {("engine", k) for k in ("repack", "flash_attn")} & against
 
 
 # --- refusals -------------------------------------------------------------------------------------

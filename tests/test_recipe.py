@@ -224,3 +224,38 @@ def test_plain_verify_holds_the_recorded_recipe_to_the_echo(cache, model, tmp_pa
         r = runner.invoke(app, ["verify", str(tmp_path / "b")])
         assert r.exit_code == 1 and "Traceback" not in r.output, said
         assert said in r.output, (said, r.output)
+
+
+def test_a_rerun_whose_model_make_model_writes_is_judged_after_its_sweep(cache, tmp_path, monkeypatch):
+    """A bundle's make_model goes to meshbench's cache, absent before the rerun's sweep: the probe is asked after
+    it, and must say what the rerun ran by (an engine in its own process probes for itself)."""
+    no_amx()
+    cfg = tmp_path / "made.yaml"
+    cfg.write_text(
+        f"engine: {{kind: gguf, model: {tmp_path / 'made.gguf'}, make_model: {{preset: dgr-012, type: q8_0}}}}\n"
+        "levels: [1, 2]\n"
+    )
+    r = runner.invoke(app, ["sweep", "--config", str(cfg), "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["engine"]["repack"] is True
+    real = fingerprint.fingerprint()
+    other = {**real, "cpu": "Another CPU"}
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda: {**other, "digest": fingerprint.digest(other)})
+
+    def rerun(answers):
+        for made in (cache.parent / "models").glob("*.gguf"):
+            made.unlink()  # (absent before the sweep: nothing to probe then)
+        asked = iter(answers)
+        monkeypatch.setattr(recipe, "repack_failure", lambda path: next(asked))
+        return runner.invoke(app, ["verify", str(tmp_path / "b"), "--rerun"])
+
+    died = recipe.Probe("died with SIGILL", final=True)
+    r = rerun([died] * 3)  # the sweep's probe, then the check's (repack, then the verdict)
+    assert r.exit_code == 0 and "llama.cpp's repacked kernels died with SIGILL" in " ".join(r.output.split()), r.output
+    r = rerun([recipe.Probe("did not finish within 300 s", final=False), died, died])
+    said = " ".join(r.output.split())
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert "the rerun ran without it (off: llama.cpp's repacked kernels did not finish within 300 s" in said
+    assert "a probe here now says off: llama.cpp's repacked kernels died with SIGILL" in said
+    r = rerun([died, recipe.Probe(None, final=True), recipe.Probe(None, final=True)])
+    assert r.exit_code != 0 and "a probe here now says on: " in " ".join(r.output.split()), r.output

@@ -259,3 +259,26 @@ def test_a_server_that_says_it_generated_fewer_tokens_than_asked_ends_the_bench(
     missed = f.session_record(session_id="s1", max_new_tokens=4, tokens=[5], done_reason="CACHE_MISS")
     with pytest.raises(MeshbenchError, match="s1 ended CACHE_MISS after 1 tokens"):
         server_bench.check_completed([whole, missed])
+
+
+def test_the_table_is_followed_by_each_ratio_median_s_interval():
+    """A near tie is told from a difference by the interval of the ratio's median, printed under the table."""
+    from meshbench.analysis import stats
+    from meshbench.cli.bench_llama import _ratio_intervals
+
+    pairs = [0.95, 0.97, 0.99, 1.01, 1.03, 0.96, 0.98, 1.00, 1.02, 0.94, 0.93, 0.92, 0.91, 0.90, 0.89]
+    ratio = stats.summary(pairs)
+    side = {"meshbench": ratio, "ratio vs llama-server defaults": ratio}
+    level = {"concurrency": 4, "tokens_per_s": side, "ttft_ms.p50": side, "itl_ms.p99": side}
+    (line,) = _ratio_intervals({"settings": {"defaults": ["-np", "4"]}, "levels": [level]})
+    lo, hi = ratio["ci_low"], ratio["ci_high"]
+    assert min(pairs) < lo < ratio["median"] < hi < max(pairs)  # (narrower than the spread)
+    assert line == (
+        f"C=4 vs llama-server defaults, each ratio's median, its {ratio['ci_level']:.1%} interval: "
+        f"tok/s {lo:.3f}-{hi:.3f}, TTFT p50 {lo:.3f}-{hi:.3f}, ITL p99 {lo:.3f}-{hi:.3f}"
+    )
+    level["ttft_ms.p50"] = {"meshbench": ratio, "ratio vs llama-server defaults": None}  # (its server failed)
+    assert "TTFT" not in _ratio_intervals({"settings": {"defaults": []}, "levels": [level]})[0]
+    few = stats.summary(pairs[:3])  # (under 5 pairs a median has no interval: nothing is said)
+    level.update({k: {"ratio vs llama-server defaults": few} for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p99")})
+    assert _ratio_intervals({"settings": {"defaults": []}, "levels": [level]}) == []

@@ -126,10 +126,34 @@ def bench_server(
                 ],
             )
     out.print(t)
+    for line in _ratio_intervals(res):
+        out.print(line, markup=False)
     for s, args in res["settings"].items():
         out.print(f"llama-server {s}: {' '.join(args)}", markup=False)
     for s, why in res["failed"].items():
         out.print(f"llama-server {s} failed, not run again, nothing put in its place: {why}", markup=False)
+
+
+_INTERVALS = (("tokens_per_s", "tok/s"), ("ttft_ms.p50", "TTFT p50"), ("itl_ms.p99", "ITL p99"))
+
+
+def _ratio_intervals(res: dict) -> list[str]:
+    """Per level and server setting, the confidence interval of each ratio's median (order statistics over the
+    paired repetitions; at 5 pairs it is their min-max): where it holds 1.0 the two sides are not told apart."""
+    out = []
+    for lv in res["levels"]:
+        for s in res["settings"]:
+            side = f"llama-server {s}"
+            cells = [(name, lv[k].get(f"ratio vs {side}")) for k, name in _INTERVALS]
+            known = [(name, r) for name, r in cells if r and r.get("ci_low") is not None]  # (none under 5 pairs)
+            said = [f"{name} {r['ci_low']:.3f}-{r['ci_high']:.3f}" for name, r in known]
+            if said:
+                level = known[0][1]["ci_level"]
+                out.append(
+                    f"C={lv['concurrency']} vs llama-server {s}, each ratio's median, its {level:.1%} interval: "
+                    + ", ".join(said)
+                )
+    return out
 
 
 def _settings(given: str) -> tuple[str, ...]:

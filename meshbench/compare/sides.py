@@ -47,7 +47,10 @@ ENGINE_FIELDS = (
     "dtype",
     "threads",
     "flash_attn",
+    "repack",
     "kv_unified",
+    "mixed_batch",
+    "tiled_mm",
     "kv_bytes_per_token",
     "weight_bytes",
 )
@@ -115,7 +118,7 @@ def _node(b: NodeBundle) -> Side:
             "eos": w.eos,
             "prompts_sha256": prompts.sha256 if (prompts := (r.inputs or {}).get(PROMPTS_FILE)) else None,
         },
-        facts={**_engine(r), **_budget(b), **_run(b), **_environment(r)},
+        facts={**_engine(r), **_budget(b), **_run(b), ("run", "prefill"): b.cfg.prefill, **_environment(r)},
         levels=levels,
         sessions=w.sessions,
         wall=b.wall,
@@ -159,7 +162,8 @@ def _endpoint(b: EndpointBundle) -> Side:
 
 
 def _engine(r: NodeResults) -> dict[tuple[str, str], Any]:
-    return {("engine", k): getattr(r.engine, k, None) for k in ENGINE_FIELDS}  # (a synthetic engine has no flash_attn)
+    # (only what the engine's record has: a synthetic engine has no flash_attn, no repack, no mixed batch)
+    return {("engine", k): getattr(r.engine, k) for k in ENGINE_FIELDS if hasattr(r.engine, k)}
 
 
 def _budget(b: NodeBundle) -> dict[tuple[str, str], Any]:

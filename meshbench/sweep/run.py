@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 from meshbench import files
 from meshbench.analysis import divergence, figures
 from meshbench.analysis.verdicts import ConcurrencySweep
-from meshbench.engine import factory, recipe, rpc
+from meshbench.engine import factory, packaged, recipe, rpc
 from meshbench.engine.base import check_context
 from meshbench.engine.process import workers
 from meshbench.engine.process.supervisor import Supervisor
@@ -250,13 +250,25 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
             "the model to them; pass --trust-endpoints if they are yours"
         )
     cfg = _recorded_recipe(cfg, b)
-    if cfg.engine.kind == "gguf" and cfg.engine.model and Path(cfg.engine.model).is_file():
-        # before anything runs, where the model is at hand (one that make_model writes is probed after its sweep)
-        _check_repack_here(b, Path(cfg.engine.model), fingerprint.fingerprint().get("digest"))
+    model = _model_at_hand(cfg)
+    if model is not None:  # an early refusal only, before anything runs: the check after the sweep judges
+        _check_repack_here(b, model, fingerprint.fingerprint().get("digest"))
     rerun = sweep_on_node(cfg, b.results.command)
-    if cfg.engine.kind == "gguf" and rerun["engine"].get("repack") is False:
-        _check_repack_here(b, Path(cfg.engine.model or ""), rerun["environment"]["compute"]["digest"])
+    e = rerun["engine"]
+    if e.get("kind") == "gguf" and e.get("repack") is False:
+        ran = str((e.get("recipe_auto") or {}).get("repack", "off"))
+        _check_repack_here(b, Path(e["model"]), rerun["environment"]["compute"]["digest"], ran)
     return rerun
+
+
+def _model_at_hand(cfg: RunConfig) -> Path | None:
+    """The model file a GGUF rerun loads, where it is here before anything runs (None: make_model writes it)."""
+    if cfg.engine.kind != "gguf":
+        return None
+    if cfg.engine.package:
+        return packaged.path(cfg.engine.package)
+    model = Path(cfg.engine.model) if cfg.engine.model else None
+    return model if model is not None and model.is_file() else None
 
 
 def _recorded_recipe(cfg: RunConfig, b: NodeBundle) -> RunConfig:
@@ -273,21 +285,30 @@ def _recorded_recipe(cfg: RunConfig, b: NodeBundle) -> RunConfig:
     return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **ran))
 
 
-def _check_repack_here(b: NodeBundle, model: Path, here: object) -> None:
+def _check_repack_here(b: NodeBundle, model: Path, here: object, ran: str | None = None) -> None:
     """A bundle made with repacking reruns without it only where the probe found that the repacked kernels die
     here (its verdict, not a timeout), on another CPU or llama.cpp build than the bundle's (``here``: this
-    machine's compute fingerprint); its tokens are then judged as on other kernels. Anything else is said in one
-    line instead of turning the token checks off."""
+    machine's compute fingerprint); its tokens are then judged as on other kernels. After the sweep (``ran``: what
+    the rerun's recipe_auto says of repacking) the probe must say what the rerun ran by. Anything else is said in
+    one line instead of turning the token checks off."""
     if b.results.engine.kind != "gguf" or not getattr(b.results.engine, "repack", False):
         return
-    probe = recipe.repack_failure(model)
-    if probe.why is None:
+    try:
+        used, reason = recipe.repack(recipe.AUTO, model)
+    except OSError as err:
+        raise MeshbenchError(f"model {model}: cannot be read ({err.strerror or err})") from None
+    if used and ran is None:
         return
+    probe = recipe.repack_failure(model)
     same = serial.to_json(b.results.environment.compute).get("digest") == here
-    if same or not probe.kernels_die:
+    if ran is not None and ran != reason:
+        problem = f": the rerun ran without it ({ran}), and a probe here now says {reason}"
+    elif same or not probe.kernels_die:
         where = " on this same CPU and llama.cpp build (its compute fingerprint)" if same else ""
-        raise MeshbenchError(
-            f"engine.repack: this bundle ran with llama.cpp's weight repacking{where}, and here its repacked "
-            f"kernels {probe.why} in a probe of this model: its tokens are not recomputed here; probe again "
-            "(delete probes/ in meshbench's cache) or rerun where the repacked kernels run"
-        )
+        problem = f"{where}, and here its repacked kernels {probe.why} in a probe of this model"
+    else:
+        return
+    raise MeshbenchError(
+        f"engine.repack: this bundle ran with llama.cpp's weight repacking{problem}: its tokens are not recomputed "
+        "here; probe again (delete probes/ in meshbench's cache) or rerun where the repacked kernels run"
+    )
