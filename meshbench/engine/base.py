@@ -260,19 +260,32 @@ def greedy_step(session_id: str, logits: np.ndarray, banned: np.ndarray | None =
     Non-finite logits (NaN or Inf weights, an overflow) would make argmax return 0 for
     every step and look like a valid stream: they are an engine fault instead. Three passes over the row and
     no copy (the row may be a view of the engine's own buffer): the argmax (NaN and +Inf win it), the minimum
-    (-Inf and NaN reach it), and the largest of the rest for the margin.
+    (-Inf and NaN reach it), and the largest of the rest for the margin; banned ids are masked in place and put
+    back (a fourth pass only where a banned id won the argmax).
     """
     tok = int(np.argmax(logits))
     if not (np.isfinite(logits[tok]) and np.isfinite(logits.min())):
         bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
         raise EngineFault(f"non-finite logits: {bad} of {np.size(logits)} values are NaN or Inf")
-    if banned is not None:
+    if banned is None or not len(banned):
+        return StepResult(session_id, tok, _margin(logits, tok))
+    if not logits.flags.writeable:
         logits = logits.copy()
-        logits[banned] = -np.inf
-        tok = int(np.argmax(logits))
-    if logits.shape[-1] > 1:
-        second = max(logits[:tok].max(initial=-np.inf), logits[tok + 1 :].max(initial=-np.inf))
-        margin = float(logits[tok] - second)
-    else:
-        margin = float("inf")
-    return StepResult(session_id, tok, margin)
+    # The banned ids masked in place and put back (no copy of the row: a 1 MB row for a 262144-token vocabulary);
+    # an argmax that is not banned stands (a banned id tied with it would have come first and won it).
+    kept = logits[banned].copy()
+    logits[banned] = -np.inf
+    try:
+        if tok in set(banned.tolist()):
+            tok = int(np.argmax(logits))
+        return StepResult(session_id, tok, _margin(logits, tok))
+    finally:
+        logits[banned] = kept
+
+
+def _margin(logits: np.ndarray, tok: int) -> float:
+    """The chosen logit less the largest of the rest (inf for a single logit)."""
+    if logits.shape[-1] <= 1:
+        return float("inf")
+    second = max(logits[:tok].max(initial=-np.inf), logits[tok + 1 :].max(initial=-np.inf))
+    return float(logits[tok] - second)
