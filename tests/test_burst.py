@@ -133,3 +133,19 @@ def test_a_mixed_tick_is_one_call_for_every_session_in_it():
     assert replay.batch_sizes(level, "a", mixed=True) == [4, 5]
     assert replay.batch_sizes(level, "a") == [1, 4]  # separate calls: the prompt alone, then the decode batch
     assert replay.batch_sizes(level, "e", mixed=True) == [5] and replay.batch_sizes(level, "e") == [1]
+
+
+def test_a_burst_tick_that_left_a_waiting_prompt_out_fails_verify(tmp_path):
+    """A burst exceeds the budget only to prefill every waiting prompt: a burst tick said to have prefilled fewer is
+    not the policy's schedule."""
+    out = bundle(tmp_path)
+    data = json.loads((out / "results.json").read_text())
+    first = data["levels"][2]["tick_records"][0]
+    assert first["decode_batch"] == 0 and len(first["prefill_sessions"]) > 1
+    left = first["prefill_sessions"].pop()
+    first["prefill_chunks"] = [p for p in first["prefill_chunks"] if p[0] != left]
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    r = runner.invoke(app, ["verify", str(out)])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 1 and "tick_records[0].prefill_sessions (a burst: every waiting prompt to its end)" in said
+    assert left in said

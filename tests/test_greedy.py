@@ -42,6 +42,9 @@ def test_a_read_only_row_is_not_written_and_non_finite_logits_are_a_fault():
     row.flags.writeable = False
     out = greedy_step("s", row, np.array([7]))
     assert (out.token, out.margin) == (6, 1.0)
+    shared = np.lib.stride_tricks.as_strided(np.array([2.0, 5.0], np.float32), (4,), (0,))  # one value four times
+    assert (greedy_step("s", shared, [0]).token, greedy_step("s", shared, (0,)).margin) == (1, 0.0)
+    assert np.array_equal(shared, [2.0] * 4)
     bad = np.arange(8, dtype=np.float32)
     bad[3] = np.nan
     with pytest.raises(EngineFault, match="non-finite logits: 1 of 8"):

@@ -267,15 +267,16 @@ def greedy_step(session_id: str, logits: np.ndarray, banned: np.ndarray | None =
     if not (np.isfinite(logits[tok]) and np.isfinite(logits.min())):
         bad = int(np.size(logits) - np.count_nonzero(np.isfinite(logits)))
         raise EngineFault(f"non-finite logits: {bad} of {np.size(logits)} values are NaN or Inf")
-    if banned is None or not len(banned):
+    banned = None if banned is None else np.asarray(banned, dtype=np.intp).ravel()
+    if banned is None or not banned.size:
         return StepResult(session_id, tok, _margin(logits, tok))
-    if not logits.flags.writeable:
+    if not logits.flags.writeable or 0 in logits.strides:  # (a row whose elements share memory: masked on a copy)
         logits = logits.copy()
     # The banned ids masked in place and put back (no copy of the row: a 1 MB row for a 262144-token vocabulary);
     # an argmax that is not banned stands (a banned id tied with it would have come first and won it).
-    kept = logits[banned].copy()
-    logits[banned] = -np.inf
+    kept = logits[banned]  # (a copy: fancy indexing)
     try:
+        logits[banned] = -np.inf
         if tok in set(banned.tolist()):
             tok = int(np.argmax(logits))
         return StepResult(session_id, tok, _margin(logits, tok))

@@ -309,6 +309,6 @@ def _check_repack_here(b: NodeBundle, model: Path, here: object, ran: str | None
     else:
         return
     raise MeshbenchError(
-        f"engine.repack: this bundle ran with llama.cpp's weight repacking{problem}: its tokens are not recomputed "
+        f"engine.repack: this bundle ran with llama.cpp's weight repacking{problem}: its tokens are not judged "
         "here; probe again (delete probes/ in meshbench's cache) or rerun where the repacked kernels run"
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from meshbench.analysis import fault_matrix as fault_checks
 from meshbench.analysis.checks import Checks
 from meshbench.results.typed import NodeBundle
+from meshbench.verify.bursts import check_bursts
 from meshbench.verify.figures import (
     check_config_copies,
     check_level_accounting,
@@ -48,6 +49,7 @@ def check_node(c: Checks, b: NodeBundle) -> None:
         check_turns(c, b, rec, at)
         check_timing(c, b, rec, at)
         check_tick_ends(c, b, rec, at)
+        check_bursts(c, b, rec, at)
         fault_checks.check_level(c, rec, at, reference or typed[0], per_token)
     check_sessions(c, b, typed)
     check_sweep(c, b, typed, reference)
