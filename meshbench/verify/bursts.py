@@ -24,11 +24,11 @@ def check_bursts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     for t in lv.tick_records:
         for sid in t.admitted:  # (a freed slot taken at the end of the tick: prefilled from the next)
             ready.setdefault(t.tick + 1, set()).add(sid)
+    at_burst = burst_ticks(b, lv)
     waiting: set[str] = set()
-    running: set[str] = set()
     for t in lv.tick_records:
         waiting |= ready.get(t.tick, set())
-        if t.decode_batch == 0 and not running and waiting:
+        if t.tick in at_burst and waiting:
             left = sorted(waiting - set(t.prefill_sessions) - set(t.ended))
             c.equal(
                 RESULTS,
@@ -36,6 +36,20 @@ def check_bursts(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
                 [],
                 left,
             )
-        done = {*t.completed, *t.ended, *t.resubmitted}
-        waiting -= {*t.prefill_sessions, *done}
-        running = (running | set(t.prefill_sessions)) - done
+        waiting -= {*t.prefill_sessions, *t.completed, *t.ended, *t.resubmitted}
+
+
+def burst_ticks(b: NodeBundle, lv: LevelRecord) -> set[int]:
+    """The ticks where the policy bursts: ``burst`` or ``chunked-burst``, and no session could decode (none had its
+    first token and was still running; a tick that left its running sessions out of the decode batch is not one)."""
+    if not bursts(b.cfg.prefill):
+        return set()
+    lost = {loss.tick: [str(sid) for sid, _ in loss.lost] for loss in lv.engine_losses or ()}
+    running: set[str] = set()  # sessions with a first token and not ended: each decodes in every tick
+    out = set()
+    for t in lv.tick_records:
+        if t.decode_batch == 0 and not running:
+            out.add(t.tick)
+        running |= set(t.prefill_sessions)
+        running -= {*t.completed, *t.ended, *t.resubmitted, *lost.get(t.tick, ())}
+    return out

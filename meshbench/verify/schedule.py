@@ -12,8 +12,9 @@ from meshbench.records.model import LevelRecord
 from meshbench.records.turns import turn_numbers
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
-from meshbench.scheduler.plan import bursts, chunks
+from meshbench.scheduler.plan import chunks
 from meshbench.verify import turns
+from meshbench.verify.bursts import burst_ticks
 from meshbench.verify.figures import workload_ids
 from meshbench.workload import arrivals
 
@@ -187,17 +188,12 @@ def check_tick_ends(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
     by the submit events), and prefill pieces stay in budget."""
     budget = lv.budget.max_prefill_tokens_per_tick
     chunked = chunks(b.cfg.prefill)
-    running: set[str] = set()  # sessions with a first token and not ended: each decodes in every tick
-    lost = {loss.tick: [str(sid) for sid, _ in loss.lost] for loss in lv.engine_losses or ()}
+    at_burst = burst_ticks(b, lv)
     for t in lv.tick_records:
         pieces = [n for _, _, n in t.prefill_chunks]
         # whole prompts: the first always runs (one larger than the budget still progresses), the rest fit;
-        # burst: a tick where no session could decode prefills every prompt waiting (a tick that left its
-        # running sessions out of the decode batch does not make one)
-        bursting = bursts(b.cfg.prefill) and t.decode_batch == 0 and not running
-        running |= set(t.prefill_sessions)
-        running -= {*t.completed, *t.ended, *t.resubmitted, *lost.get(t.tick, ())}
-        ok = True if bursting else sum(pieces) <= budget if chunked or len(pieces) > 1 else True
+        # burst: a tick where no session could decode prefills every prompt waiting (meshbench.verify.bursts)
+        ok = True if t.tick in at_burst else sum(pieces) <= budget if chunked or len(pieces) > 1 else True
         c.equal(RESULTS, f"{at}.tick_records[{t.tick}].prefill_chunks (within the budget of {budget})", True, ok)
     ended_at = {(s.session_id, s.end_tick): s for s in lv.sessions}
     queued: dict[str, list[int]] = {}  # ticks it was queued at (a conversation: once per turn, at most)
