@@ -21,18 +21,28 @@ def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
-        # Dirty means the code differs from the commit; rewriting evidence bundles does not count.
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)evidence"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-        return commit, bool(status.strip())
+        # Dirty means the code differs from the commit: a tracked file changed outside the evidence bundles
+        # (rewriting them does not count), or a file the commit lacks in the code, its configs or schemas (a
+        # new module imports as well as a changed one; a scratch file beside the checkout does not count).
+        changed = _status(where, "--untracked-files=no", ".", ":(exclude)evidence")
+        added = _status(where, "--untracked-files=all", *UNTRACKED_COUNTS)
+        return commit, bool(changed or added)
     except (OSError, subprocess.SubprocessError):
         return None, None
+
+
+UNTRACKED_COUNTS = ("meshbench", "configs", "schemas", "pyproject.toml")
+
+
+def _status(where: Path, untracked: str, *paths: str) -> str:
+    return subprocess.run(
+        ["git", "status", "--porcelain", untracked, "--", *paths],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout.strip()
 
 
 def llama_cpp_version() -> str | None:
