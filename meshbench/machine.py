@@ -43,6 +43,25 @@ def simd_flags(cpuinfo: str | None = None) -> list[str]:
     return []
 
 
+def os_kernel() -> str:
+    """The operating system and its kernel's release (Linux grants AMX's tile state per process from 5.16)."""
+    return f"{platform.system()} {platform.release()}"
+
+
+def under_hypervisor(cpuinfo: str | None = None) -> bool | None:
+    """Whether /proc/cpuinfo says the CPU is virtual (its "hypervisor" flag); None where it is unreadable."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return "hypervisor" in value.split()
+    return None
+
+
 def llama_cpp_build() -> dict | None:
     """llama.cpp's version and the backend features it reports (``llama_print_system_info``), if installed."""
     try:

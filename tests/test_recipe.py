@@ -67,6 +67,18 @@ def test_the_probe_runs_once_per_model_and_machine(cache, model, monkeypatch):
     monkeypatch.setattr(machine, "simd_flags", lambda: ["avx2"])
     recipe.repack_failure(model)
     assert len(calls) == 3 and len(list(cache.iterdir())) == 2
+    # the same CPU under another OS kernel, or behind a hypervisor (either may withhold AMX's tile state): probed
+    for part, value in (("os_kernel", lambda: "Linux 5.15.0"), ("under_hypervisor", lambda: None)):
+        monkeypatch.setattr(recipe, "_repack_failure", {})
+        monkeypatch.setattr(machine, part, value)
+        recipe.repack_failure(model)
+    assert len(calls) == 5 and len(list(cache.iterdir())) == 4
+
+
+def test_the_hypervisor_flag_is_read_from_cpuinfo():
+    assert machine.under_hypervisor("processor : 0\nflags\t\t: fpu avx2 hypervisor\n") is True
+    assert machine.under_hypervisor("processor : 0\nflags\t\t: fpu avx2\n") is False
+    assert machine.under_hypervisor("processor : 0\n") is None
 
 
 def test_a_probe_that_says_nothing_of_the_kernels_is_not_cached_and_a_poisoned_cache_is_probed_again(

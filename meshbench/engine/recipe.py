@@ -113,10 +113,14 @@ def repack_failure(path: Path) -> Probe:
 
 
 def probe_key(path: Path) -> str:
-    """The model's bytes, the CPU (model and kernel-selecting flags) and llama.cpp's build with its features."""
+    """The model's bytes, the CPU (model and kernel-selecting flags), what runs under it (the OS kernel grants a
+    process AMX's tile state, and a hypervisor may withhold it: the same CPU can run a kernel in one and not in
+    the other) and llama.cpp's build with its features."""
     here = {
         "cpu": machine.cpu_model(),
         "simd": machine.simd_flags(),
+        "os": machine.os_kernel(),
+        "hypervisor": machine.under_hypervisor(),
         "llama_cpp": machine.llama_cpp_build(),
         "model_sha256": _model_sha256(path),
     }
