@@ -257,6 +257,21 @@ def test_admit_prints_each_decision_with_its_numbers():
     assert r.exit_code == 0 and "REJECTED_KV_BUDGET" in r.stdout
 
 
+def test_admit_sizes_its_engines_by_the_workloads_longest_prompt(monkeypatch):
+    """A llama.cpp context is sized by the longest prompt (a burst: every active session's): admit asked for
+    512 tokens a session whatever its workload."""
+    from meshbench.engine import factory  # noqa: PLC0415
+
+    seen = []
+    real = factory.setup
+    monkeypatch.setattr(factory, "setup", lambda spec, sizing, **kw: seen.append(sizing) or real(spec, sizing, **kw))
+    config = Path(__file__).resolve().parent.parent / "configs" / "dgr-012.yaml"
+    r = invoke("admit", "--config", str(config), "--burst", "3", "--prefill", "burst", "--json")
+    assert r.exit_code == 0, r.output
+    (sizing,) = seen  # (DGR-012's sessions: 4 prompt tokens, 8 new)
+    assert (sizing.burst, sizing.max_prompt, sizing.max_total_tokens) == (True, 4, 12)
+
+
 def test_committed_dgr012_config_equals_the_embedded_defaults():
     from meshbench.workload import config
 

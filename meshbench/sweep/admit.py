@@ -40,7 +40,7 @@ def _run(cfg: RunConfig, burst: int | None, endpoints) -> dict:
     process = arrivals.parse(wl.arrivals)
     setup = factory.setup(
         cfg.engine,
-        EngineSizing(wl.longest, budget.max_active_sessions, burst=bursts(cfg.prefill)),
+        EngineSizing(wl.longest, budget.max_active_sessions, wl.longest_prompt, burst=bursts(cfg.prefill)),
         endpoints=endpoints,
     )
     try:
