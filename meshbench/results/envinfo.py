@@ -15,33 +15,29 @@ from meshbench.results.fingerprint import cpu_model
 
 
 def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the meshbench checkout, or (None, None) outside a git work tree."""
-    where = cwd or Path(__file__).resolve().parent.parent
+    """(commit, dirty) of the meshbench checkout; (None, None) where meshbench is not one (an installed wheel,
+    even in a folder another repository holds), and dirty None where git could not say."""
+    where = (cwd or Path(__file__).resolve().parent.parent).resolve()
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        # Dirty means the code differs from the commit: a tracked file changed outside the evidence bundles
-        # (rewriting them does not count), or a file the commit lacks in the code, its configs or schemas (a
-        # new module imports as well as a changed one; a scratch file beside the checkout does not count).
-        changed = _status(where, "--untracked-files=no", ".", ":(exclude)evidence")
-        added = _status(where, "--untracked-files=all", *UNTRACKED_COUNTS)
-        return commit, bool(changed or added)
+        if Path(_git(where, "rev-parse", "--show-toplevel")).resolve() != where:
+            return None, None
+        commit = _git(where, "rev-parse", "HEAD")
     except (OSError, subprocess.SubprocessError):
         return None, None
+    try:
+        # Dirty means the code differs from the commit: a tracked file changed outside the evidence bundles
+        # (rewriting them does not count), or a file under meshbench/ the commit lacks (a new module imports as
+        # well as a changed one; a config is recorded in the bundle, a scratch file beside the checkout is none).
+        changed = _git(where, "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)evidence")
+        added = _git(where, "status", "--porcelain", "--untracked-files=all", "--", "meshbench")
+    except (OSError, subprocess.SubprocessError):
+        return commit, None
+    return commit, bool(changed or added)
 
 
-UNTRACKED_COUNTS = ("meshbench", "configs", "schemas", "pyproject.toml")
-
-
-def _status(where: Path, untracked: str, *paths: str) -> str:
+def _git(where: Path, *args: str) -> str:
     return subprocess.run(
-        ["git", "status", "--porcelain", untracked, "--", *paths],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=True,
+        ["git", *args], cwd=where, capture_output=True, text=True, timeout=10, check=True
     ).stdout.strip()
 
 
