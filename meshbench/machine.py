@@ -5,6 +5,7 @@ and the engine's recipe probe, meshbench.engine.recipe, both key on it)."""
 from __future__ import annotations
 
 import platform
+import re
 from pathlib import Path
 
 
@@ -43,9 +44,11 @@ def simd_flags(cpuinfo: str | None = None) -> list[str]:
     return []
 
 
-def os_kernel() -> str:
-    """The operating system and its kernel's release (Linux grants AMX's tile state per process from 5.16)."""
-    return f"{platform.system()} {platform.release()}"
+def os_kernel(release: str | None = None) -> str:
+    """The operating system and its kernel's major.minor release (Linux grants AMX's tile state per process from
+    5.16; a patch release does not change what it grants)."""
+    major_minor = ".".join(re.split(r"[.-]", platform.release() if release is None else release)[:2])
+    return f"{platform.system()} {major_minor}"
 
 
 def under_hypervisor(cpuinfo: str | None = None) -> bool | None:

@@ -68,11 +68,21 @@ def test_the_probe_runs_once_per_model_and_machine(cache, model, monkeypatch):
     recipe.repack_failure(model)
     assert len(calls) == 3 and len(list(cache.iterdir())) == 2
     # the same CPU under another OS kernel, or behind a hypervisor (either may withhold AMX's tile state): probed
-    for part, value in (("os_kernel", lambda: "Linux 5.15.0"), ("under_hypervisor", lambda: None)):
+    monkeypatch.setattr(machine, "os_kernel", lambda: "Linux 6.1")
+    monkeypatch.setattr(machine, "under_hypervisor", lambda: True)
+    for part, value in (("os_kernel", lambda: "Linux 5.15"), ("under_hypervisor", lambda: False)):
         monkeypatch.setattr(recipe, "_repack_failure", {})
-        monkeypatch.setattr(machine, part, value)
         recipe.repack_failure(model)
-    assert len(calls) == 5 and len(list(cache.iterdir())) == 4
+        monkeypatch.setattr(machine, part, value)
+        monkeypatch.setattr(recipe, "_repack_failure", {})
+        recipe.repack_failure(model)
+    assert len(calls) == 6 and len(list(cache.iterdir())) == 5
+
+
+def test_the_os_kernel_is_its_major_and_minor_release():
+    assert machine.os_kernel("6.1.0-18-amd64").endswith(" 6.1")
+    assert machine.os_kernel("5.15.153.1-microsoft-standard-WSL2").endswith(" 5.15")
+    assert machine.os_kernel("6.8").endswith(" 6.8")
 
 
 def test_the_hypervisor_flag_is_read_from_cpuinfo():
