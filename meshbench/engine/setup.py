@@ -15,7 +15,7 @@ class EngineSizing:
 
     max_total_tokens: int
     max_sessions: int
-    max_prompt: int = 512
+    max_prompt: int
     burst: bool = False  # a tick may prefill every session's prompt at once (prefill burst)
 
 
