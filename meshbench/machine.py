@@ -32,16 +32,21 @@ KERNEL_FLAGS = frozenset(
 
 def simd_flags(cpuinfo: str | None = None) -> list[str]:
     """The kernel-selecting flags of the first CPU in /proc/cpuinfo, sorted (empty where it is unreadable)."""
+    return sorted(KERNEL_FLAGS.intersection(_flags(cpuinfo) or ()))
+
+
+def _flags(cpuinfo: str | None) -> list[str] | None:
+    """The first CPU's flags line of /proc/cpuinfo (``cpuinfo``: its text), None where there is none to read."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return []
+            return None
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
-            return sorted(KERNEL_FLAGS.intersection(value.split()))
-    return []
+            return value.split()
+    return None
 
 
 def os_kernel(release: str | None = None) -> str:
@@ -53,16 +58,8 @@ def os_kernel(release: str | None = None) -> str:
 
 def under_hypervisor(cpuinfo: str | None = None) -> bool | None:
     """Whether /proc/cpuinfo says the CPU is virtual (its "hypervisor" flag); None where it is unreadable."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return "hypervisor" in value.split()
-    return None
+    flags = _flags(cpuinfo)
+    return None if flags is None else "hypervisor" in flags
 
 
 def llama_cpp_build() -> dict | None:
