@@ -19,15 +19,41 @@ BUNDLES = sorted(p for p in (ROOT / "evidence").iterdir() if (p / "results.json"
 
 
 def test_readme_is_short_and_links_the_docs():
-    assert len(README.splitlines()) <= 200
+    assert len(README.splitlines()) <= 120, len(README.splitlines())
     for page in (
         "docs/concepts/determinism.md",
+        "docs/concepts/figures.md",
+        "docs/guides/check-a-server.md",
+        "docs/guides/ci-gate.md",
+        "docs/development.md",
         "docs/evidence.md",
+        "docs/performance.md",
         "docs/reference/cli.md",
         "evidence/INDEX.md",
         "docs/architecture.md",
     ):
         assert page in README and (ROOT / page).is_file(), page
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    import re
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    # a matrix bundle's table, quoted whole, links its settings' folders from inside the bundle
+    settings = {f"{p.parent.name}/README.md" for p in (ROOT / "evidence").glob("*/*/results.json")}
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:") or target in settings:
+                continue
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
+
+
+def test_the_readme_evidence_table_is_the_bundles():
+    table = evidence_index.readme_table(ROOT / "evidence")
+    assert table in README, "README.md's evidence table is stale: python -m meshbench.results.index --readme evidence"
 
 
 def test_the_cli_reference_is_generated_from_the_app():
@@ -57,6 +83,7 @@ def test_readme_opens_with_the_two_setup_commands():
     assert block[1].startswith(f"CMAKE_ARGS=\"{flags}\" pip install -e '.[gguf,dev,server]' && python -m pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     assert flags in ci  # CI installs the way a reader does
+    assert " -n auto" in block[1]  # the whole suite, on every core (pytest-xdist, in the dev extra)
 
 
 @pytest.mark.parametrize("bundle", BUNDLES, ids=[b.name for b in BUNDLES])

@@ -1,8 +1,7 @@
 """The meshbench command line: the app and its commands, one module each (sweep, admit, verify, compare, bench,
 node, model); the shared options in ``common``. Rich output and exit codes live in cli/ and nowhere else.
 
-Exit codes: 0 success; 1 verify found failing checks; 2 bad input (one line on
-stderr naming the problem, nothing written); 130 interrupted.
+Exit codes: meshbench.cli.exits (printed by --help).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from meshbench.cli import (
     bench_clock,  # noqa: F401 - registers bench clock
     bench_gauges,  # noqa: F401 - registers bench gauges
     bench_llama,  # noqa: F401 - registers bench server, breakdown, invariance
+    exits,
     sweep,
     verify,
 )
@@ -32,6 +32,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Reproducible evidence for how an LLM inference node schedules concurrent sessions.",
+    epilog=exits.epilog(),
 )
 
 

@@ -1,22 +1,28 @@
 """The command group: every user error is one line on stderr and a non-zero exit code; SIGTERM cleans up
 like Ctrl-C.
 
-Exit codes: 0 success; 1 verify found failing checks; 2 bad input (one line on
-stderr naming the problem, nothing written); 130 interrupted; 143 terminated.
+Exit codes: meshbench.cli.exits.
 """
 
 from __future__ import annotations
 
 import errno
 import io
+import os
 import signal
 import sys
+import tempfile
 import threading
+import time
+import traceback
+from pathlib import Path
 
 import typer
 from typer.core import TyperGroup
 
+from meshbench.cli import exits
 from meshbench.errors import MeshbenchError
+from meshbench.files import cache_dir
 
 
 class Terminated(BaseException):
@@ -83,13 +89,13 @@ class MeshbenchGroup(TyperGroup):
             return getattr(e, "exit_code", 2)
         except MeshbenchError as e:
             typer.echo(f"error: {e}", err=True)
-            return 2
+            return exits.BAD_INPUT
         except (KeyboardInterrupt, typer.Abort):
             typer.echo("interrupted: no partial bundle or file was left", err=True)
-            return 130
+            return exits.INTERRUPTED
         except Terminated:
             typer.echo("terminated (SIGTERM): no partial bundle or file was left", err=True)
-            return 143
+            return exits.TERMINATED
         except OSError as e:
             if e.errno in OUTPUT_ERRORS:
                 return _output_error(e)
@@ -97,8 +103,37 @@ class MeshbenchGroup(TyperGroup):
                 name = e.filename if e.filename is not None else ""
                 shown = str(name)[:80] + ("..." if len(str(name)) > 80 else "")
                 typer.echo(f"error: {shown}: {e.strerror}", err=True)
-                return 2
-            raise
+                return exits.BAD_INPUT
+            return _crashed(e)
+        except Exception as e:  # a bug of meshbench's, not the user's input: exit 3, never 1 ("a check failed")
+            return _crashed(e)
+
+
+def _crashed(e: BaseException) -> int:
+    """One line on stderr naming the log file that holds the traceback, and exit code 3."""
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    log = _crash_log(f"meshbench {' '.join(sys.argv[1:])}\n{text}")
+    where = f"the traceback is in {log}" if log is not None else "the traceback could not be written to a file"
+    summary = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    try:
+        typer.echo(f"crash: meshbench failed unexpectedly ({summary}); {where}; please report it (exit 3)", err=True)
+    except (OSError, ValueError):
+        pass
+    return exits.CRASHED
+
+
+def _crash_log(text: str) -> Path | None:
+    """The traceback in meshbench's cache (crashes/), else the system's temporary folder; None if neither takes it."""
+    name = f"crash-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}.log"
+    for folder in (cache_dir() / "crashes", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            path.write_text(text)
+            return path
+        except OSError:
+            continue
+    return None
 
 
 # A name too long, a file where a folder should be, a loop of links: the path given was impossible.
@@ -110,7 +145,7 @@ def _output_error(e: OSError) -> int:
         typer.echo(f"error: cannot write the output: {e.strerror or e}", err=True)
     except (OSError, ValueError, AttributeError):
         pass
-    return 2
+    return exits.BAD_INPUT
 
 
 def _install_sigterm():

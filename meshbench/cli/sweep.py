@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meshbench.cli import options, options_engine, sweep_matrix
+from meshbench.cli import options, options_engine, progress, sweep_matrix
 from meshbench.cli.common import (
     command_line,
     err,
@@ -107,34 +106,9 @@ def _check_own_evidence(data: dict, typed: NodeBundle | EndpointBundle) -> None:
 
 
 def _run_with_progress(cfg, verbose: bool) -> dict:
-    """A progress bar on a terminal; elsewhere (a pipe, a CI log) one line as each level starts."""
-    if not err.is_terminal:
-        started: set[int] = set()
-
-        def on_line(level: int, rec) -> None:  # noqa: ARG001
-            if level not in started:
-                started.add(level)
-                err.print(f"sweep: level {level} started", markup=False)
-
-        return run.sweep_on_node(cfg, command_line(), on_line, verbose)
-    total = sum(cfg.workload.new_tokens) * (cfg.repeat + cfg.warmup)
-    with Progress(
-        TextColumn("[bold]level {task.fields[level]:>3}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("tokens"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-    ) as progress:
-        tasks: dict[int, int] = {}
-
-        def on_tick(level: int, rec) -> None:
-            if level not in tasks:
-                tasks[level] = progress.add_task("", total=total, level=level)
-            progress.advance(tasks[level], rec.decode_tokens + len(rec.prefill_sessions))
-
-        return run.sweep_on_node(cfg, command_line(), on_tick, verbose)
+    """The node's sweep, with its passes' progress on stderr (meshbench.cli.progress)."""
+    with progress.passes("sweep") as on_pass:
+        return run.sweep_on_node(cfg, command_line(), None, verbose, on_pass)
 
 
 def _print_sweep(b: NodeBundle) -> None:

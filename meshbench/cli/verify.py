@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from meshbench.cli.common import (
-    err,
-    out,
-)
+from meshbench.analysis.checks import Checks
+from meshbench.cli import exits, progress
+from meshbench.cli.common import err, out, print_json
 from meshbench.endpoint import retokenize
 from meshbench.errors import MeshbenchError
 from meshbench.sweep import run
@@ -36,49 +37,97 @@ def verify(
             "it such a bundle is refused: a rerun would send the model to them.",
         ),
     ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON document on stdout (per bundle: status, checks, failures, notes, seconds) instead "
+            "of lines; the exit code is the same.",
+        ),
+    ] = False,
 ) -> None:
     """Check evidence bundles: schema, recomputed figures and verdicts, the README, and (--rerun) reproduction.
 
-    Exit 0 when every check holds, 1 when any fails, 2 when a bundle cannot be used.
+    Exit 0 when every check holds, 1 when any fails, 2 when a bundle cannot be used; a rerun's progress goes to
+    stderr.
     """
     worst = 0
+    reports = []
     for path in bundles:  # every bundle is reported; the exit code is the worst status
+        started = time.monotonic()
         try:
-            if verify_matrix.is_matrix(path):
-                if rerun:
-                    raise MeshbenchError(
-                        f"{path}: a matrix of server settings (endpoint bundles): a rerun needs its server (verify it "
-                        "without --rerun)"
-                    )
-                checks = verify_matrix.check(path, tokens=functools.partial(retokenize.here, bundle=path))
-            else:
-                checks = verify_mod.check_bundle(
-                    path,
-                    rerun=functools.partial(run.rerun_results, trust_endpoints=trust_endpoints, bundle=path)
-                    if rerun
-                    else None,
-                    resolve=functools.partial(run.with_prompt_ids, bundle=path),
-                    tokens=functools.partial(retokenize.here, bundle=path),
-                )
+            checks = _checked(path, rerun, trust_endpoints)
         except MeshbenchError as e:
-            err.print(f"error: {e}", markup=False)
-            worst = max(worst, 2)
+            if not as_json:
+                err.print(f"error: {e}", markup=False)
+            reports.append({"bundle": str(path), "status": "error", "error": str(e)})
+            worst = max(worst, exits.BAD_INPUT)
             continue
-        for f in checks.failures:
-            out.print(f"{path}/{f}", markup=False)
-        status = "FAIL" if checks.failures else "ok"
-        out.print(
-            f"{path}: {status}: {checks.count} checks, {len(checks.failures)} failed"
-            + (" (rerun included)" if rerun else "")
-            + (
-                f"; {checks.kernel_bound} records bound to other llama.cpp kernels NOT reproduced here"
-                if checks.kernel_bound
-                else ""
-            ),
-            markup=False,
-        )
-        for note in checks.notes:
-            out.print(f"{path}: {note}", markup=False)
+        seconds = time.monotonic() - started
+        reports.append(_report(path, checks, rerun, seconds))
+        if not as_json:
+            _print(path, checks, rerun)
         if checks.failures:
-            worst = max(worst, 1)
+            worst = max(worst, exits.CHECK_FAILED)
+    if as_json:
+        print_json({"exit_code": worst, "rerun": rerun, "bundles": reports})
     raise typer.Exit(worst)
+
+
+def _checked(path: Path, rerun: bool, trust_endpoints: bool) -> Checks:
+    if verify_matrix.is_matrix(path):
+        if rerun:
+            raise MeshbenchError(
+                f"{path}: a matrix of server settings (endpoint bundles): a rerun needs its server (verify it "
+                "without --rerun)"
+            )
+        return verify_matrix.check(path, tokens=functools.partial(retokenize.here, bundle=path))
+    with contextlib.ExitStack() as stack:
+        rerunner = None
+        if rerun:
+            on_pass = stack.enter_context(progress.passes(f"verify {path}: rerun"))
+            rerunner = functools.partial(
+                run.rerun_results, trust_endpoints=trust_endpoints, bundle=path, on_pass=on_pass
+            )
+        return verify_mod.check_bundle(
+            path,
+            rerun=rerunner,
+            resolve=functools.partial(run.with_prompt_ids, bundle=path),
+            tokens=functools.partial(retokenize.here, bundle=path),
+        )
+
+
+def _print(path: Path, checks: Checks, rerun: bool) -> None:
+    for f in checks.failures:
+        out.print(f"{path}/{f}", markup=False)
+    status = "FAIL" if checks.failures else "ok"
+    out.print(
+        f"{path}: {status}: {checks.count} checks, {len(checks.failures)} failed"
+        + (" (rerun included)" if rerun else "")
+        + (
+            f"; {checks.kernel_bound} records bound to other llama.cpp kernels NOT reproduced here"
+            if checks.kernel_bound
+            else ""
+        ),
+        markup=False,
+    )
+    for note in checks.notes:
+        out.print(f"{path}: {note}", markup=False)
+
+
+def _report(path: Path, checks: Checks, rerun: bool, seconds: float) -> dict:
+    """One bundle's outcome as --json gives it."""
+    return {
+        "bundle": str(path),
+        "status": "FAIL" if checks.failures else "ok",
+        "checks": checks.count,
+        "failed": len(checks.failures),
+        "failures": [
+            {"file": f.file, "field": f.field, "expected": str(f.expected), "found": str(f.found)}
+            for f in checks.failures
+        ],
+        "kernel_bound": checks.kernel_bound,
+        "notes": list(checks.notes),
+        "rerun": rerun,
+        "seconds": round(seconds, 3),
+    }

@@ -25,6 +25,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.workload.target import own_flags
 
 READY_TIMEOUT_S = 120.0
+VERSION_TIMEOUT_S = 30.0  # for `llama-server --version`
 
 
 def binary(path: str | None = None) -> Path:
@@ -54,11 +55,13 @@ def version(server: Path) -> str:
             capture_output=True,
             text=True,
             errors="replace",
-            timeout=30,
+            timeout=VERSION_TIMEOUT_S,
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        raise MeshbenchError(f"{server} --version did not answer within 30 s: is it llama-server?") from None
+        raise MeshbenchError(
+            f"{server} --version did not answer within {VERSION_TIMEOUT_S:g} s: is it llama-server?"
+        ) from None
     except OSError as e:
         raise MeshbenchError(f"{server}: cannot run it ({e.strerror or e})") from None
     lines = [x.strip() for x in (done.stdout + done.stderr).splitlines()]

@@ -1,6 +1,7 @@
 """evidence/INDEX.md: one row per committed bundle, rendered from the bundles' own results.json.
 
-``python -m meshbench.results.index evidence > evidence/INDEX.md``; tests/test_readme.py keeps it current.
+``python -m meshbench.results.index evidence > evidence/INDEX.md``, and README.md's evidence at a glance with
+``--readme``; tests/test_readme.py keeps both current.
 """
 
 from __future__ import annotations
@@ -24,8 +25,22 @@ def _row(folder: Path) -> str:
     return kinds.index_row(folder, d)
 
 
+def _bundles(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if (p / RESULTS).is_file())
+
+
+def readme_table(root: Path, link: str = "evidence") -> str:
+    """README.md's evidence at a glance: the index's first three columns (bundle, title, engine and model), each
+    bundle linked from the repository's top level."""
+    rows = ["| bundle | what it shows | engine, model |", "|---|---|---|"]
+    for b in _bundles(root):
+        bundle, title, engine = _row(b).strip("| ").split(" | ")[:3]
+        rows.append(f"| {bundle.replace('](', f']({link}/', 1)} | {title} | {engine} |")
+    return "\n".join(rows) + "\n"
+
+
 def render(root: Path) -> str:
-    bundles = sorted(p for p in root.iterdir() if (p / RESULTS).is_file())
+    bundles = _bundles(root)
     return "\n".join(
         [
             "# Evidence bundles",
@@ -46,4 +61,7 @@ def render(root: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(render(Path(sys.argv[1] if len(sys.argv) > 1 else "evidence")))
+    args = sys.argv[1:]
+    readme = "--readme" in args
+    folder = Path(next((a for a in args if a != "--readme"), "evidence"))
+    sys.stdout.write(readme_table(folder) if readme else render(folder))

@@ -27,9 +27,28 @@ from meshbench.sweep import own_kv
 from meshbench.sweep.inject import FaultPlan
 from meshbench.sweep.level_record import concurrency_sweep, level_record
 from meshbench.sweep.passes import Pass, run_pass, run_pass_wall
-from meshbench.sweep.plan import SweepPlan, arrival_times, isolation_skipped, level_budget, level_orders, plan_levels
+from meshbench.sweep.plan import (
+    Level,
+    SweepPlan,
+    arrival_times,
+    isolation_skipped,
+    level_budget,
+    level_orders,
+    plan_levels,
+)
 from meshbench.sweep.prove import isolation_record
 from meshbench.workload.workload import Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class PassDone:
+    """A pass has ended: its level, what it was for, and how many passes the level is now planned to run in all
+    (isolation's single-suspect confirmations are planned only once a session changed)."""
+
+    level: int
+    kind: str  # "warmup", "timed", "isolation" or "cache-off"
+    done: int  # the level's passes ended so far, this one included
+    planned: int  # never less than done
 
 
 def run_concurrency_sweep(
@@ -39,6 +58,7 @@ def run_concurrency_sweep(
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], None] = time.sleep,
     on_tick: Callable[[int, TickRecord], None] | None = None,
+    on_pass: Callable[[PassDone], None] | None = None,
 ) -> ConcurrencySweep:
     """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved; then each level's
     isolation passes. Faults act on ``node``'s processes, and a lost engine is replaced by ``node.restart``."""
@@ -48,8 +68,12 @@ def run_concurrency_sweep(
     budgets = [level_budget(sweep.budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
     times_of = arrival_times(plan, workload, wall, sweep.repeat)
     eog = node.eog if node is not None else frozenset()
+    planned = [_planned_passes(sweep, lv) for lv in plan]
+    done = [0 for _ in plan]
 
-    def one_pass(i: int, requests: Sequence[GenerationRequest] | None = None, cache: bool = True) -> Pass:
+    def one_pass(
+        i: int, requests: Sequence[GenerationRequest] | None = None, cache: bool = True, kind: str = "timed"
+    ) -> Pass:
         limits = sweep.limits(budgets[i]) if cache else budgets[i].engine_limits()
         engine = engine_factory(limits)  # a fresh KV manager per pass
         c = plan[i].concurrency
@@ -65,10 +89,14 @@ def run_concurrency_sweep(
             return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover, sweep.prefill)
         finally:
             close_engine(engine)
+            done[i] += 1
+            planned[i] = max(planned[i], done[i])
+            if on_pass is not None:
+                on_pass(PassDone(c, kind, done[i], planned[i]))
 
     for _ in range(sweep.warmup):
         for i in range(len(plan)):
-            one_pass(i)
+            one_pass(i, kind="warmup")
     passes: list[list[tuple[int, int, Pass]]] = [[] for _ in plan]
     for r, order in enumerate(level_orders(len(plan), sweep.repeat)):
         for position, i in enumerate(order):
@@ -79,7 +107,7 @@ def run_concurrency_sweep(
         first = passes[i][0][2]
         proof = isolation_record(
             first,
-            lambda reqs, i=i: one_pass(i, reqs),
+            lambda reqs, i=i: one_pass(i, reqs, kind="isolation"),
             workload.requests(vocab, eog),
             vocab,
             workload.seed,
@@ -90,7 +118,7 @@ def run_concurrency_sweep(
         )
         # with a prefix cache, the level once more with it off: cache equivalence (on the wall clock or under
         # faults the schedule is not the level's own, and sessions are compared only where both completed)
-        cache_off = one_pass(i, cache=False) if sweep.prefix_block_tokens else None
+        cache_off = one_pass(i, cache=False, kind="cache-off") if sweep.prefix_block_tokens else None
         own = None if cache_off is None else _own_kv(passes[i][0][2], cache_off, engine_factory, budgets[i], workload)
         shared = (cache_off, sweep.near_tie, sweep.prefix_block_tokens, own)
         records.append(level_record(lv, budgets[i], times_of[i], slo, passes[i], proof, wall, *shared))
@@ -100,6 +128,17 @@ def run_concurrency_sweep(
             workload, sweep.budget, engine_factory, clock, sweep.prefill, eog, sweep.prefix_block_tokens
         )
     return concurrency_sweep(records, reference)
+
+
+def _planned_passes(sweep: SweepPlan, lv: Level) -> int:
+    """The passes a level runs, as far as they are known before it starts: warm-ups, timed passes, the isolation
+    family and the cache-off pass (confirmations are added as they run)."""
+    wl = sweep.workload
+    family = 0
+    if isolation_skipped(lv, sweep.wall, sweep.prove_isolation) is None:
+        groups = isolation.prefix_groups(wl.groups())
+        family = len(isolation.family_sets(wl.session_ids(), sweep.isolation_rounds, groups))
+    return sweep.warmup + sweep.repeat + family + (1 if sweep.prefix_block_tokens else 0)
 
 
 def _own_kv(

@@ -30,7 +30,7 @@ from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.plan import bursts
 from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import prove, replay
-from meshbench.sweep.levels import SweepPlan, run_concurrency_sweep
+from meshbench.sweep.levels import PassDone, SweepPlan, run_concurrency_sweep
 from meshbench.workload import prompts
 from meshbench.workload.config import RunConfig, validate_levels
 
@@ -93,7 +93,11 @@ def node(cfg: RunConfig) -> Iterator[Node]:
 
 
 def sweep_on_node(
-    cfg: RunConfig, command: str, on_tick: Callable[[int, TickRecord], None] | None = None, verbose: bool = False
+    cfg: RunConfig,
+    command: str,
+    on_tick: Callable[[int, TickRecord], None] | None = None,
+    verbose: bool = False,
+    on_pass: Callable[[PassDone], None] | None = None,
 ) -> dict:
     """Start the node's workers, load the engine, sweep, and free the engine before the workers stop
     (llama.cpp aborts when it frees buffers on a worker that is gone)."""
@@ -101,7 +105,7 @@ def sweep_on_node(
     with node(cfg) as on:
         setup = prepare(cfg, verbose, on)
         try:
-            return run_sweep(cfg, command, on_tick, setup)
+            return run_sweep(cfg, command, on_tick, setup, on_pass)
         finally:
             setup.close()
 
@@ -111,11 +115,12 @@ def run_sweep(
     command: str,
     on_tick: Callable[[int, TickRecord], None] | None = None,
     setup: EngineSetup | None = None,
+    on_pass: Callable[[PassDone], None] | None = None,
 ) -> dict:
     setup = setup or prepare(cfg)
     engine = serial.from_json(setup.info, serial.ENGINE_INFO, "the engine's record")
     plan = dataclasses.replace(SweepPlan.of(cfg), near_tie=figures.near_tie(engine))  # type: ignore[arg-type]
-    sweep = run_concurrency_sweep(plan, setup.make, node=setup, on_tick=on_tick)
+    sweep = run_concurrency_sweep(plan, setup.make, node=setup, on_tick=on_tick, on_pass=on_pass)
     # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
     inputs = {PROMPTS: InputFile(sha256=files.sha256(Path(cfg.workload.prompts)))} if cfg.workload.prompts else None
     div = _explained(cfg, setup, sweep)
@@ -229,7 +234,12 @@ def cached_model_path(recipe: dict) -> Path:
     return files.cache_dir() / "models" / f"{r['preset']}-{r['type']}-seed{r['seed']}-v{gguf_io.WRITER_VERSION}.gguf"
 
 
-def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None = None) -> dict:
+def rerun_results(
+    data: dict,
+    trust_endpoints: bool = False,
+    bundle: Path | None = None,
+    on_pass: Callable[[PassDone], None] | None = None,
+) -> dict:
     """The deterministic part again: one pass per level is enough, every repetition being identical. A bundle
     can come from anyone: RPC endpoints it names are connected to only when the verifier says so. A relative
     prompts file is looked for from here, then from the bundle's folder upwards (``bundle``)."""
@@ -253,7 +263,7 @@ def rerun_results(data: dict, trust_endpoints: bool = False, bundle: Path | None
     model = _model_at_hand(cfg)
     if model is not None:  # an early refusal only, before anything runs: the check after the sweep judges
         _check_repack_here(b, model, fingerprint.fingerprint().get("digest"))
-    rerun = sweep_on_node(cfg, b.results.command)
+    rerun = sweep_on_node(cfg, b.results.command, on_pass=on_pass)
     e = rerun["engine"]
     if e.get("kind") == "gguf" and e.get("repack") is False:
         ran = str((e.get("recipe_auto") or {}).get("repack", "off"))

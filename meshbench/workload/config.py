@@ -66,13 +66,17 @@ class RunConfig:
         gguf = self.engine.kind in TOKENIZED  # a model with a tokenizer and end-of-generation tokens
         for rule in RUN_RULES.get(self.engine.kind, ()):
             rule(self)
+        if self.workload.prompts is not None and not gguf:
+            raise MeshbenchError(
+                "workload.prompts (--prompts) are real text, tokenized by a real model: give a GGUF model "
+                "(--engine gguf --model FILE) or a server (--target URL, or --serve llama-server)"
+            )
         if self.workload.eos != "continue" and not gguf:
             raise MeshbenchError(
-                f"workload.eos {self.workload.eos} needs the gguf engine (a model with "
-                "end-of-generation tokens); the synthetic engine has none"
+                f"workload.eos {self.workload.eos} needs a model with end-of-generation tokens (the synthetic engine "
+                "has none): give a GGUF model (--engine gguf --model FILE) or a server (--target URL, --serve), "
+                "or --eos continue"
             )
-        if self.workload.prompts is not None and not gguf:
-            raise MeshbenchError("workload.prompts needs the gguf engine (the model's own tokenizer)")
         faults.check_rows(
             self.faults, set(self.workload.session_ids()), self.engine.isolated, self.engine.workers, "faults"
         )
