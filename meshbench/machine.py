@@ -4,9 +4,19 @@ and the engine's recipe probe, meshbench.engine.recipe, both key on it)."""
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 from pathlib import Path
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: taskset, a cgroup's cpuset), not every CPU the machine has:
+    the default thread count, so that llama.cpp's spinning threads never outnumber the cores they are given."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # (not on Linux)
+        return os.cpu_count() or 1
 
 
 def cpu_model() -> str:

@@ -4,8 +4,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
+
+
+def _pin_this_worker() -> None:
+    """Under pytest-xdist, each worker (and every process it starts) on a core of its own: llama.cpp defaults to a
+    thread per usable CPU (meshbench.machine.usable_cpus) and its threads spin at every barrier, so two workers
+    each running two threads on two cores wait on each other many times a token."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return
+    if worker.startswith("gw") and 1 < count <= len(cpus):
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+_pin_this_worker()
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +45,36 @@ def model(tmp_path_factory) -> Path:
     import factories as f
 
     return f.tiny_gguf(tmp_path_factory.mktemp("m") / "bench.gguf", "q8_0", "bench")
+
+
+# What each module's tests need, in one table (``-m`` selects by it; docs/development.md lists the tiers):
+# gguf: llama-cpp-python (they skip in one line without it); server: an HTTP server of their own on loopback, a
+# real one or a misbehaving one; process: child processes they start, signal or kill (RPC workers, sweeps);
+# slow: the modules the inner loop leaves out (the fast tier is -m "not slow", under 90 s on 2 cores).
+NEEDS = {
+    "gguf": {
+        "bench", "burst", "chunked", "conversations", "endpoint", "endpoint_conversations", "faults_gguf", "gguf",
+        "gguf_prefix", "hostile", "integrity", "kernels", "llama_server_defaults", "model", "own_kv",
+        "probe4_inputs", "prompts", "real_model", "recipe", "rpc", "server_bench", "server_matrix", "structure",
+    },
+    "server": {
+        "bad_server", "endpoint", "endpoint_conversations", "endpoint_sibling", "llama_server_defaults",
+        "server_bench", "server_matrix",
+    },
+    "process": {
+        "bundle_files", "cli_edges", "faults", "faults_gguf", "hostile", "integrity", "recipe", "rpc", "endpoint",
+    },
+    "slow": {
+        "bad_server", "burst", "chunked", "conversations", "endpoint", "endpoint_conversations", "faults_gguf",
+        "fields", "gguf", "gguf_prefix", "hostile", "integrity", "llama_server_defaults", "prompts", "readme_commands",
+        "real_model", "recipe", "records", "rpc", "server_bench", "server_matrix",
+    },
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.module.__name__.removeprefix("test_") if item.module else ""
+        for marker, modules in NEEDS.items():
+            if module in modules:
+                item.add_marker(marker)

@@ -76,7 +76,8 @@ def test_an_engine_spec_refuses_what_cannot_run_wherever_it_is_built(kwargs, mes
 
 def test_a_run_config_refuses_real_prompts_on_the_synthetic_engine():
     wl = config.WorkloadSection(sessions=2, prompts="p.txt").build("test")
-    with pytest.raises(MeshbenchError, match="workload.eos stop needs the gguf engine"):
+    expect = r"workload.prompts \(--prompts\) are real text.*--engine gguf --model FILE"
+    with pytest.raises(MeshbenchError, match=expect):
         config.RunConfig(workload=wl)
 
 

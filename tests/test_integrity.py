@@ -51,7 +51,9 @@ def test_every_arrival_kind_and_fault_kind_verifies_and_reruns(tmp_path, arrival
 @pytest.fixture(scope="module")
 def backpressure(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bp") / "b"
-    r = runner.invoke(app, ["sweep", "--config", "configs/backpressure.yaml", "--levels", "2", "--out", str(out)])
+    # (one rate above what the node serves, so the queue refuses: the rerun's admission check is what is tested)
+    args = ["--levels", "2", "--rates", "2.0", "--isolation-rounds", "1", "--repeat", "1", "--warmup", "0"]
+    r = runner.invoke(app, ["sweep", "--config", "configs/backpressure.yaml", *args, "--out", str(out)])
     assert r.exit_code == 0, r.output
     return out
 

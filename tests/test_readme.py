@@ -83,7 +83,7 @@ def test_readme_opens_with_the_two_setup_commands():
     assert block[1].startswith(f"CMAKE_ARGS=\"{flags}\" pip install -e '.[gguf,dev,server]' && python -m pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     assert flags in ci  # CI installs the way a reader does
-    assert " -n auto" in block[1]  # the whole suite, on every core (pytest-xdist, in the dev extra)
+    assert " -n auto --dist worksteal" in block[1]  # the whole suite, on every core (pytest-xdist, in the dev extra)
 
 
 @pytest.mark.parametrize("bundle", BUNDLES, ids=[b.name for b in BUNDLES])

@@ -14,10 +14,10 @@ server's. Repetitions rotate the level order, and within a level the sides rotat
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Callable, Sequence
 
+from meshbench import machine
 from meshbench.analysis import latency, stats
 from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
@@ -228,7 +228,7 @@ def _matched_args(cfg: RunConfig, c: int, longest: int) -> list[str]:
     """The server held to meshbench's recipe: C slots each with its own cells, batches of meshbench's prefill
     budget, flash attention and the KV type as the config says, weight repacking as meshbench's engine has it."""
     batch = str(max(cfg.budget.max_prefill_tokens_per_tick, c))
-    threads = str(cfg.engine.threads or os.cpu_count() or 1)
+    threads = str(cfg.engine.threads or machine.usable_cpus())
     return [
         "-np",
         str(c),

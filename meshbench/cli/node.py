@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from meshbench import machine
 from meshbench.cli.common import err
 from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
@@ -35,6 +38,14 @@ def serve(
             help="Listen on a non-loopback address. ggml-rpc is unauthenticated: only on a network you trust.",
         ),
     ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="One JSON line on stdout as it starts listening (endpoint, pid, threads) and one as it stops, for "
+            "a script that starts workers; the messages on stderr are the same.",
+        ),
+    ] = False,
 ) -> None:
     """Serve this machine's CPU to llama.cpp RPC clients until SIGTERM (exit 0) or SIGINT (exit 130)."""
     endpoint = rpc.Endpoint(_numeric(host), port)  # llama.cpp binds an address, not a name
@@ -53,7 +64,9 @@ def serve(
         raise MeshbenchError(f"--cache {cache}: exists and is not a directory (llama.cpp keeps its tensor cache there)")
     rpc.libraries()  # an RPC-capable build, or the one line that says how to get it
     _check_port_free(endpoint)
-    server = threading.Thread(target=rpc.serve, args=(endpoint, threads or os.cpu_count() or 1, cache), daemon=True)
+    n_threads = threads or machine.usable_cpus()
+    events = _json_stdout() if as_json else None
+    server = threading.Thread(target=rpc.serve, args=(endpoint, n_threads, cache), daemon=True)
     try:  # from before the server can accept anything: a SIGTERM from then on is a clean stop
         server.start()
         if not _accepting(endpoint, server):  # "listening" only once it is: llama.cpp may fail to bind
@@ -61,17 +74,39 @@ def serve(
                 f"llama.cpp's RPC server did not start listening on {endpoint} within {BIND_TIMEOUT_S:.0f} s"
             )
         err.print(f"listening on {endpoint}", markup=False)
+        if events is not None:
+            _event(events, {"event": "listening", "endpoint": str(endpoint), "pid": os.getpid(), "threads": n_threads})
         while server.is_alive():
             server.join(0.25)
     except BaseException as e:
         if type(e).__name__ == "Terminated":  # SIGTERM: a clean stop
             err.print("stopped (SIGTERM)", markup=False)
+            if events is not None:
+                _event(events, {"event": "stopped", "why": "SIGTERM"})
             return
+        if events is not None and isinstance(e, KeyboardInterrupt):
+            _event(events, {"event": "stopped", "why": "SIGINT"})
         raise
     raise MeshbenchError(f"llama.cpp's RPC server on {endpoint} stopped (could it bind the port?)")
 
 
 BIND_TIMEOUT_S = 30.0
+
+
+def _json_stdout() -> int:
+    """--json: standard output kept for the events alone. llama.cpp's RPC server prints its banner to the process's
+    standard output, so that goes to stderr from here on; the events go to a copy of the original."""
+    sys.stdout.flush()
+    events = os.dup(1)
+    os.dup2(2, 1)
+    return events
+
+
+def _event(fd: int, doc: dict) -> None:
+    """One line, written whole at once (a script reads it while the worker runs)."""
+    view = memoryview((json.dumps(doc) + "\n").encode())
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _accepting(endpoint: rpc.Endpoint, server: threading.Thread) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -15,13 +15,22 @@ from meshbench.cli.common import err
 from meshbench.sweep.levels import PassDone
 
 Watch = Callable[[PassDone], None]
+Ticks = Callable[[int, Any], None]
 
 
 @contextlib.contextmanager
-def passes(label: str) -> Iterator[Watch]:
-    """A callback for a sweep's ``on_pass``: ``label`` names what runs (``sweep``, or a bundle's rerun)."""
+def passes(label: str) -> Iterator[tuple[Ticks, Watch]]:
+    """Callbacks for a sweep's ``on_tick`` and ``on_pass``: ``label`` names what runs (``sweep``, or a bundle's
+    rerun). Off a terminal a level's first tick says it started, so a log shows a long first pass is under way."""
     if not err.is_terminal:
-        yield _lines(label)
+        started: set[int] = set()
+
+        def on_tick(level: int, rec: Any) -> None:  # noqa: ARG001
+            if level not in started:
+                started.add(level)
+                err.print(f"{label}: level {level} started", markup=False)
+
+        yield on_tick, _lines(label)
         return
     with Progress(
         TextColumn(f"[bold]{label}" + " level {task.fields[level]:>3}"),
@@ -43,18 +52,24 @@ def passes(label: str) -> Iterator[Watch]:
                 tasks[p.level] = bar.add_task("", total=p.planned, level=p.level, kinds=shown)
             bar.update(tasks[p.level], total=p.planned, completed=p.done, kinds=shown)
 
-        yield on_pass
+        yield (lambda level, rec: None), on_pass
 
 
 def _lines(label: str) -> Watch:
-    """One line as each level's first pass ends, and one when its last planned pass ends."""
+    """A line as each level's first pass ends, as its last planned pass ends, and at most every EVERY_S between."""
     started = time.monotonic()
+    last = [started]
 
     def on_pass(p: PassDone) -> None:
-        if p.done == 1:
-            err.print(f"{label}: level {p.level}: pass 1 of {p.planned} done", markup=False)
-        elif p.done == p.planned:
-            took = time.monotonic() - started
-            err.print(f"{label}: level {p.level}: {p.done} passes done ({took:.0f} s so far)", markup=False)
+        now = time.monotonic()
+        if p.done in (1, p.planned) or now - last[0] >= EVERY_S:
+            last[0] = now
+            err.print(
+                f"{label}: level {p.level}: {p.done} of {p.planned} passes done ({p.kind}; {now - started:.0f} s)",
+                markup=False,
+            )
 
     return on_pass
+
+
+EVERY_S = 15.0  # a long level still says it is alive in a CI log

@@ -107,8 +107,8 @@ def _check_own_evidence(data: dict, typed: NodeBundle | EndpointBundle) -> None:
 
 def _run_with_progress(cfg, verbose: bool) -> dict:
     """The node's sweep, with its passes' progress on stderr (meshbench.cli.progress)."""
-    with progress.passes("sweep") as on_pass:
-        return run.sweep_on_node(cfg, command_line(), None, verbose, on_pass)
+    with progress.passes("sweep") as (on_tick, on_pass):
+        return run.sweep_on_node(cfg, command_line(), on_tick, verbose, on_pass)
 
 
 def _print_sweep(b: NodeBundle) -> None:

@@ -6,7 +6,7 @@ import contextlib
 import functools
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -37,6 +37,17 @@ def verify(
             "it such a bundle is refused: a rerun would send the model to them.",
         ),
     ] = False,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(
+            "--threads",
+            min=1,
+            max=512,
+            help="With --rerun: run the engine on this many CPU threads instead of the recorded count. Every record "
+            "must still reproduce (llama.cpp's CPU kernels give each output to one thread); CI runs two reruns at "
+            "once, one thread each.",
+        ),
+    ] = None,
     as_json: Annotated[
         bool,
         typer.Option(
@@ -51,12 +62,14 @@ def verify(
     Exit 0 when every check holds, 1 when any fails, 2 when a bundle cannot be used; a rerun's progress goes to
     stderr.
     """
+    if threads is not None and not rerun:
+        raise MeshbenchError("--threads chooses the threads of a rerun: give --rerun as well")
     worst = 0
     reports = []
     for path in bundles:  # every bundle is reported; the exit code is the worst status
         started = time.monotonic()
         try:
-            checks = _checked(path, rerun, trust_endpoints)
+            checks = _checked(path, rerun, trust_endpoints, threads)
         except MeshbenchError as e:
             if not as_json:
                 err.print(f"error: {e}", markup=False)
@@ -74,7 +87,7 @@ def verify(
     raise typer.Exit(worst)
 
 
-def _checked(path: Path, rerun: bool, trust_endpoints: bool) -> Checks:
+def _checked(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) -> Checks:
     if verify_matrix.is_matrix(path):
         if rerun:
             raise MeshbenchError(
@@ -85,15 +98,21 @@ def _checked(path: Path, rerun: bool, trust_endpoints: bool) -> Checks:
     with contextlib.ExitStack() as stack:
         rerunner = None
         if rerun:
-            on_pass = stack.enter_context(progress.passes(f"verify {path}: rerun"))
+            on_tick, on_pass = stack.enter_context(progress.passes(f"verify {path}: rerun"))
             rerunner = functools.partial(
-                run.rerun_results, trust_endpoints=trust_endpoints, bundle=path, on_pass=on_pass
+                run.rerun_results,
+                trust_endpoints=trust_endpoints,
+                bundle=path,
+                on_tick=on_tick,
+                on_pass=on_pass,
+                threads=threads,
             )
         return verify_mod.check_bundle(
             path,
             rerun=rerunner,
             resolve=functools.partial(run.with_prompt_ids, bundle=path),
             tokens=functools.partial(retokenize.here, bundle=path),
+            threads=threads if rerun else None,
         )
 
 

@@ -10,13 +10,12 @@ each prompt prefilled alone.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import Callable, Sequence
 
 import numpy as np
 
-from meshbench import limits
+from meshbench import limits, machine
 from meshbench.engine import recipe
 from meshbench.engine.base import (
     SAMPLING_CONTRACT,
@@ -93,7 +92,7 @@ class GgufEngine:
         cp.n_batch = self.n_batch
         # llama.cpp's own n_ubatch (512) where a tick is larger, as llama-server's: a bounded compute buffer
         self.n_ubatch = cp.n_ubatch = min(self.n_batch, int(cp.n_ubatch))
-        n_threads = threads or os.cpu_count() or 1
+        n_threads = threads or machine.usable_cpus()
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.flash_attn_type = recipe.flash_attn_type(lib, flash_attn)  # (auto: the setup reads llama.cpp's choice)
         cp.kv_unified = kv_unified

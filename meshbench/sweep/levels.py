@@ -68,8 +68,7 @@ def run_concurrency_sweep(
     budgets = [level_budget(sweep.budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
     times_of = arrival_times(plan, workload, wall, sweep.repeat)
     eog = node.eog if node is not None else frozenset()
-    planned = [_planned_passes(sweep, lv) for lv in plan]
-    done = [0 for _ in plan]
+    count = _PassCount(sweep, plan, on_pass)
 
     def one_pass(
         i: int, requests: Sequence[GenerationRequest] | None = None, cache: bool = True, kind: str = "timed"
@@ -89,10 +88,7 @@ def run_concurrency_sweep(
             return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover, sweep.prefill)
         finally:
             close_engine(engine)
-            done[i] += 1
-            planned[i] = max(planned[i], done[i])
-            if on_pass is not None:
-                on_pass(PassDone(c, kind, done[i], planned[i]))
+            count.ended(i, kind)
 
     for _ in range(sweep.warmup):
         for i in range(len(plan)):
@@ -122,12 +118,34 @@ def run_concurrency_sweep(
         own = None if cache_off is None else _own_kv(passes[i][0][2], cache_off, engine_factory, budgets[i], workload)
         shared = (cache_off, sweep.near_tie, sweep.prefix_block_tokens, own)
         records.append(level_record(lv, budgets[i], times_of[i], slo, passes[i], proof, wall, *shared))
-    reference = None
-    if not all(lv.arrivals.all_at_once for lv in plan) or sweep.fault_rows:
-        reference = alone_reference(
-            workload, sweep.budget, engine_factory, clock, sweep.prefill, eog, sweep.prefix_block_tokens
-        )
-    return concurrency_sweep(records, reference)
+    return concurrency_sweep(records, _reference(sweep, plan, engine_factory, clock, eog))
+
+
+def _reference(
+    sweep: SweepPlan, plan: Sequence[Level], factory: Callable[[EngineLimits], BatchEngine], clock, eog
+) -> Reference | None:
+    """Each session alone, where arrivals over time or faults keep a level's schedule from being the reference."""
+    if all(lv.arrivals.all_at_once for lv in plan) and not sweep.fault_rows:
+        return None
+    wl = sweep.workload
+    return alone_reference(wl, sweep.budget, factory, clock, sweep.prefill, eog, sweep.prefix_block_tokens)
+
+
+class _PassCount:
+    """Each level's passes ended and planned, told to ``on_pass`` as each ends (a confirmation not planned grows the
+    total as it ends, so the count never passes it)."""
+
+    def __init__(self, sweep: SweepPlan, plan: Sequence[Level], on_pass: Callable[[PassDone], None] | None):
+        self.levels = [lv.concurrency for lv in plan]
+        self.planned = [_planned_passes(sweep, lv) for lv in plan]
+        self.done = [0 for _ in plan]
+        self.on_pass = on_pass
+
+    def ended(self, i: int, kind: str) -> None:
+        self.done[i] += 1
+        self.planned[i] = max(self.planned[i], self.done[i])
+        if self.on_pass is not None:
+            self.on_pass(PassDone(self.levels[i], kind, self.done[i], self.planned[i]))
 
 
 def _planned_passes(sweep: SweepPlan, lv: Level) -> int:

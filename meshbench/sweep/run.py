@@ -239,6 +239,8 @@ def rerun_results(
     trust_endpoints: bool = False,
     bundle: Path | None = None,
     on_pass: Callable[[PassDone], None] | None = None,
+    threads: int | None = None,
+    on_tick: Callable[[int, TickRecord], None] | None = None,
 ) -> dict:
     """The deterministic part again: one pass per level is enough, every repetition being identical. A bundle
     can come from anyone: RPC endpoints it names are connected to only when the verifier says so. A relative
@@ -249,6 +251,8 @@ def rerun_results(
     if not kinds.KINDS[kinds.of_engine(b.cfg.engine.kind)].rerun:
         raise MeshbenchError("results.json: its config echo names an endpoint: a rerun needs its server")
     cfg = dataclasses.replace(config_from_results(b.cfg), repeat=1, warmup=0)
+    if threads is not None:  # the verifier's choice (verify --threads): every record must reproduce all the same
+        cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, threads=threads))
     if cfg.workload.prompts and bundle is not None:
         cfg = dataclasses.replace(
             cfg, workload=dataclasses.replace(cfg.workload, prompts=locate(cfg.workload.prompts, bundle))
@@ -263,7 +267,7 @@ def rerun_results(
     model = _model_at_hand(cfg)
     if model is not None:  # an early refusal only, before anything runs: the check after the sweep judges
         _check_repack_here(b, model, fingerprint.fingerprint().get("digest"))
-    rerun = sweep_on_node(cfg, b.results.command, on_pass=on_pass)
+    rerun = sweep_on_node(cfg, b.results.command, on_tick, on_pass=on_pass)
     e = rerun["engine"]
     if e.get("kind") == "gguf" and e.get("repack") is False:
         ran = str((e.get("recipe_auto") or {}).get("repack", "off"))

@@ -68,13 +68,21 @@ def config_echo_errors(echo: dict) -> list[str]:
 
 
 def check_bundle(
-    path: Path, rerun: Rerun | None = None, resolve: Resolve | None = None, tokens: Tokens | None = None
+    path: Path,
+    rerun: Rerun | None = None,
+    resolve: Resolve | None = None,
+    tokens: Tokens | None = None,
+    threads: int | None = None,
 ) -> Checks:
-    return checked_bundle(path, rerun, resolve, tokens)[2]
+    return checked_bundle(path, rerun, resolve, tokens, threads)[2]
 
 
 def checked_bundle(
-    path: Path, rerun: Rerun | None = None, resolve: Resolve | None = None, tokens: Tokens | None = None
+    path: Path,
+    rerun: Rerun | None = None,
+    resolve: Resolve | None = None,
+    tokens: Tokens | None = None,
+    threads: int | None = None,
 ) -> tuple[dict, NodeBundle | EndpointBundle, Checks]:
     """The bundle's results (as read, and typed) and every check of it; with ``rerun`` (the runner, injected:
     checking a file never loads an engine), its deterministic records compared with a fresh run's; ``resolve``
@@ -91,7 +99,9 @@ def checked_bundle(
     if rerun is not None:
         if not kinds.kind(data).rerun:
             raise MeshbenchError(f"{path}: an endpoint bundle: a rerun needs its server (verify it without --rerun)")
-        outcome = reproduce.check_rerun(c, data, rerun, check_own=functools.partial(check_fresh, resolve=resolve))
+        outcome = reproduce.check_rerun(
+            c, data, rerun, check_own=functools.partial(check_fresh, resolve=resolve), threads=threads
+        )
         c.notes.append(str(outcome))
         if outcome.kernels is not None:  # (what only a rerun on the recording kernels checks stays unchecked)
             c.notes.extend(f"{note} (not on these kernels)" for note in c.until_rerun)

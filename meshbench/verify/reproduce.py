@@ -150,6 +150,7 @@ class Outcome:
     digests_skipped: int = 0
     failed: int = 0  # records the rerun did not reproduce
     kernels: kernels.KernelReport | None = None
+    threads: tuple[int | None, int] | None = None  # (recorded, rerun) where the verifier chose the rerun's threads
 
     def __str__(self) -> str:
         where = f"recorded on {self.recorded_on}, rerun on {self.rerun_on}"
@@ -171,6 +172,8 @@ class Outcome:
                 f"; {self.digests_skipped} margin digests of isolation passes cannot be compared across kernels: "
                 "the rerun's own isolation verdict compared its passes bit for bit"
             )
+        if self.threads is not None:
+            text += f"; rerun on {self.threads[1]} CPU thread(s), the bundle's {self.threads[0] or 'default'}"
         return text + ("" if self.kernels is None else str(self.kernels))
 
 
@@ -178,9 +181,14 @@ Own = Callable[[dict], Checks]  # a results document -> verify's checks of it
 RERUN_COMMAND = "meshbench verify --rerun"
 
 
-def check_rerun(c: Checks, data: dict, rerun: Rerun, check_own: Own | None = None) -> Outcome:
+def check_rerun(
+    c: Checks, data: dict, rerun: Rerun, check_own: Own | None = None, threads: int | None = None
+) -> Outcome:
     """The rerun's records held to the recorded ones; where llama.cpp's kernels differ, ``check_own`` (verify's
-    checks of a results document) holds the rerun's own records, whose verdicts then stand for this machine."""
+    checks of a results document) holds the rerun's own records, whose verdicts then stand for this machine.
+    ``threads``: the verifier ran the rerun on that many CPU threads, not the recorded count; every record must
+    reproduce all the same (llama.cpp's CPU kernels give each output to one thread: the count changes no result),
+    and the engine record's thread count is held to that choice instead."""
     fresh_data = rerun(data)
     b, fresh = typed.node(data), typed.node(fresh_data)
     recorded, here = serial.to_json(b.results.environment.compute), serial.to_json(fresh.results.environment.compute)
@@ -194,6 +202,11 @@ def check_rerun(c: Checks, data: dict, rerun: Rerun, check_own: Own | None = Non
     )
     split = outcome.kernels is not None
     old, new = view(b, split), view(fresh, split)
+    if threads is not None:
+        outcome.threads = (old["engine"].get("threads"), threads)
+        c.equal(FILE, "engine.threads (as --threads asked)", threads, new["engine"].get("threads"))
+        old["engine"] = {k: v for k, v in old["engine"].items() if k != "threads"}
+        new["engine"] = {k: v for k, v in new["engine"].items() if k != "threads"}
     if outcome.kernels is not None:
         old[kernels.CORRUPTION_HELD] = kernels.held_corruption(b)
         new[kernels.CORRUPTION_HELD] = kernels.held_corruption(fresh)
