@@ -53,7 +53,8 @@ def model(tmp_path_factory) -> Path:
 # slow: the modules the inner loop leaves out (the fast tier is -m "not slow", under 90 s on 2 cores).
 NEEDS = {
     "gguf": {
-        "bench", "burst", "chunked", "conversations", "endpoint", "endpoint_conversations", "faults_gguf", "gguf",
+        "bench", "burst", "chunked", "cli_edges", "conversations", "endpoint", "endpoint_conversations",
+        "endpoint_sibling", "faults_gguf", "gguf",
         "gguf_prefix", "hostile", "integrity", "kernels", "llama_server_defaults", "model", "own_kv",
         "probe4_inputs", "prompts", "real_model", "recipe", "rpc", "server_bench", "server_matrix", "structure",
     },

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import factories as f
 import pytest
@@ -17,6 +18,7 @@ from meshbench.sweep.levels import PassDone, SweepPlan, run_concurrency_sweep
 from meshbench.workload.workload import Workload
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_crash_is_one_line_exit_3_and_a_log_holding_the_traceback(made, monkeypatch, tmp_path):
@@ -63,6 +65,16 @@ def test_verify_json_is_one_document_with_the_same_exit_code(made, tmp_path):
     assert missing["status"] == "error" and "no such directory" in missing["error"]
 
 
+def test_a_forged_thread_count_fails_plain_verify(tmp_path):
+    forged = tmp_path / "B"
+    shutil.copytree(ROOT / "evidence" / "DGR-012-gguf", forged)
+    data = json.loads((forged / "results.json").read_text())
+    data["engine"]["threads"] = 1  # the echo says 2
+    (forged / "results.json").write_text(json.dumps(data, indent=1))
+    r = runner.invoke(app, ["verify", str(forged)])
+    assert r.exit_code == 1 and "engine.threads (= config.engine.threads)" in r.stdout
+
+
 def test_threads_without_rerun_is_refused(made):
     r = runner.invoke(app, ["verify", str(made), "--threads", "1"])
     assert r.exit_code == 2 and "--threads chooses the threads of a rerun" in r.stderr
@@ -101,7 +113,7 @@ def test_progress_counts_every_pass_and_never_runs_past_its_total(leak):
 
 def test_verify_rerun_on_one_thread_holds_every_record_of_a_gguf_bundle():
     pytest.importorskip("llama_cpp")
-    r = runner.invoke(app, ["verify", "evidence/DGR-012-gguf", "--rerun", "--threads", "1"])
+    r = runner.invoke(app, ["verify", str(ROOT / "evidence" / "DGR-012-gguf"), "--rerun", "--threads", "1"])
     assert r.exit_code == 0, r.output
     assert "rerun on 1 CPU thread(s), the bundle's 2" in r.stdout
 

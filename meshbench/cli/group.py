@@ -110,28 +110,33 @@ class MeshbenchGroup(TyperGroup):
 
 
 def _crashed(e: BaseException) -> int:
-    """One line on stderr naming the log file that holds the traceback, and exit code 3."""
-    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    log = _crash_log(f"meshbench {' '.join(sys.argv[1:])}\n{text}")
-    where = f"the traceback is in {log}" if log is not None else "the traceback could not be written to a file"
-    summary = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    """One line on stderr naming the log file that holds the traceback, and exit code 3 (whatever else fails)."""
     try:
-        typer.echo(f"crash: meshbench failed unexpectedly ({summary}); {where}; please report it (exit 3)", err=True)
-    except (OSError, ValueError):
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        log = _crash_log(f"meshbench {' '.join(sys.argv[1:])}\n{text}")
+        where = f"the traceback is in {log}" if log is not None else "the traceback could not be written to a file"
+        summary = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        line = f"crash: meshbench failed unexpectedly ({summary}); {where}; please report it (exit 3)"
+        sys.stderr.write(line.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001, S110 - the exit code must still say "crashed"
         pass
     return exits.CRASHED
 
 
 def _crash_log(text: str) -> Path | None:
-    """The traceback in meshbench's cache (crashes/), else the system's temporary folder; None if neither takes it."""
-    name = f"crash-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}.log"
-    for folder in (cache_dir() / "crashes", Path(tempfile.gettempdir())):
+    """The traceback in a new file of its own (never one that was there, nor through a link): meshbench's cache
+    (crashes/), else the system's temporary folder; None if neither takes it."""
+    prefix = f"crash-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-"
+    for folder in (lambda: cache_dir() / "crashes", lambda: Path(tempfile.gettempdir())):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / name
-            path.write_text(text)
-            return path
-        except OSError:
+            where = folder()
+            where.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=prefix, suffix=".log", dir=where)  # O_EXCL, mode 0600
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+                f.write(text)
+            return Path(name)
+        except (OSError, ValueError):
             continue
     return None
 

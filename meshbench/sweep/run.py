@@ -251,7 +251,7 @@ def rerun_results(
     if not kinds.KINDS[kinds.of_engine(b.cfg.engine.kind)].rerun:
         raise MeshbenchError("results.json: its config echo names an endpoint: a rerun needs its server")
     cfg = dataclasses.replace(config_from_results(b.cfg), repeat=1, warmup=0)
-    if threads is not None:  # the verifier's choice (verify --threads): every record must reproduce all the same
+    if threads is not None and cfg.engine.kind == "gguf":  # verify --threads: every record must hold all the same
         cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, threads=threads))
     if cfg.workload.prompts and bundle is not None:
         cfg = dataclasses.replace(

@@ -152,6 +152,9 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
                 compute.llama_cpp is not None)  # fmt: skip
         c.equal(bundle.RESULTS, "engine recipe (repack, flash_attn, recipe_auto: = the config echo's settings)", [],
                 recipe_disagreements(cfg.engine, r.engine))  # fmt: skip
+        if cfg.engine.threads is not None:  # (a rerun on other threads rests on it: verify --threads)
+            c.equal(bundle.RESULTS, "engine.threads (= config.engine.threads)", cfg.engine.threads,
+                    getattr(r.engine, "threads", None))  # fmt: skip
     return c
 
 
