@@ -9,6 +9,7 @@ import copy
 import json
 import shlex
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable: the
 import factories as f  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
+from meshbench.analysis import figures  # noqa: E402
 from meshbench.analysis.checks import Checks  # noqa: E402
 from meshbench.cli import app  # noqa: E402
 from meshbench.results import fingerprint, kinds  # noqa: E402
@@ -221,3 +223,71 @@ def test_the_reruns_own_records_are_held_to_what_a_rerun_runs_not_to_the_recorde
     outcome = reproduce.check_rerun(c, recorded, run.rerun_results, check_own=verify.check_fresh)
     assert c.failures == [], [str(x) for x in c.failures]
     assert outcome.kernels is not None and outcome.kernels.own is not None and outcome.kernels.own[1] == 0
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """A one-level GGUF bundle without isolation passes or repetitions: a changed token then has one digest
+    and one repetition record to make consistent, as a forger of a real bundle makes all of them."""
+    d = tmp_path_factory.mktemp("kernels-single")
+    model = f.tiny_gguf(d / "tiny-q8_0.gguf", "q8_0")
+    out = d / "B"
+    args = ["sweep", "--engine", "gguf", "--model", str(model), "--levels", "2", "--repeat", "1", "--warmup", "0"]
+    r = runner.invoke(app, [*args, "--no-isolation", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def _forged(made, tmp_path, forge) -> Path:
+    """The bundle with one session's last token changed (its digests and README made to match) and its
+    fingerprint forged by ``forge(llama_cpp)``, the digest recomputed: what a forger would commit."""
+    b = tmp_path / "B"
+    shutil.copytree(made, b)
+    data = json.loads((made / "results.json").read_text())
+    level = data["levels"][0]
+    s = level["sessions"][0]
+    s["tokens"][-1] = (s["tokens"][-1] + 1) % 256  # (the last token is fed to no decode)
+    s["digest"] = figures.token_digest(s["tokens"])
+    for rep in level["repetitions"]:
+        for x in rep["sessions"]:
+            if x["session_id"] == s["session_id"]:
+                x["digest"] = s["digest"]
+    compute = data["environment"]["compute"]
+    forge(compute["llama_cpp"])
+    _on(data, compute["llama_cpp"]["system_info"])
+    (b / "results.json").write_text(json.dumps(data, indent=1))
+    (b / "README.md").write_text(kinds.readme(data, verify.bundle_name((made / "README.md").read_text(), made)))
+    return b
+
+
+def _drop_a_feature(llama_cpp: dict) -> None:
+    info = llama_cpp["system_info"]
+    on = [w.split(" = ")[0].strip() for w in info.split("|") if w.strip().endswith("= 1")]
+    llama_cpp["system_info"] = info.replace(f"{on[-1]} = 1", f"{on[-1]} = 0")
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [lambda lc: lc.update(version="0.3.35"), _drop_a_feature],  # another llama.cpp; one CPU feature fewer
+    ids=["version", "one-feature"],
+)
+def test_a_forged_fingerprint_does_not_turn_a_changed_token_into_exit_0(single, tmp_path, forge):
+    """Finding 1 of probe 5: a changed token behind a forged kernel fingerprint exited 0 ("NOT reproduced here"
+    as a note). A rerun that did not reproduce the tokens has not confirmed them: exit 4 unless the gate opts in."""
+    b = _forged(single, tmp_path, forge)
+    assert verify.check_data(json.loads((b / "results.json").read_text())).failures == []  # (a consistent forgery)
+    r = runner.invoke(app, ["verify", str(b), "--rerun"])
+    assert r.exit_code == 4, r.output
+    assert ": NOT REPRODUCED: " in r.output and "NOT reproduced here, so not confirmed (exit 4)" in r.output
+    r = runner.invoke(app, ["verify", str(b), "--rerun", "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 4 and doc["exit_code"] == 4 and doc["bundles"][0]["status"] == "NOT REPRODUCED"
+    assert doc["bundles"][0]["kernel_bound"] > 0 and doc["bundles"][0]["failed"] == 0
+    r = runner.invoke(app, ["verify", str(b), "--rerun", "--accept-other-kernels"])
+    assert r.exit_code == 0, r.output
+    assert "(accepted: --accept-other-kernels)" in r.output
+
+
+def test_accept_other_kernels_without_a_rerun_is_refused(made):
+    r = runner.invoke(app, ["verify", str(made), "--accept-other-kernels"])
+    assert r.exit_code == 2 and "give --rerun as well" in r.output

@@ -82,12 +82,16 @@ def verdict(
     others: list[Divergence] = []
     retries: list[Divergence] = []
     everyone = [*answers, *cut]
+    unjudged = 0
     for x in answers:
         retried = x.session_id in cut_ids
         base = cold.get(x.session_id) if retried else ref.get(x.session_id)
-        if x.error is not None or base is None or base.error is not None:
+        if x.error is not None or tuple(x.tokens) in null.get(x.session_id, set()):
+            continue  # (a failed one is counted in ``failed``)
+        if base is None or base.error is not None:
+            unjudged += 1  # nothing to judge it against: never a pass
             continue
-        if tuple(x.tokens) in null.get(x.session_id, set()) or (retried and x.tokens == base.tokens):
+        if retried and x.tokens == base.tokens:
             continue
         beside = overlapping(x, everyone)
         d = divergence(c, None, x.session_id, x, base, beside, threshold)
@@ -95,7 +99,7 @@ def verdict(
             (retries if retried else others).append(d)
     kinds = [d.kind for d in [*others, *retries]]
     was_cut = sum(x.stop == CANCELLED for x in cut)
-    judged = failed == 0 and was_cut > 0 and "unknown" not in kinds
+    judged = failed == 0 and was_cut > 0 and "unknown" not in kinds and unjudged == 0
     return CancelVerdict(
         threshold=round(threshold, 6),
         cut=was_cut,
@@ -103,4 +107,5 @@ def verdict(
         retries_differing=retries,
         failed=failed,
         affected=True if "confident" in kinds else (False if judged else None),
+        unjudged=unjudged,
     )

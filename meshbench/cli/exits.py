@@ -6,6 +6,10 @@ OK = 0
 CHECK_FAILED = 1  # verify (or a sweep's own evidence) found a failing check
 BAD_INPUT = 2  # a flag, config, model, bundle or output path that cannot be used: one line on stderr, nothing written
 CRASHED = 3  # a bug of meshbench's: one line on stderr naming the log file that holds the traceback
+# verify --rerun on other llama.cpp kernels: every check it could make held, but records bound to the recording
+# kernels (tokens, and what follows from them) were not reproduced, so nothing confirms them here; 0 only with
+# --accept-other-kernels. A forged fingerprint must not turn a token check into a pass.
+NOT_REPRODUCED = 4
 INTERRUPTED = 130  # SIGINT (Ctrl-C): no partial bundle or file is left
 TERMINATED = 143  # SIGTERM: the same
 
@@ -14,6 +18,10 @@ MEANINGS = (
     (CHECK_FAILED, "a check failed (verify, or a sweep's own evidence)"),
     (BAD_INPUT, "bad input or unwritable output: one line names it, nothing is written"),
     (CRASHED, "meshbench crashed: one line names the log holding the traceback"),
+    (
+        NOT_REPRODUCED,
+        "verify --rerun: records bound to other llama.cpp kernels not reproduced here (0 with --accept-other-kernels)",
+    ),
     (INTERRUPTED, "interrupted (SIGINT): no partial bundle or file is left"),
     (TERMINATED, "terminated (SIGTERM): the same"),
 )

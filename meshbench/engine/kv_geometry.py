@@ -114,9 +114,7 @@ def _from_metadata(meta: dict) -> KvGeometry:
 
 
 def read(path: Path) -> KvGeometry:
-    """The geometry of a GGUF file (the gguf package reads its metadata)."""
+    """The geometry of a GGUF file (the gguf package reads its metadata, once per process: gguf_io.checked_model)."""
     from meshbench.model import gguf_io  # noqa: PLC0415 - the gguf package is an optional extra
 
-    reader = gguf_io.open_reader(path)
-    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
-    return from_metadata(meta)
+    return from_metadata(gguf_io.checked_model(path).meta)

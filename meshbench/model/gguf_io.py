@@ -10,6 +10,7 @@ Quantized rows must be a multiple of 32 values.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from meshbench.errors import EngineUnavailable, MeshbenchError
-from meshbench.files import regular_file, umask_mode
+from meshbench.files import regular_file, sha256, umask_mode
 from meshbench.model import vocab
 from meshbench.model.config import ModelConfig
 from meshbench.model.weights import Weights
@@ -155,12 +156,37 @@ def open_reader(path: Path):
         raise MeshbenchError(f"model {path}: corrupt or truncated GGUF ({type(e).__name__}: {e})") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckedModel:
+    """What one read of a model file that passed ``check_model_file`` gives: its architecture and its metadata
+    (every key but the tokenizer's arrays)."""
+
+    arch: str
+    meta: dict
+
+
+# Files that passed, by the sha256 of their bytes: a sweep and its rerun load one model several times (the node, its
+# tokenizer, the KV geometry), and gguf-py reads Gemma 3's 262144-token vocabulary in about 11 s each time. Keyed by
+# content, never by path or mtime: a file rewritten in place, however soon, is read again. Refusals are not kept.
+_CHECKED: dict[str, CheckedModel] = {}
+
+
+def checked_model(path: Path) -> CheckedModel:
+    """Refuse what llama.cpp must not see (not GGUF, corrupt, non-finite weights); the file's architecture and
+    metadata, read once per process for each content."""
+    path = regular_file(path, "model")
+    digest = sha256(path)
+    if digest not in _CHECKED:
+        reader = open_reader(path)
+        check_finite(reader, path)
+        meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
+        _CHECKED[digest] = CheckedModel(str(meta.get("general.architecture", "unknown")), meta)
+    return _CHECKED[digest]
+
+
 def check_model_file(path: Path) -> str:
     """Refuse what llama.cpp must not see (not GGUF, corrupt, non-finite weights); returns the architecture."""
-    reader = open_reader(path)
-    check_finite(reader, path)
-    f = reader.fields.get("general.architecture")
-    return f.contents() if f is not None else "unknown"
+    return checked_model(path).arch
 
 
 def _field(reader, key: str, default=None):

@@ -19,8 +19,10 @@ class CancelVerdict:
     # where it leaves their reference answer
     retries_differing: list[Divergence]  # retried sessions with such an output, where it leaves their cold answer
     failed: int  # answers of the two runs that failed, cut attempts included
-    affected: bool | None  # True: a confident divergence; None: not judged (a failed answer, nothing cut, or a
-    # divergence of unknown margin)
+    affected: bool | None  # True: a confident divergence; None: not judged (a failed answer, nothing cut, a
+    # divergence of unknown margin, or an answer with nothing to judge it against)
+    unjudged: int = 0  # answers with a new output and nothing to judge it against: no cold answer (a retried one)
+    # or reference (one that ran through); any makes ``affected`` None unless another is confident
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,6 +46,7 @@ class LevelDivergences:
     near_ties: int
     confident: int
     unknown: int
+    unjudged: int = 0  # answers with no cold answer to compare with (its margin pass failed or was withheld)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,6 +4,7 @@ searched for in every later answer) and the cancel-and-retry runs; and how a div
 from __future__ import annotations
 
 from meshbench.analysis import canary as plant
+from meshbench.analysis import endpoint_margins
 from meshbench.names import RESULTS
 from meshbench.results import markdown
 from meshbench.results.typed import EndpointBundle
@@ -87,6 +88,8 @@ def cancels(b: EndpointBundle) -> list[str]:
             if v.failed
             else "not judged (no client was cut)"
             if not v.cut
+            else f"not judged ({v.unjudged} with no cold answer, reference or margins to judge by)"
+            if v.affected is None and v.unjudged
             else "not judged (a margin unknown)"
             if v.affected is None
             else ("**yes**" if v.affected else "no")
@@ -113,8 +116,9 @@ def cancels(b: EndpointBundle) -> list[str]:
         "output its session gave without any cancellation at this level (the reference, the timed repetitions) or, "
         "for a retried one, its cold answer (alone, `cache_prompt` false) is unaffected. Any other is listed where "
         "it first leaves its reference (ran through) or its cold answer (retried): a margin of at most "
-        f"{runs[0][1].verdict.threshold:.3g}, this run's measured numerics, is a near-tie (the batch changed shape "
-        "when the cancelled requests left and came back); a larger one is confident, which the numerics measured "
+        f"{runs[0][1].verdict.threshold:.3g}, {threshold_source(b.results.margins)}, is a near-tie (the batch "
+        "changed shape when the cancelled requests left and came back); a larger one is confident, which the numerics "
+        "measured "
         "here do not explain and a slot, a cache entry or a KV cell left behind by a cancelled request would: a "
         "finding to reproduce, named with the sessions in flight beside it.",
         "",
@@ -135,3 +139,13 @@ def kinds(found: list) -> str:
 
 def margin(m: float | None) -> str:
     return "unknown" if m is None else f"{m:.3g}"
+
+
+def threshold_source(passes) -> str:
+    """Where a near-tie threshold came from, in words: measured, or the floor or the cap instead."""
+    measured = None if passes is None else endpoint_margins.numerics(passes)
+    if measured is None:
+        return f"the floor (no margin change was measured: {'no margin passes' if passes is None else 'no token'})"
+    if endpoint_margins.inconsistent(passes):
+        return "the cap (the server's margins are inconsistent with its own answers)"
+    return "this run's measured numerics"

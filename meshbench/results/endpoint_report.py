@@ -298,6 +298,17 @@ def _divergences(b: EndpointBundle) -> list[str]:
         *rows,
         "",
     ]
+    unjudged = {c: x.unjudged for c, x in d.levels.items() if x.unjudged}
+    if unjudged:
+        lines += [
+            "**Not judged:** "
+            + ", ".join(f"{n} answers at C={c}" for c, n in unjudged.items())
+            + " have no cold answer to compare with (its margin pass failed, or the server withheld it): none of them "
+            "is counted as equal to its cold answer.",
+            "",
+        ]
+    if (why := endpoint_margins.inconsistent(b.results.margins)) is not None:
+        lines += [f"**The server's margins are inconsistent with its own answers:** {why}.", ""]
     if d.sibling_differing is not None and b.results.margins is not None:
         lines += [_after_sibling(b, d.sibling_differing), ""]
     if d.near_ties:

@@ -1,0 +1,101 @@
+"""Evidence integrity, probe 5 (issue 57): what a lying server's margins or a withheld answer can no longer turn.
+Each test fails without its fix."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meshbench.analysis import cancel
+from meshbench.analysis import endpoint_margins as m
+from meshbench.records.margins import MarginPasses
+from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition
+
+
+def _answer(sid, tokens, margins=None, at=0, error=None):
+    return Completion(session_id=sid, submit_ns=at, tokens=tokens, text="", token_ns=[at + 10] * len(tokens),
+                      stop="limit", predicted=len(tokens), evaluated=3, error=error, margins=margins)  # fmt: skip
+
+
+def _honest(n_sessions=16, n_tokens=24, seed=0):
+    """Cold answers and warm ones that agree token for token, their margins moved by at most 0.3 (numerics)."""
+    rng = random.Random(seed)
+    cold, warm = [], []
+    for k in range(n_sessions):
+        tokens = [rng.randrange(1000) for _ in range(n_tokens)]
+        margins = [rng.uniform(0.5, 6.0) for _ in range(n_tokens)]
+        cold.append(_answer(f"s{k}", tokens, margins))
+        warm.append(_answer(f"s{k}", tokens, [x + rng.uniform(-0.3, 0.3) for x in margins]))
+    return cold, warm
+
+
+def test_one_misreported_margin_does_not_set_the_threshold_of_the_whole_run():
+    cold, warm = _honest()
+    honest = m.numerics(MarginPasses(cold=cold, warm=warm, together=warm))
+    assert honest is not None and honest <= 0.3
+    lying = list(warm)
+    w = lying[3]
+    lying[3] = _answer(w.session_id, w.tokens, [w.margins[0] + 900.0, *w.margins[1:]])  # one warm token at +900
+    passes = MarginPasses(cold=cold, warm=lying, together=warm)
+    assert m.numerics(passes) <= m.TAIL * 0.3 and m.near_tie(passes) <= m.TAIL * 0.3
+    assert m.inconsistent(passes) is None
+
+
+def test_margins_inflated_on_the_cache_path_are_bounded_and_called_inconsistent():
+    """A server that reports its margins 40 times larger when cache_prompt is not false set 'this run's measured
+    numerics' to 156, and every confident divergence through its leaking cache path was 'classified as numerics'."""
+    cold, warm = _honest()
+    inflated = [_answer(w.session_id, w.tokens, [40 * x for x in w.margins]) for w in warm]
+    passes = MarginPasses(cold=cold, warm=inflated, together=inflated)
+    assert m.numerics(passes) > 100  # (what the server claims, recorded as measured)
+    assert m.near_tie(passes) == m.CAP
+    assert "more than any difference in arithmetic moves a margin" in (m.inconsistent(passes) or "")
+    # an answer that leaves its cold one at a cold margin of 2.3 is confident, not a near-tie
+    c = cold[0]
+    at = 1
+    cold[0] = _answer(c.session_id, c.tokens, [c.margins[0], 2.3, *c.margins[2:]])
+    changed = _answer("s0", [c.tokens[0], c.tokens[1] + 1, *c.tokens[2:]], at=0)
+    rep = EndpointRepetition(repetition=0, position=0, wall_s=1.0, metrics_before=None, metrics_after=None,
+                             figures={}, sessions=[changed])  # fmt: skip
+    d = m.divergences([EndpointLevel(concurrency=1, repetitions=[rep], needle=[], figures={})], passes, "s0")
+    assert [(x.session_id, x.token_index, x.kind) for x in d.confident] == [("s0", at, "confident")]
+    assert d.threshold == m.CAP
+
+
+def test_honest_numerics_are_the_largest_change_as_before():
+    """The committed llama-server bundles' numerics (the largest change) are within TAIL x their 99th percentile:
+    held by recomputing them in verify; here, a run whose largest change is twice its 99th percentile."""
+    cold, warm = _honest(n_sessions=20, n_tokens=10)
+    w = warm[0]
+    warm[0] = _answer(w.session_id, w.tokens, [cold[0].margins[0] + 0.55, *w.margins[1:]])
+    assert m.numerics(MarginPasses(cold=cold, warm=warm, together=warm)) == pytest.approx(0.55)
+
+
+def _cut(sid):
+    from meshbench.records.completion import CANCELLED
+
+    return Completion(session_id=sid, submit_ns=0, tokens=[1], text="", token_ns=[1], stop=CANCELLED,
+                      predicted=None, evaluated=None, error=None)  # fmt: skip
+
+
+def test_a_retry_with_nothing_to_judge_it_by_is_not_judged_never_unaffected():
+    """A retried answer whose cold answer is missing (withheld, failed) was skipped, and the verdict said
+    'affected: False'. It is counted, and the verdict is None."""
+    ref = [_answer("s0", [1, 2, 3], [2.0, 2.0, 2.0]), _answer("s1", [4, 5, 6], [2.0, 2.0, 2.0])]
+    answers = [_answer("s0", [1, 2, 3]), _answer("s1", [4, 5, 7])]
+    v = cancel.verdict(2, [_cut("s1")], ref, answers, {}, {}, 0.05)
+    assert v.affected is None and v.unjudged == 1
+    # the same answer as its reference run: nothing to judge, and nothing withheld
+    same = cancel.verdict(2, [_cut("s1")], ref, [_answer("s0", [1, 2, 3]), _answer("s1", [4, 5, 6])], {}, {}, 0.05)
+    assert same.affected is False and same.unjudged == 0
+
+
+def test_an_answer_whose_cold_answer_is_missing_is_counted_unjudged_at_its_level():
+    cold, warm = _honest(n_sessions=2, n_tokens=4)
+    passes = MarginPasses(cold=cold[:1], warm=warm, together=warm)  # s1's cold answer withheld
+    sessions = [_answer("s0", cold[0].tokens, at=0), _answer("s1", [7, 7, 7, 7], at=5)]
+    rep = EndpointRepetition(repetition=0, position=0, wall_s=1.0, metrics_before=None, metrics_after=None,
+                             figures={}, sessions=sessions)  # fmt: skip
+    d = m.divergences([EndpointLevel(concurrency=2, repetitions=[rep], needle=[], figures={})], passes, "s0")
+    assert (d.levels["2"].answers, d.levels["2"].differing, d.levels["2"].unjudged) == (1, 0, 1)
