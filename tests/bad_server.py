@@ -40,7 +40,9 @@ MODES_NATIVE = (
     "metrics-1e400",
     "props-bad",  # total_slots a string, a 5000-character model path
     "props-drip",  # /props: a byte every 0.2 s for a minute
+    "sum-leak",  # a completion's first token reads the sum of the other in-flight prompts' ids (probe 5, finding 4)
 )
+SUM_LEAK_AT = 4  # sum-leak: a completion waits until this many are in flight, then reads the others' prompts
 MODES_OPENAI = (
     "ok",
     "no-done",
@@ -106,15 +108,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             text = body.get("content", body.get("input", ""))
             return self._json({"tokens": [1, *(100 + len(w) for w in text.split())]})
         if self.path in ("/completion", "/v1/completions"):
+            me = object()
             with self.server.lock:
                 self.server.in_flight += 1
                 crowded = self.server.in_flight > 1
+                self.server.prompts[me] = list(body.get("prompt", [])) if isinstance(body.get("prompt"), list) else []
             try:
                 time.sleep(0.02)  # so that closed-loop clients overlap
+                if self.server.mode == "sum-leak":  # until SUM_LEAK_AT are in flight together (at most 10 s)
+                    start = time.monotonic()
+                    while time.monotonic() - start < 10.0:
+                        with self.server.lock:
+                            if len(self.server.prompts) >= SUM_LEAK_AT:  # (the first to see them keeps them for all)
+                                self.server.together.update({k: dict(self.server.prompts) for k in self.server.prompts})
+                            seen = self.server.together.pop(me, None)
+                        if seen is not None:
+                            break
+                        time.sleep(0.01)
+                    body["_others"] = sum(sum(p) for k, p in (seen or {}).items() if k is not me)
                 self._complete(body, crowded)
             finally:
                 with self.server.lock:
                     self.server.in_flight -= 1
+                    self.server.prompts.pop(me, None)
             return None
         self._json({"error": "not found"}, 404)
 
@@ -140,7 +156,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return None
         try:
             if self.server.api == "native":
-                self._native(n, mode, len(body.get("prompt", [])))
+                self._native(n, mode, len(body.get("prompt", [])), body.get("_others", 0))
             else:
                 self._openai(n, mode)
         except (BrokenPipeError, ConnectionResetError):
@@ -151,7 +167,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n")
         self.wfile.flush()
 
-    def _native(self, n: int, mode: str, evaluated: int) -> None:
+    def _native(self, n: int, mode: str, evaluated: int, others: int = 0) -> None:
         wrong = {
             "content-null": {"content": None, "tokens": [10], "stop": False},
             "content-int": {"content": 7, "tokens": [10], "stop": False},
@@ -180,7 +196,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if mode == "never-ends":
             count = 10**9
         for i in range(count):
-            self._send({"content": f" t{10 + i % 50}", "tokens": [10 + i % 50], "stop": False})
+            t = 10 + (others % 7 if mode == "sum-leak" and i == 0 else i % 50)
+            self._send({"content": f" t{t}", "tokens": [t], "stop": False})
             if mode == "close-early" and i == 0:
                 return None
         predicted = {
@@ -225,6 +242,8 @@ class _Server(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.api, self.mode = api, mode
         self.lock, self.in_flight = threading.Lock(), 0
+        self.prompts: dict[object, list[int]] = {}  # each in-flight completion's prompt ids
+        self.together: dict[object, dict[object, list[int]]] = {}  # sum-leak: what each saw in flight with it
 
 
 @contextmanager

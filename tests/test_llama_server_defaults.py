@@ -369,8 +369,14 @@ def test_the_permutation_test_separates_a_leak_from_run_to_run_noise():
     # too few runs to reach 0.01 (2 / C(4, 2) = 0.33): not judged, never "no"
     few = _runs([["a", "b"], ["x", "b"], ["a", "b"], ["y", "b"]], [False, True, False, True])
     assert test.verdict(few).depends is None
-    assert test.is_perturbation([2, 5, 6, 7], [2, 7, 5, 6]) and not test.is_perturbation([2, 5, 6, 7], [2, 5, 6, 7])
-    assert not test.is_perturbation([2, 5, 6, 7], [2, 0, 0, 0]) and test.is_perturbation([2, 5, 5], [2, 6, 6])
+    pool = test.id_pool([[2, 5, 6, 7], [2, 8, 9]])
+    assert test.is_perturbation([2, 5, 6, 7], [2, 7, 5, 6], pool) and test.is_perturbation(
+        [2, 5, 6, 7], [2, 9, 9, 8], pool
+    )
+    assert not test.is_perturbation([2, 5, 6, 7], [2, 5, 6, 7], pool)
+    assert not test.is_perturbation([2, 5, 6, 7], [2, 0, 0, 0], pool) and test.is_perturbation(
+        [2, 5, 5], [2, 6, 6], [5]
+    )
 
 
 @pytest.mark.parametrize(

@@ -99,3 +99,30 @@ def test_an_answer_whose_cold_answer_is_missing_is_counted_unjudged_at_its_level
                              figures={}, sessions=sessions)  # fmt: skip
     d = m.divergences([EndpointLevel(concurrency=2, repetitions=[rep], needle=[], figures={})], passes, "s0")
     assert (d.levels["2"].answers, d.levels["2"].differing, d.levels["2"].unjudged) == (1, 0, 1)
+
+
+def test_a_server_reading_the_sum_of_its_neighbours_ids_is_found_dependent():
+    """Finding 4: perturbed neighbours were their own ids rearranged, so a server whose first token reads the sum of
+    the other in-flight prompts' ids passed at p = 1. Fresh ids of the workload's change the sum."""
+    import numpy as np
+    from bad_server import serving
+
+    from meshbench.analysis import perturbation
+    from meshbench.endpoint import perturb
+    from meshbench.endpoint.client import Endpoint
+    from meshbench.endpoint.load import Job
+    from meshbench.workload.target import parse_target
+
+    prompts = [[1, 101, 102, 103, 104], [1, 105, 106, 107, 108], [1, 109, 110, 111, 112], [1, 113, 114, 115, 116]]
+    jobs = [Job(f"s{k}", {"prompt": p, "n_predict": 2}) for k, p in enumerate(prompts)]
+    with serving("sum-leak") as url:
+        endpoint = Endpoint(parse_target(url), "native", deadline_s=30.0)
+        tested = perturb.perturbation(endpoint, jobs, 4, np.random.default_rng(0))
+    assert tested is not None
+    pool = perturbation.id_pool(prompts)
+    for run in tested.runs:
+        for null, sent in zip(prompts[2:], run.neighbour_prompts):
+            assert (sent == null) != run.perturbed and (
+                not run.perturbed or perturbation.is_perturbation(null, sent, pool)
+            )
+    assert tested.verdict.depends is True and tested.verdict.p_value < perturbation.ALPHA, tested.verdict

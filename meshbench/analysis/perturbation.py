@@ -1,20 +1,21 @@
 """Does a target's output depend on its neighbours' content? An exact permutation test over interleaved runs.
 
-At one level the same C sessions are submitted at once, 2R times, alternating: a null run (every prompt as it
-is) and a perturbed run (the neighbours' prompt ids shuffled, BOS first: the same token lengths, so the same
-batch shapes, other content). Every session generates exactly its token count (eos banned), so the batches
-stay alike. Under the hypothesis that no target's output depends on its neighbours' content, the 2R runs are
-exchangeable: which of them were perturbed does not matter.
+At one level the same C sessions are submitted at once, 2R times, alternating: a null run (every prompt as it is)
+and a perturbed run (the neighbours' prompt ids after BOS replaced by fresh ones drawn from the workload's ids: the
+same token lengths, so the same batch shapes, other content: a target that reads any function of its neighbours'
+ids, their order, their sum or their multiset, sees it change). Every session generates exactly its token count (eos
+banned), so the batches stay alike. Under the hypothesis that no target's output depends on its neighbours' content,
+the 2R runs are exchangeable: which of them were perturbed does not matter.
 
-The statistic counts (target, perturbed run) pairs whose output never appeared in any null run: outputs that
-appear only under perturbation. Its p-value is exact: the fraction of the C(2R, R) relabellings of the runs
-into null and perturbed whose statistic is at least the observed one. A run-to-run variation (the null's own)
-shows up under every labelling alike; only content dependence makes the true labelling stand out. With R = 5,
-a clean separation gives p = 2/252 = 0.008 (the true labelling and its complement tie), with R = 6 (the runs
-meshbench.endpoint.perturb makes) 2/924 = 0.002; a level is judged dependent below ALPHA, and not judged where
-too few runs could not reach it. A "no" means no dependence was detected, of the targets (the first half of the
-C sessions) on the neighbours (the rest): a leak among the targets, or from a target into a neighbour, is not
-tested; and where the null runs already disagree with each other (``null_varied``), a leak hides in that noise.
+The statistic counts (target, perturbed run) pairs whose output never appeared in any null run: outputs that appear
+only under perturbation. Its p-value is exact: the fraction of the C(2R, R) relabellings of the runs into null and
+perturbed whose statistic is at least the observed one. A run-to-run variation (the null's own) shows up under every
+labelling alike; only content dependence makes the true labelling stand out. With R = 5, a clean separation gives p
+= 2/252 = 0.008 (the true labelling and its complement tie), with R = 6 (the runs meshbench.endpoint.perturb makes)
+2/924 = 0.002; a level is judged dependent below ALPHA, and not judged where too few runs could not reach it. A "no"
+means no dependence was detected, of the targets (the first half of the C sessions) on the neighbours (the rest): a
+leak among the targets, or from a target into a neighbour, is not tested; and where the null runs already disagree
+with each other (``null_varied``), a leak hides in that noise.
 """
 
 from __future__ import annotations
@@ -84,13 +85,19 @@ def verdict(runs: Sequence[PerturbationRun]) -> PerturbationVerdict:
     )
 
 
-def is_perturbation(null: Sequence[int], sent: Sequence[int]) -> bool:
-    """Is ``sent`` what meshbench.endpoint.perturb sends for ``null``: its first id (BOS), then the rest rearranged
-    into another order, or (where no order differs) each of them + 1?"""
+def id_pool(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """The ids a perturbed prompt is drawn from: every id after the first of the workload's prompts, once each."""
+    return sorted({t for p in prompts for t in p[1:]})
+
+
+def is_perturbation(null: Sequence[int], sent: Sequence[int], pool: Sequence[int]) -> bool:
+    """Is ``sent`` what meshbench.endpoint.perturb sends for ``null``: its first id (BOS), then other ids of the
+    workload's (``pool``, id_pool), or (a pool of one id) each of ``null``'s + 1? (Bundles made before fresh ids
+    were drawn rearranged the prompt's own ids: those are drawn from the pool too.)"""
     if len(sent) != len(null) or list(sent[:1]) != list(null[:1]) or list(sent) == list(null):
         return False
     tail, other = list(null[1:]), list(sent[1:])
-    return sorted(other) == sorted(tail) or (len(set(tail)) <= 1 and other == [t + 1 for t in tail])
+    return set(other) <= set(pool) or other == [t + 1 for t in tail]
 
 
 def flips(runs: Sequence[PerturbationRun], cold: dict[str, Completion], threshold: float) -> list[Flip]:

@@ -1,6 +1,7 @@
 """The perturbation test of one endpoint level (meshbench.analysis.perturbation): the first C sessions submitted
-at once, 2R times, alternating a null run (every prompt as it is) and a perturbed run (the neighbours' prompt ids
-shuffled, BOS first: the same lengths, other content).
+at once, 2R times, alternating a null run (every prompt as it is) and a perturbed run (each neighbour's prompt ids
+after the first replaced by fresh ones, drawn at random from the ids of the workload's prompts: the same lengths,
+other content, in every perturbed run anew).
 
 Which runs are perturbed is drawn at random (seeded, recorded), so nothing carried from one run to the next lines
 up with the labels. Every request of these runs bans eos (all generate exactly their token count) and is sent with
@@ -28,9 +29,10 @@ def perturbation(endpoint: Endpoint, jobs: list[Job], c: int, rng: np.random.Gen
     half = (c + 1) // 2
     targets, neighbours = batch[:half], batch[half:]
     order = [bool(x) for x in rng.permutation([0] * RUNS + [1] * RUNS)]  # which runs are perturbed, at random
+    pool = test.id_pool([j.body["prompt"] for j in jobs])
     records = []
     for i, perturbed in enumerate(order):
-        prompts = [_shuffled(j.body["prompt"], rng) if perturbed else list(j.body["prompt"]) for j in neighbours]
+        prompts = [_fresh(j.body["prompt"], pool, rng) if perturbed else list(j.body["prompt"]) for j in neighbours]
         cold = {"ignore_eos": True, "cache_prompt": False}  # every run computes every prompt, to its last token
         sent = [Job(j.session_id, {**j.body, **cold}) for j in targets] + [
             Job(j.session_id, {**j.body, **cold, "prompt": p}) for j, p in zip(neighbours, prompts)
@@ -53,11 +55,13 @@ def perturbation(endpoint: Endpoint, jobs: list[Job], c: int, rng: np.random.Gen
     )
 
 
-def _shuffled(ids: list[int], rng: np.random.Generator) -> list[int]:
-    """Other content of the same length: the ids after the first shuffled; where no shuffle changes them (one
-    repeated id, or too short), each id after the first + 1 (meshbench.analysis.perturbation.is_perturbation)."""
+def _fresh(ids: list[int], pool: list[int], rng: np.random.Generator, tries: int = 8) -> list[int]:
+    """Other content of the same length: the first id (BOS) kept, every other drawn at random from ``pool`` (the
+    workload's own ids, so every id is one the model reads in a prompt), drawn again where it came out the same;
+    where it always does (a pool of one id), each id after the first + 1 (test.is_perturbation)."""
     head, tail = list(ids[:1]), list(ids[1:])
-    shuffled = [tail[k] for k in rng.permutation(len(tail))]
-    if shuffled == tail:
-        shuffled = [t + 1 for t in tail] if len(set(tail)) <= 1 else tail[1:] + tail[:1]
-    return head + shuffled
+    for _ in range(tries if len(pool) > 1 else 0):
+        drawn = [pool[k] for k in rng.integers(0, len(pool), size=len(tail))]
+        if drawn != tail:
+            return head + drawn
+    return head + [t + 1 for t in tail]

@@ -170,6 +170,20 @@ def render_readme(b: EndpointBundle, name: str) -> str:
 BATCH_INVARIANT, RUN_TO_RUN, NEEDLE = "batch_invariant", "run_to_run_deterministic", "needle"
 
 
+def _perturbed_how(runs, prompt_ids) -> str:
+    """What the perturbed runs sent, in words: fresh ids of the workload's, or (bundles made before probe 5) the
+    neighbours' own ids rearranged, which a dependence on their multiset (a sum, a count) cannot be seen through."""
+    null = {tuple(p[1:]) for p in prompt_ids}
+    sorted_null = {tuple(sorted(p)) for p in null}
+    sent = [tuple(q[1:]) for x in runs if x.perturbed for q in x.neighbour_prompts]
+    if sent and all(tuple(sorted(q)) in sorted_null for q in sent):
+        return "the neighbours' prompt ids rearranged after BOS: the same lengths, other content"
+    return (
+        "the neighbours' prompt ids after BOS replaced by fresh ones drawn from the workload's ids: the same lengths, "
+        "other content, so a target that reads any function of its neighbours' ids shows it"
+    )
+
+
 def _perturbation(b: EndpointBundle) -> list[str]:
     """Each level's perturbation test: does a target's output depend on its neighbours' content?"""
     tested = [(lv.concurrency, lv.perturbation) for lv in b.results.levels if lv.perturbation is not None]
@@ -195,8 +209,9 @@ def _perturbation(b: EndpointBundle) -> list[str]:
         "## Content dependence: perturbation against a run-to-run null",
         "",
         "At each level of two or more sessions, the first C sessions were submitted at once, again and again: "
-        "null runs (every prompt as it is) and perturbed runs (the neighbours' prompt ids rearranged after BOS: "
-        "the same lengths, other content), which runs were perturbed drawn at random. Every request of these runs "
+        "null runs (every prompt as it is) and perturbed runs ("
+        + _perturbed_how([x for _, p in tested for x in p.runs], b.results.workload.prompt_ids or [])
+        + "), which runs were perturbed drawn at random. Every request of these runs "
         "bans eos and is sent with `cache_prompt` false, so nothing carries from one run to the next and the "
         "batches stay alike. The statistic counts perturbed runs in which a target gave an output no null run "
         "gave; its p-value is exact, over every relabelling of the runs into null and perturbed (run-to-run "

@@ -90,8 +90,8 @@ def margined(c: Checks, where: str, x: Completion, api: str) -> None:
 
 def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str, ids: list[str]) -> None:
     """The level's test: its sessions (the first C, split into targets and neighbours), RUNS runs of each kind, the
-    null runs sending the neighbours' recorded prompt ids and the perturbed ones those rearranged, every target's
-    answer whole, and the verdict recomputed from the targets' answers."""
+    null runs sending the neighbours' recorded prompt ids and the perturbed ones other ids of the workload's, every
+    target's answer whole, and the verdict recomputed from the targets' answers."""
     p, wl = lv.perturbation, b.results.workload
     if p is None:
         c.equal(RESULTS, f"{at}.perturbation (every native level of C >= 2 has one)", False,
@@ -105,6 +105,7 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
             [perturbation.RUNS, perturbation.RUNS, list(range(len(p.runs)))],
             [kinds.count(False), kinds.count(True), [x.run for x in p.runs]])  # fmt: skip
     prompts = dict(zip(ids, wl.prompt_ids or []))
+    pool = perturbation.id_pool(wl.prompt_ids or [])
     lengths, new = dict(zip(ids, wl.prompt_tokens)), dict(zip(ids, wl.new_tokens))
     for x in p.runs:
         where = f"{at}.perturbation.runs[{x.run}]"
@@ -114,12 +115,12 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
             len(null) == len(x.neighbour_prompts)
             and all(q is not None for q in null)
             and all(
-                perturbation.is_perturbation(q or [], s) if x.perturbed else q == s
+                perturbation.is_perturbation(q or [], s, pool) if x.perturbed else q == s
                 for q, s in zip(null, x.neighbour_prompts)
             )
         )
-        c.equal(RESULTS, f"{where}: the neighbours' recorded prompts, {'rearranged' if x.perturbed else 'as they are'}",
-                True, sent_ok)  # fmt: skip
+        how = "other ids of the workload's" if x.perturbed else "as they are"
+        c.equal(RESULTS, f"{where}: the neighbours' recorded prompts, {how}", True, sent_ok)
         for t in x.targets:  # (eos banned: every token asked for)
             if t.error is None and t.session_id in lengths:
                 whole(c, f"{where}.{t.session_id}", t, lengths[t.session_id], new[t.session_id], "ban")
