@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from meshbench.errors import MeshbenchError
@@ -67,6 +68,21 @@ def replaceable_file(path: Path, flag: str = "--force") -> None:
         raise MeshbenchError(
             f"{path}: exists and is not a regular file ({_kind(mode)}); {flag} replaces only regular files"
         )
+
+
+def write_atomically(path: Path, text: str, prefix: str) -> None:
+    """``text`` at ``path``, whole or not at all: a temporary file beside it (``prefix``, created anew, never
+    followed) renamed over it, made as readable as any new file; on any failure (a full disk) the temporary file
+    is removed and the OSError raised."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=path.absolute().parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, umask_mode(0o666))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def umask_mode(base: int) -> int:

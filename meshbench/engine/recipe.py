@@ -17,7 +17,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -162,10 +161,7 @@ def _write_cached(key: str, answer: dict) -> None:
     target = _cache_file(key)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")  # (created anew, never followed)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps({"format": PROBE_FORMAT, "key": key, **answer}))
-        os.replace(tmp, target)
+        files.write_atomically(target, json.dumps({"format": PROBE_FORMAT, "key": key, **answer}), f".{target.name}.")
     except OSError:
         pass
 

@@ -124,6 +124,9 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
         for t in x.targets:  # (eos banned: every token asked for)
             if t.error is None and t.session_id in lengths:
                 whole(c, f"{where}.{t.session_id}", t, lengths[t.session_id], new[t.session_id], "ban")
+    if len(p.runs) != 2 * perturbation.RUNS:  # (failed above; its exact test is C(runs, runs / 2) relabellings)
+        c.equal(RESULTS, f"{at}.perturbation.verdict (not recomputed: the runs are not the method's)", None, p.verdict)
+        return
     c.equal(RESULTS, f"{at}.perturbation.verdict (recomputed)", perturbation.verdict(p.runs), p.verdict)
 
 

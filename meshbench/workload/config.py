@@ -83,8 +83,11 @@ class RunConfig:
         if self.workload.turns > 1:
             _check_turns(self)
         matrix.check_folders(self.engine.server_settings or ())
-        if self.engine.kind != ENDPOINT_KIND and isinstance(self.workload.cancel, int):
-            raise MeshbenchError("workload.cancel: cancel-and-retry runs against an endpoint (engine.kind endpoint)")
+        if self.engine.kind != ENDPOINT_KIND and self.workload.cancel != "auto":  # (off too: nothing to turn off)
+            raise MeshbenchError(
+                f"workload.cancel {self.workload.cancel}: cancel-and-retry runs against an endpoint (engine.kind "
+                "endpoint); a node sweep has none to set (its cancels are faults: cancel:SESSION@T)"
+            )
         if self.faults and (self.rates is not None or self.clock == "wall"):
             raise MeshbenchError(
                 "faults run on the tick clock with every session at once or an arrival process, "
