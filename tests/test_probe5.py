@@ -201,3 +201,28 @@ def test_verify_of_a_perturbation_with_forty_runs_fails_without_recomputing_its_
     assert r.exit_code == 1, r.output
     fields = [f["field"] for f in doc["bundles"][0]["failures"]]
     assert any("not recomputed: the runs are not the method's" in f for f in fields), fields
+
+
+def test_an_endpoint_sweep_of_more_sessions_than_threads_it_may_start_is_refused_up_front(tmp_path):
+    """Finding 11: a margin pass sending all at once started a thread per session: at 100,000 sessions "can't start
+    new thread" after the cold and warm passes, and the run was lost."""
+    from typer.testing import CliRunner
+
+    from meshbench import limits
+    from meshbench.cli import app
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a b\nc d\n")
+    n = limits.MAX_ENDPOINT_SESSIONS + 1
+    args = ["sweep", "--target", "http://127.0.0.1:9", "--prompts", str(prompts), "--sessions", str(n)]
+    r = CliRunner().invoke(app, [*args, "--levels", "1", "--out", str(tmp_path / "B")])
+    assert r.exit_code == 2 and f"workload.sessions {n}: an endpoint sweep sends every session at once" in r.output
+
+
+@pytest.mark.parametrize("word,setting", [("on", "on"), ("off", "off")])
+def test_yaml_cache_prompt_unquoted_is_the_setting_as_the_docs_write_it(tmp_path, word, setting):
+    from meshbench.workload import yaml_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"engine:\n  cache_prompt: {word}\n")
+    assert yaml_config.read_yaml(cfg)["engine"]["cache_prompt"] == setting

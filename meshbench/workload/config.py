@@ -11,7 +11,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
-from meshbench import validation
+from meshbench import limits, validation
 from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.engine.spec_rules import ENDPOINT_KIND, GGUF_KIND, SYNTHETIC, TOKENIZED
@@ -99,6 +99,11 @@ class RunConfig:
         if self.workload.prompts is None:
             raise MeshbenchError(
                 "engine.kind endpoint needs workload.prompts (a file of real prompts the server tokenizes)"
+            )
+        if self.workload.sessions > limits.MAX_ENDPOINT_SESSIONS:
+            raise MeshbenchError(
+                f"workload.sessions {self.workload.sessions}: an endpoint sweep sends every session at once (its "
+                f"margin and canary passes), one client thread each: at most {limits.MAX_ENDPOINT_SESSIONS}"
             )
         open_loop = self.rates is not None and self.clock == "wall"  # (sessions per second, on the wall clock)
         node_only = {

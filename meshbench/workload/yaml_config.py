@@ -56,6 +56,8 @@ def read_yaml(path: str | Path) -> dict:
     engine = data.get("engine")
     if isinstance(engine, dict) and engine.get("tiled_mm") is False:
         engine["tiled_mm"] = "off"  # YAML 1.1 reads an unquoted off as false; the docs write it so
+    if isinstance(engine, dict) and isinstance(engine.get("cache_prompt"), bool):
+        engine["cache_prompt"] = "on" if engine["cache_prompt"] else "off"  # (likewise on and off)
     workload = data.get("workload")
     if isinstance(workload, dict) and workload.get("cancel") is False:
         workload["cancel"] = "off"  # (likewise)
