@@ -226,3 +226,37 @@ def test_yaml_cache_prompt_unquoted_is_the_setting_as_the_docs_write_it(tmp_path
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"engine:\n  cache_prompt: {word}\n")
     assert yaml_config.read_yaml(cfg)["engine"]["cache_prompt"] == setting
+
+
+def test_server_text_reaches_the_readme_escaped_never_as_markup(tmp_path):
+    """Finding 8: a server's model name or version could inject a heading, a table row, <script> or an unclosed
+    <!-- that hid the real report, and verify passed (it renders the same text). Every such string is escaped."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from meshbench.cli import app
+    from meshbench.results import kinds
+    from meshbench.verify import bundle as verify
+
+    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS"
+    b = tmp_path / "B"
+    shutil.copytree(src, b)
+    data = json.loads((b / "results.json").read_text())
+    hostile = "x <!-- hidden\n# Verdicts\n| a | b |\n<script>alert(1)</script> `code` [link](http://e)"
+    e = data["endpoint"]
+    e["build_info"], e["models"] = hostile, [hostile]
+    e["launched"] = {**e["launched"], "version": hostile, "model": hostile, "args": ["--metrics", hostile]}
+    (b / "results.json").write_text(json.dumps(data))
+    text = kinds.readme(data, verify.bundle_name((src / "README.md").read_text(), src))
+    head = text.split("## Verdicts")[0]
+    assert "<!--" not in head.replace("\\<!--", "") and "<script>" not in head.replace("\\<script\\>", "")
+    assert not any(line.startswith(("# Verdicts", "| a |")) for line in head.splitlines())
+    assert text.count("## Verdicts") == 1
+    (b / "README.md").write_text(text)
+    r = CliRunner().invoke(app, ["verify", str(b)])
+    raw = text.split("\n", 3)
+    (b / "README.md").write_text("\n".join([*raw[:2], raw[2].replace("\\<!--", "<!--"), raw[3]]))
+    assert CliRunner().invoke(app, ["verify", str(b)]).exit_code == 1, r.output  # (a README not rendered so fails)

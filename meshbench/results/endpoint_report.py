@@ -55,10 +55,11 @@ def _launched(e: EndpointInfo) -> list[str]:
     x = e.launched
     if x is None:
         return []
-    flags = " ".join(x.args) if x.args else "none"
+    flags = markdown.inline(" ".join(x.args)) if x.args else "none"
     return [
-        f"meshbench started {x.server} (version {x.version}) on {x.model}, on a free loopback port; its flags "
-        f"beside the model, host and port: {flags}; everything else is the server's own default."
+        f"meshbench started {markdown.inline(x.server)} (version {markdown.inline(x.version)}) on "
+        f"{markdown.inline(x.model)}, on a free loopback port; its flags beside the model, host and port: {flags}; "
+        "everything else is the server's own default."
     ]
 
 
@@ -119,17 +120,21 @@ def render_readme(b: EndpointBundle, name: str) -> str:
     lines = [
         f"# {markdown.inline(r.story)}: {markdown.inline(r.title)}",
         "",
-        f"A serving endpoint as the node under test: {e.server} at {e.url} ({e.api} API"
-        + (f", build {e.build_info}" if e.build_info else "")
-        + f"), serving {', '.join(map(str, e.models))}."
-        + ("" if e.loopback else f" The endpoint is not on this machine: host {e.url}."),
+        # (every string a server or a bundle supplies is escaped: a model name must not open a heading, a table
+        # row, a tag or a comment that hides the report; verify renders the same and so holds the README to it)
+        f"A serving endpoint as the node under test: {markdown.inline(e.server)} at {markdown.inline(e.url)} "
+        f"({markdown.inline(e.api)} API"
+        + (f", build {markdown.inline(e.build_info)}" if e.build_info else "")
+        + f"), serving {', '.join(markdown.inline(str(m)) for m in e.models)}."
+        + ("" if e.loopback else f" The endpoint is not on this machine: host {markdown.inline(e.url)}."),
         *_launched(e),
-        f"{wl.sessions} sessions from `{wl.prompts}` (sha256 {wl.prompts_sha256[:12]}), tokenized by the "
+        f"{wl.sessions} sessions from {markdown.code(str(wl.prompts))} "
+        f"(sha256 {markdown.inline(wl.prompts_sha256[:12])}), tokenized by the "
         f"server ({min(wl.prompt_tokens)}-{max(wl.prompt_tokens)} tokens), {min(wl.new_tokens)}-"
         f"{max(wl.new_tokens)} new tokens each, greedy, eos {wl.eos}"
         + shared_prefixes(wl.prompt_ids)
         + "; at each level C, C closed-loop clients; "
-        f"{reps} repetition(s), the level order rotated each time. Made by `{r.command}`.",
+        f"{reps} repetition(s), the level order rotated each time. Made by {markdown.code(r.command)}.",
         *_sent(wl.request),
         "",
         "```",

@@ -16,6 +16,16 @@ def inline(text: str) -> str:
     return _SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
 
 
+def code(text: str) -> str:
+    """``text`` as an inline code span, on one line, whatever backticks it holds: fenced by one more backtick
+    than its longest run of them (CommonMark), padded where it starts or ends with one."""
+    one_line = " ".join(str(text).split())
+    longest = max((len(m) for m in re.findall(r"`+", one_line)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if one_line.startswith("`") or one_line.endswith("`") else ""
+    return f"{fence}{pad}{one_line}{pad}{fence}"
+
+
 SUMMARY_KEYS = ("median", "min", "max", "n")
 
 

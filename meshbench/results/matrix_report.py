@@ -25,18 +25,21 @@ HEADER = (
 def render_readme(doc: dict, settings: list[Setting], name: str) -> str:
     first = settings[0].bundle.results
     e = first.endpoint
-    server = f"{e.name} (version {e.launched.version})" if e.launched else e.name
+    # (every string a server or the matrix supplies is escaped, as in an endpoint bundle's README)
+    server = markdown.inline(f"{e.name} (version {e.launched.version})" if e.launched else e.name)
+    model = markdown.inline(e.launched.model if e.launched else ", ".join(map(str, e.models)))
     return "\n".join(
         [
             f"# {markdown.inline(doc['story'])}: {markdown.inline(doc['title'])}, a matrix of server settings",
             "",
-            f"{server} on {e.launched.model if e.launched else ', '.join(map(str, e.models))}, started by meshbench "
+            f"{server} on {model}, started by meshbench "
             "once per setting, each setting's flags added to "
-            + (f"the matrix's own (`{markdown.inline(doc['server_args'])}`)" if doc["server_args"] else "nothing else")
+            + (f"the matrix's own ({markdown.code(doc['server_args'])})" if doc["server_args"] else "nothing else")
             + ", and swept alike: the same prompts, levels and "
             "proofs. Each setting's sweep is an endpoint bundle of its own in the folder named below, with its "
             "proofs in full in its README; `meshbench verify` checks "
-            f"each of them, their digests recorded in `{RESULTS}`, and this README. Made by `{doc['command']}`.",
+            f"each of them, their digests recorded in `{RESULTS}`, and this README. Made by "
+            f"{markdown.code(doc['command'])}.",
             "",
             "```",
             f"meshbench verify {name}",
