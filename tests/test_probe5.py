@@ -260,3 +260,29 @@ def test_server_text_reaches_the_readme_escaped_never_as_markup(tmp_path):
     raw = text.split("\n", 3)
     (b / "README.md").write_text("\n".join([*raw[:2], raw[2].replace("\\<!--", "<!--"), raw[3]]))
     assert CliRunner().invoke(app, ["verify", str(b)]).exit_code == 1, r.output  # (a README not rendered so fails)
+
+
+def test_a_closed_loop_pass_with_more_in_flight_than_its_clients_fails_verify(tmp_path):
+    """Finding 6: at C = 1, one session shifted to overlap another (two in flight on one client) passed verify."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from meshbench.cli import app
+
+    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS"
+    b = tmp_path / "B"
+    shutil.copytree(src, b)
+    data = json.loads((b / "results.json").read_text())
+    lv = next(x for x in data["levels"] if x["concurrency"] == 1)
+    first, second = lv["repetitions"][0]["sessions"][:2]
+    shift = second["submit_ns"] - first["submit_ns"] - 1000  # second now starts 1 us after first
+    second["submit_ns"] -= shift
+    second["token_ns"] = [t - shift for t in second["token_ns"]]
+    (b / "results.json").write_text(json.dumps(data))
+    r = CliRunner().invoke(app, ["verify", str(b), "--json"])
+    fields = [f["field"] for f in json.loads(r.stdout)["bundles"][0]["failures"]]
+    assert r.exit_code == 1
+    assert "levels[0].repetitions[0]: at most C = 1 requests in flight (closed loop, by the stamps)" in fields, fields

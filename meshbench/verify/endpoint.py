@@ -182,6 +182,24 @@ def _check_passes(c: Checks, lv: EndpointLevel, at: str, ids: list[str], repeat:
         c.equal(
             RESULTS, f"{at}.repetitions[{r}].position (level order rotated by r)", rotated.index(index), rep.position
         )
+        most = most_in_flight(figures.pass_answers(rep))
+        c.equal(RESULTS, f"{at}.repetitions[{r}]: at most C = {lv.concurrency} requests in flight (closed loop, by "
+                "the stamps)", True, most <= lv.concurrency)  # fmt: skip
+
+
+def most_in_flight(answers) -> int:
+    """The most requests in flight at once, each from its submission to its last token (an answer with none: its
+    submission alone). A closed-loop client sends its next request after its last answer's last token, so C
+    clients never have more than C: a pass shifted to overlap more was not run so."""
+    events = []
+    for x in answers:
+        end = x.token_ns[-1] if x.token_ns else x.submit_ns
+        events += [(x.submit_ns, 1), (end, -1)]
+    most = now = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # (an end before a start at the same instant)
+        now += step
+        most = max(most, now)
+    return most
 
 
 def _check_needle(c: Checks, lv: EndpointLevel, at: str, ids: list[str]) -> None:
