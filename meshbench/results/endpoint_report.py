@@ -218,7 +218,9 @@ def _perturbation(b: EndpointBundle) -> list[str]:
         + _perturbed_how([x for _, p in tested for x in p.runs], b.results.workload.prompt_ids or [])
         + "), which runs were perturbed drawn at random. Every request of these runs "
         "bans eos and is sent with `cache_prompt` false, so nothing carries from one run to the next and the "
-        "batches stay alike. The statistic counts perturbed runs in which a target gave an output no null run "
+        "batches stay alike: the test runs the server's path without its prompt cache and says nothing of that "
+        "cache (the warm answers, the canaries and the cancel runs go through it). The statistic counts perturbed "
+        "runs in which a target gave an output no null run "
         "gave; its p-value is exact, over every relabelling of the runs into null and perturbed (run-to-run "
         f"variation shows under every labelling alike). Below {tested[0][1].verdict.alpha:g}, the targets' outputs "
         "depend on their neighbours' content. Not detected means no more than that: only the targets (the first "
