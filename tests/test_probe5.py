@@ -286,3 +286,31 @@ def test_a_closed_loop_pass_with_more_in_flight_than_its_clients_fails_verify(tm
     fields = [f["field"] for f in json.loads(r.stdout)["bundles"][0]["failures"]]
     assert r.exit_code == 1
     assert "levels[0].repetitions[0]: at most C = 1 requests in flight (closed loop, by the stamps)" in fields, fields
+
+
+@pytest.mark.parametrize("bundle", ["MB-CONVERSATIONS", "LLAMA-SERVER-GEMMA3-CONVERSATIONS/defaults"])
+def test_compare_holds_every_turn_of_a_conversation_not_the_first_or_last_alone(bundle):
+    """Finding 12: compare of two conversation bundles compared first turns only (an endpoint's) or each session's
+    last record (a node's): a server whose later turns changed was 'outputs same'. Every turn is an output."""
+    import json
+    from pathlib import Path
+
+    from meshbench.compare import sides
+    from meshbench.results import kinds
+
+    data = json.loads((Path(__file__).parent.parent / "evidence" / bundle / "results.json").read_text())
+    kind = data.get("kind", kinds.NODE)
+    side = sides.side(kind, kinds.typed_results(data))
+    turns = data["config"]["workload"].get("turns") or data["workload"].get("turns")
+    for level in side.levels.values():
+        keys = set(level.outputs)
+        later = {k for k in keys if " turn " in k}
+        assert later and {int(k.split(" turn ")[1]) for k in later} == set(range(2, turns + 1)), sorted(keys)
+
+
+def test_workloads_of_other_session_counts_are_named_so_not_as_equal_lists():
+    """Minor: two bundles of 8 and 4 sessions were refused with 'new_tokens: [8] against [8]'."""
+    from meshbench.compare import diff
+
+    assert diff._short([8] * 8, [8] * 4) == "8 sessions, [8]" and diff._short([8] * 4, [8] * 8) == "4 sessions, [8]"
+    assert diff._short([8, 9], [9, 8]) == "[8, 9]"

@@ -80,19 +80,30 @@ def compare(baseline: Path, candidate: Path, tolerance: float) -> Comparison:
 
 def _same_workload(b: Side, c: Side, baseline: Path, candidate: Path) -> None:
     """The fields of the workload both sides record must match: else there is nothing to compare."""
-    fields = sorted(k for k in set(b.workload) & set(c.workload) if b.workload[k] != c.workload[k])
+    fields = sorted(
+        (k for k in set(b.workload) & set(c.workload) if b.workload[k] != c.workload[k]),
+        key=lambda k: (k != "sessions", k),
+    )
     if fields:
         named = ", ".join(f"workload.{k}" for k in fields)
-        first = f"{_short(b.workload[fields[0]])} against {_short(c.workload[fields[0]])}"
+        was, now = b.workload[fields[0]], c.workload[fields[0]]
+        first = f"{_short(was, now)} against {_short(now, was)}"
         raise MeshbenchError(
             f"{baseline} and {candidate} ran different workloads ({named} differ; {fields[0]}: {first}): "
             "there is nothing to compare"
         )
 
 
-def _short(value: object) -> str:
-    """A workload field in a message: a list of per-session lengths as its distinct values."""
-    return str(sorted(set(value))) if isinstance(value, list) else repr(value)[:80]
+def _short(value: object, other: object = None) -> str:
+    """A workload field in a message: a list of per-session lengths as its distinct values, with its length where
+    that is what differs ("[8] against [8]" said nothing)."""
+    if not isinstance(value, list):
+        return repr(value)[:80]
+    try:
+        distinct = str(sorted(set(value)))[:80]
+    except TypeError:  # (a list of lists: a conversation's turns)
+        distinct = repr(value)[:80]
+    return f"{len(value)} sessions, {distinct}" if isinstance(other, list) and len(other) != len(value) else distinct
 
 
 def summarize(levels: list[LevelComparison]) -> Verdicts:

@@ -17,6 +17,7 @@ from meshbench.engine.spec_rules import GGUF_KIND as GGUF
 from meshbench.records.context import PROMPTS_FILE
 from meshbench.records.documents import EndpointResults, NodeResults
 from meshbench.records.model import LevelRecord
+from meshbench.records.turns import by_turn
 from meshbench.results import kinds
 from meshbench.results.typed import EndpointBundle, NodeBundle
 
@@ -95,7 +96,11 @@ def _node(b: NodeBundle) -> Side:
             for rep in lv.repetitions
         ]
         levels[(lv.concurrency, lv.rate, tuple(lv.faults))] = SideLevel(
-            outputs={s.session_id: s.tokens if s.done_reason == "COMPLETED" else None for s in lv.sessions},
+            # (each turn's last record: a lost turn's resubmission after a restart is the same turn)
+            outputs={
+                turn_key(sid, turn): s.tokens if s.done_reason == "COMPLETED" else None
+                for (sid, turn), s in by_turn(lv.sessions).items()
+            },  # fmt: skip
             samples={f: [x[n] for x in reps if (n := NODE_NAMES.get(f, f)) in x] for f, _, _ in FIGURES},
             record=lv,
         )
@@ -117,6 +122,8 @@ def _node(b: NodeBundle) -> Side:
             "prompts": w.prompts,
             "eos": w.eos,
             "prompts_sha256": prompts.sha256 if (prompts := (r.inputs or {}).get(PROMPTS_FILE)) else None,
+            "turns": w.turns or 1,
+            "turn_tokens": w.turn_tokens,
         },
         facts={**_engine(r), **_budget(b), **_run(b), ("run", "prefill"): b.cfg.prefill, **_environment(r)},
         levels=levels,
@@ -131,8 +138,8 @@ def _endpoint(b: EndpointBundle) -> Side:
     levels = {
         (lv.concurrency, None, ()): SideLevel(
             outputs={
-                c.session_id: endpoint_figures.output(c, compared) if c.error is None else None
-                for c in lv.repetitions[0].sessions
+                turn_key(c.session_id, c.turn or 1): endpoint_figures.output(c, compared) if c.error is None else None
+                for c in endpoint_figures.pass_answers(lv.repetitions[0])
             },
             samples={
                 f: [x for rep in lv.repetitions if (x := rep.figures.get(f)) is not None]
@@ -149,7 +156,13 @@ def _endpoint(b: EndpointBundle) -> Side:
         version=r.endpoint.version,
         by=compared,
         submission="by closed-loop clients",
-        workload={"prompt_tokens": w.prompt_tokens, "new_tokens": w.new_tokens, "prompts_sha256": w.prompts_sha256},
+        workload={
+            "prompt_tokens": w.prompt_tokens,
+            "new_tokens": w.new_tokens,
+            "prompts_sha256": w.prompts_sha256,
+            "turns": w.turns or 1,
+            "turn_ids": w.turn_ids,
+        },
         facts={
             ("server", "name"): r.endpoint.name,
             ("server", "version"): r.endpoint.version,
@@ -159,6 +172,11 @@ def _endpoint(b: EndpointBundle) -> Side:
         levels=levels,
         sessions=w.sessions,
     )
+
+
+def turn_key(session_id: str, turn: int) -> str:
+    """An output's key: its session, and (a conversation's later turn) which turn: every turn is compared."""
+    return session_id if turn <= 1 else f"{session_id} turn {turn}"
 
 
 def _engine(r: NodeResults) -> dict[tuple[str, str], Any]:
