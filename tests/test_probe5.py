@@ -314,3 +314,22 @@ def test_workloads_of_other_session_counts_are_named_so_not_as_equal_lists():
 
     assert diff._short([8] * 8, [8] * 4) == "8 sessions, [8]" and diff._short([8] * 4, [8] * 8) == "4 sessions, [8]"
     assert diff._short([8, 9], [9, 8]) == "[8, 9]"
+
+
+def test_gauges_beyond_the_load_of_a_target_server_carry_a_caveat():
+    """Minor: a --target server's gauges were bounded only by the slots it claims: 10,000 processing at C=1 with
+    no caveat. verify cannot hold a server meshbench did not start to the pass; the README says so."""
+    import json
+    from pathlib import Path
+
+    from meshbench.results import accounting_report, typed
+
+    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS" / "results.json"
+    data = json.loads(src.read_text())
+    data["endpoint"]["launched"] = None
+    data["endpoint"]["total_slots"] = 65536
+    lv = next(x for x in data["levels"] if x["concurrency"] == 1)
+    gauges = next(rep["gauges"] for rep in lv["repetitions"] if rep.get("gauges"))
+    gauges[0]["processing"] = 10_000
+    text = "\n".join(accounting_report.section(typed.endpoint(data)))
+    assert "count more requests than meshbench sent** (10000 processing or deferred at C=1" in text

@@ -59,10 +59,31 @@ def section(b: EndpointBundle) -> list[str]:
         "",
         "Per pass, from its `/metrics` scraped before and after every pass (counters' differences); median "
         "(min..max) over the repetitions. Prompt tokens from the cache are those the server did not compute "
-        f"because its prompt cache held them.{gauges}",
+        f"because its prompt cache held them.{gauges}{_beyond(b)}",
         "",
         ("| C or rate | " if shown else "| C | ") + " | ".join(names) + " |",
         "|" + "---|" * (len(names) + 1),
         *rows,
         "",
     ]
+
+
+def _beyond(b: EndpointBundle) -> str:
+    """A caveat where the server's gauges count more requests in flight than a closed-loop pass sent (on a server
+    meshbench did not start, where verify cannot hold them to the pass: other clients, or gauges not to trust)."""
+    if b.results.endpoint.launched is not None:  # (verify holds a server meshbench started to the pass)
+        return ""
+    over = [
+        (lv.concurrency, most)
+        for lv in b.results.levels
+        if (most := max((s.processing + s.deferred for rep in lv.repetitions for s in rep.gauges or ()), default=0))
+        > lv.concurrency
+    ]
+    if not over:
+        return ""
+    c, most = over[0]
+    return (
+        f" **The server's gauges count more requests than meshbench sent** ({most:g} processing or deferred at C={c}"
+        + (f", and at {len(over) - 1} more levels" if len(over) > 1 else "")
+        + "): other clients shared the server, or its gauges are not to be trusted; they are not this load's."
+    )
