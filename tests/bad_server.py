@@ -41,6 +41,8 @@ MODES_NATIVE = (
     "props-bad",  # total_slots a string, a 5000-character model path
     "props-drip",  # /props: a byte every 0.2 s for a minute
     "sum-leak",  # a completion's first token reads the sum of the other in-flight prompts' ids (probe 5, finding 4)
+    "stale-slot",  # unless cache_prompt is false, the first token reads the last id of the request that finished
+    # last before it arrived: a stale slot (probe 5, finding 5)
 )
 SUM_LEAK_AT = 4  # sum-leak: a completion waits until this many are in flight, then reads the others' prompts
 MODES_OPENAI = (
@@ -113,6 +115,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.server.in_flight += 1
                 crowded = self.server.in_flight > 1
                 self.server.prompts[me] = list(body.get("prompt", [])) if isinstance(body.get("prompt"), list) else []
+                if self.server.mode == "stale-slot" and body.get("cache_prompt") is not False:
+                    body["_others"] = self.server.finished[-1] if self.server.finished else 0
             try:
                 time.sleep(0.02)  # so that closed-loop clients overlap
                 if self.server.mode == "sum-leak":  # until SUM_LEAK_AT are in flight together (at most 10 s)
@@ -130,7 +134,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             finally:
                 with self.server.lock:
                     self.server.in_flight -= 1
-                    self.server.prompts.pop(me, None)
+                    self.server.finished = self.server.prompts.pop(me, None) or self.server.finished
             return None
         self._json({"error": "not found"}, 404)
 
@@ -196,7 +200,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if mode == "never-ends":
             count = 10**9
         for i in range(count):
-            t = 10 + (others % 7 if mode == "sum-leak" and i == 0 else i % 50)
+            t = 10 + (others % 47 if mode in ("sum-leak", "stale-slot") and i == 0 else i % 50)
             self._send({"content": f" t{t}", "tokens": [t], "stop": False})
             if mode == "close-early" and i == 0:
                 return None
@@ -244,6 +248,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.lock, self.in_flight = threading.Lock(), 0
         self.prompts: dict[object, list[int]] = {}  # each in-flight completion's prompt ids
         self.together: dict[object, dict[object, list[int]]] = {}  # sum-leak: what each saw in flight with it
+        self.finished: list[int] = []  # stale-slot: the prompt of the request that finished last
 
 
 @contextmanager

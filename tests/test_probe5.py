@@ -333,3 +333,59 @@ def test_gauges_beyond_the_load_of_a_target_server_carry_a_caveat():
     gauges[0]["processing"] = 10_000
     text = "\n".join(accounting_report.section(typed.endpoint(data)))
     assert "count more requests than meshbench sent** (10000 processing or deferred at C=1" in text
+
+
+def test_a_stale_slot_leak_on_the_cache_path_is_found_by_the_test_through_the_cache():
+    """Finding 5: a server that leaks only when cache_prompt is not false (a request reads the end of the previous
+    other request's prompt) passed every proof: the perturbation test sends cache_prompt false. The test through
+    the cache, each run primed with its neighbours' prompts, finds it; the test without the cache does not."""
+    import numpy as np
+    from bad_server import serving
+
+    from meshbench.endpoint import perturb
+    from meshbench.endpoint.client import Endpoint
+    from meshbench.endpoint.load import Job
+    from meshbench.workload.target import parse_target
+
+    prompts = [[1, 101, 102, 103, 104], [1, 105, 106, 107, 108]]
+    jobs = [Job(f"s{k}", {"prompt": p, "n_predict": 2}) for k, p in enumerate(prompts)]
+    with serving("stale-slot") as url:
+        endpoint = Endpoint(parse_target(url), "native", deadline_s=30.0)
+        cold = perturb.perturbation(endpoint, jobs, 2, np.random.default_rng(0))
+        cached = perturb.perturbation(endpoint, jobs, 2, np.random.default_rng(0), cache_path=True)
+    assert cold is not None and cold.verdict.depends is False, cold.verdict
+    assert cached is not None and cached.verdict.depends is True, cached.verdict
+
+
+def test_a_bundle_with_the_test_through_the_cache_verifies_and_says_which_path_each_table_ran(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from meshbench.cli import app
+    from meshbench.results import kinds
+    from meshbench.verify import bundle as verify
+
+    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS"
+    b = tmp_path / "B"
+    shutil.copytree(src, b)
+    data = json.loads((b / "results.json").read_text())
+    for lv in data["levels"]:
+        if lv.get("perturbation"):
+            lv["perturbation_cache"] = lv["perturbation"]
+    (b / "results.json").write_text(json.dumps(data))
+    text = kinds.readme(data, verify.bundle_name((src / "README.md").read_text(), src))
+    assert "the second table below runs it again through the cache" in text and "Through the prompt cache:" in text
+    (b / "README.md").write_text(text)
+    r = CliRunner().invoke(app, ["verify", str(b)])
+    assert r.exit_code == 0 and "perturbation_cache: absent" not in r.output, r.output
+    lv = next(x for x in data["levels"] if x.get("perturbation_cache"))
+    lv["perturbation_cache"] = {**lv["perturbation_cache"], "runs": lv["perturbation_cache"]["runs"][:-1]}
+    (b / "results.json").write_text(json.dumps(data))
+    (b / "README.md").write_text(kinds.readme(data, verify.bundle_name(text, b)))
+    r = CliRunner().invoke(app, ["verify", str(b), "--json"])
+    fields = [f["field"] for f in json.loads(r.stdout)["bundles"][0]["failures"]]
+    at = f"levels[{data['levels'].index(lv)}].perturbation_cache."
+    assert r.exit_code == 1 and any(f.startswith(at) for f in fields), fields

@@ -21,8 +21,13 @@ from meshbench.records.perturbation import Perturbation, PerturbationRun
 RUNS = test.RUNS  # of each kind: a clean separation gives p = 2/924 = 0.002
 
 
-def perturbation(endpoint: Endpoint, jobs: list[Job], c: int, rng: np.random.Generator) -> Perturbation | None:
-    """The level's test (None: one session, or the OpenAI API, whose prompts are text)."""
+def perturbation(
+    endpoint: Endpoint, jobs: list[Job], c: int, rng: np.random.Generator, cache_path: bool = False
+) -> Perturbation | None:
+    """The level's test (None: one session, or the OpenAI API, whose prompts are text). ``cache_path``: through the
+    server's prompt cache, as the sweep sends requests (no ``cache_prompt`` false); each run is then primed, the
+    neighbours' prompts of the run sent at once first (one token each), so that whatever a target reads from a
+    slot or the cache another request left is that run's content, null or perturbed, as a stale-slot leak reads."""
     if c < 2 or endpoint.api != "native":
         return None
     batch = jobs[:c]
@@ -33,7 +38,11 @@ def perturbation(endpoint: Endpoint, jobs: list[Job], c: int, rng: np.random.Gen
     records = []
     for i, perturbed in enumerate(order):
         prompts = [_fresh(j.body["prompt"], pool, rng) if perturbed else list(j.body["prompt"]) for j in neighbours]
-        cold = {"ignore_eos": True, "cache_prompt": False}  # every run computes every prompt, to its last token
+        # every run computes every prompt, to its last token (on the cache path: what the cache does not hold)
+        cold = {"ignore_eos": True} if cache_path else {"ignore_eos": True, "cache_prompt": False}
+        if cache_path:
+            at_once(endpoint, [Job(j.session_id, {**j.body, **cold, "prompt": p, "n_predict": 1})
+                               for j, p in zip(neighbours, prompts)])  # fmt: skip
         sent = [Job(j.session_id, {**j.body, **cold}) for j in targets] + [
             Job(j.session_id, {**j.body, **cold, "prompt": p}) for j, p in zip(neighbours, prompts)
         ]

@@ -220,6 +220,10 @@ def _levels(
         if c > 1 and endpoint.api == "native":
             progress(f"perturbation, concurrency {c}: null and perturbed runs, interleaved")
         tested = perturb.perturbation(endpoint, jobs, c, shuffles)
+        cached = None
+        if tested is not None and endpoint.cache_prompt is not False:  # (the sweep's requests use the cache)
+            progress(f"perturbation, concurrency {c}: again through the prompt cache, each run primed")
+            cached = perturb.perturbation(endpoint, jobs, c, shuffles, cache_path=True)
         progress(f"canaries, concurrency {c}: each session's own code, submitted together")
         records.append(
             EndpointLevel(
@@ -228,6 +232,7 @@ def _levels(
                 needle=needles[c],
                 figures=figures.summary([rep.figures for rep in passes[c]]),
                 perturbation=tested,
+                perturbation_cache=cached,
                 canary=canary_run(endpoint, jobs, codes[c], ids[c], use_ids),
                 cancel=_cancel(cfg, endpoint, jobs, c, passes[c], margins, progress),
             )

@@ -352,5 +352,8 @@ class EndpointLevel:
     needle: list[NeedleTrial]
     figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions
     perturbation: Perturbation | None = None  # (native API, C >= 2; absent from bundles made before it)
+    # the same test through the server's prompt cache, each run primed with its neighbours' prompts (native API,
+    # C >= 2, where the sweep's requests do not send cache_prompt false; absent from bundles made before it)
+    perturbation_cache: Perturbation | None = None
     canary: CanaryRun | None = None  # (absent from bundles made before canaries)
     cancel: CancelRun | None = None  # (native API, C >= 2, unless off; absent from bundles made before it)

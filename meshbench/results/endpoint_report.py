@@ -190,12 +190,56 @@ def _perturbed_how(runs, prompt_ids) -> str:
 
 
 def _perturbation(b: EndpointBundle) -> list[str]:
-    """Each level's perturbation test: does a target's output depend on its neighbours' content?"""
+    """Each level's perturbation test: does a target's output depend on its neighbours' content? Then the same
+    test through the server's prompt cache, where it ran."""
     tested = [(lv.concurrency, lv.perturbation) for lv in b.results.levels if lv.perturbation is not None]
     if not tested:
         return []
-    rows = []
+    cached = [(lv.concurrency, lv.perturbation_cache) for lv in b.results.levels if lv.perturbation_cache is not None]
     cold, threshold = endpoint_margins.cold_answers(b.results.margins), endpoint_margins.near_tie(b.results.margins)
+    cache_words = (
+        "the test runs the server's path without its prompt cache and says nothing of that cache (the warm "
+        "answers, the canaries and the cancel runs go through it)"
+        if not cached
+        else "the test runs the server's path without its prompt cache; the second table below runs it again "
+        "through the cache"
+    )
+    lines = [
+        "## Content dependence: perturbation against a run-to-run null",
+        "",
+        "At each level of two or more sessions, the first C sessions were submitted at once, again and again: "
+        "null runs (every prompt as it is) and perturbed runs ("
+        + _perturbed_how([x for _, p in tested for x in p.runs], b.results.workload.prompt_ids or [])
+        + "), which runs were perturbed drawn at random. Every request of these runs "
+        "bans eos and is sent with `cache_prompt` false, so nothing carries from one run to the next and the "
+        f"batches stay alike: {cache_words}. The statistic counts perturbed "
+        "runs in which a target gave an output no null run "
+        "gave; its p-value is exact, over every relabelling of the runs into null and perturbed (run-to-run "
+        f"variation shows under every labelling alike). Below {tested[0][1].verdict.alpha:g}, the targets' outputs "
+        "depend on their neighbours' content. Not detected means no more than that: only the targets (the first "
+        "half) are tested, against the neighbours (the rest), and where a target's null runs already disagree "
+        "(null varied), a leak can hide in that noise. A dependence is not a leak of content by itself: where "
+        "an output changes, the cold answer's margin says whether the choice was a near-tie (within the measured "
+        "numerics: the neighbours' content changed how the server computed it, through which slot or cache path "
+        "it took) or confident. On a single-slot or batch-invariant server any dependence is conclusive.",
+        "",
+        *_table(tested, cold, threshold),
+    ]
+    if cached:
+        lines += [
+            "Through the prompt cache: the same test with every request sent as the sweep sends it (no "
+            "`cache_prompt` false), each run primed by sending its neighbours' prompts first (one token each), so "
+            "that whatever a target reads from a slot or a cache entry another request left is that run's content, "
+            "null or perturbed, as a stale slot or a cache entry served to the wrong request would give it. The "
+            "cache makes a target's later runs warm where its first was cold, so its null runs may vary by numerics.",
+            "",
+            *_table(cached, cold, threshold),
+        ]
+    return lines
+
+
+def _table(tested: list, cold: dict, threshold: float) -> list[str]:
+    rows = []
     for c, p in tested:
         v, kinds = p.verdict, [x.perturbed for x in p.runs]
         depends = (
@@ -211,25 +255,6 @@ def _perturbation(b: EndpointBundle) -> list[str]:
             f"{', '.join(v.null_varied) or '-'} | {_flips(perturbation.flips(p.runs, cold, threshold))} |"
         )
     return [
-        "## Content dependence: perturbation against a run-to-run null",
-        "",
-        "At each level of two or more sessions, the first C sessions were submitted at once, again and again: "
-        "null runs (every prompt as it is) and perturbed runs ("
-        + _perturbed_how([x for _, p in tested for x in p.runs], b.results.workload.prompt_ids or [])
-        + "), which runs were perturbed drawn at random. Every request of these runs "
-        "bans eos and is sent with `cache_prompt` false, so nothing carries from one run to the next and the "
-        "batches stay alike: the test runs the server's path without its prompt cache and says nothing of that "
-        "cache (the warm answers, the canaries and the cancel runs go through it). The statistic counts perturbed "
-        "runs in which a target gave an output no null run "
-        "gave; its p-value is exact, over every relabelling of the runs into null and perturbed (run-to-run "
-        f"variation shows under every labelling alike). Below {tested[0][1].verdict.alpha:g}, the targets' outputs "
-        "depend on their neighbours' content. Not detected means no more than that: only the targets (the first "
-        "half) are tested, against the neighbours (the rest), and where a target's null runs already disagree "
-        "(null varied), a leak can hide in that noise. A dependence is not a leak of content by itself: where "
-        "an output changes, the cold answer's margin says whether the choice was a near-tie (within the measured "
-        "numerics: the neighbours' content changed how the server computed it, through which slot or cache path "
-        "it took) or confident. On a single-slot or batch-invariant server any dependence is conclusive.",
-        "",
         "| C | targets | neighbours | runs (null + perturbed) | statistic | p-value | depends on neighbours | "
         "targets with an output only under perturbation | null varied | where it changes (cold margin) |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -9,8 +9,13 @@ from meshbench.analysis import perturbation
 from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
 from meshbench.records.model import Completion, EndpointLevel
+from meshbench.records.perturbation import Perturbation
 from meshbench.results.typed import EndpointBundle
 
+CACHE_ABSENT = (
+    "perturbation_cache: absent (a bundle made before the test through the prompt cache): the perturbation test "
+    "ran without the server's prompt cache only"
+)
 HOLD_BACK = 3  # (meshbench.endpoint.stream.HOLD_BACK: verify never imports the client)
 
 
@@ -89,26 +94,38 @@ def margined(c: Checks, where: str, x: Completion, api: str) -> None:
 
 
 def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str, ids: list[str]) -> None:
-    """The level's test: its sessions (the first C, split into targets and neighbours), RUNS runs of each kind, the
-    null runs sending the neighbours' recorded prompt ids and the perturbed ones other ids of the workload's, every
-    target's answer whole, and the verdict recomputed from the targets' answers."""
-    p, wl = lv.perturbation, b.results.workload
-    if p is None:
+    """The level's test, and its run through the prompt cache where the sweep's requests use the cache (absent
+    from bundles made before it: noted): see ``_check_test``."""
+    if lv.perturbation is None:
         c.equal(RESULTS, f"{at}.perturbation (every native level of C >= 2 has one)", False,
                 lv.concurrency > 1 and b.results.endpoint.api == "native")  # fmt: skip
         return
-    half = (lv.concurrency + 1) // 2
-    c.equal(RESULTS, f"{at}.perturbation: targets and neighbours (the first C sessions)",
-            [ids[:half], ids[half:lv.concurrency]], [p.targets, p.neighbours])  # fmt: skip
+    _check_test(c, b, lv.perturbation, lv.concurrency, f"{at}.perturbation", ids)
+    if lv.perturbation_cache is not None:
+        c.equal(RESULTS, f"{at}.perturbation_cache (only where the sweep's requests use the prompt cache)", True,
+                b.cfg.engine.cache_prompt != "off")  # fmt: skip
+        _check_test(c, b, lv.perturbation_cache, lv.concurrency, f"{at}.perturbation_cache", ids)
+    elif b.cfg.engine.cache_prompt != "off" and lv.concurrency > 1 and CACHE_ABSENT not in c.notes:
+        c.notes.append(CACHE_ABSENT)  # NOTE: until the next schema_version requires it (older bundles lack it)
+
+
+def _check_test(c: Checks, b: EndpointBundle, p: Perturbation, concurrency: int, at: str, ids: list[str]) -> None:
+    """One test: its sessions (the first C, split into targets and neighbours), RUNS runs of each kind, the null
+    runs sending the neighbours' recorded prompt ids and the perturbed ones other ids of the workload's, every
+    target's answer whole, and the verdict recomputed from the targets' answers."""
+    wl = b.results.workload
+    half = (concurrency + 1) // 2
+    c.equal(RESULTS, f"{at}: targets and neighbours (the first C sessions)",
+            [ids[:half], ids[half:concurrency]], [p.targets, p.neighbours])  # fmt: skip
     kinds = [x.perturbed for x in p.runs]
-    c.equal(RESULTS, f"{at}.perturbation.runs: {perturbation.RUNS} null and {perturbation.RUNS} perturbed, in order",
+    c.equal(RESULTS, f"{at}.runs: {perturbation.RUNS} null and {perturbation.RUNS} perturbed, in order",
             [perturbation.RUNS, perturbation.RUNS, list(range(len(p.runs)))],
             [kinds.count(False), kinds.count(True), [x.run for x in p.runs]])  # fmt: skip
     prompts = dict(zip(ids, wl.prompt_ids or []))
     pool = perturbation.id_pool(wl.prompt_ids or [])
     lengths, new = dict(zip(ids, wl.prompt_tokens)), dict(zip(ids, wl.new_tokens))
     for x in p.runs:
-        where = f"{at}.perturbation.runs[{x.run}]"
+        where = f"{at}.runs[{x.run}]"
         c.equal(RESULTS, f"{where}: one answer per target", p.targets, [t.session_id for t in x.targets])
         null = [prompts.get(n) for n in p.neighbours]
         sent_ok = (
@@ -125,9 +142,9 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
             if t.error is None and t.session_id in lengths:
                 whole(c, f"{where}.{t.session_id}", t, lengths[t.session_id], new[t.session_id], "ban")
     if len(p.runs) != 2 * perturbation.RUNS:  # (failed above; its exact test is C(runs, runs / 2) relabellings)
-        c.equal(RESULTS, f"{at}.perturbation.verdict (not recomputed: the runs are not the method's)", None, p.verdict)
+        c.equal(RESULTS, f"{at}.verdict (not recomputed: the runs are not the method's)", None, p.verdict)
         return
-    c.equal(RESULTS, f"{at}.perturbation.verdict (recomputed)", perturbation.verdict(p.runs), p.verdict)
+    c.equal(RESULTS, f"{at}.verdict (recomputed)", perturbation.verdict(p.runs), p.verdict)
 
 
 def whole(c: Checks, where: str, x: Completion, prompt: int, asked: int, eos: str, text: bool | None = None) -> None:
