@@ -173,10 +173,10 @@ def test_an_endpoint_sweep_too_large_to_record_is_refused_before_sending(prompts
     from test_bad_input import run_refused
 
     many = tmp_path / "many.txt"
-    many.write_text("a prompt\n" * 1000)
+    many.write_text("a prompt\n" * 500)  # (at most 512 sessions: meshbench.limits.MAX_ENDPOINT_SESSIONS)
     with bad_server.serving("never-ends") as url:  # nothing is sent: a request here would never end
         run_refused(
-            "sweep", "--target", url, "--prompts", many, "--sessions", "1000", "--new-tokens", "100000",
+            "sweep", "--target", url, "--prompts", many, "--sessions", "500", "--new-tokens", "100000",
             "--levels", "1", "--out", tmp_path / "B", expect="more than the 4000000 a results.json can hold",
         )  # fmt: skip
     assert not (tmp_path / "B").exists()
