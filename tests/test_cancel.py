@@ -76,7 +76,11 @@ def test_yaml_off_unquoted_is_off_and_odd_digits_are_refused(tmp_path):
     from meshbench.workload import config
 
     p = tmp_path / "c.yaml"
-    p.write_text("workload: {cancel: off}\n")  # (YAML 1.1 reads an unquoted off as false)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a\nb\n")
+    p.write_text(  # (YAML 1.1 reads an unquoted off as false; cancel-and-retry is an endpoint's)
+        f"engine: {{kind: endpoint, url: 'http://127.0.0.1:1'}}\nworkload: {{cancel: off, prompts: {prompts}}}\n"
+    )
     assert config.load(p).workload.cancel == "off"
     run_refused("sweep", "--cancel", "\u0663", "--levels", "1", expect="none of auto, off or a token index")
 

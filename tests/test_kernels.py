@@ -291,3 +291,16 @@ def test_a_forged_fingerprint_does_not_turn_a_changed_token_into_exit_0(single, 
 def test_accept_other_kernels_without_a_rerun_is_refused(made):
     r = runner.invoke(app, ["verify", str(made), "--accept-other-kernels"])
     assert r.exit_code == 2 and "give --rerun as well" in r.output
+
+
+def test_several_bundles_exit_with_a_failure_before_what_other_kernels_left_unconfirmed(single, tmp_path):
+    """A review of probe 5: exit 4 outranked exit 1 (max of the codes), so a gate tolerating 4 passed a failure."""
+    forged = _forged(single, tmp_path / "f", lambda lc: lc.update(version="0.3.35"))
+    failing = tmp_path / "bad"
+    shutil.copytree(single, failing)
+    (failing / "README.md").write_text((failing / "README.md").read_text() + "\nedited\n")
+    r = runner.invoke(app, ["verify", str(forged), str(failing), "--rerun"])
+    assert r.exit_code == 1, r.output
+    assert f"{failing}: FAIL:" in r.output and "(exit 4)" not in r.output.split(f"{failing}: FAIL:")[1].split("\n")[0]
+    r = runner.invoke(app, ["verify", str(forged), str(tmp_path / "absent"), "--rerun"])
+    assert r.exit_code == 2, r.output

@@ -39,7 +39,7 @@ def test_one_misreported_margin_does_not_set_the_threshold_of_the_whole_run():
     lying[3] = _answer(w.session_id, w.tokens, [w.margins[0] + 900.0, *w.margins[1:]])  # one warm token at +900
     passes = MarginPasses(cold=cold, warm=lying, together=warm)
     assert m.numerics(passes) <= m.TAIL * 0.3 and m.near_tie(passes) <= m.TAIL * 0.3
-    assert m.inconsistent(passes) is None
+    assert "moved by up to 900" in (m.inconsistent(passes) or "")  # (set aside, and said)
 
 
 def test_margins_inflated_on_the_cache_path_are_bounded_and_called_inconsistent():
@@ -389,3 +389,66 @@ def test_a_bundle_with_the_test_through_the_cache_verifies_and_says_which_path_e
     fields = [f["field"] for f in json.loads(r.stdout)["bundles"][0]["failures"]]
     at = f"levels[{data['levels'].index(lv)}].perturbation_cache."
     assert r.exit_code == 1 and any(f.startswith(at) for f in fields), fields
+
+
+def test_a_near_tie_flips_to_the_cold_answer_s_second_choice_or_it_is_confident():
+    """A review of probe 5: a server reporting every margin as 0.01 made every divergence a near-tie. Where the
+    server names each token's second choice by id, a change to any other token is confident."""
+    cold = _answer("s0", [1, 2, 3], [2.0, 0.01, 2.0])
+    cold = Completion(**{**{f: getattr(cold, f) for f in Completion.__slots__}, "runner_up": [7, 8, 9]})
+    to_second = _answer("s0", [1, 8, 5])
+    to_another = _answer("s0", [1, 99, 5])
+    assert m.divergence(1, 0, "s0", to_second, cold, [], 0.05).kind == "near-tie"
+    assert m.divergence(1, 0, "s0", to_another, cold, [], 0.05).kind == "confident"
+    older = _answer("s0", [1, 2, 3], [2.0, 0.01, 2.0])  # (no runner-up recorded: margins alone, as before)
+    assert m.divergence(1, 0, "s0", to_another, older, [], 0.05).kind == "near-tie"
+
+
+def test_the_runner_up_is_read_from_llama_servers_top_logprobs():
+    from meshbench.endpoint.stream import runner_ups
+
+    probs = [
+        {"top_logprobs": [{"id": 5, "logprob": -2.0}, {"id": 4, "logprob": -0.1}]},
+        {"top_logprobs": [{"logprob": -0.1}]},
+    ]
+    assert runner_ups(probs) == [5, None]
+
+
+def test_what_the_measured_numerics_rest_on_is_said_and_a_clipped_impossible_change_is_inconsistent():
+    cold, warm = _honest()
+    w = warm[3]
+    warm[3] = _answer(w.session_id, w.tokens, [w.margins[0] + 900.0, *w.margins[1:]])
+    passes = MarginPasses(cold=cold, warm=warm, together=warm)
+    assert "2 larger changes, up to 900" in m.caveats(passes)  # (the warm answer is also the together one here)
+    assert "moved by up to 900" in (m.inconsistent(passes) or "")  # (set aside, and still said)
+    few_cold, few_warm = _honest(n_sessions=2, n_tokens=10)
+    assert "measured on 40 tokens only" in m.caveats(MarginPasses(cold=few_cold, warm=few_warm, together=few_warm))
+    honest_cold, honest_warm = _honest()
+    assert m.caveats(MarginPasses(cold=honest_cold, warm=honest_warm, together=honest_warm)) == ""
+
+
+def test_a_threshold_at_the_floor_is_named_the_floor():
+    from meshbench.results.endpoint_proofs_report import threshold_source
+
+    cold, _ = _honest(n_sessions=2, n_tokens=4)
+    assert threshold_source(MarginPasses(cold=cold, warm=cold, together=cold)).startswith("the floor")
+
+
+def test_a_model_file_replaced_while_it_was_checked_is_not_remembered_as_checked(tmp_path, monkeypatch):
+    import factories as f
+
+    from meshbench.model import gguf_io
+
+    model = f.tiny_gguf(tmp_path / "m.gguf", "q8_0")
+    digests = iter(["a" * 64, "b" * 64])  # (the bytes hashed before the check are not those after it)
+    monkeypatch.setattr(gguf_io, "sha256", lambda _path: next(digests))
+    gguf_io.checked_model(model)
+    assert "a" * 64 not in gguf_io._CHECKED
+
+
+def test_an_unusable_llama_server_from_the_environment_names_the_environment_variable(tmp_path):
+    from meshbench.endpoint import llama_server
+    from meshbench.errors import MeshbenchError
+
+    with pytest.raises(MeshbenchError, match=r"^\$MESHBENCH_LLAMA_SERVER .*: no such file"):
+        llama_server.binary(str(tmp_path / "nope"))

@@ -16,6 +16,9 @@ choice was:
 - above it: confident. Batch-shape numerics do not flip a choice they cannot move that far, so the bundle names
   the sessions that were in flight beside it: a suspected leak, to be settled by perturbation and canaries;
 - unknown where the alone answer gives no margin there (it ended first, or a margin was not finite).
+A near-tie must also flip to the cold answer's second choice where the server named it by id (``runner_up``): a
+change to any other token is confident whatever the margins say, so a server that reports every margin small
+cannot excuse a leak that writes another token.
 """
 
 from __future__ import annotations
@@ -163,14 +166,37 @@ def numerics(passes: MarginPasses) -> float | None:
 
 def inconsistent(passes: MarginPasses | None) -> str | None:
     """Why the server's margins cannot be its arithmetic's (None: they can): where its answers agree token for
-    token, a margin moved by more than CAP, the bound a near-tie is held to."""
-    measured = None if passes is None else numerics(passes)
-    if measured is None or measured <= CAP:
+    token, a margin moved by more than CAP, the bound a near-tie is held to (the largest change, whether or not
+    the TAIL rule set it aside)."""
+    changes = [] if passes is None else margin_changes(passes)
+    if not changes or max(changes) <= CAP:
         return None
     return (
-        f"where its answers agree token for token, the server's margins moved by up to {measured:.3g} (its measured "
-        f"numerics), more than any difference in arithmetic moves a margin: a near-tie is held to {CAP:g}"
+        f"where its answers agree token for token, the server's margins moved by up to {max(changes):.3g}, more "
+        f"than any difference in arithmetic moves a margin: a near-tie is held to {near_tie(passes):.3g}"
     )
+
+
+def caveats(passes: MarginPasses | None) -> str:
+    """What the measured numerics rest on, where it is less than the whole (empty: nothing to say): changes the
+    TAIL rule set aside, and a count of tokens too small for a 99th percentile to leave out the largest."""
+    changes = [] if passes is None else sorted(margin_changes(passes))
+    measured = numerics(passes) if passes is not None else None
+    if not changes or measured is None:
+        return ""
+    out = []
+    aside = [x for x in changes if round(x, 6) > measured]  # (numerics is rounded to 6 places)
+    if aside:
+        out.append(
+            f"{len(aside)} larger changes, up to {aside[-1]:.3g}, were set aside (more than {TAIL:g} times the 99th "
+            "percentile of the changes: a few misreported margins cannot set the threshold)"
+        )
+    if len(changes) < 100:
+        out.append(
+            f"measured on {len(changes)} tokens only, too few for a 99th percentile to leave out the largest: a "
+            "few misreported margins could set it"
+        )
+    return "; ".join(out)
 
 
 def cold_answers(passes: MarginPasses | None) -> dict[str, Completion]:
@@ -263,6 +289,8 @@ def divergence(
         return None
     margin = a.margins[k] if a.margins is not None and k < len(a.margins) else None
     kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
+    if kind == "near-tie" and not to_runner_up(a, x, k):
+        kind = "confident"  # (numerics flip a near-tie to the second choice, never to another token)
     return Divergence(
         concurrency=c,
         repetition=repetition,
@@ -272,6 +300,13 @@ def divergence(
         kind=kind,
         beside=beside,
     )
+
+
+def to_runner_up(a: Completion, x: Completion, k: int) -> bool:
+    """Could ``x``'s token ``k`` be ``a``'s near-tie flipped: it is ``a``'s second choice there, or that is not known
+    (no ids: an OpenAI API's text; no runner-up recorded: an older bundle, or a server that gave none)?"""
+    second = a.runner_up[k] if a.runner_up is not None and k < len(a.runner_up) else None
+    return second is None or k >= len(x.tokens) or x.tokens[k] == second
 
 
 def overlapping(x: Completion, sessions: Sequence[Completion]) -> list[str]:

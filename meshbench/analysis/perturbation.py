@@ -122,8 +122,17 @@ def flips(runs: Sequence[PerturbationRun], cold: dict[str, Completion], threshol
         if k is not None and a is not None and a.margins is not None and list(a.tokens[:k]) == list(usual[:k]):
             margin = a.margins[k] if k < len(a.margins) else None
         kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
+        if kind == "near-tie" and a is not None and k is not None and not _between_top_two(a, novel[0], k):
+            kind = "confident"  # (a near-tie flips between the cold answer's top two only)
         out.append(Flip(session_id=sid, token_index=k, margin=margin, kind=kind))
     return out
+
+
+def _between_top_two(cold: Completion, novel: Sequence[int], k: int) -> bool:
+    """Is ``novel``'s token ``k`` the cold answer's first or second choice there (True where the second is not
+    known: no runner-up recorded)?"""
+    second = cold.runner_up[k] if cold.runner_up is not None and k < len(cold.runner_up) else None
+    return second is None or k >= len(novel) or novel[k] in (second, *cold.tokens[k : k + 1])
 
 
 @dataclass(frozen=True, slots=True)

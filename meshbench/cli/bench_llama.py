@@ -74,7 +74,7 @@ def bench_server(
     """meshbench's sweep against llama-server -np C on the same model and prompts: tokens, tokens/s, TTFT, ITL."""
     chosen = _settings(settings)
     given = str(llama_server) if llama_server is not None else os.environ.get("MESHBENCH_LLAMA_SERVER")
-    binary = llama_server_mod.binary(given)
+    binary = llama_server_mod.binary(given, "--llama-server" if llama_server is not None else "$MESHBENCH_LLAMA_SERVER")
     overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
     if prefill is not None:
         overrides["prefill"] = prefill
@@ -185,7 +185,9 @@ def bench_prefix(
     binary = None
     if server:
         given = str(llama_server) if llama_server is not None else os.environ.get("MESHBENCH_LLAMA_SERVER")
-        binary = llama_server_mod.binary(given)
+        binary = llama_server_mod.binary(
+            given, "--llama-server" if llama_server is not None else "$MESHBENCH_LLAMA_SERVER"
+        )
     overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
     cfg = config.load(config_path, overrides)
     if cfg.engine.kind != "gguf":

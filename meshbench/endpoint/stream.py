@@ -37,6 +37,7 @@ class Completion:
     # or an OpenAI API's logprobs)
     token_bytes: list[int] | None = None  # OpenAI APIs, where margins were asked: each token's length in bytes (its
     # text has no ids: where an answer first differs is found by byte, then the token there)
+    runner_up: list[int | None] | None = None  # native, where margins were asked: each token's second choice's id
     error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
     turn: int = 1  # a conversation's turn (meshbench.endpoint.conversation)
 
@@ -55,6 +56,7 @@ class Completion:
             "margins": self.margins,
             "turn": self.turn if self.turn > 1 else None,
             "token_bytes": self.token_bytes,
+            "runner_up": self.runner_up,
         }
 
 
@@ -174,6 +176,7 @@ def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
         if len(margins) != len(tokens):
             raise Malformed(f"{len(margins)} completion_probabilities for {len(tokens)} tokens in a chunk")
         c.margins = (c.margins or []) + margins
+        c.runner_up = (c.runner_up or []) + runner_ups(chunk["completion_probabilities"])
     if chunk.get("stop"):
         timings = chunk.get("timings")
         c.stop = _reason(chunk.get("stop_type"), "stop_type")
@@ -239,6 +242,17 @@ def _margins(probs) -> list[float | None]:
         if margin is not None and margin > MAX_MARGIN:
             raise Malformed(f"a margin of {margin:g} between the top two log-probabilities (over {MAX_MARGIN})")
         out.append(margin)
+    return out
+
+
+def runner_ups(probs: list) -> list[int | None]:
+    """Each token's second choice, by id, from llama-server's ``completion_probabilities`` (None where its entries
+    give no two ids; ``_margins`` checked their shape first)."""
+    out: list[int | None] = []
+    for p in probs:
+        ranked = sorted(p["top_logprobs"], key=lambda x: -float(x["logprob"]))
+        second = ranked[1].get("id") if len(ranked) >= 2 else None
+        out.append(second if is_token(second) else None)
     return out
 
 

@@ -176,12 +176,15 @@ def checked_model(path: Path) -> CheckedModel:
     metadata, read once per process for each content."""
     path = regular_file(path, "model")
     digest = sha256(path)
-    if digest not in _CHECKED:
-        reader = open_reader(path)
-        check_finite(reader, path)
-        meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
-        _CHECKED[digest] = CheckedModel(str(meta.get("general.architecture", "unknown")), meta)
-    return _CHECKED[digest]
+    if digest in _CHECKED:
+        return _CHECKED[digest]
+    reader = open_reader(path)
+    check_finite(reader, path)
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
+    checked = CheckedModel(str(meta.get("general.architecture", "unknown")), meta)
+    if sha256(path) == digest:  # (kept only if the file checked is the file hashed: none replaced it meanwhile)
+        _CHECKED[digest] = checked
+    return checked
 
 
 def check_model_file(path: Path) -> str:

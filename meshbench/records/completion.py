@@ -28,3 +28,5 @@ class Completion:
     turn: int | None = None  # a conversation's later turn (2, 3, ...); None: a session's first (or only) turn
     token_bytes: list[int] | None = None  # OpenAI APIs' margin passes: each token's length in bytes (a text answer
     # has no ids: where it first differs is found by byte, then the token there)
+    runner_up: list[int | None] | None = None  # native margin passes: each token's second choice, by id (None in
+    # bundles made before it was recorded): a near-tie flips to it

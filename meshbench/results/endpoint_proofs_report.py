@@ -148,4 +148,6 @@ def threshold_source(passes) -> str:
         return f"the floor (no margin change was measured: {'no margin passes' if passes is None else 'no token'})"
     if endpoint_margins.inconsistent(passes):
         return "the cap (the server's margins are inconsistent with its own answers)"
+    if measured < endpoint_margins.FLOOR:
+        return f"the floor (this run's measured numerics, {measured:.3g}, are below it)"
     return "this run's measured numerics"

@@ -315,6 +315,8 @@ def _divergences(b: EndpointBundle) -> list[str]:
     if d is None:
         return []
     numerics = "no token to measure it on" if d.numerics is None else f"{d.numerics:.3g}"
+    if said := endpoint_margins.caveats(b.results.margins):
+        numerics += f" ({said})"
     rows = [
         f"| {c} | {x.answers} | {x.differing} | {x.near_ties} | {x.confident} | {x.unknown} |"
         for c, x in d.levels.items()
@@ -345,17 +347,7 @@ def _divergences(b: EndpointBundle) -> list[str]:
         *rows,
         "",
     ]
-    unjudged = {c: x.unjudged for c, x in d.levels.items() if x.unjudged}
-    if unjudged:
-        lines += [
-            "**Not judged:** "
-            + ", ".join(f"{n} answers at C={c}" for c, n in unjudged.items())
-            + " have no cold answer to compare with (its margin pass failed, or the server withheld it): none of them "
-            "is counted as equal to its cold answer.",
-            "",
-        ]
-    if (why := endpoint_margins.inconsistent(b.results.margins)) is not None:
-        lines += [f"**The server's margins are inconsistent with its own answers:** {why}.", ""]
+    lines += _unjudged_and_inconsistent(b)
     if d.sibling_differing is not None and b.results.margins is not None:
         lines += [_after_sibling(b, d.sibling_differing), ""]
     if d.near_ties:
@@ -370,6 +362,24 @@ def _divergences(b: EndpointBundle) -> list[str]:
     if len(d.confident) > MAX_LISTED:
         lines.append(f"- ... and {len(d.confident) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
     return lines + ([""] if d.confident else [])
+
+
+def _unjudged_and_inconsistent(b: EndpointBundle) -> list[str]:
+    """What the divergences could not judge, and a server's margins that cannot be its arithmetic's."""
+    assert b.results.divergences is not None
+    lines = []
+    unjudged = {c: x.unjudged for c, x in b.results.divergences.levels.items() if x.unjudged}
+    if unjudged:
+        lines += [
+            "**Not judged:** "
+            + ", ".join(f"{n} answers at C={c}" for c, n in unjudged.items())
+            + " have no cold answer to compare with (its margin pass failed, or the server withheld it): none of them "
+            "is counted as equal to its cold answer.",
+            "",
+        ]
+    if (why := endpoint_margins.inconsistent(b.results.margins)) is not None:
+        lines += [f"**The server's margins are inconsistent with its own answers:** {why}.", ""]
+    return lines
 
 
 MAX_LISTED = 20  # confident divergences listed in the README (all are in results.json)

@@ -85,7 +85,10 @@ def margined(c: Checks, where: str, x: Completion, api: str) -> None:
     if api == "native":
         c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
         c.equal(RESULTS, f"{where}.token_bytes (an OpenAI API's only)", None, x.token_bytes)
+        if x.runner_up is not None:  # (absent from bundles made before it was recorded)
+            c.equal(RESULTS, f"{where}: one runner-up per token", len(x.tokens), len(x.runner_up))
         return
+    c.equal(RESULTS, f"{where}.runner_up (the native API's only: a text answer has no ids)", None, x.runner_up)
     c.equal(RESULTS, f"{where}.tokens (none over an OpenAI API)", [], x.tokens)
     c.equal(RESULTS, f"{where}: one margin and one length in bytes per token", len(x.margins or [-1]),
             len(x.token_bytes or []))  # fmt: skip
