@@ -53,3 +53,17 @@ def test_the_reruns_fit_ci_s_budget():
         f"(two thirds of its {CI_LIMIT_S} s limit, less its other stages): make a bundle cheaper to rerun, or do "
         "less in CI"
     )
+
+
+def test_every_gguf_node_bundle_s_recorded_kernels_are_pinned_for_ci():
+    """CI accepts what other kernels could not reproduce only for the kernel family pinned in evidence/KERNELS.json:
+    a bundle regenerated (or its fingerprint changed) must change the pin in the same commit, where it shows."""
+    from meshbench.results import fingerprint
+
+    pinned = json.loads((EVIDENCE / "KERNELS.json").read_text())["kernels"]
+    recorded = {}
+    for name in node_bundles():
+        data = json.loads((EVIDENCE / name / "results.json").read_text())
+        if data["config"]["engine"]["kind"] == "gguf":
+            recorded[name] = fingerprint.llama_kernels(data["environment"]["compute"])
+    assert recorded == pinned
