@@ -452,3 +452,15 @@ def test_an_unusable_llama_server_from_the_environment_names_the_environment_var
 
     with pytest.raises(MeshbenchError, match=r"^\$MESHBENCH_LLAMA_SERVER .*: no such file"):
         llama_server.binary(str(tmp_path / "nope"))
+
+
+def test_a_server_that_adds_no_bos_has_every_id_of_its_prompts_perturbed():
+    """A review of probe 5: the first id was kept as a BOS, so one-token prompts from a server that adds none were
+    sent unchanged in the perturbed runs (null against null) and the run was lost at verify."""
+    from meshbench.analysis import perturbation
+
+    with_bos, without = [[1, 5, 6], [1, 7]], [[105], [105], [106], [105]]
+    assert perturbation.kept(with_bos) == 1 and perturbation.kept(without) == 0
+    assert perturbation.id_pool(without) == [105, 106]
+    assert perturbation.is_perturbation([105], [106], [105, 106], head=0)
+    assert not perturbation.is_perturbation([1, 5, 6], [2, 5, 7], [5, 6, 7], head=1)  # (the BOS kept)

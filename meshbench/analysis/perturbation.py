@@ -85,18 +85,26 @@ def verdict(runs: Sequence[PerturbationRun]) -> PerturbationVerdict:
     )
 
 
+def kept(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading ids a perturbation keeps: one where every prompt starts with the same id (the BOS the server
+    adds), else none (a server that adds no BOS: every id is the prompt's content)."""
+    firsts = {tuple(p[:1]) for p in prompts}
+    return 1 if len(firsts) == 1 and all(len(p) >= 1 for p in prompts) else 0
+
+
 def id_pool(prompts: Sequence[Sequence[int]]) -> list[int]:
-    """The ids a perturbed prompt is drawn from: every id after the first of the workload's prompts, once each."""
-    return sorted({t for p in prompts for t in p[1:]})
+    """The ids a perturbed prompt is drawn from: every id of the workload's prompts after those kept, once each."""
+    head = kept(prompts)
+    return sorted({t for p in prompts for t in p[head:]})
 
 
-def is_perturbation(null: Sequence[int], sent: Sequence[int], pool: Sequence[int]) -> bool:
-    """Is ``sent`` what meshbench.endpoint.perturb sends for ``null``: its first id (BOS), then other ids of the
-    workload's (``pool``, id_pool), or (a pool of one id) each of ``null``'s + 1? (Bundles made before fresh ids
-    were drawn rearranged the prompt's own ids: those are drawn from the pool too.)"""
-    if len(sent) != len(null) or list(sent[:1]) != list(null[:1]) or list(sent) == list(null):
+def is_perturbation(null: Sequence[int], sent: Sequence[int], pool: Sequence[int], head: int = 1) -> bool:
+    """Is ``sent`` what meshbench.endpoint.perturb sends for ``null``: its first ``head`` ids (kept: a BOS), then
+    other ids of the workload's (``pool``, id_pool), or (a pool of one id) each of ``null``'s + 1? (Bundles made
+    before fresh ids were drawn rearranged the prompt's own ids: those are drawn from the pool too.)"""
+    if len(sent) != len(null) or list(sent[:head]) != list(null[:head]) or list(sent) == list(null):
         return False
-    tail, other = list(null[1:]), list(sent[1:])
+    tail, other = list(null[head:]), list(sent[head:])
     return set(other) <= set(pool) or other == [t + 1 for t in tail]
 
 

@@ -21,7 +21,7 @@ from meshbench.analysis import canary as plant
 from meshbench.analysis import cancel as cancel_rule
 from meshbench.analysis import conversation as talk
 from meshbench.analysis import endpoint as figures
-from meshbench.analysis import endpoint_margins
+from meshbench.analysis import endpoint_margins, perturbation
 from meshbench.endpoint import conversation_passes as conversations
 from meshbench.endpoint import gauges, llama_server, margin_passes, perturb
 from meshbench.endpoint.canary import canary_run, sweep_ids
@@ -58,7 +58,8 @@ def check_record_size(cfg: RunConfig) -> None:
     turns = cfg.workload.turns  # (a conversation's every turn each pass, and its later ones once more, cold)
     bound = sum(new) * (passes * turns + turns - 1) + new[0] * (passes + 1)  # every session, the needle's trials
     bound += 4 * sum(new)  # the margin passes (cold, warm, together, after a sibling)
-    bound += sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # the perturbation's
+    tests = 1 if cfg.engine.cache_prompt == "off" else 2  # (again through the prompt cache where the sweep uses it)
+    bound += tests * sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # perturbation
     bound += sum(cfg.levels) * max(new)  # the canary runs
     bound += sum(3 * c * max(new) for c in cfg.levels if c > 1)  # the cancel runs: reference, cut, answers
     bound += sum(new) * cfg.repeat * len(cfg.rates or ())  # the open-loop passes
@@ -124,6 +125,14 @@ def _sweep(
     if launched is not None:
         info["launched"] = launched
     texts, ids = _prompts(cfg, endpoint)
+    if endpoint.api == "native" and max(levels) > 1:  # (the perturbation test replaces what follows a BOS)
+        head = perturbation.kept(ids)
+        if short := [sid for sid, x in zip(cfg.workload.session_ids(), ids) if len(x) <= head]:
+            raise MeshbenchError(
+                f"prompt of {short[0]} is {len(ids[cfg.workload.session_ids().index(short[0])])} token(s) as the "
+                "server tokenized it, only the BOS every prompt starts with: the perturbation test has no content "
+                "of it to replace; give prompts of a word or more"
+            )
     # the prompts' lengths as the server tokenized them, in the config echo too (as a node run records its own)
     wl = dataclasses.replace(cfg.workload, prompt_tokens=tuple(len(x) for x in ids), prompt_ids=tuple(map(tuple, ids)))
     cfg = dataclasses.replace(cfg, workload=wl)

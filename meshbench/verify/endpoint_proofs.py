@@ -125,7 +125,7 @@ def _check_test(c: Checks, b: EndpointBundle, p: Perturbation, concurrency: int,
             [perturbation.RUNS, perturbation.RUNS, list(range(len(p.runs)))],
             [kinds.count(False), kinds.count(True), [x.run for x in p.runs]])  # fmt: skip
     prompts = dict(zip(ids, wl.prompt_ids or []))
-    pool = perturbation.id_pool(wl.prompt_ids or [])
+    pool, head = perturbation.id_pool(wl.prompt_ids or []), perturbation.kept(wl.prompt_ids or [])
     lengths, new = dict(zip(ids, wl.prompt_tokens)), dict(zip(ids, wl.new_tokens))
     for x in p.runs:
         where = f"{at}.runs[{x.run}]"
@@ -135,7 +135,7 @@ def _check_test(c: Checks, b: EndpointBundle, p: Perturbation, concurrency: int,
             len(null) == len(x.neighbour_prompts)
             and all(q is not None for q in null)
             and all(
-                perturbation.is_perturbation(q or [], s, pool) if x.perturbed else q == s
+                perturbation.is_perturbation(q or [], s, pool, head) if x.perturbed else q == s
                 for q, s in zip(null, x.neighbour_prompts)
             )
         )
