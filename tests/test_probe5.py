@@ -357,6 +357,31 @@ def test_a_stale_slot_leak_on_the_cache_path_is_found_by_the_test_through_the_ca
     assert cached is not None and cached.verdict.depends is True, cached.verdict
 
 
+def _as_drawn(data: dict) -> None:
+    """Every test's runs as a sweep now draws them from the seed (which were perturbed, and with what), and each
+    verdict recomputed: a bundle as this meshbench makes it, from one made before."""
+    import numpy as np
+
+    from meshbench.analysis import perturbation
+    from meshbench.records import serial
+    from meshbench.results import typed
+
+    every = data["workload"]["prompt_ids"]
+    prompts = dict(zip(typed.endpoint(data).cfg.workload.session_ids(), every))
+    rng = np.random.default_rng([data["config"]["workload"]["seed"], 1])
+    tests = [lv[n] for lv in sorted(data["levels"], key=lambda x: x["concurrency"])
+             for n in ("perturbation", "perturbation_cache") if lv.get(n)]  # fmt: skip
+    for t in tests:
+        plan = perturbation.planned(every, [prompts[n] for n in t["neighbours"]], rng)
+        for run, (perturbed, sent) in zip(t["runs"], plan):
+            run["perturbed"], run["neighbour_prompts"] = perturbed, sent
+    for lv in typed.endpoint(data).results.levels:
+        for name in ("perturbation", "perturbation_cache"):
+            if (t := getattr(lv, name)) is not None:
+                raw = next(x for x in data["levels"] if x["concurrency"] == lv.concurrency)
+                raw[name]["verdict"] = serial.to_json(perturbation.verdict(t.runs))
+
+
 def test_a_bundle_with_the_test_through_the_cache_verifies_and_says_which_path_each_table_ran(tmp_path):
     import json
     import shutil
@@ -374,7 +399,8 @@ def test_a_bundle_with_the_test_through_the_cache_verifies_and_says_which_path_e
     data = json.loads((b / "results.json").read_text())
     for lv in data["levels"]:
         if lv.get("perturbation"):
-            lv["perturbation_cache"] = lv["perturbation"]
+            lv["perturbation_cache"] = json.loads(json.dumps(lv["perturbation"]))
+    _as_drawn(data)
     (b / "results.json").write_text(json.dumps(data))
     text = kinds.readme(data, verify.bundle_name((src / "README.md").read_text(), src))
     assert "the second table below runs it again through the cache" in text and "Through the prompt cache:" in text
@@ -464,3 +490,39 @@ def test_a_server_that_adds_no_bos_has_every_id_of_its_prompts_perturbed():
     assert perturbation.id_pool(without) == [105, 106]
     assert perturbation.is_perturbation([105], [106], [105, 106], head=0)
     assert not perturbation.is_perturbation([1, 5, 6], [2, 5, 7], [5, 6, 7], head=1)  # (the BOS kept)
+
+
+def test_perturbed_prompts_that_are_not_the_ones_drawn_from_the_seed_fail_verify(tmp_path):
+    """A review of probe 5: verify held perturbed prompts to 'ids of the workload's' only, so a forger could send a
+    neighbour's own prompt with one id changed and the README still said fresh ids. They are drawn again."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from meshbench.cli import app
+    from meshbench.results import kinds
+    from meshbench.verify import bundle as verify
+
+    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS"
+    b = tmp_path / "B"
+    shutil.copytree(src, b)
+    data = json.loads((b / "results.json").read_text())
+    for lv in data["levels"]:
+        if lv.get("perturbation"):
+            lv["perturbation_cache"] = json.loads(json.dumps(lv["perturbation"]))
+    _as_drawn(data)
+
+    def write() -> int:
+        (b / "results.json").write_text(json.dumps(data))
+        (b / "README.md").write_text(kinds.readme(data, verify.bundle_name((src / "README.md").read_text(), src)))
+        return CliRunner().invoke(app, ["verify", str(b)]).exit_code
+
+    assert write() == 0
+    lv = next(x for x in data["levels"] if x.get("perturbation"))
+    run = next(r for r in lv["perturbation"]["runs"] if r["perturbed"])
+    own = data["workload"]["prompt_ids"][int(lv["perturbation"]["neighbours"][0][1:])]
+    pool = sorted({t for q in data["workload"]["prompt_ids"] for t in q[1:]})
+    run["neighbour_prompts"][0] = [*own[:-1], next(t for t in pool if t != own[-1])]  # one id changed
+    assert write() == 1

@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from meshbench.analysis.endpoint_margins import first_difference
 from meshbench.records.completion import Completion
 from meshbench.records.perturbation import PerturbationRun, PerturbationVerdict
@@ -90,6 +92,30 @@ def kept(prompts: Sequence[Sequence[int]]) -> int:
     adds), else none (a server that adds no BOS: every id is the prompt's content)."""
     firsts = {tuple(p[:1]) for p in prompts}
     return 1 if len(firsts) == 1 and all(len(p) >= 1 for p in prompts) else 0
+
+
+def planned(
+    every: Sequence[Sequence[int]], neighbours: Sequence[Sequence[int]], rng: np.random.Generator
+) -> list[tuple[bool, list[list[int]]]]:
+    """A test's runs as meshbench.endpoint.perturb sends them, drawn from ``rng`` (the sweep's, seeded by the
+    workload, one for every test of the sweep in level order), so verify can draw them again: which runs are
+    perturbed (RUNS of each, at random), and each run's neighbour prompts (``every``: the workload's prompts, which
+    the fresh ids are drawn from)."""
+    order = [bool(x) for x in rng.permutation([0] * RUNS + [1] * RUNS)]
+    pool, head = id_pool(every), kept(every)
+    return [(p, [fresh(list(q), pool, rng, head) if p else list(q) for q in neighbours]) for p in order]
+
+
+def fresh(ids: list[int], pool: list[int], rng: np.random.Generator, head: int = 1, tries: int = 8) -> list[int]:
+    """Other content of the same length: the first ``head`` ids (a BOS, ``kept``) kept, every other drawn at
+    random from ``pool`` (the workload's own ids, so every id is one the model reads in a prompt), drawn again where
+    it came out the same; where it always does (a pool of one id), each id after those kept + 1."""
+    start, tail = list(ids[:head]), list(ids[head:])
+    for _ in range(tries if len(pool) > 1 else 0):
+        drawn = [int(pool[k]) for k in rng.integers(0, len(pool), size=len(tail))]
+        if drawn != tail:
+            return start + drawn
+    return start + [t + 1 for t in tail]
 
 
 def id_pool(prompts: Sequence[Sequence[int]]) -> list[int]:

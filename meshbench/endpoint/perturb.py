@@ -33,14 +33,9 @@ def perturbation(
     batch = jobs[:c]
     half = (c + 1) // 2
     targets, neighbours = batch[:half], batch[half:]
-    order = [bool(x) for x in rng.permutation([0] * RUNS + [1] * RUNS)]  # which runs are perturbed, at random
-    every = [j.body["prompt"] for j in jobs]
-    pool, head = test.id_pool(every), test.kept(every)
+    plan = test.planned([j.body["prompt"] for j in jobs], [j.body["prompt"] for j in neighbours], rng)
     records = []
-    for i, perturbed in enumerate(order):
-        prompts = [
-            _fresh(j.body["prompt"], pool, rng, head) if perturbed else list(j.body["prompt"]) for j in neighbours
-        ]
+    for i, (perturbed, prompts) in enumerate(plan):
         # every run computes every prompt, to its last token (on the cache path: what the cache does not hold)
         cold = {"ignore_eos": True} if cache_path else {"ignore_eos": True, "cache_prompt": False}
         if cache_path:
@@ -65,15 +60,3 @@ def perturbation(
         runs=records,
         verdict=test.verdict(records),
     )
-
-
-def _fresh(ids: list[int], pool: list[int], rng: np.random.Generator, kept: int = 1, tries: int = 8) -> list[int]:
-    """Other content of the same length: the first ``kept`` ids (a BOS, test.kept) kept, every other drawn at random
-    from ``pool`` (the workload's own ids, so every id is one the model reads in a prompt), drawn again where it
-    came out the same; where it always does (a pool of one id), each id after those kept + 1 (test.is_perturbation)."""
-    head, tail = list(ids[:kept]), list(ids[kept:])
-    for _ in range(tries if len(pool) > 1 else 0):
-        drawn = [pool[k] for k in rng.integers(0, len(pool), size=len(tail))]
-        if drawn != tail:
-            return head + drawn
-    return head + [t + 1 for t in tail]

@@ -95,6 +95,7 @@ def _check_proofs(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
             [len(x) for x in wl.prompt_ids or []])  # fmt: skip
     for i, lv in enumerate(b.results.levels):
         proofs.check_perturbation(c, b, lv, f"levels[{i}]", ids)
+    proofs.check_plans(c, b)
     check_canaries(c, b, ids)
     check_cancels(c, b, ids)
 

@@ -4,6 +4,8 @@ level's perturbation test (its sessions, its alternating runs, its perturbed pro
 
 from __future__ import annotations
 
+import numpy as np
+
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis import perturbation
 from meshbench.analysis.checks import Checks
@@ -110,6 +112,46 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
         _check_test(c, b, lv.perturbation_cache, lv.concurrency, f"{at}.perturbation_cache", ids)
     elif b.cfg.engine.cache_prompt != "off" and lv.concurrency > 1 and CACHE_ABSENT not in c.notes:
         c.notes.append(CACHE_ABSENT)  # NOTE: until the next schema_version requires it (older bundles lack it)
+
+
+def check_plans(c: Checks, b: EndpointBundle) -> None:
+    """Every test's runs are the ones the sweep draws: which runs were perturbed and each perturbed prompt, drawn
+    again from the workload's seed, the tests in level order (perturbation.planned); not merely ids of the
+    workload's, which a forger could pick to perturb less than the README says. Bundles made before fresh ids
+    rearranged each prompt's own (no perturbation_cache then): noted, held to their rearrangement only."""
+    wl = b.results.workload
+    every = [list(x) for x in wl.prompt_ids or []]
+    prompts = dict(zip(b.cfg.workload.session_ids(), every))
+    rng = np.random.default_rng([b.cfg.workload.seed, 1])
+    for i, lv in enumerate(sorted(b.results.levels, key=lambda x: x.concurrency)):
+        for name, p in (("perturbation", lv.perturbation), ("perturbation_cache", lv.perturbation_cache)):
+            if p is None:
+                continue
+            plan = perturbation.planned(every, [prompts.get(n, []) for n in p.neighbours], rng)
+            sent = [(x.perturbed, [list(q) for q in x.neighbour_prompts]) for x in p.runs]
+            at = f"levels[{b.results.levels.index(lv)}].{name}.runs"
+            if sent != plan and _rearranged(p, prompts) and not any(x.perturbation_cache for x in b.results.levels):
+                if LEGACY not in c.notes:
+                    c.notes.append(LEGACY)
+                continue
+            c.equal(RESULTS, f"{at} (which were perturbed, and with what: drawn again from the seed)", True,
+                    sent == plan)  # fmt: skip
+
+
+LEGACY = (
+    "perturbation: the neighbours' own ids rearranged (a bundle made before fresh ids were drawn): held to their "
+    "rearrangement, not drawn again"
+)
+
+
+def _rearranged(p: Perturbation, prompts: dict[str, list[int]]) -> bool:
+    """Is every perturbed prompt a rearrangement of its neighbour's own ids (how bundles were made before)?"""
+    return all(
+        sorted(q) == sorted(prompts.get(n, []))
+        for x in p.runs
+        if x.perturbed
+        for n, q in zip(p.neighbours, x.neighbour_prompts)
+    )
 
 
 def _check_test(c: Checks, b: EndpointBundle, p: Perturbation, concurrency: int, at: str, ids: list[str]) -> None:
