@@ -526,3 +526,33 @@ def test_perturbed_prompts_that_are_not_the_ones_drawn_from_the_seed_fail_verify
     pool = sorted({t for q in data["workload"]["prompt_ids"] for t in q[1:]})
     run["neighbour_prompts"][0] = [*own[:-1], next(t for t in pool if t != own[-1])]  # one id changed
     assert write() == 1
+
+
+def test_a_hit_erased_while_the_store_still_holds_its_blocks_is_no_eviction():
+    """Minor: a prefix-cache bundle with its hits erased (the cached tokens and the stats made consistent) passed
+    verify: the replay read each missing hit as 'the store evicted', although the store's bytes equalled the
+    replayed store's at every tick. A hit short of the replay's while those bytes still agree fails."""
+    from meshbench.analysis.checks import Checks
+    from meshbench.verify.prefix import _Replay
+
+    shared = tuple(range(1, 9))  # two blocks of 4 shared, then each session's own
+    prompts = {("s0", 1): (*shared, 20, 21), ("s1", 1): (*shared, 30, 31)}
+
+    def run(cached_s1: int, evicted: bool) -> Checks:
+        c, r = Checks(), _Replay(prompts, 4, {("s0", 1): 0, ("s1", 1): cached_s1})
+        r.take("s0", ("s0", 1), 10)
+        r.written("s0", ("s0", 1), 0, 10)
+        r.check_bytes(c, "tick 0", len(r.store) * 4 * 2, 2)
+        r.take("s1", ("s1", 1), 10)
+        r.written("s1", ("s1", 1), 0, 10)
+        most = len(r.store) * 4 * 2
+        r.check_bytes(c, "tick 1", most - (8 if evicted else 0), 2)
+        return c
+
+    assert run(8, evicted=False).failures == []  # (the hit the replay gives)
+    erased = run(0, evicted=False)
+    assert [f.field for f in erased.failures] == [
+        "tick 1: s1#1's hit of 0 positions (the store held 8 of its prompt, and its bytes are still the replay's 16: "
+        "nothing evicted)"
+    ]
+    assert run(0, evicted=True).failures == []  # (the store did evict: a miss it explains)

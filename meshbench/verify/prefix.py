@@ -150,6 +150,7 @@ class _Replay:
         self.progress: dict[tuple[str, int], int] = {}  # session -> the prompt positions written so far
         self.exact = True
         self.floor = True  # the blocks live sessions reference bound the store's bytes from below (no misses)
+        self.short: list[tuple[tuple[str, int], int, int]] = []  # this tick's hits short of an exact replay's
 
     def take(self, sid: str, key: tuple[str, int], n: int) -> None:
         """A prompt's first piece of ``n`` positions takes its run."""
@@ -157,6 +158,8 @@ class _Replay:
         keys = block_keys(ids, self.bt)
         run = _run(keys, self.store, n - 1 if n == len(ids) else n, self.bt)
         # once the store evicted, the replay (which never evicts) only bounds what a session can have found
+        if self.exact and self.cached.get(key, 0) < run * self.bt:  # (judged at this tick's end: check_bytes)
+            self.short.append((key, self.cached.get(key, 0), run * self.bt))
         self.exact = self.exact and self.cached.get(key, 0) >= run * self.bt
         got = run * self.bt if self.exact else min(self.cached.get(key, 0), run * self.bt)
         self.replayed[key] = got
@@ -182,6 +185,10 @@ class _Replay:
         """The store's bytes: the replay's exactly until it evicts; then at most the replay's and at least the
         blocks live sessions reference (a referenced block is never evicted)."""
         most = len(self.store) * self.bt * per
+        for (sid, epoch), got, held in self.short:  # a hit fell short while the store still holds the replay's bytes
+            why = f"the store held {held} of its prompt, and its bytes are still the replay's {most}: nothing evicted"
+            c.equal(RESULTS, f"{where}: {sid}#{epoch}'s hit of {got} positions ({why})", True, shared != most)
+        self.short = []
         if self.exact and shared == most:
             return
         self.exact = False
