@@ -540,6 +540,7 @@ def test_a_hit_erased_while_the_store_still_holds_its_blocks_is_no_eviction():
 
     def run(cached_s1: int, evicted: bool) -> Checks:
         c, r = Checks(), _Replay(prompts, 4, {("s0", 1): 0, ("s1", 1): cached_s1})
+        r.floor = not evicted  # (a level with misses: no lower bound from the live sessions' blocks)
         r.take("s0", ("s0", 1), 10)
         r.written("s0", ("s0", 1), 0, 10)
         r.check_bytes(c, "tick 0", len(r.store) * 4 * 2, 2)
