@@ -88,7 +88,7 @@ def test_a_retry_with_nothing_to_judge_it_by_is_not_judged_never_unaffected():
     assert v.affected is None and v.unjudged == 1
     # the same answer as its reference run: nothing to judge, and nothing withheld
     same = cancel.verdict(2, [_cut("s1")], ref, [_answer("s0", [1, 2, 3]), _answer("s1", [4, 5, 6])], {}, {}, 0.05)
-    assert same.affected is False and same.unjudged == 0
+    assert same.affected is False and same.unjudged is None
 
 
 def test_an_answer_whose_cold_answer_is_missing_is_counted_unjudged_at_its_level():
@@ -437,7 +437,19 @@ def test_the_runner_up_is_read_from_llama_servers_top_logprobs():
         {"top_logprobs": [{"id": 5, "logprob": -2.0}, {"id": 4, "logprob": -0.1}]},
         {"top_logprobs": [{"logprob": -0.1}]},
     ]
-    assert runner_ups(probs) == [5, None]
+    assert runner_ups(probs, [4, 9]) == [5, None]
+    tied = [{"top_logprobs": [{"id": 11, "logprob": -0.69}, {"id": 10, "logprob": -0.69}]}]
+    assert runner_ups(tied, [10]) == [11]  # (a tie: the other one, never the token emitted)
+
+
+@pytest.mark.parametrize("bad", [{"logprob": -0.7}, {"id": "10", "logprob": -0.7}, {"id": 10.0, "logprob": -0.7}])
+def test_a_top_logprob_without_an_integer_id_is_the_answer_s_fault(bad):
+    """A second review of probe 5: omitting the ids (or sending them as text) made every runner-up unknown, and the
+    runner-up rule never applied."""
+    from meshbench.endpoint.stream import Malformed, runner_ups
+
+    with pytest.raises(Malformed, match="no integer 'id'"):
+        runner_ups([{"top_logprobs": [{"id": 9, "logprob": -0.1}, bad]}], [9])
 
 
 def test_what_the_measured_numerics_rest_on_is_said_and_a_clipped_impossible_change_is_inconsistent():
@@ -557,3 +569,87 @@ def test_a_hit_erased_while_the_store_still_holds_its_blocks_is_no_eviction():
         "nothing evicted)"
     ]
     assert run(0, evicted=True).failures == []  # (the store did evict: a miss it explains)
+
+
+def test_a_results_json_with_a_key_twice_is_refused(tmp_path):
+    """A second review: a duplicate "kind" line made CI's grep see an endpoint bundle (no rerun) while json read a
+    node bundle and verify passed it. A key said twice is refused; CI classifies through the same loader."""
+    from meshbench.errors import MeshbenchError
+    from meshbench.results import document
+
+    p = tmp_path / "results.json"
+    p.write_text('{"kind": "endpoint", "schema_version": 3, "kind": "node"}')
+    with pytest.raises(MeshbenchError, match="the key 'kind' appears twice"):
+        document.load(p)
+
+
+def _copy_defaults(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS"
+    b = tmp_path / "B"
+    shutil.copytree(src, b)
+    return src, b, json.loads((b / "results.json").read_text())
+
+
+def _verify(src, b, data) -> tuple[int, list[str], list[str]]:
+    import json
+
+    from typer.testing import CliRunner
+
+    from meshbench.cli import app
+    from meshbench.results import kinds
+    from meshbench.verify import bundle as verify
+
+    (b / "results.json").write_text(json.dumps(data))
+    (b / "README.md").write_text(kinds.readme(data, verify.bundle_name((src / "README.md").read_text(), src)))
+    r = CliRunner().invoke(app, ["verify", str(b), "--json"])
+    doc = json.loads(r.stdout)["bundles"][0]
+    return r.exit_code, [f["field"] for f in doc.get("failures", [])], doc.get("notes", [])
+
+
+def test_runner_ups_stripped_from_some_answers_fail_and_absent_from_all_are_noted(tmp_path):
+    src, b, data = _copy_defaults(tmp_path)
+    code, _, notes = _verify(src, b, data)
+    assert code == 0 and any(n.startswith("runner_up: absent") for n in notes)
+    cold = data["margins"]["cold"][0]
+    cold["runner_up"] = [0] * len(cold["tokens"])  # (one answer has them, the rest were stripped)
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1 and "runner_up (every native answer with margins names each token's second choice)" in fields
+
+
+def test_one_test_rearranged_in_a_bundle_of_fresh_draws_is_not_let_through_as_an_older_bundle(tmp_path):
+    src, b, data = _copy_defaults(tmp_path)
+    _as_drawn(data)
+    assert _verify(src, b, data)[0] == 0
+    lv = next(x for x in data["levels"] if x.get("perturbation"))
+    own = data["workload"]["prompt_ids"]
+    for run in lv["perturbation"]["runs"]:
+        if run["perturbed"]:  # (this level's perturbed prompts: the neighbours' own ids, two swapped)
+            run["neighbour_prompts"] = [
+                [q[0], q[2], q[1], *q[3:]] for q in (own[int(n[1:])] for n in lv["perturbation"]["neighbours"])
+            ]
+    code, fields, notes = _verify(src, b, data)
+    assert code == 1 and not any(n.startswith("perturbation: the neighbours' own ids") for n in notes)
+    assert any("drawn again from the seed" in f for f in fields)
+
+
+def test_a_needle_named_otherwise_fails_in_one_check_not_a_crash(tmp_path):
+    src, b, data = _copy_defaults(tmp_path)
+    data["needle"]["prompt_of"] = "s0 <!-- "
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1 and fields == ["needle.prompt_of (the first session's prompt)"]
+    assert "the needle is s0 \\<!--'s prompt" in (b / "README.md").read_text()
+
+
+def test_the_cap_is_named_only_where_the_threshold_is_the_cap():
+    from meshbench.results.endpoint_proofs_report import threshold_source
+
+    cold, warm = _honest()
+    w = warm[3]
+    warm[3] = _answer(w.session_id, w.tokens, [w.margins[0] + 900.0, *w.margins[1:]])
+    assert threshold_source(MarginPasses(cold=cold, warm=warm, together=warm)) == "this run's measured numerics"
+    inflated = [_answer(x.session_id, x.tokens, [40 * y for y in x.margins]) for x in warm]
+    assert threshold_source(MarginPasses(cold=cold, warm=inflated, together=inflated)).startswith("the cap")

@@ -107,5 +107,5 @@ def verdict(
         retries_differing=retries,
         failed=failed,
         affected=True if "confident" in kinds else (False if judged else None),
-        unjudged=unjudged,
+        unjudged=unjudged or None,
     )

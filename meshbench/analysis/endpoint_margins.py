@@ -251,7 +251,7 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
             near_ties=kinds.count("near-tie"),
             confident=kinds.count("confident"),
             unknown=kinds.count("unknown"),
-            unjudged=unjudged,
+            unjudged=unjudged or None,
         )
         found += here
     return Divergences(

@@ -176,7 +176,7 @@ def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
         if len(margins) != len(tokens):
             raise Malformed(f"{len(margins)} completion_probabilities for {len(tokens)} tokens in a chunk")
         c.margins = (c.margins or []) + margins
-        c.runner_up = (c.runner_up or []) + runner_ups(chunk["completion_probabilities"])
+        c.runner_up = (c.runner_up or []) + runner_ups(chunk["completion_probabilities"], tokens)
     if chunk.get("stop"):
         timings = chunk.get("timings")
         c.stop = _reason(chunk.get("stop_type"), "stop_type")
@@ -245,14 +245,20 @@ def _margins(probs) -> list[float | None]:
     return out
 
 
-def runner_ups(probs: list) -> list[int | None]:
-    """Each token's second choice, by id, from llama-server's ``completion_probabilities`` (None where its entries
-    give no two ids; ``_margins`` checked their shape first)."""
+def runner_ups(probs: list, tokens: list[int]) -> list[int | None]:
+    """Each token's second choice, by id, from llama-server's ``completion_probabilities``: the best-ranked entry
+    that is not the token emitted (with tied log-probabilities either order is the server's). llama-server gives
+    every entry an id: an entry of the top two without an integer one is the answer's fault, never a runner-up
+    unknown (which would let a near-tie excuse any flip). ``_margins`` checked their shape first."""
     out: list[int | None] = []
-    for p in probs:
+    for p, emitted in zip(probs, tokens):
         ranked = sorted(p["top_logprobs"], key=lambda x: -float(x["logprob"]))
-        second = ranked[1].get("id") if len(ranked) >= 2 else None
-        out.append(second if is_token(second) else None)
+        if len(ranked) < 2:
+            out.append(None)  # (no margin either: _margins gave None)
+            continue
+        if not all(is_token(x.get("id")) for x in ranked[:2]):
+            raise Malformed("an entry of 'top_logprobs' has no integer 'id' (llama-server gives every entry one)")
+        out.append(next((x["id"] for x in ranked if x["id"] != emitted), None))
     return out
 
 

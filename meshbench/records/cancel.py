@@ -21,8 +21,9 @@ class CancelVerdict:
     failed: int  # answers of the two runs that failed, cut attempts included
     affected: bool | None  # True: a confident divergence; None: not judged (a failed answer, nothing cut, a
     # divergence of unknown margin, or an answer with nothing to judge it against)
-    unjudged: int = 0  # answers with a new output and nothing to judge it against: no cold answer (a retried one)
-    # or reference (one that ran through); any makes ``affected`` None unless another is confident
+    unjudged: int | None = None  # answers with a new output and nothing to judge it against: no cold answer (a
+    # retried one) or reference (one that ran through); any makes ``affected`` None unless another is confident.
+    # None: none (and bundles made before it was counted)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,7 +46,8 @@ class LevelDivergences:
     near_ties: int
     confident: int
     unknown: int
-    unjudged: int = 0  # answers with no cold answer to compare with (its margin pass failed or was withheld)
+    unjudged: int | None = None  # answers with no cold answer to compare with (its margin pass failed or was
+    # withheld); None: none (and bundles made before it was counted)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -146,7 +146,7 @@ def threshold_source(passes) -> str:
     measured = None if passes is None else endpoint_margins.numerics(passes)
     if measured is None:
         return f"the floor (no margin change was measured: {'no margin passes' if passes is None else 'no token'})"
-    if endpoint_margins.inconsistent(passes):
+    if endpoint_margins.near_tie(passes) == endpoint_margins.CAP:
         return "the cap (the server's margins are inconsistent with its own answers)"
     if measured < endpoint_margins.FLOOR:
         return f"the floor (this run's measured numerics, {measured:.3g}, are below it)"

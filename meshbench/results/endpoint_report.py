@@ -147,7 +147,8 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         "",
         f"- **batch_invariant: {v.batch_invariant}**. {why.get(BATCH_INVARIANT)}",
         f"- **run_to_run_deterministic: {v.run_to_run_deterministic}**. {why.get(RUN_TO_RUN)}",
-        f"- **needle_stable: {v.needle_stable}** (the needle is {r.needle.prompt_of}'s prompt). {why.get(NEEDLE)}",
+        f"- **needle_stable: {v.needle_stable}** (the needle is {markdown.inline(r.needle.prompt_of)}'s prompt). "
+        f"{why.get(NEEDLE)}",
         "",
         "## Per level",
         "",
@@ -177,14 +178,17 @@ BATCH_INVARIANT, RUN_TO_RUN, NEEDLE = "batch_invariant", "run_to_run_determinist
 
 def _perturbed_how(runs, prompt_ids) -> str:
     """What the perturbed runs sent, in words: fresh ids of the workload's, or (bundles made before probe 5) the
-    neighbours' own ids rearranged, which a dependence on their multiset (a sum, a count) cannot be seen through."""
-    null = {tuple(p[1:]) for p in prompt_ids}
+    neighbours' own ids rearranged, which a dependence on their multiset (a sum, a count) cannot be seen through;
+    after the BOS every prompt starts with, or every id where they start otherwise (perturbation.kept)."""
+    head = perturbation.kept(prompt_ids)
+    after = " after BOS" if head else " (every id: the server adds no BOS)"
+    null = {tuple(p[head:]) for p in prompt_ids}
     sorted_null = {tuple(sorted(p)) for p in null}
-    sent = [tuple(q[1:]) for x in runs if x.perturbed for q in x.neighbour_prompts]
+    sent = [tuple(q[head:]) for x in runs if x.perturbed for q in x.neighbour_prompts]
     if sent and all(tuple(sorted(q)) in sorted_null for q in sent):
-        return "the neighbours' prompt ids rearranged after BOS: the same lengths, other content"
+        return f"the neighbours' prompt ids rearranged{after}: the same lengths, other content"
     return (
-        "the neighbours' prompt ids after BOS replaced by fresh ones drawn from the workload's ids: the same lengths, "
+        f"the neighbours' prompt ids{after} replaced by fresh ones drawn from the workload's ids: the same lengths, "
         "other content, so a target that reads any function of its neighbours' ids shows it"
     )
 

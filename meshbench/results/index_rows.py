@@ -27,11 +27,17 @@ def node_row(folder: Path, b: NodeBundle) -> str:
     low = figures.smallest_margin(b.levels)
     tie = "-" if low is None else f"{low.margin:.3g}" + (" (near-tie)" if low.margin < figures.near_tie(e) else "")
     return (
-        f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(r.title or '')} | {e.kind}, {model} | "
+        f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(r.title or '')} | {e.kind}, "
+        f"{markdown.inline(model)} | "
         f"{','.join(str(lv.concurrency) for lv in b.levels[:8])}{' ...' if len(b.levels) > 8 else ''} | "
         f"{r.corruption_free} | {r.batch_invariant} | {r.isolation.levels_run} of {len(b.levels)} levels{bound} | "
-        f"{cpu(r.environment)} | {tie} | `{made}` |"
+        f"{cpu(r.environment)} | {tie} | {_cell_code(made)} |"
     )
+
+
+def _cell_code(text: str) -> str:
+    """A command as a code span in a table cell: a pipe escaped even there (GitHub's tables split on it)."""
+    return markdown.code(text).replace("|", "\\|")
 
 
 def cpu(env: Environment) -> str:
@@ -46,9 +52,10 @@ def endpoint_row(folder: Path, b: EndpointBundle) -> str:
     model = e.launched.model if e.launched else ", ".join(map(str, e.models))
     made = r.command.split(" --out")[0]
     return (
-        f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(r.title)} | endpoint ({e.name}), {model} | "
+        f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(r.title)} | endpoint "
+        f"({markdown.inline(e.name)}), {markdown.inline(model)} | "
         f"{','.join(str(lv.concurrency) for lv in r.levels)}"
         + (f"; open loop {','.join(f'{x.rate:g}' for x in r.rates)}/s" if r.rates else "")
         + " | n/a (over HTTP) | "
-        f"{r.verdicts.batch_invariant} | not provable over HTTP | {cpu(r.environment)} | - | `{made}` |"
+        f"{r.verdicts.batch_invariant} | not provable over HTTP | {cpu(r.environment)} | - | {_cell_code(made)} |"
     )

@@ -28,16 +28,14 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
     wl, cfg = b.results.workload, b.cfg
     ids = [f"s{i:0{len(str(wl.sessions - 1))}d}" for i in range(wl.sessions)]
     c.equal(RESULTS, "config.engine.kind", "endpoint", cfg.engine.kind)
+    if not _needle_named(c, b, ids):  # (every check of the needle rests on it: none runs without it)
+        return
     c.equal(RESULTS, "workload.sessions (= config.workload.sessions)", cfg.workload.sessions, wl.sessions)
     echo, recorded = cfg.workload.to_dict(), serial.to_json(wl)
     for k in ("prompt_tokens", "new_tokens", "eos", "seed", "prompts"):
         c.equal(RESULTS, f"workload.{k} (= config.workload.{k})", echo[k], recorded[k])
-    c.equal(
-        RESULTS,
-        "workload: one prompt length and one new-token count per session",
-        [wl.sessions] * 2,
-        [len(wl.prompt_tokens), len(wl.new_tokens)],
-    )
+    c.equal(RESULTS, "workload: one prompt length and one new-token count per session", [wl.sessions] * 2,
+            [len(wl.prompt_tokens), len(wl.new_tokens)])  # fmt: skip
     typed_levels = b.results.levels
     c.equal(
         RESULTS,
@@ -165,6 +163,15 @@ def _target(url) -> Target | None:
         return parse_target(url)
     except MeshbenchError:
         return None
+
+
+def _needle_named(c: Checks, b: EndpointBundle, ids: list[str]) -> bool:
+    """The needle is the first session's prompt, as the sweep sends it."""
+    named = b.results.needle.prompt_of in ids[:1]
+    if not named:
+        c.equal(RESULTS, "needle.prompt_of (the first session's prompt)", ids[0] if ids else None,
+                b.results.needle.prompt_of)  # fmt: skip
+    return named
 
 
 def _check_passes(c: Checks, lv: EndpointLevel, at: str, ids: list[str], repeat: int, count: int, index: int) -> None:

@@ -34,12 +34,42 @@ def check_margins(
             for x in answers:
                 _check_answer(c, b, f"margins.{side}.{x.session_id}", x, lengths, new)
         _check_siblings(c, b, ids, lengths, new)
+        _check_runner_ups(c, b)
     expected = (
         None
         if r.margins is None or not margins.compares(r.endpoint.api, compared)
         else margins.divergences(r.levels, r.margins, r.needle.prompt_of)
     )
     c.equal(RESULTS, "divergences (recomputed from the margin passes and the levels)", expected, r.divergences)
+
+
+def _check_runner_ups(c: Checks, b: EndpointBundle) -> None:
+    """Over the native API, every answer that carries margins (the margin passes, the cancel runs) names each
+    token's second choice, or none does (a bundle made before they were recorded: noted, near-ties judged by margin
+    alone); one stripped of them, where the others have them, fails. Each is None exactly where its margin is."""
+    r = b.results
+    if r.endpoint.api != "native" or r.margins is None:
+        return
+    runs = [lv.cancel for lv in r.levels if lv.cancel is not None]
+    answers = [*r.margins.cold, *r.margins.warm, *r.margins.together, *(r.margins.sibling or []),
+               *(x for run in runs for x in [*run.reference, *run.answers])]  # fmt: skip
+    answers = [x for x in answers if x.error is None and x.margins is not None]
+    have = [x.runner_up is not None for x in answers]
+    if not any(have):
+        if RUNNER_UP_ABSENT not in c.notes:
+            c.notes.append(RUNNER_UP_ABSENT)
+        return
+    c.equal(RESULTS, "runner_up (every native answer with margins names each token's second choice)", True, all(have))
+    for x in answers:
+        if x.runner_up is not None and x.margins is not None:
+            c.equal(RESULTS, f"{x.session_id}.runner_up (an id exactly where a margin is)",
+                    [m is None for m in x.margins], [u is None for u in x.runner_up])  # fmt: skip
+
+
+RUNNER_UP_ABSENT = (
+    "runner_up: absent (a bundle made before each token's second choice was recorded): a near-tie is judged by its "
+    "margin alone, which the server reports"
+)
 
 
 def _check_siblings(c: Checks, b: EndpointBundle, ids: list[str], lengths: dict[str, int], new: dict[str, int]) -> None:
@@ -117,25 +147,26 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
 def check_plans(c: Checks, b: EndpointBundle) -> None:
     """Every test's runs are the ones the sweep draws: which runs were perturbed and each perturbed prompt, drawn
     again from the workload's seed, the tests in level order (perturbation.planned); not merely ids of the
-    workload's, which a forger could pick to perturb less than the README says. Bundles made before fresh ids
-    rearranged each prompt's own (no perturbation_cache then): noted, held to their rearrangement only."""
+    workload's, which a forger could pick to perturb less than the README says. A bundle made before fresh ids
+    rearranged each prompt's own ids in every test and has no test through the cache: judged so once for the whole
+    bundle (noted, every test held to its rearrangement), never test by test."""
     wl = b.results.workload
     every = [list(x) for x in wl.prompt_ids or []]
     prompts = dict(zip(b.cfg.workload.session_ids(), every))
+    tests = [
+        (f"levels[{b.results.levels.index(lv)}].{name}.runs", p)
+        for lv in sorted(b.results.levels, key=lambda x: x.concurrency)
+        for name, p in (("perturbation", lv.perturbation), ("perturbation_cache", lv.perturbation_cache))
+        if p is not None
+    ]
+    if tests and all(name.endswith(".perturbation.runs") and _rearranged(p, prompts) for name, p in tests):
+        c.notes.append(LEGACY)
+        return
     rng = np.random.default_rng([b.cfg.workload.seed, 1])
-    for i, lv in enumerate(sorted(b.results.levels, key=lambda x: x.concurrency)):
-        for name, p in (("perturbation", lv.perturbation), ("perturbation_cache", lv.perturbation_cache)):
-            if p is None:
-                continue
-            plan = perturbation.planned(every, [prompts.get(n, []) for n in p.neighbours], rng)
-            sent = [(x.perturbed, [list(q) for q in x.neighbour_prompts]) for x in p.runs]
-            at = f"levels[{b.results.levels.index(lv)}].{name}.runs"
-            if sent != plan and _rearranged(p, prompts) and not any(x.perturbation_cache for x in b.results.levels):
-                if LEGACY not in c.notes:
-                    c.notes.append(LEGACY)
-                continue
-            c.equal(RESULTS, f"{at} (which were perturbed, and with what: drawn again from the seed)", True,
-                    sent == plan)  # fmt: skip
+    for at, p in tests:
+        plan = perturbation.planned(every, [prompts.get(n, []) for n in p.neighbours], rng)
+        sent = [(x.perturbed, [list(q) for q in x.neighbour_prompts]) for x in p.runs]
+        c.equal(RESULTS, f"{at} (which were perturbed, and with what: drawn again from the seed)", True, sent == plan)
 
 
 LEGACY = (
