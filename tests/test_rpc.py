@@ -77,8 +77,10 @@ def test_the_worker_context_stops_its_processes_even_on_error():
 
 
 def _serving_pids() -> set[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return {int(line.split()[0]) for line in out.splitlines() if "meshbench.cli node serve" in line}
+    """This process's own RPC workers (its children): another test on another xdist worker may run its own."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    return {int(r[0]) for r in rows if len(r) == 3 and int(r[1]) == os.getpid() and "meshbench.cli node serve" in r[2]}
 
 
 def test_refusals(model, tmp_path):
