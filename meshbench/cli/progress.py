@@ -1,7 +1,7 @@
 """Progress on stderr for the commands that run passes (sweep, verify --rerun): a bar per level on a terminal,
 one line per level elsewhere (a pipe, a CI log). It counts passes, each of its kind, so it never runs past its
-total: the timed passes, the isolation passes (and their confirmations, added as they start) and the cache-off
-pass are all planned before the level starts."""
+total: the timed passes, the isolation passes and the cache-off pass are planned before the level starts, and a
+confirmation (planned only once a session changed) grows the total as it ends, before it is counted."""
 
 from __future__ import annotations
 
