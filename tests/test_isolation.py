@@ -59,9 +59,51 @@ def test_perturbed_prompts_keep_their_length_and_change_every_token():
 @pytest.mark.parametrize("n, rounds, bits", [(2, 1, 1), (2, 3, 3), (8, 1, 1), (8, 4, 4), (16, 2, 2), (1, 4, None)])
 def test_escape_bits_count_the_weakest_pairs_passes(n, rounds, bits):
     ids = [f"s{i}" for i in range(n)]
-    sets = isolation.family_sets(ids, rounds)
+    sets = isolation.family_sets(ids, rounds, None, isolation.REPEATED)
     assert len(sets) == isolation.pass_count(n) * rounds
     assert isolation.escape_bits(ids, sets) == bits
+
+
+@pytest.mark.parametrize(
+    "n, rounds, passes",
+    # (16, 2): 10 not 12; (16, 4): 16 not 24; (8, 4): 14 not 20; where no shorter code exists, the rounds
+    [(16, 2, 10), (16, 4, 16), (8, 4, 14), (8, 2, 8), (4, 3, 10), (32, 2, 11), (2, 4, 8), (3, 2, 6), (16, 1, 6)],
+)
+def test_the_constant_weight_code_tests_every_pair_rounds_times_in_fewer_passes(n, rounds, passes):
+    ids = [f"s{i}" for i in range(n)]
+    sets = isolation.family_sets(ids, rounds, None, isolation.CONSTANT_WEIGHT)
+    assert len(sets) == passes <= isolation.pass_count(n) * rounds
+    assert isolation.escape_bits(ids, sets) >= rounds  # the guarantee of `rounds` repetitions, kept
+    assert isolation.separates(ids, sets)
+    # a pass less and some pair is tested fewer times: the count is the code's, not assumed
+    assert min(isolation.escape_bits(ids, sets[:k] + sets[k + 1 :]) for k in range(len(sets))) < rounds
+
+
+def test_the_constant_weight_code_is_a_fixed_function_of_its_size_and_never_longer_than_the_rounds():
+    from meshbench.analysis import spread_code
+
+    for n in range(1, 40):
+        for d in range(1, 6):
+            code = spread_code.lexicode(n, d)
+            if code is None:
+                continue
+            m, words = code
+            assert m < d * isolation.pass_count(n) and len(set(words)) == n
+            assert len({w.bit_count() for w in words}) == 1 and all(w < 1 << m for w in words)
+            assert all((a & ~b).bit_count() >= d for a in words for b in words if a != b)
+    spread_code.lexicode.cache_clear()
+    assert spread_code.lexicode(16, 2) == spread_code.lexicode(16, 2)  # recomputed the same: a replay's passes
+
+
+def test_shared_prefix_groups_are_separated_rounds_times_by_either_family():
+    ids = [f"s{i}" for i in range(8)]
+    groups = isolation.prefix_groups([ids[:4], ids[4:]])
+    for family in isolation.FAMILIES:
+        sets = isolation.family_sets(ids, 3, groups, family)
+        assert isolation.escape_bits(ids, sets, groups) == 3
+        assert all(not (set(s) & set(ids)) for s in sets if set(s) & set(groups))  # a unit kind per pass
+    with pytest.raises(ValueError, match="isolation family 'other'"):
+        isolation.family_sets(ids, 3, groups, "other")
 
 
 def test_isolation_holds_for_the_seed_sweep_at_every_level():
@@ -77,7 +119,7 @@ def test_isolation_holds_for_the_seed_sweep_at_every_level():
             "changed": [],
             "leaks": [],
             "separating": True,
-            "family_passes": 20,
+            "family_passes": 14,  # the constant-weight code: every pair 4 times (the rounds repeated: 20)
             "escape_bits": 4,
             "confirmations": 0,
             "suspects": {},
@@ -115,7 +157,7 @@ def test_a_planted_leak_is_caught_by_isolation_naming_both_sessions():
     assert not sw.corruption_free and sw.isolation.holds is False
     # the verdict is recomputed from the records: verify agrees
     per_level = [isolation.verdict(lv.isolation, lv.sessions, lv.tick_records) for lv in sw.levels]
-    assert verdicts.sweep_verdicts(sw.levels, None, per_level).corruption_free is False
+    assert verdicts.sweep_verdicts(sw.levels, None, per_level, isolation.CONSTANT_WEIGHT).corruption_free is False
 
 
 class ParityLeaker(f.DecodeWrapper):

@@ -6,9 +6,12 @@ and positions) must equal the level's. Every session that was not perturbed must
 tokens AND the same margins, bit for bit: margins catch a contamination that does not flip a token.
 
 Which sessions each pass perturbs is a separating family: session i gets a distinct subset S_i of
-size floor(m/2) of the m passes (C(m, floor(m/2)) >= N), and pass p perturbs every i with p in S_i.
-For every ordered pair (i, j), S_j is not inside S_i, so some pass perturbs j and not i: 6 passes
-for 16 sessions, 8 for 64. The family is run ``rounds`` times.
+the m passes, and pass p perturbs every i with p in S_i. For every ordered pair (i, j), S_j is not
+inside S_i, so some pass perturbs j and not i. The config's ``isolation_family`` says which family:
+``repeated``, subsets of size floor(m/2) (C(m, floor(m/2)) >= N: 6 passes for 16 sessions, 8 for 64)
+run ``rounds`` times; or ``constant-weight`` (meshbench.analysis.spread_code), one code in which every
+ordered pair is separated by at least ``rounds`` passes, in fewer passes (16 sessions: 10 for 2
+rounds' worth, not 12; 16 for 4, not 24). Both test every pair at least ``rounds`` times.
 
 Every perturbed session gets fresh random content in every pass (seeded by the workload seed, the
 pass and the session), so a dependence on any feature of a neighbour's content is caught with a
@@ -33,11 +36,11 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import math
 from typing import Sequence
 
 import numpy as np
 
+from meshbench.analysis import spread_code
 from meshbench.records import serial
 from meshbench.records.model import (
     IsolationPass,
@@ -53,25 +56,31 @@ from meshbench.scheduler.session import GenerationRequest
 
 Groups = dict[str, list[str]]  # a shared prefix's unit name ("prefix:G") -> the sessions whose prompts start with it
 
-METHOD = (
+_PERTURBED = (
     "perturbation: the level rerun with the prompt content of chosen sessions replaced by fresh random "
     "tokens in every pass (same lengths, so the same schedule, checked tick by tick); every other session's "
     "tokens and margins compared bit for bit; perturbed sets form a separating family (every ordered pair "
-    "(i, j) has a pass perturbing j and not i), run in rounds; a dependence on one bit of a neighbour's "
-    "content escapes n passes with probability 2^-n; a changed session is confirmed against each suspect alone"
+    "(i, j) has a pass perturbing j and not i), "
 )
+_ESCAPE = (
+    "; a dependence on one bit of a neighbour's content escapes n passes with probability 2^-n; a changed "
+    "session is confirmed against each suspect alone"
+)
+REPEATED, CONSTANT_WEIGHT = "repeated", "constant-weight"
+FAMILIES = (CONSTANT_WEIGHT, REPEATED)
+LEGACY_FAMILY = REPEATED  # what a config echo without isolation_family ran (bundles made before it existed)
+METHODS = {
+    REPEATED: _PERTURBED + "run in rounds" + _ESCAPE,
+    CONSTANT_WEIGHT: _PERTURBED + "a constant-weight code separating every ordered pair in at least `rounds` "
+    "passes" + _ESCAPE,
+}
 MAX_CONFIRMATIONS = 16  # suspects confirmed per level at most
 CONFIRM_TRIES = 4  # fresh single-suspect passes per suspect, until one of its victims changes
 
 
 def pass_count(sessions: int) -> int:
     """The fewest passes m whose subsets of size floor(m/2) number at least ``sessions`` (0 for one session)."""
-    if sessions <= 1:
-        return 0
-    m = 1
-    while math.comb(m, m // 2) < sessions:
-        m += 1
-    return m
+    return spread_code.once(sessions)
 
 
 def perturbed_sets(ids: Sequence[str]) -> list[list[str]]:
@@ -96,11 +105,28 @@ def allowed(perturbed: Sequence[str], groups: Groups | None) -> set[str]:
     return {*perturbed, *(s for u in perturbed for s in (groups or {}).get(u, ()))}
 
 
-def family_sets(ids: Sequence[str], rounds: int, groups: Groups | None = None) -> list[list[str]]:
-    """The family's passes, ``rounds`` times over (fresh content in each pass): the separating family of the
-    sessions' own content, then (with shared prefixes) that of the groups' prefixes, so that a pass testing one
-    unit never perturbs what the session it tests may depend on."""
-    return (perturbed_sets(ids) + perturbed_sets(list(groups or {}))) * rounds
+def spread_sets(ids: Sequence[str], rounds: int) -> list[list[str]]:
+    """The sessions each pass perturbs, every ordered pair separated by at least ``rounds`` passes: the
+    constant-weight code (session k takes its k-th word), or the once-through family ``rounds`` times over
+    where the code is no shorter."""
+    code = spread_code.lexicode(len(ids), rounds)
+    if code is None:
+        return perturbed_sets(ids) * rounds
+    m, words = code
+    return [[sid for sid, word in zip(ids, words) if word >> p & 1] for p in range(m)]
+
+
+def family_sets(ids: Sequence[str], rounds: int, groups: Groups | None, family: str) -> list[list[str]]:
+    """The family's passes (fresh content in each pass): the separating family of the sessions' own content,
+    then (with shared prefixes) that of the groups' prefixes, so that a pass testing one unit never perturbs
+    what the session it tests may depend on. ``repeated``: the once-through families, ``rounds`` times over;
+    ``constant-weight``: each unit kind's code separating every pair ``rounds`` times."""
+    units = list(groups or {})
+    if family == REPEATED:
+        return (perturbed_sets(ids) + perturbed_sets(units)) * rounds
+    if family == CONSTANT_WEIGHT:
+        return spread_sets(ids, rounds) + spread_sets(units, rounds)
+    raise ValueError(f"isolation family {family!r} is not one of {', '.join(FAMILIES)}")
 
 
 def _pairs(ids: Sequence[str], groups: Groups | None) -> list[tuple[str, set[str], str]]:

@@ -43,9 +43,13 @@ class SweepVerdicts:
 
 
 def sweep_verdicts(
-    levels: Sequence[LevelRecord], reference: Reference | None, per_level: Sequence[IsolationVerdict]
+    levels: Sequence[LevelRecord],
+    reference: Reference | None,
+    per_level: Sequence[IsolationVerdict],
+    family: str,
 ) -> SweepVerdicts:
-    """The sweep's verdicts from its levels and each level's isolation verdict (``isolation.verdict``)."""
+    """The sweep's verdicts from its levels and each level's isolation verdict (``isolation.verdict``), whose
+    passes formed the separating family ``family`` (``isolation.FAMILIES``)."""
     divergence = figures.sweep_divergence(levels, reference)
     ran = [v for v in per_level if v.ran]
     every_level = len(ran) == len(per_level)
@@ -57,7 +61,7 @@ def sweep_verdicts(
         batch_invariant=divergence is None,
         first_divergence=divergence,
         isolation=SweepIsolation(
-            method=isolation.METHOD,
+            method=isolation.METHODS[family],
             levels_run=len(ran),
             every_level=every_level,
             holds=isolated if ran else None,

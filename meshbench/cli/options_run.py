@@ -246,10 +246,22 @@ RUN = (
             min=1,
             max=64,
             rich_help_panel="Output",
-            help="Run the perturbation family this many times, fresh content every pass: a dependence on one bit "
-            "of a neighbour's content escapes n passes with probability 2^-n (default 4).",
+            help="Test every ordered pair of sessions in at least this many perturbation passes, fresh content "
+            "every pass: a dependence on one bit of a neighbour's content escapes n passes with probability 2^-n "
+            "(default 4).",
         ),
         paths=("isolation_rounds",),
+    ),
+    Option(
+        "isolation_family",
+        Optional[str],
+        typer.Option(
+            "--isolation-family",
+            rich_help_panel="Output",
+            help="constant-weight (default: one code testing every ordered pair of sessions --isolation-rounds "
+            "times, in fewer passes) | repeated (the smallest separating family, run --isolation-rounds times).",
+        ),
+        paths=("isolation_family",),
     ),
     Option(
         "inject",

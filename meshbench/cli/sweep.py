@@ -36,6 +36,7 @@ SWEEP_OPTIONS = (
     "eos",
     "isolation",
     "isolation_rounds",
+    "isolation_family",
     "inject",
     "restart_engine",
     "sessions",

@@ -82,10 +82,10 @@ def level_record(
     )
 
 
-def concurrency_sweep(records: list[LevelRecord], reference: Reference | None) -> ConcurrencySweep:
+def concurrency_sweep(records: list[LevelRecord], reference: Reference | None, family: str) -> ConcurrencySweep:
     """The sweep's result: its complete level records and the verdicts over them (each level's isolation verdict
     as its record holds it, computed once)."""
-    v = verdicts.sweep_verdicts(records, reference, [r.isolation_verdict for r in records])
+    v = verdicts.sweep_verdicts(records, reference, [r.isolation_verdict for r in records], family)
     all_at_once = [r for r in records if r.rate is None and not r.faults]  # the concurrency curve
     return ConcurrencySweep(
         levels=records,

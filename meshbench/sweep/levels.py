@@ -111,6 +111,7 @@ def run_concurrency_sweep(
             sweep.isolation_rounds,
             isolation.prefix_groups(workload.groups()),
             workload.prefix_tokens,
+            sweep.isolation_family,
         )
         # with a prefix cache, the level once more with it off: cache equivalence (on the wall clock or under
         # faults the schedule is not the level's own, and sessions are compared only where both completed)
@@ -118,7 +119,7 @@ def run_concurrency_sweep(
         own = None if cache_off is None else _own_kv(passes[i][0][2], cache_off, engine_factory, budgets[i], workload)
         shared = (cache_off, sweep.near_tie, sweep.prefix_block_tokens, own)
         records.append(level_record(lv, budgets[i], times_of[i], slo, passes[i], proof, wall, *shared))
-    return concurrency_sweep(records, _reference(sweep, plan, engine_factory, clock, eog))
+    return concurrency_sweep(records, _reference(sweep, plan, engine_factory, clock, eog), sweep.isolation_family)
 
 
 def _reference(
@@ -155,7 +156,7 @@ def _planned_passes(sweep: SweepPlan, lv: Level) -> int:
     family = 0
     if isolation_skipped(lv, sweep.wall, sweep.prove_isolation) is None:
         groups = isolation.prefix_groups(wl.groups())
-        family = len(isolation.family_sets(wl.session_ids(), sweep.isolation_rounds, groups))
+        family = len(isolation.family_sets(wl.session_ids(), sweep.isolation_rounds, groups, sweep.isolation_family))
     return sweep.warmup + sweep.repeat + family + (1 if sweep.prefix_block_tokens else 0)
 
 

@@ -80,6 +80,7 @@ class SweepPlan:
     prefill: str = "whole"
     prove_isolation: bool = True
     isolation_rounds: int = 4  # the separating family's rounds (meshbench.analysis.isolation), as RunConfig's
+    isolation_family: str = "constant-weight"  # which separating family (isolation.FAMILIES), as RunConfig's
     prefix_block_tokens: int = 0  # the engine's prefix cache, blocks of this many positions (0: none)
     near_tie: float = NEAR_TIE  # the engine's: a margin below it is one its kernels' rounding may flip
 
@@ -99,6 +100,7 @@ class SweepPlan:
             cfg.prefill,
             cfg.isolation,
             cfg.isolation_rounds,
+            cfg.isolation_family,
             cfg.engine.block_tokens if cfg.engine.prefix_cache else 0,
         )
 

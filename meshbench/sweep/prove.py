@@ -27,10 +27,12 @@ def isolation_passes(
     rounds: int = 1,
     groups: isolation.Groups | None = None,
     shared: int = 0,
+    family: str = isolation.CONSTANT_WEIGHT,
 ) -> IsolationRecords:
-    """The level's perturbation passes: the separating family ``rounds`` times, then single-suspect passes for
-    each suspect of a session that changed. ``run(requests)`` runs one pass of the level; ``baseline`` is the
-    level's own first pass; ``groups``: the shared prefixes (of ``shared`` tokens), perturbed as units."""
+    """The level's perturbation passes: the separating family ``family`` testing every pair ``rounds`` times,
+    then single-suspect passes for each suspect of a session that changed. ``run(requests)`` runs one pass of
+    the level; ``baseline`` is the level's own first pass; ``groups``: the shared prefixes (of ``shared``
+    tokens), perturbed as units."""
     ids = [r.session_id for r in requests]
     turn_records = by_turn(baseline.sessions)  # each (session, turn)'s record
     passes: list[IsolationPass] = []
@@ -41,8 +43,8 @@ def isolation_passes(
         passes.append(isolation.pass_record(perturbed, deterministic_ticks(p.ticks), p.sessions, confirm))
         return passes[-1]
 
-    family = [one(sets, False) for sets in isolation.family_sets(ids, rounds, groups)]
-    for j, victims in isolation.culprits(baseline.sessions, family, ids, groups).items():
+    family_passes = [one(sets, False) for sets in isolation.family_sets(ids, rounds, groups, family)]
+    for j, victims in isolation.culprits(baseline.sessions, family_passes, ids, groups).items():
         for _ in range(isolation.CONFIRM_TRIES):
             if victims & set(isolation.changed(baseline.sessions, one([j], True), groups)):
                 break
@@ -59,12 +61,13 @@ def isolation_record(
     rounds: int = 1,
     groups: isolation.Groups | None = None,
     shared: int = 0,
+    family: str = isolation.CONSTANT_WEIGHT,
 ) -> IsolationRecords:
     """The level's isolation records: its perturbation passes, or why there are none (``level_record`` judges
     them against the level's own first pass ``baseline``)."""
     if skipped is not None:
         return IsolationRecords(sessions=None, passes=None, reason=skipped)
-    return isolation_passes(run, requests, baseline, vocab, seed, rounds, groups, shared)
+    return isolation_passes(run, requests, baseline, vocab, seed, rounds, groups, shared, family)
 
 
 def oracle(cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: Callable[[RunConfig], dict]) -> str:

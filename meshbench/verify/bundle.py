@@ -59,7 +59,7 @@ def config_echo_errors(echo: dict) -> list[str]:
     added since the bundle's schema, which mean their defaults)."""
     errors = [f"config.{e}" for e in validation.errors(echo, "config.schema.json")]
     for key, default in config.DEFAULTS.items():
-        if key not in echo:
+        if key not in echo and key not in config.LEGACY_TOP:
             errors.append(f"config: '{key}' is missing")
         elif isinstance(default, dict) and isinstance(echo[key], dict):  # (else the schema said so)
             added = config.ADDED_KEYS.get(key, frozenset())
@@ -197,6 +197,7 @@ COMMAND_FLAGS: dict[str, Callable[[RunConfig], object]] = {
     "--prompts": lambda cfg: cfg.workload.prompts,
     "--server-args": lambda cfg: cfg.engine.server_args,
     "--isolation-rounds": lambda cfg: cfg.isolation_rounds,
+    "--isolation-family": lambda cfg: cfg.isolation_family,
     "--repeat": lambda cfg: cfg.repeat,
     "--warmup": lambda cfg: cfg.warmup,
     "--prefix-tokens": lambda cfg: cfg.workload.prefix_tokens if cfg.workload.prefix_groups else None,

@@ -182,7 +182,7 @@ def check_sweep(c: Checks, b: NodeBundle, typed: list[LevelRecord], reference: R
     levels = typed
     div = figures.sweep_divergence(typed, reference)
     per_level = [isolation.verdict(lv.isolation, lv.sessions, lv.tick_records) for lv in typed]
-    v = verdicts.sweep_verdicts(typed, reference, per_level)
+    v = verdicts.sweep_verdicts(typed, reference, per_level, b.cfg.isolation_family)
     c.equal(
         RESULTS,
         "corruption_free (isolation at every level where it ran, no failed session)",

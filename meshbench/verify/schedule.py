@@ -253,7 +253,7 @@ def check_isolation(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> None:
         c.equal(
             RESULTS,
             f"{at}.isolation.passes perturbed sets (the separating family)",
-            isolation.family_sets(ids, b.cfg.isolation_rounds, iso.groups),
+            isolation.family_sets(ids, b.cfg.isolation_rounds, iso.groups, b.cfg.isolation_family),
             family,
         )
         c.equal(

@@ -49,7 +49,8 @@ class RunConfig:
     engine: EngineSpec = EngineSpec()
     workload: Workload = field(default_factory=lambda: WorkloadSection().build("defaults"))
     isolation: bool = True  # perturbation passes at every level (meshbench.analysis.isolation)
-    isolation_rounds: int = 4  # the separating family run this many times, fresh content in every pass
+    isolation_rounds: int = 4  # every ordered pair of sessions tested this many times, fresh content in every pass
+    isolation_family: str = "constant-weight"  # or repeated (meshbench.analysis.isolation.FAMILIES)
     clock: str = "tick"  # or "wall": arrivals at rates per second, reported rather than compared
     slo: dict = field(default_factory=lambda: {"ttft": None, "tpot": None})  # ticks, or ms on the wall clock
     faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows (meshbench.workload.faults), each run at every level
@@ -158,6 +159,7 @@ class RunConfig:
             "prefill": self.prefill,
             "isolation": self.isolation,
             "isolation_rounds": self.isolation_rounds,
+            "isolation_family": self.isolation_family,
             "engine": self.engine.to_dict(),
             "workload": self.workload.to_dict(),
             "budget": self.budget.to_dict(),
@@ -201,6 +203,8 @@ def _defaults() -> dict:
 DEFAULTS: dict = _defaults()
 # Keys added after results schema 3 (the endpoint's; a shared prefix, written only where there is one): a config
 # echo without them means their defaults.
+# Top-level keys added since: an echo without one ran the value here, which is not the default of a new run.
+LEGACY_TOP: dict[str, object] = {"isolation_family": "repeated"}
 ADDED_KEYS: dict[str, frozenset[str]] = {
     "engine": engine_spec.added(),
     "workload": frozenset({"prefix", "turns", "turn_tokens", "cancel"}),
@@ -276,6 +280,7 @@ def from_mapping(data: dict, source: str) -> RunConfig:
             workload=workload,
             isolation=data["isolation"],
             isolation_rounds=data["isolation_rounds"],
+            isolation_family=data.get("isolation_family", LEGACY_TOP["isolation_family"]),
             clock=data["clock"],
             slo=dict(data["slo"]),
             faults=rows,
