@@ -23,13 +23,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from meshbench.analysis.endpoint_margins import first_difference
 from meshbench.records.completion import Completion
-from meshbench.records.perturbation import PerturbationRun, PerturbationVerdict
+from meshbench.records.perturbation import Perturbation, PerturbationRun, PerturbationVerdict
 
 ALPHA = 0.01
 RUNS = 6  # of each kind, in meshbench.endpoint.perturb: C(12, 6) = 924 relabellings
@@ -85,6 +85,19 @@ def verdict(runs: Sequence[PerturbationRun]) -> PerturbationVerdict:
         null_varied=varied,
         failed=0,
     )
+
+
+def rearranged(tests: Sequence[Perturbation], prompts: Mapping[str, Sequence[int]]) -> bool:
+    """Did every test send, as each perturbed prompt, a rearrangement of that neighbour's own ids (how bundles were
+    made before fresh ids were drawn)? ``prompts``: each session's prompt ids. False where nothing was perturbed."""
+    sent = [
+        (q, prompts.get(n, ()))
+        for p in tests
+        for x in p.runs
+        if x.perturbed
+        for n, q in zip(p.neighbours, x.neighbour_prompts)
+    ]
+    return bool(sent) and all(sorted(q) == sorted(own) for q, own in sent)
 
 
 def kept(prompts: Sequence[Sequence[int]]) -> int:

@@ -10,6 +10,7 @@ from meshbench.analysis import endpoint_margins, perturbation
 from meshbench.analysis.endpoint_margins import SHARED_MIN, common_prefix
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
+from meshbench.records.perturbation import Perturbation
 from meshbench.results import accounting_report, conversation_report, markdown, open_loop_report
 from meshbench.results import endpoint_proofs_report as proofs_report
 from meshbench.results.endpoint_proofs_report import kinds, margin
@@ -176,16 +177,13 @@ def render_readme(b: EndpointBundle, name: str) -> str:
 BATCH_INVARIANT, RUN_TO_RUN, NEEDLE = "batch_invariant", "run_to_run_deterministic", "needle"
 
 
-def _perturbed_how(runs, prompt_ids) -> str:
+def _perturbed_how(b: EndpointBundle, tests: list[Perturbation]) -> str:
     """What the perturbed runs sent, in words: fresh ids of the workload's, or (bundles made before probe 5) the
     neighbours' own ids rearranged, which a dependence on their multiset (a sum, a count) cannot be seen through;
     after the BOS every prompt starts with, or every id where they start otherwise (perturbation.kept)."""
-    head = perturbation.kept(prompt_ids)
-    after = " after BOS" if head else " (every id: the server adds no BOS)"
-    null = {tuple(p[head:]) for p in prompt_ids}
-    sorted_null = {tuple(sorted(p)) for p in null}
-    sent = [tuple(q[head:]) for x in runs if x.perturbed for q in x.neighbour_prompts]
-    if sent and all(tuple(sorted(q)) in sorted_null for q in sent):
+    prompt_ids = b.results.workload.prompt_ids or []
+    after = " after BOS" if perturbation.kept(prompt_ids) else " (every id: the server adds no BOS)"
+    if perturbation.rearranged(tests, dict(zip(b.cfg.workload.session_ids(), prompt_ids))):
         return f"the neighbours' prompt ids rearranged{after}: the same lengths, other content"
     return (
         f"the neighbours' prompt ids{after} replaced by fresh ones drawn from the workload's ids: the same lengths, "
@@ -213,7 +211,7 @@ def _perturbation(b: EndpointBundle) -> list[str]:
         "",
         "At each level of two or more sessions, the first C sessions were submitted at once, again and again: "
         "null runs (every prompt as it is) and perturbed runs ("
-        + _perturbed_how([x for _, p in tested for x in p.runs], b.results.workload.prompt_ids or [])
+        + _perturbed_how(b, [p for _, p in tested])
         + "), which runs were perturbed drawn at random. Every request of these runs "
         "bans eos and is sent with `cache_prompt` false, so nothing carries from one run to the next and the "
         f"batches stay alike: {cache_words}. The statistic counts perturbed "

@@ -159,7 +159,8 @@ def check_plans(c: Checks, b: EndpointBundle) -> None:
         for name, p in (("perturbation", lv.perturbation), ("perturbation_cache", lv.perturbation_cache))
         if p is not None
     ]
-    if tests and all(name.endswith(".perturbation.runs") and _rearranged(p, prompts) for name, p in tests):
+    legacy = all(name.endswith(".perturbation.runs") for name, _ in tests)
+    if legacy and perturbation.rearranged([p for _, p in tests], prompts):
         c.notes.append(LEGACY)
         return
     rng = np.random.default_rng([b.cfg.workload.seed, 1])
@@ -173,16 +174,6 @@ LEGACY = (
     "perturbation: the neighbours' own ids rearranged (a bundle made before fresh ids were drawn): held to their "
     "rearrangement, not drawn again"
 )
-
-
-def _rearranged(p: Perturbation, prompts: dict[str, list[int]]) -> bool:
-    """Is every perturbed prompt a rearrangement of its neighbour's own ids (how bundles were made before)?"""
-    return all(
-        sorted(q) == sorted(prompts.get(n, []))
-        for x in p.runs
-        if x.perturbed
-        for n, q in zip(p.neighbours, x.neighbour_prompts)
-    )
 
 
 def _check_test(c: Checks, b: EndpointBundle, p: Perturbation, concurrency: int, at: str, ids: list[str]) -> None:
