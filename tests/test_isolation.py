@@ -93,6 +93,10 @@ def test_the_constant_weight_code_is_a_fixed_function_of_its_size_and_never_long
             assert all((a & ~b).bit_count() >= d for a in words for b in words if a != b)
     spread_code.lexicode.cache_clear()
     assert spread_code.lexicode(16, 2) == spread_code.lexicode(16, 2)  # recomputed the same: a replay's passes
+    # where it is shorter, as the docs say: up to 72 sessions at 3 rounds and 30 at 4; from 5 rounds, never
+    assert spread_code.lexicode(72, 3) and not spread_code.lexicode(73, 3)
+    assert spread_code.lexicode(30, 4) and not spread_code.lexicode(31, 4)
+    assert not any(spread_code.lexicode(n, 5) for n in (4, 8, 16))
 
 
 def test_shared_prefix_groups_are_separated_rounds_times_by_either_family():
