@@ -56,8 +56,9 @@ def test_the_reruns_fit_ci_s_budget():
 
 
 def test_every_gguf_node_bundle_s_recorded_kernels_are_pinned_for_ci():
-    """CI accepts what other kernels could not reproduce only for the kernel family pinned in evidence/KERNELS.json:
-    a bundle regenerated (or its fingerprint changed) must change the pin in the same commit, where it shows."""
+    """CI holds each GGUF bundle's recorded kernel family to the one pinned in evidence/KERNELS.json before its
+    rerun (which must then reproduce every record): a bundle regenerated (or its fingerprint changed) must change
+    the pin in the same commit, where it shows."""
     from meshbench.results import fingerprint
 
     pinned = json.loads((EVIDENCE / "KERNELS.json").read_text())["kernels"]
