@@ -45,6 +45,7 @@ MODES_NATIVE = (
     # last before it arrived: a stale slot (probe 5, finding 5)
 )
 SUM_LEAK_AT = 4  # sum-leak: a completion waits until this many are in flight, then reads the others' prompts
+OVERLAP_S = 0.02  # shed: each completion held this long, so that closed-loop clients sent together overlap
 MODES_OPENAI = (
     "ok",
     "no-done",
@@ -118,7 +119,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if self.server.mode == "stale-slot" and body.get("cache_prompt") is not False:
                     body["_others"] = self.server.finished[-1] if self.server.finished else 0
             try:
-                time.sleep(0.02)  # so that closed-loop clients overlap
+                time.sleep(OVERLAP_S if self.server.mode == "shed" else 0.002)  # shed: closed-loop clients overlap
                 if self.server.mode == "sum-leak":  # until SUM_LEAK_AT are in flight together (at most 10 s)
                     start = time.monotonic()
                     while time.monotonic() - start < 10.0:
@@ -255,7 +256,7 @@ class _Server(http.server.ThreadingHTTPServer):
 def serving(mode: str = "ok", api: str = "native"):
     """A misbehaving server on a free loopback port, for the ``with`` block: yields its URL; stopped after."""
     server = _Server(api, mode)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

@@ -39,7 +39,7 @@ def short(tmp_path_factory) -> Path:
     return p
 
 
-SHORT_DEADLINE_S = 0.1
+SHORT_DEADLINE_S = 0.05
 SILENT = ("stall", "drip")  # modes that never send a whole answer
 
 
