@@ -68,7 +68,6 @@ _ESCAPE = (
 )
 REPEATED, CONSTANT_WEIGHT = "repeated", "constant-weight"
 FAMILIES = (CONSTANT_WEIGHT, REPEATED)
-LEGACY_FAMILY = REPEATED  # what a config echo without isolation_family ran (bundles made before it existed)
 METHODS = {
     REPEATED: _PERTURBED + "run in rounds" + _ESCAPE,
     CONSTANT_WEIGHT: _PERTURBED + "a constant-weight code separating every ordered pair in at least `rounds` "
