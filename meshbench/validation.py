@@ -29,7 +29,13 @@ _Validator = jsonschema.validators.extend(
 )
 
 
-SCHEMAS = ("config.schema.json", "results.schema.json", "endpoint.schema.json", "matrix.schema.json")
+SCHEMAS = (
+    "config.schema.json",
+    "results.schema.json",
+    "endpoint.schema.json",
+    "matrix.schema.json",
+    "history.schema.json",
+)
 
 
 @lru_cache(maxsize=None)

@@ -32,6 +32,7 @@ LAYERS = [
     ("verify", ["meshbench.verify"]),  # checking a bundle: below the runner, which it never imports
     ("sweep", ["meshbench.sweep"]),  # the driver: engine calls, passes, levels, a run
     ("endpoint", ["meshbench.endpoint"]),  # a serving endpoint as the node under test: HTTP clients, its sweep
+    ("hunt", ["meshbench.hunt"]),  # generated request histories against a server, judged, shrunk, replayed
     ("compare", ["meshbench.compare"]),
     ("bench", ["meshbench.bench"]),
     ("cli", ["meshbench.cli"]),

@@ -17,6 +17,7 @@ from meshbench.cli import (
     bench_gauges,  # noqa: F401 - registers bench gauges
     bench_llama,  # noqa: F401 - registers bench server, breakdown, invariance
     exits,
+    hunt,
     sweep,
     verify,
 )
@@ -55,6 +56,7 @@ app.command()(sweep.sweep)
 app.command()(admit.admit)
 app.command()(verify.verify)
 app.command("compare")(cli_compare.compare)
+app.command()(hunt.hunt)
 app.add_typer(bench_app, name="bench")
 app.add_typer(node_app, name="node")
 app.add_typer(model_app, name="model")

@@ -10,6 +10,7 @@ CRASHED = 3  # a bug of meshbench's: one line on stderr naming the log file that
 # kernels (tokens, and what follows from them) were not reproduced, so nothing confirms them here; 0 only with
 # --accept-other-kernels. A forged fingerprint must not turn a token check into a pass.
 NOT_REPRODUCED = 4
+NOTHING_JUDGED = 5  # hunt: no answer could be held to its cold answer (none came back whole, or without margins)
 INTERRUPTED = 130  # SIGINT (Ctrl-C): no partial bundle or file is left
 TERMINATED = 143  # SIGTERM: the same
 
@@ -22,6 +23,7 @@ MEANINGS = (
         NOT_REPRODUCED,
         "verify --rerun: records bound to other llama.cpp kernels not reproduced here (0 with --accept-other-kernels)",
     ),
+    (NOTHING_JUDGED, "hunt: no answer could be judged against its cold answer, so nothing was checked"),
     (INTERRUPTED, "interrupted (SIGINT): no partial bundle or file is left"),
     (TERMINATED, "terminated (SIGTERM): the same"),
 )

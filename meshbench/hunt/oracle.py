@@ -1,0 +1,60 @@
+"""The model of correct behaviour: a request's answer is its cold answer, the same request alone on the idle
+server with nothing taken from its prompt cache (``cache_prompt`` false), asked once per distinct request and
+kept for the hunt. The server's own numerics (how far a margin moves between two runs of one request whose
+answers agree) come from calibration: a few requests cold twice and once warm, right after themselves
+(meshbench.analysis.endpoint_margins.near_tie: measured, at least the floor, at most the cap)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from meshbench.analysis import endpoint_margins as margins
+from meshbench.endpoint.client import Endpoint
+from meshbench.hunt import execute
+from meshbench.hunt.facts import Facts, prompt
+from meshbench.hunt.history import Request
+from meshbench.records.completion import Completion
+from meshbench.records.margins import MarginPasses
+
+CALIBRATION = 8  # requests measured cold, cold again and warm
+HOW = "cache_prompt false on the idle server"  # where cold answers come from
+
+
+class Oracle:
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.memo: dict[tuple[tuple[int, ...], int], Completion] = {}
+        self.asked = 0  # cold requests sent (not taken from the memo)
+
+    def cold(self, r: Request) -> Completion:
+        key = (r.prompt, r.new_tokens)
+        if key not in self.memo:
+            alone = dataclasses.replace(r, cancel_at=None)
+            self.memo[key] = execute.at_once(self.endpoint, [alone], cache_prompt=False)[r.name]
+            self.asked += 1
+        return self.memo[key]
+
+    def with_endpoint(self, endpoint: Endpoint) -> Oracle:
+        """The same memo on another process of the same server (cold answers do not depend on its state)."""
+        o = Oracle(endpoint)
+        o.memo, o.asked = self.memo, self.asked
+        return o
+
+
+def calibrate(endpoint: Endpoint, facts: Facts, rng: np.random.Generator) -> MarginPasses:
+    """CALIBRATION requests, each cold, cold again and warm (right after itself, through the prompt cache): the
+    passes the server's numerics are measured from (cold against cold again and against warm)."""
+    cold, again, warm = [], [], []
+    for k in range(CALIBRATION):
+        n = int(rng.integers(16, 200))
+        r = Request(name=f"c{k}", prompt=tuple(prompt(rng, facts, n)), new_tokens=12)
+        cold.append(execute.at_once(endpoint, [r], cache_prompt=False)[r.name])
+        again.append(execute.at_once(endpoint, [r], cache_prompt=False)[r.name])
+        warm.append(execute.at_once(endpoint, [r])[r.name])
+    return MarginPasses(cold=cold, warm=warm, together=again)
+
+
+def threshold(passes: MarginPasses) -> float:
+    return margins.near_tie(passes)

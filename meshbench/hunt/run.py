@@ -1,0 +1,161 @@
+"""The hunt: histories drawn strategy after strategy from one seed, each run on the server and every answer
+judged against its cold answer, until the budget is spent; a confident difference is confirmed on fresh servers
+(k of n), shrunk while it reproduces, and its minimal history confirmed again."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from meshbench.analysis import endpoint_margins as margins
+from meshbench.endpoint.client import Endpoint
+from meshbench.hunt import execute, judge, oracle, shrink
+from meshbench.hunt.facts import Facts, from_props
+from meshbench.hunt.history import History
+from meshbench.hunt.judge import Judged
+from meshbench.hunt.server import Server
+from meshbench.hunt.strategies import Strategy
+from meshbench.records.completion import Completion
+from meshbench.records.margins import MarginPasses
+
+CONFIRM = 3  # a finding's history is run again this many times on fresh servers
+# Text whose ids prompts are drawn from (any text does: the content is those ids at random, repeated)
+CORPUS = (
+    "The river bends twice before it reaches the old mill, where a wooden wheel still turns in the spring floods. "
+    "Seven lanterns hang along the bridge; the keeper lights them one by one as the evening market closes, and "
+    "travellers count the copper coins, the barley sacks, the blue ribbons and the clay pots they carried home."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    history: History
+    answers: dict[str, Completion]
+    cold: dict[str, Completion]
+    judged: list[Judged]
+
+
+@dataclass
+class Finding:
+    found: Checked
+    confirmed: int  # of CONFIRM runs of its history, those with a confident difference
+    minimal: Checked | None = None
+    minimal_confirmed: int = 0
+    seconds_to_find: float = 0.0
+
+
+@dataclass
+class Hunt:
+    seed: int
+    strategies: list[str]
+    facts: Facts
+    calibration: MarginPasses
+    threshold: float
+    how_cold: str  # where cold answers come from
+    replays_on: str  # where a finding's history is run again
+    checked: list[Checked] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def calibrated(server: Server, seed: int) -> tuple[Facts, MarginPasses, float, oracle.Oracle]:
+    """The server's facts, its numerics measured (the passes, the near-tie threshold), and an oracle on it."""
+    assert server.endpoint is not None
+    facts = facts_of(server.endpoint)
+    passes = oracle.calibrate(server.endpoint, facts, np.random.default_rng([seed, 0, 1]))
+    return facts, passes, oracle.threshold(passes), oracle.Oracle(server.endpoint)
+
+
+def replays(server: Server, h: History, n: int = CONFIRM) -> tuple[list[Checked], float]:
+    """``h`` run ``n`` times, each on a fresh server where meshbench started it; the near-tie threshold."""
+    _, _, limit, cold = calibrated(server, h.seed[0] if h.seed else 0)
+    return [replay(server, cold, h, limit) for _ in range(n)], limit
+
+
+def facts_of(endpoint: Endpoint) -> Facts:
+    """The server's facts: /props, and the corpus tokenized by the server (its head: what it adds to any text)."""
+    head = endpoint.tokenize([""])[0]
+    ids = endpoint.tokenize([CORPUS])[0][len(head) :]
+    return from_props(endpoint.props, head, sorted(set(ids)))
+
+
+def check(endpoint: Endpoint, cold: oracle.Oracle, h: History, limit: float) -> Checked:
+    answers = execute.run(endpoint, h)
+    colds = {r.name: cold.cold(r) for r in h.requests() if r.cancel_at is None}
+    return Checked(h, answers, colds, judge.judge(h, answers, colds, limit))
+
+
+def hunt(
+    server: Server,
+    strategies: list[Strategy],
+    seed: int,
+    until: Callable[[int, float], bool],
+    progress: Callable[[str], None] = lambda m: None,
+) -> Hunt:
+    """Histories until ``until(requests sent, seconds)`` says the budget is spent, or the first finding is
+    confirmed and shrunk."""
+    t0 = time.monotonic()
+    facts, passes, limit, cold = calibrated(server, seed)
+    progress(f"numerics measured: a near-tie is a margin of at most {limit:.3g}")
+    h = Hunt(seed, [s.name for s in strategies], facts, passes, limit, oracle.HOW, server.replays_on())
+    sent, k = 0, 0
+    while not until(sent, time.monotonic() - t0):
+        s = strategies[k % len(strategies)]
+        history = s.draw(np.random.default_rng([seed, k]), facts, [seed, k])
+        got = check(cold.endpoint, cold, history, limit)
+        h.checked.append(got)
+        sent, k = sent + len(history.requests()), k + 1
+        progress(f"history {k} ({s.name}): {_counts(got.judged)}")
+        if judge.confident(got.judged):
+            h.findings.append(_settle(server, cold, got, limit, time.monotonic() - t0, progress))
+            break
+    h.seconds = time.monotonic() - t0
+    return h
+
+
+def _settle(
+    server: Server, cold: oracle.Oracle, got: Checked, limit: float, at: float, progress: Callable[[str], None]
+) -> Finding:
+    """Confirm a finding on fresh servers, shrink it, confirm the minimal history."""
+    found = Finding(got, 0, seconds_to_find=at)
+    found.confirmed = confirm(server, cold, got.history, limit)
+    progress(f"finding confirmed {found.confirmed} of {CONFIRM} runs on {server.replays_on()}; shrinking it")
+
+    def still(candidate: History) -> bool:
+        return bool(judge.confident(replay(server, cold, candidate, limit).judged))
+
+    minimal = shrink.shrink(got.history, still, len(facts_head(server)))
+    found.minimal = replay(server, cold, minimal, limit)
+    found.minimal_confirmed = confirm(server, cold, minimal, limit)
+    steps, reqs, ids = minimal.size()
+    progress(f"minimal history: {steps} steps, {reqs} requests, {ids} prompt ids; {found.minimal_confirmed} of "
+             f"{CONFIRM} runs show it")  # fmt: skip
+    return found
+
+
+def facts_head(server: Server) -> list[int]:
+    assert server.endpoint is not None
+    return server.endpoint.tokenize([""])[0]
+
+
+def replay(server: Server, cold: oracle.Oracle, h: History, limit: float) -> Checked:
+    """``h`` on a fresh server (where meshbench started it), its cold answers from the memo or that server."""
+    endpoint = server.fresh()
+    return check(endpoint, cold.with_endpoint(endpoint), h, limit)
+
+
+def confirm(server: Server, cold: oracle.Oracle, h: History, limit: float, n: int = CONFIRM) -> int:
+    return sum(bool(judge.confident(replay(server, cold, h, limit).judged)) for _ in range(n))
+
+
+def _counts(judged: list[Judged]) -> str:
+    outcomes = [j.outcome for j in judged]
+    return ", ".join(f"{outcomes.count(o)} {o}" for o in dict.fromkeys(outcomes))
+
+
+def numerics_said(passes: MarginPasses) -> str:
+    """What the threshold rests on, in words (empty: nothing to add)."""
+    return "; ".join(x for x in (margins.inconsistent(passes), margins.caveats(passes)) if x)

@@ -1,0 +1,67 @@
+"""The server a hunt runs against: a ``--target`` URL (one process: a replay runs on it as it is, with whatever
+it holds), or llama-server started by meshbench (``--serve llama-server``), where a replay runs on a fresh
+process of it with nothing cached. Either is stopped, where meshbench started it, by the code that started it."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Sequence
+
+from meshbench.endpoint import llama_server
+from meshbench.endpoint.client import Endpoint
+from meshbench.errors import MeshbenchError
+from meshbench.workload.target import parse_target
+
+DEADLINE_S = 120.0  # one request's answer, at most
+
+
+class Server:
+    """One server process at a time: ``endpoint`` is the one running; ``fresh`` replaces it with a new process
+    where meshbench started it (else it is the same)."""
+
+    def __init__(self, url: str | None, binary: Path | None, model: str | None, args: Sequence[str] = ()) -> None:
+        self.url, self.binary, self.model, self.args = url, binary, model, list(args)
+        self.launched = binary is not None
+        self._stack: contextlib.ExitStack | None = None
+        self.endpoint: Endpoint | None = None
+        self.props: dict[str, object] | None = None
+        self.restarts = 0
+
+    def __enter__(self) -> Server:
+        self._start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    def fresh(self) -> Endpoint:
+        """A server with nothing cached: a new process where meshbench started it, else the same one."""
+        if self.launched:
+            self.__exit__()
+            self._start()
+            self.restarts += 1
+        assert self.endpoint is not None
+        return self.endpoint
+
+    def replays_on(self) -> str:
+        return "a fresh server process" if self.launched else "the same server (meshbench did not start it)"
+
+    def _start(self) -> None:
+        url = self.url
+        if self.launched:
+            assert self.binary is not None and self.model is not None
+            self._stack = contextlib.ExitStack()
+            url = self._stack.enter_context(llama_server.serving(self.binary, self.model, self.args))
+        assert url is not None
+        ep = Endpoint(parse_target(url), "auto", DEADLINE_S)
+        info = ep.probe()
+        if ep.api != "native":
+            raise MeshbenchError(
+                f"{url}: hunt needs llama-server's native /completion API (token ids and per-token probabilities); "
+                f"this server answers {info.get('server')}'s"
+            )
+        self.props = ep.props
+        self.endpoint = ep

@@ -1,0 +1,64 @@
+"""A finding's history made smaller while it still reproduces, the way Hypothesis shrinks a failing example:
+greedy passes that each try one smaller history (a step dropped, a request dropped, a step's requests sent one
+after another, a prompt cut, an answer shortened) and keep it where ``still`` says the finding is there, until no
+pass shrinks it or the tries run out. ``still`` runs the history on a fresh server and judges it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator
+
+from meshbench.hunt.history import History, Request, Step
+
+MAX_TRIES = 40  # candidate histories run at most
+
+
+def shrink(history: History, still: Callable[[History], bool], head: int, tries: int = MAX_TRIES) -> History:
+    """The smallest history found that ``still`` holds for (``history`` itself where none is); ``head``: the ids
+    every prompt starts with, never cut."""
+    best, left = history, tries
+    changed = True
+    while changed and left > 0:
+        changed = False
+        for candidate in _candidates(best, head):
+            if left <= 0:
+                break
+            left -= 1
+            if still(candidate):
+                best, changed = candidate, True
+                break
+    return best
+
+
+def _candidates(h: History, head: int) -> Iterator[History]:
+    """Smaller histories, biggest cuts first."""
+    steps = list(h.steps)
+    for k in range(len(steps)):
+        if len(steps) > 1:
+            yield _with(h, steps[:k] + steps[k + 1 :])
+    for k, s in enumerate(steps):
+        if len(s.requests) > 1:
+            for j in range(len(s.requests)):
+                yield _with(h, [*steps[:k], Step(requests=s.requests[:j] + s.requests[j + 1 :]), *steps[k + 1 :]])
+            alone = [Step(requests=(r,)) for r in s.requests]
+            yield _with(h, [*steps[:k], *alone, *steps[k + 1 :]])
+    for k, s in enumerate(steps):
+        for j, r in enumerate(s.requests):
+            for smaller in _smaller(r, head):
+                reqs = (*s.requests[:j], smaller, *s.requests[j + 1 :])
+                yield _with(h, [*steps[:k], Step(requests=reqs), *steps[k + 1 :]])
+
+
+def _smaller(r: Request, head: int) -> Iterator[Request]:
+    """The request with half or a quarter of its prompt's content cut from the end, or a shorter answer."""
+    body = len(r.prompt) - head
+    for cut in (body // 2, body // 4):
+        if cut >= 1 and body - cut >= 1:
+            yield dataclasses.replace(r, prompt=r.prompt[: len(r.prompt) - cut])
+    if r.new_tokens > 2:
+        n = max(2, r.new_tokens // 2)
+        yield dataclasses.replace(r, new_tokens=n, cancel_at=None if r.cancel_at is None else min(r.cancel_at, n - 1))
+
+
+def _with(h: History, steps: list[Step]) -> History:
+    return dataclasses.replace(h, steps=tuple(steps))

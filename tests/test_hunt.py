@@ -1,0 +1,127 @@
+"""meshbench hunt, without a server: the strategies' histories (valid, drawn again alike from their seed, within the
+server's context), the history file (round trip, and one line for a bad one), the shrink, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from meshbench.cli import app
+from meshbench.errors import MeshbenchError
+from meshbench.hunt import history as hist
+from meshbench.hunt import shrink, strategies
+from meshbench.hunt.facts import Facts, content
+
+FACTS = Facts(slots=4, n_ctx=4096, head=(2,), pool=tuple(range(100, 160)))
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("name", list(strategies.STRATEGIES))
+def test_each_strategy_draws_a_valid_history_again_alike_from_its_seed(name):
+    s = strategies.STRATEGIES[name]
+    for k in range(20):
+        h = s.draw(np.random.default_rng([7, k]), FACTS, [7, k])
+        assert h == s.draw(np.random.default_rng([7, k]), FACTS, [7, k])
+        assert hist.from_json(json.loads(json.dumps(hist.to_json(h))), "x") == h
+        for r in h.requests():
+            assert r.prompt[:1] == (2,) and len(r.prompt) + r.new_tokens <= FACTS.n_ctx
+            assert set(r.prompt[1:]) <= set(FACTS.pool) and r.carries
+            assert r.cancel_at is None or 1 <= r.cancel_at < r.new_tokens
+
+
+def test_strategies_fit_a_small_context():
+    small = Facts(slots=1, n_ctx=128, head=(2,), pool=(5, 6, 7))
+    for s in strategies.STRATEGIES.values():
+        for k in range(10):
+            for r in s.draw(np.random.default_rng(k), small, [k]).requests():
+                assert len(r.prompt) + r.new_tokens <= small.n_ctx, (s.name, len(r.prompt))
+
+
+def test_content_repeats_a_run_so_a_model_continues_it_confidently():
+    ids = content(np.random.default_rng(0), FACTS, 40)
+    period = next(p for p in range(5, 13) if ids[p:] == ids[:-p])
+    assert len(set(ids[:period])) >= 2 or period == 1
+
+
+def test_the_boundaries_are_every_block_batch_and_micro_batch_and_their_neighbours():
+    b = FACTS.boundaries(3000)
+    assert {15, 16, 17, 255, 256, 257, 511, 512, 513, 2047, 2048, 2049} <= set(b)
+    assert max(FACTS.boundaries(300)) == 257
+
+
+def test_shrink_keeps_what_the_finding_needs_and_drops_the_rest():
+    """A predicate standing for a server bug: two requests at once whose prompts share their first 9 ids."""
+    h = strategies.STRATEGIES["crowd"].draw(np.random.default_rng(3), FACTS, [3])
+    doc = list(range(100, 140))
+    a = hist.Request(name="a", prompt=(2, *doc[:30]), new_tokens=8, carries="a")
+    b = hist.Request(name="b", prompt=(2, *doc[:20], 150), new_tokens=8, carries="b")
+    big = hist.History(strategy="t", seed=[0], steps=(*h.steps, hist.Step(requests=(a, b)), *h.steps))
+
+    def still(c: hist.History) -> bool:
+        return any(len(s.requests) >= 2 and len({r.prompt[:10] for r in s.requests}) == 1 for s in c.steps)
+
+    assert still(big)
+    small = shrink.shrink(big, still, head=1, tries=400)
+    assert still(small) and small.size() < big.size()
+    assert len(small.steps) == 1 and len(small.steps[0].requests) == 2
+    assert all(len(r.prompt) <= 16 and r.new_tokens == 2 for r in small.requests())
+
+
+@pytest.mark.parametrize(
+    "doc,said",
+    [
+        ({"kind": "history"}, "not a meshbench history"),
+        ({**hist.to_json(hist.History(strategy="x", seed=[0], steps=())), "steps": []}, "not a meshbench history"),
+        (
+            hist.to_json(
+                hist.History(
+                    strategy="x",
+                    seed=[0],
+                    steps=(hist.Step(requests=(hist.Request(name="a", prompt=(1,), new_tokens=2),) * 2),),
+                )
+            ),
+            "request names must be unique (a is said twice)",
+        ),
+    ],
+)
+def test_a_bad_history_file_is_one_line(tmp_path, doc, said):
+    p = tmp_path / "h.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(MeshbenchError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        hist.read(p)
+    r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--replay", str(p)])
+    assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    "args,said",
+    [
+        (["--budget", "ten"], "--budget 'ten': a time such as 90s"),
+        (["--budget", "0"], "--budget '0'"),
+        (["--budget", "2.5"], "a number of requests is a whole number"),
+        (["--strategies", "prefix-boundary,nope"], "unknown nope"),
+        (["--serve", "llama-server"], "hunt needs one server"),
+        (["--model", "m.gguf"], "apply to --serve only"),
+        (["--replay", "/nonexistent/h.json"], "/nonexistent/h.json: cannot read it"),
+    ],
+)
+def test_hunt_refuses_bad_flags_in_one_line_before_any_work(args, said):
+    """(Port 9 answers nothing: every refusal comes before the server is asked anything.)"""
+    r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", *args])
+    assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    "args,said",
+    [
+        ([], "hunt needs one server"),
+        (["--serve", "llama-server"], "needs one model"),
+        (["--serve", "vllm"], "llama-server only"),
+    ],
+)
+def test_hunt_needs_one_server_it_can_start(args, said):
+    r = runner.invoke(app, ["hunt", *args])
+    assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
