@@ -125,3 +125,49 @@ def test_hunt_refuses_bad_flags_in_one_line_before_any_work(args, said):
 def test_hunt_needs_one_server_it_can_start(args, said):
     r = runner.invoke(app, ["hunt", *args])
     assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_differing_answer_is_traced_to_the_request_whose_content_it_continues():
+    from meshbench.hunt.judge import donor
+    from meshbench.records.completion import Completion
+
+    def answer(tokens):
+        return Completion(session_id="r1", submit_ns=0, tokens=tokens, text="", token_ns=[], stop=None,
+                          predicted=None, evaluated=None, error=None)  # fmt: skip
+
+    own = (2, 5, 6, 7, 5, 6, 7)
+    others = {"r0": (2, 9, 8, 11, 9, 8, 11), "r2": (2, 40, 41, 42)}
+    assert donor(answer([5, 6, 9, 8, 11, 9]), 2, own, others) == "r0"
+    assert donor(answer([5, 6, 7, 5, 6, 7]), 2, own, others) is None  # (its own content)
+    assert donor(answer([5, 6, 99, 98, 97]), 2, own, others) is None  # (nobody's)
+    assert donor(answer([5, 6, 9]), 2, own, others) is None  # (too short to tell)
+
+
+def test_two_servers_part_confidently_only_where_their_cold_answers_agree():
+    from meshbench.hunt.differential import parted
+    from meshbench.hunt.run import Checked
+    from meshbench.records.completion import Completion
+
+    def answer(name, tokens, margins):
+        return Completion(session_id=name, submit_ns=0, tokens=tokens, text="", token_ns=[], stop=None,
+                          predicted=None, evaluated=None, error=None, margins=margins)  # fmt: skip
+
+    r = hist.Request(name="r0", prompt=(2, 5, 6), new_tokens=3)
+    q = hist.Request(name="r1", prompt=(2, 7, 8), new_tokens=3)
+    h = hist.History(strategy="t", seed=[0], steps=(hist.Step(requests=(r, q)),))
+    cold = {"r0": answer("r0", [1, 2, 3], [3.0, 3.0, 3.0]), "r1": answer("r1", [4, 5, 6], [3.0, 3.0, 3.0])}
+    cold_b = {**cold, "r1": answer("r1", [4, 9, 6], [3.0, 0.01, 3.0])}  # (b's own numerics part r1 cold)
+    a = Checked(h, {"r0": answer("r0", [1, 2, 3], [3.0] * 3), "r1": answer("r1", [4, 5, 6], [3.0] * 3)}, cold, [])
+    b = Checked(h, {"r0": answer("r0", [1, 8, 3], [3.0] * 3), "r1": answer("r1", [4, 9, 6], [3.0] * 3)}, cold_b, [])
+    got = {p.name: p for p in parted(a, b, 0.5)}
+    assert got["r0"].confident and got["r0"].token_index == 1 and got["r0"].colds_agree
+    assert not got["r1"].confident and not got["r1"].colds_agree
+    near = Checked(h, {**b.answers, "r0": answer("r0", [1, 8, 3], [3.0, 0.1, 3.0])}, cold_b, [])
+    assert not {p.name: p for p in parted(a, near, 0.5)}["r0"].confident  # (b's margin there is a near-tie)
+
+
+def test_a_differential_hunt_refuses_what_it_cannot_run_in_one_line():
+    r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--against-args", "-np 2"])
+    assert r.exit_code == 2 and "they need --serve" in r.output
+    r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--against", "http://127.0.0.1:9", "--out", "x"])
+    assert r.exit_code == 2 and "takes neither --replay nor --out yet" in r.output

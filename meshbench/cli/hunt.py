@@ -8,7 +8,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -18,8 +18,8 @@ from meshbench.cli.common import err, out
 from meshbench.endpoint import llama_server
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
+from meshbench.hunt import differential, judge, report, strategies
 from meshbench.hunt import history as hist
-from meshbench.hunt import judge, report, strategies
 from meshbench.hunt import run as hunting
 from meshbench.hunt.server import Server
 
@@ -69,6 +69,15 @@ def hunt(
     out_dir: Annotated[
         Optional[Path], typer.Option("--out", help="Write hunt.json and each finding's minimal history here.")
     ] = None,
+    against: Annotated[
+        Optional[str], typer.Option("--against", help="Differential: the same histories on this server too (URL).")
+    ] = None,
+    against_args: Annotated[
+        Optional[str], typer.Option("--against-args", help="Differential: --serve's server again with these flags.")
+    ] = None,
+    against_server: Annotated[
+        Optional[str], typer.Option("--against-llama-server", help="Differential: another llama-server build.")
+    ] = None,
 ) -> None:
     """Hunt for cross-request bugs: histories of requests sharing prefixes, chunks, slots and cancellations,
     every answer against the same request alone and cold. Exit 0 nothing confident found, 1 a finding, 2 bad input,
@@ -78,15 +87,21 @@ def hunt(
     if out_dir is not None and os.path.lexists(out_dir):
         raise MeshbenchError(f"--out {out_dir}: exists; name a new folder")
     replayed = hist.read(replay) if replay is not None else None
-    with _server(target, serve, model, package, server_args, llama_server_path) as server:
+    first = _server(target, serve, model, package, server_args, llama_server_path)
+    second = _second(first, against, against_args, against_server)
+    if second is not None:
+        if replayed is not None or out_dir is not None:
+            raise MeshbenchError("a differential hunt (--against*) takes neither --replay nor --out yet")
+        raise typer.Exit(_differential(first, second, chosen, seed, seconds, requests))
+    with first as server:
         if replayed is not None:
             raise typer.Exit(_replay(server, replayed))
         found = hunting.hunt(
             server,
             chosen,
             seed,
-            lambda sent, t: (seconds is not None and t >= seconds) or (requests is not None and sent >= requests),
-            lambda m: err.print(m, markup=False),
+            _until(seconds, requests),
+            _progress,
         )
     for line in report.lines(found):
         out.print(line, markup=False)
@@ -94,6 +109,39 @@ def hunt(
         _write(out_dir, found, server)
     judged = sum(n for o, n in report.outcomes(found.checked).items() if o != judge.NOT_JUDGED)
     raise typer.Exit(exits.CHECK_FAILED if found.findings else exits.OK if judged else exits.NOTHING_JUDGED)
+
+
+def _until(seconds: float | None, requests: int | None) -> Callable[[int, float], bool]:
+    return lambda sent, t: (seconds is not None and t >= seconds) or (requests is not None and sent >= requests)
+
+
+def _progress(message: str) -> None:
+    err.print(message, markup=False)
+
+
+def _second(first: Server, url: str | None, args: str | None, binary: str | None) -> Server | None:
+    """The second server of a differential hunt: a URL, or the first one's server and model with other flags or
+    another build (None: not a differential hunt)."""
+    if url is None and args is None and binary is None:
+        return None
+    if url is not None:
+        if args is not None or binary is not None:
+            raise MeshbenchError("--against is a running server: --against-args and --against-llama-server are not")
+        return Server(url, None, None)
+    if not first.launched:
+        raise MeshbenchError("--against-args and --against-llama-server start a second server: they need --serve")
+    exe = llama_server.binary(binary, "--against-llama-server") if binary is not None else first.binary
+    return Server(None, exe, first.model, shlex.split(args) if args is not None else first.args)
+
+
+def _differential(
+    a: Server, b: Server, chosen: list[strategies.Strategy], seed: int, seconds: float | None, requests: int | None
+) -> int:
+    with a, b:
+        pair = differential.hunt_pair(a, b, chosen, seed, _until(seconds, requests), _progress)
+    for line in differential.lines(pair):
+        out.print(line, markup=False)
+    return exits.CHECK_FAILED if any(p.confident for ps in pair.partings for p in ps) else exits.OK
 
 
 def _server(target, serve, model, package, server_args, binary) -> Server:
@@ -118,10 +166,7 @@ def _replay(server: Server, h: hist.History) -> int:
     runs, limit = hunting.replays(server, h)
     for k, got in enumerate(runs, 1):
         for j in judge.confident(got.judged):
-            r = next(x for x in h.requests() if x.name == j.name)
-            beside = ", ".join(j.beside) or "nothing"
-            out.print(f"run {k}: {j.name} ({r.carries}; beside {beside}) differs from its cold answer at token "
-                      f"{j.token_index}, cold margin {j.margin}", markup=False)  # fmt: skip
+            out.print(f"run {k}: {report.said(got, j)}", markup=False)
     shown = sum(bool(judge.confident(got.judged)) for got in runs)
     out.print(f"shown in {shown} of {len(runs)} runs on {server.replays_on()}; a near-tie is a cold margin of at most "
               f"{limit:.3g}", markup=False)  # fmt: skip

@@ -59,3 +59,21 @@ def _unjudged(cancel_at: int | None, x: Completion | None, a: Completion | None)
 
 def confident(judged: list[Judged]) -> list[Judged]:
     return [j for j in judged if j.outcome == CONFIDENT]
+
+
+DONOR_MIN = 3  # ids of an answer, from where it differs, that must appear in another request's prompt to name it
+
+
+def donor(answer: Completion, at: int, own: tuple[int, ...], others: dict[str, tuple[int, ...]]) -> str | None:
+    """The request whose content a differing answer continues: the first of ``others`` whose prompt holds the
+    answer's ids from ``at`` on (DONOR_MIN of them at least, or all to the end), where its own prompt does not
+    (None: no such request, or the answer continues its own content)."""
+    run = tuple(answer.tokens[at : at + 2 * DONOR_MIN])
+    if len(run) < DONOR_MIN or _holds(own, run):
+        return None
+    return next((name for name, prompt in others.items() if _holds(prompt, run)), None)
+
+
+def _holds(prompt: tuple[int, ...], run: tuple[int, ...]) -> bool:
+    n = len(run)
+    return any(prompt[k : k + n] == run for k in range(len(prompt) - n + 1))

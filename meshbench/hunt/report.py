@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from meshbench.hunt import history as hist
-from meshbench.hunt.judge import CONFIDENT, NEAR_TIE, NOT_JUDGED, SAME, UNKNOWN, Judged
+from meshbench.hunt.judge import CONFIDENT, NEAR_TIE, NOT_JUDGED, SAME, UNKNOWN, Judged, donor
 from meshbench.hunt.run import CONFIRM, Checked, Finding, Hunt, numerics_said
 from meshbench.records import serial
 
@@ -75,9 +75,11 @@ def _finding(f: Finding) -> dict[str, Any]:
 
 def _difference(c: Checked, j: Judged) -> dict[str, Any]:
     r = next(x for x in c.history.requests() if x.name == j.name)
+    others = {x.name: x.prompt for x in c.history.requests() if x.name != j.name}
     return {
         "request": j.name,
         "carries": r.carries,
+        "continues": donor(c.answers[j.name], j.token_index or 0, r.prompt, others),
         "beside": list(j.beside),
         "token_index": j.token_index,
         "cold_margin": j.margin,
@@ -99,9 +101,7 @@ def lines(h: Hunt) -> list[str]:
         )
         for j in m.judged:
             if j.outcome == CONFIDENT:
-                r = next(x for x in m.history.requests() if x.name == j.name)
-                out.append(f"  {j.name} ({r.carries}) first differs from its cold answer at token {j.token_index}, "
-                           f"cold margin {j.margin:.3g}, beside {', '.join(j.beside) or 'nothing'}")  # fmt: skip
+                out.append("  " + said(m, j))
     if not h.findings:
         out.append("nothing confident found")
     o = outcomes(h.checked)
@@ -112,3 +112,16 @@ def lines(h: Hunt) -> list[str]:
                    f"from the prompt cache beyond its first id ({s['ids_reused']} ids reused)")  # fmt: skip
     out.append(f"a near-tie is a cold margin of at most {h.threshold:.3g}; cold answers: {h.how_cold}")
     return out
+
+
+def said(c: Checked, j: Judged) -> str:
+    """One confident difference in words: the request, what it carried, where it differs, the cold margin there,
+    what was sent beside it, and whose content its answer continues where another request's does."""
+    r = next(x for x in c.history.requests() if x.name == j.name)
+    others = {x.name: x.prompt for x in c.history.requests() if x.name != j.name}
+    src = donor(c.answers[j.name], j.token_index or 0, r.prompt, others)
+    margin = "unknown" if j.margin is None else f"{j.margin:.3g}"
+    return (
+        f"{j.name} ({r.carries}) first differs from its cold answer at token {j.token_index}, cold margin {margin}, "
+        f"beside {', '.join(j.beside) or 'nothing'}" + (f"; its answer continues {src}'s content" if src else "")
+    )

@@ -147,6 +147,40 @@ def _crowd(rng: np.random.Generator, facts: Facts, req: _Names) -> list[list[Req
     return steps
 
 
+@_strategy("conversation", "conversations grown turn by turn, then forked, truncated or resumed after other traffic")
+def _conversation(rng: np.random.Generator, facts: Facts, req: _Names) -> list[list[Request]]:
+    talks = [prompt(rng, facts, _len(rng, 8, 64)) for _ in range(_len(rng, 1, 2))]
+    turns: list[list[list[int]]] = [[] for _ in talks]
+    steps = []
+    for _ in range(_len(rng, 3, 6)):  # each turn: the last one's prompt, an answer and a message after it
+        k = int(rng.integers(0, len(talks)))
+        grown = [*talks[k], *content(rng, facts, _len(rng, 24, 160))]
+        if len(grown) >= room(facts):
+            break
+        talks[k] = grown
+        turns[k].append(grown)
+        steps.append([req(grown, f"conversation {k}, turn {len(turns[k])}")])
+    k = max(range(len(talks)), key=lambda j: len(turns[j]))
+    done = turns[k] or [talks[k]]
+    j = int(rng.integers(0, len(done)))
+    cut = _len(rng, len(facts.head) + 1, len(done[j]) - 1)
+    edits = [
+        (done[j], _len(rng, 8, 64), f"conversation {k} forked after turn {j + 1}"),
+        (done[j][:cut], _len(rng, 4, 32), f"conversation {k} edited at id {cut}"),
+        (done[j], 0, f"conversation {k}, turn {j + 1} again"),
+        (done[-1], _len(rng, 8, 64), f"conversation {k} resumed after other traffic"),
+    ]
+    for e in rng.permutation(len(edits))[: _len(rng, 1, len(edits))]:
+        base, more, what = edits[int(e)]
+        more = min(more, room(facts) - len(base))
+        if more < 0 or (more == 0 and "again" not in what):
+            continue
+        if rng.random() < 0.5:  # other traffic first
+            steps.append([req(prompt(rng, facts, _len(rng, 16, min(200, room(facts)))), "unrelated")])
+        steps.append([req([*base, *content(rng, facts, more)], what)])
+    return steps
+
+
 def chosen(names: str) -> list[Strategy]:
     """``--strategies``: names separated by commas, or ``all``; an unknown name is the input's error."""
     wanted = list(STRATEGIES) if names.strip() == "all" else [n.strip() for n in names.split(",") if n.strip()]

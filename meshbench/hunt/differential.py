@@ -1,0 +1,112 @@
+"""Differential hunting: the same histories against two servers, two builds or two settings of one build. The
+cold oracle cannot see a bug inside a mechanism that approximates by design (KV reused at shifted positions, a
+context shift, a sliding window's cache), where an answer may differ from cold on any build; two builds on
+identical histories can. Where their answers to one request part, each server's cold answer says whether the
+parting comes from the history: cold answers that agree and answers that part at a token where both servers'
+margins are above the near-tie are a confident parting (whichever build is wrong); cold answers that already
+part are the builds' own numerics or defaults, reported apart and never a finding."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from meshbench.analysis import endpoint_margins as margins
+from meshbench.errors import MeshbenchError
+from meshbench.hunt import judge
+from meshbench.hunt.history import History
+from meshbench.hunt.run import Checked, calibrated, check
+from meshbench.hunt.server import Server
+from meshbench.hunt.strategies import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Parting:
+    name: str
+    token_index: int
+    margin_a: float | None  # each server's margin where they part
+    margin_b: float | None
+    colds_agree: bool  # the two servers' cold answers are the same tokens
+    confident: bool  # colds agree and both margins are above the near-tie
+
+
+@dataclass
+class Pair:
+    limit: float  # the larger of the two servers' near-tie thresholds
+    checked: list[tuple[Checked, Checked]] = field(default_factory=list)
+    partings: list[list[Parting]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def parted(a: Checked, b: Checked, limit: float) -> list[Parting]:
+    """Every request both servers answered whole (none cancelled), where their answers first differ."""
+    out = []
+    for r in a.history.requests():
+        x, y, ca, cb = a.answers.get(r.name), b.answers.get(r.name), a.cold.get(r.name), b.cold.get(r.name)
+        if r.cancel_at is not None or None in (x, y, ca, cb):
+            continue
+        assert x is not None and y is not None and ca is not None and cb is not None
+        if x.error or y.error or ca.error or cb.error:
+            continue
+        k = margins.first_difference(x.tokens, y.tokens)
+        if k is None or k >= min(len(x.tokens), len(y.tokens)):
+            continue
+        ma = x.margins[k] if x.margins is not None and k < len(x.margins) else None
+        mb = y.margins[k] if y.margins is not None and k < len(y.margins) else None
+        agree = ca.tokens == cb.tokens
+        sure = agree and ma is not None and mb is not None and ma > limit and mb > limit
+        out.append(Parting(r.name, k, ma, mb, agree, sure))
+    return out
+
+
+def hunt_pair(
+    a: Server,
+    b: Server,
+    strategies: list[Strategy],
+    seed: int,
+    until: Callable[[int, float], bool],
+    progress: Callable[[str], None] = lambda m: None,
+) -> Pair:
+    """Histories drawn as ``meshbench.hunt.run.hunt`` draws them, each run on ``a`` then on ``b``, each answer held
+    to its own server's cold answer and the two servers' answers to each other."""
+    t0 = time.monotonic()
+    facts, _, limit_a, cold_a = calibrated(a, seed)
+    other, _, limit_b, cold_b = calibrated(b, seed)
+    if (other.head, other.pool) != (facts.head, facts.pool):
+        raise MeshbenchError("the two servers tokenize a text differently: a differential hunt needs one model on both")
+    pair = Pair(max(limit_a, limit_b))
+    sent, k = 0, 0
+    while not until(sent, time.monotonic() - t0):
+        s = strategies[k % len(strategies)]
+        h: History = s.draw(np.random.default_rng([seed, k]), facts, [seed, k])
+        got = (check(cold_a.endpoint, cold_a, h, limit_a), check(cold_b.endpoint, cold_b, h, limit_b))
+        pair.checked.append(got)
+        pair.partings.append(parted(*got, pair.limit))
+        sent, k = sent + 2 * len(h.requests()), k + 1
+        sure = sum(p.confident for p in pair.partings[-1])
+        own = [len(judge.confident(c.judged)) for c in got]
+        progress(f"history {k} ({s.name}): {len(pair.partings[-1])} part, {sure} confidently; confident against "
+                 f"their own cold answers: {own[0]} and {own[1]}")  # fmt: skip
+    pair.seconds = time.monotonic() - t0
+    return pair
+
+
+def lines(pair: Pair) -> list[str]:
+    """The pair in words: confident partings first, then the partings the builds' own cold answers explain."""
+    every = [(c[0].history, p) for c, ps in zip(pair.checked, pair.partings) for p in ps]
+    sure = [(h, p) for h, p in every if p.confident]
+    out = [
+        f"{len(pair.checked)} histories on both servers in {pair.seconds:.0f} s: {len(every)} answers part, "
+        f"{len(sure)} confidently (cold answers agreeing, both margins above {pair.limit:.3g})"
+    ]
+    for h, p in sure:
+        r = next(x for x in h.requests() if x.name == p.name)
+        out.append(f"  {h.strategy} {h.seed}: {p.name} ({r.carries}) parts at token {p.token_index}, margins "
+                   f"{p.margin_a:.3g} and {p.margin_b:.3g}")  # fmt: skip
+    apart = sum(not p.colds_agree for _, p in every)
+    if apart:
+        out.append(f"  {apart} partings where the two servers' cold answers already differ: their own numerics")
+    return out
