@@ -35,6 +35,7 @@ SCHEMAS = (
     "endpoint.schema.json",
     "matrix.schema.json",
     "history.schema.json",
+    "hunt.schema.json",
 )
 
 

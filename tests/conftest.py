@@ -55,11 +55,11 @@ NEEDS = {
     "gguf": {
         "bench", "burst", "chunked", "cli_edges", "conversations", "endpoint", "endpoint_conversations",
         "endpoint_sibling", "faults_gguf", "gguf",
-        "gguf_prefix", "hostile", "integrity", "kernels", "llama_server_defaults", "model", "own_kv",
+        "gguf_prefix", "hostile", "hunt_live", "integrity", "kernels", "llama_server_defaults", "model", "own_kv",
         "probe4_inputs", "prompts", "real_model", "recipe", "rpc", "server_bench", "server_matrix", "structure",
     },
     "server": {
-        "bad_server", "endpoint", "endpoint_conversations", "endpoint_sibling", "llama_server_defaults",
+        "bad_server", "endpoint", "endpoint_conversations", "endpoint_sibling", "hunt_live", "llama_server_defaults",
         "server_bench", "server_matrix",
     },
     "process": {
@@ -67,7 +67,8 @@ NEEDS = {
     },
     "slow": {
         "bad_server", "burst", "chunked", "conversations", "endpoint", "endpoint_conversations", "faults_gguf",
-        "fields", "gguf", "gguf_prefix", "hostile", "integrity", "llama_server_defaults", "prompts", "readme_commands",
+        "fields", "gguf", "gguf_prefix", "hostile", "hunt_live", "integrity", "llama_server_defaults", "prompts",
+        "readme_commands",
         "real_model", "recipe", "records", "rpc", "server_bench", "server_matrix",
     },
 }  # fmt: skip

@@ -388,3 +388,10 @@ def test_compare_an_endpoint_bundle_with_itself_and_with_meshbench_s_node(bundle
     compared = {"total_tokens_per_s", "itl_ms.p50", "itl_ms.p99", "tpot_ms.p50"}
     assert all(set(lv["performance"]) == compared for lv in report["levels"])
     assert any("closed-loop" in n for n in report["notes"])
+
+
+def test_hunt_refuses_a_server_without_the_native_api_in_one_line(server, tmp_path):
+    """llama-cpp-python's server answers the OpenAI APIs only: a hunt needs token ids and their probabilities."""
+    r = runner.invoke(app, ["hunt", "--target", server, "--budget", "4", "--out", str(tmp_path / "H")])
+    assert r.exit_code == 2 and "hunt needs llama-server's native /completion API" in r.output, r.output
+    assert not (tmp_path / "H").exists()

@@ -11,9 +11,11 @@ from typer.testing import CliRunner
 
 from meshbench.cli import app
 from meshbench.errors import MeshbenchError
-from meshbench.hunt import history as hist
-from meshbench.hunt import shrink, strategies
-from meshbench.hunt.facts import Facts, content
+from meshbench.hunt import shrink
+from meshbench.records import history as hist
+from meshbench.records.history import Facts
+from meshbench.workload import hunt as strategies
+from meshbench.workload.hunt import content
 
 FACTS = Facts(slots=4, n_ctx=4096, head=(2,), pool=tuple(range(100, 160)))
 runner = CliRunner()
@@ -105,7 +107,8 @@ def test_a_bad_history_file_is_one_line(tmp_path, doc, said):
         (["--strategies", "prefix-boundary,nope"], "unknown nope"),
         (["--serve", "llama-server"], "hunt needs one server"),
         (["--model", "m.gguf"], "apply to --serve only"),
-        (["--replay", "/nonexistent/h.json"], "/nonexistent/h.json: cannot read it"),
+        (["--replay", "/nonexistent/h.json"], "/nonexistent/h.json"),
+        (["--against", "http://10.1.2.3:8080"], "--against http://10.1.2.3:8080: not on this machine"),
     ],
 )
 def test_hunt_refuses_bad_flags_in_one_line_before_any_work(args, said):
@@ -128,7 +131,7 @@ def test_hunt_needs_one_server_it_can_start(args, said):
 
 
 def test_a_differing_answer_is_traced_to_the_request_whose_content_it_continues():
-    from meshbench.hunt.judge import donor
+    from meshbench.analysis.hunt import donor
     from meshbench.records.completion import Completion
 
     def answer(tokens):
@@ -171,3 +174,17 @@ def test_a_differential_hunt_refuses_what_it_cannot_run_in_one_line():
     assert r.exit_code == 2 and "they need --serve" in r.output
     r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--against", "http://127.0.0.1:9", "--out", "x"])
     assert r.exit_code == 2 and "takes neither --replay nor --out yet" in r.output
+
+
+def test_hunt_sends_to_loopback_only():
+    r = runner.invoke(app, ["hunt", "--target", "http://10.1.2.3:8080"])
+    assert r.exit_code == 2 and "not on this machine (loopback)" in r.output
+
+
+def test_a_replay_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "h.json"
+    os.mkfifo(fifo)
+    r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--replay", str(fifo)])
+    assert r.exit_code == 2 and "h.json" in r.output and "Traceback" not in r.output

@@ -523,6 +523,10 @@ def test_where_a_target_changes_under_perturbation_is_classified_by_its_cold_mar
     assert (flip.session_id, flip.token_index, flip.margin, flip.kind) == ("s0", 1, 0.1, "near-tie")
     assert perturbation.flips(runs, cold, 0.05)[0].kind == "confident"
     assert perturbation.flips(runs, {}, 0.5)[0].kind == "unknown"  # (no cold answer: no margin)
+    named = {"s0": Completion(**{**{f: getattr(cold["s0"], f) for f in Completion.__slots__}, "runner_up": [5, 8, 4]})}
+    assert perturbation.flips(runs, named, 0.5)[0].kind == "unknown"  # (to 9, a third choice: how far, unknown)
+    named["s0"] = Completion(**{**{f: getattr(named["s0"], f) for f in Completion.__slots__}, "runner_up": [5, 9, 4]})
+    assert perturbation.flips(runs, named, 0.5)[0].kind == "near-tie"  # (to the second choice)
 
 
 @needs_server

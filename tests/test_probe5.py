@@ -357,77 +357,44 @@ def test_a_stale_slot_leak_on_the_cache_path_is_found_by_the_test_through_the_ca
     assert cached is not None and cached.verdict.depends is True, cached.verdict
 
 
-def _as_drawn(data: dict) -> None:
-    """Every test's runs as a sweep now draws them from the seed (which were perturbed, and with what), and each
-    verdict recomputed: a bundle as this meshbench makes it, from one made before."""
-    import numpy as np
-
-    from meshbench.analysis import perturbation
-    from meshbench.records import serial
-    from meshbench.results import typed
-
-    every = data["workload"]["prompt_ids"]
-    prompts = dict(zip(typed.endpoint(data).cfg.workload.session_ids(), every))
-    rng = np.random.default_rng([data["config"]["workload"]["seed"], 1])
-    tests = [lv[n] for lv in sorted(data["levels"], key=lambda x: x["concurrency"])
-             for n in ("perturbation", "perturbation_cache") if lv.get(n)]  # fmt: skip
-    for t in tests:
-        plan = perturbation.planned(every, [prompts[n] for n in t["neighbours"]], rng)
-        for run, (perturbed, sent) in zip(t["runs"], plan):
-            run["perturbed"], run["neighbour_prompts"] = perturbed, sent
-    for lv in typed.endpoint(data).results.levels:
-        for name in ("perturbation", "perturbation_cache"):
-            if (t := getattr(lv, name)) is not None:
-                raw = next(x for x in data["levels"] if x["concurrency"] == lv.concurrency)
-                raw[name]["verdict"] = serial.to_json(perturbation.verdict(t.runs))
-
-
-def test_a_bundle_with_the_test_through_the_cache_verifies_and_says_which_path_each_table_ran(tmp_path):
+def test_a_bundle_with_the_test_through_the_cache_verifies_and_one_stripped_of_it_fails(tmp_path):
+    """Finding 5, and its downgrade: a sweep whose requests use the prompt cache runs the perturbation test through
+    it too. A bundle stripped of every such test (to look like one made before it) is not read as older: it fails."""
     import json
-    import shutil
-    from pathlib import Path
 
-    from typer.testing import CliRunner
-
-    from meshbench.cli import app
-    from meshbench.results import kinds
-    from meshbench.verify import bundle as verify
-
-    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS"
-    b = tmp_path / "B"
-    shutil.copytree(src, b)
-    data = json.loads((b / "results.json").read_text())
-    for lv in data["levels"]:
-        if lv.get("perturbation"):
-            lv["perturbation_cache"] = json.loads(json.dumps(lv["perturbation"]))
-    _as_drawn(data)
-    (b / "results.json").write_text(json.dumps(data))
-    text = kinds.readme(data, verify.bundle_name((src / "README.md").read_text(), src))
+    src, b, data = _copy_defaults(tmp_path)
+    assert data["config"]["engine"]["cache_prompt"] is None  # (the server's default: the cache on)
+    assert any(lv.get("perturbation_cache") for lv in data["levels"])
+    text = (src / "README.md").read_text()
     assert "the second table below runs it again through the cache" in text and "Through the prompt cache:" in text
-    (b / "README.md").write_text(text)
-    r = CliRunner().invoke(app, ["verify", str(b)])
-    assert r.exit_code == 0 and "perturbation_cache: absent" not in r.output, r.output
+    assert _verify(src, b, data)[0] == 0
     lv = next(x for x in data["levels"] if x.get("perturbation_cache"))
-    lv["perturbation_cache"] = {**lv["perturbation_cache"], "runs": lv["perturbation_cache"]["runs"][:-1]}
-    (b / "results.json").write_text(json.dumps(data))
-    (b / "README.md").write_text(kinds.readme(data, verify.bundle_name(text, b)))
-    r = CliRunner().invoke(app, ["verify", str(b), "--json"])
-    fields = [f["field"] for f in json.loads(r.stdout)["bundles"][0]["failures"]]
-    at = f"levels[{data['levels'].index(lv)}].perturbation_cache."
-    assert r.exit_code == 1 and any(f.startswith(at) for f in fields), fields
+    at = f"levels[{data['levels'].index(lv)}].perturbation_cache"
+    short = json.loads(json.dumps(data))
+    cut = next(x for x in short["levels"] if x.get("perturbation_cache"))
+    cut["perturbation_cache"] = {**cut["perturbation_cache"], "runs": cut["perturbation_cache"]["runs"][:-1]}
+    code, fields, _ = _verify(src, b, short)
+    assert code == 1 and any(f.startswith(at + ".") for f in fields), fields
+    for x in data["levels"]:
+        x.pop("perturbation_cache", None)
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1 and f"{at} (exactly where the sweep's requests use the prompt cache)" in fields, fields
 
 
-def test_a_near_tie_flips_to_the_cold_answer_s_second_choice_or_it_is_confident():
+def test_a_near_tie_flips_to_the_cold_answer_s_second_choice_or_it_is_not_judged():
     """A review of probe 5: a server reporting every margin as 0.01 made every divergence a near-tie. Where the
-    server names each token's second choice by id, a change to any other token is confident."""
+    server names each token's second choice by id, a change to any other token within the threshold is unknown (a
+    third choice, whose margin the top two do not give: llama-server's own 3-way near-ties on Gemma do this), and a
+    change beyond the threshold is confident."""
     cold = _answer("s0", [1, 2, 3], [2.0, 0.01, 2.0])
     cold = Completion(**{**{f: getattr(cold, f) for f in Completion.__slots__}, "runner_up": [7, 8, 9]})
     to_second = _answer("s0", [1, 8, 5])
     to_another = _answer("s0", [1, 99, 5])
     assert m.divergence(1, 0, "s0", to_second, cold, [], 0.05).kind == "near-tie"
-    assert m.divergence(1, 0, "s0", to_another, cold, [], 0.05).kind == "confident"
-    older = _answer("s0", [1, 2, 3], [2.0, 0.01, 2.0])  # (no runner-up recorded: margins alone, as before)
-    assert m.divergence(1, 0, "s0", to_another, older, [], 0.05).kind == "near-tie"
+    assert m.divergence(1, 0, "s0", to_another, cold, [], 0.05).kind == "unknown"
+    assert m.divergence(1, 0, "s0", _answer("s0", [99, 2, 3]), cold, [], 0.05).kind == "confident"  # (margin 2.0)
+    text = _answer("s0", [1, 2, 3], [2.0, 0.01, 2.0])  # (an OpenAI API's answer names no ids: margins alone)
+    assert m.divergence(1, 0, "s0", to_another, text, [], 0.05).kind == "near-tie"
 
 
 def test_the_runner_up_is_read_from_llama_servers_top_logprobs():
@@ -507,37 +474,15 @@ def test_a_server_that_adds_no_bos_has_every_id_of_its_prompts_perturbed():
 def test_perturbed_prompts_that_are_not_the_ones_drawn_from_the_seed_fail_verify(tmp_path):
     """A review of probe 5: verify held perturbed prompts to 'ids of the workload's' only, so a forger could send a
     neighbour's own prompt with one id changed and the README still said fresh ids. They are drawn again."""
-    import json
-    import shutil
-    from pathlib import Path
-
-    from typer.testing import CliRunner
-
-    from meshbench.cli import app
-    from meshbench.results import kinds
-    from meshbench.verify import bundle as verify
-
-    src = Path(__file__).parent.parent / "evidence" / "LLAMA-SERVER-GEMMA3-DEFAULTS"
-    b = tmp_path / "B"
-    shutil.copytree(src, b)
-    data = json.loads((b / "results.json").read_text())
-    for lv in data["levels"]:
-        if lv.get("perturbation"):
-            lv["perturbation_cache"] = json.loads(json.dumps(lv["perturbation"]))
-    _as_drawn(data)
-
-    def write() -> int:
-        (b / "results.json").write_text(json.dumps(data))
-        (b / "README.md").write_text(kinds.readme(data, verify.bundle_name((src / "README.md").read_text(), src)))
-        return CliRunner().invoke(app, ["verify", str(b)]).exit_code
-
-    assert write() == 0
+    src, b, data = _copy_defaults(tmp_path)
+    assert _verify(src, b, data)[0] == 0
     lv = next(x for x in data["levels"] if x.get("perturbation"))
     run = next(r for r in lv["perturbation"]["runs"] if r["perturbed"])
     own = data["workload"]["prompt_ids"][int(lv["perturbation"]["neighbours"][0][1:])]
     pool = sorted({t for q in data["workload"]["prompt_ids"] for t in q[1:]})
     run["neighbour_prompts"][0] = [*own[:-1], next(t for t in pool if t != own[-1])]  # one id changed
-    assert write() == 1
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1 and any("drawn again from the seed" in f for f in fields), fields
 
 
 def test_a_hit_erased_while_the_store_still_holds_its_blocks_is_no_eviction():
@@ -610,30 +555,41 @@ def _verify(src, b, data) -> tuple[int, list[str], list[str]]:
     return r.exit_code, [f["field"] for f in doc.get("failures", [])], doc.get("notes", [])
 
 
-def test_runner_ups_stripped_from_some_answers_fail_and_absent_from_all_are_noted(tmp_path):
-    src, b, data = _copy_defaults(tmp_path)
-    code, _, notes = _verify(src, b, data)
-    assert code == 0 and any(n.startswith("runner_up: absent") for n in notes)
-    cold = data["margins"]["cold"][0]
-    cold["runner_up"] = [0] * len(cold["tokens"])  # (one answer has them, the rest were stripped)
-    code, fields, _ = _verify(src, b, data)
-    assert code == 1 and "runner_up (every native answer with margins names each token's second choice)" in fields
+def test_runner_ups_stripped_from_one_answer_or_from_every_answer_fail(tmp_path):
+    """Stripped of every runner-up, a bundle once read as one made before they were recorded, its near-ties judged
+    by the server's margins alone: a downgrade. Every native answer with margins must name them."""
+    import json
 
-
-def test_one_test_rearranged_in_a_bundle_of_fresh_draws_is_not_let_through_as_an_older_bundle(tmp_path):
     src, b, data = _copy_defaults(tmp_path)
-    _as_drawn(data)
     assert _verify(src, b, data)[0] == 0
-    lv = next(x for x in data["levels"] if x.get("perturbation"))
+    field = "runner_up (every native answer with margins names each token's second choice)"
+    one = json.loads(json.dumps(data))
+    one["margins"]["cold"][0]["runner_up"] = None
+    code, fields, _ = _verify(src, b, one)
+    assert code == 1 and field in fields, fields
+    every = [x for side in ("cold", "warm", "together", "sibling") for x in data["margins"].get(side) or []]
+    every += [x for lv in data["levels"] if lv.get("cancel") for k in ("reference", "answers") for x in lv["cancel"][k]]
+    for x in every:
+        x["runner_up"] = None
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1 and field in fields, fields
+
+
+def test_every_test_rearranged_is_not_let_through_as_an_older_bundle(tmp_path):
+    """A bundle whose perturbed prompts were each neighbour's own ids rearranged (as before fresh ids were drawn)
+    was judged under that older rule: one test rearranged, or all of them, now fails."""
+    src, b, data = _copy_defaults(tmp_path)
     own = data["workload"]["prompt_ids"]
-    for run in lv["perturbation"]["runs"]:
-        if run["perturbed"]:  # (this level's perturbed prompts: the neighbours' own ids, two swapped)
-            run["neighbour_prompts"] = [
-                [q[0], q[2], q[1], *q[3:]] for q in (own[int(n[1:])] for n in lv["perturbation"]["neighbours"])
-            ]
+    for lv in data["levels"]:
+        for name in ("perturbation", "perturbation_cache"):
+            t = lv.get(name)
+            for run in (t or {}).get("runs", []):
+                if run["perturbed"]:  # (the neighbours' own ids, two swapped)
+                    mine = [own[int(n[1:])] for n in t["neighbours"]]
+                    run["neighbour_prompts"] = [[q[0], q[2], q[1], *q[3:]] for q in mine]
     code, fields, notes = _verify(src, b, data)
-    assert code == 1 and not any(n.startswith("perturbation: the neighbours' own ids") for n in notes)
-    assert any("drawn again from the seed" in f for f in fields)
+    assert code == 1 and any("drawn again from the seed" in f for f in fields), fields
+    assert not any("rearranged" in n for n in notes)
 
 
 def test_a_needle_named_otherwise_fails_in_one_check_not_a_crash(tmp_path):
@@ -653,3 +609,41 @@ def test_the_cap_is_named_only_where_the_threshold_is_the_cap():
     assert threshold_source(MarginPasses(cold=cold, warm=warm, together=warm)) == "this run's measured numerics"
     inflated = [_answer(x.session_id, x.tokens, [40 * y for y in x.margins]) for x in warm]
     assert threshold_source(MarginPasses(cold=cold, warm=inflated, together=inflated)).startswith("the cap")
+
+
+def test_margin_passes_dropped_from_a_server_that_gives_log_probabilities_fail(tmp_path):
+    """A review of schema 4: margins set to null skipped the runner-up and sibling checks, and the README's margins
+    section vanished; the cancel runs, asked alike, still carried margins, which contradicts 'no log-probabilities'."""
+    src, b, data = _copy_defaults(tmp_path)
+    data["margins"], data["divergences"] = None, None
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1
+    assert "margins (absent only where the server gives no log-probabilities: no answer has them)" in fields
+
+
+def test_margins_stripped_from_the_cancel_runs_alone_fail(tmp_path):
+    src, b, data = _copy_defaults(tmp_path)
+    run = next(lv["cancel"] for lv in data["levels"] if lv.get("cancel"))
+    for x in run["answers"]:
+        x["margins"], x["runner_up"] = None, None
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1 and "margins (every answer that asked for them, with tokens, has them)" in fields, fields
+
+
+def test_a_runner_up_that_is_the_token_itself_fails(tmp_path):
+    src, b, data = _copy_defaults(tmp_path)
+    x = data["margins"]["cold"][0]
+    x["runner_up"] = list(x["tokens"])
+    code, fields, _ = _verify(src, b, data)
+    assert (
+        code == 1 and f"{x['session_id']}.runner_up (an id exactly where a margin is, never the token itself)" in fields
+    )
+
+
+def test_an_echo_saying_cache_prompt_off_beside_answers_served_from_the_cache_fails(tmp_path):
+    """A review of schema 4: the echo set to off (and the cache-path tests dropped with it) passed, though the
+    server said it computed fewer prompt tokens than it evaluated: it took them from its cache."""
+    src, b, data = _copy_defaults(tmp_path)
+    data["config"]["engine"]["cache_prompt"] = "off"
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1 and any(f.endswith(": every prompt token computed (cache_prompt false)") for f in fields), fields

@@ -17,8 +17,10 @@ choice was:
   the sessions that were in flight beside it: a suspected leak, to be settled by perturbation and canaries;
 - unknown where the alone answer gives no margin there (it ended first, or a margin was not finite).
 A near-tie must also flip to the cold answer's second choice where the server named it by id (``runner_up``): a
-change to any other token is confident whatever the margins say, so a server that reports every margin small
-cannot excuse a leak that writes another token.
+change to any other token within the threshold is unknown (a third choice, whose margin only the top-2 asked for
+cannot tell: an honest server's 3-way near-ties do this), never a near-tie, so a server that reports every margin
+small cannot excuse a leak that writes another token: it is left unjudged, and a proof resting on it does not
+pass.
 """
 
 from __future__ import annotations
@@ -290,7 +292,7 @@ def divergence(
     margin = a.margins[k] if a.margins is not None and k < len(a.margins) else None
     kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
     if kind == "near-tie" and not to_runner_up(a, x, k):
-        kind = "confident"  # (numerics flip a near-tie to the second choice, never to another token)
+        kind = "unknown"  # (to a third choice, whose margin was not asked for: neither proven close nor far)
     return Divergence(
         concurrency=c,
         repetition=repetition,

@@ -88,8 +88,9 @@ def verdict(runs: Sequence[PerturbationRun]) -> PerturbationVerdict:
 
 
 def rearranged(tests: Sequence[Perturbation], prompts: Mapping[str, Sequence[int]]) -> bool:
-    """Did every test send, as each perturbed prompt, a rearrangement of that neighbour's own ids (how bundles were
-    made before fresh ids were drawn)? ``prompts``: each session's prompt ids. False where nothing was perturbed."""
+    """Did every test send, as each perturbed prompt, a rearrangement of that neighbour's own ids (how schema-3
+    bundles were made, before fresh ids were drawn)? ``prompts``: each session's prompt ids. False where nothing was
+    perturbed."""
     sent = [
         (q, prompts.get(n, ()))
         for p in tests
@@ -139,8 +140,7 @@ def id_pool(prompts: Sequence[Sequence[int]]) -> list[int]:
 
 def is_perturbation(null: Sequence[int], sent: Sequence[int], pool: Sequence[int], head: int = 1) -> bool:
     """Is ``sent`` what meshbench.endpoint.perturb sends for ``null``: its first ``head`` ids (kept: a BOS), then
-    other ids of the workload's (``pool``, id_pool), or (a pool of one id) each of ``null``'s + 1? (Bundles made
-    before fresh ids were drawn rearranged the prompt's own ids: those are drawn from the pool too.)"""
+    other ids of the workload's (``pool``, id_pool), or (a pool of one id) each of ``null``'s + 1?"""
     if len(sent) != len(null) or list(sent[:head]) != list(null[:head]) or list(sent) == list(null):
         return False
     tail, other = list(null[head:]), list(sent[head:])
@@ -170,7 +170,7 @@ def flips(runs: Sequence[PerturbationRun], cold: dict[str, Completion], threshol
             margin = a.margins[k] if k < len(a.margins) else None
         kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
         if kind == "near-tie" and a is not None and k is not None and not _between_top_two(a, novel[0], k):
-            kind = "confident"  # (a near-tie flips between the cold answer's top two only)
+            kind = "unknown"  # (to a third choice, whose margin was not asked for: neither proven close nor far)
         out.append(Flip(session_id=sid, token_index=k, margin=margin, kind=kind))
     return out
 

@@ -13,15 +13,19 @@ from typing import Annotated, Callable, Optional
 import typer
 
 from meshbench import files
+from meshbench.analysis import hunt as judge
 from meshbench.cli import exits
-from meshbench.cli.common import err, out
+from meshbench.cli.common import command_line, err, out
 from meshbench.endpoint import llama_server
 from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
-from meshbench.hunt import differential, judge, report, strategies
-from meshbench.hunt import history as hist
+from meshbench.hunt import differential, document
 from meshbench.hunt import run as hunting
 from meshbench.hunt.server import Server
+from meshbench.records import history as hist
+from meshbench.results import hunt_report
+from meshbench.workload import hunt as strategies
+from meshbench.workload.target import parse_target
 
 BUDGET = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*")
 UNITS = {"s": 1, "m": 60, "h": 3600}
@@ -96,19 +100,27 @@ def hunt(
     with first as server:
         if replayed is not None:
             raise typer.Exit(_replay(server, replayed))
-        found = hunting.hunt(
-            server,
-            chosen,
-            seed,
-            _until(seconds, requests),
-            _progress,
-        )
-    for line in report.lines(found):
+        found = hunting.hunt(server, chosen, seed, _until(seconds, requests), _progress)
+        info = _server_info(server)
+    doc = document.document(found, info, command_line(), {"seconds": seconds, "requests": requests})
+    for line in hunt_report.lines(hunt_report.view(doc)):
         out.print(line, markup=False)
     if out_dir is not None:
-        _write(out_dir, found, server)
-    judged = sum(n for o, n in report.outcomes(found.checked).items() if o != judge.NOT_JUDGED)
+        _write(out_dir, doc)
+    judged = sum(n for o, n in judge.outcomes(found.checked).items() if o != judge.NOT_JUDGED)
     raise typer.Exit(exits.CHECK_FAILED if found.findings else exits.OK if judged else exits.NOTHING_JUDGED)
+
+
+def _server_info(server: Server) -> dict[str, object]:
+    props = server.props or {}
+    slots = props.get("total_slots")
+    return {
+        "launched": server.launched,
+        "build_info": str(props.get("build_info"))[:200] if props.get("build_info") is not None else None,
+        "model": server.model if server.launched else (str(props.get("model_path"))[:1000] or None),
+        "args": list(server.args),
+        "total_slots": slots if isinstance(slots, int) and 1 <= slots <= 65536 else None,
+    }
 
 
 def _until(seconds: float | None, requests: int | None) -> Callable[[int, float], bool]:
@@ -127,7 +139,7 @@ def _second(first: Server, url: str | None, args: str | None, binary: str | None
     if url is not None:
         if args is not None or binary is not None:
             raise MeshbenchError("--against is a running server: --against-args and --against-llama-server are not")
-        return Server(url, None, None)
+        return Server(_loopback(url, "--against"), None, None)
     if not first.launched:
         raise MeshbenchError("--against-args and --against-llama-server start a second server: they need --serve")
     exe = llama_server.binary(binary, "--against-llama-server") if binary is not None else first.binary
@@ -144,13 +156,20 @@ def _differential(
     return exits.CHECK_FAILED if any(p.confident for ps in pair.partings for p in ps) else exits.OK
 
 
+def _loopback(url: str, flag: str) -> str:
+    """A server on this machine: a hunt sends generated load and content only to loopback."""
+    if not parse_target(url).loopback:
+        raise MeshbenchError(f"{flag} {url[:80]}: not on this machine (loopback); hunt sends its histories to no other")
+    return url
+
+
 def _server(target, serve, model, package, server_args, binary) -> Server:
     if (target is None) == (serve is None):
         raise MeshbenchError("hunt needs one server: --target URL, or --serve llama-server")
     if target is not None:
         if model or package or server_args or binary:
             raise MeshbenchError("--model, --package, --server-args and --llama-server apply to --serve only")
-        return Server(target, None, None)
+        return Server(_loopback(target, "--target"), None, None)
     if serve != "llama-server":
         raise MeshbenchError(f"--serve {serve[:40]!r}: hunt starts llama-server only")
     if (model is None) == (package is None):
@@ -166,25 +185,27 @@ def _replay(server: Server, h: hist.History) -> int:
     runs, limit = hunting.replays(server, h)
     for k, got in enumerate(runs, 1):
         for j in judge.confident(got.judged):
-            out.print(f"run {k}: {report.said(got, j)}", markup=False)
+            out.print(f"run {k}: {judge.said(got, j)}", markup=False)
     shown = sum(bool(judge.confident(got.judged)) for got in runs)
     out.print(f"shown in {shown} of {len(runs)} runs on {server.replays_on()}; a near-tie is a cold margin of at most "
               f"{limit:.3g}", markup=False)  # fmt: skip
     return 1 if shown else 0
 
 
-def _write(folder: Path, found: hunting.Hunt, server: Server) -> None:
-    info = {"launched": server.launched, "build_info": (server.props or {}).get("build_info")}
-    doc = report.to_json(found, info)
+def _write(folder: Path, doc: dict[str, object]) -> None:
+    """The bundle, written into a staging folder beside ``folder`` and renamed to it (never half-written)."""
+    files_ = {"results.json": json.dumps(doc, indent=1) + "\n", "README.md": hunt_report.readme(doc, folder.name)}
+    for k, f in enumerate(doc["findings"], 1):  # type: ignore[arg-type]
+        files_[f"finding-{k}.json"] = json.dumps(f["minimal"]["history"], indent=1) + "\n"
     staging = folder.with_name(f".{folder.name}.partial")
-    staging.mkdir()
     try:
-        (staging / "hunt.json").write_text(json.dumps(doc, indent=1) + "\n")
-        for k, f in enumerate(doc["findings"], 1):
-            (staging / f"finding-{k}.json").write_text(json.dumps(f["minimal"], indent=1) + "\n")
+        staging.mkdir()
+        for name, text in files_.items():
+            (staging / name).write_text(text)
         staging.rename(folder)
     except OSError as e:
         for p in staging.glob("*"):
             p.unlink()
-        staging.rmdir()
+        if staging.exists():
+            staging.rmdir()
         raise MeshbenchError(f"--out {folder}: cannot write it ({e.strerror})") from None

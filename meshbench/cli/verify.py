@@ -15,9 +15,12 @@ from meshbench.cli import exits, progress
 from meshbench.cli.common import err, out, print_json
 from meshbench.endpoint import retokenize
 from meshbench.errors import MeshbenchError
+from meshbench.results import kinds
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify_mod
+from meshbench.verify import hunt as verify_hunt
 from meshbench.verify import matrix as verify_matrix
+from meshbench.verify import pins
 
 
 def verify(
@@ -65,6 +68,14 @@ def verify(
             "of lines; the exit code is the same.",
         ),
     ] = False,
+    older: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--older",
+            help="A JSON file pinning, by sha256, endpoint bundles of the older schema (3) to read under their own "
+            "rules (evidence/OLDER.json); any other schema-3 bundle is refused.",
+        ),
+    ] = None,
 ) -> None:
     """Check evidence bundles: schema, recomputed figures and verdicts, the README, and (--rerun) reproduction.
 
@@ -76,6 +87,8 @@ def verify(
         raise MeshbenchError("--threads chooses the threads of a rerun: give --rerun as well")
     if accept_other_kernels and not rerun:
         raise MeshbenchError("--accept-other-kernels accepts what a rerun could not reproduce: give --rerun as well")
+    if older is not None:
+        kinds.PINNED.update(pins.read(older))
     worst = 0
     reports = []
     for path in bundles:  # every bundle is reported; the exit code is the worst status
@@ -100,6 +113,10 @@ def verify(
 
 
 def _checked(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) -> Checks:
+    if verify_hunt.is_hunt(path):
+        if rerun:
+            raise MeshbenchError(f"{path}: a hunt bundle: a rerun needs its server (verify it without --rerun)")
+        return verify_hunt.check(path)
     if verify_matrix.is_matrix(path):
         if rerun:
             raise MeshbenchError(

@@ -15,12 +15,13 @@ from typing import Callable
 import numpy as np
 
 from meshbench.analysis import endpoint_margins as margins
+from meshbench.analysis import hunt as judge
+from meshbench.analysis.hunt import Checked
 from meshbench.errors import MeshbenchError
-from meshbench.hunt import judge
-from meshbench.hunt.history import History
-from meshbench.hunt.run import Checked, calibrated, check
+from meshbench.hunt.run import calibrated, check
 from meshbench.hunt.server import Server
-from meshbench.hunt.strategies import Strategy
+from meshbench.records.history import History
+from meshbench.workload.hunt import Strategy
 
 
 @dataclass(frozen=True, slots=True)

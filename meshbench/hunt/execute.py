@@ -10,9 +10,9 @@ import time
 
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.stream import Completion as Answer
-from meshbench.hunt.history import History, Request
 from meshbench.records import serial
 from meshbench.records.completion import Completion
+from meshbench.records.history import History, Request
 from meshbench.workload import request
 
 PROBS = 2  # top log-probabilities per token: the margin and the second choice

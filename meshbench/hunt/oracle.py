@@ -13,10 +13,10 @@ import numpy as np
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.endpoint.client import Endpoint
 from meshbench.hunt import execute
-from meshbench.hunt.facts import Facts, prompt
-from meshbench.hunt.history import Request
 from meshbench.records.completion import Completion
+from meshbench.records.history import Facts, Request
 from meshbench.records.margins import MarginPasses
+from meshbench.workload.hunt import prompt
 
 CALIBRATION = 8  # requests measured cold, cold again and warm
 HOW = "cache_prompt false on the idle server"  # where cold answers come from

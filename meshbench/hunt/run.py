@@ -11,17 +11,17 @@ from typing import Callable
 import numpy as np
 
 from meshbench.analysis import endpoint_margins as margins
+from meshbench.analysis import hunt as judge
+from meshbench.analysis.hunt import Checked, Judged
 from meshbench.endpoint.client import Endpoint
-from meshbench.hunt import execute, judge, oracle, shrink
-from meshbench.hunt.facts import Facts, from_props
-from meshbench.hunt.history import History
-from meshbench.hunt.judge import Judged
+from meshbench.hunt import execute, oracle, shrink
+from meshbench.hunt.facts import from_props
 from meshbench.hunt.server import Server
-from meshbench.hunt.strategies import Strategy
-from meshbench.records.completion import Completion
+from meshbench.records.history import Facts, History
 from meshbench.records.margins import MarginPasses
+from meshbench.workload.hunt import Strategy
 
-CONFIRM = 3  # a finding's history is run again this many times on fresh servers
+CONFIRM = judge.CONFIRM
 # Text whose ids prompts are drawn from (any text does: the content is those ids at random, repeated)
 CORPUS = (
     "The river bends twice before it reaches the old mill, where a wooden wheel still turns in the spring floods. "
@@ -30,21 +30,26 @@ CORPUS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Checked:
-    history: History
-    answers: dict[str, Completion]
-    cold: dict[str, Completion]
-    judged: list[Judged]
-
-
 @dataclass
 class Finding:
     found: Checked
-    confirmed: int  # of CONFIRM runs of its history, those with a confident difference
-    minimal: Checked | None = None
-    minimal_confirmed: int = 0
+    confirmations: list[Checked] = field(default_factory=list)  # its history run again CONFIRM times, fresh
+    minimal: Checked | None = None  # the shrunk history, run once more
+    minimal_confirmations: list[Checked] = field(default_factory=list)
     seconds_to_find: float = 0.0
+
+    @property
+    def confirmed(self) -> int:
+        return shown(self.confirmations)
+
+    @property
+    def minimal_confirmed(self) -> int:
+        return shown(self.minimal_confirmations)
+
+
+def shown(runs: list[Checked]) -> int:
+    """Of these runs of one history, those with a confident difference."""
+    return sum(bool(judge.confident(c.judged)) for c in runs)
 
 
 @dataclass
@@ -85,7 +90,7 @@ def facts_of(endpoint: Endpoint) -> Facts:
 def check(endpoint: Endpoint, cold: oracle.Oracle, h: History, limit: float) -> Checked:
     answers = execute.run(endpoint, h)
     colds = {r.name: cold.cold(r) for r in h.requests() if r.cancel_at is None}
-    return Checked(h, answers, colds, judge.judge(h, answers, colds, limit))
+    return judge.checked(h, answers, colds, limit)
 
 
 def hunt(
@@ -120,8 +125,8 @@ def _settle(
     server: Server, cold: oracle.Oracle, got: Checked, limit: float, at: float, progress: Callable[[str], None]
 ) -> Finding:
     """Confirm a finding on fresh servers, shrink it, confirm the minimal history."""
-    found = Finding(got, 0, seconds_to_find=at)
-    found.confirmed = confirm(server, cold, got.history, limit)
+    found = Finding(got, seconds_to_find=at)
+    found.confirmations = [replay(server, cold, got.history, limit) for _ in range(CONFIRM)]
     progress(f"finding confirmed {found.confirmed} of {CONFIRM} runs on {server.replays_on()}; shrinking it")
 
     def still(candidate: History) -> bool:
@@ -129,7 +134,7 @@ def _settle(
 
     minimal = shrink.shrink(got.history, still, len(facts_head(server)))
     found.minimal = replay(server, cold, minimal, limit)
-    found.minimal_confirmed = confirm(server, cold, minimal, limit)
+    found.minimal_confirmations = [replay(server, cold, minimal, limit) for _ in range(CONFIRM)]
     steps, reqs, ids = minimal.size()
     progress(f"minimal history: {steps} steps, {reqs} requests, {ids} prompt ids; {found.minimal_confirmed} of "
              f"{CONFIRM} runs show it")  # fmt: skip
@@ -145,10 +150,6 @@ def replay(server: Server, cold: oracle.Oracle, h: History, limit: float) -> Che
     """``h`` on a fresh server (where meshbench started it), its cold answers from the memo or that server."""
     endpoint = server.fresh()
     return check(endpoint, cold.with_endpoint(endpoint), h, limit)
-
-
-def confirm(server: Server, cold: oracle.Oracle, h: History, limit: float, n: int = CONFIRM) -> int:
-    return sum(bool(judge.confident(replay(server, cold, h, limit).judged)) for _ in range(n))
 
 
 def _counts(judged: list[Judged]) -> str:

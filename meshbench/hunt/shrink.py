@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterator
 
-from meshbench.hunt.history import History, Request, Step
+from meshbench.records.history import History, Request, Step
 
 MAX_TRIES = 40  # candidate histories run at most
 

@@ -20,6 +20,18 @@ SCHEMA_VERSION = 4
 SCHEMA = "results.schema.json"
 
 
+def stamp(kind: str, schema_version: int, command: str) -> dict:
+    """What a document of its own kind (a matrix, a hunt) opens with: its kind and schema, meshbench's version, the
+    time and the command."""
+    return {
+        "kind": kind,
+        "schema_version": schema_version,
+        "meshbench_version": __version__,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+    }
+
+
 def header(cfg: RunConfig, command: str, schema_version: int) -> dict:
     """What every results.json opens with, a node's or an endpoint's: versions, time, command, the config echo."""
     return {
@@ -69,9 +81,11 @@ def build(
 
 
 ENDPOINT_SCHEMA = "endpoint.schema.json"
-ENDPOINT_VERSION = 3  # 2: failed answers fail the verdicts (verdicts.failed); deadline_s in the echo; 3: the
+ENDPOINT_VERSION = 4  # 2: failed answers fail the verdicts (verdicts.failed); deadline_s in the echo; 3: the
 # requests' shared fields and prompt ids, the perturbation, canary and cancel-and-retry runs, all required (a
-# bundle of 2 is not read: stripped of them it could not be told from an honest older one)
+# bundle of 2 is not read: stripped of them it could not be told from an honest older one); 4: the sibling pass,
+# every native margin's runner-up, the perturbation test through the prompt cache and fresh perturbed ids, all
+# required (a bundle of 3 is not read: one forged to look like it would escape the checks each of them makes)
 
 
 def check_node_version(v: Any, where: str) -> None:

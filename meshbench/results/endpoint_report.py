@@ -10,7 +10,6 @@ from meshbench.analysis import endpoint_margins, perturbation
 from meshbench.analysis.endpoint_margins import SHARED_MIN, common_prefix
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
-from meshbench.records.perturbation import Perturbation
 from meshbench.results import accounting_report, conversation_report, markdown, open_loop_report
 from meshbench.results import endpoint_proofs_report as proofs_report
 from meshbench.results.endpoint_proofs_report import kinds, margin
@@ -177,13 +176,15 @@ def render_readme(b: EndpointBundle, name: str) -> str:
 BATCH_INVARIANT, RUN_TO_RUN, NEEDLE = "batch_invariant", "run_to_run_deterministic", "needle"
 
 
-def _perturbed_how(b: EndpointBundle, tests: list[Perturbation]) -> str:
-    """What the perturbed runs sent, in words: fresh ids of the workload's, or (bundles made before probe 5) the
-    neighbours' own ids rearranged, which a dependence on their multiset (a sum, a count) cannot be seen through;
-    after the BOS every prompt starts with, or every id where they start otherwise (perturbation.kept)."""
+def _perturbed_how(b: EndpointBundle) -> str:
+    """What the perturbed runs sent, in words: fresh ids of the workload's, after the BOS every prompt starts with,
+    or every id where they start otherwise (perturbation.kept)."""
     prompt_ids = b.results.workload.prompt_ids or []
     after = " after BOS" if perturbation.kept(prompt_ids) else " (every id: the server adds no BOS)"
-    if perturbation.rearranged(tests, dict(zip(b.cfg.workload.session_ids(), prompt_ids))):
+    tests = [p for lv in b.results.levels for p in (lv.perturbation, lv.perturbation_cache) if p is not None]
+    if b.results.schema_version < 4 and perturbation.rearranged(
+        tests, dict(zip(b.cfg.workload.session_ids(), prompt_ids))
+    ):
         return f"the neighbours' prompt ids rearranged{after}: the same lengths, other content"
     return (
         f"the neighbours' prompt ids{after} replaced by fresh ones drawn from the workload's ids: the same lengths, "
@@ -211,7 +212,7 @@ def _perturbation(b: EndpointBundle) -> list[str]:
         "",
         "At each level of two or more sessions, the first C sessions were submitted at once, again and again: "
         "null runs (every prompt as it is) and perturbed runs ("
-        + _perturbed_how(b, [p for _, p in tested])
+        + _perturbed_how(b)
         + "), which runs were perturbed drawn at random. Every request of these runs "
         "bans eos and is sent with `cache_prompt` false, so nothing carries from one run to the next and the "
         f"batches stay alike: {cache_words}. The statistic counts perturbed "
@@ -311,6 +312,16 @@ def _after_sibling(b: EndpointBundle, differing: list) -> str:
     return head + f"{len(differing)} differ from their cold answer: {listed}{more}."
 
 
+def _second_choice(b: EndpointBundle) -> str:
+    """What the runner-ups add to the near-tie rule, where they were recorded (a schema-3 bundle has none)."""
+    if b.results.margins is None or not any(x.runner_up is not None for x in b.results.margins.cold):
+        return ""
+    return (
+        " (only a change to the cold answer's second choice, which the server names by id: one to a third choice, "
+        "whose distance the top two do not give, is unknown)"
+    )
+
+
 def _divergences(b: EndpointBundle) -> list[str]:
     """Every answer against its session's cold answer, classified by the margin where it first differs."""
     d = b.results.divergences
@@ -340,9 +351,10 @@ def _divergences(b: EndpointBundle) -> list[str]:
         f"or batched answer agrees with the cold one, the margin (top-1 minus top-2) moved by at most {numerics}: "
         "the server's own numerics here. Every answer of the sweep is compared with its session's cold answer. "
         f"Where it first differs, a cold margin of at most {d.threshold:.3g} (the numerics, and never below "
-        f"{d.floor:g}) is a near-tie, classified as numerics; a larger one is confident, which these numerics do "
-        "not explain: a suspected leak, listed with the sessions in flight beside it (none beside it points at "
-        "the server's own state, such as its prompt cache, rather than a neighbour).",
+        f"{d.floor:g}) is a near-tie, classified as numerics{_second_choice(b)}; a larger "
+        "one is confident, which these numerics do not explain: a suspected leak, listed with the sessions in "
+        "flight beside it (none beside it points at the server's own state, such as its prompt cache, rather than "
+        "a neighbour).",
         "",
         "| C | answers | differ from cold | near-ties | confident | unknown |",
         "|---|---|---|---|---|---|",

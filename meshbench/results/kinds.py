@@ -91,8 +91,14 @@ def index_row(folder: Path, data: dict) -> str:
     return kind(data).index_row(folder, typed_results(data))
 
 
-def check_version(data: Any, where: str) -> None:
-    """A document of the schema_version this meshbench reads for its kind, or one line saying what to do."""
+OLDER_ENDPOINT = 3  # an endpoint schema_version read only where pinned (verify --older), under its own rules
+PINNED: set[str] = set()  # sha256 digests of results.json files verify may read at OLDER_ENDPOINT (--older)
+
+
+def check_version(data: Any, where: str, digest: str | None = None) -> None:
+    """A document of the schema_version this meshbench reads for its kind, or one line saying what to do. An
+    endpoint document of OLDER_ENDPOINT is read only where its ``digest`` is pinned: stripped of what schema 4
+    requires, a forged bundle would read as an honest older one, so an older one is accepted by its digest alone."""
     v = data.get("schema_version") if isinstance(data, dict) else None
     if isinstance(data, dict) and data.get("kind") == "matrix":
         raise MeshbenchError(
@@ -101,10 +107,13 @@ def check_version(data: Any, where: str) -> None:
         )
     k = kind(data)
     if k.name == ENDPOINT:
+        if v == OLDER_ENDPOINT and digest is not None and digest in PINNED:
+            return
         if v != k.version:
             raise MeshbenchError(
                 f"{where}: an endpoint bundle of schema_version {v!r}; this meshbench reads {k.version} (re-run "
-                "its sweep command, commands.txt beside it, with this version)"
+                "its sweep command, commands.txt beside it, with this version; a bundle of 3 is read only where "
+                "verify --older pins its digest)"
             )
         return
     document.check_node_version(v, where)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from meshbench import __version__, files, validation
+from meshbench import files, validation
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.results import document, kinds
@@ -41,11 +40,7 @@ def build(command: str, config: dict, settings: list[tuple[str, dict]]) -> dict:
     """The matrix's results.json: its command and config echo (what ran), and each setting's flags, folder and
     the digest of its results.json as written."""
     return {
-        "kind": KIND,
-        "schema_version": VERSION,
-        "meshbench_version": __version__,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": command,
+        **document.stamp(KIND, VERSION, command),
         "story": config["story"],
         "title": config["title"],
         "server_args": config["engine"]["server_args"],

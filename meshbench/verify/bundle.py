@@ -43,7 +43,7 @@ def load_bundle(path: Path) -> dict:
     if not rj.exists():
         raise MeshbenchError(f"{path}: not a bundle: no {bundle.RESULTS}")
     data = results.load(rj)
-    kinds.check_version(data, str(rj))
+    kinds.check_version(data, str(rj), files.sha256(rj) if kinds.PINNED else None)
     try:
         errors = kinds.schema_errors(data) or config_echo_errors(data["config"])
     except RecursionError:

@@ -65,6 +65,7 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
         _check_needle(c, lv, at, ids)
     _check_stamps(c, b)
     _check_evaluated(c, b, typed_levels)
+    _check_cache_off(c, b)
     _check_answered(c, alone, typed_levels)
     every = [x for lv in typed_levels for rep in lv.repetitions for x in figures.pass_answers(rep)]
     every += [t.completion for lv in typed_levels for t in lv.needle] + [alone]
@@ -77,6 +78,7 @@ def check_endpoint(c: Checks, b: EndpointBundle) -> None:
     )
     c.equal(RESULTS, "conclusions", figures.CONCLUSIONS, b.results.conclusions)
     proofs.check_margins(c, b, ids, compared, lengths, new)
+    proofs.check_margins_given(c, b)
     _check_proofs(c, b, ids)
     _check_accounting(c, b)
     check_gauges(c, b)
@@ -281,6 +283,19 @@ def _check_answered(c: Checks, alone: Completion, levels: list[EndpointLevel]) -
         for k, t in enumerate(lv.needle):
             if t.completion.error is not None:
                 c.equal(RESULTS, f"levels[{i}].needle[{k}]: answered", "answered", t.completion.error)
+
+
+def _check_cache_off(c: Checks, b: EndpointBundle) -> None:
+    """Where every request sent ``cache_prompt`` false (engine.cache_prompt off), the server took nothing from its
+    prompt cache: each timed answer that says what it computed computed every prompt token it evaluated (an echo
+    saying off beside answers served from the cache claims a setting the records contradict)."""
+    if b.cfg.engine.cache_prompt != "off":
+        return
+    for at, rep in _passes(b):
+        for x in figures.pass_answers(rep):
+            if x.computed is not None and x.evaluated is not None:
+                c.equal(RESULTS, f"{at} {talk.label(x)}: every prompt token computed (cache_prompt false)",
+                        x.evaluated, x.computed)  # fmt: skip
 
 
 def _check_evaluated(c: Checks, b: EndpointBundle, levels: list[EndpointLevel]) -> None:

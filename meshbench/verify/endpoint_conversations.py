@@ -12,7 +12,7 @@ from meshbench.names import RESULTS
 from meshbench.records.completion import CANCELLED
 from meshbench.records.model import Completion, EndpointRepetition
 from meshbench.results.typed import EndpointBundle
-from meshbench.verify.endpoint_proofs import margined, whole
+from meshbench.verify.endpoint_proofs import margined, older, whole
 
 
 def turn_ids(b: EndpointBundle) -> dict[str, list[list[int]]] | None:
@@ -93,7 +93,7 @@ def _check_cold_answer(c: Checks, b: EndpointBundle, x: Completion, prompt: int,
     api = b.results.endpoint.api
     whole(c, where, x, prompt, new, b.results.workload.eos, text=api != "native")
     if x.margins is not None or x.token_bytes is not None or api == "native":  # (a server may give no logprobs)
-        margined(c, where, x, api)
+        margined(c, where, x, api, older(b))
     if api == "native":  # (llama-server says what it evaluated and computed: cold means every token computed)
         c.equal(RESULTS, f"{where}: every prompt token computed (cache_prompt false)", x.evaluated, x.computed)
 

@@ -12,12 +12,9 @@ from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
 from meshbench.records.model import Completion, EndpointLevel
 from meshbench.records.perturbation import Perturbation
+from meshbench.results import kinds
 from meshbench.results.typed import EndpointBundle
 
-CACHE_ABSENT = (
-    "perturbation_cache: absent (a bundle made before the test through the prompt cache): the perturbation test "
-    "ran without the server's prompt cache only"
-)
 HOLD_BACK = 3  # (meshbench.endpoint.stream.HOLD_BACK: verify never imports the client)
 
 
@@ -34,7 +31,6 @@ def check_margins(
             for x in answers:
                 _check_answer(c, b, f"margins.{side}.{x.session_id}", x, lengths, new)
         _check_siblings(c, b, ids, lengths, new)
-        _check_runner_ups(c, b)
     expected = (
         None
         if r.margins is None or not margins.compares(r.endpoint.api, compared)
@@ -44,32 +40,70 @@ def check_margins(
 
 
 def _check_runner_ups(c: Checks, b: EndpointBundle) -> None:
-    """Over the native API, every answer that carries margins (the margin passes, the cancel runs) names each
-    token's second choice, or none does (a bundle made before they were recorded: noted, near-ties judged by margin
-    alone); one stripped of them, where the others have them, fails. Each is None exactly where its margin is."""
+    """Over the native API, every answer that carries margins (the margin passes, the cancel runs, a conversation's
+    cold re-sends) names each token's second choice (stripped of them, a near-tie would be judged by the margin
+    alone, which the server reports), each an id exactly where its margin is, and never the token itself."""
     r = b.results
-    if r.endpoint.api != "native" or r.margins is None:
+    if r.endpoint.api != "native":
         return
-    runs = [lv.cancel for lv in r.levels if lv.cancel is not None]
-    answers = [*r.margins.cold, *r.margins.warm, *r.margins.together, *(r.margins.sibling or []),
-               *(x for run in runs for x in [*run.reference, *run.answers])]  # fmt: skip
-    answers = [x for x in answers if x.error is None and x.margins is not None]
-    have = [x.runner_up is not None for x in answers]
-    if not any(have):
-        if RUNNER_UP_ABSENT not in c.notes:
-            c.notes.append(RUNNER_UP_ABSENT)
+    answers = [x for x in _margined_answers(b) if x.error is None and x.margins is not None]
+    if older(b) and not any(x.runner_up is not None for x in answers):
+        c.notes.append(RUNNER_UP_ABSENT)
         return
-    c.equal(RESULTS, "runner_up (every native answer with margins names each token's second choice)", True, all(have))
+    c.equal(RESULTS, "runner_up (every native answer with margins names each token's second choice)", True,
+            all(x.runner_up is not None for x in answers))  # fmt: skip
     for x in answers:
         if x.runner_up is not None and x.margins is not None:
-            c.equal(RESULTS, f"{x.session_id}.runner_up (an id exactly where a margin is)",
-                    [m is None for m in x.margins], [u is None for u in x.runner_up])  # fmt: skip
+            c.equal(RESULTS, f"{x.session_id}.runner_up (an id exactly where a margin is, never the token itself)",
+                    [[m is None for m in x.margins], False],
+                    [[u is None for u in x.runner_up], any(u == t for u, t in zip(x.runner_up, x.tokens))])  # fmt: skip
+
+
+def older(b: EndpointBundle) -> bool:
+    """A pinned bundle of the older schema (3), judged by its own rules: made before the runner-ups, the sibling
+    pass, the test through the prompt cache and fresh perturbed ids, each of which it may lack (noted)."""
+    return b.results.schema_version == kinds.OLDER_ENDPOINT
 
 
 RUNNER_UP_ABSENT = (
-    "runner_up: absent (a bundle made before each token's second choice was recorded): a near-tie is judged by its "
-    "margin alone, which the server reports"
+    "runner_up: absent (a pinned schema-3 bundle, made before each token's second choice was recorded): a near-tie "
+    "is judged by its margin alone, which the server reports"
 )
+CACHE_ABSENT = (
+    "perturbation_cache: absent (a pinned schema-3 bundle, made before the test through the prompt cache): the "
+    "perturbation test ran without the server's prompt cache only"
+)
+LEGACY = (
+    "perturbation: the neighbours' own ids rearranged (a pinned schema-3 bundle, made before fresh ids were drawn): "
+    "held to their rearrangement, not drawn again"
+)
+
+
+def _margined_answers(b: EndpointBundle) -> list[Completion]:
+    """Every answer that asked for margins: the margin passes, the cancel runs, a conversation's cold re-sends."""
+    r = b.results
+    runs = [lv.cancel for lv in r.levels if lv.cancel is not None]
+    passes = [] if r.margins is None else [*r.margins.cold, *r.margins.warm, *r.margins.together,
+                                          *(r.margins.sibling or [])]  # fmt: skip
+    cold = [] if r.conversations is None else list(r.conversations.cold)
+    return [*passes, *(x for run in runs for x in [*run.reference, *run.answers]), *cold]
+
+
+def check_margins_given(c: Checks, b: EndpointBundle) -> None:
+    """A bundle without margin passes is one whose server gave no log-probabilities: then no answer carries any
+    (a cancel run's, asked alike, that does contradicts it); and where any answer carries them, every answer asked
+    for them with tokens does (stripped from some, those would be judged without margins). Native API only (over an
+    OpenAI API a chat answer may come without log-probabilities and is compared by its text)."""
+    if b.results.endpoint.api != "native":
+        return
+    asked = [x for x in _margined_answers(b) if x.error is None and x.tokens]
+    given = [x.margins is not None for x in asked]
+    if b.results.margins is None:
+        c.equal(RESULTS, "margins (absent only where the server gives no log-probabilities: no answer has them)",
+                False, any(given))  # fmt: skip
+    elif asked:
+        c.equal(RESULTS, "margins (every answer that asked for them, with tokens, has them)", True, all(given))
+    _check_runner_ups(c, b)
 
 
 def _check_siblings(c: Checks, b: EndpointBundle, ids: list[str], lengths: dict[str, int], new: dict[str, int]) -> None:
@@ -82,11 +116,9 @@ def _check_siblings(c: Checks, b: EndpointBundle, ids: list[str], lengths: dict[
         c.equal(RESULTS, "margins.siblings: the prompt ids they come from", len(ids), len(prompt_ids))
         return
     after = margins.siblings(ids, prompt_ids)
-    if r.margins.sibling is None and r.margins.siblings is None and after:
-        # NOTE: schema_version 3 bundles were written before the sibling pass (its absence cannot be told from one
-        # stripped of it): noted, not failed, until the next schema_version requires it.
+    if older(b) and r.margins.sibling is None and r.margins.siblings is None and after:
         c.notes.append(f"margins.sibling: absent, though {len(after)} sessions' prompts start like an earlier one's "
-                       "(a bundle made before the sibling pass): warm-after-sibling unchecked")  # fmt: skip
+                       "(a pinned schema-3 bundle, made before the sibling pass): unchecked")  # fmt: skip
         return
     c.equal(RESULTS, "margins.siblings (recomputed from the prompt ids)", after or None, r.margins.siblings)
     found = [x.session_id for x in r.margins.sibling or []]
@@ -103,12 +135,12 @@ def _check_answer(
     check)."""
     c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
     api = b.results.endpoint.api
-    margined(c, where, x, api)
+    margined(c, where, x, api, older(b))
     if x.session_id in lengths:
         whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos, text=api != "native")
 
 
-def margined(c: Checks, where: str, x: Completion, api: str) -> None:
+def margined(c: Checks, where: str, x: Completion, api: str, old: bool = False) -> None:
     """An answer that asked for margins has one per token: over the native API one per id, and no lengths in bytes;
     over an OpenAI API no ids, and one margin and one length in bytes per token the server says it generated,
     adding up to its text (meshbench.endpoint.stream.text_tokens_whole)."""
@@ -117,8 +149,8 @@ def margined(c: Checks, where: str, x: Completion, api: str) -> None:
     if api == "native":
         c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
         c.equal(RESULTS, f"{where}.token_bytes (an OpenAI API's only)", None, x.token_bytes)
-        if x.runner_up is not None:  # (absent from bundles made before it was recorded)
-            c.equal(RESULTS, f"{where}: one runner-up per token", len(x.tokens), len(x.runner_up))
+        if x.runner_up is not None or not old:  # (a pinned schema-3 bundle recorded none: noted once)
+            c.equal(RESULTS, f"{where}: one runner-up per token", len(x.tokens), len(x.runner_up or []))
         return
     c.equal(RESULTS, f"{where}.runner_up (the native API's only: a text answer has no ids)", None, x.runner_up)
     c.equal(RESULTS, f"{where}.tokens (none over an OpenAI API)", [], x.tokens)
@@ -129,27 +161,27 @@ def margined(c: Checks, where: str, x: Completion, api: str) -> None:
 
 
 def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str, ids: list[str]) -> None:
-    """The level's test, and its run through the prompt cache where the sweep's requests use the cache (absent
-    from bundles made before it: noted): see ``_check_test``."""
+    """The level's test, and its run through the prompt cache exactly where the sweep's requests use the cache:
+    see ``_check_test``."""
     if lv.perturbation is None:
         c.equal(RESULTS, f"{at}.perturbation (every native level of C >= 2 has one)", False,
                 lv.concurrency > 1 and b.results.endpoint.api == "native")  # fmt: skip
         return
     _check_test(c, b, lv.perturbation, lv.concurrency, f"{at}.perturbation", ids)
+    if older(b) and lv.perturbation_cache is None:
+        if b.cfg.engine.cache_prompt != "off" and lv.concurrency > 1 and CACHE_ABSENT not in c.notes:
+            c.notes.append(CACHE_ABSENT)
+        return
+    c.equal(RESULTS, f"{at}.perturbation_cache (exactly where the sweep's requests use the prompt cache)",
+            b.cfg.engine.cache_prompt != "off", lv.perturbation_cache is not None)  # fmt: skip
     if lv.perturbation_cache is not None:
-        c.equal(RESULTS, f"{at}.perturbation_cache (only where the sweep's requests use the prompt cache)", True,
-                b.cfg.engine.cache_prompt != "off")  # fmt: skip
         _check_test(c, b, lv.perturbation_cache, lv.concurrency, f"{at}.perturbation_cache", ids)
-    elif b.cfg.engine.cache_prompt != "off" and lv.concurrency > 1 and CACHE_ABSENT not in c.notes:
-        c.notes.append(CACHE_ABSENT)  # NOTE: until the next schema_version requires it (older bundles lack it)
 
 
 def check_plans(c: Checks, b: EndpointBundle) -> None:
     """Every test's runs are the ones the sweep draws: which runs were perturbed and each perturbed prompt, drawn
     again from the workload's seed, the tests in level order (perturbation.planned); not merely ids of the
-    workload's, which a forger could pick to perturb less than the README says. A bundle made before fresh ids
-    rearranged each prompt's own ids in every test and has no test through the cache: judged so once for the whole
-    bundle (noted, every test held to its rearrangement), never test by test."""
+    workload's, which a forger could pick to perturb less than the README says."""
     wl = b.results.workload
     every = [list(x) for x in wl.prompt_ids or []]
     prompts = dict(zip(b.cfg.workload.session_ids(), every))
@@ -159,21 +191,14 @@ def check_plans(c: Checks, b: EndpointBundle) -> None:
         for name, p in (("perturbation", lv.perturbation), ("perturbation_cache", lv.perturbation_cache))
         if p is not None
     ]
-    legacy = all(name.endswith(".perturbation.runs") for name, _ in tests)
-    if legacy and perturbation.rearranged([p for _, p in tests], prompts):
-        c.notes.append(LEGACY)
+    if older(b) and perturbation.rearranged([p for _, p in tests], prompts):
+        c.notes.append(LEGACY)  # (schema 3 sent each neighbour's own ids rearranged, in every test)
         return
     rng = np.random.default_rng([b.cfg.workload.seed, 1])
     for at, p in tests:
         plan = perturbation.planned(every, [prompts.get(n, []) for n in p.neighbours], rng)
         sent = [(x.perturbed, [list(q) for q in x.neighbour_prompts]) for x in p.runs]
         c.equal(RESULTS, f"{at} (which were perturbed, and with what: drawn again from the seed)", True, sent == plan)
-
-
-LEGACY = (
-    "perturbation: the neighbours' own ids rearranged (a bundle made before fresh ids were drawn): held to their "
-    "rearrangement, not drawn again"
-)
 
 
 def _check_test(c: Checks, b: EndpointBundle, p: Perturbation, concurrency: int, at: str, ids: list[str]) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshbench.analysis import endpoint_margins as margins
-from meshbench.hunt.history import History
 from meshbench.records.completion import Completion
+from meshbench.records.history import History
 
 SAME, NEAR_TIE, CONFIDENT, UNKNOWN, NOT_JUDGED = "same", "near-tie", "confident", "unknown", "not judged"
+OUTCOMES = (SAME, NEAR_TIE, CONFIDENT, UNKNOWN, NOT_JUDGED)
+CONFIRM = 3  # a finding's history, and its minimal history, are run again this many times on fresh servers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,7 +32,7 @@ def judge(history: History, answers: dict[str, Completion], cold: dict[str, Comp
         for r in step.requests:
             x, a = answers.get(r.name), cold.get(r.name)
             beside = tuple(n for n in names if n != r.name)
-            why = _unjudged(r.cancel_at, x, a)
+            why = _unjudged(r.cancel_at, x, a, r.new_tokens)
             if why:
                 out.append(Judged(name=r.name, outcome=NOT_JUDGED, beside=beside, why=why))
                 continue
@@ -45,15 +47,19 @@ def judge(history: History, answers: dict[str, Completion], cold: dict[str, Comp
     return out
 
 
-def _unjudged(cancel_at: int | None, x: Completion | None, a: Completion | None) -> str:
+def _unjudged(cancel_at: int | None, x: Completion | None, a: Completion | None, n: int) -> str:
+    """Why an answer cannot be held to its cold answer (empty: it can): cancelled, failed, not whole (fewer ids
+    streamed than asked: llama-server holds back the ids of an incomplete character at the end), or no margins."""
     if cancel_at is not None:
         return "cancelled by its client"
     if x is None or x.error is not None:
         return f"its answer failed ({x.error if x is not None else 'none'})"
     if a is None or a.error is not None:
         return f"its cold answer failed ({a.error if a is not None else 'none'})"
-    if a.margins is None:
-        return "its cold answer has no margins"
+    if len(x.tokens) != n or len(a.tokens) != n:
+        return f"not whole ({len(x.tokens)} and {len(a.tokens)} of {n} ids streamed)"
+    if a.margins is None or len(a.margins) != n:
+        return "its cold answer has no margin per token"
     return ""
 
 
@@ -77,3 +83,52 @@ def donor(answer: Completion, at: int, own: tuple[int, ...], others: dict[str, t
 def _holds(prompt: tuple[int, ...], run: tuple[int, ...]) -> bool:
     n = len(run)
     return any(prompt[k : k + n] == run for k in range(len(prompt) - n + 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A history as it ran: every request's answer and cold answer (by name), and each judged."""
+
+    history: History
+    answers: dict[str, Completion]
+    cold: dict[str, Completion]
+    judged: list[Judged]
+
+
+def checked(history: History, answers: dict[str, Completion], cold: dict[str, Completion], limit: float) -> Checked:
+    return Checked(history, answers, cold, judge(history, answers, cold, limit))
+
+
+def outcomes(runs: list[Checked]) -> dict[str, int]:
+    every = [j.outcome for c in runs for j in c.judged]
+    return {o: every.count(o) for o in OUTCOMES}
+
+
+def coverage(runs: list[Checked], head: int) -> dict[str, dict[str, int]]:
+    """What the histories exercised, as the server reported it: answers whose prompt it took partly from its cache
+    (fewer ids computed than evaluated by more than the ``head`` every prompt starts with), and those ids; by
+    strategy."""
+    out: dict[str, dict[str, int]] = {}
+    for c in runs:
+        s = out.setdefault(c.history.strategy, {"histories": 0, "requests": 0, "cache_hits": 0, "ids_reused": 0})
+        s["histories"] += 1
+        for x in c.answers.values():
+            s["requests"] += 1
+            reused = (x.evaluated or 0) - (x.computed if x.computed is not None else x.evaluated or 0)
+            if x.error is None and reused > head:
+                s["cache_hits"] += 1
+                s["ids_reused"] += reused
+    return out
+
+
+def said(c: Checked, j: Judged) -> str:
+    """One confident difference in words: the request, what it carried, where it differs, the cold margin there,
+    what was sent beside it, and whose content its answer continues where another request's does."""
+    r = next(x for x in c.history.requests() if x.name == j.name)
+    others = {x.name: x.prompt for x in c.history.requests() if x.name != j.name}
+    src = donor(c.answers[j.name], j.token_index or 0, r.prompt, others)
+    margin = "unknown" if j.margin is None else f"{j.margin:.3g}"
+    return (
+        f"{j.name} ({r.carries}) first differs from its cold answer at token {j.token_index}, cold margin {margin}, "
+        f"beside {', '.join(j.beside) or 'nothing'}" + (f"; its answer continues {src}'s content" if src else "")
+    )

@@ -3,7 +3,7 @@ bugs have lived (a prefix cache's boundaries, reuse of chunks that are not a pre
 at once, a client that disconnects, a crowd of requests sharing documents). They know the mechanisms, never a
 particular bug: no strategy is written to one bug's trigger.
 
-Every prompt is content a model answers confidently (meshbench.hunt.facts.content), each request's drawn anew
+Every prompt is content a model answers confidently (``content``), each request's drawn anew
 unless the strategy shares it, so the requests of a history share exactly what the strategy put in them."""
 
 from __future__ import annotations
@@ -14,11 +14,25 @@ from typing import Callable
 import numpy as np
 
 from meshbench.errors import MeshbenchError
-from meshbench.hunt.facts import Facts, content, prompt
-from meshbench.hunt.history import History, Request, Step
+from meshbench.records.history import Facts, History, Request, Step
 
+PERIOD = (5, 12)  # a repeated run is this many ids long (drawn)
 NEW_TOKENS = (4, 12)  # each answer's length, drawn
 MAX_PROMPT = 2100  # a prompt's ids at most (the batch boundary 2048 and its neighbours fit)
+
+
+def content(rng: np.random.Generator, facts: Facts, n: int) -> list[int]:
+    """``n`` ids of content: a run of PERIOD ids drawn from the pool, repeated (and cut) to the length."""
+    if n <= 0:
+        return []
+    period = int(rng.integers(PERIOD[0], PERIOD[1] + 1))
+    run = [int(facts.pool[k]) for k in rng.integers(0, len(facts.pool), size=period)]
+    return [run[k % period] for k in range(n)]
+
+
+def prompt(rng: np.random.Generator, facts: Facts, n: int) -> list[int]:
+    """A whole prompt of ``n`` ids (the head included): the head, then content."""
+    return [*facts.head, *content(rng, facts, n - len(facts.head))]
 
 
 @dataclass(frozen=True, slots=True)

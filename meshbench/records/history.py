@@ -1,5 +1,6 @@
-"""A request history: steps run one after another, the requests of a step sent at once. What a hunt generates,
-runs, shrinks and writes as a replayable file (``meshbench hunt --replay FILE``).
+"""A request history, and the facts of the server it was drawn for: steps run one after another, the requests
+of a step sent at once. What a hunt generates, runs, shrinks and writes as a replayable file (``meshbench hunt
+--replay FILE``).
 
 A request is its prompt as token ids (what the server is sent: no tokenizer between the file and the server), its
 answer's length (eos banned, so the length is fixed), whether it goes through the server's prompt cache (as the
@@ -13,10 +14,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshbench import validation
+from meshbench import files, validation
 from meshbench.errors import MeshbenchError
 
+BLOCKS = (16, 32, 64, 256)  # cache and attention block sizes servers use (llama.cpp's KV cells are per token)
+N_UBATCH, N_BATCH = 512, 2048  # llama-server's defaults for its micro-batch and logical batch
 SCHEMA = "history.schema.json"
+MAX_BYTES = 64 << 20  # a history file, at most
 VERSION = 1
 
 
@@ -49,8 +53,26 @@ class History:
         return len(self.steps), len(reqs), sum(len(r.prompt) for r in reqs)
 
 
+@dataclass(frozen=True, slots=True)
+class Facts:
+    slots: int  # parallel sequences the server runs (its total_slots; 1 where it does not say)
+    n_ctx: int  # context of one slot, in tokens (where the server does not say: 4096)
+    head: tuple[int, ...]  # what every prompt starts with: the BOS the server adds to a tokenized text
+    pool: tuple[int, ...]  # ids prompts are drawn from (after the head)
+    n_batch: int = N_BATCH
+    n_ubatch: int = N_UBATCH
+
+    def boundaries(self, room: int) -> list[int]:
+        """Every boundary the server has, each and its neighbours, that a prompt of at most ``room`` ids can
+        cross: the blocks, the micro-batch and the batch."""
+        sizes = {*BLOCKS, self.n_ubatch, self.n_batch}
+        return sorted({b + d for b in sizes for d in (-1, 0, 1) if len(self.head) + 2 <= b + d <= room})
+
+
 def to_json(h: History) -> dict[str, object]:
-    return {"kind": "history", "version": VERSION, **dataclasses.asdict(h)}
+    """The history as JSON values (lists, never tuples): what the file holds and the schema reads."""
+    steps = [{"requests": [{**dataclasses.asdict(r), "prompt": list(r.prompt)} for r in s.requests]} for s in h.steps]
+    return {"kind": "history", "version": VERSION, "strategy": h.strategy, "seed": list(h.seed), "steps": steps}
 
 
 def from_json(data: object, where: str) -> History:
@@ -75,10 +97,9 @@ def _repeated(names: list[str]) -> str:
 
 
 def read(path: Path) -> History:
+    """A history file (a regular file, never a FIFO waited on), or one line naming what is wrong."""
     try:
-        data = json.loads(path.read_bytes())
-    except OSError as e:
-        raise MeshbenchError(f"{path}: cannot read it ({e.strerror})") from None
+        data = json.loads(files.read_text(path, "history", MAX_BYTES))
     except (ValueError, RecursionError):
         raise MeshbenchError(f"{path}: not JSON") from None
     return from_json(data, str(path))

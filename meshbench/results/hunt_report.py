@@ -1,0 +1,126 @@
+"""A hunt bundle read back (its results.json typed, every run judged again) and rendered: its README, findings
+first, then what was covered and how, and the lines ``meshbench hunt`` prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meshbench.analysis import hunt as judge
+from meshbench.analysis.hunt import CONFIDENT, Checked
+from meshbench.records import history as hist
+from meshbench.records import serial
+from meshbench.records.history import Facts
+from meshbench.results import markdown
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    found: Checked
+    confirmations: list[Checked]
+    minimal: Checked
+    minimal_confirmations: list[Checked]
+    seconds_to_find: float
+
+
+@dataclass(frozen=True, slots=True)
+class HuntView:
+    doc: dict[str, Any]
+    facts: Facts
+    limit: float
+    checked: list[Checked]
+    findings: list[Found]
+
+
+def run_of(raw: dict[str, Any], limit: float, where: str) -> Checked:
+    """A recorded run, its answers and cold answers keyed by request, judged at ``limit``."""
+    h = hist.from_json(raw["history"], where)
+    reqs = h.requests()
+    answers = [serial.completion(x) for x in raw["answers"]]
+    cold = [serial.completion(x) for x in raw["cold"]]
+    judged_names = [r.name for r in reqs if r.cancel_at is None]
+    by_name = dict(zip([r.name for r in reqs], answers))
+    return judge.checked(h, by_name, dict(zip(judged_names, cold)), limit)
+
+
+def view(doc: dict[str, Any]) -> HuntView:
+    """The document (schema-valid) typed and judged at its recorded near-tie threshold."""
+    f = doc["facts"]
+    facts = Facts(slots=f["slots"], n_ctx=f["n_ctx"], head=tuple(f["head"]), pool=tuple(f["pool"]),
+                  n_batch=f["n_batch"], n_ubatch=f["n_ubatch"])  # fmt: skip
+    limit = doc["near_tie"]
+    checked = [run_of(c, limit, f"checked[{k}]") for k, c in enumerate(doc["checked"])]
+    found = [
+        Found(
+            found=checked[x["checked"]] if 0 <= x["checked"] < len(checked) else checked[0],
+            confirmations=[run_of(c, limit, f"findings[{k}].confirmations") for c in x["confirmations"]],
+            minimal=run_of(x["minimal"], limit, f"findings[{k}].minimal"),
+            minimal_confirmations=[run_of(c, limit, f"findings[{k}].minimal") for c in x["minimal_confirmations"]],
+            seconds_to_find=x["seconds_to_find"],
+        )
+        for k, x in enumerate(doc["findings"])
+    ]
+    return HuntView(doc, facts, limit, checked, found)
+
+
+def shown(runs: list[Checked]) -> int:
+    return sum(bool(judge.confident(c.judged)) for c in runs)
+
+
+def lines(v: HuntView) -> list[str]:
+    """The hunt in words, findings first (what ``meshbench hunt`` prints, and the README's opening)."""
+    out = []
+    for k, f in enumerate(v.findings, 1):
+        steps, reqs, ids = f.minimal.history.size()
+        out.append(
+            f"finding {k} ({f.found.history.strategy}, after {f.seconds_to_find:.0f} s): shown in "
+            f"{shown(f.confirmations)} of {len(f.confirmations)} runs again; minimal history {steps} steps, {reqs} "
+            f"requests, {ids} prompt ids, shown in {shown(f.minimal_confirmations)} of "
+            f"{len(f.minimal_confirmations)} runs on {v.doc['replays_on']}"
+        )
+        out += ["  " + judge.said(f.minimal, j) for j in f.minimal.judged if j.outcome == CONFIDENT]
+    if not v.findings:
+        out.append("nothing confident found")
+    o = judge.outcomes(v.checked)
+    out.append(f"{len(v.checked)} histories, {sum(o.values())} answers in {v.doc['seconds']:.0f} s: "
+               + ", ".join(f"{n} {k}" for k, n in o.items()))  # fmt: skip
+    for name, s in judge.coverage(v.checked, len(v.facts.head)).items():
+        out.append(f"  {name}: {s['histories']} histories, {s['requests']} requests, {s['cache_hits']} served partly "
+                   f"from the prompt cache beyond its first id ({s['ids_reused']} ids reused)")  # fmt: skip
+    out.append(f"a near-tie is a cold margin of at most {v.limit:.3g}; cold answers: {v.doc['cold_answers']}")
+    return out
+
+
+def readme(doc: dict[str, Any], name: str) -> str:
+    """The bundle's README: findings first, then what was covered, then how to read and replay it."""
+    v = view(doc)
+    s = doc["server"]
+    flags = markdown.inline(" ".join(s.get("args") or []) or "none")
+    how = f"started by meshbench with flags {flags}" if s.get("launched") else "a running server"
+    head = [
+        f"# {markdown.inline(name)}: a hunt for cross-request bugs",
+        "",
+        f"`meshbench hunt` against llama-server ({markdown.inline(str(s.get('build_info')))}, model "
+        f"{markdown.inline(str(s.get('model')))}, {how}), seed {doc['seed']}, strategies "
+        f"{', '.join(markdown.inline(x) for x in doc['strategies'])}. Command: {markdown.code(doc['command'])}.",
+        "",
+        "## Findings",
+        "",
+        *[
+            f"- {markdown.inline(x)}" if not x.startswith("  ") else f"  - {markdown.inline(x.strip())}"
+            for x in lines(v)
+        ],
+        "",
+        "## How it was judged",
+        "",
+        "Every answer is held to its cold answer: the same request alone on the idle server with `cache_prompt` "
+        "false. Where it first differs, a cold margin within the server's numerics (measured before the hunt from "
+        "requests sent cold twice and warm, between the floor and the cap) with the answer taking the cold answer's "
+        "second choice is a near-tie; a change to a third choice there is unknown; anything above it is confident, a "
+        "finding, confirmed by running its history again, then shrunk while it reproduces. The minimal histories "
+        "are the `finding-K.json` files beside this README: `meshbench hunt --target URL --replay finding-1.json`.",
+        "",
+        "Everything here is computed from `results.json` by `meshbench verify`; a rerun needs the server.",
+        "",
+    ]
+    return "\n".join(head)

@@ -1,0 +1,150 @@
+"""verify for a hunt bundle: its results.json against its schema, then everything judged again from the records:
+the near-tie threshold from the calibration passes, every history drawn again from the seed by its strategy for
+the recorded facts (no history was picked by hand), every answer and cold answer where its request is, one cold
+answer for each distinct request across the bundle, the summary, each finding's confirmations and its minimal
+history (no larger than the history it came from, its runs of that history); then the README and the
+finding-K.json files as results.json renders them, and nothing else in the folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshbench import validation
+from meshbench.analysis import endpoint_margins as margins
+from meshbench.analysis import hunt as judge
+from meshbench.analysis.checks import Checks
+from meshbench.analysis.hunt import Checked
+from meshbench.errors import MeshbenchError
+from meshbench.names import README, RESULTS
+from meshbench.records import serial
+from meshbench.records.margins import MarginPasses
+from meshbench.results import document, hunt_report
+from meshbench.workload import hunt as strategies
+
+SCHEMA = "hunt.schema.json"
+
+
+def is_hunt(path: Path) -> bool:
+    """Does the folder hold a hunt's results.json? Read as verify reads any (a regular file, strict JSON: never a
+    FIFO waited on); anything else is left to verify's own loading, which says what is wrong with it."""
+    try:
+        return document.load(path / RESULTS).get("kind") == "hunt"
+    except (MeshbenchError, OSError):
+        return False
+
+
+def load(path: Path) -> dict[str, Any]:
+    """The hunt's results.json, schema-valid, or one line naming what is wrong."""
+    rj = path / RESULTS
+    data = document.load(rj)
+    errors = validation.errors(data, SCHEMA)
+    if errors:
+        raise MeshbenchError(f"{rj}: not a hunt bundle of this meshbench: {errors[0]}")
+    return data
+
+
+def check(path: Path) -> Checks:
+    doc = load(path)
+    try:
+        v = hunt_report.view(doc)
+    except MeshbenchError as e:
+        raise MeshbenchError(f"{path / RESULTS}: {e}") from None
+    c = Checks()
+    _threshold(c, doc)
+    _histories(c, doc, v)
+    _answers(c, v)
+    _summary(c, doc, v)
+    _findings(c, v)
+    _files(c, path, doc)
+    return c
+
+
+def _threshold(c: Checks, doc: dict[str, Any]) -> None:
+    cal = {k: [serial.completion(x) for x in doc["calibration"][k]] for k in ("cold", "again", "warm")}
+    passes = MarginPasses(cold=cal["cold"], warm=cal["warm"], together=cal["again"])
+    c.equal(RESULTS, "near_tie (recomputed from the calibration passes)", margins.near_tie(passes), doc["near_tie"])
+
+
+def _histories(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
+    """Every history is the one its strategy draws from the seed for these facts, in turn."""
+    names = doc["strategies"]
+    c.equal(RESULTS, "strategies (each one this meshbench knows)", True, all(n in strategies.STRATEGIES for n in names))
+    if not all(n in strategies.STRATEGIES for n in names) or not names:
+        return
+    for k, got in enumerate(v.checked):
+        s = strategies.STRATEGIES[names[k % len(names)]]
+        drawn = s.draw(np.random.default_rng([doc["seed"], k]), v.facts, [doc["seed"], k])
+        c.equal(RESULTS, f"checked[{k}].history (drawn again from the seed by {s.name})", drawn, got.history)
+
+
+def _answers(c: Checks, v: hunt_report.HuntView) -> None:
+    """Every run answers each request once and gives each judged one a cold answer; one cold answer per distinct
+    request across the bundle (the oracle asks once)."""
+    seen: dict[tuple[tuple[int, ...], int], list[int]] = {}
+    for at, run in _runs(v):
+        for r in run.history.requests():
+            if r.cancel_at is None and r.name in run.cold:
+                x = run.cold[r.name]
+                c.equal(RESULTS, f"{at}.cold.{r.name} (a margin per token, at most the ids asked)", True,
+                        x.error is not None or _fits(x.tokens, x.margins, r.new_tokens))  # fmt: skip
+                earlier = seen.setdefault((r.prompt, r.new_tokens), x.tokens)
+                c.equal(RESULTS, f"{at}.cold.{r.name} (the cold answer of every alike request)", earlier, x.tokens)
+            x = run.answers.get(r.name)
+            if x is not None and x.error is None and r.cancel_at is None:
+                c.equal(RESULTS, f"{at}.answers.{r.name} (a margin per token, at most the ids asked)", True,
+                        _fits(x.tokens, x.margins, r.new_tokens))  # fmt: skip
+
+
+def _fits(tokens: list[int], margins_: list[float | None] | None, n: int) -> bool:
+    return len(tokens) <= n and (margins_ is None or len(margins_) == len(tokens))
+
+
+def _runs(v: hunt_report.HuntView) -> list[tuple[str, Checked]]:
+    out = [(f"checked[{k}]", x) for k, x in enumerate(v.checked)]
+    for k, f in enumerate(v.findings):
+        out += [(f"findings[{k}].confirmations[{j}]", x) for j, x in enumerate(f.confirmations)]
+        out += [(f"findings[{k}].minimal", f.minimal)]
+        out += [(f"findings[{k}].minimal_confirmations[{j}]", x) for j, x in enumerate(f.minimal_confirmations)]
+    return out
+
+
+def _summary(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
+    s = doc["summary"]
+    c.equal(RESULTS, "summary.histories", len(v.checked), s["histories"])
+    c.equal(RESULTS, "summary.requests", sum(len(x.history.requests()) for x in v.checked), s["requests"])
+    c.equal(RESULTS, "summary.outcomes (judged again)", judge.outcomes(v.checked), s["outcomes"])
+    c.equal(RESULTS, "summary.coverage", judge.coverage(v.checked, len(v.facts.head)), s["coverage"])
+
+
+def _findings(c: Checks, v: hunt_report.HuntView) -> None:
+    """A finding is a history judged confident, run again CONFIRM times; its minimal history no larger, run again
+    as often; the hunt stops at its first finding."""
+    c.equal(RESULTS, "findings (a history with a confident difference ends the hunt, none without one)",
+            [len(v.checked) - 1] if any(judge.confident(x.judged) for x in v.checked[-1:]) else [],
+            [v.checked.index(f.found) for f in v.findings])  # fmt: skip
+    for k, f in enumerate(v.findings):
+        at = f"findings[{k}]"
+        c.equal(RESULTS, f"{at}.confirmations (its history, {judge.CONFIRM} times)", [f.found.history] * judge.CONFIRM,
+                [x.history for x in f.confirmations])  # fmt: skip
+        c.equal(RESULTS, f"{at}.minimal_confirmations (the minimal history, {judge.CONFIRM} times)",
+                [f.minimal.history] * judge.CONFIRM, [x.history for x in f.minimal_confirmations])  # fmt: skip
+        c.equal(RESULTS, f"{at}.minimal (no larger than the history it was shrunk from)", True,
+                all(a <= b for a, b in zip(f.minimal.history.size(), f.found.history.size())))  # fmt: skip
+
+
+def _files(c: Checks, path: Path, doc: dict[str, Any]) -> None:
+    expected = {README: hunt_report.readme(doc, path.name)}
+    for k, f in enumerate(doc["findings"], 1):
+        expected[f"finding-{k}.json"] = json.dumps(f["minimal"]["history"], indent=1) + "\n"
+    for name, text in expected.items():
+        try:
+            found = (path / name).read_text()
+        except (OSError, UnicodeDecodeError):
+            found = None
+        c.equal(name, "(as results.json renders it)", text, found)
+    others = sorted(p.name for p in path.iterdir() if p.name not in {RESULTS, *expected})
+    c.equal(RESULTS, "the folder (results.json, README.md and the findings' histories only)", [], others)
