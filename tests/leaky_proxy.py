@@ -3,7 +3,10 @@
 Every route is passed through unchanged, but ``/completion`` requests that arrive while four or more are in
 flight: each of those has the end of its prompt overwritten by the end of another in-flight request's prompt
 (the longest one other than its own; up to FRAGMENT ids, never its BOS; the same length is sent, so the server's
-counts stay right and only the content leaks). A model continues what its prompt ends with, so the leaked ids
+counts stay right and only the content leaks). The requests released together after a quiet spell share one
+snapshot of the prompts in flight, so which donor each gets does not depend on how late a loaded machine runs its
+thread (a request that finished before a slow sibling woke would otherwise drop out of the donors, and a null run
+would differ from its repeat). A model continues what its prompt ends with, so the leaked ids
 reach the answer: the content-dependence test and the canaries must catch it and name the sessions.
 
 With ``on_cancel`` it leaks only on the cancel-and-retry path instead (the bug class of SGLang#23392): a request
@@ -41,6 +44,7 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.leaked = 0
         self.last_arrival = 0.0
         self.on_cancel = on_cancel
+        self.snapshot: dict[int, list[int]] | None = None  # the prompts in flight when a cohort was released
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -68,12 +72,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.next_id += 1
             self.server.in_flight[me] = prompt
             self.server.last_arrival = time.monotonic()
+            self.server.snapshot = None  # a new arrival opens a new cohort
         try:
             start = time.monotonic()
             while time.monotonic() - start < GATHER_S and time.monotonic() - self.server.last_arrival < QUIET_S:
                 time.sleep(0.02)
             with self.server.lock:
-                others = [p for k, p in self.server.in_flight.items() if k != me]
+                if self.server.snapshot is None or me not in self.server.snapshot:
+                    self.server.snapshot = dict(self.server.in_flight)
+                others = [p for k, p in self.server.snapshot.items() if k != me]
                 if len(others) + 1 >= LEAK_AT:
                     donor = max(others, key=lambda p: (len(p), p))
                     if _spliced(prompt, donor) != prompt:
