@@ -21,6 +21,7 @@ from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.hunt import differential, document
 from meshbench.hunt import run as hunting
+from meshbench.hunt.node import NodeServer
 from meshbench.hunt.server import Server
 from meshbench.records import history as hist
 from meshbench.results import hunt_report
@@ -46,6 +47,14 @@ def budget(value: str) -> tuple[float | None, int | None]:
 
 def hunt(
     target: Annotated[Optional[str], typer.Option("--target", help="A running llama-server: http://HOST:PORT.")] = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--config",
+            help="meshbench's own node as the target: this node config's engine, prefix cache and budget, its "
+            "largest level as its slots.",
+        ),
+    ] = None,
     serve: Annotated[
         Optional[str], typer.Option("--serve", help="Start this server on a free loopback port: llama-server.")
     ] = None,
@@ -91,7 +100,7 @@ def hunt(
     if out_dir is not None and os.path.lexists(out_dir):
         raise MeshbenchError(f"--out {out_dir}: exists; name a new folder")
     replayed = hist.read(replay) if replay is not None else None
-    first = _server(target, serve, model, package, server_args, llama_server_path)
+    first = _server(target, serve, model, package, server_args, llama_server_path, config)
     second = _second(first, against, against_args, against_server)
     if second is not None:
         if replayed is not None or out_dir is not None:
@@ -111,12 +120,14 @@ def hunt(
     raise typer.Exit(exits.CHECK_FAILED if found.findings else exits.OK if judged else exits.NOTHING_JUDGED)
 
 
-def _server_info(server: Server) -> dict[str, object]:
+def _server_info(server: Server | NodeServer) -> dict[str, object]:
     props = server.props or {}
     slots = props.get("total_slots")
+    build = server.build_info if isinstance(server, NodeServer) else props.get("build_info")
     return {
+        "kind": "node" if isinstance(server, NodeServer) else "llama-server",
         "launched": server.launched,
-        "build_info": str(props.get("build_info"))[:200] if props.get("build_info") is not None else None,
+        "build_info": str(build)[:200] if build is not None else None,
         "model": server.model if server.launched else (str(props.get("model_path"))[:1000] or None),
         "args": list(server.args),
         "total_slots": slots if isinstance(slots, int) and 1 <= slots <= 65536 else None,
@@ -163,9 +174,13 @@ def _loopback(url: str, flag: str) -> str:
     return url
 
 
-def _server(target, serve, model, package, server_args, binary) -> Server:
-    if (target is None) == (serve is None):
-        raise MeshbenchError("hunt needs one server: --target URL, or --serve llama-server")
+def _server(target, serve, model, package, server_args, binary, config=None) -> Server | NodeServer:
+    if sum(x is not None for x in (target, serve, config)) != 1:
+        raise MeshbenchError("hunt needs one server: --target URL, --serve llama-server, or --config FILE (the node)")
+    if config is not None:
+        if model or package or server_args or binary:
+            raise MeshbenchError("--model, --package, --server-args and --llama-server apply to --serve only")
+        return NodeServer(str(files.regular_file(config, "--config")))
     if target is not None:
         if model or package or server_args or binary:
             raise MeshbenchError("--model, --package, --server-args and --llama-server apply to --serve only")

@@ -64,6 +64,7 @@ class StepResult:
     error: str | None = None  # the call failed for this session: "decode_batch: Type: message"
     cause: str | None = None  # what failed, counted by the node: "decode_batch: Type", or a lost engine's cause
     cached: int = 0  # a prompt chunk's positions taken from the prefix cache instead of computed
+    runner_up: int | None = None  # the second choice, whose logit the margin is measured to (lowest id on a tie)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +270,8 @@ def greedy_step(session_id: str, logits: np.ndarray, banned: np.ndarray | None =
         raise EngineFault(f"non-finite logits: {bad} of {np.size(logits)} values are NaN or Inf")
     banned = None if banned is None else np.asarray(banned, dtype=np.intp).ravel()
     if banned is None or not banned.size:
-        return StepResult(session_id, tok, _margin(logits, tok))
+        margin, second = _margin(logits, tok)
+        return StepResult(session_id, tok, margin, runner_up=second)
     if not logits.flags.writeable or 0 in logits.strides:  # (a row whose elements share memory: masked on a copy)
         logits = logits.copy()
     # The banned ids masked in place and put back (no copy of the row: a 1 MB row for a 262144-token vocabulary);
@@ -279,14 +281,18 @@ def greedy_step(session_id: str, logits: np.ndarray, banned: np.ndarray | None =
         logits[banned] = -np.inf
         if tok in set(banned.tolist()):
             tok = int(np.argmax(logits))
-        return StepResult(session_id, tok, _margin(logits, tok))
+        margin, second = _margin(logits, tok)
+        return StepResult(session_id, tok, margin, runner_up=second)
     finally:
         logits[banned] = kept
 
 
-def _margin(logits: np.ndarray, tok: int) -> float:
-    """The chosen logit less the largest of the rest (inf for a single logit)."""
+def _margin(logits: np.ndarray, tok: int) -> tuple[float, int | None]:
+    """The chosen logit less the largest of the rest (inf for a single logit), and that one's id (the lowest
+    on a tie, as argmax breaks them)."""
     if logits.shape[-1] <= 1:
-        return float("inf")
-    second = max(logits[:tok].max(initial=-np.inf), logits[tok + 1 :].max(initial=-np.inf))
-    return float(logits[tok] - second)
+        return float("inf"), None
+    before = int(np.argmax(logits[:tok])) if tok else None
+    after = tok + 1 + int(np.argmax(logits[tok + 1 :])) if tok + 1 < logits.shape[-1] else None
+    second = after if before is None or (after is not None and logits[after] > logits[before]) else before
+    return float(logits[tok] - logits[second]), second

@@ -286,7 +286,7 @@ class GgufEngine:
         out = greedy_step(sid, self._logits(-1, sid), self.banned)
         if self.profile is not None:
             self.profile.add("sample_ns", time.perf_counter_ns() - t0, rows=1)
-        return StepResult(sid, out.token, out.margin, cached=cached)
+        return StepResult(sid, out.token, out.margin, cached=cached, runner_up=out.runner_up)
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """A tick's work: with ``mixed``, every decode item and prompt chunk in ONE llama_decode; else the
@@ -349,7 +349,7 @@ class GgufEngine:
         if self.prefix is not None:
             self.prefix.publish(seq_id, self._ids[sid])
         out = greedy_step(sid, logits[("prefill", sid)], self.banned)
-        return StepResult(sid, out.token, out.margin, cached=cached)
+        return StepResult(sid, out.token, out.margin, cached=cached, runner_up=out.runner_up)
 
     def decode_batch(self, items: Sequence[DecodeItem]) -> list[StepResult]:
         check_token_ids([it.token for it in items], self.model.vocab_size)

@@ -138,7 +138,7 @@ class SyntheticEngine:
             return StepResult(sid, None, cached=cached)
         self.kv.publish(sid, epoch)
         step = greedy_step(sid, logits)
-        return StepResult(sid, step.token, step.margin, cached=cached)
+        return StepResult(sid, step.token, step.margin, cached=cached, runner_up=step.runner_up)
 
     def step(self, decode: Sequence[DecodeItem], prefill: Sequence[PrefillChunk]) -> TickResult:
         """The batched decode, then each chunk's prefill: one call per tick."""

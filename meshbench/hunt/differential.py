@@ -83,7 +83,7 @@ def hunt_pair(
     while not until(sent, time.monotonic() - t0):
         s = strategies[k % len(strategies)]
         h: History = s.draw(np.random.default_rng([seed, k]), facts, [seed, k])
-        got = (check(cold_a.endpoint, cold_a, h, limit_a), check(cold_b.endpoint, cold_b, h, limit_b))
+        got = (check(cold_a.target, cold_a, h, limit_a), check(cold_b.target, cold_b, h, limit_b))
         pair.checked.append(got)
         pair.partings.append(parted(*got, pair.limit))
         sent, k = sent + 2 * len(h.requests()), k + 1

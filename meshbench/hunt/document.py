@@ -13,15 +13,18 @@ from meshbench.analysis.hunt import Checked
 from meshbench.hunt.run import Finding, Hunt
 from meshbench.records import history as hist
 from meshbench.records import serial
+from meshbench.results import hunt_report
 from meshbench.results.document import stamp
+from meshbench.results.envinfo import environment
 
-KIND, VERSION = "hunt", 1
+KIND, VERSION = hunt_report.KIND, 1
 
 
 def document(h: Hunt, server: dict[str, Any], command: str, budget: dict[str, Any]) -> dict[str, Any]:
     minutes = max(h.seconds, 1e-9) / 60
     return {
         **stamp(KIND, VERSION, command),
+        "environment": environment(),
         "server": server,
         "seed": h.seed,
         "strategies": h.strategies,

@@ -11,20 +11,18 @@ import dataclasses
 import numpy as np
 
 from meshbench.analysis import endpoint_margins as margins
-from meshbench.endpoint.client import Endpoint
-from meshbench.hunt import execute
+from meshbench.hunt.execute import Target
 from meshbench.records.completion import Completion
 from meshbench.records.history import Facts, Request
 from meshbench.records.margins import MarginPasses
 from meshbench.workload.hunt import prompt
 
 CALIBRATION = 8  # requests measured cold, cold again and warm
-HOW = "cache_prompt false on the idle server"  # where cold answers come from
 
 
 class Oracle:
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
+    def __init__(self, target: Target) -> None:
+        self.target = target
         self.memo: dict[tuple[tuple[int, ...], int], Completion] = {}
         self.asked = 0  # cold requests sent (not taken from the memo)
 
@@ -32,27 +30,27 @@ class Oracle:
         key = (r.prompt, r.new_tokens)
         if key not in self.memo:
             alone = dataclasses.replace(r, cancel_at=None)
-            self.memo[key] = execute.at_once(self.endpoint, [alone], cache_prompt=False)[r.name]
+            self.memo[key] = self.target.at_once([alone], cache_prompt=False)[r.name]
             self.asked += 1
         return self.memo[key]
 
-    def with_endpoint(self, endpoint: Endpoint) -> Oracle:
+    def with_target(self, target: Target) -> Oracle:
         """The same memo on another process of the same server (cold answers do not depend on its state)."""
-        o = Oracle(endpoint)
+        o = Oracle(target)
         o.memo, o.asked = self.memo, self.asked
         return o
 
 
-def calibrate(endpoint: Endpoint, facts: Facts, rng: np.random.Generator) -> MarginPasses:
+def calibrate(target: Target, facts: Facts, rng: np.random.Generator) -> MarginPasses:
     """CALIBRATION requests, each cold, cold again and warm (right after itself, through the prompt cache): the
     passes the server's numerics are measured from (cold against cold again and against warm)."""
     cold, again, warm = [], [], []
     for k in range(CALIBRATION):
         n = int(rng.integers(16, 200))
         r = Request(name=f"c{k}", prompt=tuple(prompt(rng, facts, n)), new_tokens=12)
-        cold.append(execute.at_once(endpoint, [r], cache_prompt=False)[r.name])
-        again.append(execute.at_once(endpoint, [r], cache_prompt=False)[r.name])
-        warm.append(execute.at_once(endpoint, [r])[r.name])
+        cold.append(target.at_once([r], cache_prompt=False)[r.name])
+        again.append(target.at_once([r], cache_prompt=False)[r.name])
+        warm.append(target.at_once([r])[r.name])
     return MarginPasses(cold=cold, warm=warm, together=again)
 
 

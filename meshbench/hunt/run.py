@@ -13,10 +13,9 @@ import numpy as np
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.hunt import Checked, Judged
-from meshbench.endpoint.client import Endpoint
 from meshbench.hunt import execute, oracle, shrink
+from meshbench.hunt.execute import Host, Target
 from meshbench.hunt.facts import from_props
-from meshbench.hunt.server import Server
 from meshbench.records.history import Facts, History
 from meshbench.records.margins import MarginPasses
 from meshbench.workload.hunt import Strategy
@@ -66,35 +65,35 @@ class Hunt:
     seconds: float = 0.0
 
 
-def calibrated(server: Server, seed: int) -> tuple[Facts, MarginPasses, float, oracle.Oracle]:
+def calibrated(server: Host, seed: int) -> tuple[Facts, MarginPasses, float, oracle.Oracle]:
     """The server's facts, its numerics measured (the passes, the near-tie threshold), and an oracle on it."""
-    assert server.endpoint is not None
-    facts = facts_of(server.endpoint)
-    passes = oracle.calibrate(server.endpoint, facts, np.random.default_rng([seed, 0, 1]))
-    return facts, passes, oracle.threshold(passes), oracle.Oracle(server.endpoint)
+    assert server.target is not None
+    facts = facts_of(server.target)
+    passes = oracle.calibrate(server.target, facts, np.random.default_rng([seed, 0, 1]))
+    return facts, passes, oracle.threshold(passes), oracle.Oracle(server.target)
 
 
-def replays(server: Server, h: History, n: int = CONFIRM) -> tuple[list[Checked], float]:
+def replays(server: Host, h: History, n: int = CONFIRM) -> tuple[list[Checked], float]:
     """``h`` run ``n`` times, each on a fresh server where meshbench started it; the near-tie threshold."""
     _, _, limit, cold = calibrated(server, h.seed[0] if h.seed else 0)
     return [replay(server, cold, h, limit) for _ in range(n)], limit
 
 
-def facts_of(endpoint: Endpoint) -> Facts:
+def facts_of(target: Target) -> Facts:
     """The server's facts: /props, and the corpus tokenized by the server (its head: what it adds to any text)."""
-    head = endpoint.tokenize([""])[0]
-    ids = endpoint.tokenize([CORPUS])[0][len(head) :]
-    return from_props(endpoint.props, head, sorted(set(ids)))
+    head = target.tokenize([""])[0]
+    ids = target.tokenize([CORPUS])[0][len(head) :]
+    return from_props(target.props, head, sorted(set(ids)))
 
 
-def check(endpoint: Endpoint, cold: oracle.Oracle, h: History, limit: float) -> Checked:
-    answers = execute.run(endpoint, h)
+def check(target: Target, cold: oracle.Oracle, h: History, limit: float) -> Checked:
+    answers = execute.run(target, h)
     colds = {r.name: cold.cold(r) for r in h.requests() if r.cancel_at is None}
     return judge.checked(h, answers, colds, limit)
 
 
 def hunt(
-    server: Server,
+    server: Host,
     strategies: list[Strategy],
     seed: int,
     until: Callable[[int, float], bool],
@@ -105,12 +104,12 @@ def hunt(
     t0 = time.monotonic()
     facts, passes, limit, cold = calibrated(server, seed)
     progress(f"numerics measured: a near-tie is a margin of at most {limit:.3g}")
-    h = Hunt(seed, [s.name for s in strategies], facts, passes, limit, oracle.HOW, server.replays_on())
+    h = Hunt(seed, [s.name for s in strategies], facts, passes, limit, cold.target.how_cold, server.replays_on())
     sent, k = 0, 0
     while not until(sent, time.monotonic() - t0):
         s = strategies[k % len(strategies)]
         history = s.draw(np.random.default_rng([seed, k]), facts, [seed, k])
-        got = check(cold.endpoint, cold, history, limit)
+        got = check(cold.target, cold, history, limit)
         h.checked.append(got)
         sent, k = sent + len(history.requests()), k + 1
         progress(f"history {k} ({s.name}): {_counts(got.judged)}")
@@ -122,7 +121,7 @@ def hunt(
 
 
 def _settle(
-    server: Server, cold: oracle.Oracle, got: Checked, limit: float, at: float, progress: Callable[[str], None]
+    server: Host, cold: oracle.Oracle, got: Checked, limit: float, at: float, progress: Callable[[str], None]
 ) -> Finding:
     """Confirm a finding on fresh servers, shrink it, confirm the minimal history."""
     found = Finding(got, seconds_to_find=at)
@@ -141,15 +140,15 @@ def _settle(
     return found
 
 
-def facts_head(server: Server) -> list[int]:
-    assert server.endpoint is not None
-    return server.endpoint.tokenize([""])[0]
+def facts_head(server: Host) -> list[int]:
+    assert server.target is not None
+    return server.target.tokenize([""])[0]
 
 
-def replay(server: Server, cold: oracle.Oracle, h: History, limit: float) -> Checked:
+def replay(server: Host, cold: oracle.Oracle, h: History, limit: float) -> Checked:
     """``h`` on a fresh server (where meshbench started it), its cold answers from the memo or that server."""
-    endpoint = server.fresh()
-    return check(endpoint, cold.with_endpoint(endpoint), h, limit)
+    target = server.fresh()
+    return check(target, cold.with_target(target), h, limit)
 
 
 def _counts(judged: list[Judged]) -> str:

@@ -11,6 +11,7 @@ from typing import Sequence
 from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint
 from meshbench.errors import MeshbenchError
+from meshbench.hunt.execute import Http, Target
 from meshbench.workload.target import parse_target
 
 DEADLINE_S = 120.0  # one request's answer, at most
@@ -24,7 +25,7 @@ class Server:
         self.url, self.binary, self.model, self.args = url, binary, model, list(args)
         self.launched = binary is not None
         self._stack: contextlib.ExitStack | None = None
-        self.endpoint: Endpoint | None = None
+        self.target: Target | None = None
         self.props: dict[str, object] | None = None
         self.restarts = 0
 
@@ -37,14 +38,14 @@ class Server:
             self._stack.close()
             self._stack = None
 
-    def fresh(self) -> Endpoint:
+    def fresh(self) -> Target:
         """A server with nothing cached: a new process where meshbench started it, else the same one."""
         if self.launched:
             self.__exit__()
             self._start()
             self.restarts += 1
-        assert self.endpoint is not None
-        return self.endpoint
+        assert self.target is not None
+        return self.target
 
     def replays_on(self) -> str:
         return "a fresh server process" if self.launched else "the same server (meshbench did not start it)"
@@ -64,4 +65,4 @@ class Server:
                 f"this server answers {info.get('server')}'s"
             )
         self.props = ep.props
-        self.endpoint = ep
+        self.target = Http(ep)

@@ -4,6 +4,7 @@ first, then what was covered and how, and the lines ``meshbench hunt`` prints.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from meshbench.analysis import hunt as judge
@@ -12,6 +13,8 @@ from meshbench.records import history as hist
 from meshbench.records import serial
 from meshbench.records.history import Facts
 from meshbench.results import markdown
+
+KIND = "hunt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +100,12 @@ def readme(doc: dict[str, Any], name: str) -> str:
     s = doc["server"]
     flags = markdown.inline(" ".join(s.get("args") or []) or "none")
     how = f"started by meshbench with flags {flags}" if s.get("launched") else "a running server"
+    where = " ".join(s["args"]) if s.get("kind") == "node" else "--target URL"
     head = [
         f"# {markdown.inline(name)}: a hunt for cross-request bugs",
         "",
-        f"`meshbench hunt` against llama-server ({markdown.inline(str(s.get('build_info')))}, model "
-        f"{markdown.inline(str(s.get('model')))}, {how}), seed {doc['seed']}, strategies "
+        f"`meshbench hunt` against {served(s)}, model {markdown.inline(str(s.get('model')))}, {how}), seed "
+        f"{doc['seed']}, strategies "
         f"{', '.join(markdown.inline(x) for x in doc['strategies'])}. Command: {markdown.code(doc['command'])}.",
         "",
         "## Findings",
@@ -113,14 +117,47 @@ def readme(doc: dict[str, Any], name: str) -> str:
         "",
         "## How it was judged",
         "",
-        "Every answer is held to its cold answer: the same request alone on the idle server with `cache_prompt` "
-        "false. Where it first differs, a cold margin within the server's numerics (measured before the hunt from "
-        "requests sent cold twice and warm, between the floor and the cap) with the answer taking the cold answer's "
-        "second choice is a near-tie; a change to a third choice there is unknown; anything above it is confident, a "
-        "finding, confirmed by running its history again, then shrunk while it reproduces. The minimal histories "
-        "are the `finding-K.json` files beside this README: `meshbench hunt --target URL --replay finding-1.json`.",
+        f"Every answer is held to its cold answer: {markdown.inline(doc['cold_answers'])}. Where it first differs, "
+        "a cold margin within the server's numerics (measured before the hunt from requests sent cold twice and warm, "
+        "between the floor and the cap) with the answer taking the cold answer's second choice is a near-tie; a "
+        "change to a third choice there is unknown; anything above it is confident, a finding, confirmed by running "
+        "its history again, then shrunk while it reproduces. The minimal histories are the `finding-K.json` files "
+        f"beside this README: `meshbench hunt {where} --replay finding-1.json`.",
         "",
         "Everything here is computed from `results.json` by `meshbench verify`; a rerun needs the server.",
         "",
     ]
     return "\n".join(head)
+
+
+def served(s: dict[str, Any]) -> str:
+    """What the hunt ran against, opening a parenthesis its caller closes: "llama-server (b9581-..." or "meshbench's
+    node (synthetic engine, ..."."""
+    what = "meshbench's node" if s.get("kind") == "node" else "llama-server"
+    return f"{what} ({markdown.inline(str(s.get('build_info')))}"
+
+
+def index_row(folder: Path, doc: dict[str, Any]) -> str:
+    """The hunt's row of evidence/INDEX.md: what it found (judged again here), against which server and model."""
+    v = view(doc)
+    s = doc["server"]
+    model = Path(str(s.get("model") or "-")).name
+    o = judge.outcomes(v.checked)
+    found = (
+        "; ".join(
+            f"finding {k}: {f.found.history.strategy}, minimal {f.minimal.history.size()[1]} requests, shown in "
+            f"{shown(f.minimal_confirmations)} of {len(f.minimal_confirmations)}"
+            for k, f in enumerate(v.findings, 1)
+        )
+        or f"nothing confident in {sum(o.values())} answers"
+    )
+    env = doc["environment"]
+    blas = (env.get("compute") or {}).get("blas") or {}
+    cpu = str(env.get("cpu")) + (f" ({blas['kernel']})" if blas.get("kernel") else "")
+    made = markdown.code(doc["command"].split(" --out")[0]).replace("|", "\\|")
+    return (
+        f"| [{folder.name}]({folder.name}/README.md) | a hunt for cross-request bugs: {markdown.inline(found)} | "
+        f"{served(s)}), {markdown.inline(model)} | "
+        f"hunt: {len(v.checked)} histories, seed {doc['seed']} | n/a | n/a | not a sweep | {markdown.inline(cpu)} | "
+        f"{v.limit:.3g} (near-tie threshold) | {made} |"
+    )

@@ -225,7 +225,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
             elif r.cache_miss:
                 self._end(s, DoneReason.CACHE_MISS)
             else:
-                s.add_token(r.token, r.margin, now)
+                s.add_token(r.token, r.margin, now, r.runner_up)
                 decoded += 1
         self._decode_tokens += decoded
         return decoded
@@ -256,7 +256,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
                 del self._admitted[s.session_id]
                 s.status = SessionStatus.RUNNING
                 self._running[s.session_id] = s
-                s.add_token(r.token, r.margin, self.clock())
+                s.add_token(r.token, r.margin, self.clock(), r.runner_up)
                 prefilled.append(s)
         return prefilled, pieces
 

@@ -80,6 +80,7 @@ class Session:
     status: SessionStatus = SessionStatus.QUEUED
     tokens: list[int] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    runner_ups: list[int | None] = field(default_factory=list)  # each token's second choice
     token_ns: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt positions already written (chunked prefill: 0 < prefilled < prompt_len)
     cached: int = 0  # of them, taken from the engine's prefix cache instead of computed
@@ -109,10 +110,11 @@ class Session:
             return len(self.tokens) >= r.end_at
         return len(self.tokens) >= r.max_new_tokens or bool(self.tokens and self.tokens[-1] in r.stop_tokens)
 
-    def add_token(self, token: int, margin: float, now_ns: int) -> None:
+    def add_token(self, token: int, margin: float, now_ns: int, runner_up: int | None = None) -> None:
         assert self.status is SessionStatus.RUNNING and not self.has_all_tokens, (self.session_id, self.status)
         self.tokens.append(token)
         self.margins.append(margin)
+        self.runner_ups.append(runner_up)
         self.token_ns.append(now_ns)
 
     def finish(self, reason: DoneReason, error: str | None = None) -> None:

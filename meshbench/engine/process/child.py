@@ -110,7 +110,7 @@ def _run(setup, state: dict, msg: tuple):
 
 
 def _result(r: StepResult) -> tuple:
-    return r.token, r.margin, r.cache_miss, r.error, r.cause
+    return r.token, r.margin, r.cache_miss, r.error, r.cause, r.cached, r.runner_up
 
 
 def _fault(fault, op: str) -> None:

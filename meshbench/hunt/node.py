@@ -1,0 +1,188 @@
+"""meshbench's own node as a hunt's target (``meshbench hunt --config FILE``): the config's engine (synthetic or
+GGUF, its prefix cache as the config says) under the node's scheduler, in this process. A step's requests are
+submitted at once to one node and run to completion; the engine, and so its prefix cache, lives from step to
+step and history to history, as a server's does. A cold answer is the request alone on an engine made for it,
+with nothing cached; a fresh node is a new engine (the loaded weights kept). Greedy with the end of generation
+banned, as every hunt request is; each token's margin and second choice are the engine's own (top-1 minus top-2
+logit, which is the log-probabilities' difference)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Sequence
+
+from meshbench.engine.base import BatchEngine
+from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.engine.spec import EngineSpec
+from meshbench.records.completion import CANCELLED, Completion
+from meshbench.records.history import Request
+from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
+from meshbench.sweep.driver import NodeDriver
+
+Tokenizer = Callable[[list[str]], Sequence[Sequence[int]]]
+QUEUE = 64  # a step's requests, at most, queued at once (every one is submitted before the first tick)
+
+
+class NodeTarget:
+    """The node: ``setup``'s engines under ``budget`` (``slots`` sessions at once), prompts drawn within
+    ``n_ctx`` positions; ``tokenizer`` turns texts into ids (the model's own, or the synthetic engine's bytes)."""
+
+    def __init__(
+        self, setup: EngineSetup, budget: NodeBudget, block_tokens: int, prefill: str, n_ctx: int, tokenizer: Tokenizer
+    ) -> None:
+        self.setup, self.prefill, self.tokenizer = setup, prefill, tokenizer
+        self.budget = dataclasses.replace(budget, max_queue_depth=max(budget.max_queue_depth, QUEUE))
+        self.limits = dataclasses.replace(self.budget.engine_limits(), prefix_block_tokens=block_tokens)
+        self.props: dict[str, object] | None = {
+            "total_slots": self.budget.max_active_sessions,
+            "default_generation_settings": {"n_ctx": n_ctx},
+        }
+        self.engine: BatchEngine | None = setup.make(self.limits)
+        self.how_cold = "the request alone on an engine made for it (nothing cached)"
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        return [list(x) for x in self.tokenizer(texts)]
+
+    def at_once(self, requests: list[Request], cache_prompt: bool | None = None) -> dict[str, Completion]:
+        """The requests submitted together to the node; with ``cache_prompt`` false, each alone on an engine
+        made for it (nothing cached: a cold answer)."""
+        if cache_prompt is False:
+            out: dict[str, Completion] = {}
+            for r in requests:
+                engine = self.setup.make(self.limits)
+                try:
+                    out.update(_run(engine, self.budget, self.prefill, [r]))
+                finally:
+                    close_engine(engine)
+            return out
+        assert self.engine is not None
+        return _run(self.engine, self.budget, self.prefill, requests)
+
+    def fresh(self) -> NodeTarget:
+        """The same node with nothing cached: a new engine."""
+        self.close()
+        self.engine = self.setup.make(self.limits)
+        return self
+
+    def close(self) -> None:
+        if self.engine is not None:
+            close_engine(self.engine)
+            self.engine = None
+
+
+def _run(engine: BatchEngine, budget: NodeBudget, prefill: str, requests: list[Request]) -> dict[str, Completion]:
+    """One node driver over ``engine``: every request submitted before the first tick, a client's disconnect
+    (``cancel_at``) a cancel once that many tokens are in, run until every session has ended."""
+    node = NodeDriver(engine, budget, prefill_policy=prefill)
+    cut = {r.name: r.cancel_at for r in requests if r.cancel_at is not None}
+
+    def disconnect(_tick: int) -> None:
+        for name, at in cut.items():
+            s = node.session(name)
+            if s is not None and s.status is SessionStatus.RUNNING and len(s.tokens) >= at:
+                node.cancel(name)
+
+    t0 = time.monotonic_ns()
+    arrivals = [(0, GenerationRequest(r.name, tuple(r.prompt), r.new_tokens)) for r in requests]
+    node.run_to_completion(arrivals=arrivals, before_tick=disconnect)
+    answers = {}
+    for r in requests:
+        s = node.session(r.name)
+        answers[r.name] = _completion(r, s, t0)
+    return answers
+
+
+def _completion(r: Request, s: Session | None, t0: int) -> Completion:
+    if s is None:  # refused at admission: the queue was full
+        return Completion(session_id=r.name, submit_ns=0, tokens=[], text="", token_ns=[], stop=None, predicted=0,
+                          evaluated=None, error="refused at admission")  # fmt: skip
+    reason = s.done_reason
+    error = s.error or (None if reason in (DoneReason.COMPLETED, DoneReason.CANCELLED) else str(reason))
+    return Completion(
+        session_id=r.name,
+        submit_ns=s.submit_ns - t0,
+        tokens=list(s.tokens),
+        text="",
+        token_ns=[t - t0 for t in s.token_ns],
+        stop=CANCELLED if reason is DoneReason.CANCELLED else "limit",
+        predicted=len(s.tokens),
+        evaluated=s.prompt_len,
+        error=error,
+        computed=s.prompt_len - s.cached,
+        margins=[m if math.isfinite(m) else None for m in s.margins],
+        runner_up=list(s.runner_ups),
+    )
+
+
+N_CTX = 1024  # positions a hunt's prompt and answer may take on the node (at most the model's context)
+
+
+class NodeServer:
+    """The node a hunt runs against, from a node config (its engine, prefix cache and budget; ``slots``: its
+    largest level), made on ``__enter__`` and freed on ``__exit__``; the hunt's Server for the node."""
+
+    launched = True  # meshbench made it: a replay runs on a fresh node
+
+    def __init__(self, config: str) -> None:
+        self.config = config
+        self.args = ["--config", config]
+        self.target: NodeTarget | None = None
+        self.props: dict[str, object] | None = None
+        self.model: str | None = None
+        self.build_info: str | None = None
+        self._setup: EngineSetup | None = None
+
+    def __enter__(self) -> NodeServer:
+        from meshbench.engine import factory  # noqa: PLC0415 - the engines load their libraries on first use
+        from meshbench.engine.setup import EngineSizing
+        from meshbench.scheduler.plan import bursts
+        from meshbench.workload import config, prompts
+
+        cfg = prompts.apply(config.load(self.config))
+        spec = dataclasses.replace(cfg.engine, ban_eog=cfg.engine.kind == "gguf")
+        slots = max(cfg.levels)
+        self._setup = setup = factory.setup(spec, EngineSizing(N_CTX, slots, N_CTX, burst=bursts(cfg.prefill)))
+        n_ctx = min(N_CTX, setup.context_length)
+        per_token = setup.info["kv_bytes_per_token"]
+        budget = dataclasses.replace(
+            cfg.budget,
+            max_active_sessions=slots,
+            max_batch_size=slots,
+            kv_bytes=max(cfg.budget.kv_bytes, slots * n_ctx * per_token),
+        )
+        block = spec.block_tokens if spec.prefix_cache else 0
+        self.model = spec.model or f"preset {spec.preset}"
+        self.build_info = (
+            f"{spec.kind} engine, prefix cache {f'on (blocks of {block})' if block else 'off'}, prefill {cfg.prefill}"
+        )
+        self.target = NodeTarget(setup, budget, block, cfg.prefill, n_ctx, _tokenizer(spec, setup))
+        self.props = self.target.props
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.target is not None:
+            self.target.close()
+        if self._setup is not None:
+            self._setup.close()
+            self._setup = None
+
+    def fresh(self) -> NodeTarget:
+        assert self.target is not None
+        return self.target.fresh()
+
+    def replays_on(self) -> str:
+        return "a fresh node (a new engine, nothing cached)"
+
+
+def _tokenizer(spec: EngineSpec, setup: EngineSetup) -> Tokenizer:
+    """The model's own tokenizer (BOS as it adds it); the synthetic engine has none: a text's bytes as ids."""
+    if spec.kind == "gguf":
+        from meshbench.engine.llama_model import tokenize  # noqa: PLC0415
+
+        model = str(spec.model)
+        return lambda texts: tokenize(model, texts, check_file=False)
+    vocab = setup.vocab_size
+    return lambda texts: [tuple(b % vocab for b in t.encode()) for t in texts]
