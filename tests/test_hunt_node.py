@@ -78,3 +78,16 @@ def test_a_leaking_node_is_found_confirmed_shrunk_and_replayed(tmp_path, monkeyp
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
     replayed = runner.invoke(app, ["hunt", "--config", CONFIG, "--replay", str(out / "finding-1.json")])
     assert replayed.exit_code == 1 and "shown in" in replayed.output, replayed.output
+
+
+def test_the_time_to_find_benchmark_finds_the_leak_seed_after_seed_and_nothing_on_the_honest_node(monkeypatch):
+    args = ["bench", "hunt", "--config", CONFIG, "--seeds", "0,1", "--budget", "120", "--strategies", "crowd", "--json"]
+    honest = runner.invoke(app, args)
+    assert honest.exit_code == 0, honest.output
+    assert json.loads(honest.stdout)["found"] == 0
+    _leaking_setup(monkeypatch)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["found"] == 2 and all(s["strategy"] == "crowd" and s["requests"] <= 120 for s in res["seeds"])
+    assert res["time_to_find_s"]["min"] <= res["time_to_find_s"]["median"] <= res["time_to_find_s"]["max"]

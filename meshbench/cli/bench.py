@@ -12,6 +12,7 @@ from meshbench import limits
 from meshbench.bench import (
     engine_bench,
     gguf_bench,
+    hunt_bench,
     isolation_bench,
     layouts,
     scheduler_bench,
@@ -262,6 +263,48 @@ def bench_isolation(
             ],
         )
     out.print(t)
+
+
+@bench_app.command("hunt")
+def bench_hunt(
+    target: Annotated[Optional[str], typer.Option("--target", help="A running llama-server: http://HOST:PORT.")] = None,
+    serve: Annotated[Optional[str], typer.Option("--serve", help="Start llama-server for each seed.")] = None,
+    config_path: Annotated[Optional[Path], typer.Option("--config", help="meshbench's own node.")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="The GGUF file --serve serves.")] = None,
+    package: Annotated[Optional[str], typer.Option("--package", help="A packaged model --serve serves.")] = None,
+    server_args: Annotated[str, typer.Option("--server-args", help="llama-server's own flags.")] = "",
+    llama_server_path: Annotated[Optional[str], typer.Option("--llama-server", help="A llama-server binary.")] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="The hunts' seeds, e.g. 0,1,2.")] = "0,1,2",
+    budget_: Annotated[str, typer.Option("--budget", help="Each hunt's budget: a time (10m) or requests.")] = "10m",
+    strategies_: Annotated[str, typer.Option("--strategies", help="Comma-separated, or all.")] = "all",
+    as_json: JsonOpt = False,
+) -> None:
+    """Time to find: one hunt per seed, each on a fresh server, stopped at its first confident difference."""
+    from meshbench.cli import hunt as hunt_cli  # noqa: PLC0415 - the hunt's flags, read as the hunt reads them
+    from meshbench.workload import hunt as strategies  # noqa: PLC0415
+
+    seconds, requests = hunt_cli.budget(budget_)
+    chosen = strategies.chosen(strategies_)
+    seed_list = int_list(seeds, "--seeds", unique=True, minimum=0)
+
+    def make():
+        return hunt_cli.server_of(target, serve, model, package, server_args, llama_server_path, config_path)
+
+    res = hunt_bench.run(make, chosen, seed_list, hunt_cli.until(seconds, requests), lambda m: err.print(m))
+    if as_json:
+        print_json(res)
+        return
+    t = table(f"time to find ({budget_} a seed, strategies {strategies_})",
+              ("seed", "found", "seconds", "histories", "requests", "by strategy", "near-tie"))  # fmt: skip
+    for r in res["seeds"]:
+        t.add_row(str(r["seed"]), "yes" if r["found"] else "no", f"{r['seconds']:.0f}", str(r["histories"]),
+                  str(r["requests"]), r["strategy"] or "-", f"{r['near_tie']:.3g}")  # fmt: skip
+    out.print(t)
+    ttf = res["time_to_find_s"]
+    out.print(
+        f"found in {res['found']} of {len(seed_list)} seeds"
+        + (f"; time to find median {ttf['median']:.0f} s (min {ttf['min']:.0f}, max {ttf['max']:.0f})" if ttf else "")
+    )
 
 
 model_app = typer.Typer(help="Model files: make the tiny GGUF models tests and evidence use.", no_args_is_help=True)

@@ -100,7 +100,7 @@ def hunt(
     if out_dir is not None and os.path.lexists(out_dir):
         raise MeshbenchError(f"--out {out_dir}: exists; name a new folder")
     replayed = hist.read(replay) if replay is not None else None
-    first = _server(target, serve, model, package, server_args, llama_server_path, config)
+    first = server_of(target, serve, model, package, server_args, llama_server_path, config)
     second = _second(first, against, against_args, against_server)
     if second is not None:
         if replayed is not None or out_dir is not None:
@@ -109,7 +109,7 @@ def hunt(
     with first as server:
         if replayed is not None:
             raise typer.Exit(_replay(server, replayed))
-        found = hunting.hunt(server, chosen, seed, _until(seconds, requests), _progress)
+        found = hunting.hunt(server, chosen, seed, until(seconds, requests), _progress)
         info = _server_info(server)
     doc = document.document(found, info, command_line(), {"seconds": seconds, "requests": requests})
     for line in hunt_report.lines(hunt_report.view(doc)):
@@ -134,7 +134,7 @@ def _server_info(server: Server | NodeServer) -> dict[str, object]:
     }
 
 
-def _until(seconds: float | None, requests: int | None) -> Callable[[int, float], bool]:
+def until(seconds: float | None, requests: int | None) -> Callable[[int, float], bool]:
     return lambda sent, t: (seconds is not None and t >= seconds) or (requests is not None and sent >= requests)
 
 
@@ -161,7 +161,7 @@ def _differential(
     a: Server, b: Server, chosen: list[strategies.Strategy], seed: int, seconds: float | None, requests: int | None
 ) -> int:
     with a, b:
-        pair = differential.hunt_pair(a, b, chosen, seed, _until(seconds, requests), _progress)
+        pair = differential.hunt_pair(a, b, chosen, seed, until(seconds, requests), _progress)
     for line in differential.lines(pair):
         out.print(line, markup=False)
     return exits.CHECK_FAILED if any(p.confident for ps in pair.partings for p in ps) else exits.OK
@@ -174,7 +174,7 @@ def _loopback(url: str, flag: str) -> str:
     return url
 
 
-def _server(target, serve, model, package, server_args, binary, config=None) -> Server | NodeServer:
+def server_of(target, serve, model, package, server_args, binary, config=None) -> Server | NodeServer:
     if sum(x is not None for x in (target, serve, config)) != 1:
         raise MeshbenchError("hunt needs one server: --target URL, --serve llama-server, or --config FILE (the node)")
     if config is not None:

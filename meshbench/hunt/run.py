@@ -98,9 +98,10 @@ def hunt(
     seed: int,
     until: Callable[[int, float], bool],
     progress: Callable[[str], None] = lambda m: None,
+    settle: bool = True,
 ) -> Hunt:
     """Histories until ``until(requests sent, seconds)`` says the budget is spent, or the first finding is
-    confirmed and shrunk."""
+    confirmed and shrunk (``settle``; else the hunt stops at it, as the time-to-find benchmark does)."""
     t0 = time.monotonic()
     facts, passes, limit, cold = calibrated(server, seed)
     progress(f"numerics measured: a near-tie is a margin of at most {limit:.3g}")
@@ -114,7 +115,10 @@ def hunt(
         sent, k = sent + len(history.requests()), k + 1
         progress(f"history {k} ({s.name}): {_counts(got.judged)}")
         if judge.confident(got.judged):
-            h.findings.append(_settle(server, cold, got, limit, time.monotonic() - t0, progress))
+            at = time.monotonic() - t0
+            h.findings.append(
+                _settle(server, cold, got, limit, at, progress) if settle else Finding(got, [], None, [], at)
+            )
             break
     h.seconds = time.monotonic() - t0
     return h

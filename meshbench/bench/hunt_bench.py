@@ -1,0 +1,46 @@
+"""``meshbench bench hunt``: how long a hunt takes to find what a server has, seed after seed. Each seed's hunt
+starts on a fresh server (or node) and stops at its first confident difference, unconfirmed and unshrunk: the
+figure is the time to find, the histories and requests it took, and which strategy found it."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+from meshbench.hunt import run as hunting
+from meshbench.hunt.execute import Host
+from meshbench.workload.hunt import Strategy
+
+
+def run(
+    make: Callable[[], Any],
+    chosen: list[Strategy],
+    seeds: list[int],
+    until: Callable[[int, float], bool],
+    progress: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
+    """One hunt per seed, each on a server ``make()`` starts (a context manager yielding the Host)."""
+    rows = []
+    for seed in seeds:
+        with make() as server:
+            host: Host = server
+            progress(f"seed {seed}")
+            h = hunting.hunt(host, chosen, seed, until, progress, settle=False)
+        f = h.findings[0] if h.findings else None
+        rows.append(
+            {
+                "seed": seed,
+                "found": f is not None,
+                "seconds": round(f.seconds_to_find if f else h.seconds, 1),
+                "histories": len(h.checked),
+                "requests": sum(len(c.history.requests()) for c in h.checked),
+                "strategy": f.found.history.strategy if f else None,
+                "near_tie": h.threshold,
+            }
+        )
+    found = [r["seconds"] for r in rows if r["found"]]
+    return {
+        "seeds": rows,
+        "found": len(found),
+        "time_to_find_s": {"median": statistics.median(found), "min": min(found), "max": max(found)} if found else None,
+    }
