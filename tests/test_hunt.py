@@ -172,8 +172,10 @@ def test_two_servers_part_confidently_only_where_their_cold_answers_agree():
 def test_a_differential_hunt_refuses_what_it_cannot_run_in_one_line():
     r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--against-args", "-np 2"])
     assert r.exit_code == 2 and "they need --serve" in r.output
-    r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--against", "http://127.0.0.1:9", "--out", "x"])
-    assert r.exit_code == 2 and "takes neither --replay nor --out yet" in r.output
+    r = runner.invoke(app, ["hunt", "--config", "configs/shared-prefix.yaml", "--against-llama-server", "/bin/true"])
+    assert r.exit_code == 2 and "they need --serve" in r.output
+    r = runner.invoke(app, ["hunt", "--config", "configs/shared-prefix.yaml", "--target", "http://127.0.0.1:9"])
+    assert r.exit_code == 2 and "hunt needs one server" in r.output
 
 
 def test_hunt_sends_to_loopback_only():

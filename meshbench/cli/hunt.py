@@ -103,9 +103,7 @@ def hunt(
     first = server_of(target, serve, model, package, server_args, llama_server_path, config)
     second = _second(first, against, against_args, against_server)
     if second is not None:
-        if replayed is not None or out_dir is not None:
-            raise MeshbenchError("a differential hunt (--against*) takes neither --replay nor --out yet")
-        raise typer.Exit(_differential(first, second, chosen, seed, seconds, requests))
+        raise typer.Exit(_differential(first, second, chosen, seed, seconds, requests, replayed, out_dir))
     with first as server:
         if replayed is not None:
             raise typer.Exit(_replay(server, replayed))
@@ -142,7 +140,7 @@ def _progress(message: str) -> None:
     err.print(message, markup=False)
 
 
-def _second(first: Server, url: str | None, args: str | None, binary: str | None) -> Server | None:
+def _second(first: Server | NodeServer, url: str | None, args: str | None, binary: str | None) -> Server | None:
     """The second server of a differential hunt: a URL, or the first one's server and model with other flags or
     another build (None: not a differential hunt)."""
     if url is None and args is None and binary is None:
@@ -151,19 +149,39 @@ def _second(first: Server, url: str | None, args: str | None, binary: str | None
         if args is not None or binary is not None:
             raise MeshbenchError("--against is a running server: --against-args and --against-llama-server are not")
         return Server(_loopback(url, "--against"), None, None)
-    if not first.launched:
+    if not isinstance(first, Server) or not first.launched:
         raise MeshbenchError("--against-args and --against-llama-server start a second server: they need --serve")
     exe = llama_server.binary(binary, "--against-llama-server") if binary is not None else first.binary
     return Server(None, exe, first.model, shlex.split(args) if args is not None else first.args)
 
 
 def _differential(
-    a: Server, b: Server, chosen: list[strategies.Strategy], seed: int, seconds: float | None, requests: int | None
+    a: Server | NodeServer,
+    b: Server,
+    chosen: list[strategies.Strategy],
+    seed: int,
+    seconds: float | None,
+    requests: int | None,
+    replayed: hist.History | None,
+    out_dir: Path | None,
 ) -> int:
+    """Two servers on the same histories; ``replayed``: one history on both, fresh, CONFIRM times; ``out_dir``:
+    where the minimal history of a confident parting is written (finding-1.json and the lines printed)."""
     with a, b:
+        if replayed is not None:
+            shown = differential.replays(a, b, replayed, seed, _progress)
+            out.print(f"the two servers part confidently in {shown} of {hunting.CONFIRM} runs", markup=False)
+            return exits.CHECK_FAILED if shown else exits.OK
         pair = differential.hunt_pair(a, b, chosen, seed, until(seconds, requests), _progress)
-    for line in differential.lines(pair):
+    said = differential.lines(pair)
+    for line in said:
         out.print(line, markup=False)
+    if out_dir is not None and pair.minimal is not None:
+        files_ = {
+            "finding-1.json": json.dumps(hist.to_json(pair.minimal), indent=1) + "\n",
+            "README.md": "# A differential hunt's parting\n\n" + "\n".join(f"    {x}" for x in said) + "\n",
+        }
+        _staged(out_dir, files_)
     return exits.CHECK_FAILED if any(p.confident for ps in pair.partings for p in ps) else exits.OK
 
 
@@ -212,6 +230,11 @@ def _write(folder: Path, doc: dict[str, object]) -> None:
     files_ = {"results.json": json.dumps(doc, indent=1) + "\n", "README.md": hunt_report.readme(doc, folder.name)}
     for k, f in enumerate(doc["findings"], 1):  # type: ignore[arg-type]
         files_[f"finding-{k}.json"] = json.dumps(f["minimal"]["history"], indent=1) + "\n"
+    _staged(folder, files_)
+
+
+def _staged(folder: Path, files_: dict[str, str]) -> None:
+    """``files_`` written into a staging folder beside ``folder``, renamed to it once whole."""
     staging = folder.with_name(f".{folder.name}.partial")
     try:
         staging.mkdir()

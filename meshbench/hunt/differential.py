@@ -4,7 +4,9 @@ context shift, a sliding window's cache), where an answer may differ from cold o
 identical histories can. Where their answers to one request part, each server's cold answer says whether the
 parting comes from the history: cold answers that agree and answers that part at a token where both servers'
 margins are above the near-tie are a confident parting (whichever build is wrong); cold answers that already
-part are the builds' own numerics or defaults, reported apart and never a finding."""
+part are the builds' own numerics or defaults, reported apart and never a finding. The first confident parting
+ends the hunt: it is run again on fresh servers, shrunk while the two still part confidently, and its minimal
+history run again (``meshbench hunt --against... --out DIR`` writes it as DIR/finding-1.json)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.hunt import Checked
 from meshbench.errors import MeshbenchError
-from meshbench.hunt.run import calibrated, check
-from meshbench.hunt.server import Server
+from meshbench.hunt import oracle, shrink
+from meshbench.hunt.execute import Host
+from meshbench.hunt.run import CONFIRM, calibrated, check, replay
 from meshbench.records.history import History
 from meshbench.workload.hunt import Strategy
 
@@ -40,6 +43,9 @@ class Pair:
     checked: list[tuple[Checked, Checked]] = field(default_factory=list)
     partings: list[list[Parting]] = field(default_factory=list)
     seconds: float = 0.0
+    confirmed: int = 0  # of CONFIRM runs of the parting history on fresh servers, those that part confidently
+    minimal: History | None = None  # the history shrunk while the servers still part confidently on it
+    minimal_confirmed: int = 0  # of CONFIRM runs of the minimal history, those that part confidently
 
 
 def parted(a: Checked, b: Checked, limit: float) -> list[Parting]:
@@ -64,8 +70,8 @@ def parted(a: Checked, b: Checked, limit: float) -> list[Parting]:
 
 
 def hunt_pair(
-    a: Server,
-    b: Server,
+    a: Host,
+    b: Host,
     strategies: list[Strategy],
     seed: int,
     until: Callable[[int, float], bool],
@@ -91,8 +97,39 @@ def hunt_pair(
         own = [len(judge.confident(c.judged)) for c in got]
         progress(f"history {k} ({s.name}): {len(pair.partings[-1])} part, {sure} confidently; confident against "
                  f"their own cold answers: {own[0]} and {own[1]}")  # fmt: skip
+        if sure:
+            _settle(pair, Side(a, cold_a, limit_a), Side(b, cold_b, limit_b), h, len(facts.head), progress)
+            break
     pair.seconds = time.monotonic() - t0
     return pair
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    host: Host
+    cold: oracle.Oracle
+    limit: float
+
+
+def replayed(a: Side, b: Side, h: History, limit: float) -> list[Parting]:
+    """``h`` on a fresh ``a`` and a fresh ``b`` (where meshbench started them): where their answers part."""
+    return parted(replay(a.host, a.cold, h, a.limit), replay(b.host, b.cold, h, b.limit), limit)
+
+
+def shown(runs: list[list[Parting]]) -> int:
+    return sum(any(p.confident for p in ps) for ps in runs)
+
+
+def _settle(pair: Pair, a: Side, b: Side, h: History, head: int, progress: Callable[[str], None]) -> None:
+    """A confident parting confirmed on fresh servers, shrunk while the pair still parts confidently, and its
+    minimal history confirmed again."""
+    pair.confirmed = shown([replayed(a, b, h, pair.limit) for _ in range(CONFIRM)])
+    progress(f"parting confirmed in {pair.confirmed} of {CONFIRM} runs; shrinking it")
+    pair.minimal = shrink.shrink(h, lambda c: bool(shown([replayed(a, b, c, pair.limit)])), head)
+    pair.minimal_confirmed = shown([replayed(a, b, pair.minimal, pair.limit) for _ in range(CONFIRM)])
+    steps, reqs, ids = pair.minimal.size()
+    progress(f"minimal history: {steps} steps, {reqs} requests, {ids} prompt ids; {pair.minimal_confirmed} of "
+             f"{CONFIRM} runs part confidently")  # fmt: skip
 
 
 def lines(pair: Pair) -> list[str]:
@@ -110,4 +147,23 @@ def lines(pair: Pair) -> list[str]:
     apart = sum(not p.colds_agree for _, p in every)
     if apart:
         out.append(f"  {apart} partings where the two servers' cold answers already differ: their own numerics")
+    if pair.minimal is not None:
+        steps, reqs, ids = pair.minimal.size()
+        out.append(f"the confident parting shown again in {pair.confirmed} of {CONFIRM} runs on fresh servers; "
+                   f"minimal history {steps} steps, {reqs} requests, {ids} prompt ids, shown in "
+                   f"{pair.minimal_confirmed} of {CONFIRM}")  # fmt: skip
     return out
+
+
+def replays(a: Host, b: Host, h: History, seed: int, progress: Callable[[str], None] = lambda m: None) -> int:
+    """``h`` on fresh ``a`` and ``b``, CONFIRM times: the runs in which they part confidently."""
+    _, _, limit_a, cold_a = calibrated(a, seed)
+    _, _, limit_b, cold_b = calibrated(b, seed)
+    limit = max(limit_a, limit_b)
+    runs = [replayed(Side(a, cold_a, limit_a), Side(b, cold_b, limit_b), h, limit) for _ in range(CONFIRM)]
+    for k, ps in enumerate(runs, 1):
+        for p in ps:
+            if p.confident:
+                progress(f"run {k}: {p.name} parts at token {p.token_index}, margins {p.margin_a:.3g} and "
+                         f"{p.margin_b:.3g}")  # fmt: skip
+    return shown(runs)
