@@ -128,7 +128,11 @@ def said(c: Checked, j: Judged) -> str:
     others = {x.name: x.prompt for x in c.history.requests() if x.name != j.name}
     src = donor(c.answers[j.name], j.token_index or 0, r.prompt, others)
     margin = "unknown" if j.margin is None else f"{j.margin:.3g}"
+    earlier = [x.name for s in c.history.steps for x in s.requests]
+    earlier = earlier[: earlier.index(j.name)]
+    where = f"beside {', '.join(j.beside)}" if j.beside else "alone in its step"
+    after = f", after {', '.join(earlier[-4:])}" if earlier and not j.beside else ""
     return (
         f"{j.name} ({r.carries}) first differs from its cold answer at token {j.token_index}, cold margin {margin}, "
-        f"beside {', '.join(j.beside) or 'nothing'}" + (f"; its answer continues {src}'s content" if src else "")
+        f"{where}{after}" + (f"; its answer continues {src}'s content" if src else "")
     )

