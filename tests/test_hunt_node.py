@@ -90,4 +90,47 @@ def test_the_time_to_find_benchmark_finds_the_leak_seed_after_seed_and_nothing_o
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["found"] == 2 and all(s["strategy"] == "crowd" and s["requests"] <= 120 for s in res["seeds"])
-    assert res["time_to_find_s"]["min"] <= res["time_to_find_s"]["median"] <= res["time_to_find_s"]["max"]
+    secs, ttf = sorted(s["seconds"] for s in res["seeds"]), res["time_to_find_s"]
+    assert (ttf["min"], ttf["median"], ttf["max"]) == (secs[0], (secs[0] + secs[1]) / 2, secs[1])  # (of two: the mean)
+
+
+def test_a_replay_the_node_cannot_answer_is_not_judged_never_a_pass(tmp_path):
+    from meshbench.records.history import History, Request, Step, to_json
+
+    h = History(
+        strategy="crowd", seed=[0, 0], steps=(Step(requests=(Request(name="r0", prompt=(1, 10**6), new_tokens=4),)),)
+    )
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(to_json(h)))
+    r = runner.invoke(app, ["hunt", "--config", CONFIG, "--replay", str(path)])
+    assert r.exit_code == 5 and "no answer could be judged" in r.output and "vocabulary" in r.output, r.output
+
+
+def test_verify_refuses_a_node_hunt_whose_server_or_second_choices_were_rewritten(tmp_path):
+    from meshbench.results import hunt_report
+
+    out = tmp_path / "H"
+    assert runner.invoke(app, ["hunt", "--config", CONFIG, "--budget", "20", "--out", str(out)]).exit_code == 0
+    original = json.loads((out / "results.json").read_text())
+
+    def forged(change) -> int:
+        doc = json.loads(json.dumps(original))
+        change(doc)
+        (out / "results.json").write_text(json.dumps(doc))
+        (out / "README.md").write_text(hunt_report.readme(doc, out.name))
+        return runner.invoke(app, ["verify", str(out)]).exit_code
+
+    assert forged(lambda d: None) == 0
+    assert forged(lambda d: d["server"].update(kind="llama-server")) == 1
+
+    def same_as_token(d):
+        a = d["checked"][0]["answers"][0]
+        a["runner_up"][0] = a["tokens"][0]
+
+    assert forged(same_as_token) == 1
+    assert forged(lambda d: d["checked"][0]["answers"][0]["runner_up"].append(3)) == 1
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_the_hunt(tmp_path):
+    r = runner.invoke(app, ["hunt", "--config", CONFIG, "--out", str(tmp_path / "missing" / "H")])
+    assert r.exit_code == 2 and "checked before the hunt" in r.output

@@ -279,7 +279,8 @@ def bench_hunt(
     strategies_: Annotated[str, typer.Option("--strategies", help="Comma-separated, or all.")] = "all",
     as_json: JsonOpt = False,
 ) -> None:
-    """Time to find: one hunt per seed, each on a fresh server, stopped at its first confident difference."""
+    """Time to find: one hunt per seed, stopped at its first confident difference; each on a fresh server or node
+    where meshbench starts it (--serve, --config), else on --target as it is."""
     from meshbench.cli import hunt as hunt_cli  # noqa: PLC0415 - the hunt's flags, read as the hunt reads them
     from meshbench.workload import hunt as strategies  # noqa: PLC0415
 

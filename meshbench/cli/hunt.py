@@ -99,6 +99,11 @@ def hunt(
     chosen = strategies.chosen(strategies_)
     if out_dir is not None and os.path.lexists(out_dir):
         raise MeshbenchError(f"--out {out_dir}: exists; name a new folder")
+    if out_dir is not None and not (
+        out_dir.absolute().parent.is_dir() and os.access(out_dir.absolute().parent, os.W_OK)
+    ):
+        raise MeshbenchError(f"--out {out_dir}: its folder {out_dir.absolute().parent} is not a folder this user can "
+                             "write to (checked before the hunt, not after it)")  # fmt: skip
     replayed = hist.read(replay) if replay is not None else None
     first = server_of(target, serve, model, package, server_args, llama_server_path, config)
     second = _second(first, against, against_args, against_server)
@@ -174,13 +179,21 @@ def _differential(
     where the minimal history of a confident parting is written (finding-1.json and the lines printed)."""
     with a, b:
         if replayed is not None:
-            shown = differential.replays(a, b, replayed, seed, _progress)
+            if out_dir is not None:
+                raise MeshbenchError("--replay runs a history again: it writes nothing (leave out --out)")
+            try:
+                shown = differential.replays(a, b, replayed, seed, _progress)
+            except differential.NothingCompared as e:
+                out.print(str(e), markup=False)
+                return exits.NOTHING_JUDGED
             out.print(f"the two servers part confidently in {shown} of {hunting.CONFIRM} runs", markup=False)
             return exits.CHECK_FAILED if shown else exits.OK
         pair = differential.hunt_pair(a, b, chosen, seed, until(seconds, requests), _progress)
     said = differential.lines(pair)
     for line in said:
         out.print(line, markup=False)
+    if out_dir is not None and pair.minimal is None:
+        out.print(f"no confident parting: nothing written to {out_dir}", markup=False)
     if out_dir is not None and pair.minimal is not None:
         files_ = {
             "finding-1.json": json.dumps(hist.to_json(pair.minimal), indent=1) + "\n",
@@ -225,6 +238,12 @@ def _replay(server: Server, h: hist.History) -> int:
         for j in judge.confident(got.judged):
             out.print(f"run {k}: {judge.said(got, j)}", markup=False)
     shown = sum(bool(judge.confident(got.judged)) for got in runs)
+    unjudged = [j for got in runs for j in got.judged if j.outcome == judge.NOT_JUDGED]
+    if not shown and len(unjudged) == sum(len(got.judged) for got in runs):  # nothing reproduced: nothing judged
+        out.print(f"no answer could be judged in {len(runs)} runs on {server.replays_on()}: "
+                  f"{unjudged[0].name if unjudged else 'no request'}: {unjudged[0].why if unjudged else ''}",
+                  markup=False)  # fmt: skip
+        return exits.NOTHING_JUDGED
     out.print(f"shown in {shown} of {len(runs)} runs on {server.replays_on()}; a near-tie is a cold margin of at most "
               f"{limit:.3g}", markup=False)  # fmt: skip
     return 1 if shown else 0

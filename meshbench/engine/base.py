@@ -295,4 +295,6 @@ def _margin(logits: np.ndarray, tok: int) -> tuple[float, int | None]:
     before = int(np.argmax(logits[:tok])) if tok else None
     after = tok + 1 + int(np.argmax(logits[tok + 1 :])) if tok + 1 < logits.shape[-1] else None
     second = after if before is None or (after is not None and logits[after] > logits[before]) else before
+    if second is None or logits[second] == -np.inf:  # every other id banned: no second choice
+        return float("inf"), None
     return float(logits[tok] - logits[second]), second

@@ -27,6 +27,10 @@ from meshbench.records.history import History
 from meshbench.workload.hunt import Strategy
 
 
+class NothingCompared(MeshbenchError):
+    """A differential replay that compared nothing: not a pass."""
+
+
 @dataclass(frozen=True, slots=True)
 class Parting:
     name: str
@@ -48,16 +52,22 @@ class Pair:
     minimal_confirmed: int = 0  # of CONFIRM runs of the minimal history, those that part confidently
 
 
+def compared(a: Checked, b: Checked) -> list[str]:
+    """The requests both servers answered whole, with both cold answers (none cancelled): those ``parted`` reads."""
+    out = []
+    for r in a.history.requests():
+        four = (a.answers.get(r.name), b.answers.get(r.name), a.cold.get(r.name), b.cold.get(r.name))
+        if r.cancel_at is None and all(x is not None and x.error is None for x in four):
+            out.append(r.name)
+    return out
+
+
 def parted(a: Checked, b: Checked, limit: float) -> list[Parting]:
     """Every request both servers answered whole (none cancelled), where their answers first differ."""
     out = []
-    for r in a.history.requests():
-        x, y, ca, cb = a.answers.get(r.name), b.answers.get(r.name), a.cold.get(r.name), b.cold.get(r.name)
-        if r.cancel_at is not None or None in (x, y, ca, cb):
-            continue
-        assert x is not None and y is not None and ca is not None and cb is not None
-        if x.error or y.error or ca.error or cb.error:
-            continue
+    for name in compared(a, b):
+        x, y, ca, cb = a.answers[name], b.answers[name], a.cold[name], b.cold[name]
+        r = next(q for q in a.history.requests() if q.name == name)
         k = margins.first_difference(x.tokens, y.tokens)
         if k is None or k >= min(len(x.tokens), len(y.tokens)):
             continue
@@ -111,9 +121,13 @@ class Side:
     limit: float
 
 
-def replayed(a: Side, b: Side, h: History, limit: float) -> list[Parting]:
-    """``h`` on a fresh ``a`` and a fresh ``b`` (where meshbench started them): where their answers part."""
-    return parted(replay(a.host, a.cold, h, a.limit), replay(b.host, b.cold, h, b.limit), limit)
+def replayed(a: Side, b: Side, h: History, limit: float, whole: list[int] | None = None) -> list[Parting]:
+    """``h`` on a fresh ``a`` and a fresh ``b`` (where meshbench started them): where their answers part (and, in
+    ``whole``, how many requests both answered whole)."""
+    x, y = replay(a.host, a.cold, h, a.limit), replay(b.host, b.cold, h, b.limit)
+    if whole is not None:
+        whole.append(len(compared(x, y)))
+    return parted(x, y, limit)
 
 
 def shown(runs: list[list[Parting]]) -> int:
@@ -156,11 +170,14 @@ def lines(pair: Pair) -> list[str]:
 
 
 def replays(a: Host, b: Host, h: History, seed: int, progress: Callable[[str], None] = lambda m: None) -> int:
-    """``h`` on fresh ``a`` and ``b``, CONFIRM times: the runs in which they part confidently."""
+    """``h`` on fresh ``a`` and ``b``, CONFIRM times: the runs in which they part confidently (a MeshbenchError
+    where no request came back whole from both: nothing was compared)."""
     _, _, limit_a, cold_a = calibrated(a, seed)
     _, _, limit_b, cold_b = calibrated(b, seed)
-    limit = max(limit_a, limit_b)
-    runs = [replayed(Side(a, cold_a, limit_a), Side(b, cold_b, limit_b), h, limit) for _ in range(CONFIRM)]
+    limit, whole = max(limit_a, limit_b), list[int]()
+    runs = [replayed(Side(a, cold_a, limit_a), Side(b, cold_b, limit_b), h, limit, whole) for _ in range(CONFIRM)]
+    if not any(whole):
+        raise NothingCompared(f"no request of the history came back whole from both servers in {CONFIRM} runs")
     for k, ps in enumerate(runs, 1):
         for p in ps:
             if p.confident:

@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from pathlib import Path
 from typing import Callable, Sequence
 
+from meshbench.engine import packaged
 from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.engine.spec import EngineSpec
+from meshbench.errors import MeshbenchError
+from meshbench.model import gguf_io
 from meshbench.records.completion import CANCELLED, Completion
 from meshbench.records.history import Request
 from meshbench.scheduler.budget import NodeBudget
@@ -24,6 +28,8 @@ from meshbench.sweep.driver import NodeDriver
 
 Tokenizer = Callable[[list[str]], Sequence[Sequence[int]]]
 QUEUE = 64  # a step's requests, at most, queued at once (every one is submitted before the first tick)
+COLD = "the request alone on an engine made for it (nothing cached)"  # where the node's cold answers come from
+REPLAYS = "a fresh node (a new engine, nothing cached)"  # where a finding runs again
 
 
 class NodeTarget:
@@ -41,7 +47,7 @@ class NodeTarget:
             "default_generation_settings": {"n_ctx": n_ctx},
         }
         self.engine: BatchEngine | None = setup.make(self.limits)
-        self.how_cold = "the request alone on an engine made for it (nothing cached)"
+        self.how_cold = COLD
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return [list(x) for x in self.tokenizer(texts)]
@@ -118,6 +124,7 @@ def _completion(r: Request, s: Session | None, t0: int) -> Completion:
 
 
 N_CTX = 1024  # positions a hunt's prompt and answer may take on the node (at most the model's context)
+MAX_SLOTS = 64  # sessions at once on a hunted node
 
 
 class NodeServer:
@@ -137,15 +144,26 @@ class NodeServer:
 
     def __enter__(self) -> NodeServer:
         from meshbench.engine import factory  # noqa: PLC0415 - the engines load their libraries on first use
+        from meshbench.engine.process.supervisor import Supervisor
         from meshbench.engine.setup import EngineSizing
         from meshbench.scheduler.plan import bursts
-        from meshbench.workload import config, prompts
+        from meshbench.workload import config
 
-        cfg = prompts.apply(config.load(self.config))
-        spec = dataclasses.replace(cfg.engine, ban_eog=cfg.engine.kind == "gguf")
+        cfg = config.load(self.config)  # (its workload is not read: the hunt draws its own requests)
+        spec = dataclasses.replace(
+            cfg.engine,
+            ban_eog=cfg.engine.kind == "gguf",
+            model=str(packaged.path(cfg.engine.package)) if cfg.engine.package else cfg.engine.model,
+        )
         slots = max(cfg.levels)
-        self._setup = setup = factory.setup(spec, EngineSizing(N_CTX, slots, N_CTX, burst=bursts(cfg.prefill)))
-        n_ctx = min(N_CTX, setup.context_length)
+        if slots > MAX_SLOTS:
+            raise MeshbenchError(f"--config {self.config}: its largest level {slots} is the node's slots; at most "
+                                 f"{MAX_SLOTS} for a hunt")  # fmt: skip
+        factory.ensure_model(spec)  # (a config that says how to make its model: made before it is read)
+        want = min(N_CTX, _model_context(spec) or N_CTX)
+        sizing = EngineSizing(want, slots, want, burst=bursts(cfg.prefill))
+        self._setup = setup = Supervisor(spec, sizing).setup() if spec.isolated else factory.setup(spec, sizing)
+        n_ctx = min(want, setup.context_length)
         per_token = setup.info["kv_bytes_per_token"]
         budget = dataclasses.replace(
             cfg.budget,
@@ -174,15 +192,32 @@ class NodeServer:
         return self.target.fresh()
 
     def replays_on(self) -> str:
-        return "a fresh node (a new engine, nothing cached)"
+        return REPLAYS
+
+
+def _model_context(spec: EngineSpec) -> int | None:
+    """A GGUF model's trained context, read from its metadata before any context is sized (None: not a GGUF file
+    or not said; the synthetic engine's preset context is read after its setup)."""
+    if spec.kind != "gguf" or not spec.model:
+        return None
+    m = gguf_io.checked_model(Path(spec.model))
+    n = m.meta.get(f"{m.arch}.context_length")
+    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 def _tokenizer(spec: EngineSpec, setup: EngineSetup) -> Tokenizer:
-    """The model's own tokenizer (BOS as it adds it); the synthetic engine has none: a text's bytes as ids."""
+    """The model's own tokenizer (BOS as it adds it); the synthetic engine and a GGUF model without a vocabulary
+    have none: a text's bytes as ids."""
     if spec.kind == "gguf":
         from meshbench.engine.llama_model import tokenize  # noqa: PLC0415
 
         model = str(spec.model)
-        return lambda texts: tokenize(model, texts, check_file=False)
-    vocab = setup.vocab_size
+        try:
+            tokenize(model, [""], check_file=False)
+        except MeshbenchError as e:
+            if "no tokenizer" not in str(e):
+                raise
+        else:
+            return lambda texts: tokenize(model, texts, check_file=False)
+    vocab = setup.vocab_size  # (the synthetic engine, or a GGUF model without a vocabulary: no BOS, bytes as ids)
     return lambda texts: [tuple(b % vocab for b in t.encode()) for t in texts]

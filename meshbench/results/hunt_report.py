@@ -3,6 +3,7 @@ first, then what was covered and how, and the lines ``meshbench hunt`` prints.""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ def readme(doc: dict[str, Any], name: str) -> str:
     s = doc["server"]
     flags = markdown.inline(" ".join(s.get("args") or []) or "none")
     how = f"started by meshbench with flags {flags}" if s.get("launched") else "a running server"
-    where = " ".join(s["args"]) if s.get("kind") == "node" else "--target URL"
+    where = shlex.join(s["args"]) if s.get("kind") == "node" else "--target URL"
     head = [
         f"# {markdown.inline(name)}: a hunt for cross-request bugs",
         "",
@@ -151,7 +152,7 @@ def index_row(folder: Path, doc: dict[str, Any]) -> str:
         )
         or f"nothing confident in {sum(o.values())} answers"
     )
-    env = doc["environment"]
+    env = doc.get("environment") or {}
     blas = (env.get("compute") or {}).get("blas") or {}
     cpu = str(env.get("cpu")) + (f" ({blas['kernel']})" if blas.get("kernel") else "")
     made = markdown.code(doc["command"].split(" --out")[0]).replace("|", "\\|")

@@ -19,8 +19,11 @@ from meshbench.analysis import hunt as judge
 from meshbench.analysis.checks import Checks
 from meshbench.analysis.hunt import Checked
 from meshbench.errors import MeshbenchError
+from meshbench.hunt.node import COLD as NODE_COLD
+from meshbench.hunt.node import REPLAYS as NODE_REPLAYS
 from meshbench.names import README, RESULTS
 from meshbench.records import serial
+from meshbench.records.completion import Completion
 from meshbench.records.margins import MarginPasses
 from meshbench.results import document, hunt_report
 from meshbench.workload import hunt as strategies
@@ -55,6 +58,7 @@ def check(path: Path) -> Checks:
         raise MeshbenchError(f"{path / RESULTS}: {e}") from None
     c = Checks()
     _threshold(c, doc)
+    _server(c, doc)
     _histories(c, doc, v)
     _answers(c, v)
     _summary(c, doc, v)
@@ -89,18 +93,33 @@ def _answers(c: Checks, v: hunt_report.HuntView) -> None:
         for r in run.history.requests():
             if r.cancel_at is None and r.name in run.cold:
                 x = run.cold[r.name]
-                c.equal(RESULTS, f"{at}.cold.{r.name} (a margin per token, at most the ids asked)", True,
-                        x.error is not None or _fits(x.tokens, x.margins, r.new_tokens))  # fmt: skip
+                c.equal(RESULTS, f"{at}.cold.{r.name} (a margin and a second choice per token, at most the ids "
+                        "asked)", True, x.error is not None or _fits(x, r.new_tokens))  # fmt: skip
                 earlier = seen.setdefault((r.prompt, r.new_tokens), x.tokens)
                 c.equal(RESULTS, f"{at}.cold.{r.name} (the cold answer of every alike request)", earlier, x.tokens)
             x = run.answers.get(r.name)
             if x is not None and x.error is None and r.cancel_at is None:
-                c.equal(RESULTS, f"{at}.answers.{r.name} (a margin per token, at most the ids asked)", True,
-                        _fits(x.tokens, x.margins, r.new_tokens))  # fmt: skip
+                c.equal(RESULTS, f"{at}.answers.{r.name} (a margin and a second choice per token, at most the "
+                        "ids asked)", True, _fits(x, r.new_tokens))  # fmt: skip
 
 
-def _fits(tokens: list[int], margins_: list[float | None] | None, n: int) -> bool:
-    return len(tokens) <= n and (margins_ is None or len(margins_) == len(tokens))
+def _fits(x: Completion, n: int) -> bool:
+    """At most ``n`` tokens, a margin for each where margins are given, and a second choice for each where those
+    are, never the token itself."""
+    seconds = x.runner_up
+    return (
+        len(x.tokens) <= n
+        and (x.margins is None or len(x.margins) == len(x.tokens))
+        and (seconds is None or (len(seconds) == len(x.tokens) and all(s != t for s, t in zip(seconds, x.tokens))))
+    )
+
+
+def _server(c: Checks, doc: dict[str, Any]) -> None:
+    """What the server is agrees with how its cold answers and replays were had: the node's own words, or a
+    server's."""
+    node = doc["server"]["kind"] == "node"
+    c.equal(RESULTS, "server.kind (the node's cold answers and replays, or a server's)", node,
+            doc["cold_answers"] == NODE_COLD and doc["replays_on"] == NODE_REPLAYS)  # fmt: skip
 
 
 def _runs(v: hunt_report.HuntView) -> list[tuple[str, Checked]]:
