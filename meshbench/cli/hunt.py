@@ -120,7 +120,8 @@ def hunt(
     if out_dir is not None:
         _write(out_dir, doc)
     judged = sum(n for o, n in judge.outcomes(found.checked).items() if o != judge.NOT_JUDGED)
-    raise typer.Exit(exits.CHECK_FAILED if found.findings else exits.OK if judged else exits.NOTHING_JUDGED)
+    reproduced = any(f.reproduced for f in found.findings)
+    raise typer.Exit(exits.CHECK_FAILED if reproduced else exits.OK if judged else exits.NOTHING_JUDGED)
 
 
 def _server_info(server: Server | NodeServer) -> dict[str, object]:

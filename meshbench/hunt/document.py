@@ -32,7 +32,7 @@ def document(h: Hunt, server: dict[str, Any], command: str, budget: dict[str, An
         "facts": {**dataclasses.asdict(h.facts), "head": list(h.facts.head), "pool": list(h.facts.pool)},
         "calibration": {
             "cold": [serial.to_json(x) for x in h.calibration.cold],
-            "again": [serial.to_json(x) for x in h.calibration.together],
+            "together": [serial.to_json(x) for x in h.calibration.together],
             "warm": [serial.to_json(x) for x in h.calibration.warm],
         },
         "near_tie": h.threshold,

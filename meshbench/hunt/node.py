@@ -28,7 +28,7 @@ from meshbench.sweep.driver import NodeDriver
 
 Tokenizer = Callable[[list[str]], Sequence[Sequence[int]]]
 QUEUE = 64  # a step's requests, at most, queued at once (every one is submitted before the first tick)
-COLD = "the request alone on an engine made for it (nothing cached)"  # where the node's cold answers come from
+COLD = "the request alone on an engine made for it, its prefix cache off"  # where the node's cold answers come from
 REPLAYS = "a fresh node (a new engine, nothing cached)"  # where a finding runs again
 
 
@@ -53,17 +53,14 @@ class NodeTarget:
         return [list(x) for x in self.tokenizer(texts)]
 
     def at_once(self, requests: list[Request], cache_prompt: bool | None = None) -> dict[str, Completion]:
-        """The requests submitted together to the node; with ``cache_prompt`` false, each alone on an engine
-        made for it (nothing cached: a cold answer)."""
+        """The requests submitted together to the node; with ``cache_prompt`` false, together on an engine made for
+        them with its prefix cache off (nothing taken from a cache: one request so is a cold answer)."""
         if cache_prompt is False:
-            out: dict[str, Completion] = {}
-            for r in requests:
-                engine = self.setup.make(self.limits)
-                try:
-                    out.update(_run(engine, self.budget, self.prefill, [r]))
-                finally:
-                    close_engine(engine)
-            return out
+            engine = self.setup.make(dataclasses.replace(self.limits, prefix_block_tokens=0))
+            try:
+                return _run(engine, self.budget, self.prefill, requests)
+            finally:
+                close_engine(engine)
         assert self.engine is not None
         return _run(self.engine, self.budget, self.prefill, requests)
 

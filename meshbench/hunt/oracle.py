@@ -17,7 +17,7 @@ from meshbench.records.history import Facts, Request
 from meshbench.records.margins import MarginPasses
 from meshbench.workload.hunt import prompt
 
-CALIBRATION = 8  # requests measured cold, cold again and warm
+CALIBRATION = 8  # requests measured cold, cold all at once and warm
 
 
 class Oracle:
@@ -42,16 +42,17 @@ class Oracle:
 
 
 def calibrate(target: Target, facts: Facts, rng: np.random.Generator) -> MarginPasses:
-    """CALIBRATION requests, each cold, cold again and warm (right after itself, through the prompt cache): the
-    passes the server's numerics are measured from (cold against cold again and against warm)."""
-    cold, again, warm = [], [], []
-    for k in range(CALIBRATION):
-        n = int(rng.integers(16, 200))
-        r = Request(name=f"c{k}", prompt=tuple(prompt(rng, facts, n)), new_tokens=12)
-        cold.append(target.at_once([r], cache_prompt=False)[r.name])
-        again.append(target.at_once([r], cache_prompt=False)[r.name])
-        warm.append(target.at_once([r])[r.name])
-    return MarginPasses(cold=cold, warm=warm, together=again)
+    """CALIBRATION requests, each cold (alone), all at once cold (one batch: what batching does to the arithmetic)
+    and warm (right after itself, through the prompt cache): the passes the server's numerics are measured from
+    (cold against together and against warm)."""
+    requests = [
+        Request(name=f"c{k}", prompt=tuple(prompt(rng, facts, int(rng.integers(16, 200)))), new_tokens=12)
+        for k in range(CALIBRATION)
+    ]
+    cold = [target.at_once([r], cache_prompt=False)[r.name] for r in requests]
+    together = target.at_once(requests, cache_prompt=False)
+    warm = [target.at_once([r])[r.name] for r in requests]
+    return MarginPasses(cold=cold, warm=warm, together=[together[r.name] for r in requests])
 
 
 def threshold(passes: MarginPasses) -> float:

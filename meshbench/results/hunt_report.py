@@ -71,20 +71,26 @@ def shown(runs: list[Checked]) -> int:
     return sum(bool(judge.confident(c.judged)) for c in runs)
 
 
+def reproduced(f: Found) -> bool:
+    """A confident difference shown again in a run of its history or of its minimal one: a finding."""
+    return bool(shown(f.confirmations) or shown(f.minimal_confirmations))
+
+
 def lines(v: HuntView) -> list[str]:
     """The hunt in words, findings first (what ``meshbench hunt`` prints, and the README's opening)."""
     out = []
     for k, f in enumerate(v.findings, 1):
         steps, reqs, ids = f.minimal.history.size()
+        what = "finding" if reproduced(f) else "not a finding, a difference seen once:"
         out.append(
-            f"finding {k} ({f.found.history.strategy}, after {f.seconds_to_find:.0f} s): shown in "
+            f"{what} {k} ({f.found.history.strategy}, after {f.seconds_to_find:.0f} s): shown in "
             f"{shown(f.confirmations)} of {len(f.confirmations)} runs again; minimal history {steps} steps, {reqs} "
             f"requests, {ids} prompt ids, shown in {shown(f.minimal_confirmations)} of "
             f"{len(f.minimal_confirmations)} runs on {v.doc['replays_on']}"
         )
         out += ["  " + judge.said(f.minimal, j) for j in f.minimal.judged if j.outcome == CONFIDENT]
-    if not v.findings:
-        out.append("nothing confident found")
+    if not any(reproduced(f) for f in v.findings):
+        out.append("nothing confident found that showed again")
     o = judge.outcomes(v.checked)
     out.append(f"{len(v.checked)} histories, {sum(o.values())} answers in {v.doc['seconds']:.0f} s: "
                + ", ".join(f"{n} {k}" for k, n in o.items()))  # fmt: skip
@@ -149,8 +155,9 @@ def index_row(folder: Path, doc: dict[str, Any]) -> str:
             f"finding {k}: {f.found.history.strategy}, minimal {f.minimal.history.size()[1]} requests, shown in "
             f"{shown(f.minimal_confirmations)} of {len(f.minimal_confirmations)}"
             for k, f in enumerate(v.findings, 1)
+            if reproduced(f)
         )
-        or f"nothing confident in {sum(o.values())} answers"
+        or f"nothing confident that showed again in {sum(o.values())} answers"
     )
     env = doc.get("environment") or {}
     blas = (env.get("compute") or {}).get("blas") or {}

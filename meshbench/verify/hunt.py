@@ -68,8 +68,8 @@ def check(path: Path) -> Checks:
 
 
 def _threshold(c: Checks, doc: dict[str, Any]) -> None:
-    cal = {k: [serial.completion(x) for x in doc["calibration"][k]] for k in ("cold", "again", "warm")}
-    passes = MarginPasses(cold=cal["cold"], warm=cal["warm"], together=cal["again"])
+    cal = {k: [serial.completion(x) for x in doc["calibration"][k]] for k in ("cold", "together", "warm")}
+    passes = MarginPasses(cold=cal["cold"], warm=cal["warm"], together=cal["together"])
     c.equal(RESULTS, "near_tie (recomputed from the calibration passes)", margins.near_tie(passes), doc["near_tie"])
 
 
@@ -140,11 +140,16 @@ def _summary(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
 
 
 def _findings(c: Checks, v: hunt_report.HuntView) -> None:
-    """A finding is a history judged confident, run again CONFIRM times; its minimal history no larger, run again
-    as often; the hunt stops at its first finding."""
-    c.equal(RESULTS, "findings (a history with a confident difference ends the hunt, none without one)",
-            [len(v.checked) - 1] if any(judge.confident(x.judged) for x in v.checked[-1:]) else [],
+    """Every history judged confident is settled: run again CONFIRM times, its minimal history no larger, run again
+    as often; the hunt stops at the first shown again (a finding), and goes on past one shown in no run again."""
+    c.equal(RESULTS, "findings (every history with a confident difference, in order)",
+            [k for k, x in enumerate(v.checked) if judge.confident(x.judged)],
             [v.checked.index(f.found) for f in v.findings])  # fmt: skip
+    c.equal(RESULTS, "findings (the hunt went on past those shown in no run again, and stopped at one shown again)",
+            [False] * max(0, len(v.findings) - 1), [hunt_report.reproduced(f) for f in v.findings[:-1]])  # fmt: skip
+    if v.findings and hunt_report.reproduced(v.findings[-1]):
+        c.equal(RESULTS, "checked (none after the finding shown again)", len(v.checked) - 1,
+                v.checked.index(v.findings[-1].found))  # fmt: skip
     for k, f in enumerate(v.findings):
         at = f"findings[{k}]"
         c.equal(RESULTS, f"{at}.confirmations (its history, {judge.CONFIRM} times)", [f.found.history] * judge.CONFIRM,
