@@ -27,7 +27,7 @@ def node_bundles() -> list[str]:
     out = []
     for b in sorted(p for p in EVIDENCE.iterdir() if (p / "results.json").is_file()):
         kind = json.loads((b / "results.json").read_text()).get("kind")
-        if kind not in ("endpoint", "matrix"):
+        if kind not in ("endpoint", "matrix", "hunt"):
             out.append(b.name)
     return out
 

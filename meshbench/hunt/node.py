@@ -21,6 +21,8 @@ from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.model import gguf_io
 from meshbench.records.completion import CANCELLED, Completion
+from meshbench.records.history import NODE_COLD as COLD
+from meshbench.records.history import NODE_REPLAYS as REPLAYS
 from meshbench.records.history import Request
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
@@ -28,8 +30,6 @@ from meshbench.sweep.driver import NodeDriver
 
 Tokenizer = Callable[[list[str]], Sequence[Sequence[int]]]
 QUEUE = 64  # a step's requests, at most, queued at once (every one is submitted before the first tick)
-COLD = "the request alone on an engine made for it, its prefix cache off"  # where the node's cold answers come from
-REPLAYS = "a fresh node (a new engine, nothing cached)"  # where a finding runs again
 
 
 class NodeTarget:

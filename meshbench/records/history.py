@@ -22,6 +22,10 @@ N_UBATCH, N_BATCH = 512, 2048  # llama-server's defaults for its micro-batch and
 SCHEMA = "history.schema.json"
 MAX_BYTES = 64 << 20  # a history file, at most
 VERSION = 1
+NODE_COLD = (
+    "the request alone on an engine made for it, its prefix cache off"  # where the node's cold answers come from
+)
+NODE_REPLAYS = "a fresh node (a new engine, nothing cached)"  # where a finding on the node runs again
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,11 +19,10 @@ from meshbench.analysis import hunt as judge
 from meshbench.analysis.checks import Checks
 from meshbench.analysis.hunt import Checked
 from meshbench.errors import MeshbenchError
-from meshbench.hunt.node import COLD as NODE_COLD
-from meshbench.hunt.node import REPLAYS as NODE_REPLAYS
 from meshbench.names import README, RESULTS
 from meshbench.records import serial
 from meshbench.records.completion import Completion
+from meshbench.records.history import NODE_COLD, NODE_REPLAYS
 from meshbench.records.margins import MarginPasses
 from meshbench.results import document, hunt_report
 from meshbench.workload import hunt as strategies
