@@ -99,6 +99,11 @@ def checked(history: History, answers: dict[str, Completion], cold: dict[str, Co
     return Checked(history, answers, cold, judge(history, answers, cold, limit))
 
 
+def shown(runs: list[Checked]) -> int:
+    """Of these runs of one history, those with a confident difference."""
+    return sum(bool(confident(c.judged)) for c in runs)
+
+
 def outcomes(runs: list[Checked]) -> dict[str, int]:
     every = [j.outcome for c in runs for j in c.judged]
     return {o: every.count(o) for o in OUTCOMES}

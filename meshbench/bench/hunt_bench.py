@@ -28,16 +28,14 @@ def run(
             progress(f"seed {seed}")
             h = hunting.hunt(host, chosen, seed, until, progress)
         f = next((x for x in h.findings if x.reproduced), None)
+        ran = h.checked if f is None else h.checked[: h.checked.index(f.found) + 1]  # up to the finding
         rows.append(
             {
                 "seed": seed,
                 "found": f is not None,
                 "seconds": round(f.seconds_to_find if f else h.seconds, 1),
-                "histories": len(h.checked) if f is None else h.checked.index(f.found) + 1,
-                "requests": sum(
-                    len(c.history.requests())
-                    for c in h.checked[: len(h.checked) if f is None else h.checked.index(f.found) + 1]
-                ),
+                "histories": len(ran),
+                "requests": sum(len(c.history.requests()) for c in ran),
                 "strategy": f.found.history.strategy if f else None,
                 "seen_once": sum(not x.reproduced for x in h.findings),
                 "near_tie": h.threshold,

@@ -238,7 +238,7 @@ def _replay(server: Server, h: hist.History) -> int:
     for k, got in enumerate(runs, 1):
         for j in judge.confident(got.judged):
             out.print(f"run {k}: {judge.said(got, j)}", markup=False)
-    shown = sum(bool(judge.confident(got.judged)) for got in runs)
+    shown = judge.shown(runs)
     unjudged = [j for got in runs for j in got.judged if j.outcome == judge.NOT_JUDGED]
     if not shown and len(unjudged) == sum(len(got.judged) for got in runs):  # nothing reproduced: nothing judged
         out.print(f"no answer could be judged in {len(runs)} runs on {server.replays_on()}: "

@@ -39,21 +39,16 @@ class Finding:
 
     @property
     def confirmed(self) -> int:
-        return shown(self.confirmations)
+        return judge.shown(self.confirmations)
 
     @property
     def minimal_confirmed(self) -> int:
-        return shown(self.minimal_confirmations)
+        return judge.shown(self.minimal_confirmations)
 
     @property
     def reproduced(self) -> bool:
         """Shown again in a run of its history or of its minimal one: a finding (else a difference seen once)."""
         return bool(self.confirmed or self.minimal_confirmed)
-
-
-def shown(runs: list[Checked]) -> int:
-    """Of these runs of one history, those with a confident difference."""
-    return sum(bool(judge.confident(c.judged)) for c in runs)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from meshbench.analysis import hunt as judge
-from meshbench.analysis.hunt import CONFIDENT, Checked
+from meshbench.analysis.hunt import CONFIDENT, Checked, shown
 from meshbench.records import history as hist
 from meshbench.records import serial
 from meshbench.records.history import Facts
@@ -65,10 +65,6 @@ def view(doc: dict[str, Any]) -> HuntView:
         for k, x in enumerate(doc["findings"])
     ]
     return HuntView(doc, facts, limit, checked, found)
-
-
-def shown(runs: list[Checked]) -> int:
-    return sum(bool(judge.confident(c.judged)) for c in runs)
 
 
 def reproduced(f: Found) -> bool:
