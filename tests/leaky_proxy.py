@@ -1,13 +1,14 @@
 """A proxy that leaks on purpose, in front of a real llama-server: a test fixture on a free loopback port.
 
-Every route is passed through unchanged, but ``/completion`` requests that arrive while four or more are in
-flight: each of those has the end of its prompt overwritten by the end of another in-flight request's prompt
-(the longest one other than its own; up to FRAGMENT ids, never its BOS; the same length is sent, so the server's
-counts stay right and only the content leaks). The requests released together after a quiet spell share one
-snapshot of the prompts in flight, so which donor each gets does not depend on how late a loaded machine runs its
-thread (a request that finished before a slow sibling woke would otherwise drop out of the donors, and a null run
-would differ from its repeat). A model continues what its prompt ends with, so the leaked ids
-reach the answer: the content-dependence test and the canaries must catch it and name the sessions.
+Every route is passed through unchanged, but ``/completion`` requests that arrive together, four or more: each of
+those has the end of its prompt overwritten by the end of another prompt of its cohort (the longest one other than
+its own; up to FRAGMENT ids, never its BOS; the same length is sent, so the server's counts stay right and only the
+content leaks). A cohort is the requests that arrived since the last one was released, each waiting until no other
+has arrived for QUIET_S: which donor each gets depends neither on how late a loaded machine runs a thread nor on a
+request of an earlier cohort whose handler has not yet noted that it is done (its client already has its answer, and
+sent the next run; counting it as in flight let an earlier run's prompt be the donor, and CI saw null runs differ
+from their repeats at C=8, p 0.5). A model continues what its prompt ends with, so the leaked ids reach the answer:
+the content-dependence test and the canaries must catch it and name the sessions.
 
 With ``on_cancel`` it leaks only on the cancel-and-retry path instead (the bug class of SGLang#23392): a request
 whose prompt is still in flight (its client left the first one mid-stream and sent it again) gets the end of the
@@ -44,7 +45,8 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.leaked = 0
         self.last_arrival = 0.0
         self.on_cancel = on_cancel
-        self.snapshot: dict[int, list[int]] | None = None  # the prompts in flight when a cohort was released
+        self.pending: dict[int, list[int]] = {}  # the prompts arrived since the last cohort was released
+        self.cohort_of: dict[int, dict[int, list[int]]] = {}  # a released request's cohort, until it reads it
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -70,26 +72,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with self.server.lock:
             me = self.server.next_id
             self.server.next_id += 1
-            self.server.in_flight[me] = prompt
+            self.server.pending[me] = prompt
             self.server.last_arrival = time.monotonic()
-            self.server.snapshot = None  # a new arrival opens a new cohort
-        try:
-            start = time.monotonic()
-            while time.monotonic() - start < GATHER_S and time.monotonic() - self.server.last_arrival < QUIET_S:
-                time.sleep(0.02)
-            with self.server.lock:
-                if self.server.snapshot is None or me not in self.server.snapshot:
-                    self.server.snapshot = dict(self.server.in_flight)
-                others = [p for k, p in self.server.snapshot.items() if k != me]
-                if len(others) + 1 >= LEAK_AT:
-                    donor = max(others, key=lambda p: (len(p), p))
-                    if _spliced(prompt, donor) != prompt:
-                        request["prompt"] = _spliced(prompt, donor)
-                        self.server.leaked += 1
-            self._forward(json.dumps(request).encode())
-        finally:
-            with self.server.lock:
-                del self.server.in_flight[me]
+        start = time.monotonic()
+        while time.monotonic() - start < GATHER_S and time.monotonic() - self.server.last_arrival < QUIET_S:
+            time.sleep(0.02)
+        with self.server.lock:
+            if me in self.server.pending:  # the first of its cohort to wake releases the whole cohort
+                cohort = dict(self.server.pending)
+                self.server.pending.clear()
+                self.server.cohort_of.update({k: cohort for k in cohort})
+            others = [p for k, p in self.server.cohort_of.pop(me).items() if k != me]
+            if len(others) + 1 >= LEAK_AT:
+                donor = max(others, key=lambda p: (len(p), p))
+                if _spliced(prompt, donor) != prompt:
+                    request["prompt"] = _spliced(prompt, donor)
+                    self.server.leaked += 1
+        self._forward(json.dumps(request).encode())
 
     def _on_retry(self, request: dict, prompt: list[int]) -> None:
         """(on_cancel) A retry (its prompt still in flight) gets the end of the longest other prompt in flight."""

@@ -13,9 +13,15 @@ from meshbench.records.history import History, Request, Step
 MAX_TRIES = 40  # candidate histories run at most
 
 
-def shrink(history: History, still: Callable[[History], bool], head: int, tries: int = MAX_TRIES) -> History:
+def shrink(
+    history: History,
+    still: Callable[[History], bool],
+    head: int,
+    tries: int = MAX_TRIES,
+    progress: Callable[[str], None] = lambda m: None,
+) -> History:
     """The smallest history found that ``still`` holds for (``history`` itself where none is); ``head``: the ids
-    every prompt starts with, never cut."""
+    every prompt starts with, never cut; ``progress`` hears each try and whether it was kept."""
     best, left = history, tries
     changed = True
     while changed and left > 0:
@@ -24,7 +30,11 @@ def shrink(history: History, still: Callable[[History], bool], head: int, tries:
             if left <= 0:
                 break
             left -= 1
-            if still(candidate):
+            kept = still(candidate)
+            steps, reqs, ids = candidate.size()
+            progress(f"shrink try {tries - left}: {steps} steps, {reqs} requests, {ids} prompt ids: "
+                     f"{'kept' if kept else 'not shown'}")  # fmt: skip
+            if kept:
                 best, changed = candidate, True
                 break
     return best
