@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from meshbench.cli import app
@@ -134,3 +135,58 @@ def test_verify_refuses_a_node_hunt_whose_server_or_second_choices_were_rewritte
 def test_an_out_folder_that_cannot_be_written_is_refused_before_the_hunt(tmp_path):
     r = runner.invoke(app, ["hunt", "--config", CONFIG, "--out", str(tmp_path / "missing" / "H")])
     assert r.exit_code == 2 and "checked before the hunt" in r.output
+
+
+def _planted_setup(monkeypatch, plant) -> None:
+    """The node's engines made with a planted fault of the prefix-cache tests (tests/test_prefix.py)."""
+    real = factory.setup
+
+    def setup(*args, **kwargs):
+        s = real(*args, **kwargs)
+        make = s.make
+
+        def planted(limits):
+            e = make(limits)
+            if e.kv.prefix is not None:
+                plant(e.kv)
+            return e
+
+        s.make = planted
+        return s
+
+    monkeypatch.setattr(factory, "setup", setup)
+
+
+def _colliding_keys(kv) -> None:
+    from test_prefix import _truncated_key
+
+    kv.prefix.key = _truncated_key
+
+
+def _past_the_boundary(kv) -> None:
+    from test_prefix import _PastTheBoundary
+
+    kv.__class__ = _PastTheBoundary
+
+
+def _first_block_everywhere(kv) -> None:
+    from test_prefix import _FirstBlockEverywhere
+
+    kv.__class__ = _FirstBlockEverywhere
+
+
+@pytest.mark.parametrize("plant", [_colliding_keys, _past_the_boundary, _first_block_everywhere])
+def test_the_prefix_cache_tests_planted_faults_are_found_by_the_default_hunt_without_their_shapes(
+    plant, tmp_path, monkeypatch
+):
+    """Every strategy, seed 0, as a user runs it: each planted fault of the prefix cache (keys that collide, a hit one
+    position past its last whole block, a hit whose blocks are all its first) gives a finding shown again, which
+    verify accepts. (The fourth, a later turn given another conversation's KV, needs a conversation's own sessions:
+    the hunt sends each request as a session of its own, so the node's turns are not reached.)"""
+    _planted_setup(monkeypatch, plant)
+    out = tmp_path / "H"
+    r = runner.invoke(app, ["hunt", "--config", CONFIG, "--budget", "300", "--seed", "0", "--out", str(out)])
+    assert r.exit_code == 1, r.output
+    doc = json.loads((out / "results.json").read_text())
+    assert any(f["confirmations"] for f in doc["findings"])
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
