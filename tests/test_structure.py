@@ -21,6 +21,7 @@ LAYERS = [
             "meshbench.names",
             "meshbench.records",
             "meshbench.validation",
+            "meshbench.codebase",  # counts of meshbench's own code, run as commands: it imports nothing of ours
         ],
     ),
     ("model", ["meshbench.model"]),  # the numpy dense Llama, its KV state, GGUF files of its weights
@@ -215,3 +216,24 @@ def test_every_package_is_installed_by_a_build_not_only_an_editable_one():
         "meshbench.schemas"
     }
     assert found == listed
+
+
+def test_the_lookup_count_finds_every_kind_a_grep_misses(tmp_path):
+    from meshbench.codebase import lookups
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text(
+        "def f(d, k, rec):\n"
+        "    a = d['single'] + d[\"double\"] + d[0] + d[1:2]\n"
+        "    b = f\"{d['inside']} {d['again']}\"\n"
+        "    c = d.get('x') or d.get(k) or getattr(rec, k) or getattr(rec, 'name')\n"
+        "    names = ('ttft_ms.p50', 'plain', \"tpot_ms.p99\")\n"
+        "    return Record(**d, other=1), a, b, c, names\n"
+    )
+    (tmp_path / "top.py").write_text("x = {}['k']\n")
+    parts = lookups.by_part(tmp_path)
+    pkg = parts["pkg"]
+    assert [pkg[k] for k in lookups.KINDS] == [2, 2, 1, 1, 1, 2, 1]
+    assert parts["."][lookups.KINDS[0]] == 1
+    assert "| total | 3 | 2 | 1 | 1 | 1 | 2 | 1 | 11 |" in lookups.table(parts)
+    assert lookups.main([str(tmp_path / "missing")]) == 2
