@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-LEAK_AT = 4  # in-flight requests from which the proxy leaks
+LEAK_AT = 4  # requests in a cohort (arrived together) from which the proxy leaks
 QUIET_S = 0.5  # a request waits until no other has arrived for this long (at most GATHER_S), so the requests
 GATHER_S = 2.0  # submitted with it are in flight too, however late a slow machine starts their threads
 FRAGMENT = 16  # ids spliced in, at most (two repeats of a canary code)

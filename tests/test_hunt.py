@@ -3,6 +3,7 @@ server's context), the history file (round trip, and one line for a bad one), th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -70,6 +71,58 @@ def test_shrink_keeps_what_the_finding_needs_and_drops_the_rest():
     assert still(small) and small.size() < big.size()
     assert len(small.steps) == 1 and len(small.steps[0].requests) == 2
     assert all(len(r.prompt) <= 16 and r.new_tokens == 2 for r in small.requests())
+
+
+def test_a_smaller_history_must_show_the_findings_own_difference_not_just_any():
+    """shrink.Marks: a request of the finding, at the token where it differed (in the finding's run or a
+    confirmation); anywhere only where the smaller history changed that request's prompt or answer length."""
+    from meshbench.analysis.hunt import Judged
+
+    a = hist.Request(name="a", prompt=(2, *range(100, 130)), new_tokens=8, carries="a")
+    b = hist.Request(name="b", prompt=(2, *range(130, 150)), new_tokens=8, carries="b")
+    found = hist.History(strategy="t", seed=[0], steps=(hist.Step(requests=(a, b)),))
+    marks = shrink.Marks.of(found, [[Judged(name="a", outcome="confident", token_index=0)],
+                                    [Judged(name="a", outcome="confident", token_index=2)]])  # fmt: skip
+    alone = hist.History(strategy="t", seed=[0], steps=(hist.Step(requests=(a,)),))
+    shorter = dataclasses.replace(a, new_tokens=4)
+
+    def differs(name: str, at: int) -> list[Judged]:
+        return [Judged(name=name, outcome="confident", token_index=at)]
+
+    assert marks.shown(alone, differs("a", 0)) and marks.shown(alone, differs("a", 2))  # its token, either run's
+    assert not marks.shown(alone, differs("a", 5))  # the same request, unchanged, parting elsewhere: not the finding
+    assert not marks.shown(found, differs("b", 0))  # a request that never differed
+    smaller = hist.History(strategy="t", seed=[0], steps=(hist.Step(requests=(shorter,)),))
+    assert marks.shown(smaller, differs("a", 3))  # its answer shortened: where it parts may move
+    assert not marks.shown(alone, [])
+
+
+def test_the_shrink_keeps_a_history_only_where_two_runs_running_show_the_difference(monkeypatch):
+    """One run showing the finding's difference is not enough: a second, fresh, must too."""
+    from meshbench.analysis.hunt import Checked, Judged
+    from meshbench.hunt import run
+
+    a = hist.Request(name="a", prompt=(2, *range(100, 130)), new_tokens=8, carries="a")
+    b = hist.Request(name="b", prompt=(2, *range(130, 150)), new_tokens=8, carries="b")
+    found = hist.History(strategy="t", seed=[0], steps=(hist.Step(requests=(a, b)),))
+    hit = [Judged(name="a", outcome="confident", token_index=0), Judged(name="b", outcome="same")]
+    runs = iter([hit] * 3 + [hit, []] * 200)  # 3 confirmations; then every candidate shows once, not twice
+
+    class _Host:
+        target = None
+
+        def replays_on(self) -> str:
+            return "here"
+
+    def replay(server, cold, h, limit):
+        judged = next(runs)
+        return Checked(h, {}, {}, [j for j in judged if j.name in {r.name for r in h.requests()}])
+
+    monkeypatch.setattr(run, "replay", replay)
+    monkeypatch.setattr(run, "facts_head", lambda server: [2])
+    got = Checked(found, {}, {}, hit)
+    settled = run._settle(_Host(), None, got, 0.05, 1.0, lambda m: None)  # type: ignore[arg-type]
+    assert settled.minimal.history == found  # nothing smaller was shown twice running
 
 
 @pytest.mark.parametrize(

@@ -187,6 +187,21 @@ def test_the_prefix_cache_tests_planted_faults_are_found_by_the_default_hunt_wit
     out = tmp_path / "H"
     r = runner.invoke(app, ["hunt", "--config", CONFIG, "--budget", "300", "--seed", "0", "--out", str(out)])
     assert r.exit_code == 1, r.output
+    from meshbench.results import hunt_report
+
     doc = json.loads((out / "results.json").read_text())
-    assert any(f["confirmations"] for f in doc["findings"])
+    shown = [f for f in hunt_report.view(doc).findings if hunt_report.reproduced(f)]
+    assert shown and all(f.minimal.history.size() <= f.found.history.size() for f in shown)
+    assert all(hunt_report.shown(f.confirmations) + hunt_report.shown(f.minimal_confirmations) >= 2 for f in shown)
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    for f, raw in zip(hunt_report.view(doc).findings, doc["findings"]):  # (the figures the hunt guide quotes: -s)
+
+        def size(h) -> tuple[int, ...]:
+            return (*h.size(), sum(r.new_tokens for r in h.requests()))
+
+        sent = sum(len(c["history"]["steps"][i]["requests"]) for c in doc["checked"][: raw["checked"] + 1]
+                   for i in range(len(c["history"]["steps"])))  # fmt: skip
+        print(f"{plant.__name__}: history {raw['checked'] + 1} ({f.found.history.strategy}, {sent} requests sent, "
+              f"{f.seconds_to_find:.1f} s), shown {hunt_report.shown(f.confirmations)} of 3, size "
+              f"{size(f.found.history)} -> {size(f.minimal.history)}, shown "
+              f"{hunt_report.shown(f.minimal_confirmations)} of 3")  # fmt: skip

@@ -203,6 +203,15 @@ def test_no_function_body_is_longer_than_sixty_lines():
     assert long == []
 
 
+def test_no_module_is_longer_than_four_hundred_lines():
+    long = [
+        f"{module_name(p)}: {n} lines"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 400
+    ]
+    assert long == []
+
+
 def test_body_lines_counts_from_the_first_statement():
     fn = ast.parse('def f(\n    a,\n    b,\n):\n    """Doc."""\n    x = 1\n    return x\n').body[0]
     assert body_lines(fn) == 2

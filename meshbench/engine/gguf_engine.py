@@ -133,11 +133,10 @@ class GgufEngine:
             "kv_type": self.kv_type,
             "n_ubatch": self.n_ubatch,
             "device": self.model.device,
-            "sampling": SAMPLING_CONTRACT,
+            "sampling": SAMPLING_CONTRACT + (":eog-banned" if self.banned is not None else ""),
             "repack": self.model.repack,
             "tiled_mm": self.tiled_mm,
         }
-        recipe["sampling"] = SAMPLING_CONTRACT + (":eog-banned" if self.banned is not None else "")
         # (mixed_batch absent otherwise: the fingerprints of separate calls stay what they were)
         return fingerprint({**recipe, "mixed_batch": True} if self.mixed else recipe)
 

@@ -134,16 +134,15 @@ def _settle(
     found.confirmations = [replay(server, cold, got.history, limit) for _ in range(CONFIRM)]
     progress(f"finding confirmed {found.confirmed} of {CONFIRM} runs on {server.replays_on()}; shrinking it")
 
-    marks = {(j.name, j.token_index) for j in judge.confident(got.judged)}
+    marks = shrink.Marks.of(got.history, [judge.confident(c.judged) for c in (got, *found.confirmations)])
 
     def still(candidate: History) -> bool:
-        """The same difference (a request that differed, at the same token) in SHRINK_SHOWS runs running: any
-        confident difference, or one run, let a token of small margin that a loaded machine's batches moved shrink
-        a finding to a history that never showed it again."""
+        """The finding's difference (shrink.Marks) in SHRINK_SHOWS runs running: one run showing any confident
+        difference once let a request that differed at a token of small margin, on a loaded machine, shrink a
+        finding to a history that never showed it again."""
 
         def shows() -> bool:
-            differs = judge.confident(replay(server, cold, candidate, limit).judged)
-            return any((j.name, j.token_index) in marks for j in differs)
+            return marks.shown(candidate, judge.confident(replay(server, cold, candidate, limit).judged))
 
         return all(shows() for _ in range(SHRINK_SHOWS))
 

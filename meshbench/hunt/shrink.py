@@ -6,7 +6,7 @@ pass shrinks it or the tries run out. ``still`` runs the history on a fresh serv
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 from meshbench.records.history import History, Request, Step
 
@@ -32,8 +32,9 @@ def shrink(
             left -= 1
             kept = still(candidate)
             steps, reqs, ids = candidate.size()
-            progress(f"shrink try {tries - left}: {steps} steps, {reqs} requests, {ids} prompt ids: "
-                     f"{'kept' if kept else 'not shown'}")  # fmt: skip
+            answers = sum(r.new_tokens for r in candidate.requests())
+            progress(f"shrink try {tries - left}: {steps} steps, {reqs} requests, {ids} prompt ids, {answers} answer "
+                     f"tokens: {'kept' if kept else 'not shown'}")  # fmt: skip
             if kept:
                 best, changed = candidate, True
                 break
@@ -72,3 +73,41 @@ def _smaller(r: Request, head: int) -> Iterator[Request]:
 
 def _with(h: History, steps: list[Step]) -> History:
     return dataclasses.replace(h, steps=tuple(steps))
+
+
+class Difference(Protocol):
+    """A request's answer that differs (from its cold answer, or from the other server's): where it first does."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def token_index(self) -> int | None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Marks:
+    """The difference a smaller history must still show: a request of the finding that differed confidently, at
+    the token where it differed (in the finding's run or in any of its confirmations: a fresh server may part at
+    another token than the long-lived one did), or anywhere where the smaller history changed that request's
+    prompt or answer length (a cut prompt moves where its answer parts)."""
+
+    at: frozenset[tuple[str, int | None]]
+    requests: dict[str, Request]
+
+    @classmethod
+    def of(cls, history: History, runs: Iterable[Iterable[Difference]]) -> Marks:
+        return cls(
+            frozenset((j.name, j.token_index) for run in runs for j in run), {r.name: r for r in history.requests()}
+        )
+
+    def shown(self, candidate: History, confident: Iterable[Difference]) -> bool:
+        asked = {r.name: r for r in candidate.requests()}
+        names = {name for name, _ in self.at}
+        for j in confident:
+            was, now = self.requests.get(j.name), asked.get(j.name)
+            if was is None or now is None or j.name not in names:
+                continue
+            if (j.name, j.token_index) in self.at or (now.prompt, now.new_tokens) != (was.prompt, was.new_tokens):
+                return True
+        return False

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from meshbench.engine.base import DecodeItem, EngineFigures, PrefillChunk, SessionHandle, TickResult
 from meshbench.errors import MeshbenchError
+from meshbench.scheduler import telemetry
 from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason, NodeBudget
 from meshbench.scheduler.plan import PREFILL_POLICIES, CancelResult, TickPlan, bursts, chunks
 from meshbench.scheduler.readouts import SchedulerReadouts
@@ -277,33 +278,13 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         self._last_tick_end_ns = t1
         ended, self._ended = self._ended, []
         resubmitted, self._resubmitted = self._resubmitted, []
-        feed = plan.feed if plan.down is None else []  # with no engine, nothing was fed
-        return TickRecord(
-            tick=plan.tick,
-            decode_batch=len(plan.decode),
-            decode_sessions=tuple(s.session_id for s in plan.decode),
-            decode_tokens=plan.decoded,
-            prefill_tokens=sum(n for _, _, n in plan.pieces),
-            prefill_sessions=tuple(s.session_id for s in plan.prefilled),
-            prefill_chunks=tuple(plan.pieces),
-            kv_bytes=kv_bytes,
-            stored_tokens=(
-                sum(s.prompt_len + len(s.tokens) - 1 for s in self._running.values())
-                + sum(s.prefilled for s in self._admitted.values())
-            ),
-            active=self._active_count(),
-            queued=len(self._queue),
-            completed=tuple(s.session_id for s in plan.finished),
-            admitted=tuple(s.session_id for s in plan.promoted),
-            ended=tuple(s.session_id for s in ended),
-            resubmitted=tuple(s.session_id for s in resubmitted),
-            tick_ns=t1 - plan.started_ns,
-            decode_ns=plan.decode_ns,
-            prefill_ns=plan.prefill_ns,
-            decode_feed=tuple((it.session_id, it.position, it.token) for it in feed),
-            prefix_hit_tokens=plan.cached if self.prefix_cache else None,
-            kv_bytes_shared=kv_bytes_shared if self.prefix_cache else None,
+        stored = sum(s.prompt_len + len(s.tokens) - 1 for s in self._running.values()) + sum(
+            s.prefilled for s in self._admitted.values()
         )
+        return telemetry.of_plan(
+            plan, t1 - plan.started_ns, ended, resubmitted, kv_bytes, stored, self._active_count(), len(self._queue),
+            kv_bytes_shared if self.prefix_cache else None, self.prefix_cache,
+        )  # fmt: skip
 
     # --- an engine lost -------------------------------------------------------------
     def engine_lost(self, plan: TickPlan, cause: str) -> list[Session]:

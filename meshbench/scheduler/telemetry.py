@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from meshbench.scheduler.plan import TickPlan
+    from meshbench.scheduler.session import Session
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +86,42 @@ class SchedulerTelemetry:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def of_plan(
+    plan: TickPlan,
+    tick_ns: int,
+    ended: Sequence[Session],
+    resubmitted: Sequence[Session],
+    kv_bytes: int,
+    stored_tokens: int,
+    active: int,
+    queued: int,
+    kv_bytes_shared: int | None,
+    prefix_cache: bool,
+) -> TickRecord:
+    """The record of a tick that ran ``plan`` (with no engine, nothing was fed)."""
+    feed = plan.feed if plan.down is None else []
+    return TickRecord(
+        tick=plan.tick,
+        decode_batch=len(plan.decode),
+        decode_sessions=tuple(s.session_id for s in plan.decode),
+        decode_tokens=plan.decoded,
+        prefill_tokens=sum(n for _, _, n in plan.pieces),
+        prefill_sessions=tuple(s.session_id for s in plan.prefilled),
+        prefill_chunks=tuple(plan.pieces),
+        kv_bytes=kv_bytes,
+        stored_tokens=stored_tokens,
+        active=active,
+        queued=queued,
+        completed=tuple(s.session_id for s in plan.finished),
+        admitted=tuple(s.session_id for s in plan.promoted),
+        ended=tuple(s.session_id for s in ended),
+        resubmitted=tuple(s.session_id for s in resubmitted),
+        tick_ns=tick_ns,
+        decode_ns=plan.decode_ns,
+        prefill_ns=plan.prefill_ns,
+        decode_feed=tuple((it.session_id, it.position, it.token) for it in feed),
+        prefix_hit_tokens=plan.cached if prefix_cache else None,
+        kv_bytes_shared=kv_bytes_shared,
+    )
