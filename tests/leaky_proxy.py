@@ -4,11 +4,12 @@ Every route is passed through unchanged, but ``/completion`` requests that arriv
 those has the end of its prompt overwritten by the end of another prompt of its cohort (the longest one other than
 its own; up to FRAGMENT ids, never its BOS; the same length is sent, so the server's counts stay right and only the
 content leaks). A cohort is the requests that arrived since the last one was released, each waiting until no other
-has arrived for QUIET_S: which donor each gets depends neither on how late a loaded machine runs a thread nor on a
-request of an earlier cohort whose handler has not yet noted that it is done (its client already has its answer, and
-sent the next run; counting it as in flight let an earlier run's prompt be the donor, and CI saw null runs differ
-from their repeats at C=8, p 0.5). A model continues what its prompt ends with, so the leaked ids reach the answer:
-the content-dependence test and the canaries must catch it and name the sessions.
+has arrived for QUIET_S (BURST_QUIET_S once two or more wait): which donor each gets depends neither on how late a
+loaded machine runs a thread nor on a request of an earlier cohort whose handler has not yet noted that it is done
+(its client already has its answer, and sent the next run; counting it as in flight let an earlier run's prompt be
+the donor). CI saw null runs differ from their repeats at C=8 (p 0.5, then 0.09 with a shorter quiet spell on a
+loaded core). A model continues what its prompt ends with, so the leaked ids reach the answer: the
+content-dependence test and the canaries must catch it and name the sessions.
 
 With ``on_cancel`` it leaks only on the cancel-and-retry path instead (the bug class of SGLang#23392): a request
 whose prompt is still in flight (its client left the first one mid-stream and sent it again) gets the end of the
@@ -28,7 +29,8 @@ from urllib.parse import urlsplit
 
 LEAK_AT = 4  # requests in a cohort (arrived together) from which the proxy leaks
 QUIET_S = 0.5  # a request waits until no other has arrived for this long (at most GATHER_S), so the requests
-GATHER_S = 2.0  # submitted with it are in flight too, however late a slow machine starts their threads
+BURST_QUIET_S = 1.5  # submitted with it are in flight too, however late a slow machine starts their threads; once
+GATHER_S = 5.0  # two or more wait, a burst is forming, and a straggler is given longer (CI split a burst of 8)
 FRAGMENT = 16  # ids spliced in, at most (two repeats of a canary code)
 
 
@@ -75,7 +77,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.pending[me] = prompt
             self.server.last_arrival = time.monotonic()
         start = time.monotonic()
-        while time.monotonic() - start < GATHER_S and time.monotonic() - self.server.last_arrival < QUIET_S:
+        while time.monotonic() - start < GATHER_S and time.monotonic() - self.server.last_arrival < self._quiet():
             time.sleep(0.02)
         with self.server.lock:
             if me in self.server.pending:  # the first of its cohort to wake releases the whole cohort
@@ -89,6 +91,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     request["prompt"] = _spliced(prompt, donor)
                     self.server.leaked += 1
         self._forward(json.dumps(request).encode())
+
+    def _quiet(self) -> float:
+        """How long no arrival must come before a cohort is released: longer once a burst is forming."""
+        return BURST_QUIET_S if len(self.server.pending) >= 2 else QUIET_S
 
     def _on_retry(self, request: dict, prompt: list[int]) -> None:
         """(on_cancel) A retry (its prompt still in flight) gets the end of the longest other prompt in flight."""
