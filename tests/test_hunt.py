@@ -73,6 +73,20 @@ def test_shrink_keeps_what_the_finding_needs_and_drops_the_rest():
     assert all(len(r.prompt) <= 16 and r.new_tokens == 2 for r in small.requests())
 
 
+def test_the_shrink_never_runs_a_history_it_already_saw_fail():
+    """After each kept candidate the passes start over; the candidates tried before and not kept are skipped, so the
+    tries go to new cuts."""
+    h = strategies.STRATEGIES["crowd"].draw(np.random.default_rng(3), FACTS, [3])
+    seen: list[tuple] = []
+
+    def still(c: hist.History) -> bool:
+        seen.append(c.steps)
+        return len(c.requests()) > 2 and c.size()[0] >= len(h.steps) - 1  # drops at most one step, keeps 3 requests
+
+    small = shrink.shrink(h, still, head=1, tries=400)
+    assert len(seen) == len(set(seen)) and small.size() < h.size()
+
+
 def test_a_smaller_history_must_show_the_findings_own_difference_not_just_any():
     """shrink.Marks: a request of the finding, at the token where it differed (in the finding's run or a
     confirmation); anywhere only where the smaller history changed that request's prompt or answer length."""
