@@ -22,7 +22,7 @@ from meshbench.analysis.hunt import Checked
 from meshbench.errors import MeshbenchError
 from meshbench.hunt import oracle, shrink
 from meshbench.hunt.execute import Host
-from meshbench.hunt.run import CONFIRM, SHRINK_SHOWS, calibrated, check, replay
+from meshbench.hunt.run import CONFIRM, calibrated, check, replay
 from meshbench.records.history import History
 from meshbench.workload.hunt import Strategy
 
@@ -143,12 +143,7 @@ def _settle(pair: Pair, a: Side, b: Side, h: History, head: int, progress: Calla
     found = pair.partings[-1]  # (the history being settled is the last one checked)
     marks = shrink.Marks.of(h, [[p for p in ps if p.confident] for ps in [found, *confirmations]])
 
-    def still(c: History) -> bool:
-        """The pair's parting (shrink.Marks) in SHRINK_SHOWS runs running, as the single-server hunt holds it."""
-        return all(
-            marks.shown(c, [p for p in replayed(a, b, c, pair.limit) if p.confident]) for _ in range(SHRINK_SHOWS)
-        )
-
+    still = marks.held(lambda c: [p for p in replayed(a, b, c, pair.limit) if p.confident])
     pair.minimal = shrink.shrink(h, still, head, progress=progress)
     pair.minimal_confirmed = shown([replayed(a, b, pair.minimal, pair.limit) for _ in range(CONFIRM)])
     steps, reqs, ids = pair.minimal.size()

@@ -21,7 +21,6 @@ from meshbench.records.margins import MarginPasses
 from meshbench.workload.hunt import Strategy
 
 CONFIRM = judge.CONFIRM
-SHRINK_SHOWS = 2  # fresh runs running that must show a smaller history's difference for the shrink to keep it
 # Text whose ids prompts are drawn from (any text does: the content is those ids at random, repeated)
 CORPUS = (
     "The river bends twice before it reaches the old mill, where a wooden wheel still turns in the spring floods. "
@@ -135,17 +134,7 @@ def _settle(
     progress(f"finding confirmed {found.confirmed} of {CONFIRM} runs on {server.replays_on()}; shrinking it")
 
     marks = shrink.Marks.of(got.history, [judge.confident(c.judged) for c in (got, *found.confirmations)])
-
-    def still(candidate: History) -> bool:
-        """The finding's difference (shrink.Marks) in SHRINK_SHOWS runs running: one run showing any confident
-        difference once let a request that differed at a token of small margin, on a loaded machine, shrink a
-        finding to a history that never showed it again."""
-
-        def shows() -> bool:
-            return marks.shown(candidate, judge.confident(replay(server, cold, candidate, limit).judged))
-
-        return all(shows() for _ in range(SHRINK_SHOWS))
-
+    still = marks.held(lambda c: judge.confident(replay(server, cold, c, limit).judged))
     minimal = shrink.shrink(got.history, still, len(facts_head(server)), progress=progress)
     found.minimal = replay(server, cold, minimal, limit)
     found.minimal_confirmations = [replay(server, cold, minimal, limit) for _ in range(CONFIRM)]

@@ -11,6 +11,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 from meshbench.records.history import History, Request, Step
 
 MAX_TRIES = 40  # candidate histories run at most
+SHOWS = 2  # fresh runs running that must show a smaller history's difference for the shrink to keep it
 
 
 def shrink(
@@ -118,3 +119,9 @@ class Marks:
             if (j.name, j.token_index) in self.at or (now.prompt, now.new_tokens) != (was.prompt, was.new_tokens):
                 return True
         return False
+
+    def held(self, run: Callable[[History], Iterable[Difference]]) -> Callable[[History], bool]:
+        """``still`` for the shrink: the difference in SHOWS fresh runs running (``run``: a history's confident
+        differences, from a fresh run). One run showing any confident difference once let a request that differed
+        at a token of small margin, on a loaded machine, shrink a finding to a history that never showed it again."""
+        return lambda candidate: all(self.shown(candidate, run(candidate)) for _ in range(SHOWS))
