@@ -30,9 +30,10 @@ def test_each_strategy_draws_a_valid_history_again_alike_from_its_seed(name):
         assert h == s.draw(np.random.default_rng([7, k]), FACTS, [7, k])
         assert hist.from_json(json.loads(json.dumps(hist.to_json(h))), "x") == h
         for r in h.requests():
-            assert r.prompt[:1] == (2,) and len(r.prompt) + r.new_tokens <= FACTS.n_ctx
-            assert set(r.prompt[1:]) <= set(FACTS.pool) and r.carries
+            assert r.prompt[:1] == (2,) and len(r.sent()) + r.answer_tokens <= FACTS.n_ctx
+            assert set(r.sent()[1:]) <= set(FACTS.pool) and r.carries
             assert r.cancel_at is None or 1 <= r.cancel_at < r.new_tokens
+            assert not (r.turns and r.cancel_at is not None)
 
 
 def test_strategies_fit_a_small_context():
@@ -40,7 +41,7 @@ def test_strategies_fit_a_small_context():
     for s in strategies.STRATEGIES.values():
         for k in range(10):
             for r in s.draw(np.random.default_rng(k), small, [k]).requests():
-                assert len(r.prompt) + r.new_tokens <= small.n_ctx, (s.name, len(r.prompt))
+                assert len(r.sent()) + r.answer_tokens <= small.n_ctx, (s.name, len(r.prompt))
 
 
 def test_content_repeats_a_run_so_a_model_continues_it_confidently():
@@ -154,6 +155,20 @@ def test_the_shrink_keeps_a_history_only_where_two_runs_running_show_the_differe
             ),
             "request names must be unique (a is said twice)",
         ),
+        (
+            hist.to_json(
+                hist.History(
+                    strategy="x",
+                    seed=[0],
+                    steps=(
+                        hist.Step(
+                            requests=(hist.Request(name="a", prompt=(1,), new_tokens=2, cancel_at=1, turns=((5,),)),)
+                        ),
+                    ),  # fmt: skip
+                )
+            ),
+            "request a is a conversation with cancel_at",
+        ),
     ],
 )
 def test_a_bad_history_file_is_one_line(tmp_path, doc, said):
@@ -257,3 +272,39 @@ def test_a_replay_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
     os.mkfifo(fifo)
     r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--replay", str(fifo)])
     assert r.exit_code == 2 and "h.json" in r.output and "Traceback" not in r.output
+
+
+def test_a_conversation_sends_each_turn_after_the_answer_before_it_and_its_answer_is_every_turns():
+    """Against a server (tests/bad_server.py, answering ids 10, 11, ... and saying how many prompt ids it read): the
+    second turn's prompt is the first's, its answer and the message; one answer of both turns' ids; a turn that
+    fails is the whole answer's failure and no later turn is sent."""
+    from bad_server import serving
+
+    from meshbench.endpoint.client import Endpoint
+    from meshbench.hunt.execute import Http
+    from meshbench.workload.target import parse_target
+
+    talk = hist.Request(name="a", prompt=(1, 7, 8, 9), new_tokens=3, turns=((4, 4), (5,)))
+    with serving("ok") as url:
+        ep = Endpoint(parse_target(url), "auto", 5.0)
+        ep.probe()
+        (x,) = Http(ep).at_once([talk]).values()
+    assert x.error is None and x.tokens == [10, 11, 12] * 3 and len(x.token_ns) == 9
+    assert x.evaluated == 4 + (4 + 3 + 2) + (4 + 3 + 2 + 3 + 1)
+    assert hist.Request(name="b", prompt=(1,), new_tokens=3).key() != talk.key() and talk.answer_tokens == 9
+    with serving("close-early") as url:
+        ep = Endpoint(parse_target(url), "auto", 5.0)
+        ep.probe()
+        (x,) = Http(ep).at_once([talk]).values()
+    assert x.error is not None and len(x.tokens) < 3
+
+
+def test_the_shrink_drops_a_conversations_later_turns_where_the_finding_needs_none():
+    talk = hist.Request(name="a", prompt=(2, *range(100, 140)), new_tokens=8, turns=((5, 6), (7,), (8, 9)))
+    big = hist.History(strategy="turns", seed=[0], steps=(hist.Step(requests=(talk,)),))
+
+    def still(c: hist.History) -> bool:  # a bug in a conversation's second turn
+        return any(len(r.turns) >= 1 for r in c.requests())
+
+    (small,) = shrink.shrink(big, still, head=1, tries=100).requests()
+    assert small.turns == ((5, 6),) and len(small.prompt) == 2 and small.new_tokens == 2

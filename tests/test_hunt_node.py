@@ -175,14 +175,19 @@ def _first_block_everywhere(kv) -> None:
     kv.__class__ = _FirstBlockEverywhere
 
 
-@pytest.mark.parametrize("plant", [_colliding_keys, _past_the_boundary, _first_block_everywhere])
+def _other_conversation(kv) -> None:
+    from test_prefix import _OtherConversation
+
+    kv.__class__ = _OtherConversation
+
+
+@pytest.mark.parametrize("plant", [_colliding_keys, _past_the_boundary, _first_block_everywhere, _other_conversation])
 def test_the_prefix_cache_tests_planted_faults_are_found_by_the_default_hunt_without_their_shapes(
     plant, tmp_path, monkeypatch
 ):
     """Every strategy, seed 0, as a user runs it: each planted fault of the prefix cache (keys that collide, a hit one
-    position past its last whole block, a hit whose blocks are all its first) gives a finding shown again, which
-    verify accepts. (The fourth, a later turn given another conversation's KV, needs a conversation's own sessions:
-    the hunt sends each request as a session of its own, so the node's turns are not reached.)"""
+    position past its last whole block, a hit whose blocks are all its first, a later turn given the KV of the
+    conversation released last) gives a finding shown again, which verify accepts."""
     _planted_setup(monkeypatch, plant)
     out = tmp_path / "H"
     r = runner.invoke(app, ["hunt", "--config", CONFIG, "--budget", "300", "--seed", "0", "--out", str(out)])
@@ -197,7 +202,7 @@ def test_the_prefix_cache_tests_planted_faults_are_found_by_the_default_hunt_wit
     for f, raw in zip(hunt_report.view(doc).findings, doc["findings"]):  # (the figures the hunt guide quotes: -s)
 
         def size(h) -> tuple[int, ...]:
-            return (*h.size(), sum(r.new_tokens for r in h.requests()))
+            return (*h.size(), sum(r.answer_tokens for r in h.requests()))
 
         sent = sum(len(c["history"]["steps"][i]["requests"]) for c in doc["checked"][: raw["checked"] + 1]
                    for i in range(len(c["history"]["steps"])))  # fmt: skip

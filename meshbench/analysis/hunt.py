@@ -32,7 +32,7 @@ def judge(history: History, answers: dict[str, Completion], cold: dict[str, Comp
         for r in step.requests:
             x, a = answers.get(r.name), cold.get(r.name)
             beside = tuple(n for n in names if n != r.name)
-            why = _unjudged(r.cancel_at, x, a, r.new_tokens)
+            why = _unjudged(r.cancel_at, x, a, r.answer_tokens)
             if why:
                 out.append(Judged(name=r.name, outcome=NOT_JUDGED, beside=beside, why=why))
                 continue
@@ -130,8 +130,9 @@ def said(c: Checked, j: Judged) -> str:
     """One confident difference in words: the request, what it carried, where it differs, the cold margin there,
     what was sent beside it, and whose content its answer continues where another request's does."""
     r = next(x for x in c.history.requests() if x.name == j.name)
-    others = {x.name: x.prompt for x in c.history.requests() if x.name != j.name}
-    src = donor(c.answers[j.name], j.token_index or 0, r.prompt, others)
+    others = {x.name: x.sent() for x in c.history.requests() if x.name != j.name}
+    answer, at = c.answers[j.name], j.token_index or 0
+    src = donor(answer, at, (*r.sent(), *answer.tokens[:at]), others)
     margin = "unknown" if j.margin is None else f"{j.margin:.3g}"
     earlier = [x.name for s in c.history.steps for x in s.requests]
     earlier = earlier[: earlier.index(j.name)]

@@ -1,13 +1,15 @@
 """A history run against a server: its steps one after another, the requests of a step sent at once (one client
 each), every request greedy with eos banned and the top-2 log-probabilities per token (each token's margin and
 second choice), through the server's prompt cache as it ships (``cache_prompt`` not sent). A request with
-``cancel_at`` disconnects once that many tokens are in; its answer is recorded, never judged."""
+``cancel_at`` disconnects once that many tokens are in; its answer is recorded, never judged. A conversation's
+client sends each later turn after the answer before it: the conversation so far, ids as the server gave them."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.stream import Completion as Answer
@@ -58,6 +60,47 @@ def run(target: Target, history: History) -> dict[str, Completion]:
     return answers
 
 
+def joined(r: Request, turns: list[Completion]) -> Completion:
+    """A conversation's answer: its turns' answers one after another (their ids, margins, second choices and stamps;
+    the prompt ids evaluated and computed, summed); the first failure, or a turn cut short, is the whole answer's
+    error (a later turn's prompt holds the earlier answers, so none is sent after it)."""
+    if not turns:
+        return _failed(r.name, "refused at admission")
+    first = turns[0]
+    if len(turns) == 1 and not r.turns:
+        return first
+    error = next((x.error for x in turns if x.error is not None), None)
+    if error is None and len(turns) != 1 + len(r.turns):
+        error = f"turn {len(turns)} of {1 + len(r.turns)} answered {len(turns[-1].tokens)} of {r.new_tokens} ids"
+
+    def every(field: str) -> list[Any] | None:
+        parts = [getattr(x, field) for x in turns]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+
+    def total(field: str) -> int | None:
+        parts = [getattr(x, field) for x in turns]
+        return None if any(p is None for p in parts) else sum(parts)
+
+    return dataclasses.replace(
+        first,
+        tokens=[t for x in turns for t in x.tokens],
+        text="".join(x.text for x in turns),
+        token_ns=[t for x in turns for t in x.token_ns],
+        stop=turns[-1].stop,
+        predicted=total("predicted"),
+        evaluated=total("evaluated"),
+        computed=total("computed"),
+        error=error,
+        margins=every("margins"),
+        runner_up=every("runner_up"),
+    )
+
+
+def _failed(name: str, error: str) -> Completion:
+    return Completion(session_id=name, submit_ns=0, tokens=[], text="", token_ns=[], stop=None, predicted=0,
+                      evaluated=None, error=error)  # fmt: skip
+
+
 class Http:
     """llama-server's native API as a hunt's target."""
 
@@ -75,11 +118,18 @@ class Http:
         done: dict[str, Completion] = {}
 
         def client(r: Request) -> None:
-            try:
-                x = self.endpoint.complete(r.name, body(r, cache_prompt), t0, r.cancel_at)
-            except Exception as e:  # noqa: BLE001 - whatever went wrong is this request's, never its neighbours'
-                x = Answer(r.name, time.monotonic_ns() - t0, error=f"{type(e).__name__}: {e}")
-            done[r.name] = serial.completion(x.to_dict())
+            turns: list[Completion] = []
+            ask = r
+            for message in (*r.turns, None):
+                try:
+                    x = self.endpoint.complete(r.name, body(ask, cache_prompt), t0, r.cancel_at)
+                except Exception as e:  # noqa: BLE001 - whatever went wrong is this request's, never its neighbours'
+                    x = Answer(r.name, time.monotonic_ns() - t0, error=f"{type(e).__name__}: {e}")
+                turns.append(serial.completion(x.to_dict()))
+                if message is None or x.error is not None or len(x.tokens) != r.new_tokens:
+                    break
+                ask = dataclasses.replace(r, prompt=(*ask.prompt, *x.tokens, *message), turns=())
+            done[r.name] = joined(r, turns)
 
         threads = [threading.Thread(target=client, args=(r,), daemon=True) for r in requests]
         for t in threads:

@@ -19,6 +19,7 @@ from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
+from meshbench.hunt.execute import joined
 from meshbench.model import gguf_io
 from meshbench.records.completion import CANCELLED, Completion
 from meshbench.records.history import NODE_COLD as COLD
@@ -89,19 +90,19 @@ def _run(engine: BatchEngine, budget: NodeBudget, prefill: str, requests: list[R
                 node.cancel(name)
 
     t0 = time.monotonic_ns()
-    arrivals = [(0, GenerationRequest(r.name, tuple(r.prompt), r.new_tokens)) for r in requests]
+    arrivals = [(0, GenerationRequest(r.name, tuple(r.prompt), r.new_tokens, turns=r.turns)) for r in requests]
     node.run_to_completion(arrivals=arrivals, before_tick=disconnect)
-    answers = {}
-    for r in requests:
-        s = node.session(r.name)
-        answers[r.name] = _completion(r, s, t0)
-    return answers
+    turns: dict[str, list[Session]] = {}
+    for s in node.sessions():  # (a conversation's turns are sessions of one id, by epoch)
+        turns.setdefault(s.session_id, []).append(s)
+    return {
+        r.name: joined(r, [_completion(r, s, t0) for s in sorted(turns.get(r.name, []), key=lambda s: s.epoch)])
+        for r in requests
+    }
 
 
-def _completion(r: Request, s: Session | None, t0: int) -> Completion:
-    if s is None:  # refused at admission: the queue was full
-        return Completion(session_id=r.name, submit_ns=0, tokens=[], text="", token_ns=[], stop=None, predicted=0,
-                          evaluated=None, error="refused at admission")  # fmt: skip
+def _completion(r: Request, s: Session, t0: int) -> Completion:
+    """One session's answer (a conversation's turn); a request with none was refused at admission (``joined``)."""
     reason = s.done_reason
     error = s.error or (None if reason in (DoneReason.COMPLETED, DoneReason.CANCELLED) else str(reason))
     return Completion(

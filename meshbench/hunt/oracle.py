@@ -23,11 +23,11 @@ CALIBRATION = 8  # requests measured cold, cold all at once and warm
 class Oracle:
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.memo: dict[tuple[tuple[int, ...], int], Completion] = {}
+        self.memo: dict[tuple[object, ...], Completion] = {}
         self.asked = 0  # cold requests sent (not taken from the memo)
 
     def cold(self, r: Request) -> Completion:
-        key = (r.prompt, r.new_tokens)
+        key = r.key()
         if key not in self.memo:
             alone = dataclasses.replace(r, cancel_at=None)
             self.memo[key] = self.target.at_once([alone], cache_prompt=False)[r.name]

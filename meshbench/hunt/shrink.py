@@ -40,7 +40,7 @@ def shrink(
             if not kept:
                 rejected.add(candidate.steps)
             steps, reqs, ids = candidate.size()
-            answers = sum(r.new_tokens for r in candidate.requests())
+            answers = sum(r.answer_tokens for r in candidate.requests())
             progress(f"shrink try {tries - left}: {steps} steps, {reqs} requests, {ids} prompt ids, {answers} answer "
                      f"tokens: {'kept' if kept else 'not shown'}")  # fmt: skip
             if kept:
@@ -69,7 +69,10 @@ def _candidates(h: History, head: int) -> Iterator[History]:
 
 
 def _smaller(r: Request, head: int) -> Iterator[Request]:
-    """The request with half or a quarter of its prompt's content cut from the end, or a shorter answer."""
+    """The request with its last turn dropped (a conversation), half or a quarter of its prompt's content cut from
+    the end, or a shorter answer."""
+    if r.turns:
+        yield dataclasses.replace(r, turns=r.turns[:-1])
     body = len(r.prompt) - head
     for cut in (body // 2, body // 4):
         if cut >= 1 and body - cut >= 1:
@@ -116,7 +119,7 @@ class Marks:
             was, now = self.requests.get(j.name), asked.get(j.name)
             if was is None or now is None or j.name not in names:
                 continue
-            if (j.name, j.token_index) in self.at or (now.prompt, now.new_tokens) != (was.prompt, was.new_tokens):
+            if (j.name, j.token_index) in self.at or now.key() != was.key():
                 return True
         return False
 

@@ -4,8 +4,10 @@ of a step sent at once. What a hunt generates, runs, shrinks and writes as a rep
 
 A request is its prompt as token ids (what the server is sent: no tokenizer between the file and the server), its
 answer's length (eos banned, so the length is fixed), whether it goes through the server's prompt cache (as the
-server ships: ``cache_prompt`` not sent) and, for a client that disconnects, after how many tokens. ``carries``
-says in words what the strategy put in it (a reader's note, never read back)."""
+server ships: ``cache_prompt`` not sent) and, for a client that disconnects, after how many tokens. A
+conversation's request also holds the user's message of each later turn: after each answer the client sends the
+conversation so far (the prompt, every answer, every message) and its answer is every turn's, one after another.
+``carries`` says in words what the strategy put in it (a reader's note, never read back)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from meshbench import files, validation
 from meshbench.errors import MeshbenchError
@@ -35,6 +38,20 @@ class Request:
     new_tokens: int
     cancel_at: int | None = None  # the client disconnects once this many tokens are in, and its answer is not judged
     carries: str = ""
+    turns: tuple[tuple[int, ...], ...] = ()  # a conversation: each later turn's message (never with cancel_at)
+
+    def key(self) -> tuple[tuple[int, ...], int, tuple[tuple[int, ...], ...]]:
+        """What its answer depends on (alike requests have one cold answer)."""
+        return self.prompt, self.new_tokens, self.turns
+
+    def sent(self) -> tuple[int, ...]:
+        """Every id its client sends of its own: the prompt and each later turn's message."""
+        return tuple(t for part in (self.prompt, *self.turns) for t in part)
+
+    @property
+    def answer_tokens(self) -> int:
+        """Its answer's ids: ``new_tokens`` for each turn."""
+        return self.new_tokens * (1 + len(self.turns))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,9 +69,10 @@ class History:
         return [r for s in self.steps for r in s.requests]
 
     def size(self) -> tuple[int, int, int]:
-        """Steps, requests and prompt ids: how big a history is (a shrink makes each smaller or none larger)."""
+        """Steps, requests and prompt ids (a conversation's messages counted): how big a history is (a shrink makes
+        each smaller or none larger)."""
         reqs = self.requests()
-        return len(self.steps), len(reqs), sum(len(r.prompt) for r in reqs)
+        return len(self.steps), len(reqs), sum(len(r.sent()) for r in reqs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +93,20 @@ class Facts:
 
 def to_json(h: History) -> dict[str, object]:
     """The history as JSON values (lists, never tuples): what the file holds and the schema reads."""
-    steps = [{"requests": [{**dataclasses.asdict(r), "prompt": list(r.prompt)} for r in s.requests]} for s in h.steps]
+    steps = [{"requests": [_request_json(r) for r in s.requests]} for s in h.steps]
     return {"kind": "history", "version": VERSION, "strategy": h.strategy, "seed": list(h.seed), "steps": steps}
+
+
+def _request_json(r: Request) -> dict[str, object]:
+    """A request as JSON values (``turns`` only where it has some: a history file of single answers is as before)."""
+    out: dict[str, object] = {**dataclasses.asdict(r), "prompt": list(r.prompt), "turns": [list(t) for t in r.turns]}
+    if not r.turns:
+        del out["turns"]
+    return out
+
+
+def _request(r: dict[str, Any]) -> Request:
+    return Request(**{**r, "prompt": tuple(r["prompt"]), "turns": tuple(tuple(t) for t in r.get("turns", ()))})
 
 
 def from_json(data: object, where: str) -> History:
@@ -85,12 +115,12 @@ def from_json(data: object, where: str) -> History:
     if errors:
         raise MeshbenchError(f"{where}: not a meshbench history: {errors[0]}")
     assert isinstance(data, dict)
-    steps = tuple(
-        Step(requests=tuple(Request(**{**r, "prompt": tuple(r["prompt"])}) for r in s["requests"]))
-        for s in data["steps"]
-    )
+    steps = tuple(Step(requests=tuple(_request(r) for r in s["requests"])) for s in data["steps"])
     h = History(strategy=data["strategy"], seed=list(data["seed"]), steps=steps)
     names = [r.name for r in h.requests()]
+    both = next((r.name for r in h.requests() if r.turns and r.cancel_at is not None), None)
+    if both is not None:
+        raise MeshbenchError(f"{where}: request {both} is a conversation with cancel_at (a conversation runs whole)")
     if len(set(names)) != len(names):
         raise MeshbenchError(f"{where}: request names must be unique ({_repeated(names)} is said twice)")
     return h

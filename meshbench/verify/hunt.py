@@ -87,19 +87,19 @@ def _histories(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
 def _answers(c: Checks, v: hunt_report.HuntView) -> None:
     """Every run answers each request once and gives each judged one a cold answer; one cold answer per distinct
     request across the bundle (the oracle asks once)."""
-    seen: dict[tuple[tuple[int, ...], int], list[int]] = {}
+    seen: dict[tuple[object, ...], list[int]] = {}
     for at, run in _runs(v):
         for r in run.history.requests():
             if r.cancel_at is None and r.name in run.cold:
                 x = run.cold[r.name]
                 c.equal(RESULTS, f"{at}.cold.{r.name} (a margin and a second choice per token, at most the ids "
-                        "asked)", True, x.error is not None or _fits(x, r.new_tokens))  # fmt: skip
-                earlier = seen.setdefault((r.prompt, r.new_tokens), x.tokens)
+                        "asked)", True, x.error is not None or _fits(x, r.answer_tokens))  # fmt: skip
+                earlier = seen.setdefault(r.key(), x.tokens)
                 c.equal(RESULTS, f"{at}.cold.{r.name} (the cold answer of every alike request)", earlier, x.tokens)
             x = run.answers.get(r.name)
             if x is not None and x.error is None and r.cancel_at is None:
                 c.equal(RESULTS, f"{at}.answers.{r.name} (a margin and a second choice per token, at most the "
-                        "ids asked)", True, _fits(x, r.new_tokens))  # fmt: skip
+                        "ids asked)", True, _fits(x, r.answer_tokens))  # fmt: skip
 
 
 def _fits(x: Completion, n: int) -> bool:

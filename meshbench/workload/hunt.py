@@ -1,13 +1,14 @@
 """The hunt's strategies, by name: each draws a request history that reaches one mechanism where cross-request
 bugs have lived (a prefix cache's boundaries, reuse of chunks that are not a prefix, eviction, identical prompts
-at once, a client that disconnects, a crowd of requests sharing documents). They know the mechanisms, never a
-particular bug: no strategy is written to one bug's trigger.
+at once, a client that disconnects, a crowd of requests sharing documents, conversations carrying their answers).
+They know the mechanisms, never a particular bug: no strategy is written to one bug's trigger.
 
 Every prompt is content a model answers confidently (``content``), each request's drawn anew
 unless the strategy shares it, so the requests of a history share exactly what the strategy put in them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -192,6 +193,29 @@ def _conversation(rng: np.random.Generator, facts: Facts, req: _Names) -> list[l
         if rng.random() < 0.5:  # other traffic first
             steps.append([req(prompt(rng, facts, _len(rng, 16, min(200, room(facts)))), "unrelated")])
         steps.append([req([*base, *content(rng, facts, more)], what)])
+    return steps
+
+
+@_strategy(
+    "turns", "conversations whose later turns carry the server's own answers, several at once or one after another"
+)
+def _turns(rng: np.random.Generator, facts: Facts, req: _Names) -> list[list[Request]]:
+    talks = []
+    for k in range(_len(rng, 2, 4)):
+        first = prompt(rng, facts, _len(rng, 12, min(160, room(facts) // 2)))
+        messages = [tuple(content(rng, facts, _len(rng, 4, 32))) for _ in range(_len(rng, 1, 3))]
+        r = req(first, "")
+        while messages and len(first) + sum(map(len, messages)) + r.new_tokens * (1 + len(messages)) > room(facts):
+            messages.pop()
+        talks.append(
+            dataclasses.replace(r, turns=tuple(messages), carries=f"conversation {k}, {1 + len(messages)} turns")
+        )
+    at_once = _len(rng, 1, max(1, min(len(talks), facts.slots)))
+    steps = [talks[k : k + at_once] for k in range(0, len(talks), at_once)]
+    if rng.random() < 0.5:  # then one of them again, whole, after the others ended
+        again = talks[int(rng.integers(0, len(talks)))]
+        r = req(list(again.prompt), f"{again.name} again, every turn")
+        steps.append([dataclasses.replace(r, new_tokens=again.new_tokens, turns=again.turns)])
     return steps
 
 
