@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import reprlib
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 
@@ -44,7 +45,7 @@ def _registry() -> Registry:
     """Every schema by its ``$id``: one may refer to another's definition (an endpoint's environment is a
     node's)."""
     resources_ = [Resource.from_contents(load(n), default_specification=DRAFT202012) for n in SCHEMAS]
-    return Registry().with_resources((r.id(), r) for r in resources_ if r.id())
+    return Registry().with_resources((i, r) for r in resources_ if (i := r.id()))
 
 
 @lru_cache(maxsize=None)
@@ -73,7 +74,8 @@ def _short(e: jsonschema.ValidationError) -> str:
     if e.validator == "additionalProperties":
         return e.message.replace("Additional properties are not allowed", "unknown key")
     if e.validator == "oneOf":
-        return f"{_repr.repr(e.instance)} is not valid: {e.schema.get('description', 'no alternative matches')}"
+        said = e.schema.get("description") if isinstance(e.schema, Mapping) else None
+        return f"{_repr.repr(e.instance)} is not valid: {said or 'no alternative matches'}"
     if e.validator == "maxItems" and isinstance(e.instance, list):
         return f"{_repr.repr(e.instance)} has {len(e.instance)} entries, more than the {e.validator_value} allowed"
     message = e.message

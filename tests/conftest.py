@@ -59,16 +59,16 @@ NEEDS = {
         "probe4_inputs", "prompts", "real_model", "recipe", "rpc", "server_bench", "server_matrix", "structure",
     },
     "server": {
-        "bad_server", "endpoint", "endpoint_conversations", "endpoint_sibling", "hunt_live", "llama_server_defaults",
-        "server_bench", "server_matrix",
+        "bad_server", "endpoint", "endpoint_conversations", "endpoint_sibling", "hunt", "hunt_corpus", "hunt_live",
+        "llama_server_defaults", "server_bench", "server_matrix",
     },
     "process": {
         "bundle_files", "cli_edges", "faults", "faults_gguf", "hostile", "integrity", "recipe", "rpc", "endpoint",
     },
     "slow": {
         "bad_server", "burst", "chunked", "conversations", "endpoint", "endpoint_conversations", "faults_gguf",
-        "fields", "gguf", "gguf_prefix", "hostile", "hunt_live", "integrity", "llama_server_defaults", "prompts",
-        "readme_commands",
+        "fields", "gguf", "gguf_prefix", "hostile", "hunt_corpus", "hunt_live", "integrity", "llama_server_defaults",
+        "prompts", "readme_commands",
         "real_model", "recipe", "records", "rpc", "server_bench", "server_matrix",
     },
 }  # fmt: skip

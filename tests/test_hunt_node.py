@@ -58,6 +58,8 @@ def test_the_honest_node_shows_nothing_confident_and_its_prefix_cache_is_exercis
     doc = json.loads((out / "results.json").read_text())
     assert doc["server"]["kind"] == "node" and doc["findings"] == []
     assert doc["summary"]["outcomes"]["confident"] == 0 and doc["summary"]["outcomes"]["same"] > 0
+    # the command names what it ran, so a meshbench with more strategies draws the same histories from it
+    assert doc["command"].endswith(f"--strategies {','.join(doc['strategies'])} --seed 1") and "turns" in doc["command"]
     assert sum(s["cache_hits"] for s in doc["summary"]["coverage"].values()) > 0
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
 
@@ -210,3 +212,17 @@ def test_the_prefix_cache_tests_planted_faults_are_found_by_the_default_hunt_wit
               f"{f.seconds_to_find:.1f} s), shown {hunt_report.shown(f.confirmations)} of 3, size "
               f"{size(f.found.history)} -> {size(f.minimal.history)}, shown "
               f"{hunt_report.shown(f.minimal_confirmations)} of 3")  # fmt: skip
+
+
+def test_a_conversations_turn_the_node_refuses_is_named_as_never_run(tmp_path):
+    """A later turn too long for the node's context is refused at admission: the answer says which turn never ran
+    (its first turn ran whole), and nothing is judged."""
+    from meshbench.records import history as hist
+
+    talk = hist.Request(name="a", prompt=(1, *range(40, 50)), new_tokens=4, turns=(tuple(range(40, 50)) * 2000,))
+    path = tmp_path / "h.json"
+    path.write_text(
+        json.dumps(hist.to_json(hist.History(strategy="turns", seed=[0], steps=(hist.Step(requests=(talk,)),))))
+    )
+    r = runner.invoke(app, ["hunt", "--config", CONFIG, "--replay", str(path)])
+    assert r.exit_code == 5 and "turn 2 of 2 never ran (refused at admission)" in r.output, r.output

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.records.completion import Completion
-from meshbench.records.history import History
+from meshbench.records.history import History, Request
 
 SAME, NEAR_TIE, CONFIDENT, UNKNOWN, NOT_JUDGED = "same", "near-tie", "confident", "unknown", "not judged"
 OUTCOMES = (SAME, NEAR_TIE, CONFIDENT, UNKNOWN, NOT_JUDGED)
@@ -130,7 +130,7 @@ def said(c: Checked, j: Judged) -> str:
     """One confident difference in words: the request, what it carried, where it differs, the cold margin there,
     what was sent beside it, and whose content its answer continues where another request's does."""
     r = next(x for x in c.history.requests() if x.name == j.name)
-    others = {x.name: x.sent() for x in c.history.requests() if x.name != j.name}
+    others = {x.name: _read(c, x) for x in c.history.requests() if x.name != j.name}
     answer, at = c.answers[j.name], j.token_index or 0
     src = donor(answer, at, (*r.sent(), *answer.tokens[:at]), others)
     margin = "unknown" if j.margin is None else f"{j.margin:.3g}"
@@ -138,7 +138,15 @@ def said(c: Checked, j: Judged) -> str:
     earlier = earlier[: earlier.index(j.name)]
     where = f"beside {', '.join(j.beside)}" if j.beside else "alone in its step"
     after = f", after {', '.join(earlier[-4:])}" if earlier and not j.beside else ""
+    turn = f" (turn {at // r.new_tokens + 1} of {1 + len(r.turns)})" if r.turns else ""
     return (
-        f"{j.name} ({r.carries}) first differs from its cold answer at token {j.token_index}, cold margin {margin}, "
-        f"{where}{after}" + (f"; its answer continues {src}'s content" if src else "")
+        f"{j.name} ({r.carries}) first differs from its cold answer at token {j.token_index}{turn}, cold margin "
+        f"{margin}, {where}{after}" + (f"; its answer continues {src}'s content" if src else "")
     )
+
+
+def _read(c: Checked, x: Request) -> tuple[int, ...]:
+    """What a request put before the server: its prompt and messages, and a conversation's answers too (its later
+    turns sent them back)."""
+    answer = c.answers.get(x.name)
+    return (*x.sent(), *(answer.tokens if x.turns and answer is not None else ()))

@@ -57,6 +57,7 @@ def check(cfg: RunConfig) -> None:
 def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str], None] = lambda m: None) -> dict:
     """Every level's pairs, the levels' order the same each round, after one unsampled warm-up pass per level."""
     check(cfg)
+    assert cfg.workload.prompts is not None  # (check)
     texts = prompts_mod.read(cfg.workload.prompts)[: cfg.workload.sessions]
     if len(texts) < cfg.workload.sessions:
         raise MeshbenchError(

@@ -101,7 +101,8 @@ def run(
     rows = []
     for b in batches:
         progress(f"batch {b}")
-        raw, sch = [], []
+        raw: list[float] = []
+        sch: list[float] = []
         # Interleaved rounds (raw, scheduler, scheduler, raw) so drift hits both sides alike.
         for first, second in ((raw, sch), (sch, raw)):
             for out in (first, second):
@@ -163,7 +164,7 @@ def run_workers(
                     model.close()
     rows = []
     for b in batches:
-        row = {"batch": b}
+        row: dict[str, object] = {"batch": b}
         for w in worker_counts:
             ms = float(np.median(samples[w][b])) / 1e6
             row[f"workers_{w}"] = {"tokens_per_s": b / ms * 1e3, "step_ms": ms, "samples": len(samples[w][b])}

@@ -41,7 +41,7 @@ def run(
                 "near_tie": h.threshold,
             }
         )
-    found = [r["seconds"] for r in rows if r["found"]]
+    found = [float(r["seconds"] or 0) for r in rows if r["found"]]
     return {
         "seeds": rows,
         "found": len(found),

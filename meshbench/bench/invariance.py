@@ -29,7 +29,7 @@ from meshbench.engine.process.proxy import child_environment
 from meshbench.model import gguf_io
 
 BATCHES = (1, 2, 4, 6, 7, 8, 12, 16, 24, 32, 48, 64)
-CONTEXTS = (
+CONTEXTS: tuple[tuple[str, dict[str, bool]], ...] = (
     ("default", {}),
     ("flash_attn", {"flash_attn": True}),
     ("kv_unified", {"kv_unified": True}),
@@ -120,12 +120,15 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
         e = GgufEngine(model, len(group), capacity, threads, max_prompt=capacity, **context)
         rows: dict[int, list[np.ndarray]] = {i: [] for i in group}
         try:
-            last = {i: e.prefill(SessionHandle(f"s{i}", 0, capacity), prompts[i]).token for i in group}
+            first = {i: e.prefill(SessionHandle(f"s{i}", 0, capacity), prompts[i]).token for i in group}
+            last = {i: t for i, t in first.items() if t is not None}
+            assert len(last) == len(first), "a prefill gave no token"
             e.tap = lambda sid, row: rows[int(sid[1:])].append(row)
             t0 = time.perf_counter()
             for step in range(steps):
                 items = [DecodeItem(f"s{i}", 0, len(prompts[i]) + step, last[i]) for i in group]
                 for i, r in zip(group, e.decode_batch(items)):
+                    assert r.token is not None, r.error
                     last[i] = r.token
             return rows, time.perf_counter() - t0
         finally:

@@ -56,7 +56,7 @@ def run(
         cfg, workload=dataclasses.replace(cfg.workload, eos="ban"), engine=dataclasses.replace(cfg.engine, ban_eog=True)
     )
     setups = {
-        u: prepare(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, kv_unified=u))) for u in (0, 1)
+        u: prepare(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, kv_unified=bool(u)))) for u in (0, 1)
     }
     sides = [*NODE_SIDES, *(SERVER_SIDES if server is not None else ())]
     sliding = any(w is not None for w in setups[False].info["kv_geometry"]["window"])

@@ -58,13 +58,14 @@ def run(levels: Sequence[int], sessions: int, tokens: int, seed: int, rounds: in
     """Per level, every figure from the server's stamps and from meshbench's, over ``rounds`` passes."""
     with serving() as (endpoint, _):
         plan = schedule(sessions, tokens, seed)
-        result = {"sessions": sessions, "tokens": tokens, "seed": seed, "rounds": rounds, "levels": []}
+        figures: list[dict] = []
+        result = {"sessions": sessions, "tokens": tokens, "seed": seed, "rounds": rounds, "levels": figures}
         for c in levels:
             passes = []
             for r in range(rounds):
                 progress(f"reference clock: {c} clients, round {r + 1} of {rounds}")
                 passes.append(_pass(endpoint, plan, c, f"{c}-{r}"))
-            result["levels"].append({"concurrency": c, **_summary(passes)})
+            figures.append({"concurrency": c, **_summary(passes)})
         return result
 
 

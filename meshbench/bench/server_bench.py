@@ -146,6 +146,7 @@ def one_server(
     """The server at ``-np C`` on a free loopback port, C closed-loop clients of meshbench's endpoint client:
     its figures, and the completions. ``cache_prompt`` None: not sent (the server's own default)."""
     longest = max(r.total_tokens for r in requests)
+    assert cfg.engine.model is not None  # (a config that starts llama-server names its model)
     with llama_server.serving(server, cfg.engine.model, server_args(cfg, setting, c, longest, sliding)) as url:
         endpoint = Endpoint(parse_target(url), "native")
         jobs = [Job(r.session_id, _body(endpoint, r, stream, cache_prompt)) for r in requests]

@@ -75,13 +75,12 @@ def bench_server(
     chosen = _settings(settings)
     given = str(llama_server) if llama_server is not None else os.environ.get("MESHBENCH_LLAMA_SERVER")
     binary = llama_server_mod.binary(given, "--llama-server" if llama_server is not None else "$MESHBENCH_LLAMA_SERVER")
-    overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
+    overrides: dict[str, object] = {
+        "levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)
+    }
     if prefill is not None:
         overrides["prefill"] = prefill
-    engine = {"mixed_batch": mixed_batch} if mixed_batch is not None else {}
-    for key, value in (("repack", repack), ("flash_attn", flash_attn)):
-        if value is not None:
-            engine[key] = OPTIONS[key].parse(value, OPTIONS[key].flag)
+    engine = _engine(mixed_batch, repack, flash_attn)
     if engine:
         overrides["engine"] = engine
     cfg = config.load(config_path, overrides)
@@ -321,3 +320,13 @@ def _recipe(cfg, used: dict) -> str:
         f"{name} {'on' if used[key] else 'off'}" + (" (auto)" if getattr(cfg.engine, key) == "auto" else "")
         for key, name in (("repack", "repack"), ("flash_attn", "flash attention"))
     )
+
+
+def _engine(mixed_batch: bool | None, repack: str | None, flash_attn: str | None) -> dict[str, object]:
+    """The engine settings given on the command line, parsed as their options say."""
+    engine: dict[str, object] = {"mixed_batch": mixed_batch} if mixed_batch is not None else {}
+    for key, value in (("repack", repack), ("flash_attn", flash_attn)):
+        parse = OPTIONS[key].parse
+        if value is not None and parse is not None:
+            engine[key] = parse(value, OPTIONS[key].flag)
+    return engine

@@ -140,9 +140,9 @@ def _print(report: Comparison, perf: str) -> None:
                 "-" if v.p_value is None else f"{v.p_value:.3g}",
             )
     out.print(t)
-    s = report.summary
+    said = report.summary
     out.print(
-        f"outputs_changed={s.outputs_changed} scheduler_changed={s.scheduler_changed} "
-        f"regressed={s.regressed} improved={s.improved} weak={len(s.weak)}",
+        f"outputs_changed={said.outputs_changed} scheduler_changed={said.scheduler_changed} "
+        f"regressed={said.regressed} improved={said.improved} weak={len(said.weak)}",
         markup=False,
     )

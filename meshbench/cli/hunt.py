@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -21,6 +22,7 @@ from meshbench.engine import packaged
 from meshbench.errors import MeshbenchError
 from meshbench.hunt import differential, document
 from meshbench.hunt import run as hunting
+from meshbench.hunt.execute import Host
 from meshbench.hunt.node import NodeServer
 from meshbench.hunt.server import Server
 from meshbench.records import history as hist
@@ -114,7 +116,7 @@ def hunt(
             raise typer.Exit(_replay(server, replayed))
         found = hunting.hunt(server, chosen, seed, until(seconds, requests), _progress)
         info = _server_info(server)
-    doc = document.document(found, info, command_line(), {"seconds": seconds, "requests": requests})
+    doc = document.document(found, info, _reproducing(chosen, seed), {"seconds": seconds, "requests": requests})
     for line in hunt_report.lines(hunt_report.view(doc)):
         out.print(line, markup=False)
     if out_dir is not None:
@@ -127,6 +129,7 @@ def hunt(
 def _server_info(server: Server | NodeServer) -> dict[str, object]:
     props = server.props or {}
     slots = props.get("total_slots")
+    build: object
     if isinstance(server, NodeServer):
         build = server.build_info
     elif server.binary is not None:  # started here: the binary's own version and, where it says, its package's
@@ -233,7 +236,18 @@ def server_of(target, serve, model, package, server_args, binary, config=None) -
     return Server(None, exe, path, shlex.split(server_args))
 
 
-def _replay(server: Server, h: hist.History) -> int:
+def _reproducing(chosen: list[strategies.Strategy], seed: int) -> str:
+    """The command line as given, with the strategies and the seed it ran named where it left them to their
+    defaults: a later meshbench with more strategies (history k is drawn by strategy k modulo their number) or
+    another default seed draws the same histories from it."""
+    given = sys.argv[1:]
+    named = {a.split("=", 1)[0] for a in given}
+    more = [] if "--strategies" in named else ["--strategies", ",".join(s.name for s in chosen)]
+    more += [] if "--seed" in named else ["--seed", str(seed)]
+    return command_line() + "".join(f" {shlex.quote(a)}" for a in more)
+
+
+def _replay(server: Host, h: hist.History) -> int:
     runs, limit = hunting.replays(server, h)
     for k, got in enumerate(runs, 1):
         for j in judge.confident(got.judged):
@@ -253,7 +267,9 @@ def _replay(server: Server, h: hist.History) -> int:
 def _write(folder: Path, doc: dict[str, object]) -> None:
     """The bundle, written into a staging folder beside ``folder`` and renamed to it (never half-written)."""
     files_ = {"results.json": json.dumps(doc, indent=1) + "\n", "README.md": hunt_report.readme(doc, folder.name)}
-    for k, f in enumerate(doc["findings"], 1):  # type: ignore[arg-type]
+    findings = doc["findings"]
+    assert isinstance(findings, list)
+    for k, f in enumerate(findings, 1):
         files_[f"finding-{k}.json"] = json.dumps(f["minimal"]["history"], indent=1) + "\n"
     _staged(folder, files_)
 

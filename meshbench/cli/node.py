@@ -130,7 +130,7 @@ def _numeric(host: str) -> str:
     except OSError:
         pass
     try:
-        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except OSError:
         raise MeshbenchError(f"--host {host}: not an address this machine can resolve") from None
 

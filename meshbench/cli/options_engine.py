@@ -112,7 +112,7 @@ def _row(f: Any) -> Option:
 
 def _auto_on_off(value: str, flag: str) -> bool | str:
     """A recipe choice's flag: auto, on or off (the config's "auto", true, false)."""
-    choices = {"auto": engine_spec.AUTO, "on": True, "off": False}
+    choices: dict[str, bool | str] = {"auto": engine_spec.AUTO, "on": True, "off": False}
     if value not in choices:
         raise MeshbenchError(f"{flag}: {value!r} is none of auto, on, off")
     return choices[value]

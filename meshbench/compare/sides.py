@@ -135,7 +135,7 @@ def _node(b: NodeBundle) -> Side:
 def _endpoint(b: EndpointBundle) -> Side:
     r = b.results
     compared = r.verdicts.compared
-    levels = {
+    levels: dict[LevelKey, SideLevel] = {
         (lv.concurrency, None, ()): SideLevel(
             outputs={
                 turn_key(c.session_id, c.turn or 1): endpoint_figures.output(c, compared) if c.error is None else None

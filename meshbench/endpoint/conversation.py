@@ -27,8 +27,11 @@ class Turns:
 
 
 class Answer(Protocol):
-    tokens: list[int]
-    text: str
+    @property
+    def tokens(self) -> list[int]: ...
+
+    @property
+    def text(self) -> str: ...
 
 
 def follow(api: str, body: dict, answer: Answer, ids: Sequence[int], text: str) -> dict:

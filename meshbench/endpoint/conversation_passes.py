@@ -70,8 +70,8 @@ def cold_pass(
     rep = ref.repetitions[0]
     progress(f"conversations: every later turn of concurrency {ref.concurrency}'s first pass again, alone and cold")
     by_session: dict[str, list[Completion]] = {}
-    for x in figures.pass_answers(rep):
-        by_session.setdefault(x.session_id, []).append(x)
+    for a in figures.pass_answers(rep):
+        by_session.setdefault(a.session_id, []).append(a)
     sends = []
     for k, job in enumerate(talks):
         answers = by_session.get(job.session_id, [])
@@ -79,16 +79,16 @@ def cold_pass(
         for body, warm in zip(conversation.bodies(endpoint.api, job.body, answers, job.turns), answers[1:]):
             if warm.error is None:
                 sends.append(((warm.turn or 1, k), job.session_id, warm.turn, body))
-    cold = []
+    cold: list[Completion] = []
     for _, sid, turn, body in sorted(sends, key=lambda x: x[0]):  # (turn by turn: none right after its own last)
         x = at_once(
             endpoint, [Job(sid, {**body, "cache_prompt": False, **request.logprobs(endpoint.api, MARGIN_PROBS)})]
         )[0]
         x.turn = turn or 1
         cold.append(answer(x))
-    warm = rep.turns or []
-    compared = figures.compared_by(endpoint.api, [*warm, *cold])
+    later = rep.turns or []
+    compared = figures.compared_by(endpoint.api, [*later, *cold])
     threshold = endpoint_margins.near_tie(margins)
     classify = endpoint_margins.compares(endpoint.api, compared)
-    differing, found = talk.cold_divergences(warm, cold, ref.concurrency, threshold, classify)
+    differing, found = talk.cold_divergences(later, cold, ref.concurrency, threshold, classify)
     return ConversationCold(concurrency=ref.concurrency, cold=cold, differing=differing, divergences=found)

@@ -67,7 +67,7 @@ def open_loop(
     answer."""
     done: list[list[Completion] | None] = [None] * len(jobs)
     t0 = time.monotonic_ns() if t0 is None else t0
-    threads = []
+    threads: list[threading.Thread] = []
     for i in sorted(range(len(jobs)), key=lambda k: arrival_s[k]):
         due = t0 + int(arrival_s[i] * 1e9)
         while (wait_ns := due - time.monotonic_ns()) > 0:  # (never before its arrival: verify holds it to that)

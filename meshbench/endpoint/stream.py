@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from meshbench.analysis.endpoint_margins import text_tokens_whole
 from meshbench.records.completion import CANCELLED
@@ -272,10 +273,10 @@ def _openai_logprobs(lp) -> tuple[list[float | None], list[int]]:
         entries = lp["content"]
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise Malformed("'logprobs.content' is not a list of objects")
-        tops = [e.get("top_logprobs") for e in entries]
-        if not all(isinstance(t, list) and all(isinstance(x, dict) for x in t) for t in tops):
+        listed = [e.get("top_logprobs") for e in entries]
+        if not all(isinstance(t, list) and all(isinstance(x, dict) for x in t) for t in listed):
             raise Malformed("a token's 'top_logprobs' is not a list of objects")
-        margins = _margins([{"top_logprobs": t} for t in tops])
+        margins = _margins([{"top_logprobs": t} for t in listed])
         return margins, [_size(e.get("token"), e.get("bytes")) for e in entries]
     tokens, tops = lp.get("tokens"), lp.get("top_logprobs")
     if not isinstance(tokens, list) or not isinstance(tops, list) or len(tokens) != len(tops):
@@ -314,7 +315,7 @@ def is_token(t) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31
 
 
-def is_count(n) -> bool:
+def is_count(n: object) -> TypeGuard[int]:
     return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 

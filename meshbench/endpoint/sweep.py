@@ -80,6 +80,7 @@ def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str
     check_record_size(cfg)
     prompts_mod.read(cfg.workload.prompts or "", cfg.workload.turns)  # (refused now, before a server is asked)
     if not cfg.engine.serve:
+        assert cfg.engine.url is not None  # (the config: an endpoint names its url or what to serve)
         return _sweep(cfg, cfg.engine.url, command, environment, progress)
     server, model = served(cfg)
     args = cfg.engine.server_argv
@@ -99,7 +100,7 @@ def served(cfg: RunConfig) -> tuple[Path, str]:
     file it serves."""
     server = llama_server.binary(os.environ.get("MESHBENCH_LLAMA_SERVER"))
     model = str(
-        packaged.path(cfg.engine.package) if cfg.engine.package else files.regular_file(cfg.engine.model, "model")
+        packaged.path(cfg.engine.package) if cfg.engine.package else files.regular_file(cfg.engine.model or "", "model")
     )
     return server, model
 
@@ -274,6 +275,7 @@ def _cancel(
 def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:
     """The sessions' prompts, and their ids by the server's own tokenizer."""
     wl = cfg.workload
+    assert wl.prompts is not None  # (the config: an endpoint sweep sends real prompts)
     texts = prompts_mod.read(wl.prompts, wl.turns)
     if len(texts) < wl.sessions:
         raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(texts)} prompts for {wl.sessions} sessions")
@@ -357,6 +359,7 @@ def _document(
     turn_ids: dict[str, list[list[int]]] | None = None,
 ) -> dict:
     wl = cfg.workload
+    assert wl.prompts is not None
     every = [c for lv in levels for rep in lv.repetitions for c in figures.pass_answers(rep)]
     every += [t.completion for lv in levels for t in lv.needle] + [alone]
     endpoint = serial.from_json(info, EndpointInfo, "the endpoint's record")

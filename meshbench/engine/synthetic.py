@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from meshbench import files
 from meshbench.engine.base import (
     PROBE_LIMITS,
@@ -26,7 +28,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.model import llama
 from meshbench.model.config import ModelConfig, preset
 from meshbench.model.gguf_io import read_weights  # the gguf package itself is imported on first use
-from meshbench.model.kv import CacheMiss, HotKvStateManager
+from meshbench.model.kv import CacheMiss, HotKvStateManager, SessionCache
 from meshbench.model.prefix import PrefixBlocks
 from meshbench.model.weights import Weights, init_weights
 
@@ -118,6 +120,7 @@ class SyntheticEngine:
             )
         check_token_ids(tokens, self.cfg.vocab_size)
         sid, epoch, cached = session.session_id, session.epoch, 0
+        slot: SessionCache | CacheMiss
         if chunk.start == 0:
             slot = self.kv.open(sid, epoch, session.capacity)
             # the last chunk keeps one position to compute: its logits give the first token
@@ -157,7 +160,7 @@ class SyntheticEngine:
                 slots[it.session_id] = got
         # A later reservation may have evicted an earlier batch member: it misses too.
         live = [it for it in items if it.session_id in slots and self.kv.contains(it.session_id, it.epoch)]
-        rows = []
+        rows: Sequence[object] | np.ndarray = []
         if live:
             rows = llama.decode(
                 self.cfg, self.weights, [slots[it.session_id] for it in live], [it.token for it in live]

@@ -45,7 +45,8 @@ class Host(Protocol):
     """What runs a target: llama-server (meshbench.hunt.server.Server) or the node
     (meshbench.hunt.node.NodeServer)."""
 
-    target: Target | None  # the one running
+    @property
+    def target(self) -> Target | None: ...  # the one running
 
     def fresh(self) -> Target: ...  # the same server with nothing cached, where meshbench started it
 
@@ -70,8 +71,15 @@ def joined(r: Request, turns: list[Completion]) -> Completion:
     if len(turns) == 1 and not r.turns:
         return first
     error = next((x.error for x in turns if x.error is not None), None)
-    if error is None and len(turns) != 1 + len(r.turns):
-        error = f"turn {len(turns)} of {1 + len(r.turns)} answered {len(turns[-1].tokens)} of {r.new_tokens} ids"
+    asked, last = 1 + len(r.turns), len(turns[-1].tokens)
+    if error is None and len(turns) > asked:
+        error = f"{len(turns)} turns answered, {asked} asked"
+    elif error is None and len(turns) < asked:
+        error = (
+            f"turn {len(turns)} of {asked} answered {last} of {r.new_tokens} ids"
+            if last != r.new_tokens
+            else f"turn {len(turns) + 1} of {asked} never ran (refused at admission)"
+        )
 
     def every(field: str) -> list[Any] | None:
         parts = [getattr(x, field) for x in turns]
@@ -89,7 +97,7 @@ def joined(r: Request, turns: list[Completion]) -> Completion:
         stop=turns[-1].stop,
         predicted=total("predicted"),
         evaluated=total("evaluated"),
-        computed=total("computed"),
+        computed=None if total("evaluated") is None else total("computed"),
         error=error,
         margins=every("margins"),
         runner_up=every("runner_up"),

@@ -9,7 +9,7 @@ import numpy as np
 from meshbench.errors import MeshbenchError
 from meshbench.model.kv import kv_bytes_per_token
 
-_DTYPES = {"float32": np.float32, "float64": np.float64}
+_DTYPES: dict[str, type[np.floating]] = {"float32": np.float32, "float64": np.float64}
 
 
 @dataclass(frozen=True, slots=True)

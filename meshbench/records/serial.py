@@ -119,6 +119,11 @@ def to_json(record: Any) -> Any:
     return _CONVERTER.unstructure(record)
 
 
+def engine_info(value: Any, where: str = "results.json") -> context.SyntheticEngineInfo | context.GgufEngineInfo:
+    """The engine's record, of whichever engine its ``kind`` says (ENGINE_INFO's hook decides)."""
+    return from_json(value, ENGINE_INFO, where)  # type: ignore[arg-type]  # (a union: its own structure hook)
+
+
 def from_json(value: Any, cls: type[T], where: str = "results.json") -> T:
     """The typed record of ``cls`` from its JSON value (already checked against the schema)."""
     try:

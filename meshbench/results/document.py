@@ -59,7 +59,7 @@ def build(
     return serial.to_json(
         NodeResults(
             **header(cfg, command, SCHEMA_VERSION),
-            engine=serial.from_json(engine_info, serial.ENGINE_INFO, "the engine's record"),  # type: ignore[arg-type]
+            engine=serial.engine_info(engine_info, "the engine's record"),
             workload=serial.from_json(
                 cfg.workload.to_dict(), Workload, "the workload"
             ),  # copies of the config echo's, checked equal by verify

@@ -43,7 +43,7 @@ def outcome(event: FaultEvent, lv: LevelRecord) -> str:
         by_end.setdefault(end, []).append(_name(s.session_id, s.epoch))
     parts = [f"{', '.join(ids)} {end}" for end, ids in by_end.items()]
     if event.resubmitted:
-        ends = {(s.session_id, s.epoch): s.done_reason for s in lv.sessions}
+        ends: dict[tuple[str, int | None], str] = {(s.session_id, s.epoch): s.done_reason for s in lv.sessions}
         again = [
             f"{_name(r.session_id, r.epoch)} {ends.get((r.session_id, r.epoch), r.decision)}" for r in event.resubmitted
         ]

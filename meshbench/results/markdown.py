@@ -41,6 +41,8 @@ def median_range(
     precision; "-" for none. ``fmt`` is a format spec (``.1f``, ``.1%``)."""
     if summary is None:
         return "-"
+    values: tuple[float, ...]
+    n: float | None
     if isinstance(summary, Summary):
         values, n = (summary.median, summary.min, summary.max), summary.n
     else:  # (a summary a benchmark computed: stats.summary's keys)

@@ -46,7 +46,7 @@ def _engine_line(e: EngineInfo) -> str:
         src = f"model {markdown.code(e.model)} (sha256 {markdown.code((e.model_sha256 or '')[:16] + '…')})"
     else:
         seed = e.weights_seed if isinstance(e, SyntheticEngineInfo) else None
-        src = f"preset {markdown.code(e.preset)}, weights from seed {seed}"
+        src = f"preset {markdown.code(str(e.preset))}, weights from seed {seed}"
     threads = e.threads if e.threads is not None else "default"
     return (
         f"- engine: **{e.kind}**, {src}, dtype {markdown.inline(e.dtype)}, device {markdown.inline(e.device)}, "

@@ -82,17 +82,6 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         with self._lock:
             active, queued = self._active_count(), len(self._queue)
             kv_needed = request.total_tokens * self.kv_bytes_per_token
-            decision = dict(
-                session_id=request.session_id,
-                kv_needed_bytes=kv_needed,
-                kv_budget_bytes=self.budget.kv_bytes,
-                scratch_needed_bytes=self.scratch_per_session,
-                scratch_budget_bytes=self.budget.scratch_bytes,
-                active_sessions=active,
-                active_cap=self.active_cap,
-                queue_depth=queued,
-                max_queue_depth=self.budget.max_queue_depth,
-            )
             if request.session_id in self._live:
                 reason = AdmissionReason.REJECTED_DUPLICATE
             elif kv_needed > self.budget.kv_bytes:
@@ -106,12 +95,25 @@ class ContinuousBatchScheduler(SchedulerReadouts):
                 reason = AdmissionReason.QUEUED
             else:
                 reason = AdmissionReason.REJECTED_QUEUE_FULL  # the backpressure signal
+            epoch = None
             if reason.accepted:
                 self._accept(request, admitted=reason is AdmissionReason.ADMITTED)
-                decision["epoch"] = self._epochs[request.session_id]
+                epoch = self._epochs[request.session_id]
             else:
                 self._rejected[reason.value] += 1
-            return AdmissionDecision(reason=reason, **decision)
+            return AdmissionDecision(
+                session_id=request.session_id,
+                reason=reason,
+                kv_needed_bytes=kv_needed,
+                kv_budget_bytes=self.budget.kv_bytes,
+                scratch_needed_bytes=self.scratch_per_session,
+                scratch_budget_bytes=self.budget.scratch_bytes,
+                active_sessions=active,
+                active_cap=self.active_cap,
+                queue_depth=queued,
+                max_queue_depth=self.budget.max_queue_depth,
+                epoch=epoch,
+            )
 
     def cancel(self, session_id: str) -> CancelResult:
         """End a queued or active session as CANCELLED and free its slot now (its KV: ``take_releases``)."""
@@ -121,7 +123,8 @@ class ContinuousBatchScheduler(SchedulerReadouts):
                 ended = self._last_done.get(session_id)
                 if ended is None:
                     return CancelResult(session_id, False, "unknown session")
-                return CancelResult(session_id, False, f"already finished: {ended.done_reason.value}")
+                why = ended.done_reason.value if ended.done_reason is not None else "unknown"
+                return CancelResult(session_id, False, f"already finished: {why}")
             self._end(s, DoneReason.CANCELLED)
             self._promote(next_tick=len(self._ticks))
             return CancelResult(session_id, True, "cancelled")
@@ -226,6 +229,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
             elif r.cache_miss:
                 self._end(s, DoneReason.CACHE_MISS)
             else:
+                assert r.token is not None, s.session_id  # (an engine's answer without error or miss has a token)
                 s.add_token(r.token, r.margin, now, r.runner_up)
                 decoded += 1
         self._decode_tokens += decoded
@@ -257,6 +261,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
                 del self._admitted[s.session_id]
                 s.status = SessionStatus.RUNNING
                 self._running[s.session_id] = s
+                assert r.token is not None, s.session_id  # (a prompt's last chunk gives its first token)
                 s.add_token(r.token, r.margin, self.clock(), r.runner_up)
                 prefilled.append(s)
         return prefilled, pieces

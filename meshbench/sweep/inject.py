@@ -5,13 +5,16 @@ fired, where it hit, and what happened to which session (id, epoch, end).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from meshbench.engine.base import DecodeItem, PrefillChunk, TickResult, step_with_faults
 from meshbench.engine.process.proxy import ProxyEngine
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.session import Session, SessionStatus
 from meshbench.workload.faults import Fault, FaultKind
+
+if TYPE_CHECKING:
+    from meshbench.sweep.driver import NodeDriver
 
 # At one tick: cancels, evictions, then what fires inside a call, then kills.
 ORDER = {
@@ -34,7 +37,7 @@ class FaultPlan:
         self.faults = list(faults)  # the row's order: the events come out in it
         self._order = sorted(range(len(self.faults)), key=lambda i: (self.faults[i].tick, ORDER[self.faults[i].kind]))
         self._kill_engine, self._kill_worker = kill_engine, kill_worker
-        self.node = None  # the NodeDriver of the pass (meshbench.sweep.driver), set once it exists
+        self.node: NodeDriver | None = None  # the pass's node, set once it exists
         self.tick = -1
         self._fired: dict[int, dict] = {}  # fault index -> what was known when it fired
         self._pending = [i for i in self._order if self.faults[i].call]  # inside-call faults not yet fired
@@ -51,7 +54,9 @@ class FaultPlan:
 
     def _apply(self, f: Fault) -> dict:
         node = self.node
+        assert node is not None
         if f.kind.on_session:
+            assert isinstance(f.target, str)  # (parse: a session's fault names it)
             s = node.session(f.target)
             hit = _state(s)
             if s is None or s.status is SessionStatus.FINISHED:
@@ -65,8 +70,10 @@ class FaultPlan:
             return {"hit": hit, "target": [s.session_id, s.epoch]}
         resident = len(node.running_ids())
         if f.kind is FaultKind.KILL_ENGINE:
+            assert self._kill_engine is not None
             self._kill_engine()
             return {"hit": f"between ticks, {resident} session(s) resident in the engine"}
+        assert self._kill_worker is not None and isinstance(f.target, int)
         self._kill_worker(f.target)
         return {"hit": f"between ticks, worker {f.target} killed, {resident} session(s) resident"}
 
@@ -82,6 +89,7 @@ class FaultPlan:
 
     def events(self, concurrency: int, ticks: int) -> list[dict]:
         """One event per fault, in the row's order; a fault that never fired is the input's error."""
+        assert self.node is not None
         sessions = self.node.sessions()
         losses = self.node.losses()
         out = {}
@@ -107,7 +115,7 @@ def _state(s: Session | None) -> str:
     if s is None:
         return "not yet submitted"
     if s.status is SessionStatus.FINISHED:
-        return f"already ended: {s.done_reason.value}"
+        return f"already ended: {_reason(s)}"
     return {
         SessionStatus.QUEUED: "queued",
         SessionStatus.ADMITTED: "awaiting prefill",
@@ -146,7 +154,7 @@ def _end(s: Session) -> dict:
     return {
         "session_id": s.session_id,
         "epoch": s.epoch,
-        "done_reason": s.done_reason.value,
+        "done_reason": _reason(s),
         "end_tick": s.end_tick,
         "error": s.error,
     }
@@ -186,3 +194,8 @@ class FaultyEngine:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _reason(s: Session) -> str | None:
+    """An ended session's DoneReason, by value (None: not ended)."""
+    return s.done_reason.value if s.done_reason is not None else None

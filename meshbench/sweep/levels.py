@@ -11,6 +11,7 @@ the plan (``sweep.plan``), the passes (``sweep.passes``), the isolation passes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Callable, Sequence
 
@@ -83,7 +84,7 @@ def run_concurrency_sweep(
                 return run_pass_wall(
                     requests, [t / 1e3 for t in times_of[i]], budgets[i], engine, clock, per_level, sleep, sweep.prefill
                 )
-            faults = FaultPlan(plan[i].faults, node and node.kill_engine, node and node.kill_worker)
+            faults = FaultPlan(plan[i].faults, node.kill_engine if node else None, node.kill_worker if node else None)
             recover = _restarter(node, sweep.limits(budgets[i])) if sweep.restart else None
             return run_pass(requests, times_of[i], budgets[i], engine, clock, per_level, faults, recover, sweep.prefill)
         finally:
@@ -103,7 +104,7 @@ def run_concurrency_sweep(
         first = passes[i][0][2]
         proof = isolation_record(
             first,
-            lambda reqs, i=i: one_pass(i, reqs, kind="isolation"),
+            functools.partial(one_pass, i, kind="isolation"),
             workload.requests(vocab, eog),
             vocab,
             workload.seed,
@@ -184,9 +185,10 @@ def _own_kv(
 
 def _restarter(node: EngineSetup | None, limits: EngineLimits) -> Callable[[], BatchEngine] | None:
     """A fresh engine after a loss, where the node's engine runs in a process that can be restarted."""
-    if node is None or node.restart is None:
+    restart = node.restart if node is not None else None
+    if restart is None:
         return None
-    return lambda: node.restart(limits)
+    return lambda: restart(limits)
 
 
 def _vocab(engine_factory: Callable[[EngineLimits], BatchEngine], budget: NodeBudget) -> int:

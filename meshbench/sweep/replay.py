@@ -8,7 +8,7 @@ moved when its batch changed shape (the deviation at its first batched step).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def deviation(
     make,
     reference: LevelRecord,
     level: LevelRecord,
-    prompts: dict[str, Sequence[int]],
+    prompts: Mapping[str, Sequence[int]],
     session_id: str,
     upto: int,
     mixed: bool = False,
@@ -69,7 +69,7 @@ def deviation(
     for lv in (reference, level):
         engine = make(lv)  # an engine sized as that level's was
         try:
-            rows.append(session_rows(engine, lv, prompts, session_id)[: upto + 1])
+            rows.append(session_rows(engine, lv, dict(prompts), session_id)[: upto + 1])
         finally:
             engine.close()
     diffs = [float(np.max(np.abs(a - b))) for a, b in zip(*rows)]  # per step, (vocab,) rows

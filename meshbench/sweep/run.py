@@ -118,7 +118,7 @@ def run_sweep(
     on_pass: Callable[[PassDone], None] | None = None,
 ) -> dict:
     setup = setup or prepare(cfg)
-    engine = serial.from_json(setup.info, serial.ENGINE_INFO, "the engine's record")
+    engine = serial.engine_info(setup.info, "the engine's record")
     plan = dataclasses.replace(SweepPlan.of(cfg), near_tie=figures.near_tie(engine))  # type: ignore[arg-type]
     sweep = run_concurrency_sweep(plan, setup.make, node=setup, on_tick=on_tick, on_pass=on_pass)
     # an input file: its content as it was, so a rerun can tell an edit of it from a forgery
@@ -292,11 +292,9 @@ def _recorded_recipe(cfg: RunConfig, b: NodeBundle) -> RunConfig:
     if cfg.engine.kind != "gguf":
         return cfg
     e = b.results.engine
-    ran = {
-        "repack": recipe.AUTO if getattr(e, "repack", False) else False,
-        "flash_attn": bool(getattr(e, "flash_attn", False)),
-    }
-    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **ran))
+    repack: bool | str = recipe.AUTO if getattr(e, "repack", False) else False
+    flash_attn = bool(getattr(e, "flash_attn", False))
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, repack=repack, flash_attn=flash_attn))
 
 
 def _check_repack_here(b: NodeBundle, model: Path, here: object, ran: str | None = None) -> None:

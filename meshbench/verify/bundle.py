@@ -145,16 +145,17 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
     # (a rerun on other llama.cpp kernels reports the tokens they bind rather than failing them: the claim must hold)
     c.equal(bundle.RESULTS, "environment.compute (its llama.cpp against its CPU)", [],
             fingerprint.contradictions(serial.to_json(compute)))  # fmt: skip
-    if isinstance(typed, NodeBundle):
-        c.equal(bundle.RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, r.engine.kind)
-    if isinstance(typed, NodeBundle) and r.engine.kind == "gguf":
+    engine = typed.results.engine if isinstance(typed, NodeBundle) else None
+    if engine is not None:
+        c.equal(bundle.RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, engine.kind)
+    if engine is not None and engine.kind == "gguf":
         c.equal(bundle.RESULTS, "environment.compute.llama_cpp (the GGUF engine runs llama.cpp)", True,
                 compute.llama_cpp is not None)  # fmt: skip
         c.equal(bundle.RESULTS, "engine recipe (repack, flash_attn, recipe_auto: = the config echo's settings)", [],
-                recipe_disagreements(cfg.engine, r.engine))  # fmt: skip
+                recipe_disagreements(cfg.engine, engine))  # fmt: skip
         if cfg.engine.threads is not None:  # (a rerun on other threads rests on it: verify --threads)
             c.equal(bundle.RESULTS, "engine.threads (= config.engine.threads)", cfg.engine.threads,
-                    getattr(r.engine, "threads", None))  # fmt: skip
+                    getattr(engine, "threads", None))  # fmt: skip
     return c
 
 

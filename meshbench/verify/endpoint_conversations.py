@@ -71,14 +71,14 @@ def _check_pass(c: Checks, at: str, rep: EndpointRepetition, turns: int, api: st
             before = nxt
     c.equal(RESULTS, f"{at}.turns (each conversation's later turns in order, none after a failed one)", expected, found)
     for y in rep.turns or ():
-        before = last.get(y.session_id)
-        if before is not None:
-            done = before.token_ns[-1] if before.token_ns else before.submit_ns
+        prior = last.get(y.session_id)
+        if prior is not None:
+            done = prior.token_ns[-1] if prior.token_ns else prior.submit_ns
             c.equal(RESULTS, f"{at}.{talk.label(y)}: sent after the turn before it was answered", True,
                     y.submit_ns >= done)  # fmt: skip
             if y.error is None:
                 c.equal(RESULTS, f"{at}.{talk.label(y)}: sent after a turn it could send back whole", None,
-                        talk.unsendable(api, before))  # fmt: skip
+                        talk.unsendable(api, prior))  # fmt: skip
         last[y.session_id] = y
 
 

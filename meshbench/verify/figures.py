@@ -317,8 +317,8 @@ def check_prompt_positions(c: Checks, lv: LevelRecord, at: str, sessions: list[S
             next_pos[sid] = start + n
         for sid in t.prefill_sessions:
             s = current.get(sid)
-            prompt = s.prompt_tokens if s is not None else None
-            c.equal(RESULTS, f"{where}.prefill_sessions {sid} (prompt complete)", prompt, next_pos.get(sid))
+            complete = s.prompt_tokens if s is not None else None
+            c.equal(RESULTS, f"{where}.prefill_sessions {sid} (prompt complete)", complete, next_pos.get(sid))
         for sid in (*t.completed, *t.ended):  # a conversation's next turn is this id's next epoch
             current.end(sid)
             next_pos.pop(sid, None)

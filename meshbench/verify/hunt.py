@@ -96,10 +96,10 @@ def _answers(c: Checks, v: hunt_report.HuntView) -> None:
                         "asked)", True, x.error is not None or _fits(x, r.answer_tokens))  # fmt: skip
                 earlier = seen.setdefault(r.key(), x.tokens)
                 c.equal(RESULTS, f"{at}.cold.{r.name} (the cold answer of every alike request)", earlier, x.tokens)
-            x = run.answers.get(r.name)
-            if x is not None and x.error is None and r.cancel_at is None:
+            answer = run.answers.get(r.name)
+            if answer is not None and answer.error is None and r.cancel_at is None:
                 c.equal(RESULTS, f"{at}.answers.{r.name} (a margin and a second choice per token, at most the "
-                        "ids asked)", True, _fits(x, r.answer_tokens))  # fmt: skip
+                        "ids asked)", True, _fits(answer, r.answer_tokens))  # fmt: skip
 
 
 def _fits(x: Completion, n: int) -> bool:

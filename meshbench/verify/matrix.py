@@ -15,6 +15,7 @@ from meshbench import files
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import README, RESULTS
+from meshbench.records.documents import EndpointResults
 from meshbench.results import bundle, document, matrix_report
 from meshbench.results import matrix as matrix_doc
 from meshbench.verify import bundle as verify_bundle
@@ -137,6 +138,9 @@ def _check_setting(c: Checks, path: Path, cfg: RunConfig, made_by: str, entry: d
     c.equal(at, "sha256 (the matrix's record of it)", s.results_sha256, files.sha256(folder / RESULTS))
     expected = setting_config(cfg, s.flags)
     c.equal(at, "config (the matrix's, with the setting's flags)", as_run(expected.to_dict()), as_run(data["config"]))
+    if not isinstance(typed.results, EndpointResults):
+        c.equal(at, "kind (a setting of a matrix is an endpoint bundle)", "endpoint", "node")
+        return None
     launched = typed.results.endpoint.launched
     c.equal(at, "endpoint.launched (a server meshbench started)", True, launched is not None)
     if launched is not None:

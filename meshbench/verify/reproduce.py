@@ -24,7 +24,7 @@ from typing import Callable
 from meshbench.analysis.checks import Checks, Failure
 from meshbench.records import serial
 from meshbench.records.context import EngineInfo
-from meshbench.records.model import IsolationRecords
+from meshbench.records.model import IsolationRecords, PassSession
 from meshbench.results import fingerprint, typed
 from meshbench.results.bundle import RESULTS
 from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
@@ -121,12 +121,17 @@ def _isolation(at: str, iso: IsolationRecords, split_tokens: bool = False) -> di
     """A level's isolation records, the margin digests (floats, hashed) each its own entry, and with
     ``split_tokens`` the token digests too."""
     passes = iso.passes or []
-    blank = {"margins_digest": "", **({"digest": ""} if split_tokens else {})}
+    blank = ("margins_digest", "digest") if split_tokens else ("margins_digest",)
+
+    def blanked(s: PassSession) -> PassSession:
+        s = dataclasses.replace(s, margins_digest="")
+        return dataclasses.replace(s, digest="") if split_tokens else s
+
     plain = dataclasses.replace(
         iso,
         passes=None
         if iso.passes is None
-        else [dataclasses.replace(p, sessions=[dataclasses.replace(s, **blank) for s in p.sessions]) for p in passes],
+        else [dataclasses.replace(p, sessions=[blanked(s) for s in p.sessions]) for p in passes],
     )
     out = {at: serial.to_json(plain)}
     for k, p in enumerate(passes):

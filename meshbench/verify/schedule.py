@@ -30,7 +30,7 @@ def check_tick_replay(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> Non
         return
     scratch = b.results.engine.scratch_bytes_per_session
     cap = min(lv.budget.max_active_sessions, lv.budget.scratch_bytes // scratch)
-    accepted_at = {}
+    accepted_at: dict[int, int] = {}
     for e in [*lv.submit_events, *(lv.turn_events or ())]:
         if e.decision in ACCEPTED:
             accepted_at[e.tick] = accepted_at.get(e.tick, 0) + 1

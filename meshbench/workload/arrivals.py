@@ -43,7 +43,7 @@ class Arrivals:
         if self.kind == "gamma":
             return f"gamma:{self.rate!r}:{self.cv!r}"
         if self.kind == "trace":
-            return "trace:" + ",".join(map(str, self.trace))
+            return "trace:" + ",".join(map(str, self.trace or ()))
         return self.kind
 
     def ticks(self, sessions: int, seed: int) -> list[int]:
@@ -60,13 +60,16 @@ class Arrivals:
         if self.kind == "all-at-once":
             return [0.0] * sessions
         if self.kind == "trace":
-            if len(self.trace) != sessions:
-                raise MeshbenchError(f"arrivals: the trace has {len(self.trace)} ticks for {sessions} sessions")
-            return [float(t) for t in self.trace]
+            trace = self.trace or ()
+            if len(trace) != sessions:
+                raise MeshbenchError(f"arrivals: the trace has {len(trace)} ticks for {sessions} sessions")
+            return [float(t) for t in trace]
+        assert self.rate is not None  # (parse: poisson and gamma have a rate, gamma a cv)
         rng = np.random.default_rng([seed, 0xA7])  # a stream of its own: the prompts keep theirs
         if self.kind == "poisson":
             gaps = rng.exponential(1.0 / self.rate, sessions - 1)  # (sessions - 1,)
         else:
+            assert self.cv is not None
             shape = 1.0 / (self.cv * self.cv)
             gaps = rng.gamma(shape, 1.0 / (self.rate * shape), sessions - 1)  # (sessions - 1,)
         times = np.concatenate([[0.0], np.cumsum(gaps)])  # (sessions,)

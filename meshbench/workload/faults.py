@@ -74,7 +74,9 @@ class Fault:
     @property
     def call(self) -> str | None:
         """The engine call it fires in: "prefill" or "decode" (None: between ticks)."""
-        return {FaultKind.RAISE: self.target, FaultKind.ABORT_ENGINE: "decode"}.get(self.kind)
+        if self.kind is FaultKind.RAISE:
+            return self.target if isinstance(self.target, str) else None
+        return "decode" if self.kind is FaultKind.ABORT_ENGINE else None
 
 
 def parse(spec: str, where: str = "--inject") -> Fault:
@@ -117,7 +119,7 @@ def check_rows(
                 raise MeshbenchError(f"{where}: {f.label}: no session {f.target!r} in the workload")
             if f.kind.needs_process and not isolate:
                 raise MeshbenchError(f"{where}: {f.label} needs the engine in its own process (--isolate)")
-            if f.kind is FaultKind.KILL_WORKER and f.target >= workers:
+            if f.kind is FaultKind.KILL_WORKER and isinstance(f.target, int) and f.target >= workers:
                 raise MeshbenchError(
                     f"{where}: {f.label}: the run spawns {workers} RPC worker(s) "
                     "(engine.workers); worker indexes count from 0"

@@ -204,12 +204,10 @@ def _turns(rng: np.random.Generator, facts: Facts, req: _Names) -> list[list[Req
     for k in range(_len(rng, 2, 4)):
         first = prompt(rng, facts, _len(rng, 12, min(160, room(facts) // 2)))
         messages = [tuple(content(rng, facts, _len(rng, 4, 32))) for _ in range(_len(rng, 1, 3))]
-        r = req(first, "")
+        r = req(first, f"conversation {k}")
         while messages and len(first) + sum(map(len, messages)) + r.new_tokens * (1 + len(messages)) > room(facts):
             messages.pop()
-        talks.append(
-            dataclasses.replace(r, turns=tuple(messages), carries=f"conversation {k}, {1 + len(messages)} turns")
-        )
+        talks.append(dataclasses.replace(r, turns=tuple(messages)))
     at_once = _len(rng, 1, max(1, min(len(talks), facts.slots)))
     steps = [talks[k : k + at_once] for k in range(0, len(talks), at_once)]
     if rng.random() < 0.5:  # then one of them again, whole, after the others ended

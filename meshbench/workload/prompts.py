@@ -117,7 +117,7 @@ def apply(cfg: RunConfig) -> RunConfig:
             "(the text each group shares)"
         )
     texts = [e.prompt for e in entries]
-    ids = _ids(cfg, entries) if entries[0].prefix is not None else tokenize(cfg.engine.model, texts)
+    ids = _ids(cfg, entries) if entries[0].prefix is not None else tokenize(_model(cfg), texts)
     lengths = tuple(len(x) for x in ids)
     if wl.turn_lengths is not None and not cfg.source.startswith("results.json"):
         raise MeshbenchError(
@@ -142,11 +142,11 @@ def _turn_ids(cfg: RunConfig, entries: list[Entry]) -> tuple[tuple[tuple[int, ..
     """A conversation's later user turns (workload.turns > 1), each tokenized without BOS (it continues the
     conversation): the first turns - 1 of each line's ``turns``; None for one turn."""
     wl, path = cfg.workload, cfg.workload.prompts
-    later = later_turns(entries, wl.turns, path)
+    later = later_turns(entries, wl.turns, str(path))
     if later is None:
         return None
     texts = [t for x in later for t in x]
-    flat = iter(tokenize(cfg.engine.model, texts, bos=False))
+    flat = iter(tokenize(_model(cfg), texts, bos=False))
     out = tuple(tuple(next(flat) for _ in range(wl.turns - 1)) for _ in entries)
     empty = [(k, j) for k, x in enumerate(out) for j, t in enumerate(x) if not t]
     if empty:
@@ -176,7 +176,7 @@ def _ids(cfg: RunConfig, entries: list[Entry]) -> list[tuple[int, ...]]:
             )
         texts.append(group.pop() or "")
         start += size
-    heads = tokenize(cfg.engine.model, texts)
+    heads = tokenize(_model(cfg), texts)
     short = [(g, len(h)) for g, h in enumerate(heads) if len(h) < wl.prefix_tokens]
     if short:
         raise MeshbenchError(
@@ -190,6 +190,13 @@ def _ids(cfg: RunConfig, entries: list[Entry]) -> list[tuple[int, ...]]:
             f"workload.prompts {path}: prefix groups {same[0][0]} and {same[0][1]} start with the same "
             f"{wl.prefix_tokens} ids: make them one group (the isolation proof perturbs each group's prefix alone)"
         )
-    own = tokenize(cfg.engine.model, [e.prompt for e in entries], bos=False)
+    own = tokenize(_model(cfg), [e.prompt for e in entries], bos=False)
     sizes = [h for h, size in zip(cut, wl.prefix_groups) for _ in range(size)]
     return [head + mine for head, mine in zip(sizes, own)]
+
+
+def _model(cfg: RunConfig) -> str:
+    """The GGUF model whose tokenizer real prompts go through (a config with prompts names one)."""
+    if cfg.engine.model is None:
+        raise MeshbenchError("workload.prompts: real prompts need engine.model, a GGUF model with a tokenizer")
+    return cfg.engine.model

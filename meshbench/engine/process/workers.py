@@ -99,7 +99,7 @@ def _wait_ready(proc: subprocess.Popen, ep: Endpoint) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace").strip().splitlines()
+            err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip().splitlines()
             raise MeshbenchError(
                 f"rpc worker {ep} exited with {proc.returncode} before it was ready" + (f": {err[-1]}" if err else "")
             )
