@@ -308,3 +308,15 @@ def test_the_shrink_drops_a_conversations_later_turns_where_the_finding_needs_no
 
     (small,) = shrink.shrink(big, still, head=1, tries=100).requests()
     assert small.turns == ((5, 6),) and len(small.prompt) == 2 and small.new_tokens == 2
+
+
+def test_the_shrink_tries_nothing_past_its_deadline():
+    import time
+
+    h = strategies.STRATEGIES["crowd"].draw(np.random.default_rng(3), FACTS, [3])
+    tried = []
+    said = []
+    kept = shrink.shrink(
+        h, lambda c: tried.append(c) or True, head=1, deadline=time.monotonic() - 1, progress=said.append
+    )
+    assert kept == h and tried == [] and said == ["shrink stopped after 0 tries: its time is spent"]

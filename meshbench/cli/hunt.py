@@ -114,7 +114,7 @@ def hunt(
     with first as server:
         if replayed is not None:
             raise typer.Exit(_replay(server, replayed))
-        found = hunting.hunt(server, chosen, seed, until(seconds, requests), _progress)
+        found = hunting.hunt(server, chosen, seed, until(seconds, requests), _progress, settle_s=seconds)
         info = _server_info(server)
     doc = document.document(found, info, _reproducing(chosen, seed), {"seconds": seconds, "requests": requests})
     for line in hunt_report.lines(hunt_report.view(doc)):

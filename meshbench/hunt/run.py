@@ -98,10 +98,14 @@ def hunt(
     seed: int,
     until: Callable[[int, float], bool],
     progress: Callable[[str], None] = lambda m: None,
+    settle_s: float | None = None,
 ) -> Hunt:
     """Histories until ``until(requests sent, seconds)`` says the budget is spent, or a confident difference is
     confirmed and shrunk and shows again. A difference that shows in no run again, nor its shrunk history, is kept
-    and the hunt goes on: a flip seen once, most likely numerics a little above the measured near-tie."""
+    and the hunt goes on: a flip seen once, most likely numerics a little above the measured near-tie.
+    ``settle_s``: from a finding, its confirmations and shrink take at most about that long (the shrink tries no
+    candidate after it; None: its tries alone bound it). A 10-minute hunt's first finding, seen again in none of three
+    runs, once took its shrink past 15 minutes on llama-server, a fresh server per try."""
     t0 = time.monotonic()
     facts, passes, limit, cold = calibrated(server, seed)
     progress(f"numerics measured: a near-tie is a margin of at most {limit:.3g}")
@@ -116,7 +120,8 @@ def hunt(
         progress(f"history {k} ({s.name}): {_counts(got.judged)}")
         if judge.confident(got.judged):
             at = time.monotonic() - t0
-            found = _settle(server, cold, got, limit, at, progress)
+            deadline = None if settle_s is None else time.monotonic() + settle_s
+            found = _settle(server, cold, got, limit, at, progress, deadline)
             h.findings.append(found)
             if found.reproduced:
                 break
@@ -126,7 +131,13 @@ def hunt(
 
 
 def _settle(
-    server: Host, cold: oracle.Oracle, got: Checked, limit: float, at: float, progress: Callable[[str], None]
+    server: Host,
+    cold: oracle.Oracle,
+    got: Checked,
+    limit: float,
+    at: float,
+    progress: Callable[[str], None],
+    deadline: float | None = None,
 ) -> Finding:
     """Confirm a finding on fresh servers, shrink it, confirm the minimal history."""
     found = Finding(got, seconds_to_find=at)
@@ -135,7 +146,7 @@ def _settle(
 
     marks = shrink.Marks.of(got.history, [judge.confident(c.judged) for c in (got, *found.confirmations)])
     still = marks.held(lambda c: judge.confident(replay(server, cold, c, limit).judged))
-    minimal = shrink.shrink(got.history, still, len(facts_head(server)), progress=progress)
+    minimal = shrink.shrink(got.history, still, len(facts_head(server)), progress=progress, deadline=deadline)
     found.minimal = replay(server, cold, minimal, limit)
     found.minimal_confirmations = [replay(server, cold, minimal, limit) for _ in range(CONFIRM)]
     steps, reqs, ids = minimal.size()

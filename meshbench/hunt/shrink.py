@@ -6,6 +6,7 @@ pass shrinks it or the tries run out. ``still`` runs the history on a fresh serv
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable, Iterable, Iterator, Protocol
 
 from meshbench.records.history import History, Request, Step
@@ -20,17 +21,22 @@ def shrink(
     head: int,
     tries: int = MAX_TRIES,
     progress: Callable[[str], None] = lambda m: None,
+    deadline: float | None = None,
 ) -> History:
     """The smallest history found that ``still`` holds for (``history`` itself where none is); ``head``: the ids
     every prompt starts with, never cut; ``progress`` hears each try and whether it was kept. A candidate already
     tried and not kept is not run again (after each kept one the passes start over, and most of their first cuts
-    were tried before: for one planted fault, 18 of 40 tries were such repeats)."""
+    were tried before: for one planted fault, 18 of 40 tries were such repeats). Past ``deadline`` (the monotonic
+    clock) no candidate is tried: the smallest found so far is the shrink's."""
     best, left = history, tries
     rejected: set[tuple[Step, ...]] = set()
     changed = True
     while changed and left > 0:
         changed = False
         for candidate in _candidates(best, head):
+            if deadline is not None and time.monotonic() >= deadline:
+                progress(f"shrink stopped after {tries - left} tries: its time is spent")
+                return best
             if left <= 0:
                 break
             if candidate.steps in rejected:
