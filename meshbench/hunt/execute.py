@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.stream import Completion as Answer
@@ -81,27 +81,33 @@ def joined(r: Request, turns: list[Completion]) -> Completion:
             else f"turn {len(turns) + 1} of {asked} never ran (refused at admission)"
         )
 
-    def every(field: str) -> list[Any] | None:
-        parts = [getattr(x, field) for x in turns]
-        return None if any(p is None for p in parts) else [v for p in parts for v in p]
-
-    def total(field: str) -> int | None:
-        parts = [getattr(x, field) for x in turns]
-        return None if any(p is None for p in parts) else sum(parts)
-
+    evaluated = _summed([x.evaluated for x in turns])
     return dataclasses.replace(
         first,
         tokens=[t for x in turns for t in x.tokens],
         text="".join(x.text for x in turns),
         token_ns=[t for x in turns for t in x.token_ns],
         stop=turns[-1].stop,
-        predicted=total("predicted"),
-        evaluated=total("evaluated"),
-        computed=None if total("evaluated") is None else total("computed"),
+        predicted=_summed([x.predicted for x in turns]),
+        evaluated=evaluated,
+        computed=None if evaluated is None else _summed([x.computed for x in turns]),
         error=error,
-        margins=every("margins"),
-        runner_up=every("runner_up"),
+        margins=_chained([x.margins for x in turns]),
+        runner_up=_chained([x.runner_up for x in turns]),
     )
+
+
+def _summed(parts: list[int | None]) -> int | None:
+    """The turns' counts added up; None where any turn did not say."""
+    return None if any(p is None for p in parts) else sum(p or 0 for p in parts)
+
+
+T = TypeVar("T")
+
+
+def _chained(parts: list[list[T] | None]) -> list[T] | None:
+    """The turns' per-token lists one after another; None where any turn has none."""
+    return None if any(p is None for p in parts) else [v for p in parts for v in p or ()]
 
 
 def _failed(name: str, error: str) -> Completion:
