@@ -12,6 +12,7 @@ import hashlib
 from typing import Protocol, Sequence
 
 from meshbench.analysis import latency, stats
+from meshbench.engine import kinds
 from meshbench.records.context import EngineInfo
 from meshbench.records.documents import FirstDivergence
 from meshbench.records.model import (
@@ -200,7 +201,12 @@ NEAR_TIE_FLOAT64 = 1e-6
 
 def near_tie(engine: EngineInfo) -> float:
     """The margin below which kernels that round differently may flip a token, for this engine's arithmetic."""
-    return NEAR_TIE_FLOAT64 if engine.kind == "synthetic" and engine.dtype == "float64" else NEAR_TIE
+    return NEAR_TIE_FLOAT64 if float64(engine) else NEAR_TIE
+
+
+def float64(engine: EngineInfo) -> bool:
+    """numpy computed it in float64: exact to 2.2e-16 per operation, so its reruns and near-ties are held to that."""
+    return engine.dtype == "float64" and kinds.of(engine.kind).numpy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

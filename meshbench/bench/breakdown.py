@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from meshbench.engine import kinds
 from meshbench.engine.setup import close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.sweep.passes import run_pass
@@ -27,7 +28,7 @@ PARTS = ("tick_ms", "decode_llama_ms", "prefill_llama_ms", "sample_ms", "engine_
 
 
 def run(cfg: RunConfig, levels: list[int], repeat: int, progress: Callable[[str], None] = lambda m: None) -> dict:
-    if cfg.engine.kind != "gguf" or cfg.engine.isolated:
+    if not kinds.of(cfg.engine.kind).llama or cfg.engine.isolated:
         raise MeshbenchError("bench breakdown needs a gguf engine in meshbench's own process (not isolated)")
     cfg = prompts.apply(cfg)
     setup = prepare(cfg)

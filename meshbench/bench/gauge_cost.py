@@ -16,6 +16,7 @@ from meshbench.endpoint import gauges, llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.sweep import served
+from meshbench.engine import kinds
 from meshbench.errors import MeshbenchError
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig
@@ -50,7 +51,7 @@ def _level(c: int, pairs: list[tuple[dict, dict]]) -> dict:
 
 
 def check(cfg: RunConfig) -> None:
-    if cfg.engine.kind != "endpoint" or cfg.engine.serve != "llama-server" or cfg.workload.prompts is None:
+    if kinds.of(cfg.engine.kind).own or cfg.engine.serve != "llama-server" or cfg.workload.prompts is None:
         raise MeshbenchError("bench gauges needs an endpoint config that starts llama-server and has prompts")
 
 

@@ -35,6 +35,7 @@ from meshbench.cli.common import (
     table,
 )
 from meshbench.endpoint import llama_server as llama_server_mod
+from meshbench.engine import kinds
 from meshbench.errors import MeshbenchError
 from meshbench.files import regular_file
 from meshbench.results.markdown import median_range
@@ -84,7 +85,7 @@ def bench_server(
     if engine:
         overrides["engine"] = engine
     cfg = config.load(config_path, overrides)
-    if cfg.engine.kind != "gguf":
+    if not kinds.of(cfg.engine.kind).llama:
         raise MeshbenchError("bench server needs a gguf config (engine.kind gguf, engine.model)")
     cfg = prompts.apply(cfg)  # a packaged model's file, and real prompts tokenized by the model
     res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg), settings=chosen)
@@ -189,7 +190,7 @@ def bench_prefix(
         )
     overrides = {"levels": int_list(levels, "--levels", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)}
     cfg = config.load(config_path, overrides)
-    if cfg.engine.kind != "gguf":
+    if not kinds.of(cfg.engine.kind).llama:
         raise MeshbenchError("bench prefix needs a gguf config (engine.kind gguf, engine.model or engine.package)")
     if cfg.engine.isolated:
         raise MeshbenchError(

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from meshbench.analysis import endpoint as endpoint_figures
 from meshbench.analysis import figures
-from meshbench.engine.spec_rules import GGUF_KIND as GGUF
+from meshbench.engine import kinds as engine_kinds
 from meshbench.records.context import PROMPTS_FILE
 from meshbench.records.documents import EndpointResults, NodeResults
 from meshbench.records.model import LevelRecord
@@ -109,7 +109,7 @@ def _node(b: NodeBundle) -> Side:
         kind=kinds.NODE,
         name=f"meshbench node ({r.engine.kind})",
         version=f"llama-cpp-python {r.environment.llama_cpp}"
-        if r.engine.kind == GGUF
+        if engine_kinds.of(r.engine.kind).llama
         else f"numpy {r.environment.numpy}",
         by="tokens",
         submission="at arrival times" if b.arrival_sweep else "all at once",

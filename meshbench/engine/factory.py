@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
+from meshbench.engine import kinds
 from meshbench.engine.gguf_setup import setup_gguf
 from meshbench.engine.rpc import Endpoint  # llama_cpp itself is imported on first use
 from meshbench.engine.setup import EngineSetup, EngineSizing
@@ -33,10 +34,23 @@ def setup(
 ) -> EngineSetup:
     """Prepare the engine once (weights, model file); ``make`` then builds one per level."""
     ensure_model(spec)
-    if spec.kind == "synthetic":
-        return setup_synthetic(spec)
-    if spec.kind == "gguf":
-        return setup_gguf(
-            spec, sizing.max_total_tokens, sizing.max_sessions, sizing.max_prompt, verbose, endpoints, sizing.burst
+    made = SETUPS.get(spec.kind)
+    if made is None:
+        raise MeshbenchError(
+            f"engine.kind {spec.kind}: no setup of meshbench's own"
+            + ("" if kinds.of(spec.kind).own else " (a server's: meshbench measures it over HTTP, --target)")
         )
-    raise MeshbenchError(f"engine.kind must be synthetic or gguf, got {spec.kind!r}")
+    return made(spec, sizing, verbose, endpoints)
+
+
+def _gguf(spec: EngineSpec, sizing: EngineSizing, verbose: bool, endpoints: Sequence[Endpoint]) -> EngineSetup:
+    return setup_gguf(
+        spec, sizing.max_total_tokens, sizing.max_sessions, sizing.max_prompt, verbose, endpoints, sizing.burst
+    )
+
+
+# Each kind of engine of meshbench's own (kinds.Kind.own), and how its setup is made.
+SETUPS: dict[str, Callable[[EngineSpec, EngineSizing, bool, Sequence[Endpoint]], EngineSetup]] = {
+    kinds.SYNTHETIC.name: lambda spec, *_: setup_synthetic(spec),
+    kinds.GGUF.name: _gguf,
+}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meshbench import limits
-from meshbench.engine import spec_rules
+from meshbench.engine import kinds, spec_rules
 from meshbench.engine.spec_rules import ALL, ENDPOINT, GGUF, NODE, OWN_SERVER_FLAGS  # noqa: F401
 from meshbench.errors import MeshbenchError
 
@@ -29,7 +29,7 @@ RECIPE_CHOICE = {"type": ["boolean", "string"], "enum": [True, False, AUTO]}
 
 def setting(
     default: Any,
-    kinds: frozenset[str],
+    owners: frozenset[str],
     schema: dict[str, Any],
     flag: str | None = None,
     help: str | None = None,  # noqa: A002 - the flag's help (default: the schema's description)
@@ -42,13 +42,13 @@ def setting(
     ``added``: a setting newer than results schema 3, which a bundle's config echo from before it lacks (meaning
     its default): a new setting is one. ``inert``: values besides the default that another kind may carry, meaning
     nothing there (``repack: false`` in a synthetic bundle's echo, from when false was the default)."""
-    meta = {"kinds": kinds, "schema": schema, "flag": flag, "help": help, "why": why, "added": added, "inert": inert}
+    meta = {"kinds": owners, "schema": schema, "flag": flag, "help": help, "why": why, "added": added, "inert": inert}
     return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    kind: str = setting("synthetic", ALL, {"enum": ["synthetic", "gguf", "endpoint"]})
+    kind: str = setting(kinds.SYNTHETIC.name, ALL, {"enum": list(kinds.KINDS)})
     preset: str = setting(
         "dgr-012", NODE, {"type": "string", "minLength": 1}, "--preset", "Synthetic model preset: dgr-012 | bench."
     )

@@ -10,18 +10,18 @@ import shlex
 from dataclasses import fields
 from typing import TYPE_CHECKING, Callable
 
-from meshbench.engine import rpc
+from meshbench.engine import kinds, rpc
 from meshbench.errors import MeshbenchError
 
 if TYPE_CHECKING:
     from meshbench.engine.spec import EngineSpec
 
-SYNTHETIC, GGUF_KIND, ENDPOINT_KIND = "synthetic", "gguf", "endpoint"
-ALL = frozenset({SYNTHETIC, GGUF_KIND, ENDPOINT_KIND})
-NODE = frozenset({SYNTHETIC, GGUF_KIND})  # an engine of meshbench's own
-GGUF = frozenset({GGUF_KIND})
-ENDPOINT = frozenset({ENDPOINT_KIND})
-TOKENIZED = GGUF | ENDPOINT  # a model with its own tokenizer and end-of-generation tokens
+# The kinds a setting belongs to (each field of EngineSpec declares one of these), from the registry.
+ALL = frozenset(kinds.KINDS)
+NODE = kinds.names(own=True)  # an engine of meshbench's own
+GGUF = kinds.names(llama=True)  # llama.cpp in meshbench's process
+ENDPOINT = kinds.names(own=False)  # a server over HTTP
+TOKENIZED = kinds.names(tokenized=True)  # a model with its own tokenizer and end-of-generation tokens
 
 # The flags meshbench gives a server it starts (endpoint.llama_server.serving): not the user's to override.
 # (where the model comes from, too: a hub flag would make the server fetch and serve another model)
@@ -33,8 +33,7 @@ OWN_SERVER_FLAGS = frozenset(
 
 def check(spec: EngineSpec) -> None:
     """Every rule, in order: whose each setting is, then the kind's own rules, then the process's."""
-    if spec.kind not in KIND_RULES:
-        raise MeshbenchError(f"engine.kind {spec.kind!r} is none of {', '.join(KIND_RULES)}")
+    kinds.of(spec.kind)
     _owned(spec)
     for rule in KIND_RULES[spec.kind]:
         rule(spec)
@@ -44,14 +43,14 @@ def check(spec: EngineSpec) -> None:
 def _owned(spec: EngineSpec) -> None:
     """A setting given (not its default) that belongs to another kind of engine."""
     for f in fields(spec):
-        kinds = f.metadata.get("kinds")
+        owners = f.metadata.get("kinds")
         value = getattr(spec, f.name)
         inert = value == f.default or value in f.metadata.get("inert", ()) or (f.default is None and value == ())
-        if kinds is None or spec.kind in kinds or inert:
+        if owners is None or spec.kind in owners or inert:
             continue
-        if kinds == ENDPOINT:
+        if owners == ENDPOINT:
             raise MeshbenchError(f"engine.{f.name} is an endpoint's (engine.kind endpoint: --target, --serve)")
-        if spec.kind == ENDPOINT_KIND:
+        if not kinds.of(spec.kind).own:
             raise MeshbenchError(
                 f"engine.{f.name} builds an engine of meshbench's own; an endpoint (--target) is the server's"
             )
@@ -110,9 +109,9 @@ def _settings(spec: EngineSpec) -> None:
 
 
 KIND_RULES: dict[str, tuple[Callable[[EngineSpec], None], ...]] = {
-    SYNTHETIC: (),
-    GGUF_KIND: (_gguf,),
-    ENDPOINT_KIND: (_endpoint,),
+    kinds.SYNTHETIC.name: (),
+    kinds.GGUF.name: (_gguf,),
+    kinds.ENDPOINT.name: (_endpoint,),
 }
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from meshbench.engine import packaged
+from meshbench.engine import kinds, packaged
 from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.engine.spec import EngineSpec
@@ -150,7 +150,7 @@ class NodeServer:
         cfg = config.load(self.config)  # (its workload is not read: the hunt draws its own requests)
         spec = dataclasses.replace(
             cfg.engine,
-            ban_eog=cfg.engine.kind == "gguf",
+            ban_eog=kinds.of(cfg.engine.kind).llama,  # (its model has end-of-generation tokens)
             model=str(packaged.path(cfg.engine.package)) if cfg.engine.package else cfg.engine.model,
         )
         slots = max(cfg.levels)
@@ -196,7 +196,7 @@ class NodeServer:
 def _model_context(spec: EngineSpec) -> int | None:
     """A GGUF model's trained context, read from its metadata before any context is sized (None: not a GGUF file
     or not said; the synthetic engine's preset context is read after its setup)."""
-    if spec.kind != "gguf" or not spec.model:
+    if not kinds.of(spec.kind).llama or not spec.model:
         return None
     m = gguf_io.checked_model(Path(spec.model))
     n = m.meta.get(f"{m.arch}.context_length")
@@ -206,7 +206,7 @@ def _model_context(spec: EngineSpec) -> int | None:
 def _tokenizer(spec: EngineSpec, setup: EngineSetup) -> Tokenizer:
     """The model's own tokenizer (BOS as it adds it); the synthetic engine and a GGUF model without a vocabulary
     have none: a text's bytes as ids."""
-    if spec.kind == "gguf":
+    if kinds.of(spec.kind).llama:
         from meshbench.engine.llama_model import tokenize  # noqa: PLC0415
 
         model = str(spec.model)

@@ -57,6 +57,7 @@ def _converter() -> cattrs.Converter:
 
 
 ENGINE_INFO = context.SyntheticEngineInfo | context.GgufEngineInfo
+# each kind of engine of meshbench's own (engine.kinds: tests/test_engine_kinds.py holds this to it), its record
 _ENGINE_KINDS = {"synthetic": context.SyntheticEngineInfo, "gguf": context.GgufEngineInfo}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from meshbench import validation
+from meshbench.engine import kinds as engine_kinds
 from meshbench.errors import MeshbenchError
 from meshbench.results import document, endpoint_report, index_rows, report, typed
 
@@ -30,7 +31,7 @@ def of(data: Any) -> str:
 
 def of_engine(engine_kind: str) -> str:
     """The kind of bundle an engine kind makes: a served endpoint's, or a node's (synthetic, gguf)."""
-    return ENDPOINT if engine_kind == ENDPOINT else NODE
+    return NODE if engine_kinds.of(engine_kind).own else ENDPOINT
 
 
 @dataclass(frozen=True, slots=True)

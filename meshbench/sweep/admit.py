@@ -7,10 +7,9 @@ reported with its tick (the timeline), as the sweep records it.
 
 from __future__ import annotations
 
-from meshbench.engine import factory
+from meshbench.engine import factory, kinds
 from meshbench.engine.base import check_context
 from meshbench.engine.setup import EngineSizing, close_engine
-from meshbench.engine.spec_rules import NODE
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.plan import bursts
 from meshbench.sweep.driver import NodeDriver
@@ -22,7 +21,7 @@ from meshbench.workload.workload import Workload
 
 def run(cfg: RunConfig, burst: int | None = None) -> dict:
     """On the node the config describes (its RPC workers too, started and stopped around the run)."""
-    if cfg.engine.kind not in NODE:  # (admission is a meshbench node's)
+    if not kinds.of(cfg.engine.kind).own:  # (admission is a meshbench node's)
         raise MeshbenchError(
             "admit runs meshbench's own node's admission; a served endpoint admits by its own rules "
             "(sweep --target measures it)"

@@ -12,6 +12,7 @@ from meshbench import files
 from meshbench.analysis import divergence, figures
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine import factory, packaged, recipe, rpc
+from meshbench.engine import kinds as engine_kinds
 from meshbench.engine.base import check_context
 from meshbench.engine.process import workers
 from meshbench.engine.process.supervisor import Supervisor
@@ -131,7 +132,7 @@ def _explained(cfg: RunConfig, setup: EngineSetup, sweep: ConcurrencySweep) -> F
     """The sweep's first divergence, with its class and the logits' deviation where llama.cpp computed it (only
     its kernels can vary with the batch shape; the synthetic engine cannot)."""
     div = sweep.first_divergence
-    if div is None or cfg.engine.kind != "gguf":
+    if div is None or not engine_kinds.of(cfg.engine.kind).llama:
         return div
     oracle = prove.oracle(cfg, div, setup.info, lambda other: run_sweep(other, "(classification)"))
     return dataclasses.replace(
@@ -251,7 +252,7 @@ def rerun_results(
     if not kinds.KINDS[kinds.of_engine(b.cfg.engine.kind)].rerun:
         raise MeshbenchError("results.json: its config echo names an endpoint: a rerun needs its server")
     cfg = dataclasses.replace(config_from_results(b.cfg), repeat=1, warmup=0)
-    if threads is not None and cfg.engine.kind == "gguf":  # verify --threads: every record must hold all the same
+    if threads is not None and engine_kinds.of(cfg.engine.kind).llama:  # verify --threads: all records hold the same
         cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, threads=threads))
     if cfg.workload.prompts and bundle is not None:
         cfg = dataclasses.replace(
@@ -269,7 +270,7 @@ def rerun_results(
         _check_repack_here(b, model, fingerprint.fingerprint().get("digest"))
     rerun = sweep_on_node(cfg, b.results.command, on_tick, on_pass=on_pass)
     e = rerun["engine"]
-    if e.get("kind") == "gguf" and e.get("repack") is False:
+    if engine_kinds.of(e["kind"]).llama and e.get("repack") is False:
         ran = str((e.get("recipe_auto") or {}).get("repack", "off"))
         _check_repack_here(b, Path(e["model"]), rerun["environment"]["compute"]["digest"], ran)
     return rerun
@@ -277,7 +278,7 @@ def rerun_results(
 
 def _model_at_hand(cfg: RunConfig) -> Path | None:
     """The model file a GGUF rerun loads, where it is here before anything runs (None: make_model writes it)."""
-    if cfg.engine.kind != "gguf":
+    if not engine_kinds.of(cfg.engine.kind).llama:
         return None
     if cfg.engine.package:
         return packaged.path(cfg.engine.package)
@@ -289,7 +290,7 @@ def _recorded_recipe(cfg: RunConfig, b: NodeBundle) -> RunConfig:
     """The rerun runs the recipe that ran where the bundle was made, whatever its echo said: flash attention as it
     ran; weight repacking off where it ran off, and auto where it ran on, so on wherever llama.cpp's repacked
     kernels run here and off, said in the rerun's recipe_auto, where they die (``_check_repack_here``)."""
-    if cfg.engine.kind != "gguf":
+    if not engine_kinds.of(cfg.engine.kind).llama:
         return cfg
     e = b.results.engine
     repack: bool | str = recipe.AUTO if getattr(e, "repack", False) else False
@@ -303,7 +304,7 @@ def _check_repack_here(b: NodeBundle, model: Path, here: object, ran: str | None
     machine's compute fingerprint); its tokens are then judged as on other kernels. After the sweep (``ran``: what
     the rerun's recipe_auto says of repacking) the probe must say what the rerun ran by. Anything else is said in
     one line instead of turning the token checks off."""
-    if b.results.engine.kind != "gguf" or not getattr(b.results.engine, "repack", False):
+    if not engine_kinds.of(b.results.engine.kind).llama or not getattr(b.results.engine, "repack", False):
         return
     try:
         used, reason = recipe.repack(recipe.AUTO, model)

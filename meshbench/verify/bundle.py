@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from meshbench import files, validation
 from meshbench.analysis.checks import Checks, Failure
+from meshbench.engine import kinds as engine_kinds
 from meshbench.engine.spec import AUTO, EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
@@ -148,7 +149,7 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
     engine = typed.results.engine if isinstance(typed, NodeBundle) else None
     if engine is not None:
         c.equal(bundle.RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, engine.kind)
-    if engine is not None and engine.kind == "gguf":
+    if engine is not None and engine_kinds.of(engine.kind).llama:
         c.equal(bundle.RESULTS, "environment.compute.llama_cpp (the GGUF engine runs llama.cpp)", True,
                 compute.llama_cpp is not None)  # fmt: skip
         c.equal(bundle.RESULTS, "engine recipe (repack, flash_attn, recipe_auto: = the config echo's settings)", [],

@@ -8,6 +8,7 @@ from meshbench.analysis import conversation as talk
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import server_accounting as accounting
 from meshbench.analysis.checks import Checks
+from meshbench.engine import kinds as engine_kinds
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
@@ -27,7 +28,7 @@ from meshbench.workload.target import Target, own_flags, parse_target
 def check_endpoint(c: Checks, b: EndpointBundle) -> None:
     wl, cfg = b.results.workload, b.cfg
     ids = [f"s{i:0{len(str(wl.sessions - 1))}d}" for i in range(wl.sessions)]
-    c.equal(RESULTS, "config.engine.kind", "endpoint", cfg.engine.kind)
+    c.equal(RESULTS, "config.engine.kind", engine_kinds.ENDPOINT.name, cfg.engine.kind)
     if not _needle_named(c, b, ids):  # (every check of the needle rests on it: none runs without it)
         return
     c.equal(RESULTS, "workload.sessions (= config.workload.sessions)", cfg.workload.sessions, wl.sessions)

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from meshbench.analysis import figures
+from meshbench.engine import kinds
 from meshbench.records.context import EngineInfo
 from meshbench.results import fingerprint
 from meshbench.results.typed import NodeBundle
@@ -41,7 +42,7 @@ SCHEDULE_FREE = frozenset({"engine", RECIPE, "inputs", CORRUPTION_HELD})
 
 def recipe(engine: EngineInfo) -> str | None:
     """The kernels a GGUF engine's recipe picks beside the build's: weight repacking and flash attention."""
-    if engine.kind != "gguf":
+    if not kinds.of(engine.kind).llama:
         return None
     on = {True: "on", False: "off"}
     repack, flash = getattr(engine, "repack", False), getattr(engine, "flash_attn", False)
@@ -51,7 +52,7 @@ def recipe(engine: EngineInfo) -> str | None:
 def differ(recorded: dict | None, here: dict | None, engine: EngineInfo, rerun: EngineInfo) -> KernelReport | None:
     """Where a GGUF engine's llama.cpp kernels differ between the two fingerprints, or the recipe that picks
     among them does (a bundle made with repacking, rerun where its repacked kernels die), else None."""
-    if engine.kind != "gguf":
+    if not kinds.of(engine.kind).llama:
         return None
     was, now = fingerprint.llama_kernels(recorded), fingerprint.llama_kernels(here)
     recipes = (recipe(engine) or "", recipe(rerun) or "")

@@ -21,7 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from meshbench.analysis import figures
 from meshbench.analysis.checks import Checks, Failure
+from meshbench.engine import kinds
 from meshbench.records import serial
 from meshbench.records.context import EngineInfo
 from meshbench.records.model import IsolationRecords, PassSession
@@ -44,7 +46,7 @@ def tolerance(engine: EngineInfo) -> float:
     """The relative tolerance on another fingerprint: float64 arithmetic (the synthetic engine's dgr-012
     preset) rounds at 2.2e-16 per operation, float32 and quantized llama.cpp kernels at 1.2e-7 over dot
     products thousands long; both bounds leave three orders of magnitude above what reorderings give."""
-    return 1e-9 if engine.kind == "synthetic" and engine.dtype == "float64" else 1e-3
+    return 1e-9 if figures.float64(engine) else 1e-3
 
 
 def deterministic_view(data: dict) -> dict:
@@ -207,7 +209,7 @@ def check_rerun(
     )
     split = outcome.kernels is not None
     old, new = view(b, split), view(fresh, split)
-    if threads is not None and b.results.engine.kind == "gguf":  # (the synthetic engine has no thread setting)
+    if threads is not None and kinds.of(b.results.engine.kind).llama:  # (the synthetic engine has no thread setting)
         outcome.threads = (old["engine"].get("threads"), threads)
         c.equal(FILE, "engine.threads (as --threads asked)", threads, new["engine"].get("threads"))
         old["engine"] = {k: v for k, v in old["engine"].items() if k != "threads"}

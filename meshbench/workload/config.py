@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from meshbench import limits, validation
+from meshbench.engine import kinds
 from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
-from meshbench.engine.spec_rules import ENDPOINT_KIND, GGUF_KIND, SYNTHETIC, TOKENIZED
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.workload import arrivals, faults, matrix
@@ -64,7 +64,7 @@ class RunConfig:
             object.__setattr__(self, "story", _story(self.engine))
         if self.title is None:
             object.__setattr__(self, "title", "Concurrency sweep")
-        gguf = self.engine.kind in TOKENIZED  # a model with a tokenizer and end-of-generation tokens
+        gguf = kinds.of(self.engine.kind).tokenized  # a model with a tokenizer and end-of-generation tokens
         for rule in RUN_RULES.get(self.engine.kind, ()):
             rule(self)
         if self.workload.prompts is not None and not gguf:
@@ -84,7 +84,7 @@ class RunConfig:
         if self.workload.turns > 1:
             _check_turns(self)
         matrix.check_folders(self.engine.server_settings or ())
-        if self.engine.kind != ENDPOINT_KIND and self.workload.cancel != "auto":  # (off too: nothing to turn off)
+        if kinds.of(self.engine.kind).own and self.workload.cancel != "auto":  # (off too: nothing to turn off)
             raise MeshbenchError(
                 f"workload.cancel {self.workload.cancel}: cancel-and-retry runs against an endpoint (engine.kind "
                 "endpoint); a node sweep has none to set (its cancels are faults: cancel:SESSION@T)"
@@ -176,7 +176,7 @@ def _check_turns(cfg: RunConfig) -> None:
         )
 
 
-RUN_RULES: dict[str, tuple[Callable[[RunConfig], None], ...]] = {ENDPOINT_KIND: (RunConfig._check_endpoint,)}
+RUN_RULES: dict[str, tuple[Callable[[RunConfig], None], ...]] = {kinds.ENDPOINT.name: (RunConfig._check_endpoint,)}
 SECTIONS = ("engine", "workload", "budget")
 
 
@@ -307,7 +307,7 @@ def _served(spec: EngineSpec) -> str:
 
 # Each engine kind's name for a sweep without a story (the model file, the preset, the endpoint).
 STORIES: dict[str, Callable[[EngineSpec], str]] = {
-    SYNTHETIC: lambda spec: f"synthetic-{spec.preset}",
-    GGUF_KIND: lambda spec: Path(spec.model or "").stem[:200] or "gguf",
-    ENDPOINT_KIND: _served,
+    kinds.SYNTHETIC.name: lambda spec: f"synthetic-{spec.preset}",
+    kinds.GGUF.name: lambda spec: Path(spec.model or "").stem[:200] or "gguf",
+    kinds.ENDPOINT.name: _served,
 }
