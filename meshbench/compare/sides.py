@@ -109,7 +109,7 @@ def _node(b: NodeBundle) -> Side:
         kind=kinds.NODE,
         name=f"meshbench node ({r.engine.kind})",
         version=f"llama-cpp-python {r.environment.llama_cpp}"
-        if engine_kinds.of(r.engine.kind).llama
+        if engine_kinds.recorded(r.engine.kind).llama
         else f"numpy {r.environment.numpy}",
         by="tokens",
         submission="at arrival times" if b.arrival_sweep else "all at once",

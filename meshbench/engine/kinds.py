@@ -35,6 +35,16 @@ def of(name: str) -> Kind:
     return kind
 
 
+UNKNOWN = Kind("unknown", own=False, llama=False, tokenized=False, numpy=False)
+
+
+def recorded(name: object) -> Kind:
+    """The kind a record names. A config's kind is checked when it is read (``of``); a record's is checked by the
+    schema, but a forged or damaged record is read before that (a rerun's view, a forged field's test): a name of
+    no kind is then none of them, and nothing is assumed of it."""
+    return KINDS.get(name, UNKNOWN) if isinstance(name, str) else UNKNOWN
+
+
 def names(**asked: bool) -> frozenset[str]:
     """The names of the kinds that are (or are not) each thing asked: ``names(own=True)``."""
     unknown = set(asked) - {"own", "llama", "tokenized", "numpy"}

@@ -31,7 +31,7 @@ def of(data: Any) -> str:
 
 def of_engine(engine_kind: str) -> str:
     """The kind of bundle an engine kind makes: a served endpoint's, or a node's (synthetic, gguf)."""
-    return NODE if engine_kinds.of(engine_kind).own else ENDPOINT
+    return NODE if engine_kinds.recorded(engine_kind).own else ENDPOINT
 
 
 @dataclass(frozen=True, slots=True)

@@ -315,7 +315,7 @@ def _environment(env: Environment) -> list[str]:
 
 def _machine_bound(b: NodeBundle) -> list[str]:
     """What a rerun elsewhere holds, and what is this machine's (``meshbench.verify.reproduce``)."""
-    if not kinds.of(b.results.engine.kind).llama:
+    if not kinds.recorded(b.results.engine.kind).llama:
         return [
             "`verify --rerun` holds tokens, the schedule, admission, KV bytes, ticks, the decode feed and the "
             "verdicts identical on any machine; logit margins bit for bit on this compute fingerprint, and within a "
@@ -350,7 +350,7 @@ def _reproduction(b: NodeBundle) -> list[str]:
         + f"; OPENBLAS_CORETYPE {text(fp.openblas_coretype or 'unset')}; "
         + (text(f"llama.cpp {fp.llama_cpp.version}") if fp.llama_cpp else "no llama.cpp"),
     ]
-    kernels = fingerprint.llama_kernels(serial.to_json(fp)) if kinds.of(b.results.engine.kind).llama else None
+    kernels = fingerprint.llama_kernels(serial.to_json(fp)) if kinds.recorded(b.results.engine.kind).llama else None
     if kernels is not None:
         lines.append(f"- llama.cpp's kernels, which this bundle's tokens are bound to: {text(kernels)}")
     if low is not None:

@@ -270,7 +270,7 @@ def rerun_results(
         _check_repack_here(b, model, fingerprint.fingerprint().get("digest"))
     rerun = sweep_on_node(cfg, b.results.command, on_tick, on_pass=on_pass)
     e = rerun["engine"]
-    if engine_kinds.of(e["kind"]).llama and e.get("repack") is False:
+    if engine_kinds.recorded(e["kind"]).llama and e.get("repack") is False:
         ran = str((e.get("recipe_auto") or {}).get("repack", "off"))
         _check_repack_here(b, Path(e["model"]), rerun["environment"]["compute"]["digest"], ran)
     return rerun
@@ -304,7 +304,7 @@ def _check_repack_here(b: NodeBundle, model: Path, here: object, ran: str | None
     machine's compute fingerprint); its tokens are then judged as on other kernels. After the sweep (``ran``: what
     the rerun's recipe_auto says of repacking) the probe must say what the rerun ran by. Anything else is said in
     one line instead of turning the token checks off."""
-    if not engine_kinds.of(b.results.engine.kind).llama or not getattr(b.results.engine, "repack", False):
+    if not engine_kinds.recorded(b.results.engine.kind).llama or not getattr(b.results.engine, "repack", False):
         return
     try:
         used, reason = recipe.repack(recipe.AUTO, model)

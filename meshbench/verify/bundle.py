@@ -149,7 +149,7 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
     engine = typed.results.engine if isinstance(typed, NodeBundle) else None
     if engine is not None:
         c.equal(bundle.RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, engine.kind)
-    if engine is not None and engine_kinds.of(engine.kind).llama:
+    if engine is not None and engine_kinds.recorded(engine.kind).llama:
         c.equal(bundle.RESULTS, "environment.compute.llama_cpp (the GGUF engine runs llama.cpp)", True,
                 compute.llama_cpp is not None)  # fmt: skip
         c.equal(bundle.RESULTS, "engine recipe (repack, flash_attn, recipe_auto: = the config echo's settings)", [],

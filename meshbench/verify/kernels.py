@@ -42,7 +42,7 @@ SCHEDULE_FREE = frozenset({"engine", RECIPE, "inputs", CORRUPTION_HELD})
 
 def recipe(engine: EngineInfo) -> str | None:
     """The kernels a GGUF engine's recipe picks beside the build's: weight repacking and flash attention."""
-    if not kinds.of(engine.kind).llama:
+    if not kinds.recorded(engine.kind).llama:
         return None
     on = {True: "on", False: "off"}
     repack, flash = getattr(engine, "repack", False), getattr(engine, "flash_attn", False)
@@ -52,7 +52,7 @@ def recipe(engine: EngineInfo) -> str | None:
 def differ(recorded: dict | None, here: dict | None, engine: EngineInfo, rerun: EngineInfo) -> KernelReport | None:
     """Where a GGUF engine's llama.cpp kernels differ between the two fingerprints, or the recipe that picks
     among them does (a bundle made with repacking, rerun where its repacked kernels die), else None."""
-    if not kinds.of(engine.kind).llama:
+    if not kinds.recorded(engine.kind).llama:
         return None
     was, now = fingerprint.llama_kernels(recorded), fingerprint.llama_kernels(here)
     recipes = (recipe(engine) or "", recipe(rerun) or "")

@@ -209,7 +209,9 @@ def check_rerun(
     )
     split = outcome.kernels is not None
     old, new = view(b, split), view(fresh, split)
-    if threads is not None and kinds.of(b.results.engine.kind).llama:  # (the synthetic engine has no thread setting)
+    if (
+        threads is not None and kinds.recorded(b.results.engine.kind).llama
+    ):  # (the synthetic engine has no thread setting)
         outcome.threads = (old["engine"].get("threads"), threads)
         c.equal(FILE, "engine.threads (as --threads asked)", threads, new["engine"].get("threads"))
         old["engine"] = {k: v for k, v in old["engine"].items() if k != "threads"}
