@@ -1,8 +1,9 @@
 """Every kind of engine a config names (``engine.kind``), in one registry, and what each kind is.
 
 Code asks a kind what it is (``of(spec.kind).llama``), never compares its name: a new kind is one entry here, its
-rules in ``spec_rules.KIND_RULES``, its setup in ``factory.SETUPS`` where meshbench runs it, and its name for a
-sweep in ``workload.config.STORIES``; tests/test_engine_kinds.py holds every table to this registry."""
+rules in ``spec_rules.KIND_RULES``, its name for a sweep in ``workload.config.STORIES`` and, where meshbench runs it,
+its setup in ``factory.SETUPS`` and its record in ``records.serial._ENGINE_KINDS``; tests/test_engine_kinds.py holds
+every table to this registry."""
 
 from __future__ import annotations
 
