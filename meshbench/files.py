@@ -8,6 +8,7 @@ read without end. Every check raises MeshbenchError naming the file and the prob
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import tempfile
@@ -46,6 +47,25 @@ def read_text(path: str | Path, what: str, max_bytes: int) -> str:
         raise MeshbenchError(f"{what} {p}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise MeshbenchError(f"{what} {p}: cannot be read ({e.strerror})") from None
+
+
+def strict_json(text: str) -> object:
+    """Standard JSON only, each object's keys said once: ValueError naming what is not (NaN and Infinity are
+    Python's, not JSON's; a key said twice would let a line-based reader and json see two documents)."""
+    return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON (meshbench never writes it)")
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the key {k!r} appears twice in one object")
+        out[k] = v
+    return out
 
 
 def sha256(path: Path) -> str:

@@ -144,11 +144,11 @@ def test_the_shrink_keeps_a_history_only_where_two_runs_running_show_the_differe
     "doc,said",
     [
         ({"kind": "history"}, "not a meshbench history"),
-        ({**hist.to_json(hist.History(strategy="x", seed=[0], steps=())), "steps": []}, "not a meshbench history"),
+        ({**hist.to_json(hist.History(strategy="crowd", seed=[0], steps=())), "steps": []}, "not a meshbench history"),
         (
             hist.to_json(
                 hist.History(
-                    strategy="x",
+                    strategy="crowd",
                     seed=[0],
                     steps=(hist.Step(requests=(hist.Request(name="a", prompt=(1,), new_tokens=2),) * 2),),
                 )
@@ -158,7 +158,7 @@ def test_the_shrink_keeps_a_history_only_where_two_runs_running_show_the_differe
         (
             hist.to_json(
                 hist.History(
-                    strategy="x",
+                    strategy="crowd",
                     seed=[0],
                     steps=(
                         hist.Step(
@@ -320,3 +320,36 @@ def test_the_shrink_tries_nothing_past_its_deadline():
         h, lambda c: tried.append(c) or True, head=1, deadline=time.monotonic() - 1, progress=said.append
     )
     assert kept == h and tried == [] and said == ["shrink stopped after 0 tries: its time is spent"]
+
+
+def test_a_history_file_with_a_key_said_twice_or_an_unknown_strategy_is_refused_in_one_line(tmp_path):
+    text = json.dumps(hist.to_json(strategies.STRATEGIES["crowd"].draw(np.random.default_rng(1), FACTS, [1])))
+    twice = tmp_path / "twice.json"
+    twice.write_text(text.replace('"strategy": "crowd"', '"strategy": "crowd", "strategy": "turns"', 1))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(text.replace('"strategy": "crowd"', '"strategy": "hand-picked"', 1))
+    for p, said in ((twice, "the key 'strategy' appears twice"), (unknown, "not a meshbench history")):
+        r = runner.invoke(app, ["hunt", "--target", "http://127.0.0.1:9", "--replay", str(p)])
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
+
+
+def test_the_history_schema_names_exactly_the_strategies_meshbench_has():
+    from meshbench import validation
+
+    assert validation.load(hist.SCHEMA)["properties"]["strategy"]["enum"] == list(strategies.STRATEGIES)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", list(strategies.STRATEGIES))
+def test_every_history_a_shrink_tries_is_one_verify_accepts_as_shrunk_and_no_other(name, seed):
+    h = strategies.STRATEGIES[name].draw(np.random.default_rng([seed, 9]), FACTS, [seed, 9])
+    tried = list(shrink._candidates(h, len(FACTS.head)))
+    assert tried and all(hist.unshrinkable(c, h) is None for c in tried)
+    assert all(hist.unshrinkable(c2, h) is None for c in tried[:5] for c2 in shrink._candidates(c, len(FACTS.head)))
+    r = h.requests()[0]
+    grown = dataclasses.replace(h, steps=(hist.Step(requests=(dataclasses.replace(r, prompt=(*r.prompt, 5)),)),))
+    assert "prompt" in (hist.unshrinkable(grown, h) or "")
+    if len(h.requests()) >= 2:
+        a, b = h.requests()[:2]
+        backwards = dataclasses.replace(h, steps=(hist.Step(requests=(b,)), hist.Step(requests=(a,))))
+        assert "order" in (hist.unshrinkable(backwards, h) or "")

@@ -15,7 +15,16 @@ class Failure:
     check: str | None = None  # the named check it belongs to (a fault-matrix column), where one applies
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.field} expected={self.expected} found={self.found}"
+        return f"{self.file}: {self.field} expected={clipped(self.expected)} found={clipped(self.found)}"
+
+
+SHOWN = 200  # characters of a value a failure's line shows: a whole history differing is one line, not 500 KB
+
+
+def clipped(value: object) -> str:
+    """``value`` as a failure shows it: whole, or its first SHOWN characters and how long it is, on one line."""
+    text = str(value).replace("\n", "\\n")
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
 
 
 class Checks:

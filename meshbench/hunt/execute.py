@@ -15,7 +15,7 @@ from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.stream import Completion as Answer
 from meshbench.records import serial
 from meshbench.records.completion import Completion
-from meshbench.records.history import History, Request
+from meshbench.records.history import SERVER_COLD, History, Request
 from meshbench.workload import request
 
 PROBS = 2  # top log-probabilities per token: the margin and the second choice
@@ -121,7 +121,7 @@ class Http:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.props = endpoint.props
-        self.how_cold = "cache_prompt false on the idle server"
+        self.how_cold = SERVER_COLD
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return self.endpoint.tokenize(texts)

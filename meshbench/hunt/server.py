@@ -12,6 +12,7 @@ from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint
 from meshbench.errors import MeshbenchError
 from meshbench.hunt.execute import Http, Target
+from meshbench.records.history import SERVER_FRESH, SERVER_SAME
 from meshbench.workload.target import parse_target
 
 DEADLINE_S = 120.0  # one request's answer, at most
@@ -48,7 +49,7 @@ class Server:
         return self.target
 
     def replays_on(self) -> str:
-        return "a fresh server process" if self.launched else "the same server (meshbench did not start it)"
+        return SERVER_FRESH if self.launched else SERVER_SAME
 
     def _start(self) -> None:
         url = self.url

@@ -29,6 +29,17 @@ NODE_COLD = (
     "the request alone on an engine made for it, its prefix cache off"  # where the node's cold answers come from
 )
 NODE_REPLAYS = "a fresh node (a new engine, nothing cached)"  # where a finding on the node runs again
+SERVER_COLD = "cache_prompt false on the idle server"  # where a server's cold answers come from
+SERVER_FRESH = "a fresh server process"  # where a finding runs again on a server meshbench started
+SERVER_SAME = "the same server (meshbench did not start it)"  # ... on a server it was pointed at
+
+
+def said_of(kind: str, launched: bool) -> tuple[str, str]:
+    """Where a hunt's cold answers come from and where its findings run again, in the words its bundle records,
+    for the server it ran against: the node (always started by meshbench) or a server."""
+    if kind == "node":
+        return NODE_COLD, NODE_REPLAYS
+    return SERVER_COLD, SERVER_FRESH if launched else SERVER_SAME
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +84,44 @@ class History:
         each smaller or none larger)."""
         reqs = self.requests()
         return len(self.steps), len(reqs), sum(len(r.sent()) for r in reqs)
+
+
+def unshrinkable(small: History, big: History) -> str | None:
+    """What stops ``small`` being a history a shrink of ``big`` could give (None: nothing). A shrink (meshbench.hunt.
+    shrink) drops steps and requests, sends a step's requests one after another, cuts a prompt from its end, drops
+    a conversation's last turns and shortens an answer (and its cancel with it); it never adds, reorders, renames or
+    rewrites a request, nor changes the strategy and seed the history was drawn from."""
+    if (small.strategy, small.seed) != (big.strategy, big.seed):
+        return "its strategy and seed are not the history's it was shrunk from"
+    where = {r.name: (k, j, r) for k, s in enumerate(big.steps) for j, r in enumerate(s.requests)}
+    last = (-1, -1)
+    for s in small.steps:
+        missing = next((r.name for r in s.requests if r.name not in where), None)
+        if missing is not None:
+            return f"request {missing} is not one of the history's it was shrunk from"
+        if len({where[r.name][0] for r in s.requests}) != 1:
+            return "a step holds requests of different steps of the history it was shrunk from"
+        for r in s.requests:
+            at = where[r.name][:2]
+            if at <= last:
+                return f"request {r.name} is out of the order of the history it was shrunk from"
+            last = at
+            said = _cut_from(r, where[r.name][2])
+            if said is not None:
+                return f"request {r.name} {said}"
+    return None
+
+
+def _cut_from(small: Request, big: Request) -> str | None:
+    if small.prompt != big.prompt[: len(small.prompt)]:
+        return "has a prompt that is not the start of its prompt before the shrink"
+    if small.turns != big.turns[: len(small.turns)]:
+        return "has turns that are not the first of its turns before the shrink"
+    if small.new_tokens > big.new_tokens or small.carries != big.carries:
+        return "asks more new tokens, or carries other words, than before the shrink"
+    if (small.cancel_at is None) != (big.cancel_at is None) or (small.cancel_at or 0) > (big.cancel_at or 0):
+        return "is cancelled otherwise than before the shrink"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +180,14 @@ def _repeated(names: list[str]) -> str:
 
 
 def read(path: Path) -> History:
-    """A history file (a regular file, never a FIFO waited on), or one line naming what is wrong."""
+    """A history file (a regular file, never a FIFO waited on; strict JSON, each key said once), or one line naming
+    what is wrong."""
     try:
-        data = json.loads(files.read_text(path, "history", MAX_BYTES))
-    except (ValueError, RecursionError):
-        raise MeshbenchError(f"{path}: not JSON") from None
+        data = files.strict_json(files.read_text(path, "history", MAX_BYTES))
+    except json.JSONDecodeError as e:
+        raise MeshbenchError(f"{path}: not JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+    except ValueError as e:
+        raise MeshbenchError(f"{path}: not JSON: {e}") from None
+    except RecursionError:
+        raise MeshbenchError(f"{path}: nested too deeply to be a history") from None
     return from_json(data, str(path))

@@ -112,26 +112,11 @@ def dumps(data: dict) -> str:
 MAX_BYTES = 256 << 20  # a results.json of 100000 sessions is well under this
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON (meshbench never writes it)")
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    """An object whose every key is said once: a duplicate would let a line-based reader (a grep for the kind) and
-    json see two documents."""
-    out: dict = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"the key {k!r} appears twice in one object")
-        out[k] = v
-    return out
-
-
 def load(path: Path) -> dict:
     """Parse a results.json strictly: a regular UTF-8 file, standard JSON only (no NaN or Infinity)."""
     text = files.read_text(path, "results", MAX_BYTES)
     try:
-        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+        data = files.strict_json(text)
     except json.JSONDecodeError as e:
         raise MeshbenchError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
     except ValueError as e:

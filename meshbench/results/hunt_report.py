@@ -10,6 +10,7 @@ from typing import Any
 
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.hunt import CONFIDENT, Checked, shown
+from meshbench.errors import MeshbenchError
 from meshbench.records import history as hist
 from meshbench.records import serial
 from meshbench.records.history import Facts
@@ -54,9 +55,12 @@ def view(doc: dict[str, Any]) -> HuntView:
                   n_batch=f["n_batch"], n_ubatch=f["n_ubatch"])  # fmt: skip
     limit = doc["near_tie"]
     checked = [run_of(c, limit, f"checked[{k}]") for k, c in enumerate(doc["checked"])]
+    stray = next((k for k, x in enumerate(doc["findings"]) if not 0 <= x["checked"] < len(checked)), None)
+    if stray is not None:
+        raise MeshbenchError(f"findings[{stray}].checked: no history {doc['findings'][stray]['checked']} was checked")
     found = [
         Found(
-            found=checked[x["checked"]] if 0 <= x["checked"] < len(checked) else checked[0],
+            found=checked[x["checked"]],
             confirmations=[run_of(c, limit, f"findings[{k}].confirmations") for c in x["confirmations"]],
             minimal=run_of(x["minimal"], limit, f"findings[{k}].minimal"),
             minimal_confirmations=[run_of(c, limit, f"findings[{k}].minimal") for c in x["minimal_confirmations"]],

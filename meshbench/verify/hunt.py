@@ -1,28 +1,31 @@
 """verify for a hunt bundle: its results.json against its schema, then everything judged again from the records:
-the near-tie threshold from the calibration passes, every history drawn again from the seed by its strategy for
-the recorded facts (no history was picked by hand), every answer and cold answer where its request is, one cold
-answer for each distinct request across the bundle, the summary, each finding's confirmations and its minimal
-history (no larger than the history it came from, its runs of that history); then the README and the
-finding-K.json files as results.json renders them, and nothing else in the folder."""
+the near-tie threshold from the calibration passes, where cold answers and replays come from (as the server
+recorded has them), every history drawn again from the seed by its strategies (each named once) for the recorded
+facts (no history was picked by hand), every answer and cold answer its own request's and where that request is,
+one cold answer for each distinct request across the bundle, the summary and its rate, the budget (spent, or the
+hunt stopped at a finding shown again), each finding's time, confirmations and minimal history (one a shrink of the
+history it came from could give, its runs of that history); then the README and the finding-K.json files as
+results.json renders them (read as regular files only), and nothing else in the folder."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from meshbench import validation
+from meshbench import files, validation
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.checks import Checks
 from meshbench.analysis.hunt import Checked
 from meshbench.errors import MeshbenchError
 from meshbench.names import README, RESULTS
+from meshbench.records import history as hist
 from meshbench.records import serial
 from meshbench.records.completion import Completion
-from meshbench.records.history import NODE_COLD, NODE_REPLAYS
 from meshbench.records.margins import MarginPasses
 from meshbench.results import document, hunt_report
 from meshbench.workload import hunt as strategies
@@ -59,8 +62,10 @@ def check(path: Path) -> Checks:
     _threshold(c, doc)
     _server(c, doc)
     _histories(c, doc, v)
+    _paired(c, doc)
     _answers(c, v)
     _summary(c, doc, v)
+    _budget(c, doc, v)
     _findings(c, v)
     _files(c, path, doc)
     return c
@@ -76,6 +81,7 @@ def _histories(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
     """Every history is the one its strategy draws from the seed for these facts, in turn."""
     names = doc["strategies"]
     c.equal(RESULTS, "strategies (each one this meshbench knows)", True, all(n in strategies.STRATEGIES for n in names))
+    c.equal(RESULTS, "strategies (each named once, as --strategies takes them)", len(names), len(set(names)))
     if not all(n in strategies.STRATEGIES for n in names) or not names:
         return
     for k, got in enumerate(v.checked):
@@ -114,11 +120,29 @@ def _fits(x: Completion, n: int) -> bool:
 
 
 def _server(c: Checks, doc: dict[str, Any]) -> None:
-    """What the server is agrees with how its cold answers and replays were had: the node's own words, or a
-    server's."""
-    node = doc["server"]["kind"] == "node"
-    c.equal(RESULTS, "server.kind (the node's cold answers and replays, or a server's)", node,
-            doc["cold_answers"] == NODE_COLD and doc["replays_on"] == NODE_REPLAYS)  # fmt: skip
+    """Where cold answers come from and where findings run again, as the recorded server has them: the node's
+    own words, a server meshbench started or one it was pointed at."""
+    cold, replays = hist.said_of(doc["server"]["kind"], doc["server"]["launched"])
+    c.equal(RESULTS, "cold_answers (where the recorded server's cold answers come from)", cold, doc["cold_answers"])
+    c.equal(RESULTS, "replays_on (where the recorded server's findings run again)", replays, doc["replays_on"])
+
+
+def _paired(c: Checks, doc: dict[str, Any]) -> None:
+    """Every run holds one answer per request, each its request's (by its session id) in the history's order, and
+    one cold answer per judged request: none matched to another request by its place alone, none left over. (A cold
+    answer is the oracle's for every alike request, under the first one's name: `_answers` holds them alike.)"""
+    raw = [(f"checked[{k}]", x) for k, x in enumerate(doc["checked"])]
+    for k, f in enumerate(doc["findings"]):
+        raw += [(f"findings[{k}].confirmations[{j}]", x) for j, x in enumerate(f["confirmations"])]
+        raw += [(f"findings[{k}].minimal", f["minimal"])]
+        raw += [(f"findings[{k}].minimal_confirmations[{j}]", x) for j, x in enumerate(f["minimal_confirmations"])]
+    for at, run in raw:
+        reqs = [r for s in run["history"]["steps"] for r in s["requests"]]
+        names = [r["name"] for r in reqs]
+        c.equal(RESULTS, f"{at}.answers (each request's, by session id, in order)", names,
+                [a["session_id"] for a in run["answers"]])  # fmt: skip
+        judged = sum(r.get("cancel_at") is None for r in reqs)
+        c.equal(RESULTS, f"{at}.cold (one for each judged request)", judged, len(run["cold"]))
 
 
 def _runs(v: hunt_report.HuntView) -> list[tuple[str, Checked]]:
@@ -136,6 +160,34 @@ def _summary(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
     c.equal(RESULTS, "summary.requests", sum(len(x.history.requests()) for x in v.checked), s["requests"])
     c.equal(RESULTS, "summary.outcomes (judged again)", judge.outcomes(v.checked), s["outcomes"])
     c.equal(RESULTS, "summary.coverage", judge.coverage(v.checked, len(v.facts.head)), s["coverage"])
+    lo, hi = _per_minute(len(v.checked), doc["seconds"])
+    c.equal(RESULTS, f"summary.histories_per_minute (from histories and seconds: {lo:.2f} to {hi:.2f})", True,
+            lo <= s["histories_per_minute"] <= hi)  # fmt: skip
+
+
+def _per_minute(n: int, seconds: float) -> tuple[float, float]:
+    """The rate ``n`` histories in ``seconds`` (recorded to 0.1 s) rounds to at 0.01, lowest and highest."""
+    if n == 0:
+        return 0.0, 0.0
+    lo_s, hi_s = max(seconds - 0.05, 1e-9), seconds + 0.05
+    return n * 60 / hi_s - 0.005, n * 60 / lo_s + 0.005
+
+
+def _budget(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
+    """A history is drawn only while the budget lasts, and the hunt stops at a finding shown again or once the
+    budget is spent: a bundle that stops short of both, or ran past a requests budget, is not what ran."""
+    b, sent = doc["budget"], [len(x.history.requests()) for x in v.checked]
+    if b["requests"] is not None:
+        c.equal(RESULTS, f"checked (each drawn with fewer than budget.requests = {b['requests']} requests sent)",
+                True, sum(sent[:-1]) < b["requests"])  # fmt: skip
+    stopped = bool(v.findings) and hunt_report.reproduced(v.findings[-1])
+    spent = (b["requests"] is not None and sum(sent) >= b["requests"]) or (
+        b["seconds"] is not None and doc["seconds"] + 0.05 >= b["seconds"]
+    )
+    c.equal(RESULTS, "the hunt's end (at a finding shown again, or its budget spent)", True, stopped or spent)
+    times = [f.seconds_to_find for f in v.findings]
+    c.equal(RESULTS, "findings[].seconds_to_find (in the order found, none after the hunt's seconds)", True,
+            times == sorted(times) and all(t <= doc["seconds"] for t in times))  # fmt: skip
 
 
 def _findings(c: Checks, v: hunt_report.HuntView) -> None:
@@ -157,17 +209,45 @@ def _findings(c: Checks, v: hunt_report.HuntView) -> None:
                 [f.minimal.history] * judge.CONFIRM, [x.history for x in f.minimal_confirmations])  # fmt: skip
         c.equal(RESULTS, f"{at}.minimal (no larger than the history it was shrunk from)", True,
                 all(a <= b for a, b in zip(f.minimal.history.size(), f.found.history.size())))  # fmt: skip
+        c.equal(RESULTS, f"{at}.minimal.history (one a shrink of its history could give)", None,
+                hist.unshrinkable(f.minimal.history, f.found.history))  # fmt: skip
 
 
 def _files(c: Checks, path: Path, doc: dict[str, Any]) -> None:
-    expected = {README: hunt_report.readme(doc, path.name)}
+    expected = {README: hunt_report.readme(doc, written_as(path))}
     for k, f in enumerate(doc["findings"], 1):
         expected[f"finding-{k}.json"] = json.dumps(f["minimal"]["history"], indent=1) + "\n"
     for name, text in expected.items():
-        try:
-            found = (path / name).read_text()
-        except (OSError, UnicodeDecodeError):
-            found = None
-        c.equal(name, "(as results.json renders it)", text, found)
+        try:  # (a megabyte past the size it should have, at most: a file far larger is not read whole)
+            found = files.read_text(path / name, name, len(text.encode()) + (1 << 20))
+        except MeshbenchError as e:
+            c.equal(name, "(a regular UTF-8 file, as results.json renders it)", "readable", str(e))
+            continue
+        line, want, got = _first_difference(text, found)
+        c.equal(name, f"line {line} (as results.json renders it)", want, got)
     others = sorted(p.name for p in path.iterdir() if p.name not in {RESULTS, *expected})
     c.equal(RESULTS, "the folder (results.json, README.md and the findings' histories only)", [], others)
+
+
+def written_as(path: Path) -> str:
+    """The name the bundle was written under, as its README's title says it (the folder's own name where the
+    title says none): a name is presentation, so a copy elsewhere, or renamed, reads the same; the title is then
+    rendered again from it, so a name that is not the title's fails there."""
+    try:
+        title = files.read_text(path / README, README, 1 << 20).split("\n", 1)[0]
+    except MeshbenchError:
+        return path.name
+    m = re.fullmatch(r"# (.+): a hunt for cross-request bugs", title)
+    return re.sub(r"\\(.)", r"\1", m.group(1)) if m else path.name
+
+
+def _first_difference(text: str, found: str) -> tuple[int, str, str]:
+    """Where a rendered file and the file found first differ: the line's number, the line expected and the line
+    found (the same line twice where they do not differ)."""
+    want, got = text.split("\n"), found.split("\n")
+    for k in range(max(len(want), len(got))):
+        a = want[k] if k < len(want) else "(the file ends)"
+        b = got[k] if k < len(got) else "(the file ends)"
+        if a != b:
+            return k + 1, a, b
+    return 1, want[0], got[0]

@@ -1,0 +1,158 @@
+"""Forged hunt bundles, each edited where the README is rendered again from the edit (so only verify's checks of
+results.json itself stand between the forgery and a pass): a minimal history no shrink could give, answers paired
+with other requests, a hunt that stopped short of its budget, times and rates that do not add up, a strategy
+named twice, words about the server that are not its; and the folder's own files: a FIFO is refused, not waited
+on, a renamed copy verifies, and a failure is one short line. Run against meshbench's own node (the synthetic
+engine), honest and with a planted leak, so they need nothing installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from meshbench.cli import app
+from meshbench.errors import MeshbenchError
+from meshbench.results import hunt_report
+from tests.test_hunt_node import CONFIG, _leaking_setup
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def found(tmp_path_factory) -> Path:
+    """A node hunt with a finding (a planted leak), its bundle as written."""
+    out = tmp_path_factory.mktemp("found") / "H"
+    with pytest.MonkeyPatch.context() as mp:
+        _leaking_setup(mp)
+        args = ["hunt", "--config", CONFIG, "--budget", "200", "--strategies", "same-at-once,crowd", "--out", str(out)]
+        assert runner.invoke(app, args).exit_code == 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory) -> Path:
+    """A node hunt that found nothing and spent its budget of 20 requests."""
+    out = tmp_path_factory.mktemp("honest") / "H"
+    assert runner.invoke(app, ["hunt", "--config", CONFIG, "--budget", "20", "--out", str(out)]).exit_code == 0
+    return out
+
+
+def _forged(bundle: Path, tmp_path: Path, edit) -> tuple[int, str]:
+    b = tmp_path / "H"
+    shutil.copytree(bundle, b)
+    doc = json.loads((b / "results.json").read_text())
+    edit(doc)
+    (b / "results.json").write_text(json.dumps(doc))
+    try:
+        (b / "README.md").write_text(hunt_report.readme(doc, "H"))
+    except MeshbenchError:  # (a forgery the renderer cannot read: verify says so itself)
+        pass
+    for k, f in enumerate(doc["findings"], 1):
+        (b / f"finding-{k}.json").write_text(json.dumps(f["minimal"]["history"], indent=1) + "\n")
+    r = runner.invoke(app, ["verify", str(b)])
+    return r.exit_code, r.output
+
+
+def _minimal(d) -> list[dict]:
+    return [r for s in d["findings"][0]["minimal"]["history"]["steps"] for r in s["requests"]]
+
+
+def _all_minimal_runs(d, change) -> None:
+    """The same change to the minimal history and to each of its confirmations' (they must stay alike)."""
+    f = d["findings"][0]
+    for run in (f["minimal"], *f["minimal_confirmations"]):
+        change(run["history"])
+
+
+def _renamed(h) -> None:
+    h["steps"][0]["requests"][0]["name"] = "zz"
+
+
+def _prompt_grown(h) -> None:
+    r = h["steps"][0]["requests"][0]
+    r["prompt"] = [*r["prompt"], r["prompt"][-1]]
+
+
+def _other_seed(h) -> None:
+    h["seed"] = [7, 7]
+
+
+def _swap_answers(d) -> None:
+    run = next(x for x in d["checked"] if len(x["answers"]) >= 2)
+    run["answers"][0], run["answers"][1] = run["answers"][1], run["answers"][0]
+
+
+def _answer_more(d) -> None:
+    d["checked"][0]["answers"].append(d["checked"][0]["answers"][0])
+
+
+@pytest.mark.parametrize(
+    "edit,said",
+    [
+        (lambda d: _all_minimal_runs(d, _renamed), "minimal.history (one a shrink of its history could give)"),
+        (lambda d: _all_minimal_runs(d, _prompt_grown), "minimal.history (one a shrink of its history could give)"),
+        (lambda d: _all_minimal_runs(d, _other_seed), "minimal.history (one a shrink of its history could give)"),
+        (_swap_answers, "answers (each request's, by session id, in order)"),
+        (_answer_more, "checked[0].answers (each request's, by session id, in order)"),
+        (lambda d: d["findings"][0].update(seconds_to_find=d["seconds"] + 5), "seconds_to_find"),
+        (lambda d: d["summary"].update(histories_per_minute=d["summary"]["histories_per_minute"] * 2), "per_minute"),
+        (lambda d: d.update(strategies=d["strategies"] * 2), "strategies (each named once"),
+        (lambda d: d.update(cold_answers="the same request on a fresh server"), "cold_answers"),
+        (lambda d: d.update(replays_on="a fresh server process"), "replays_on"),
+        (lambda d: d["findings"][0].update(checked=99), "findings[0].checked: no history 99"),
+    ],
+)
+def test_a_forged_finding_fails_verify(found, tmp_path, edit, said):
+    assert runner.invoke(app, ["verify", str(found)]).exit_code == 0
+    code, output = _forged(found, tmp_path, edit)
+    assert code in (1, 2) and said in output, output
+
+
+@pytest.mark.parametrize(
+    "edit,said",
+    [
+        (lambda d: d["budget"].update(requests=10_000), "the hunt's end (at a finding shown again"),
+        (lambda d: d["budget"].update(requests=1), "each drawn with fewer than budget.requests = 1 requests sent"),
+        (lambda d: d["budget"].update(requests=None, seconds=3600.0), "the hunt's end"),
+    ],
+)
+def test_a_hunt_that_stopped_short_of_its_budget_or_ran_past_it_fails_verify(honest, tmp_path, edit, said):
+    code, output = _forged(honest, tmp_path, edit)
+    assert code == 1 and said in output, output
+
+
+def test_a_fifo_in_a_hunt_bundle_is_refused_not_waited_on(found, tmp_path):
+    b = tmp_path / "H"
+    shutil.copytree(found, b)
+    (b / "finding-1.json").unlink()
+    os.mkfifo(b / "finding-1.json")
+    r = runner.invoke(app, ["verify", str(b)])
+    assert r.exit_code == 1 and "finding-1.json" in r.output and "not a regular file" in r.output, r.output
+
+
+def test_a_hunt_bundle_copied_under_another_name_still_verifies(found, tmp_path):
+    copy = tmp_path / "copied-elsewhere"
+    shutil.copytree(found, copy)
+    r = runner.invoke(app, ["verify", str(copy)])
+    assert r.exit_code == 0, r.output
+
+
+def test_each_failure_is_one_short_line_however_large_what_differs(found, tmp_path):
+    code, output = _forged(found, tmp_path, lambda d: d.update(seed=d["seed"] + 1))
+    failures = [x for x in output.splitlines() if "expected=" in x]
+    assert code == 1 and failures and max(len(x) for x in failures) < 800, max(len(x) for x in failures)
+    assert "characters)" in output
+
+
+def test_the_readme_named_wrongly_fails_at_its_first_differing_line(found, tmp_path):
+    b = tmp_path / "H"
+    shutil.copytree(found, b)
+    text = (b / "README.md").read_text().replace("## How it was judged", "## How it was not judged")
+    (b / "README.md").write_text(text)
+    r = runner.invoke(app, ["verify", str(b)])
+    assert r.exit_code == 1 and "README.md: line" in r.output and "How it was not judged" in r.output, r.output
