@@ -22,6 +22,7 @@ from typing import Sequence
 
 from meshbench.analysis.endpoint_margins import cold_answers as cold_answers  # noqa: F401 - (re-exported)
 from meshbench.analysis.endpoint_margins import divergence, overlapping
+from meshbench.engine import apis
 from meshbench.records.cancel import CancelVerdict
 from meshbench.records.completion import CANCELLED, Completion
 from meshbench.records.margins import Divergence
@@ -46,7 +47,7 @@ def cancelled(sessions: Sequence[str]) -> list[str]:
 def runs_at(c: int, api: str, setting: int | str, new: dict[str, int], sessions: Sequence[str]) -> int | None:
     """The token a level's run cuts at, where it has one: C >= 2, the native API (token ids and margins), not
     off, and an answer long enough to cut (None otherwise)."""
-    if c < 2 or api != "native":
+    if c < 2 or not apis.recorded(api).ids:
         return None
     return at_token(setting, [new[s] for s in cancelled(sessions[:c])])
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from meshbench.analysis.endpoint_margins import divergence
+from meshbench.engine import apis
 from meshbench.records.completion import Completion
 from meshbench.records.margins import Divergence
 
@@ -21,7 +22,7 @@ def unsendable(api: str, c: Completion) -> str | None:
     """Why a conversation cannot go on after answer ``c`` as it was generated (None: it can): over the native API
     the next prompt carries the answer's ids, and a stream that held back the ids of its last tokens (an
     incomplete UTF-8 character at its end) did not give them all."""
-    if api == "native" and c.predicted is not None and c.predicted > len(c.tokens):
+    if apis.recorded(api).ids and c.predicted is not None and c.predicted > len(c.tokens):
         return (
             f"not sent: the server generated {c.predicted} tokens in the turn before and streamed the ids of "
             f"{len(c.tokens)} (it held back an incomplete character's): the conversation cannot go on as generated"

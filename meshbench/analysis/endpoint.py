@@ -23,6 +23,7 @@ from typing import Sequence
 
 from meshbench.analysis import latency, stats
 from meshbench.analysis.conversation import label
+from meshbench.engine import apis
 from meshbench.records.documents import EndpointVerdicts, NeedleVerdict
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, JsonObject, NeedleTrial
 
@@ -64,7 +65,7 @@ def output(c: Completion, compared: str) -> list[int] | str:
 def compared_by(api: str, completions: Sequence[Completion]) -> str:
     """Token ids where the API returns them and every answer's ids are whole (as many as the server says it
     generated); else text (a streamed answer can hold back an incomplete UTF-8 token's id)."""
-    if api != "native":
+    if not apis.recorded(api).ids:
         return "text"
     # (a failed answer has no output either way: it never switches the comparison)
     whole = all(c.predicted is None or c.predicted == len(c.tokens) for c in completions if c.error is None)

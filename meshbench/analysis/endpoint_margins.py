@@ -30,6 +30,7 @@ import math
 from typing import Sequence
 
 from meshbench.analysis.figures import NEAR_TIE
+from meshbench.engine import apis
 from meshbench.records.margins import Divergence, Divergences, LevelDivergences, MarginPasses
 from meshbench.records.model import Completion, EndpointLevel
 
@@ -136,7 +137,7 @@ def text_tokens_whole(text: str, token_bytes: list[int], predicted: int | None) 
 def compares(api: str, compared: str) -> bool:
     """Are an endpoint's divergences classified? Token ids are compared, or text over an OpenAI API, whose margin
     passes record each token's bytes (a native answer compared by text held back ids: it is not placed)."""
-    return compared == "tokens" or api != "native"
+    return compared == "tokens" or not apis.recorded(api).ids
 
 
 def margin_changes(passes: MarginPasses) -> list[float]:

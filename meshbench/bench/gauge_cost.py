@@ -16,7 +16,7 @@ from meshbench.endpoint import gauges, llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.sweep import served
-from meshbench.engine import kinds
+from meshbench.engine import apis, kinds
 from meshbench.errors import MeshbenchError
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig
@@ -68,7 +68,7 @@ def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str],
     args = [*llama_server.own_flags(cfg.engine.server_argv), *cfg.engine.server_argv]
     found: dict[int, list[tuple[dict, dict]]] = {c: [] for c in levels}
     with llama_server.serving(server, model, cfg.engine.server_argv) as url:
-        endpoint = Endpoint(parse_target(url), "native", cfg.engine.deadline_s)
+        endpoint = Endpoint(parse_target(url), apis.NATIVE.name, cfg.engine.deadline_s)
         endpoint.probe()
         ids = endpoint.tokenize(texts)
         new = cfg.workload.new_tokens

@@ -26,6 +26,7 @@ from meshbench.analysis import latency
 from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
+from meshbench.engine import apis
 from meshbench.engine.process.children import die_with_parent
 from meshbench.engine.process.workers import free_port
 from meshbench.errors import MeshbenchError
@@ -84,7 +85,7 @@ def serving() -> Iterator[tuple[Endpoint, subprocess.Popen]]:
     )
     try:
         _wait_ready(proc, port)
-        yield Endpoint(parse_target(f"http://127.0.0.1:{port}"), "native", 60.0), proc
+        yield Endpoint(parse_target(f"http://127.0.0.1:{port}"), apis.NATIVE.name, 60.0), proc
     finally:
         llama_server.stop(proc)
 

@@ -23,6 +23,7 @@ from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.stream import Completion
+from meshbench.engine import apis
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.records.model import SessionRecord
@@ -148,7 +149,7 @@ def one_server(
     longest = max(r.total_tokens for r in requests)
     assert cfg.engine.model is not None  # (a config that starts llama-server names its model)
     with llama_server.serving(server, cfg.engine.model, server_args(cfg, setting, c, longest, sliding)) as url:
-        endpoint = Endpoint(parse_target(url), "native")
+        endpoint = Endpoint(parse_target(url), apis.NATIVE.name)
         jobs = [Job(r.session_id, _body(endpoint, r, stream, cache_prompt)) for r in requests]
         done, wall_s = closed_loop(endpoint, jobs, c)
     bad = [x for x in done if x.error]

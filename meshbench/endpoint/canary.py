@@ -7,6 +7,7 @@ from __future__ import annotations
 from meshbench.analysis import canary as plant
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.load import Job, at_once
+from meshbench.engine import apis
 from meshbench.records import serial
 from meshbench.records.canary import CanaryRun
 
@@ -16,7 +17,7 @@ def canary_run(endpoint: Endpoint, jobs: list[Job], codes: list[str], ids: list[
     ``code_ids``; ``use_ids``: the sweep's ids are fit to search by, meshbench.analysis.canary.ids_usable)."""
     batch = jobs[: len(codes)]
     texts = [plant.prompt_text(code) for code in codes]
-    prompts = endpoint.tokenize(texts) if endpoint.api == "native" else [[] for _ in texts]
+    prompts = endpoint.tokenize(texts) if apis.of(endpoint.api).ids else [[] for _ in texts]
     sent = [Job(j.session_id, _with_prompt(endpoint.api, j.body, p, t)) for j, p, t in zip(batch, prompts, texts)]
     done = [serial.completion(x.to_dict()) for x in at_once(endpoint, sent)]
     return plant.run_record([j.session_id for j in batch], codes, ids, prompts, done, use_ids)
@@ -24,7 +25,7 @@ def canary_run(endpoint: Endpoint, jobs: list[Job], codes: list[str], ids: list[
 
 def sweep_ids(endpoint: Endpoint, codes: dict[int, list[str]]) -> dict[int, list[list[int]]]:
     """Every code's ids, level by level (native API; [] each over a text API, which searches text only)."""
-    native = endpoint.api == "native"
+    native = apis.of(endpoint.api).ids
     return {c: [code_ids(endpoint, code) if native else [] for code in level] for c, level in codes.items()}
 
 
@@ -36,8 +37,8 @@ def code_ids(endpoint: Endpoint, code: str) -> list[int]:
 
 
 def _with_prompt(api: str, body: dict, ids: list[int], text: str) -> dict:
-    if api == "native":
+    if apis.of(api).ids:
         return {**body, "prompt": ids}
-    if api == "chat":
+    if apis.of(api).messages:
         return {**body, "messages": [{"role": "user", "content": text}]}
     return {**body, "prompt": text}

@@ -37,12 +37,12 @@ from meshbench.endpoint.stream import (  # noqa: F401 - the answer, as the clien
     is_token,
     text_value,
 )
+from meshbench.engine import apis
 from meshbench.errors import MeshbenchError
 from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target  # noqa: F401 - where an endpoint listens
 
-APIS = ("auto", "native", "openai", "chat")
-PATHS = {"native": "/completion", "openai": "/v1/completions", "chat": "/v1/chat/completions"}
+APIS = apis.CHOICES  # (--api)
 PROBE_TIMEOUT_S = 10.0
 MAX_ANSWER_BYTES = 16 << 20  # a plain (not streamed) answer: /props, /tokenize, /v1/models, /metrics
 DEADLINE_S = 300.0  # one request, from its submission to its last byte (engine.deadline_s)
@@ -105,8 +105,8 @@ class Endpoint:
             except (ValueError, RecursionError):
                 props = None
         self.props = props if isinstance(props, dict) else None
-        if self.api == "auto":
-            self.api = "native" if isinstance(props, dict) else "openai"
+        if self.api == apis.AUTO:
+            self.api = (apis.NATIVE if isinstance(props, dict) else apis.OPENAI).name
         self.tokenize_path = "/tokenize" if isinstance(props, dict) else "/extras/tokenize"
         models = self._json("GET", "/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
@@ -128,7 +128,7 @@ class Endpoint:
         (the one the probe found). Not ``add_special``: nothing added (a conversation's later turn); where the
         server has no such switch (``/extras/tokenize``), what it adds to an empty text is cut from each text's
         start."""
-        path = self.tokenize_path or ("/tokenize" if self.api == "native" else "/extras/tokenize")
+        path = self.tokenize_path or ("/tokenize" if apis.of(self.api).ids else "/extras/tokenize")
         added = [] if add_special or path == "/tokenize" else self._tokens(path, "", True)
         out = []
         for text in texts:
@@ -169,10 +169,12 @@ class Endpoint:
         """One request's body: the prompt and its token count, then the fields every request carries
         (meshbench.workload.request: greedy, the eos policy, ``cache_prompt`` only where the user chose it)."""
         shared = request.shared_fields(self.api, ban_eos, seed, self.cache_prompt)
-        if self.api == "native":
+        if apis.of(self.api).ids:
             return {"prompt": prompt_ids, "n_predict": new_tokens, **shared}
         text: dict = (
-            {"messages": [{"role": "user", "content": prompt_text}]} if self.api == "chat" else {"prompt": prompt_text}
+            {"messages": [{"role": "user", "content": prompt_text}]}
+            if apis.of(self.api).messages
+            else {"prompt": prompt_text}
         )
         body = {**text, "max_tokens": new_tokens, **shared}
         if ban_eos:
@@ -185,7 +187,7 @@ class Endpoint:
         not the run's. With ``cancel_after``, the client disconnects once that many tokens are in (its answer's
         stop says ``cancelled``), as a user who closes the page does."""
         c = Completion(session_id, time.monotonic_ns() - t0)
-        path = PATHS[self.api]
+        path = apis.of(self.api).path
         deadline = time.monotonic() + self.deadline_s
         conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.deadline_s)
         cut = resp = None

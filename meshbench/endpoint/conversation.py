@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-APIS = ("native", "chat")  # the APIs a conversation runs over (openai's text prompt would re-tokenize answers)
+from meshbench.engine import apis
+
+APIS = apis.names(conversations=True)  # the APIs a conversation runs over
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +38,7 @@ class Answer(Protocol):
 
 def follow(api: str, body: dict, answer: Answer, ids: Sequence[int], text: str) -> dict:
     """The next turn's request: ``body`` (the turn answered), its ``answer``, then the user's next turn."""
-    if api == "native":
+    if apis.of(api).ids:
         return {**body, "prompt": [*body["prompt"], *answer.tokens, *ids]}
     said = [{"role": "assistant", "content": answer.text}, {"role": "user", "content": text}]
     return {**body, "messages": [*body["messages"], *said]}

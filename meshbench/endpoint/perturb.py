@@ -15,6 +15,7 @@ import numpy as np
 from meshbench.analysis import perturbation as test
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.load import Job, at_once
+from meshbench.engine import apis
 from meshbench.records import serial
 from meshbench.records.perturbation import Perturbation, PerturbationRun
 
@@ -28,7 +29,7 @@ def perturbation(
     server's prompt cache, as the sweep sends requests (no ``cache_prompt`` false); each run is then primed, the
     neighbours' prompts of the run sent at once first (one token each), so that whatever a target reads from a
     slot or the cache another request left is that run's content, null or perturbed, as a stale-slot leak reads."""
-    if c < 2 or endpoint.api != "native":
+    if c < 2 or not apis.of(endpoint.api).ids:
         return None
     batch = jobs[:c]
     half = (c + 1) // 2

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TypeGuard
 
 from meshbench.analysis.endpoint_margins import text_tokens_whole
+from meshbench.engine import apis
 from meshbench.records.completion import CANCELLED
 
 MAX_LINE_BYTES = 1 << 20  # one server-sent event line
@@ -118,11 +119,11 @@ class Stream:
                 return True
             chunk = json.loads(data)
             now = time.monotonic_ns() - self.t0
-            if self.api == "native":
+            if apis.of(self.api).ids:
                 if _native_chunk(self.c, chunk, now):
                     self.finished = True
                     return True
-            elif _openai_chunk(self.c, chunk, now, chat=self.api == "chat"):
+            elif _openai_chunk(self.c, chunk, now, chat=apis.of(self.api).messages):
                 self.finished = True
             if len(self.c.token_ns) > self.asked + HOLD_BACK or len(self.c.text) > MAX_TEXT_PER_TOKEN * (
                 self.asked + HOLD_BACK
@@ -134,7 +135,7 @@ class Stream:
     def _check_counts(self) -> None:
         """What the server says it generated against what it sent, and an eos ban honoured."""
         c = self.c
-        native = self.api == "native"
+        native = apis.of(self.api).ids
         received = len(c.tokens) if native else len(c.token_ns)  # (an OpenAI chunk carries at least one token)
         if received > self.asked:
             raise Malformed(f"{received} tokens for the {self.asked} asked for")

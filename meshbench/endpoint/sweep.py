@@ -29,7 +29,7 @@ from meshbench.endpoint.cancel import cancel_run
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop, open_loop
 from meshbench.endpoint.margin_passes import answer as _answer
-from meshbench.engine import packaged
+from meshbench.engine import apis, packaged
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
 from meshbench.records.cancel import CancelRun
@@ -126,7 +126,7 @@ def _sweep(
     if launched is not None:
         info["launched"] = launched
     texts, ids = _prompts(cfg, endpoint)
-    if endpoint.api == "native" and max(levels) > 1:  # (the perturbation test replaces what follows a BOS)
+    if apis.of(endpoint.api).ids and max(levels) > 1:  # (the perturbation test replaces what follows a BOS)
         head = perturbation.kept(ids)
         if short := [sid for sid, x in zip(cfg.workload.session_ids(), ids) if len(x) <= head]:
             raise MeshbenchError(
@@ -224,10 +224,10 @@ def _levels(
     shuffles = np.random.default_rng([cfg.workload.seed, 1])
     codes = plant.canaries(cfg.workload.seed, sorted(passes))
     ids = sweep_ids(endpoint, codes)
-    use_ids = endpoint.api == "native" and plant.ids_usable([i for level in ids.values() for i in level])
+    use_ids = apis.of(endpoint.api).ids and plant.ids_usable([i for level in ids.values() for i in level])
     records = []
     for c in sorted(passes):
-        if c > 1 and endpoint.api == "native":
+        if c > 1 and apis.of(endpoint.api).ids:
             progress(f"perturbation, concurrency {c}: null and perturbed runs, interleaved")
         tested = perturb.perturbation(endpoint, jobs, c, shuffles)
         cached = None

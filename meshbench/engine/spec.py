@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meshbench import limits
-from meshbench.engine import kinds, spec_rules
+from meshbench.engine import apis, kinds, spec_rules
 from meshbench.engine.spec_rules import ALL, ENDPOINT, GGUF, NODE, OWN_SERVER_FLAGS  # noqa: F401
 from meshbench.errors import MeshbenchError
 
@@ -211,11 +211,11 @@ class EngineSpec:
     api: str = setting(
         "auto",
         ENDPOINT,
-        {"enum": ["auto", "native", "openai", "chat"]},
+        {"enum": list(apis.CHOICES)},
         "--api",
-        "With --target: native (llama-server's /completion, token ids) | openai (/v1/completions, text) | "
-        "chat (/v1/chat/completions, each prompt one user message, text) | auto (native where the server "
-        "answers /props).",
+        "With --target: "
+        + " | ".join(f"{a.name} ({a.says})" for a in apis.APIS.values())
+        + " | auto (native where the server answers /props).",
         added=True,
     )
     serve: str | None = setting(None, ENDPOINT, {"enum": ["llama-server", None]}, added=True)

@@ -13,6 +13,7 @@ from typing import Protocol, TypeVar
 
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.stream import Completion as Answer
+from meshbench.engine import apis
 from meshbench.records import serial
 from meshbench.records.completion import Completion
 from meshbench.records.history import SERVER_COLD, History, Request
@@ -25,8 +26,8 @@ SEED = 0  # the seed every request carries (greedy: it decides nothing, but a se
 def body(r: Request, cache_prompt: bool | None = None) -> dict[str, object]:
     """The native /completion request for ``r`` (``cache_prompt`` sent only where given: False for a cold
     answer)."""
-    fields = request.shared_fields("native", True, SEED, cache_prompt)
-    return {**fields, "prompt": list(r.prompt), "n_predict": r.new_tokens, **request.logprobs("native", PROBS)}
+    fields = request.shared_fields(apis.NATIVE.name, True, SEED, cache_prompt)
+    return {**fields, "prompt": list(r.prompt), "n_predict": r.new_tokens, **apis.NATIVE.probs(PROBS)}
 
 
 class Target(Protocol):

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from meshbench.endpoint import llama_server
 from meshbench.endpoint.client import Endpoint
+from meshbench.engine import apis
 from meshbench.errors import MeshbenchError
 from meshbench.hunt.execute import Http, Target
 from meshbench.records.history import SERVER_FRESH, SERVER_SAME
@@ -58,9 +59,9 @@ class Server:
             self._stack = contextlib.ExitStack()
             url = self._stack.enter_context(llama_server.serving(self.binary, self.model, self.args))
         assert url is not None
-        ep = Endpoint(parse_target(url), "auto", DEADLINE_S)
+        ep = Endpoint(parse_target(url), apis.AUTO, DEADLINE_S)
         info = ep.probe()
-        if ep.api != "native":
+        if not apis.recorded(ep.api).ids:
             raise MeshbenchError(
                 f"{url}: hunt needs llama-server's native /completion API (token ids and per-token probabilities); "
                 f"this server answers {info.get('server')}'s"

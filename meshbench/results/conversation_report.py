@@ -3,6 +3,7 @@ later turns differ from the reference level's, and the later turns against the s
 
 from __future__ import annotations
 
+from meshbench.engine import apis
 from meshbench.records.margins import Divergence
 from meshbench.results.typed import EndpointBundle
 
@@ -15,7 +16,7 @@ def section(b: EndpointBundle) -> list[str]:
     how = (
         "the last turn's prompt ids, its answer's ids, then the user's next turn as the server tokenizes it, nothing "
         "special added (`/completion`)"
-        if r.endpoint.api == "native"
+        if apis.recorded(r.endpoint.api).ids
         else "the messages so far, the answer as the assistant's message, then the user's next turn "
         "(`/v1/chat/completions`)"
     )
@@ -39,7 +40,7 @@ def section(b: EndpointBundle) -> list[str]:
         + (
             " Over chat a turn's prompt length counts the messages' tokens (the first prompt, the answers, the "
             "turns), not the chat template's, as the first turn's does."
-            if r.endpoint.api == "chat"
+            if apis.recorded(r.endpoint.api).messages
             else ""
         ),
         "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from meshbench.analysis import canary as plant
 from meshbench.analysis import endpoint_margins
+from meshbench.engine import apis
 from meshbench.names import RESULTS
 from meshbench.results import markdown
 from meshbench.results.typed import EndpointBundle
@@ -40,12 +41,12 @@ def canaries(b: EndpointBundle) -> list[str]:
     ]
     more = len(found.hits) - len(hits)
     every = [i for _, run in runs for i in run.canary_ids]
-    by_ids = b.results.endpoint.api == "native" and plant.ids_usable(every)
+    by_ids = apis.recorded(b.results.endpoint.api).ids and plant.ids_usable(every)
     where = (
         "their text and their token ids"
         if by_ids
         else "their text (the server's tokenizer gave the codes no ids of their own to search by)"
-        if b.results.endpoint.api == "native"
+        if apis.recorded(b.results.endpoint.api).ids
         else "their text"
     )
     return [

@@ -8,6 +8,7 @@ from meshbench.analysis import conversation as talk
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import server_accounting as accounting
 from meshbench.analysis.checks import Checks
+from meshbench.engine import apis
 from meshbench.engine import kinds as engine_kinds
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
@@ -149,9 +150,9 @@ def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
     else:
         c.equal(RESULTS, "endpoint.url (a served endpoint is on loopback)", True, recorded.loopback)
     c.equal(RESULTS, "endpoint.loopback (= the url's host)", recorded.loopback, e.loopback)
-    if eng.api != "auto":
+    if eng.api != apis.AUTO:
         c.equal(RESULTS, "endpoint.api (= config.engine.api)", eng.api, e.api)
-    if e.api == "native":  # (only llama-server has the native API; it answers the OpenAI one as well)
+    if apis.recorded(e.api).ids:  # (only llama-server has the native API; it answers the OpenAI one as well)
         c.equal(RESULTS, "endpoint.server (the native api is llama-server's)", "llama-server", e.server)
     c.equal(RESULTS, "endpoint.launched (exactly where config.engine.serve starts a server)", bool(eng.serve),
             e.launched is not None)  # fmt: skip
@@ -249,7 +250,7 @@ def _passes(b: EndpointBundle) -> list[tuple[str, EndpointRepetition]]:
 def _check_stamps(c: Checks, b: EndpointBundle) -> None:
     """Every completion's token stamps never decrease and come after its submission; a native answer has one
     stamp per token id."""
-    native = b.results.endpoint.api == "native"
+    native = apis.recorded(b.results.endpoint.api).ids
     for at, rep in _passes(b):
         for x in figures.pass_answers(rep):
             where = f"{at}.{talk.label(x)}"

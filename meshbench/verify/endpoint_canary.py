@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from meshbench.analysis import canary as plant
 from meshbench.analysis.checks import Checks
+from meshbench.engine import apis
 from meshbench.names import RESULTS
 from meshbench.records.canary import CanaryRun, CanarySearch
 from meshbench.results.typed import EndpointBundle
@@ -15,7 +16,7 @@ def check_canaries(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
     """Every level's canary run, and the search over every answer recomputed."""
     r = b.results
     codes = plant.canaries(r.workload.seed, [lv.concurrency for lv in r.levels])
-    native = r.endpoint.api == "native"
+    native = apis.recorded(r.endpoint.api).ids
     every = [i for lv in r.levels if lv.canary is not None for i in lv.canary.canary_ids]
     use_ids = native and plant.ids_usable(every)  # (else the search is by text alone, as it was made)
     for i, lv in enumerate(r.levels):

@@ -8,6 +8,7 @@ from meshbench.analysis import conversation as talk
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins
 from meshbench.analysis.checks import Checks
+from meshbench.engine import apis
 from meshbench.names import RESULTS
 from meshbench.records.completion import CANCELLED
 from meshbench.records.model import Completion, EndpointRepetition
@@ -41,7 +42,7 @@ def check_conversations(c: Checks, b: EndpointBundle, passes: list[tuple[str, En
         c.equal(RESULTS, f"{at}.sessions (first turns: no turn number)", [], [x.turn for x in rep.sessions if x.turn])
         if turns is not None and rep.turns is not None:
             _check_pass(c, at, rep, turns, api)
-            if api == "native":
+            if apis.recorded(api).ids:
                 _check_accounted(c, at, [*rep.sessions, *rep.turns])
     _check_cold(c, b)
 
@@ -91,10 +92,10 @@ def _check_cold_answer(c: Checks, b: EndpointBundle, x: Completion, prompt: int,
     if x.error is not None:
         return
     api = b.results.endpoint.api
-    whole(c, where, x, prompt, new, b.results.workload.eos, text=api != "native")
-    if x.margins is not None or x.token_bytes is not None or api == "native":  # (a server may give no logprobs)
+    whole(c, where, x, prompt, new, b.results.workload.eos, text=not apis.recorded(api).ids)
+    if x.margins is not None or x.token_bytes is not None or apis.recorded(api).ids:  # (a server may give no logprobs)
         margined(c, where, x, api, older(b))
-    if api == "native":  # (llama-server says what it evaluated and computed: cold means every token computed)
+    if apis.recorded(api).ids:  # (llama-server says what it evaluated and computed: cold means every token computed)
         c.equal(RESULTS, f"{where}: every prompt token computed (cache_prompt false)", x.evaluated, x.computed)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis import perturbation
 from meshbench.analysis.checks import Checks
+from meshbench.engine import apis
 from meshbench.names import RESULTS
 from meshbench.records.model import Completion, EndpointLevel
 from meshbench.records.perturbation import Perturbation
@@ -44,7 +45,7 @@ def _check_runner_ups(c: Checks, b: EndpointBundle) -> None:
     cold re-sends) names each token's second choice (stripped of them, a near-tie would be judged by the margin
     alone, which the server reports), each an id exactly where its margin is, and never the token itself."""
     r = b.results
-    if r.endpoint.api != "native":
+    if not apis.recorded(r.endpoint.api).ids:
         return
     answers = [x for x in _margined_answers(b) if x.error is None and x.margins is not None]
     if older(b) and not any(x.runner_up is not None for x in answers):
@@ -94,7 +95,7 @@ def check_margins_given(c: Checks, b: EndpointBundle) -> None:
     (a cancel run's, asked alike, that does contradicts it); and where any answer carries them, every answer asked
     for them with tokens does (stripped from some, those would be judged without margins). Native API only (over an
     OpenAI API a chat answer may come without log-probabilities and is compared by its text)."""
-    if b.results.endpoint.api != "native":
+    if not apis.recorded(b.results.endpoint.api).ids:
         return
     asked = [x for x in _margined_answers(b) if x.error is None and x.tokens]
     given = [x.margins is not None for x in asked]
@@ -137,7 +138,8 @@ def _check_answer(
     api = b.results.endpoint.api
     margined(c, where, x, api, older(b))
     if x.session_id in lengths:
-        whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos, text=api != "native")
+        text = not apis.recorded(api).ids
+        whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos, text=text)
 
 
 def margined(c: Checks, where: str, x: Completion, api: str, old: bool = False) -> None:
@@ -146,7 +148,7 @@ def margined(c: Checks, where: str, x: Completion, api: str, old: bool = False) 
     adding up to its text (meshbench.endpoint.stream.text_tokens_whole)."""
     if x.error is not None:
         return
-    if api == "native":
+    if apis.recorded(api).ids:
         c.equal(RESULTS, f"{where}: one margin per token", len(x.tokens), len(x.margins or []))
         c.equal(RESULTS, f"{where}.token_bytes (an OpenAI API's only)", None, x.token_bytes)
         if x.runner_up is not None or not old:  # (a pinned schema-3 bundle recorded none: noted once)
@@ -165,7 +167,7 @@ def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str,
     see ``_check_test``."""
     if lv.perturbation is None:
         c.equal(RESULTS, f"{at}.perturbation (every native level of C >= 2 has one)", False,
-                lv.concurrency > 1 and b.results.endpoint.api == "native")  # fmt: skip
+                lv.concurrency > 1 and apis.recorded(b.results.endpoint.api).ids)  # fmt: skip
         return
     _check_test(c, b, lv.perturbation, lv.concurrency, f"{at}.perturbation", ids)
     if older(b) and lv.perturbation_cache is None:

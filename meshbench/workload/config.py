@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from meshbench import limits, validation
-from meshbench.engine import kinds
+from meshbench.engine import apis, kinds
 from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
@@ -120,7 +120,8 @@ class RunConfig:
                 self.workload.eos == "continue"
             ),
         }
-        if self.workload.turns > 1 and (open_loop or self.engine.api == "openai"):
+        talks = (apis.AUTO, *apis.names(conversations=True))  # (auto resolves to native, which does)
+        if self.workload.turns > 1 and (open_loop or self.engine.api not in talks):
             raise MeshbenchError(
                 "workload.turns: conversations over HTTP run on closed-loop clients (no --rates so far), over the "
                 "native or chat API (--api openai would send each answer back as text to tokenize again)"
@@ -131,7 +132,9 @@ class RunConfig:
                 f"workload.cancel: token {cancel} is not before the end of every answer (the shortest asks for "
                 f"{min(self.workload.new_tokens)} new tokens)"
             )
-        if isinstance(cancel, int) and (self.engine.api in ("openai", "chat") or all(c < 2 for c in self.levels)):
+        if isinstance(cancel, int) and (
+            self.engine.api not in (apis.AUTO, *apis.names(cancels=True)) or all(c < 2 for c in self.levels)
+        ):
             raise MeshbenchError(
                 "workload.cancel: cancel-and-retry runs at levels of two or more sessions over the native API "
                 "(token ids and margins); give a level >= 2 and --api native or auto, or cancel off"

@@ -7,10 +7,12 @@ Nothing is sent that changes the server's own behaviour beyond greedy decoding a
 
 from __future__ import annotations
 
+from meshbench.engine import apis
+
 
 def shared_fields(api: str, ban_eos: bool, seed: int, cache_prompt: bool | None) -> dict:
     """The fields every request of the sweep carries (``api``: native, or openai and chat alike)."""
-    if api == "native":
+    if apis.of(api).ids:
         body: dict = {"temperature": 0.0, "top_k": 1, "ignore_eos": ban_eos, "return_tokens": True}
         body.update(stream=True, seed=seed)
     else:
@@ -30,6 +32,4 @@ def chosen_cache_prompt(setting: str | None) -> bool | None:
 def logprobs(api: str, k: int) -> dict:
     """The fields that ask for the top ``k`` log-probabilities per token: native ``n_probs``, the OpenAI
     completions API's ``logprobs``, the chat API's ``logprobs`` and ``top_logprobs``."""
-    if api == "native":
-        return {"n_probs": k}
-    return {"logprobs": k} if api == "openai" else {"logprobs": True, "top_logprobs": k}
+    return apis.of(api).probs(k)
