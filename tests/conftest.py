@@ -27,6 +27,25 @@ def _pin_this_worker() -> None:
 _pin_this_worker()
 
 
+_invoke = CliRunner.invoke
+
+
+def _invoke_as_typed(self, app, args=None, *more, **kw):
+    """CliRunner.invoke with sys.argv as a user's shell gives it (``meshbench ARGS``): a bundle records the command
+    that ran it (meshbench.cli.common.command_line), and verify reads its flags back, so a test's bundle records
+    the test's command, not pytest's."""
+    words = [args] if isinstance(args, str) else list(args or [])
+    saved = sys.argv
+    sys.argv = ["meshbench", *map(str, words)]
+    try:
+        return _invoke(self, app, args, *more, **kw)
+    finally:
+        sys.argv = saved
+
+
+CliRunner.invoke = _invoke_as_typed  # type: ignore[method-assign]
+
+
 @pytest.fixture(scope="session")
 def made(tmp_path_factory) -> Path:
     """A small synthetic bundle (levels 1 and 2, one isolation round), made once: tests copy it before editing."""

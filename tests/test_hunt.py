@@ -343,13 +343,14 @@ def test_the_history_schema_names_exactly_the_strategies_meshbench_has():
 @pytest.mark.parametrize("name", list(strategies.STRATEGIES))
 def test_every_history_a_shrink_tries_is_one_verify_accepts_as_shrunk_and_no_other(name, seed):
     h = strategies.STRATEGIES[name].draw(np.random.default_rng([seed, 9]), FACTS, [seed, 9])
-    tried = list(shrink._candidates(h, len(FACTS.head)))
-    assert tried and all(hist.unshrinkable(c, h) is None for c in tried)
-    assert all(hist.unshrinkable(c2, h) is None for c in tried[:5] for c2 in shrink._candidates(c, len(FACTS.head)))
+    head = len(FACTS.head)
+    tried = list(shrink._candidates(h, head))
+    assert tried and all(hist.unshrinkable(c, h, head) is None for c in tried)
+    assert all(hist.unshrinkable(c2, h, head) is None for c in tried[:5] for c2 in shrink._candidates(c, head))
     r = h.requests()[0]
     grown = dataclasses.replace(h, steps=(hist.Step(requests=(dataclasses.replace(r, prompt=(*r.prompt, 5)),)),))
-    assert "prompt" in (hist.unshrinkable(grown, h) or "")
+    assert "prompt" in (hist.unshrinkable(grown, h, len(FACTS.head)) or "")
     if len(h.requests()) >= 2:
         a, b = h.requests()[:2]
         backwards = dataclasses.replace(h, steps=(hist.Step(requests=(b,)), hist.Step(requests=(a,))))
-        assert "order" in (hist.unshrinkable(backwards, h) or "")
+        assert "order" in (hist.unshrinkable(backwards, h, len(FACTS.head)) or "")

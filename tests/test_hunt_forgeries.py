@@ -82,9 +82,33 @@ def _other_seed(h) -> None:
     h["seed"] = [7, 7]
 
 
+def _one_token(h) -> None:
+    for r in (r for s in h["steps"] for r in s["requests"]):
+        r["new_tokens"] = 1
+
+
 def _swap_answers(d) -> None:
     run = next(x for x in d["checked"] if len(x["answers"]) >= 2)
     run["answers"][0], run["answers"][1] = run["answers"][1], run["answers"][0]
+
+
+def _copied_confirmations(d) -> None:
+    f = d["findings"][0]
+    f["confirmations"] = [json.loads(json.dumps(d["checked"][f["checked"]])) for _ in f["confirmations"]]
+
+
+def _one_cold_margin(d) -> None:
+    x = next(c for run in d["checked"][1:] for c in run["cold"] if c["margins"])
+    x["margins"][0] += 1.0
+
+
+def _faster(d) -> None:
+    d["findings"][0]["seconds_to_find"] = 0.0
+
+
+def _inflated(d) -> None:
+    a = next(a for run in d["checked"] for a in run["answers"] if a["evaluated"] is not None)
+    a["evaluated"] += 1000
 
 
 def _answer_more(d) -> None:
@@ -105,6 +129,19 @@ def _answer_more(d) -> None:
         (lambda d: d.update(cold_answers="the same request on a fresh server"), "cold_answers"),
         (lambda d: d.update(replays_on="a fresh server process"), "replays_on"),
         (lambda d: d["findings"][0].update(checked=99), "findings[0].checked: no history 99"),
+        (_copied_confirmations, "(stamps of its own: a run, not a copy of another)"),
+        (_one_cold_margin, "(the one cold record of every alike request)"),
+        (_faster, "findings[0].seconds_to_find (at least the"),
+        (_inflated, "(whole: evaluated"),
+        (lambda d: d["calibration"].update(warm=[]), "calibration.warm (the requests c0..c7, in order)"),
+        (lambda d: d["calibration"]["cold"][0].update(evaluated=3), "calibration.cold.c0 (whole, its prompt as drawn"),
+        (lambda d: _all_minimal_runs(d, _one_token), "minimal.history (one a shrink of its history could give)"),
+        (lambda d: d.update(command=d["command"] + " --seed 7"), "command (its --seed, the seed recorded)"),
+        (lambda d: d["budget"].update(seconds=60.0), "budget (a time or a number of requests, as --budget gives it)"),
+        (lambda d: d["server"].update(args=["--config", "x`](http://e.example) **y**"]), "server.args"),
+        (lambda d: d["server"].update(launched=False), "server.launched (the node is always started by meshbench)"),
+        (lambda d: d["server"].update(total_slots=1), "facts.slots (the server's total_slots"),
+        (lambda d: d["facts"].update(n_batch=100000), "facts.n_batch, n_ubatch"),
     ],
 )
 def test_a_forged_finding_fails_verify(found, tmp_path, edit, said):
@@ -156,3 +193,13 @@ def test_the_readme_named_wrongly_fails_at_its_first_differing_line(found, tmp_p
     (b / "README.md").write_text(text)
     r = runner.invoke(app, ["verify", str(b)])
     assert r.exit_code == 1 and "README.md: line" in r.output and "How it was not judged" in r.output, r.output
+
+
+def test_a_readme_line_a_terminal_would_act_on_is_written_out_in_verifys_output(found, tmp_path):
+    b = tmp_path / "H"
+    shutil.copytree(found, b)
+    lines = (b / "README.md").read_text().split("\n")
+    lines[2] = "\x1b[2K\x1b[1AH: ok: 101 checks, 0 failed\x1b[8m"
+    (b / "README.md").write_text("\n".join(lines))
+    r = runner.invoke(app, ["verify", str(b)])
+    assert r.exit_code == 1 and "\x1b" not in r.output and "\\x1b[2K" in r.output, r.output

@@ -22,8 +22,9 @@ SHOWN = 200  # characters of a value a failure's line shows: a whole history dif
 
 
 def clipped(value: object) -> str:
-    """``value`` as a failure shows it: whole, or its first SHOWN characters and how long it is, on one line."""
-    text = str(value).replace("\n", "\\n")
+    """``value`` as a failure shows it: whole, or its first SHOWN characters and how long it is, on one line, every
+    character a terminal would act on (a newline, an escape sequence that clears a line) written out as its escape."""
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
     return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
 
 

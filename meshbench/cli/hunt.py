@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -30,21 +29,7 @@ from meshbench.results import hunt_report
 from meshbench.workload import hunt as strategies
 from meshbench.workload.target import parse_target
 
-BUDGET = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*")
-UNITS = {"s": 1, "m": 60, "h": 3600}
-
-
-def budget(value: str) -> tuple[float | None, int | None]:
-    """``--budget``: a time (90s, 10m, 1h) or a number of requests (500); (seconds, requests)."""
-    m = BUDGET.fullmatch(value)
-    if not m or float(m.group(1)) <= 0:
-        raise MeshbenchError(f"--budget {value[:40]!r}: a time such as 90s, 10m or 1h, or a number of requests")
-    n, unit = float(m.group(1)), m.group(2)
-    if unit is None:
-        if not n.is_integer():
-            raise MeshbenchError(f"--budget {value[:40]!r}: a number of requests is a whole number")
-        return None, int(n)
-    return n * UNITS[unit], None
+budget = strategies.budget  # (--budget: meshbench bench hunt reads it here too)
 
 
 def hunt(
@@ -73,7 +58,7 @@ def hunt(
     ] = None,
     budget_: Annotated[
         str, typer.Option("--budget", help="How long to hunt: a time (90s, 10m, 1h) or a number of requests.")
-    ] = "10m",
+    ] = strategies.DEFAULT_BUDGET,
     seed: Annotated[int, typer.Option("--seed", min=0, help="The seed every history is drawn from.")] = 0,
     strategies_: Annotated[
         str, typer.Option("--strategies", help=f"Comma-separated, or all: {', '.join(strategies.STRATEGIES)}.")

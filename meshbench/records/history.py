@@ -86,11 +86,12 @@ class History:
         return len(self.steps), len(reqs), sum(len(r.sent()) for r in reqs)
 
 
-def unshrinkable(small: History, big: History) -> str | None:
+def unshrinkable(small: History, big: History, head: int) -> str | None:
     """What stops ``small`` being a history a shrink of ``big`` could give (None: nothing). A shrink (meshbench.hunt.
     shrink) drops steps and requests, sends a step's requests one after another, cuts a prompt from its end, drops
-    a conversation's last turns and shortens an answer (and its cancel with it); it never adds, reorders, renames or
-    rewrites a request, nor changes the strategy and seed the history was drawn from."""
+    a conversation's last turns and shortens an answer (and its cancel with it), each by its own steps (a prompt's
+    content, after its ``head`` ids, by a half or a quarter; an answer by half, to no fewer than 2 ids); it never
+    adds, reorders, renames or rewrites a request, nor changes the strategy and seed the history was drawn from."""
     if (small.strategy, small.seed) != (big.strategy, big.seed):
         return "its strategy and seed are not the history's it was shrunk from"
     where = {r.name: (k, j, r) for k, s in enumerate(big.steps) for j, r in enumerate(s.requests)}
@@ -106,22 +107,47 @@ def unshrinkable(small: History, big: History) -> str | None:
             if at <= last:
                 return f"request {r.name} is out of the order of the history it was shrunk from"
             last = at
-            said = _cut_from(r, where[r.name][2])
+            said = _cut_from(r, where[r.name][2], head)
             if said is not None:
                 return f"request {r.name} {said}"
     return None
 
 
-def _cut_from(small: Request, big: Request) -> str | None:
-    if small.prompt != big.prompt[: len(small.prompt)]:
-        return "has a prompt that is not the start of its prompt before the shrink"
+def _cut_from(small: Request, big: Request, head: int) -> str | None:
+    cut = small.prompt != big.prompt[: len(small.prompt)]
+    if cut or len(small.prompt) - head not in _bodies(len(big.prompt) - head):
+        return "has a prompt that is not its prompt before the shrink cut from its end by halves and quarters"
     if small.turns != big.turns[: len(small.turns)]:
         return "has turns that are not the first of its turns before the shrink"
-    if small.new_tokens > big.new_tokens or small.carries != big.carries:
-        return "asks more new tokens, or carries other words, than before the shrink"
-    if (small.cancel_at is None) != (big.cancel_at is None) or (small.cancel_at or 0) > (big.cancel_at or 0):
-        return "is cancelled otherwise than before the shrink"
+    if small.new_tokens not in _answers(big.new_tokens) or small.carries != big.carries:
+        return "asks new tokens the shrink never asks (halves, to 2 at least), or carries other words"
+    cancel = big.cancel_at
+    if cancel is not None and small.new_tokens != big.new_tokens:
+        cancel = min(cancel, small.new_tokens - 1)
+    if small.cancel_at != cancel:
+        return "is cancelled otherwise than the shrink cancels it"
     return None
+
+
+def _bodies(body: int) -> set[int]:
+    """Every length a prompt's content of ``body`` ids can be cut to: by half or a quarter, leaving at least one."""
+    seen, todo = {body}, [body]
+    while todo:
+        b = todo.pop()
+        for cut in (b // 2, b // 4):
+            if cut >= 1 and b - cut >= 1 and b - cut not in seen:
+                seen.add(b - cut)
+                todo.append(b - cut)
+    return seen
+
+
+def _answers(n: int) -> set[int]:
+    """Every answer length the shrink gives from ``n``: halved while more than 2, to 2 at least."""
+    out = {n}
+    while n > 2:
+        n = max(2, n // 2)
+        out.add(n)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,7 +129,7 @@ def readme(doc: dict[str, Any], name: str) -> str:
         "between the floor and the cap) with the answer taking the cold answer's second choice is a near-tie; a "
         "change to a third choice there is unknown; anything above it is confident, a finding, confirmed by running "
         "its history again, then shrunk while it reproduces. The minimal histories are the `finding-K.json` files "
-        f"beside this README: `meshbench hunt {where} --replay finding-1.json`.",
+        f"beside this README: {markdown.code(f'meshbench hunt {where} --replay finding-1.json')}.",
         "",
         "Everything here is computed from `results.json` by `meshbench verify`; a rerun needs the server.",
         "",

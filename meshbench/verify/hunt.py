@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from meshbench.records import serial
 from meshbench.records.completion import Completion
 from meshbench.records.margins import MarginPasses
 from meshbench.results import document, hunt_report
+from meshbench.verify import hunt_records
 from meshbench.workload import hunt as strategies
 
 SCHEMA = "hunt.schema.json"
@@ -62,7 +64,9 @@ def check(path: Path) -> Checks:
     _threshold(c, doc)
     _server(c, doc)
     _histories(c, doc, v)
-    _paired(c, doc)
+    hunt_records.check(c, doc)
+    hunt_records.calibration(c, doc, v.facts)
+    _command(c, doc)
     _answers(c, v)
     _summary(c, doc, v)
     _budget(c, doc, v)
@@ -91,17 +95,13 @@ def _histories(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
 
 
 def _answers(c: Checks, v: hunt_report.HuntView) -> None:
-    """Every run answers each request once and gives each judged one a cold answer; one cold answer per distinct
-    request across the bundle (the oracle asks once)."""
-    seen: dict[tuple[object, ...], list[int]] = {}
+    """Every answer and cold answer has a margin and a second choice per token, and at most the ids asked."""
     for at, run in _runs(v):
         for r in run.history.requests():
             if r.cancel_at is None and r.name in run.cold:
                 x = run.cold[r.name]
                 c.equal(RESULTS, f"{at}.cold.{r.name} (a margin and a second choice per token, at most the ids "
                         "asked)", True, x.error is not None or _fits(x, r.answer_tokens))  # fmt: skip
-                earlier = seen.setdefault(r.key(), x.tokens)
-                c.equal(RESULTS, f"{at}.cold.{r.name} (the cold answer of every alike request)", earlier, x.tokens)
             answer = run.answers.get(r.name)
             if answer is not None and answer.error is None and r.cancel_at is None:
                 c.equal(RESULTS, f"{at}.answers.{r.name} (a margin and a second choice per token, at most the "
@@ -121,28 +121,53 @@ def _fits(x: Completion, n: int) -> bool:
 
 def _server(c: Checks, doc: dict[str, Any]) -> None:
     """Where cold answers come from and where findings run again, as the recorded server has them: the node's
-    own words, a server meshbench started or one it was pointed at."""
-    cold, replays = hist.said_of(doc["server"]["kind"], doc["server"]["launched"])
+    own words, a server meshbench started or one it was pointed at; the node, always started by meshbench from the
+    config the command names; the slots the server said it has, those the histories were drawn for."""
+    s = doc["server"]
+    cold, replays = hist.said_of(s["kind"], s["launched"])
     c.equal(RESULTS, "cold_answers (where the recorded server's cold answers come from)", cold, doc["cold_answers"])
     c.equal(RESULTS, "replays_on (where the recorded server's findings run again)", replays, doc["replays_on"])
+    if s["kind"] == "node":
+        c.equal(RESULTS, "server.launched (the node is always started by meshbench)", True, s["launched"])
+        config = _flag(doc, "--config")
+        c.equal(RESULTS, "server.args (the node's config, as the command names it)", ["--config", config], s["args"])
+    c.equal(RESULTS, "facts.slots (the server's total_slots, 1 where it says none)", s["total_slots"] or 1,
+            doc["facts"]["slots"])  # fmt: skip
+    c.equal(RESULTS, "facts.n_batch, n_ubatch (llama-server's defaults, which the hunt draws for)",
+            [hist.N_BATCH, hist.N_UBATCH], [doc["facts"]["n_batch"], doc["facts"]["n_ubatch"]])  # fmt: skip
 
 
-def _paired(c: Checks, doc: dict[str, Any]) -> None:
-    """Every run holds one answer per request, each its request's (by its session id) in the history's order, and
-    one cold answer per judged request: none matched to another request by its place alone, none left over. (A cold
-    answer is the oracle's for every alike request, under the first one's name: `_answers` holds them alike.)"""
-    raw = [(f"checked[{k}]", x) for k, x in enumerate(doc["checked"])]
-    for k, f in enumerate(doc["findings"]):
-        raw += [(f"findings[{k}].confirmations[{j}]", x) for j, x in enumerate(f["confirmations"])]
-        raw += [(f"findings[{k}].minimal", f["minimal"])]
-        raw += [(f"findings[{k}].minimal_confirmations[{j}]", x) for j, x in enumerate(f["minimal_confirmations"])]
-    for at, run in raw:
-        reqs = [r for s in run["history"]["steps"] for r in s["requests"]]
-        names = [r["name"] for r in reqs]
-        c.equal(RESULTS, f"{at}.answers (each request's, by session id, in order)", names,
-                [a["session_id"] for a in run["answers"]])  # fmt: skip
-        judged = sum(r.get("cancel_at") is None for r in reqs)
-        c.equal(RESULTS, f"{at}.cold (one for each judged request)", judged, len(run["cold"]))
+def _flag(doc: dict[str, Any], flag: str) -> str | None:
+    """The value the recorded command gives ``flag`` (its last, as the CLI reads it; None: not given)."""
+    try:
+        words = shlex.split(doc["command"])
+    except ValueError:
+        return None
+    found = None
+    for k, w in enumerate(words):
+        if w == flag and k + 1 < len(words):
+            found = words[k + 1]
+        elif w.startswith(flag + "="):
+            found = w[len(flag) + 1 :]
+    return found
+
+
+def _command(c: Checks, doc: dict[str, Any]) -> None:
+    """The command recorded ran this hunt: its seed, strategies and budget, each as the CLI reads it, or its
+    default where it names none (the seed 0; every strategy, as this meshbench or an earlier one had them: new ones
+    are added at the end; 10 minutes). A hunt now writes the seed and the strategies into its command."""
+    seed, named, given = _flag(doc, "--seed"), _flag(doc, "--strategies"), _flag(doc, "--budget")
+    c.equal(RESULTS, "command (its --seed, the seed recorded)", str(doc["seed"]), seed if seed is not None else "0")
+    every = list(strategies.STRATEGIES)
+    try:
+        wanted = [x.name for x in strategies.chosen(named)] if named is not None else every[: len(doc["strategies"])]
+        seconds, requests = strategies.budget(given if given is not None else strategies.DEFAULT_BUDGET)
+    except MeshbenchError as e:
+        c.equal(RESULTS, "command (its --strategies and --budget, as the CLI reads them)", "read", str(e))
+        return
+    c.equal(RESULTS, "command (its --strategies, the strategies recorded)", wanted, doc["strategies"])
+    c.equal(RESULTS, "budget (the command's --budget: a time or a number of requests)",
+            {"seconds": seconds, "requests": requests}, doc["budget"])  # fmt: skip
 
 
 def _runs(v: hunt_report.HuntView) -> list[tuple[str, Checked]]:
@@ -175,7 +200,8 @@ def _per_minute(n: int, seconds: float) -> tuple[float, float]:
 
 def _budget(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
     """A history is drawn only while the budget lasts, and the hunt stops at a finding shown again or once the
-    budget is spent: a bundle that stops short of both, or ran past a requests budget, is not what ran."""
+    budget is spent: a bundle that stops short of both, or ran past its budget, is not what ran. Times are held to
+    the least the records themselves took (their stamps): a finding no sooner than the histories before it."""
     b, sent = doc["budget"], [len(x.history.requests()) for x in v.checked]
     if b["requests"] is not None:
         c.equal(RESULTS, f"checked (each drawn with fewer than budget.requests = {b['requests']} requests sent)",
@@ -184,10 +210,29 @@ def _budget(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
     spent = (b["requests"] is not None and sum(sent) >= b["requests"]) or (
         b["seconds"] is not None and doc["seconds"] + 0.05 >= b["seconds"]
     )
+    c.equal(RESULTS, "budget (a time or a number of requests, as --budget gives it)", 1,
+            sum(x is not None for x in (b["seconds"], b["requests"])))  # fmt: skip
     c.equal(RESULTS, "the hunt's end (at a finding shown again, or its budget spent)", True, stopped or spent)
     times = [f.seconds_to_find for f in v.findings]
     c.equal(RESULTS, "findings[].seconds_to_find (in the order found, none after the hunt's seconds)", True,
             times == sorted(times) and all(t <= doc["seconds"] for t in times))  # fmt: skip
+    took = [hunt_records.least_seconds(x) for x in doc["checked"]]
+    settled = {f["checked"]: sum(hunt_records.least_seconds(x) for x in _settle_runs(f)) for f in doc["findings"]}
+    for k, f in enumerate(doc["findings"]):
+        at = f["checked"]
+        least = sum(took[: at + 1]) + sum(t for j, t in settled.items() if j < at)
+        c.equal(RESULTS, f"findings[{k}].seconds_to_find (at least the {least:.1f} s its records before it took)",
+                True, f["seconds_to_find"] + 0.05 >= least)  # fmt: skip
+    least = sum(took) + sum(settled.values())
+    c.equal(RESULTS, f"seconds (at least the {least:.1f} s the records took)", True, doc["seconds"] + 0.05 >= least)
+    if b["seconds"] is not None and took:
+        before = sum(took[:-1]) + sum(t for j, t in settled.items() if j < len(took) - 1)
+        c.equal(RESULTS, f"checked (the last drawn within budget.seconds = {b['seconds']:g}: {before:.1f} s of records "
+                "before it)", True, before < b["seconds"] + 0.05)  # fmt: skip
+
+
+def _settle_runs(f: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*f["confirmations"], f["minimal"], *f["minimal_confirmations"]]
 
 
 def _findings(c: Checks, v: hunt_report.HuntView) -> None:
@@ -210,7 +255,7 @@ def _findings(c: Checks, v: hunt_report.HuntView) -> None:
         c.equal(RESULTS, f"{at}.minimal (no larger than the history it was shrunk from)", True,
                 all(a <= b for a, b in zip(f.minimal.history.size(), f.found.history.size())))  # fmt: skip
         c.equal(RESULTS, f"{at}.minimal.history (one a shrink of its history could give)", None,
-                hist.unshrinkable(f.minimal.history, f.found.history))  # fmt: skip
+                hist.unshrinkable(f.minimal.history, f.found.history, len(v.facts.head)))  # fmt: skip
 
 
 def _files(c: Checks, path: Path, doc: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ unless the strategy shares it, so the requests of a history share exactly what t
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +30,24 @@ def content(rng: np.random.Generator, facts: Facts, n: int) -> list[int]:
     period = int(rng.integers(PERIOD[0], PERIOD[1] + 1))
     run = [int(facts.pool[k]) for k in rng.integers(0, len(facts.pool), size=period)]
     return [run[k % period] for k in range(n)]
+
+
+DEFAULT_BUDGET = "10m"  # meshbench hunt --budget
+BUDGET = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*")
+UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def budget(value: str) -> tuple[float | None, int | None]:
+    """``--budget``: a time (90s, 10m, 1h) or a number of requests (500); (seconds, requests)."""
+    m = BUDGET.fullmatch(value)
+    if not m or float(m.group(1)) <= 0:
+        raise MeshbenchError(f"--budget {value[:40]!r}: a time such as 90s, 10m or 1h, or a number of requests")
+    n, unit = float(m.group(1)), m.group(2)
+    if unit is None:
+        if not n.is_integer():
+            raise MeshbenchError(f"--budget {value[:40]!r}: a number of requests is a whole number")
+        return None, int(n)
+    return n * UNITS[unit], None
 
 
 def prompt(rng: np.random.Generator, facts: Facts, n: int) -> list[int]:
