@@ -203,3 +203,28 @@ def test_a_readme_line_a_terminal_would_act_on_is_written_out_in_verifys_output(
     (b / "README.md").write_text("\n".join(lines))
     r = runner.invoke(app, ["verify", str(b)])
     assert r.exit_code == 1 and "\x1b" not in r.output and "\\x1b[2K" in r.output, r.output
+
+
+def _rewritten_margin(d) -> None:
+    """An answer's margin raised where the answer is its cold answer: nothing judged changes, so only what the node
+    says on a rerun can tell it from what it said."""
+    a = next(a for run in d["checked"] for a in run["answers"] if a["margins"])
+    a["margins"][0] += 0.5
+
+
+def test_a_node_hunt_reruns_alike_and_a_rewritten_answer_fails_only_the_rerun(honest, tmp_path):
+    r = runner.invoke(app, ["verify", str(honest), "--rerun"])
+    assert r.exit_code == 0 and "rerun on the node" in r.output, r.output
+    code, output = _forged(honest, tmp_path, _rewritten_margin)
+    assert code == 0, output  # (without the node, the records hold together)
+    r = runner.invoke(app, ["verify", str(tmp_path / "H"), "--rerun"])
+    assert r.exit_code == 1 and "(rerun: every answer and cold answer)" in r.output, r.output
+
+
+def test_a_node_hunts_finding_reruns_alike_shrink_and_all(found):
+    with pytest.MonkeyPatch.context() as mp:
+        _leaking_setup(mp)
+        r = runner.invoke(app, ["verify", str(found), "--rerun"])
+    assert r.exit_code == 0 and "rerun on the node" in r.output, r.output
+    r = runner.invoke(app, ["verify", str(found), "--rerun"])  # (the config's own node leaks nothing)
+    assert r.exit_code == 1 and "findings (rerun: as many)" in r.output, r.output

@@ -114,9 +114,17 @@ def verify(
 
 def _checked(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) -> Checks:
     if verify_hunt.is_hunt(path):
-        if rerun:
-            raise MeshbenchError(f"{path}: a hunt bundle: a rerun needs its server (verify it without --rerun)")
-        return verify_hunt.check(path)
+        if not rerun:
+            return verify_hunt.check(path)
+        from meshbench.hunt import rerun as hunt_rerun  # noqa: PLC0415 - a rerun loads an engine; a check does not
+
+        def again(doc: dict, c: Checks) -> None:
+            try:
+                hunt_rerun.rerun(doc, c, lambda m: err.print(f"verify {path}: rerun: {m}", markup=False))
+            except MeshbenchError as e:
+                raise MeshbenchError(f"{path}: {e}") from None
+
+        return verify_hunt.check(path, again)
     if verify_matrix.is_matrix(path):
         if rerun:
             raise MeshbenchError(

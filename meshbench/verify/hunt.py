@@ -5,7 +5,9 @@ facts (no history was picked by hand), every answer and cold answer its own requ
 one cold answer for each distinct request across the bundle, the summary and its rate, the budget (spent, or the
 hunt stopped at a finding shown again), each finding's time, confirmations and minimal history (one a shrink of the
 history it came from could give, its runs of that history); then the README and the finding-K.json files as
-results.json renders them (read as regular files only), and nothing else in the folder."""
+results.json renders them (read as regular files only), and nothing else in the folder. The answers' own records
+are meshbench.verify.hunt_records'; a node hunt's rerun (the CLI injects it: verify loads no engine) is
+meshbench.hunt.rerun."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -54,7 +56,9 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
-def check(path: Path) -> Checks:
+def check(path: Path, rerun: Callable[[dict[str, Any], Checks], None] | None = None) -> Checks:
+    """Every check of the bundle; with ``rerun`` (the CLI's: a node hunt run again), its records compared with a
+    rerun's as well, once they hold together."""
     doc = load(path)
     try:
         v = hunt_report.view(doc)
@@ -72,6 +76,8 @@ def check(path: Path) -> Checks:
     _budget(c, doc, v)
     _findings(c, v)
     _files(c, path, doc)
+    if rerun is not None:
+        rerun(doc, c)
     return c
 
 

@@ -1,0 +1,54 @@
+"""``meshbench verify --rerun`` for a hunt of meshbench's own node: the hunt run again from its record (the node
+config its command names, its seed and strategies), stopped after as many requests as it sent, and every record
+compared with the bundle's but its clock (stamps and seconds). The node is deterministic (its scheduler in ticks,
+its engine's arithmetic in one process), so a rerun gives every answer, cold answer, calibration pass, finding and
+minimal history again, and an answer rewritten in the bundle (a difference made up, a finding hidden, a cold margin
+raised) no longer passes. A hunt of llama-server needs that server, and is not rerun."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from meshbench.analysis.checks import Checks
+from meshbench.errors import MeshbenchError
+from meshbench.hunt import document
+from meshbench.hunt import run as hunting
+from meshbench.hunt.node import NodeServer
+from meshbench.names import RESULTS
+from meshbench.workload import hunt as strategies
+
+TIMED = frozenset({"submit_ns", "token_ns", "seconds_to_find", "histories_per_minute"})  # what a clock gave
+
+
+def rerun(doc: dict[str, Any], c: Checks, progress: Callable[[str], None] = lambda m: None) -> None:
+    """The hunt in ``doc`` run again on the node, each part compared (the caller has checked ``doc`` first)."""
+    s = doc["server"]
+    if s["kind"] != "node" or len(s["args"]) != 2:
+        raise MeshbenchError("a hunt of a server: a rerun needs that server (verify it without --rerun)")
+    chosen = strategies.chosen(",".join(doc["strategies"]))
+    sent = doc["summary"]["requests"]
+    with NodeServer(s["args"][1]) as server:
+        again = hunting.hunt(server, chosen, doc["seed"], lambda n, t: n >= sent, progress)
+        info = {**s, "build_info": server.build_info, "model": server.model}
+    redone = document.document(again, info, doc["command"], doc["budget"])
+    c.equal(RESULTS, "server (rerun: the node its config makes)", s, redone["server"])
+    for part in ("facts", "near_tie", "calibration", "summary"):
+        c.equal(RESULTS, f"{part} (rerun)", _timeless(doc[part]), _timeless(redone[part]))
+    c.equal(RESULTS, "checked (rerun: as many histories)", len(doc["checked"]), len(redone["checked"]))
+    for k, (was, now) in enumerate(zip(doc["checked"], redone["checked"])):
+        c.equal(RESULTS, f"checked[{k}] (rerun: every answer and cold answer)", _timeless(was), _timeless(now))
+    c.equal(RESULTS, "findings (rerun: as many)", len(doc["findings"]), len(redone["findings"]))
+    for k, (was, now) in enumerate(zip(doc["findings"], redone["findings"])):
+        c.equal(RESULTS, f"findings[{k}] (rerun: its confirmations, minimal history and its runs)", _timeless(was),
+                _timeless(now))  # fmt: skip
+    c.notes.append(f"rerun on the node: {len(redone['checked'])} histories, {redone['summary']['requests']} requests, "
+                   "every record compared but its clock")  # fmt: skip
+
+
+def _timeless(value: Any) -> Any:
+    """``value`` without what a clock gave it: stamps, the seconds to a finding, a rate per minute."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items() if k not in TIMED}
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    return value
