@@ -228,3 +228,42 @@ def test_a_node_hunts_finding_reruns_alike_shrink_and_all(found):
     assert r.exit_code == 0 and "rerun on the node" in r.output, r.output
     r = runner.invoke(app, ["verify", str(found), "--rerun"])  # (the config's own node leaks nothing)
     assert r.exit_code == 1 and "findings (rerun: as many)" in r.output, r.output
+
+
+def _long_and_clean(d) -> None:
+    """A hunt told as ten minutes of nothing: its command's budget, the budget and its seconds said so."""
+    d["command"] += " --budget 600s"
+    d["budget"] = {"seconds": 600.0, "requests": None}
+    d["seconds"] = 600.0
+    d["summary"]["histories_per_minute"] = round(len(d["checked"]) / 10, 2)
+
+
+def test_a_hunt_told_as_longer_than_it_ran_fails_the_rerun_and_a_broken_one_is_not_rerun(honest, tmp_path):
+    code, output = _forged(honest, tmp_path, _long_and_clean)
+    assert code == 0, output  # (without the node, nothing bounds a time from above)
+    r = runner.invoke(app, ["verify", str(tmp_path / "H"), "--rerun"])
+    assert r.exit_code == 1 and "seconds (rerun: within 4.0x" in r.output, r.output
+    shutil.rmtree(tmp_path / "H")
+    code, output = _forged(honest, tmp_path, lambda d: d["summary"].update(requests=10**9))
+    r = runner.invoke(app, ["verify", str(tmp_path / "H"), "--rerun"])  # (never hunts for 10**9 requests)
+    assert r.exit_code == 1 and "rerun on the node" not in r.output, r.output
+
+
+def test_a_cold_answer_that_does_not_say_what_it_computed_fails_verify(found, tmp_path):
+    def unsaid(d) -> None:
+        key = json.dumps(d["checked"][0]["history"]["steps"][0]["requests"][0]["prompt"])
+        for _, run in ((None, x) for x in d["checked"]):
+            for r, x in zip([r for s in run["history"]["steps"] for r in s["requests"]], run["cold"]):
+                if json.dumps(r["prompt"]) == key:
+                    x["computed"] = None
+
+    code, output = _forged(found, tmp_path, unsaid)
+    assert code == 1 and "predicted, evaluated and computed, each said" in output, output
+
+
+def test_a_hunt_whose_command_spells_its_flags_otherwise_verifies_and_reruns(tmp_path):
+    out = tmp_path / "H"
+    args = ["hunt", "--config", "./configs//shared-prefix.yaml", "--seed", "03", "--strategies", "all"]
+    assert runner.invoke(app, [*args, "--budget", "12", f"--out={out}"]).exit_code == 0
+    r = runner.invoke(app, ["verify", str(out), "--rerun"])
+    assert r.exit_code == 0, r.output

@@ -585,6 +585,9 @@ def test_a_command_s_open_loop_flags_are_held_to_the_config_echo():
     assert [x.split()[0] for x in told] == ["--rates", "--clock", "--slo-ttft", "--arrivals"]
     # a bundle stripped of its rates, its command still asking for them, is caught
     assert command_disagreements(same, config.load(None, {})) != []
+    # a flag given twice is read as the CLI reads it: its last value
+    assert command_disagreements("meshbench sweep --clock tick --rates 1 " + same, cfg) == []
+    assert [x.split()[0] for x in command_disagreements(same + " --clock tick", cfg)] == ["--clock"]
 
 
 @needs_server

@@ -37,7 +37,7 @@ from meshbench.endpoint.stream import (  # noqa: F401 - the answer, as the clien
     is_token,
     text_value,
 )
-from meshbench.engine import apis
+from meshbench.engine import apis, servers
 from meshbench.errors import MeshbenchError
 from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target  # noqa: F401 - where an endpoint listens
@@ -54,7 +54,7 @@ class Endpoint:
         self, target: Target, api: str, deadline_s: float = DEADLINE_S, cache_prompt: bool | None = None
     ) -> None:
         self.target, self.api, self.deadline_s, self.cache_prompt = target, api, deadline_s, cache_prompt
-        self.tokenize_path: str | None = None  # /tokenize (llama-server) or /extras/tokenize, found by probe()
+        self.flavour: servers.Flavour | None = None  # what server it is, found by probe()
         self.props: dict | None = None  # llama-server's /props as probe() read it (None: another server)
 
     # --- plain requests ---------------------------------------------------------------------
@@ -105,21 +105,19 @@ class Endpoint:
             except (ValueError, RecursionError):
                 props = None
         self.props = props if isinstance(props, dict) else None
+        self.flavour = flavour = servers.detect(props)
         if self.api == apis.AUTO:
-            self.api = (apis.NATIVE if isinstance(props, dict) else apis.OPENAI).name
-        self.tokenize_path = "/tokenize" if isinstance(props, dict) else "/extras/tokenize"
+            self.api = flavour.apis[0]
         models = self._json("GET", "/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
         names = [text_value(m.get("id"), 200) for m in data if isinstance(m, dict)] if isinstance(data, list) else []
         info = {"url": self.target.url, "loopback": self.target.loopback, "api": self.api, "models": names[:16]}
-        if isinstance(props, dict):
+        info["server"] = flavour.name
+        if flavour.props and isinstance(props, dict):
             slots = props.get("total_slots")
-            info["server"] = "llama-server"
             info["build_info"] = text_value(props.get("build_info"), 200)
             info["model_path"] = text_value(props.get("model_path"), 1000)
             info["total_slots"] = slots if is_count(slots) and slots <= 1 << 16 else None
-        else:
-            info["server"] = "openai-compatible"
         return info
 
     def tokenize(self, texts: list[str], add_special: bool = True) -> list[list[int]]:
@@ -128,19 +126,20 @@ class Endpoint:
         (the one the probe found). Not ``add_special``: nothing added (a conversation's later turn); where the
         server has no such switch (``/extras/tokenize``), what it adds to an empty text is cut from each text's
         start."""
-        path = self.tokenize_path or ("/tokenize" if apis.of(self.api).ids else "/extras/tokenize")
-        added = [] if add_special or path == "/tokenize" else self._tokens(path, "", True)
+        flavour = self.flavour or (servers.LLAMA_SERVER if apis.of(self.api).ids else servers.OPENAI_COMPATIBLE)
+        way = flavour.tokenizer
+        if way is None:
+            raise MeshbenchError(f"{self.target.url}: a {flavour.name} server has no tokenizer meshbench can ask")
+        added = [] if add_special or way.switch else self._tokens(way, "", True)
         out = []
         for text in texts:
-            tokens = self._tokens(path, text, add_special)
+            tokens = self._tokens(way, text, add_special)
             out.append(tokens[len(added) :] if tokens[: len(added)] == added else tokens)
         return out
 
-    def _tokens(self, path: str, text: str, add_special: bool) -> list[int]:
-        if path == "/tokenize":
-            d = self._json("POST", path, {"content": text, "add_special": add_special})
-        else:
-            d = self._json("POST", path, {"input": text})
+    def _tokens(self, way: servers.Tokenizer, text: str, add_special: bool) -> list[int]:
+        path = way.path
+        d = self._json("POST", path, way.body(text, add_special))
         tokens = d.get("tokens") if isinstance(d, dict) else None
         if not isinstance(tokens, list) or not all(is_token(t) for t in tokens):
             raise MeshbenchError(f"{self.target.url}{path}: the answer holds no list of token ids")

@@ -65,6 +65,7 @@ def _finding(h: Hunt, f: Finding) -> dict[str, Any]:
     return {
         "checked": next(k for k, c in enumerate(h.checked) if c is f.found),
         "seconds_to_find": round(f.seconds_to_find, 1),
+        "shrink_tries": f.shrink_tries,
         "confirmations": [run(c) for c in f.confirmations],
         "minimal": run(f.minimal if f.minimal is not None else f.found),
         "minimal_confirmations": [run(c) for c in f.minimal_confirmations],

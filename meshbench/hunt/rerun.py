@@ -15,8 +15,10 @@ from meshbench.hunt import document
 from meshbench.hunt import run as hunting
 from meshbench.hunt.node import NodeServer
 from meshbench.names import RESULTS
+from meshbench.verify.hunt_records import least_seconds, runs
 from meshbench.workload import hunt as strategies
 
+FACTOR, SLACK_S = 4.0, 2.0  # how far a recorded time may be from the rerun's: a factor, and seconds on top
 TIMED = frozenset({"submit_ns", "token_ns", "seconds_to_find", "histories_per_minute"})  # what a clock gave
 
 
@@ -27,8 +29,10 @@ def rerun(doc: dict[str, Any], c: Checks, progress: Callable[[str], None] = lamb
         raise MeshbenchError("a hunt of a server: a rerun needs that server (verify it without --rerun)")
     chosen = strategies.chosen(",".join(doc["strategies"]))
     sent = doc["summary"]["requests"]
+    tries = [f.get("shrink_tries") for f in doc["findings"]]
     with NodeServer(s["args"][1]) as server:
-        again = hunting.hunt(server, chosen, doc["seed"], lambda n, t: n >= sent, progress)
+        again = hunting.hunt(server, chosen, doc["seed"], lambda n, t: n >= sent, progress,
+                             shrink_tries=tries if None not in tries else None)  # fmt: skip
         info = {**s, "build_info": server.build_info, "model": server.model}
     redone = document.document(again, info, doc["command"], doc["budget"])
     c.equal(RESULTS, "server (rerun: the node its config makes)", s, redone["server"])
@@ -41,8 +45,22 @@ def rerun(doc: dict[str, Any], c: Checks, progress: Callable[[str], None] = lamb
     for k, (was, now) in enumerate(zip(doc["findings"], redone["findings"])):
         c.equal(RESULTS, f"findings[{k}] (rerun: its confirmations, minimal history and its runs)", _timeless(was),
                 _timeless(now))  # fmt: skip
+    _clock(c, doc, redone)
     c.notes.append(f"rerun on the node: {len(redone['checked'])} histories, {redone['summary']['requests']} requests, "
                    "every record compared but its clock")  # fmt: skip
+
+
+def _clock(c: Checks, doc: dict[str, Any], redone: dict[str, Any]) -> None:
+    """What a clock gave, within a factor of the rerun's on this machine (a shared machine's noise is some tens of
+    per cent; a hunt truncated to look long, or its stamps scaled to look fast, is many times off)."""
+    pairs = [("seconds", doc["seconds"], redone["seconds"])]
+    pairs += [(f"findings[{k}].seconds_to_find", a["seconds_to_find"], b["seconds_to_find"])
+              for k, (a, b) in enumerate(zip(doc["findings"], redone["findings"]))]  # fmt: skip
+    took = sum(least_seconds(x) for _, x in runs(doc))
+    pairs += [("the answers' stamps (the least the runs took)", took, sum(least_seconds(x) for _, x in runs(redone)))]
+    for what, was, now in pairs:
+        c.equal(RESULTS, f"{what} (rerun: within {FACTOR}x and {SLACK_S:g} s of the rerun's {now:.1f} s)", True,
+                now / FACTOR - SLACK_S <= was <= now * FACTOR + SLACK_S)  # fmt: skip
 
 
 def _timeless(value: Any) -> Any:

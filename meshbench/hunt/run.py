@@ -36,6 +36,7 @@ class Finding:
     minimal: Checked | None = None  # the shrunk history, run once more
     minimal_confirmations: list[Checked] = field(default_factory=list)
     seconds_to_find: float = 0.0
+    shrink_tries: int = 0  # candidate histories the shrink ran
 
     @property
     def confirmed(self) -> int:
@@ -99,6 +100,7 @@ def hunt(
     until: Callable[[int, float], bool],
     progress: Callable[[str], None] = lambda m: None,
     settle_s: float | None = None,
+    shrink_tries: list[int] | None = None,
 ) -> Hunt:
     """Histories until ``until(requests sent, seconds)`` says the budget is spent, or a confident difference is
     confirmed and shrunk and shows again. A difference that shows in no run again, nor its shrunk history, is kept
@@ -121,7 +123,10 @@ def hunt(
         if judge.confident(got.judged):
             at = time.monotonic() - t0
             deadline = None if settle_s is None else time.monotonic() + settle_s
-            found = _settle(server, cold, got, limit, at, progress, deadline)
+            tries = shrink.MAX_TRIES
+            if shrink_tries is not None:
+                deadline, tries = None, shrink_tries[len(h.findings)] if len(h.findings) < len(shrink_tries) else 0
+            found = _settle(server, cold, got, limit, at, progress, deadline, tries)
             h.findings.append(found)
             if found.reproduced:
                 break
@@ -138,6 +143,7 @@ def _settle(
     at: float,
     progress: Callable[[str], None],
     deadline: float | None = None,
+    tries: int = shrink.MAX_TRIES,
 ) -> Finding:
     """Confirm a finding on fresh servers, shrink it, confirm the minimal history."""
     found = Finding(got, seconds_to_find=at)
@@ -146,7 +152,10 @@ def _settle(
 
     marks = shrink.Marks.of(got.history, [judge.confident(c.judged) for c in (got, *found.confirmations)])
     still = marks.held(lambda c: judge.confident(replay(server, cold, c, limit).judged))
-    minimal = shrink.shrink(got.history, still, len(facts_head(server)), progress=progress, deadline=deadline)
+    used: list[int] = []
+    head = len(facts_head(server))
+    minimal = shrink.shrink(got.history, still, head, tries, progress=progress, deadline=deadline, used=used)
+    found.shrink_tries = used[0]
     found.minimal = replay(server, cold, minimal, limit)
     found.minimal_confirmations = [replay(server, cold, minimal, limit) for _ in range(CONFIRM)]
     steps, reqs, ids = minimal.size()

@@ -22,12 +22,14 @@ def shrink(
     tries: int = MAX_TRIES,
     progress: Callable[[str], None] = lambda m: None,
     deadline: float | None = None,
+    used: list[int] | None = None,
 ) -> History:
     """The smallest history found that ``still`` holds for (``history`` itself where none is); ``head``: the ids
     every prompt starts with, never cut; ``progress`` hears each try and whether it was kept. A candidate already
     tried and not kept is not run again (after each kept one the passes start over, and most of their first cuts
     were tried before: for one planted fault, 18 of 40 tries were such repeats). Past ``deadline`` (the monotonic
-    clock) no candidate is tried: the smallest found so far is the shrink's."""
+    clock) no candidate is tried: the smallest found so far is the shrink's. ``used``, where given, hears how many
+    candidates were run (a rerun gives the same shrink that many tries, and no deadline)."""
     best, left = history, tries
     rejected: set[tuple[Step, ...]] = set()
     changed = True
@@ -36,6 +38,8 @@ def shrink(
         for candidate in _candidates(best, head):
             if deadline is not None and time.monotonic() >= deadline:
                 progress(f"shrink stopped after {tries - left} tries: its time is spent")
+                if used is not None:
+                    used.append(tries - left)
                 return best
             if left <= 0:
                 break
@@ -52,6 +56,8 @@ def shrink(
             if kept:
                 best, changed = candidate, True
                 break
+    if used is not None:
+        used.append(tries - left)
     return best
 
 

@@ -3,7 +3,7 @@ later turns differ from the reference level's, and the later turns against the s
 
 from __future__ import annotations
 
-from meshbench.engine import apis
+from meshbench.engine import apis, servers
 from meshbench.records.margins import Divergence
 from meshbench.results.typed import EndpointBundle
 
@@ -70,7 +70,7 @@ def _cold(b: EndpointBundle) -> str:
     how = "with `cache_prompt` false and the top-2 log-probabilities per token"
     own = (
         ""
-        if r.endpoint.server == "llama-server" or r.workload.sessions < 2
+        if servers.recorded(r.endpoint.server).cache_prompt or r.workload.sessions < 2
         else " A server that ignores `cache_prompt` (llama-cpp-python's does) may still reuse a start the sessions "
         "share: they were sent turn by turn, none right after its own conversation's last turn."
     )

@@ -239,16 +239,22 @@ def _json(value: str) -> str:
 
 def command_disagreements(command: str, echo: RunConfig) -> list[str]:
     """The recorded command's flags that disagree with the config echo (``--allow-remote`` given without
-    engine.allow_remote, a --target that is not engine.url, ...)."""
+    engine.allow_remote, a --target that is not engine.url, ...); a flag given twice is read as the CLI reads it,
+    its last value (of a switch, its last spelling)."""
     try:
         words = shlex.split(command)
     except ValueError:
         return ["(not a command line)"]
-    out = []
+    switches = {"--prefix-cache": "p", "--no-prefix-cache": "p", "--gauges": "g", "--no-gauges": "g"}  # (one each)
+    last: dict[str, tuple[str, str]] = {}
     for k, w in enumerate(words):
         flag, eq, value = w.partition("=")
         if not eq:
             value = words[k + 1] if k + 1 < len(words) else ""
+        if flag == "--allow-remote" or flag in switches or flag in COMMAND_FLAGS:
+            last[switches.get(flag, flag)] = (flag, value)
+    out = []
+    for flag, value in last.values():
         if flag == "--allow-remote" and echo.engine.allow_remote is not True:
             out.append(flag)
         if flag in ("--prefix-cache", "--no-prefix-cache") and echo.engine.prefix_cache != (flag == "--prefix-cache"):

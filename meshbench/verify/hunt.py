@@ -76,7 +76,7 @@ def check(path: Path, rerun: Callable[[dict[str, Any], Checks], None] | None = N
     _budget(c, doc, v)
     _findings(c, v)
     _files(c, path, doc)
-    if rerun is not None:
+    if rerun is not None and not c.failures:  # (a bundle that does not hold together is not run again)
         rerun(doc, c)
     return c
 
@@ -135,12 +135,21 @@ def _server(c: Checks, doc: dict[str, Any]) -> None:
     c.equal(RESULTS, "replays_on (where the recorded server's findings run again)", replays, doc["replays_on"])
     if s["kind"] == "node":
         c.equal(RESULTS, "server.launched (the node is always started by meshbench)", True, s["launched"])
-        config = _flag(doc, "--config")
-        c.equal(RESULTS, "server.args (the node's config, as the command names it)", ["--config", config], s["args"])
+        config = _flag(doc, "--config")  # (as the CLI made it a path)
+        named = ["--config", str(Path(config)) if config else None]
+        c.equal(RESULTS, "server.args (the node's config, as the command names it)", named, s["args"])
     c.equal(RESULTS, "facts.slots (the server's total_slots, 1 where it says none)", s["total_slots"] or 1,
             doc["facts"]["slots"])  # fmt: skip
     c.equal(RESULTS, "facts.n_batch, n_ubatch (llama-server's defaults, which the hunt draws for)",
             [hist.N_BATCH, hist.N_UBATCH], [doc["facts"]["n_batch"], doc["facts"]["n_ubatch"]])  # fmt: skip
+
+
+def _int(value: str) -> int | str:
+    """A whole number as the CLI reads one (``03``, ``+3``, ``3_0`` alike), else the word itself."""
+    try:
+        return int(value)
+    except ValueError:
+        return value
 
 
 def _flag(doc: dict[str, Any], flag: str) -> str | None:
@@ -163,10 +172,11 @@ def _command(c: Checks, doc: dict[str, Any]) -> None:
     default where it names none (the seed 0; every strategy, as this meshbench or an earlier one had them: new ones
     are added at the end; 10 minutes). A hunt now writes the seed and the strategies into its command."""
     seed, named, given = _flag(doc, "--seed"), _flag(doc, "--strategies"), _flag(doc, "--budget")
-    c.equal(RESULTS, "command (its --seed, the seed recorded)", str(doc["seed"]), seed if seed is not None else "0")
+    c.equal(RESULTS, "command (its --seed, the seed recorded)", doc["seed"], _int(seed) if seed is not None else 0)
     every = list(strategies.STRATEGIES)
-    try:
-        wanted = [x.name for x in strategies.chosen(named)] if named is not None else every[: len(doc["strategies"])]
+    try:  # (all, or none named: every strategy this meshbench or an earlier one had, new ones added at the end)
+        everything = named is None or named.strip() == "all"
+        wanted = every[: len(doc["strategies"])] if everything else [x.name for x in strategies.chosen(named)]
         seconds, requests = strategies.budget(given if given is not None else strategies.DEFAULT_BUDGET)
     except MeshbenchError as e:
         c.equal(RESULTS, "command (its --strategies and --budget, as the CLI reads them)", "read", str(e))

@@ -73,9 +73,11 @@ def _whole(r: dict[str, Any], a: dict[str, Any], cold: bool) -> str | None:
         return f"{n} ids, {asked} asked"
     if len(a["token_ns"]) != n or a["token_ns"] != sorted(a["token_ns"]) or any(t < 0 for t in a["token_ns"]):
         return "a stamp per token, in order"
-    if a["predicted"] is not None and a["predicted"] != n:
-        return f"predicted {a['predicted']} for {n} ids"
     evaluated, computed = a["evaluated"], a.get("computed")
+    if (cold or r.get("cancel_at") is None) and None in (a["predicted"], evaluated, computed):
+        return "predicted, evaluated and computed, each said (the node and llama-server say them)"
+    if a["predicted"] is not None and not n <= a["predicted"] <= asked:
+        return f"predicted {a['predicted']} for {n} ids, {asked} asked"
     if evaluated is not None and computed is not None and not 0 <= computed <= evaluated:
         return f"computed {computed} of {evaluated} evaluated"
     if evaluated is not None and not r.get("turns") and (cold or r.get("cancel_at") is None):
