@@ -175,8 +175,10 @@ def _command(c: Checks, doc: dict[str, Any]) -> None:
     c.equal(RESULTS, "command (its --seed, the seed recorded)", doc["seed"], _int(seed) if seed is not None else 0)
     every = list(strategies.STRATEGIES)
     try:  # (all, or none named: every strategy this meshbench or an earlier one had, new ones added at the end)
-        everything = named is None or named.strip() == "all"
-        wanted = every[: len(doc["strategies"])] if everything else [x.name for x in strategies.chosen(named)]
+        if named is None or named.strip() == "all":
+            wanted = every[: len(doc["strategies"])]
+        else:
+            wanted = [x.name for x in strategies.chosen(named)]
         seconds, requests = strategies.budget(given if given is not None else strategies.DEFAULT_BUDGET)
     except MeshbenchError as e:
         c.equal(RESULTS, "command (its --strategies and --budget, as the CLI reads them)", "read", str(e))
