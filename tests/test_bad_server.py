@@ -245,7 +245,7 @@ def test_verify_holds_the_endpoint_record_to_the_config_and_its_own_stamps(promp
     forgeries = {
         "endpoint.url (= config.engine.url)": lambda d: d["endpoint"].update(url="http://127.0.0.1:1"),
         "endpoint.loopback": lambda d: d["endpoint"].update(loopback=False),
-        "endpoint.server (a flavour that serves endpoint.api)": lambda d: d["endpoint"].update(server="vllm"),
+        "endpoint.api: 'vllm' serves": lambda d: d["endpoint"].update(server="vllm"),
         "position (level order rotated by r)": lambda d: d["levels"][0]["repetitions"][1].update(position=0),
         "needle[0].completion.token_ns": lambda d: d["levels"][1]["needle"][0]["completion"]["token_ns"].reverse(),
     }

@@ -61,7 +61,7 @@ class Server:
         assert url is not None
         ep = Endpoint(parse_target(url), apis.AUTO, DEADLINE_S)
         info = ep.probe()
-        if not apis.recorded(ep.api).ids:
+        if not apis.of(ep.api).ids:
             raise MeshbenchError(
                 f"{url}: hunt needs llama-server's native /completion API (token ids and per-token probabilities); "
                 f"this server answers {info.get('server')}'s"

@@ -124,7 +124,8 @@ def check_prompt_ids(c: Checks, b: EndpointBundle, here: list[list[int]] | str) 
 
 
 def _check_request(c: Checks, b: EndpointBundle) -> None:
-    """What every request carried is what this config sends (recorded since cache_prompt could be chosen)."""
+    """What every request carried is what this config sends (recorded since cache_prompt could be chosen). The
+    recorded API is one the schema allows (checked before this), so ``request.shared_fields`` asks a real one."""
     wl = b.results.workload
     chosen = request.chosen_cache_prompt(b.cfg.engine.cache_prompt)
     if wl.request is not None or chosen is not None:
@@ -152,8 +153,8 @@ def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
     c.equal(RESULTS, "endpoint.loopback (= the url's host)", recorded.loopback, e.loopback)
     if eng.api != apis.AUTO:
         c.equal(RESULTS, "endpoint.api (= config.engine.api)", eng.api, e.api)
-    c.equal(RESULTS, "endpoint.server (a flavour that serves endpoint.api)", True,
-            e.api in servers.recorded(e.server).apis)  # fmt: skip
+    c.equal(RESULTS, f"endpoint.server (a flavour that serves endpoint.api: {e.server!r:.40} serves {e.api!r:.40})",
+            True, e.api in servers.recorded(e.server).apis)  # fmt: skip
     c.equal(RESULTS, "endpoint.launched (exactly where config.engine.serve starts a server)", bool(eng.serve),
             e.launched is not None)  # fmt: skip
     if e.launched is not None and eng.serve:

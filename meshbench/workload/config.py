@@ -120,7 +120,7 @@ class RunConfig:
                 self.workload.eos == "continue"
             ),
         }
-        talks = (apis.AUTO, *apis.names(conversations=True))  # (auto resolves to native, which does)
+        talks = (apis.AUTO, *apis.names(conversations=True))  # (auto: checked once the probe resolves it)
         if self.workload.turns > 1 and (open_loop or self.engine.api not in talks):
             raise MeshbenchError(
                 "workload.turns: conversations over HTTP run on closed-loop clients (no --rates so far), over the "
