@@ -16,8 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from meshbench.cli import app
-from meshbench.errors import MeshbenchError
-from meshbench.results import hunt_report
+from tests.forged_hunts import forged
 from tests.test_hunt_node import CONFIG, _leaking_setup
 
 runner = CliRunner()
@@ -43,19 +42,7 @@ def honest(tmp_path_factory) -> Path:
 
 
 def _forged(bundle: Path, tmp_path: Path, edit) -> tuple[int, str]:
-    b = tmp_path / "H"
-    shutil.copytree(bundle, b)
-    doc = json.loads((b / "results.json").read_text())
-    edit(doc)
-    (b / "results.json").write_text(json.dumps(doc))
-    try:
-        (b / "README.md").write_text(hunt_report.readme(doc, "H"))
-    except MeshbenchError:  # (a forgery the renderer cannot read: verify says so itself)
-        pass
-    for k, f in enumerate(doc["findings"], 1):
-        (b / f"finding-{k}.json").write_text(json.dumps(f["minimal"]["history"], indent=1) + "\n")
-    r = runner.invoke(app, ["verify", str(b)])
-    return r.exit_code, r.output
+    return forged(bundle, tmp_path, edit)
 
 
 def _minimal(d) -> list[dict]:

@@ -14,6 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from meshbench.cli import app
+from meshbench.records import serial
+from tests.forged_hunts import forged
 
 runner = CliRunner()
 needs_gemma = pytest.mark.skipif(
@@ -67,7 +69,9 @@ def test_the_hunt_finds_a_planted_leak_without_its_shape_and_nothing_on_the_clea
     from meshbench.analysis import hunt as judge
     from meshbench.results import hunt_report
 
-    (found,) = hunt_report.view(json.loads((tmp_path / "LEAKY/results.json").read_text())).findings
+    (found,) = hunt_report.view(
+        serial.hunt_document(json.loads((tmp_path / "LEAKY/results.json").read_text()))
+    ).findings
     assert found.minimal.history.size() <= found.found.history.size()
     assert hunt_report.shown(found.minimal_confirmations) >= 2, leaky.output
     step = max(len(s.requests) for s in found.minimal.history.steps)
@@ -91,21 +95,7 @@ def hunted(model, tmp_path_factory):
 
 
 def _forged(hunted, tmp_path, edit) -> tuple[int, str]:
-    import shutil
-
-    b = tmp_path / "H"
-    shutil.copytree(hunted, b)
-    doc = json.loads((b / "results.json").read_text())
-    edit(doc)
-    (b / "results.json").write_text(json.dumps(doc))
-    from meshbench.results import hunt_report
-
-    try:
-        (b / "README.md").write_text(hunt_report.readme(doc, "H"))
-    except Exception:  # noqa: BLE001 - (a forgery the renderer cannot read: verify says so itself)
-        pass
-    r = runner.invoke(app, ["verify", str(b)])
-    return r.exit_code, r.output
+    return forged(hunted, tmp_path, edit)
 
 
 def test_a_hunt_bundle_verifies_and_its_readme_opens_with_the_findings(hunted):

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from meshbench.cli import app
 from meshbench.engine import factory
+from meshbench.records import serial
 
 runner = CliRunner()
 CONFIG = "configs/shared-prefix.yaml"  # the synthetic engine, prefix cache on, 16 positions a block
@@ -120,7 +121,7 @@ def test_verify_refuses_a_node_hunt_whose_server_or_second_choices_were_rewritte
         doc = json.loads(json.dumps(original))
         change(doc)
         (out / "results.json").write_text(json.dumps(doc))
-        (out / "README.md").write_text(hunt_report.readme(doc, out.name))
+        (out / "README.md").write_text(hunt_report.readme(serial.hunt_document(doc), out.name))
         return runner.invoke(app, ["verify", str(out)]).exit_code
 
     assert forged(lambda d: None) == 0
@@ -197,11 +198,13 @@ def test_the_prefix_cache_tests_planted_faults_are_found_by_the_default_hunt_wit
     from meshbench.results import hunt_report
 
     doc = json.loads((out / "results.json").read_text())
-    shown = [f for f in hunt_report.view(doc).findings if hunt_report.reproduced(f)]
+    shown = [f for f in hunt_report.view(serial.hunt_document(doc)).findings if hunt_report.reproduced(f)]
     assert shown and all(f.minimal.history.size() <= f.found.history.size() for f in shown)
     assert all(hunt_report.shown(f.confirmations) + hunt_report.shown(f.minimal_confirmations) >= 2 for f in shown)
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
-    for f, raw in zip(hunt_report.view(doc).findings, doc["findings"]):  # (the figures the hunt guide quotes: -s)
+    for f, raw in zip(
+        hunt_report.view(serial.hunt_document(doc)).findings, doc["findings"]
+    ):  # (the figures the hunt guide quotes: -s)
 
         def size(h) -> tuple[int, ...]:
             return (*h.size(), sum(r.answer_tokens for r in h.requests()))

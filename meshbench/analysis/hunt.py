@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.records.completion import Completion
 from meshbench.records.history import History, Request
+from meshbench.records.hunt import Coverage
 
 SAME, NEAR_TIE, CONFIDENT, UNKNOWN, NOT_JUDGED = "same", "near-tie", "confident", "unknown", "not judged"
 OUTCOMES = (SAME, NEAR_TIE, CONFIDENT, UNKNOWN, NOT_JUDGED)
@@ -109,20 +110,25 @@ def outcomes(runs: list[Checked]) -> dict[str, int]:
     return {o: every.count(o) for o in OUTCOMES}
 
 
-def coverage(runs: list[Checked], head: int) -> dict[str, dict[str, int]]:
+def coverage(runs: list[Checked], head: int) -> dict[str, Coverage]:
     """What the histories exercised, as the server reported it: answers whose prompt it took partly from its cache
     (fewer ids computed than evaluated by more than the ``head`` every prompt starts with), and those ids; by
     strategy."""
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, Coverage] = {}
     for c in runs:
-        s = out.setdefault(c.history.strategy, {"histories": 0, "requests": 0, "cache_hits": 0, "ids_reused": 0})
-        s["histories"] += 1
+        hits = reused_ids = 0
         for x in c.answers.values():
-            s["requests"] += 1
             reused = (x.evaluated or 0) - (x.computed if x.computed is not None else x.evaluated or 0)
             if x.error is None and reused > head:
-                s["cache_hits"] += 1
-                s["ids_reused"] += reused
+                hits += 1
+                reused_ids += reused
+        was = out.get(c.history.strategy, Coverage(histories=0, requests=0, cache_hits=0, ids_reused=0))
+        out[c.history.strategy] = Coverage(
+            histories=was.histories + 1,
+            requests=was.requests + len(c.answers),
+            cache_hits=was.cache_hits + hits,
+            ids_reused=was.ids_reused + reused_ids,
+        )
     return out
 
 

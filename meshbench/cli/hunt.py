@@ -25,6 +25,7 @@ from meshbench.hunt.execute import Host
 from meshbench.hunt.node import NodeServer
 from meshbench.hunt.server import Server
 from meshbench.records import history as hist
+from meshbench.records.hunt import NODE, HuntBudget, HuntDocument, HuntServer
 from meshbench.results import hunt_report
 from meshbench.workload import hunt as strategies
 from meshbench.workload.target import parse_target
@@ -101,7 +102,7 @@ def hunt(
             raise typer.Exit(_replay(server, replayed))
         found = hunting.hunt(server, chosen, seed, until(seconds, requests), _progress, settle_s=seconds)
         info = _server_info(server)
-    doc = document.document(found, info, _reproducing(chosen, seed), {"seconds": seconds, "requests": requests})
+    doc = document.document(found, info, _reproducing(chosen, seed), HuntBudget(seconds=seconds, requests=requests))
     for line in hunt_report.lines(hunt_report.view(doc)):
         out.print(line, markup=False)
     if out_dir is not None:
@@ -111,7 +112,7 @@ def hunt(
     raise typer.Exit(exits.CHECK_FAILED if reproduced else exits.OK if judged else exits.NOTHING_JUDGED)
 
 
-def _server_info(server: Server | NodeServer) -> dict[str, object]:
+def _server_info(server: Server | NodeServer) -> HuntServer:
     props = server.props or {}
     slots = props.get("total_slots")
     build: object
@@ -121,14 +122,14 @@ def _server_info(server: Server | NodeServer) -> dict[str, object]:
         build = f"{props.get('build_info')}; {llama_server.version(server.binary)}"
     else:
         build = props.get("build_info")
-    return {
-        "kind": "node" if isinstance(server, NodeServer) else "llama-server",
-        "launched": server.launched,
-        "build_info": str(build)[:200] if build is not None else None,
-        "model": server.model if server.launched else (str(props.get("model_path"))[:1000] or None),
-        "args": list(server.args),
-        "total_slots": slots if isinstance(slots, int) and 1 <= slots <= 65536 else None,
-    }
+    return HuntServer(
+        kind=NODE if isinstance(server, NodeServer) else "llama-server",
+        launched=server.launched,
+        build_info=str(build)[:200] if build is not None else None,
+        model=server.model if server.launched else (str(props.get("model_path"))[:1000] or None),
+        args=list(server.args),
+        total_slots=slots if isinstance(slots, int) and 1 <= slots <= 65536 else None,
+    )
 
 
 def until(seconds: float | None, requests: int | None) -> Callable[[int, float], bool]:
@@ -249,14 +250,9 @@ def _replay(server: Host, h: hist.History) -> int:
     return 1 if shown else 0
 
 
-def _write(folder: Path, doc: dict[str, object]) -> None:
+def _write(folder: Path, doc: HuntDocument) -> None:
     """The bundle, written into a staging folder beside ``folder`` and renamed to it (never half-written)."""
-    files_ = {"results.json": json.dumps(doc, indent=1) + "\n", "README.md": hunt_report.readme(doc, folder.name)}
-    findings = doc["findings"]
-    assert isinstance(findings, list)
-    for k, f in enumerate(findings, 1):
-        files_[f"finding-{k}.json"] = json.dumps(f["minimal"]["history"], indent=1) + "\n"
-    _staged(folder, files_)
+    _staged(folder, hunt_report.bundle_files(doc, folder.name))
 
 
 def _staged(folder: Path, files_: dict[str, str]) -> None:

@@ -15,6 +15,7 @@ from meshbench.cli import exits, progress
 from meshbench.cli.common import err, out, print_json
 from meshbench.endpoint import retokenize
 from meshbench.errors import MeshbenchError
+from meshbench.records.hunt import HuntDocument
 from meshbench.results import kinds
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify_mod
@@ -118,7 +119,7 @@ def _checked(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None
             return verify_hunt.check(path)
         from meshbench.hunt import rerun as hunt_rerun  # noqa: PLC0415 - a rerun loads an engine; a check does not
 
-        def again(doc: dict, c: Checks) -> None:
+        def again(doc: HuntDocument, c: Checks) -> None:
             try:
                 hunt_rerun.rerun(doc, c, lambda m: err.print(f"verify {path}: rerun: {m}", markup=False))
             except MeshbenchError as e:

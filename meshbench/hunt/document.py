@@ -5,68 +5,74 @@ is stored but the summary: verify and the README judge again from the records.""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
+from meshbench import __version__
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.hunt import Checked
 from meshbench.hunt.run import Finding, Hunt
-from meshbench.records import history as hist
 from meshbench.records import serial
+from meshbench.records.context import Environment
+from meshbench.records.hunt import (
+    Calibration,
+    FindingRecord,
+    HuntBudget,
+    HuntDocument,
+    HuntServer,
+    HuntSummary,
+    Run,
+)
 from meshbench.results import hunt_report
-from meshbench.results.document import stamp
+from meshbench.results.document import created_at
 from meshbench.results.envinfo import environment
 
 KIND, VERSION = hunt_report.KIND, 1
 
 
-def document(h: Hunt, server: dict[str, Any], command: str, budget: dict[str, Any]) -> dict[str, Any]:
+def document(h: Hunt, server: HuntServer, command: str, budget: HuntBudget) -> HuntDocument:
     minutes = max(h.seconds, 1e-9) / 60
-    return {
-        **stamp(KIND, VERSION, command),
-        "environment": environment(),
-        "server": server,
-        "seed": h.seed,
-        "strategies": h.strategies,
-        "budget": budget,
-        "facts": {**dataclasses.asdict(h.facts), "head": list(h.facts.head), "pool": list(h.facts.pool)},
-        "calibration": {
-            "cold": [serial.to_json(x) for x in h.calibration.cold],
-            "together": [serial.to_json(x) for x in h.calibration.together],
-            "warm": [serial.to_json(x) for x in h.calibration.warm],
-        },
-        "near_tie": h.threshold,
-        "cold_answers": h.how_cold,
-        "replays_on": h.replays_on,
-        "seconds": round(h.seconds, 1),
-        "checked": [run(c) for c in h.checked],
-        "findings": [_finding(h, f) for f in h.findings],
-        "summary": {
-            "histories": len(h.checked),
-            "requests": sum(len(c.history.requests()) for c in h.checked),
-            "histories_per_minute": round(len(h.checked) / minutes, 2),
-            "outcomes": judge.outcomes(h.checked),
-            "coverage": judge.coverage(h.checked, len(h.facts.head)),
-        },
-    }
+    return HuntDocument(
+        kind=KIND,
+        schema_version=VERSION,
+        meshbench_version=__version__,
+        created_at=created_at(),
+        command=command,
+        environment=serial.from_json(environment(), Environment, "the environment"),
+        server=server,
+        seed=h.seed,
+        strategies=h.strategies,
+        budget=budget,
+        facts=h.facts,
+        calibration=Calibration(
+            cold=list(h.calibration.cold), together=list(h.calibration.together), warm=list(h.calibration.warm)
+        ),
+        near_tie=h.threshold,
+        cold_answers=h.how_cold,
+        replays_on=h.replays_on,
+        seconds=round(h.seconds, 1),
+        checked=[run(c) for c in h.checked],
+        findings=[_finding(h, f) for f in h.findings],
+        summary=HuntSummary(
+            histories=len(h.checked),
+            requests=sum(len(c.history.requests()) for c in h.checked),
+            histories_per_minute=round(len(h.checked) / minutes, 2),
+            outcomes=judge.outcomes(h.checked),
+            coverage=judge.coverage(h.checked, len(h.facts.head)),
+        ),
+    )
 
 
-def run(c: Checked) -> dict[str, Any]:
+def run(c: Checked) -> Run:
     """A history as it ran: its requests, then each one's answer and each judged one's cold answer, in order."""
     reqs = c.history.requests()
-    return {
-        "history": hist.to_json(c.history),
-        "answers": [serial.to_json(c.answers[r.name]) for r in reqs],
-        "cold": [serial.to_json(c.cold[r.name]) for r in reqs if r.name in c.cold],
-    }
+    answers = [c.answers[r.name] for r in reqs]
+    return Run(history=c.history, answers=answers, cold=[c.cold[r.name] for r in reqs if r.name in c.cold])
 
 
-def _finding(h: Hunt, f: Finding) -> dict[str, Any]:
-    return {
-        "checked": next(k for k, c in enumerate(h.checked) if c is f.found),
-        "seconds_to_find": round(f.seconds_to_find, 1),
-        "shrink_tries": f.shrink_tries,
-        "confirmations": [run(c) for c in f.confirmations],
-        "minimal": run(f.minimal if f.minimal is not None else f.found),
-        "minimal_confirmations": [run(c) for c in f.minimal_confirmations],
-    }
+def _finding(h: Hunt, f: Finding) -> FindingRecord:
+    return FindingRecord(
+        checked=next(k for k, c in enumerate(h.checked) if c is f.found),
+        seconds_to_find=round(f.seconds_to_find, 1),
+        shrink_tries=f.shrink_tries,
+        confirmations=[run(c) for c in f.confirmations],
+        minimal=run(f.minimal if f.minimal is not None else f.found),
+        minimal_confirmations=[run(c) for c in f.minimal_confirmations],
+    )

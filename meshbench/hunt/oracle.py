@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.hunt.execute import Target
 from meshbench.records.completion import Completion
 from meshbench.records.history import Facts, Request
 from meshbench.records.margins import MarginPasses
-from meshbench.workload.hunt import prompt
-
-CALIBRATION = 8  # requests measured cold, cold all at once and warm
+from meshbench.workload.hunt import calibration
 
 
 class Oracle:
@@ -41,14 +37,11 @@ class Oracle:
         return o
 
 
-def calibrate(target: Target, facts: Facts, rng: np.random.Generator) -> MarginPasses:
-    """CALIBRATION requests, each cold (alone), all at once cold (one batch: what batching does to the arithmetic)
-    and warm (right after itself, through the prompt cache): the passes the server's numerics are measured from
-    (cold against together and against warm)."""
-    requests = [
-        Request(name=f"c{k}", prompt=tuple(prompt(rng, facts, int(rng.integers(16, 200)))), new_tokens=12)
-        for k in range(CALIBRATION)
-    ]
+def calibrate(target: Target, facts: Facts, seed: int) -> MarginPasses:
+    """The calibration requests (workload.hunt.calibration), each cold (alone), all at once cold (one batch: what
+    batching does to the arithmetic) and warm (right after itself, through the prompt cache): the passes the
+    server's numerics are measured from (cold against together and against warm)."""
+    requests = calibration(facts, seed)
     cold = [target.at_once([r], cache_prompt=False)[r.name] for r in requests]
     together = target.at_once(requests, cache_prompt=False)
     warm = [target.at_once([r])[r.name] for r in requests]

@@ -70,7 +70,7 @@ def calibrated(server: Host, seed: int) -> tuple[Facts, MarginPasses, float, ora
     """The server's facts, its numerics measured (the passes, the near-tie threshold), and an oracle on it."""
     assert server.target is not None
     facts = facts_of(server.target)
-    passes = oracle.calibrate(server.target, facts, np.random.default_rng([seed, 0, 1]))
+    passes = oracle.calibrate(server.target, facts, seed)
     return facts, passes, oracle.threshold(passes), oracle.Oracle(server.target)
 
 

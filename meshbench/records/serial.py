@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import cattrs
 from cattrs.gen import make_dict_structure_fn
+from cattrs.v import format_exception
 
 from meshbench.errors import MeshbenchError
 from meshbench.records import (
@@ -21,6 +22,7 @@ from meshbench.records import (
     context,
     conversation,
     documents,
+    hunt,
     margins,
     model,
     open_loop,
@@ -28,6 +30,7 @@ from meshbench.records import (
     sharing,
 )
 from meshbench.records import completion as answers
+from meshbench.records import history as histories
 
 T = TypeVar("T")
 
@@ -49,6 +52,13 @@ def _converter() -> cattrs.Converter:
     for kind, name in ((int, "an integer"), (float, "a number"), (str, "a string"), (bool, "a boolean")):
         conv.register_structure_hook(kind, _exact(kind, name))
     conv.register_structure_hook(TURN_TOKENS, _turn_tokens(conv))  # (before the records' hooks, which look it up)
+    # a request history is its own file's shape too (history.schema.json, its own checks): read and written as one
+    conv.register_structure_hook(histories.History, lambda value, _: histories.from_json(value, "a history"))
+    conv.register_unstructure_hook(histories.History, histories.to_json)
+    conv.register_unstructure_hook(histories.Facts, _unstructure(conv, histories.Facts))
+    conv.register_structure_hook(
+        histories.Facts, make_dict_structure_fn(histories.Facts, conv, _cattrs_forbid_extra_keys=True)
+    )
     for cls in _records():
         conv.register_unstructure_hook(cls, _unstructure(conv, cls))
         conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True))
@@ -109,7 +119,20 @@ def _records() -> list[type]:
     ]
 
 
-MODULES = (model, answers, context, documents, sharing, margins, perturbation, canary, cancel, open_loop, conversation)
+MODULES = (
+    model,
+    answers,
+    context,
+    documents,
+    sharing,
+    margins,
+    perturbation,
+    canary,
+    cancel,
+    open_loop,
+    conversation,
+    hunt,
+)
 
 
 _CONVERTER = _converter()
@@ -137,9 +160,19 @@ def from_json(value: Any, cls: type[T], where: str = "results.json") -> T:
 def _reason(e: BaseException) -> str:
     """The first leaf of a cattrs error group, with where it was."""
     if isinstance(e, cattrs.BaseValidationError):
-        notes = cattrs.transform_error(e)
+        notes = cattrs.transform_error(e, format_exception=_said)
         return notes[0] if notes else str(e)
     return str(e)
+
+
+def _said(e: BaseException, kind: type | None) -> str:
+    """A leaf error in words: a MeshbenchError's own (a record's own checks), else cattrs'."""
+    return str(e) if isinstance(e, MeshbenchError) else format_exception(e, kind)
+
+
+def hunt_document(value: Any, where: str = "results.json") -> hunt.HuntDocument:
+    """A hunt's results.json, typed whole (the file already checked against the schema)."""
+    return from_json(value, hunt.HuntDocument, where)
 
 
 def node_results(value: Any) -> documents.NodeResults:

@@ -27,9 +27,14 @@ def stamp(kind: str, schema_version: int, command: str) -> dict:
         "kind": kind,
         "schema_version": schema_version,
         "meshbench_version": __version__,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_at": created_at(),
         "command": command,
     }
+
+
+def created_at() -> str:
+    """When a document was made: UTC, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def header(cfg: RunConfig, command: str, schema_version: int) -> dict:

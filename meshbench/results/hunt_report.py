@@ -3,17 +3,19 @@ first, then what was covered and how, and the lines ``meshbench hunt`` prints.""
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.hunt import CONFIDENT, Checked, shown
 from meshbench.errors import MeshbenchError
+from meshbench.names import README, RESULTS
 from meshbench.records import history as hist
 from meshbench.records import serial
 from meshbench.records.history import Facts
+from meshbench.records.hunt import HuntDocument, HuntServer, Run
 from meshbench.results import markdown
 
 KIND = "hunt"
@@ -30,45 +32,52 @@ class Found:
 
 @dataclass(frozen=True, slots=True)
 class HuntView:
-    doc: dict[str, Any]
-    facts: Facts
-    limit: float
+    doc: HuntDocument
     checked: list[Checked]
     findings: list[Found]
 
+    @property
+    def facts(self) -> Facts:
+        return self.doc.facts
 
-def run_of(raw: dict[str, Any], limit: float, where: str) -> Checked:
+    @property
+    def limit(self) -> float:
+        """The near-tie threshold every run is judged at: the one recorded."""
+        return self.doc.near_tie
+
+    def runs(self) -> list[tuple[str, Checked]]:
+        """Every run judged, named where it is in the bundle (as ``HuntDocument.runs`` names them)."""
+        judged = [*self.checked]
+        for f in self.findings:
+            judged += [*f.confirmations, f.minimal, *f.minimal_confirmations]
+        return [(at, x) for (at, _), x in zip(self.doc.runs(), judged)]
+
+
+def run_of(run: Run, limit: float) -> Checked:
     """A recorded run, its answers and cold answers keyed by request, judged at ``limit``."""
-    h = hist.from_json(raw["history"], where)
-    reqs = h.requests()
-    answers = [serial.completion(x) for x in raw["answers"]]
-    cold = [serial.completion(x) for x in raw["cold"]]
-    judged_names = [r.name for r in reqs if r.cancel_at is None]
-    by_name = dict(zip([r.name for r in reqs], answers))
-    return judge.checked(h, by_name, dict(zip(judged_names, cold)), limit)
+    reqs = run.history.requests()
+    by_name = dict(zip([r.name for r in reqs], run.answers))
+    return judge.checked(run.history, by_name, dict(zip([r.name for r in run.judged()], run.cold)), limit)
 
 
-def view(doc: dict[str, Any]) -> HuntView:
-    """The document (schema-valid) typed and judged at its recorded near-tie threshold."""
-    f = doc["facts"]
-    facts = Facts(slots=f["slots"], n_ctx=f["n_ctx"], head=tuple(f["head"]), pool=tuple(f["pool"]),
-                  n_batch=f["n_batch"], n_ubatch=f["n_ubatch"])  # fmt: skip
-    limit = doc["near_tie"]
-    checked = [run_of(c, limit, f"checked[{k}]") for k, c in enumerate(doc["checked"])]
-    stray = next((k for k, x in enumerate(doc["findings"]) if not 0 <= x["checked"] < len(checked)), None)
+def view(doc: HuntDocument) -> HuntView:
+    """The document judged at its recorded near-tie threshold."""
+    limit = doc.near_tie
+    checked = [run_of(c, limit) for c in doc.checked]
+    stray = next((k for k, x in enumerate(doc.findings) if not 0 <= x.checked < len(checked)), None)
     if stray is not None:
-        raise MeshbenchError(f"findings[{stray}].checked: no history {doc['findings'][stray]['checked']} was checked")
+        raise MeshbenchError(f"findings[{stray}].checked: no history {doc.findings[stray].checked} was checked")
     found = [
         Found(
-            found=checked[x["checked"]],
-            confirmations=[run_of(c, limit, f"findings[{k}].confirmations") for c in x["confirmations"]],
-            minimal=run_of(x["minimal"], limit, f"findings[{k}].minimal"),
-            minimal_confirmations=[run_of(c, limit, f"findings[{k}].minimal") for c in x["minimal_confirmations"]],
-            seconds_to_find=x["seconds_to_find"],
+            found=checked[x.checked],
+            confirmations=[run_of(c, limit) for c in x.confirmations],
+            minimal=run_of(x.minimal, limit),
+            minimal_confirmations=[run_of(c, limit) for c in x.minimal_confirmations],
+            seconds_to_find=x.seconds_to_find,
         )
-        for k, x in enumerate(doc["findings"])
+        for x in doc.findings
     ]
-    return HuntView(doc, facts, limit, checked, found)
+    return HuntView(doc, checked, found)
 
 
 def reproduced(f: Found) -> bool:
@@ -86,34 +95,33 @@ def lines(v: HuntView) -> list[str]:
             f"{what} {k} ({f.found.history.strategy}, after {f.seconds_to_find:.0f} s): shown in "
             f"{shown(f.confirmations)} of {len(f.confirmations)} runs again; minimal history {steps} steps, {reqs} "
             f"requests, {ids} prompt ids, shown in {shown(f.minimal_confirmations)} of "
-            f"{len(f.minimal_confirmations)} runs on {v.doc['replays_on']}"
+            f"{len(f.minimal_confirmations)} runs on {v.doc.replays_on}"
         )
         out += ["  " + judge.said(f.minimal, j) for j in f.minimal.judged if j.outcome == CONFIDENT]
     if not any(reproduced(f) for f in v.findings):
         out.append("nothing confident found that showed again")
     o = judge.outcomes(v.checked)
-    out.append(f"{len(v.checked)} histories, {sum(o.values())} answers in {v.doc['seconds']:.0f} s: "
+    out.append(f"{len(v.checked)} histories, {sum(o.values())} answers in {v.doc.seconds:.0f} s: "
                + ", ".join(f"{n} {k}" for k, n in o.items()))  # fmt: skip
     for name, s in judge.coverage(v.checked, len(v.facts.head)).items():
-        out.append(f"  {name}: {s['histories']} histories, {s['requests']} requests, {s['cache_hits']} served partly "
-                   f"from the prompt cache beyond its first id ({s['ids_reused']} ids reused)")  # fmt: skip
-    out.append(f"a near-tie is a cold margin of at most {v.limit:.3g}; cold answers: {v.doc['cold_answers']}")
+        out.append(f"  {name}: {s.histories} histories, {s.requests} requests, {s.cache_hits} served partly from the "
+                   f"prompt cache beyond its first id ({s.ids_reused} ids reused)")  # fmt: skip
+    out.append(f"a near-tie is a cold margin of at most {v.limit:.3g}; cold answers: {v.doc.cold_answers}")
     return out
 
 
-def readme(doc: dict[str, Any], name: str) -> str:
+def readme(doc: HuntDocument, name: str) -> str:
     """The bundle's README: findings first, then what was covered, then how to read and replay it."""
     v = view(doc)
-    s = doc["server"]
-    flags = markdown.inline(" ".join(s.get("args") or []) or "none")
-    how = f"started by meshbench with flags {flags}" if s.get("launched") else "a running server"
-    where = shlex.join(s["args"]) if s.get("kind") == "node" else "--target URL"
+    s = doc.server
+    flags = markdown.inline(" ".join(s.args) or "none")
+    how = f"started by meshbench with flags {flags}" if s.launched else "a running server"
+    where = shlex.join(s.args) if s.node else "--target URL"
     head = [
         f"# {markdown.inline(name)}: a hunt for cross-request bugs",
         "",
-        f"`meshbench hunt` against {served(s)}, model {markdown.inline(str(s.get('model')))}, {how}), seed "
-        f"{doc['seed']}, strategies "
-        f"{', '.join(markdown.inline(x) for x in doc['strategies'])}. Command: {markdown.code(doc['command'])}.",
+        f"`meshbench hunt` against {served(s)}, model {markdown.inline(str(s.model))}, {how}), seed {doc.seed}, "
+        f"strategies {', '.join(markdown.inline(x) for x in doc.strategies)}. Command: {markdown.code(doc.command)}.",
         "",
         "## Findings",
         "",
@@ -124,7 +132,7 @@ def readme(doc: dict[str, Any], name: str) -> str:
         "",
         "## How it was judged",
         "",
-        f"Every answer is held to its cold answer: {markdown.inline(doc['cold_answers'])}. Where it first differs, "
+        f"Every answer is held to its cold answer: {markdown.inline(doc.cold_answers)}. Where it first differs, "
         "a cold margin within the server's numerics (measured before the hunt from requests sent cold twice and warm, "
         "between the floor and the cap) with the answer taking the cold answer's second choice is a near-tie; a "
         "change to a third choice there is unknown; anything above it is confident, a finding, confirmed by running "
@@ -137,18 +145,27 @@ def readme(doc: dict[str, Any], name: str) -> str:
     return "\n".join(head)
 
 
-def served(s: dict[str, Any]) -> str:
+def bundle_files(doc: HuntDocument, name: str) -> dict[str, str]:
+    """Every file of the bundle, by name, as ``doc`` renders it: results.json, the README and each finding's
+    minimal history (``finding-K.json``, replayable)."""
+    out = {RESULTS: json.dumps(serial.to_json(doc), indent=1) + "\n", README: readme(doc, name)}
+    for k, f in enumerate(doc.findings, 1):
+        out[f"finding-{k}.json"] = json.dumps(hist.to_json(f.minimal.history), indent=1) + "\n"
+    return out
+
+
+def served(s: HuntServer) -> str:
     """What the hunt ran against, opening a parenthesis its caller closes: "llama-server (b9581-..." or "meshbench's
     node (synthetic engine, ..."."""
-    what = "meshbench's node" if s.get("kind") == "node" else "llama-server"
-    return f"{what} ({markdown.inline(str(s.get('build_info')))}"
+    what = "meshbench's node" if s.node else "llama-server"
+    return f"{what} ({markdown.inline(str(s.build_info))}"
 
 
-def index_row(folder: Path, doc: dict[str, Any]) -> str:
+def index_row(folder: Path, doc: HuntDocument) -> str:
     """The hunt's row of evidence/INDEX.md: what it found (judged again here), against which server and model."""
     v = view(doc)
-    s = doc["server"]
-    model = Path(str(s.get("model") or "-")).name
+    s = doc.server
+    model = Path(s.model or "-").name
     o = judge.outcomes(v.checked)
     found = (
         "; ".join(
@@ -159,13 +176,12 @@ def index_row(folder: Path, doc: dict[str, Any]) -> str:
         )
         or f"nothing confident that showed again in {sum(o.values())} answers"
     )
-    env = doc.get("environment") or {}
-    blas = (env.get("compute") or {}).get("blas") or {}
-    cpu = str(env.get("cpu")) + (f" ({blas['kernel']})" if blas.get("kernel") else "")
-    made = markdown.code(doc["command"].split(" --out")[0]).replace("|", "\\|")
+    blas = doc.environment.compute.blas
+    cpu = doc.environment.cpu + (f" ({blas.kernel})" if blas is not None and blas.kernel else "")
+    made = markdown.code(doc.command.split(" --out")[0]).replace("|", "\\|")
     return (
         f"| [{folder.name}]({folder.name}/README.md) | a hunt for cross-request bugs: {markdown.inline(found)} | "
         f"{served(s)}), {markdown.inline(model)} | "
-        f"hunt: {len(v.checked)} histories, seed {doc['seed']} | n/a | n/a | not a sweep | {markdown.inline(cpu)} | "
+        f"hunt: {len(v.checked)} histories, seed {doc.seed} | n/a | n/a | not a sweep | {markdown.inline(cpu)} | "
         f"{v.limit:.3g} (near-tie threshold) | {made} |"
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from meshbench.analysis import figures
 from meshbench.names import RESULTS
+from meshbench.records import serial
 from meshbench.results import document, hunt_report, index_rows, kinds, matrix, matrix_report
 
 HEADER = index_rows.HEADER
@@ -23,7 +24,7 @@ def _row(folder: Path) -> str:
         d = matrix.load(folder)  # (its folders checked: each its flags' own, inside the bundle)
         return matrix_report.index_row(folder, d, matrix.settings(folder, d, lambda p: document.load(p / RESULTS)))
     if d.get("kind") == hunt_report.KIND:
-        return hunt_report.index_row(folder, d)
+        return hunt_report.index_row(folder, serial.hunt_document(d))
     return kinds.index_row(folder, d)
 
 

@@ -11,11 +11,10 @@ meshbench.hunt.rerun."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -23,12 +22,12 @@ from meshbench import files, validation
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.checks import Checks
-from meshbench.analysis.hunt import Checked
 from meshbench.errors import MeshbenchError
 from meshbench.names import README, RESULTS
 from meshbench.records import history as hist
 from meshbench.records import serial
 from meshbench.records.completion import Completion
+from meshbench.records.hunt import HuntBudget, HuntDocument
 from meshbench.records.margins import MarginPasses
 from meshbench.results import document, hunt_report
 from meshbench.verify import hunt_records
@@ -46,17 +45,17 @@ def is_hunt(path: Path) -> bool:
         return False
 
 
-def load(path: Path) -> dict[str, Any]:
-    """The hunt's results.json, schema-valid, or one line naming what is wrong."""
+def load(path: Path) -> HuntDocument:
+    """The hunt's results.json, schema-valid and typed, or one line naming what is wrong."""
     rj = path / RESULTS
     data = document.load(rj)
     errors = validation.errors(data, SCHEMA)
     if errors:
         raise MeshbenchError(f"{rj}: not a hunt bundle of this meshbench: {errors[0]}")
-    return data
+    return serial.hunt_document(data, str(rj))
 
 
-def check(path: Path, rerun: Callable[[dict[str, Any], Checks], None] | None = None) -> Checks:
+def check(path: Path, rerun: Callable[[HuntDocument, Checks], None] | None = None) -> Checks:
     """Every check of the bundle; with ``rerun`` (the CLI's: a node hunt run again), its records compared with a
     rerun's as well, once they hold together."""
     doc = load(path)
@@ -67,13 +66,13 @@ def check(path: Path, rerun: Callable[[dict[str, Any], Checks], None] | None = N
     c = Checks()
     _threshold(c, doc)
     _server(c, doc)
-    _histories(c, doc, v)
+    _histories(c, v)
     hunt_records.check(c, doc)
-    hunt_records.calibration(c, doc, v.facts)
+    hunt_records.calibration(c, doc)
     _command(c, doc)
     _answers(c, v)
-    _summary(c, doc, v)
-    _budget(c, doc, v)
+    _summary(c, v)
+    _budget(c, v)
     _findings(c, v)
     _files(c, path, doc)
     if rerun is not None and not c.failures:  # (a bundle that does not hold together is not run again)
@@ -81,28 +80,28 @@ def check(path: Path, rerun: Callable[[dict[str, Any], Checks], None] | None = N
     return c
 
 
-def _threshold(c: Checks, doc: dict[str, Any]) -> None:
-    cal = {k: [serial.completion(x) for x in doc["calibration"][k]] for k in ("cold", "together", "warm")}
-    passes = MarginPasses(cold=cal["cold"], warm=cal["warm"], together=cal["together"])
-    c.equal(RESULTS, "near_tie (recomputed from the calibration passes)", margins.near_tie(passes), doc["near_tie"])
+def _threshold(c: Checks, doc: HuntDocument) -> None:
+    cal = doc.calibration
+    passes = MarginPasses(cold=cal.cold, warm=cal.warm, together=cal.together)
+    c.equal(RESULTS, "near_tie (recomputed from the calibration passes)", margins.near_tie(passes), doc.near_tie)
 
 
-def _histories(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
+def _histories(c: Checks, v: hunt_report.HuntView) -> None:
     """Every history is the one its strategy draws from the seed for these facts, in turn."""
-    names = doc["strategies"]
+    names, seed = v.doc.strategies, v.doc.seed
     c.equal(RESULTS, "strategies (each one this meshbench knows)", True, all(n in strategies.STRATEGIES for n in names))
     c.equal(RESULTS, "strategies (each named once, as --strategies takes them)", len(names), len(set(names)))
     if not all(n in strategies.STRATEGIES for n in names) or not names:
         return
     for k, got in enumerate(v.checked):
         s = strategies.STRATEGIES[names[k % len(names)]]
-        drawn = s.draw(np.random.default_rng([doc["seed"], k]), v.facts, [doc["seed"], k])
+        drawn = s.draw(np.random.default_rng([seed, k]), v.facts, [seed, k])
         c.equal(RESULTS, f"checked[{k}].history (drawn again from the seed by {s.name})", drawn, got.history)
 
 
 def _answers(c: Checks, v: hunt_report.HuntView) -> None:
     """Every answer and cold answer has a margin and a second choice per token, and at most the ids asked."""
-    for at, run in _runs(v):
+    for at, run in v.runs():
         for r in run.history.requests():
             if r.cancel_at is None and r.name in run.cold:
                 x = run.cold[r.name]
@@ -125,23 +124,23 @@ def _fits(x: Completion, n: int) -> bool:
     )
 
 
-def _server(c: Checks, doc: dict[str, Any]) -> None:
+def _server(c: Checks, doc: HuntDocument) -> None:
     """Where cold answers come from and where findings run again, as the recorded server has them: the node's
     own words, a server meshbench started or one it was pointed at; the node, always started by meshbench from the
     config the command names; the slots the server said it has, those the histories were drawn for."""
-    s = doc["server"]
-    cold, replays = hist.said_of(s["kind"], s["launched"])
-    c.equal(RESULTS, "cold_answers (where the recorded server's cold answers come from)", cold, doc["cold_answers"])
-    c.equal(RESULTS, "replays_on (where the recorded server's findings run again)", replays, doc["replays_on"])
-    if s["kind"] == "node":
-        c.equal(RESULTS, "server.launched (the node is always started by meshbench)", True, s["launched"])
+    s = doc.server
+    cold, replays = hist.said_of(s.kind, s.launched)
+    c.equal(RESULTS, "cold_answers (where the recorded server's cold answers come from)", cold, doc.cold_answers)
+    c.equal(RESULTS, "replays_on (where the recorded server's findings run again)", replays, doc.replays_on)
+    if s.node:
+        c.equal(RESULTS, "server.launched (the node is always started by meshbench)", True, s.launched)
         config = _flag(doc, "--config")  # (as the CLI made it a path)
         named = ["--config", str(Path(config)) if config else None]
-        c.equal(RESULTS, "server.args (the node's config, as the command names it)", named, s["args"])
-    c.equal(RESULTS, "facts.slots (the server's total_slots, 1 where it says none)", s["total_slots"] or 1,
-            doc["facts"]["slots"])  # fmt: skip
+        c.equal(RESULTS, "server.args (the node's config, as the command names it)", named, s.args)
+    c.equal(RESULTS, "facts.slots (the server's total_slots, 1 where it says none)", s.total_slots or 1,
+            doc.facts.slots)  # fmt: skip
     c.equal(RESULTS, "facts.n_batch, n_ubatch (llama-server's defaults, which the hunt draws for)",
-            [hist.N_BATCH, hist.N_UBATCH], [doc["facts"]["n_batch"], doc["facts"]["n_ubatch"]])  # fmt: skip
+            [hist.N_BATCH, hist.N_UBATCH], [doc.facts.n_batch, doc.facts.n_ubatch])  # fmt: skip
 
 
 def _int(value: str) -> int | str:
@@ -152,10 +151,10 @@ def _int(value: str) -> int | str:
         return value
 
 
-def _flag(doc: dict[str, Any], flag: str) -> str | None:
+def _flag(doc: HuntDocument, flag: str) -> str | None:
     """The value the recorded command gives ``flag`` (its last, as the CLI reads it; None: not given)."""
     try:
-        words = shlex.split(doc["command"])
+        words = shlex.split(doc.command)
     except ValueError:
         return None
     found = None
@@ -167,45 +166,36 @@ def _flag(doc: dict[str, Any], flag: str) -> str | None:
     return found
 
 
-def _command(c: Checks, doc: dict[str, Any]) -> None:
+def _command(c: Checks, doc: HuntDocument) -> None:
     """The command recorded ran this hunt: its seed, strategies and budget, each as the CLI reads it, or its
     default where it names none (the seed 0; every strategy, as this meshbench or an earlier one had them: new ones
     are added at the end; 10 minutes). A hunt now writes the seed and the strategies into its command."""
     seed, named, given = _flag(doc, "--seed"), _flag(doc, "--strategies"), _flag(doc, "--budget")
-    c.equal(RESULTS, "command (its --seed, the seed recorded)", doc["seed"], _int(seed) if seed is not None else 0)
+    c.equal(RESULTS, "command (its --seed, the seed recorded)", doc.seed, _int(seed) if seed is not None else 0)
     every = list(strategies.STRATEGIES)
     try:  # (all, or none named: every strategy this meshbench or an earlier one had, new ones added at the end)
         if named is None or named.strip() == "all":
-            wanted = every[: len(doc["strategies"])]
+            wanted = every[: len(doc.strategies)]
         else:
             wanted = [x.name for x in strategies.chosen(named)]
         seconds, requests = strategies.budget(given if given is not None else strategies.DEFAULT_BUDGET)
     except MeshbenchError as e:
         c.equal(RESULTS, "command (its --strategies and --budget, as the CLI reads them)", "read", str(e))
         return
-    c.equal(RESULTS, "command (its --strategies, the strategies recorded)", wanted, doc["strategies"])
+    c.equal(RESULTS, "command (its --strategies, the strategies recorded)", wanted, doc.strategies)
     c.equal(RESULTS, "budget (the command's --budget: a time or a number of requests)",
-            {"seconds": seconds, "requests": requests}, doc["budget"])  # fmt: skip
+            HuntBudget(seconds=seconds, requests=requests), doc.budget)  # fmt: skip
 
 
-def _runs(v: hunt_report.HuntView) -> list[tuple[str, Checked]]:
-    out = [(f"checked[{k}]", x) for k, x in enumerate(v.checked)]
-    for k, f in enumerate(v.findings):
-        out += [(f"findings[{k}].confirmations[{j}]", x) for j, x in enumerate(f.confirmations)]
-        out += [(f"findings[{k}].minimal", f.minimal)]
-        out += [(f"findings[{k}].minimal_confirmations[{j}]", x) for j, x in enumerate(f.minimal_confirmations)]
-    return out
-
-
-def _summary(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
-    s = doc["summary"]
-    c.equal(RESULTS, "summary.histories", len(v.checked), s["histories"])
-    c.equal(RESULTS, "summary.requests", sum(len(x.history.requests()) for x in v.checked), s["requests"])
-    c.equal(RESULTS, "summary.outcomes (judged again)", judge.outcomes(v.checked), s["outcomes"])
-    c.equal(RESULTS, "summary.coverage", judge.coverage(v.checked, len(v.facts.head)), s["coverage"])
-    lo, hi = _per_minute(len(v.checked), doc["seconds"])
+def _summary(c: Checks, v: hunt_report.HuntView) -> None:
+    s = v.doc.summary
+    c.equal(RESULTS, "summary.histories", len(v.checked), s.histories)
+    c.equal(RESULTS, "summary.requests", sum(len(x.history.requests()) for x in v.checked), s.requests)
+    c.equal(RESULTS, "summary.outcomes (judged again)", judge.outcomes(v.checked), s.outcomes)
+    c.equal(RESULTS, "summary.coverage", judge.coverage(v.checked, len(v.facts.head)), s.coverage)
+    lo, hi = _per_minute(len(v.checked), v.doc.seconds)
     c.equal(RESULTS, f"summary.histories_per_minute (from histories and seconds: {lo:.2f} to {hi:.2f})", True,
-            lo <= s["histories_per_minute"] <= hi)  # fmt: skip
+            lo <= s.histories_per_minute <= hi)  # fmt: skip
 
 
 def _per_minute(n: int, seconds: float) -> tuple[float, float]:
@@ -216,41 +206,37 @@ def _per_minute(n: int, seconds: float) -> tuple[float, float]:
     return n * 60 / hi_s - 0.005, n * 60 / lo_s + 0.005
 
 
-def _budget(c: Checks, doc: dict[str, Any], v: hunt_report.HuntView) -> None:
+def _budget(c: Checks, v: hunt_report.HuntView) -> None:
     """A history is drawn only while the budget lasts, and the hunt stops at a finding shown again or once the
     budget is spent: a bundle that stops short of both, or ran past its budget, is not what ran. Times are held to
     the least the records themselves took (their stamps): a finding no sooner than the histories before it."""
-    b, sent = doc["budget"], [len(x.history.requests()) for x in v.checked]
-    if b["requests"] is not None:
-        c.equal(RESULTS, f"checked (each drawn with fewer than budget.requests = {b['requests']} requests sent)",
-                True, sum(sent[:-1]) < b["requests"])  # fmt: skip
+    doc = v.doc
+    b, sent = doc.budget, [len(x.history.requests()) for x in v.checked]
+    if b.requests is not None:
+        c.equal(RESULTS, f"checked (each drawn with fewer than budget.requests = {b.requests} requests sent)",
+                True, sum(sent[:-1]) < b.requests)  # fmt: skip
     stopped = bool(v.findings) and hunt_report.reproduced(v.findings[-1])
-    spent = (b["requests"] is not None and sum(sent) >= b["requests"]) or (
-        b["seconds"] is not None and doc["seconds"] + 0.05 >= b["seconds"]
+    spent = (b.requests is not None and sum(sent) >= b.requests) or (
+        b.seconds is not None and doc.seconds + 0.05 >= b.seconds
     )
     c.equal(RESULTS, "budget (a time or a number of requests, as --budget gives it)", 1,
-            sum(x is not None for x in (b["seconds"], b["requests"])))  # fmt: skip
+            sum(x is not None for x in (b.seconds, b.requests)))  # fmt: skip
     c.equal(RESULTS, "the hunt's end (at a finding shown again, or its budget spent)", True, stopped or spent)
     times = [f.seconds_to_find for f in v.findings]
     c.equal(RESULTS, "findings[].seconds_to_find (in the order found, none after the hunt's seconds)", True,
-            times == sorted(times) and all(t <= doc["seconds"] for t in times))  # fmt: skip
-    took = [hunt_records.least_seconds(x) for x in doc["checked"]]
-    settled = {f["checked"]: sum(hunt_records.least_seconds(x) for x in _settle_runs(f)) for f in doc["findings"]}
-    for k, f in enumerate(doc["findings"]):
-        at = f["checked"]
-        least = sum(took[: at + 1]) + sum(t for j, t in settled.items() if j < at)
+            times == sorted(times) and all(t <= doc.seconds for t in times))  # fmt: skip
+    took = [x.least_seconds() for x in doc.checked]
+    settled = {f.checked: sum(x.least_seconds() for x in f.settling()) for f in doc.findings}
+    for k, f in enumerate(doc.findings):
+        least = sum(took[: f.checked + 1]) + sum(t for j, t in settled.items() if j < f.checked)
         c.equal(RESULTS, f"findings[{k}].seconds_to_find (at least the {least:.1f} s its records before it took)",
-                True, f["seconds_to_find"] + 0.05 >= least)  # fmt: skip
+                True, f.seconds_to_find + 0.05 >= least)  # fmt: skip
     least = sum(took) + sum(settled.values())
-    c.equal(RESULTS, f"seconds (at least the {least:.1f} s the records took)", True, doc["seconds"] + 0.05 >= least)
-    if b["seconds"] is not None and took:
+    c.equal(RESULTS, f"seconds (at least the {least:.1f} s the records took)", True, doc.seconds + 0.05 >= least)
+    if b.seconds is not None and took:
         before = sum(took[:-1]) + sum(t for j, t in settled.items() if j < len(took) - 1)
-        c.equal(RESULTS, f"checked (the last drawn within budget.seconds = {b['seconds']:g}: {before:.1f} s of records "
-                "before it)", True, before < b["seconds"] + 0.05)  # fmt: skip
-
-
-def _settle_runs(f: dict[str, Any]) -> list[dict[str, Any]]:
-    return [*f["confirmations"], f["minimal"], *f["minimal_confirmations"]]
+        c.equal(RESULTS, f"checked (the last drawn within budget.seconds = {b.seconds:g}: {before:.1f} s of records "
+                "before it)", True, before < b.seconds + 0.05)  # fmt: skip
 
 
 def _findings(c: Checks, v: hunt_report.HuntView) -> None:
@@ -276,10 +262,9 @@ def _findings(c: Checks, v: hunt_report.HuntView) -> None:
                 hist.unshrinkable(f.minimal.history, f.found.history, len(v.facts.head)))  # fmt: skip
 
 
-def _files(c: Checks, path: Path, doc: dict[str, Any]) -> None:
-    expected = {README: hunt_report.readme(doc, written_as(path))}
-    for k, f in enumerate(doc["findings"], 1):
-        expected[f"finding-{k}.json"] = json.dumps(f["minimal"]["history"], indent=1) + "\n"
+def _files(c: Checks, path: Path, doc: HuntDocument) -> None:
+    expected = hunt_report.bundle_files(doc, written_as(path))
+    del expected[RESULTS]  # (results.json as read: its records were checked, not its layout)
     for name, text in expected.items():
         try:  # (a megabyte past the size it should have, at most: a file far larger is not read whole)
             found = files.read_text(path / name, name, len(text.encode()) + (1 << 20))

@@ -55,6 +55,20 @@ def prompt(rng: np.random.Generator, facts: Facts, n: int) -> list[int]:
     return [*facts.head, *content(rng, facts, n - len(facts.head))]
 
 
+CALIBRATION, CALIBRATION_TOKENS = 8, 12  # requests measured cold, cold all at once and warm; each one's answer
+
+
+def calibration(facts: Facts, seed: int) -> list[Request]:
+    """The requests c0, c1, ... the near-tie threshold is measured from, drawn from the hunt's seed."""
+    rng = np.random.default_rng([seed, 0, 1])
+    return [
+        Request(
+            name=f"c{k}", prompt=tuple(prompt(rng, facts, int(rng.integers(16, 200)))), new_tokens=CALIBRATION_TOKENS
+        )
+        for k in range(CALIBRATION)
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class Strategy:
     name: str
