@@ -3,7 +3,6 @@ never mixed them."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -96,8 +95,7 @@ def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json
 
 def _check_own_evidence(data: dict, typed: NodeBundle | EndpointBundle) -> None:
     """A sweep whose evidence would not pass verify says why and exits 1 (its bundle is kept)."""
-    if isinstance(typed, NodeBundle):  # real prompts' ids, for the prefix cache's replay
-        typed = dataclasses.replace(typed, cfg=run.with_prompt_ids(typed))
+    typed = verify_mod.VERIFIES[kinds.of(data)].concrete(typed, run.with_prompt_ids)  # (a node's real prompts' ids)
     failures = verify_mod.check_typed(data, typed).failures
     if failures:
         for f in failures:

@@ -6,7 +6,7 @@ import contextlib
 import functools
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -114,25 +114,33 @@ def verify(
 
 
 def _checked(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) -> Checks:
-    if verify_hunt.is_hunt(path):
-        if not rerun:
-            return verify_hunt.check(path)
-        from meshbench.hunt import rerun as hunt_rerun  # noqa: PLC0415 - a rerun loads an engine; a check does not
+    return VERIFIERS[kinds.of_folder(path)](path, rerun, trust_endpoints, threads)
 
-        def again(doc: HuntDocument, c: Checks) -> None:
-            try:
-                hunt_rerun.rerun(doc, c, lambda m: err.print(f"verify {path}: rerun: {m}", markup=False))
-            except MeshbenchError as e:
-                raise MeshbenchError(f"{path}: {e}") from None
 
-        return verify_hunt.check(path, again)
-    if verify_matrix.is_matrix(path):
-        if rerun:
-            raise MeshbenchError(
-                f"{path}: a matrix of server settings (endpoint bundles): a rerun needs its server (verify it "
-                "without --rerun)"
-            )
-        return verify_matrix.check(path, tokens=functools.partial(retokenize.here, bundle=path))
+def _hunt(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) -> Checks:
+    if not rerun:
+        return verify_hunt.check(path)
+    from meshbench.hunt import rerun as hunt_rerun  # noqa: PLC0415 - a rerun loads an engine; a check does not
+
+    def again(doc: HuntDocument, c: Checks) -> None:
+        try:
+            hunt_rerun.rerun(doc, c, lambda m: err.print(f"verify {path}: rerun: {m}", markup=False))
+        except MeshbenchError as e:
+            raise MeshbenchError(f"{path}: {e}") from None
+
+    return verify_hunt.check(path, again)
+
+
+def _matrix(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) -> Checks:
+    if rerun:
+        raise MeshbenchError(
+            f"{path}: a matrix of server settings (endpoint bundles): a rerun needs its server (verify it "
+            "without --rerun)"
+        )
+    return verify_matrix.check(path, tokens=functools.partial(retokenize.here, bundle=path))
+
+
+def _sweep(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) -> Checks:
     with contextlib.ExitStack() as stack:
         rerunner = None
         if rerun:
@@ -152,6 +160,15 @@ def _checked(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None
             tokens=functools.partial(retokenize.here, bundle=path),
             threads=threads if rerun else None,
         )
+
+
+# Each kind of bundle folder's verify (results.kinds.FOLDERS): (folder, --rerun, --trust-endpoints, --threads)
+VERIFIERS: dict[str, Callable[[Path, bool, bool, int | None], Checks]] = {
+    kinds.NODE: _sweep,
+    kinds.ENDPOINT: _sweep,
+    kinds.MATRIX: _matrix,
+    kinds.HUNT: _hunt,
+}
 
 
 # A bundle's status, and the exit code it gives: a failing check outranks what other kernels left unconfirmed.

@@ -34,14 +34,6 @@ SERVER_FRESH = "a fresh server process"  # where a finding runs again on a serve
 SERVER_SAME = "the same server (meshbench did not start it)"  # ... on a server it was pointed at
 
 
-def said_of(kind: str, launched: bool) -> tuple[str, str]:
-    """Where a hunt's cold answers come from and where its findings run again, in the words its bundle records,
-    for the server it ran against: the node (always started by meshbench) or a server."""
-    if kind == "node":
-        return NODE_COLD, NODE_REPLAYS
-    return SERVER_COLD, SERVER_FRESH if launched else SERVER_SAME
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Request:
     name: str  # r0, r1, ...: unique in its history

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshbench.records import history
 from meshbench.records.completion import Completion
 from meshbench.records.context import Environment
 from meshbench.records.history import Facts, History, Request
@@ -29,6 +30,13 @@ class HuntServer:
     @property
     def node(self) -> bool:
         return self.kind == NODE
+
+    def said(self) -> tuple[str, str]:
+        """Where its cold answers come from and where its findings run again, in the words its bundle records: the
+        node's (always started by meshbench), or a server's, started by meshbench or not."""
+        if self.node:
+            return history.NODE_COLD, history.NODE_REPLAYS
+        return history.SERVER_COLD, history.SERVER_FRESH if self.launched else history.SERVER_SAME
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,7 +129,7 @@ class HuntDocument:
     facts: Facts
     calibration: Calibration
     near_tie: float
-    cold_answers: str  # where its cold answers come from, in the server's words (records.history.said_of)
+    cold_answers: str  # where its cold answers come from, in the server's words (HuntServer.said)
     replays_on: str  # where a finding runs again
     seconds: float
     checked: list[Run]

@@ -104,7 +104,7 @@ def _matrix_folders(folder: Path) -> set[str]:
     """The setting folders a settings matrix's results.json names (none for any other bundle)."""
     try:
         data = json.loads((folder / RESULTS).read_bytes())
-        if isinstance(data, dict) and data.get("kind") == "matrix":
+        if kinds.of(data) == kinds.MATRIX:
             return {s["folder"] for s in data["settings"] if isinstance(s["folder"], str)}
     except (OSError, ValueError, RecursionError, TypeError, KeyError):
         pass

@@ -16,9 +16,9 @@ from meshbench.records import history as hist
 from meshbench.records import serial
 from meshbench.records.history import Facts
 from meshbench.records.hunt import HuntDocument, HuntServer, Run
-from meshbench.results import markdown
+from meshbench.results import kinds, markdown
 
-KIND = "hunt"
+KIND = kinds.HUNT
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from meshbench.analysis import figures
 from meshbench.names import RESULTS
@@ -18,14 +19,23 @@ from meshbench.results import document, hunt_report, index_rows, kinds, matrix, 
 HEADER = index_rows.HEADER
 
 
+def _matrix_row(folder: Path, data: Any) -> str:
+    d = matrix.load(folder)  # (its folders checked: each its flags' own, inside the bundle)
+    return matrix_report.index_row(folder, d, matrix.settings(folder, d, lambda p: document.load(p / RESULTS)))
+
+
+# Each kind of bundle's row (results.kinds.FOLDERS): (its folder, its results.json as read) -> the row
+ROWS: dict[str, Callable[[Path, Any], str]] = {
+    kinds.NODE: kinds.index_row,
+    kinds.ENDPOINT: kinds.index_row,
+    kinds.MATRIX: _matrix_row,
+    kinds.HUNT: lambda folder, d: hunt_report.index_row(folder, serial.hunt_document(d)),
+}
+
+
 def _row(folder: Path) -> str:
     d = json.loads((folder / RESULTS).read_text())
-    if matrix.is_matrix(d):
-        d = matrix.load(folder)  # (its folders checked: each its flags' own, inside the bundle)
-        return matrix_report.index_row(folder, d, matrix.settings(folder, d, lambda p: document.load(p / RESULTS)))
-    if d.get("kind") == hunt_report.KIND:
-        return hunt_report.index_row(folder, serial.hunt_document(d))
-    return kinds.index_row(folder, d)
+    return ROWS[kinds.of(d)](folder, d)
 
 
 def _bundles(root: Path) -> list[Path]:

@@ -1,11 +1,15 @@
-"""The two kinds of bundle, a node's sweep and a served endpoint's, and what each registers.
+"""The kinds of bundle, and what each registers: one sweep's records (a node's, a served endpoint's), and the
+bundles of their own kind, a matrix of server settings (a folder of endpoint sweeps) and a hunt.
 
-``of(data)`` is the one place that tells them apart: every other module looks its kind's part up by name
-instead of branching on it. At this layer a kind registers its schema and version, its README and
-commands.txt renderers, its evidence-index row and whether it draws a chart; the layers above register
-theirs under the same names: verify its checks (``meshbench.verify.bundle.CHECKS``), compare its reduction to
-the sides it compares (``meshbench.compare.sides.SIDES``), the CLI its printed summary
-(``meshbench.cli.sweep.SUMMARIES``).
+``of(data)`` is the one place that tells them apart, by the ``kind`` its results.json says (a node's says none):
+every other module looks its kind's part up by name instead of branching on it. ``FOLDERS`` names every kind;
+``KINDS`` holds those of one sweep's records, each with its schema and version, its README and commands.txt
+renderers, its evidence-index row and whether it draws a chart. The layers above register theirs under the same
+names, and tests/test_bundle_kinds.py holds each table to the registry: the index its row of any bundle
+(``meshbench.results.index.ROWS``), verify its check of any bundle folder (``meshbench.cli.verify.VERIFIERS``) and
+of one sweep's records (``meshbench.verify.bundle.CHECKS``, ``TABLES``), compare its reduction to the sides it
+compares (``meshbench.compare.sides.SIDES``), the CLI its sweep and printed summary (``meshbench.cli.sweep.RUNS``,
+``SUMMARIES``).
 """
 
 from __future__ import annotations
@@ -18,15 +22,50 @@ from typing import Any, Callable
 from meshbench import validation
 from meshbench.engine import kinds as engine_kinds
 from meshbench.errors import MeshbenchError
+from meshbench.names import RESULTS
 from meshbench.results import document, endpoint_report, index_rows, report, typed
 
 NODE = "node"
 ENDPOINT = "endpoint"
+MATRIX = "matrix"
+HUNT = "hunt"
+
+
+@dataclass(frozen=True, slots=True)
+class Folder:
+    """A kind of bundle folder, as verify and the index name it."""
+
+    name: str
+    what: str  # in words
+    sweep: bool  # one sweep's records (in KINDS); else a bundle verified as a whole, its own way
+
+
+FOLDERS = {
+    k.name: k
+    for k in (
+        Folder(NODE, "a node's sweep", sweep=True),
+        Folder(ENDPOINT, "a served endpoint's sweep", sweep=True),
+        Folder(MATRIX, "a matrix of server settings", sweep=False),
+        Folder(HUNT, "a hunt for cross-request bugs", sweep=False),
+    )
+}
 
 
 def of(data: Any) -> str:
-    """A results document's kind: ``endpoint`` where it says so, else ``node`` (a node's document has no kind)."""
-    return ENDPOINT if isinstance(data, dict) and data.get("kind") == ENDPOINT else NODE
+    """A results document's kind: the one of ``FOLDERS`` its ``kind`` says, else ``node`` (a node's document says
+    none; a document of no kind meshbench knows is left to the node's schema to refuse)."""
+    said = data.get("kind") if isinstance(data, dict) else None
+    return said if isinstance(said, str) and said in FOLDERS else NODE
+
+
+def of_folder(path: Path) -> str:
+    """The kind of the bundle in folder ``path``, by its results.json, read as verify reads any (a regular file,
+    strict JSON: never a FIFO waited on); one that cannot be read is a node's here, left to the node's loading,
+    which says what is wrong with it."""
+    try:
+        return of(document.load(path / RESULTS))
+    except (MeshbenchError, OSError):
+        return NODE
 
 
 def of_engine(engine_kind: str) -> str:
@@ -74,6 +113,7 @@ KINDS = {
 
 
 def kind(data: Any) -> BundleKind:
+    """The kind of one sweep's records ``data`` is (check_version has refused a bundle of another kind)."""
     return KINDS[of(data)]
 
 
@@ -101,10 +141,11 @@ def check_version(data: Any, where: str, digest: str | None = None) -> None:
     endpoint document of OLDER_ENDPOINT is read only where its ``digest`` is pinned: stripped of what schema 4
     requires, a forged bundle would read as an honest older one, so an older one is accepted by its digest alone."""
     v = data.get("schema_version") if isinstance(data, dict) else None
-    if isinstance(data, dict) and data.get("kind") == "matrix":
+    folder = FOLDERS[of(data)]
+    if not folder.sweep:
         raise MeshbenchError(
-            f"{where}: a matrix of server settings, not one sweep: verify it as a whole (meshbench verify), or use "
-            "one setting's bundle, a folder beside it"
+            f"{where}: {folder.what}, not one sweep: verify it as a whole (meshbench verify)"
+            + (", or use one setting's bundle, a folder beside it" if folder.name == MATRIX else "")
         )
     k = kind(data)
     if k.name == ENDPOINT:

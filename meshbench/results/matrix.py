@@ -16,7 +16,7 @@ from meshbench.results import document, kinds
 from meshbench.results.typed import EndpointBundle
 from meshbench.workload import matrix
 
-KIND = "matrix"
+KIND = kinds.MATRIX
 SCHEMA = "matrix.schema.json"
 VERSION = 1
 
@@ -33,7 +33,7 @@ class Setting:
 
 
 def is_matrix(data: Any) -> bool:
-    return isinstance(data, dict) and data.get("kind") == KIND
+    return kinds.of(data) == kinds.MATRIX
 
 
 def build(command: str, config: dict, settings: list[tuple[str, dict]]) -> dict:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshbench.records import serial
+from meshbench.records.context import EngineInfo
 from meshbench.records.documents import EndpointResults, NodeResults
 from meshbench.records.model import LevelRecord
 from meshbench.workload import config
@@ -24,6 +25,11 @@ class NodeBundle:
     @property
     def levels(self) -> list[LevelRecord]:
         return self.results.levels
+
+    @property
+    def engine(self) -> EngineInfo:
+        """The engine meshbench ran."""
+        return self.results.engine
 
     @property
     def wall(self) -> bool:
@@ -48,6 +54,11 @@ class EndpointBundle:
 
     results: EndpointResults
     cfg: RunConfig
+
+    @property
+    def engine(self) -> None:
+        """None: the server's engine is its own (what it says of itself is its results' ``endpoint``)."""
+        return None
 
 
 def node(data: Any) -> NodeBundle:

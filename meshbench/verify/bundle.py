@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -90,12 +91,10 @@ def checked_bundle(
     (injected too) gives a node bundle's config its real prompts' ids, where the model is here; ``tokens``
     (injected) an endpoint bundle's prompts as the model here tokenizes them, or why it could not."""
     data = load_bundle(path)
-    typed = kinds.typed_results(data)
-    if resolve is not None and isinstance(typed, NodeBundle):
-        typed = dataclasses.replace(typed, cfg=resolve(typed))
+    verifies = VERIFIES[kinds.of(data)]
+    typed = verifies.concrete(kinds.typed_results(data), resolve)
     c = check_typed(data, typed)
-    if tokens is not None and isinstance(typed, EndpointBundle):
-        endpoint.check_prompt_ids(c, typed, tokens(typed))
+    verifies.here(c, typed, tokens)
     check_readme(c, data, typed, path)
     if rerun is not None:
         if not kinds.kind(data).rerun:
@@ -120,10 +119,7 @@ def check_fresh(data: dict, resolve: Resolve | None = None) -> Checks:
         c.count += 1
         c.failures.append(Failure(bundle.RESULTS, "the schema", "valid", errors[0]))
         return c
-    typed = kinds.typed_results(data)
-    if resolve is not None and isinstance(typed, NodeBundle):
-        typed = dataclasses.replace(typed, cfg=resolve(typed))
-    return check_typed(data, typed)
+    return check_typed(data, VERIFIES[kinds.of(data)].concrete(kinds.typed_results(data), resolve))
 
 
 def check_data(data: dict) -> Checks:
@@ -140,13 +136,13 @@ def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
     c.equal(bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, plain_command(r.command))
     flags = command_disagreements(r.command, cfg)
     c.equal(bundle.RESULTS, "command (its flags = the config echo's)", [], flags)
-    CHECKS[kinds.of(data)](c, typed)
+    VERIFIES[kinds.of(data)].records(c, typed)
     compute = r.environment.compute  # a rerun trusts it to say whether floats must agree bit for bit
     c.equal(bundle.RESULTS, "environment.compute.digest", fingerprint.digest(serial.to_json(compute)), compute.digest)
     # (a rerun on other llama.cpp kernels reports the tokens they bind rather than failing them: the claim must hold)
     c.equal(bundle.RESULTS, "environment.compute (its llama.cpp against its CPU)", [],
             fingerprint.contradictions(serial.to_json(compute)))  # fmt: skip
-    engine = typed.results.engine if isinstance(typed, NodeBundle) else None
+    engine = typed.engine
     if engine is not None:
         c.equal(bundle.RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, engine.kind)
     if engine is not None and engine_kinds.recorded(engine.kind).llama:
@@ -288,7 +284,7 @@ def check_readme(c: Checks, data: dict, typed: NodeBundle | EndpointBundle, path
             repr(got[k]) if k < len(got) else "(end of file)",
         )
     check_other_files(c, data, typed, path, name)
-    TABLES[kinds.of(data)](c, typed, text)
+    VERIFIES[kinds.of(data)].tables(c, typed, text)
 
 
 def _check_node_tables(c: Checks, b: NodeBundle, text: str) -> None:
@@ -351,13 +347,29 @@ def _check_table(c: Checks, name: str, rows: list[list[str]] | None, expected: l
             c.equal(bundle.README, f"{at}[{i}].{field}", e, f)
 
 
-# Each kind's checks (meshbench.results.kinds): the records and figures, and the README's tables beyond its
-# whole text (an endpoint's table is checked with the whole README, its figures by verify.endpoint).
-CHECKS: dict[str, Callable[[Checks, Any], None]] = {
-    kinds.NODE: checks.check_node,
-    kinds.ENDPOINT: endpoint.check_endpoint,
-}
-TABLES: dict[str, Callable[[Checks, Any, str], None]] = {
-    kinds.NODE: _check_node_tables,
-    kinds.ENDPOINT: lambda c, typed, text: None,
+@dataclass(frozen=True, slots=True)
+class Verifies:
+    """What verify does with one kind of sweep's records (meshbench.results.kinds.KINDS), each given its kind's
+    typed bundle."""
+
+    records: Callable[[Checks, Any], None]  # every check of its records and figures
+    tables: Callable[[Checks, Any, str], None]  # its README's tables cell by cell, beyond the whole text
+    concrete: Callable[[Any, Resolve | None], Any]  # the bundle with its config made concrete here, by ``resolve``
+    here: Callable[[Checks, Any, Tokens | None], None]  # what only this machine's model checks, by ``tokens``
+
+
+def _resolved(b: NodeBundle, resolve: Resolve | None) -> NodeBundle:
+    return dataclasses.replace(b, cfg=resolve(b)) if resolve is not None else b
+
+
+def _tokens(c: Checks, b: EndpointBundle, tokens: Tokens | None) -> None:
+    if tokens is not None:
+        endpoint.check_prompt_ids(c, b, tokens(b))
+
+
+# Each kind's (an endpoint's table is checked with the whole README, its figures by verify.endpoint; its config
+# needs nothing of this machine's, and a node's prompts are tokenized by the run itself)
+VERIFIES: dict[str, Verifies] = {
+    kinds.NODE: Verifies(checks.check_node, _check_node_tables, _resolved, lambda c, b, tokens: None),
+    kinds.ENDPOINT: Verifies(endpoint.check_endpoint, lambda c, b, text: None, lambda b, resolve: b, _tokens),
 }

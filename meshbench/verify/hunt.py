@@ -36,15 +36,6 @@ from meshbench.workload import hunt as strategies
 SCHEMA = "hunt.schema.json"
 
 
-def is_hunt(path: Path) -> bool:
-    """Does the folder hold a hunt's results.json? Read as verify reads any (a regular file, strict JSON: never a
-    FIFO waited on); anything else is left to verify's own loading, which says what is wrong with it."""
-    try:
-        return document.load(path / RESULTS).get("kind") == "hunt"
-    except (MeshbenchError, OSError):
-        return False
-
-
 def load(path: Path) -> HuntDocument:
     """The hunt's results.json, schema-valid and typed, or one line naming what is wrong."""
     rj = path / RESULTS
@@ -129,7 +120,7 @@ def _server(c: Checks, doc: HuntDocument) -> None:
     own words, a server meshbench started or one it was pointed at; the node, always started by meshbench from the
     config the command names; the slots the server said it has, those the histories were drawn for."""
     s = doc.server
-    cold, replays = hist.said_of(s.kind, s.launched)
+    cold, replays = s.said()
     c.equal(RESULTS, "cold_answers (where the recorded server's cold answers come from)", cold, doc.cold_answers)
     c.equal(RESULTS, "replays_on (where the recorded server's findings run again)", replays, doc.replays_on)
     if s.node:

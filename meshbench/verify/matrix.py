@@ -15,23 +15,13 @@ from meshbench import files
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import README, RESULTS
-from meshbench.records.documents import EndpointResults
-from meshbench.results import bundle, document, matrix_report
+from meshbench.results import bundle, matrix_report
 from meshbench.results import matrix as matrix_doc
 from meshbench.verify import bundle as verify_bundle
 from meshbench.verify import endpoint as verify_endpoint
 from meshbench.workload import config, matrix
 from meshbench.workload.config import RunConfig
 from meshbench.workload.matrix_config import as_run, setting_config
-
-
-def is_matrix(path: Path) -> bool:
-    """Does the folder hold a settings matrix (its results.json says so)? Anything else is left to verify's own
-    loading, which says what is wrong with it."""
-    try:
-        return matrix_doc.is_matrix(document.load(path / RESULTS))
-    except (MeshbenchError, OSError):
-        return False
 
 
 def check(path: Path, tokens: verify_bundle.Tokens | None = None) -> Checks:
@@ -138,10 +128,7 @@ def _check_setting(c: Checks, path: Path, cfg: RunConfig, made_by: str, entry: d
     c.equal(at, "sha256 (the matrix's record of it)", s.results_sha256, files.sha256(folder / RESULTS))
     expected = setting_config(cfg, s.flags)
     c.equal(at, "config (the matrix's, with the setting's flags)", as_run(expected.to_dict()), as_run(data["config"]))
-    if not isinstance(typed.results, EndpointResults):
-        c.equal(at, "kind (a setting of a matrix is an endpoint bundle)", "endpoint", "node")
-        return None
-    launched = typed.results.endpoint.launched
+    launched = s.bundle.results.endpoint.launched  # (setting() has refused a bundle of any other kind)
     c.equal(at, "endpoint.launched (a server meshbench started)", True, launched is not None)
     if launched is not None:
         argv = expected.engine.server_argv
