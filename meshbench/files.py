@@ -49,10 +49,18 @@ def read_text(path: str | Path, what: str, max_bytes: int) -> str:
         raise MeshbenchError(f"{what} {p}: cannot be read ({e.strerror})") from None
 
 
-def strict_json(text: str) -> object:
-    """Standard JSON only, each object's keys said once: ValueError naming what is not (NaN and Infinity are
-    Python's, not JSON's; a key said twice would let a line-based reader and json see two documents)."""
-    return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+def strict_json(text: str, where: str, what: str) -> object:
+    """Standard JSON only, each object's keys said once, or a MeshbenchError naming ``where`` and what is not (NaN
+    and Infinity are Python's, not JSON's; a key said twice would let a line-based reader and json see two
+    documents); ``what`` the file should be, for one nested too deeply to be one."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as e:
+        raise MeshbenchError(f"{where}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+    except ValueError as e:
+        raise MeshbenchError(f"{where}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise MeshbenchError(f"{where}: nested too deeply to be {what}") from None
 
 
 def _no_constant(name: str) -> object:

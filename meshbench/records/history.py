@@ -12,7 +12,6 @@ conversation so far (the prompt, every answer, every message) and its answer is 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,12 +199,4 @@ def _repeated(names: list[str]) -> str:
 def read(path: Path) -> History:
     """A history file (a regular file, never a FIFO waited on; strict JSON, each key said once), or one line naming
     what is wrong."""
-    try:
-        data = files.strict_json(files.read_text(path, "history", MAX_BYTES))
-    except json.JSONDecodeError as e:
-        raise MeshbenchError(f"{path}: not JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
-    except ValueError as e:
-        raise MeshbenchError(f"{path}: not JSON: {e}") from None
-    except RecursionError:
-        raise MeshbenchError(f"{path}: nested too deeply to be a history") from None
-    return from_json(data, str(path))
+    return from_json(files.strict_json(files.read_text(path, "history", MAX_BYTES), str(path), "a history"), str(path))

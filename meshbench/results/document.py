@@ -120,14 +120,7 @@ MAX_BYTES = 256 << 20  # a results.json of 100000 sessions is well under this
 def load(path: Path) -> dict:
     """Parse a results.json strictly: a regular UTF-8 file, standard JSON only (no NaN or Infinity)."""
     text = files.read_text(path, "results", MAX_BYTES)
-    try:
-        data = files.strict_json(text)
-    except json.JSONDecodeError as e:
-        raise MeshbenchError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
-    except ValueError as e:
-        raise MeshbenchError(f"{path}: not valid JSON: {e}") from None
-    except RecursionError:
-        raise MeshbenchError(f"{path}: nested too deeply to be a meshbench results file") from None
+    data = files.strict_json(text, str(path), "a meshbench results file")
     if not isinstance(data, dict):
         raise MeshbenchError(f"{path}: expected a JSON object at the top level")
     bad = validation.unrepresentable(data)
