@@ -19,6 +19,8 @@ from meshbench.records import (
     context,
     conversation,
     documents,
+    endpoint_figures,
+    hunt,
     margins,
     model,
     open_loop,
@@ -30,13 +32,16 @@ from meshbench.records import (
 ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
 ENDPOINT = json.loads((ROOT / "schemas" / "endpoint.schema.json").read_text())
+HUNT = json.loads((ROOT / "schemas" / "hunt.schema.json").read_text())
 
 
 def _node(path: str) -> dict:
     """The schema object at ``path``: a $defs name (else a top-level property), then properties, ``[]`` for
-    items, ``*`` for values. ``endpoint:`` before it reads the endpoint schema; ``results:`` starts at the node
-    schema's top-level properties; either alone is the whole schema."""
+    items, ``*`` for values. ``endpoint:`` (``hunt:``) before it reads the endpoint (hunt) schema; ``results:``
+    starts at the node schema's top-level properties; either alone is the whole schema."""
     schema, rest = (ENDPOINT, path.removeprefix("endpoint:")) if path.startswith("endpoint:") else (SCHEMA, path)
+    if path.startswith("hunt:"):
+        schema, rest = HUNT, path.removeprefix("hunt:")
     top = rest.startswith("results:")  # (a node's top-level property, where a $defs name is the same)
     rest = rest.removeprefix("results:")
     if not rest:
@@ -130,6 +135,17 @@ RECORDS = {
     sharing.CacheDivergence: "level.cache_verdict.divergences.[]",
     sharing.OwnKvReplay: "level.cache_verdict.own_kv",
     context.SharedPrefix: "results:workload.prefix",
+    endpoint_figures.PassFigures: "endpoint:figures",
+    endpoint_figures.LevelFigures: "endpoint:summary",
+    endpoint_figures.Spread: "endpoint:summary.tokens_per_s",
+    hunt.HuntDocument: "hunt:",
+    hunt.HuntServer: "hunt:server",
+    hunt.HuntBudget: "hunt:budget",
+    hunt.Calibration: "hunt:calibration",
+    hunt.Run: "hunt:run",
+    hunt.FindingRecord: "hunt:findings.[]",
+    hunt.HuntSummary: "hunt:summary",
+    hunt.Coverage: "hunt:summary.coverage.*",
 }
 
 
@@ -141,16 +157,18 @@ def test_every_record_of_the_model_is_mapped_to_the_schema():
         if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == m.__name__
     }
     defined.discard(context.EngineInfo)  # (what both engine kinds' records share: no schema object of its own)
+    defined.discard(endpoint_figures.Figure)  # (what a figure is: its records' fields declare it, not a record)
     assert defined == set(RECORDS)
 
 
 @pytest.mark.parametrize("cls", list(RECORDS), ids=lambda c: c.__name__)
 def test_a_record_has_exactly_its_schema_keys(cls):
     node = _node(RECORDS[cls])
-    fields = dataclasses.fields(cls)
-    assert [f.name for f in fields if f.name not in node["properties"]] == []
-    assert [k for k in node["properties"] if k not in {f.name for f in fields}] == []
-    required = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    keys = {f.metadata.get("json", f.name): f for f in dataclasses.fields(cls)}  # (a field may name its own key)
+    assert [k for k in keys if k not in node["properties"]] == []
+    assert [k for k in node["properties"] if k not in keys] == []
+    missing = dataclasses.MISSING
+    required = {k for k, f in keys.items() if f.default is missing and f.default_factory is missing}
     # (a tick's times are required where a tick is timed, and absent where it is not: the next test)
     least = _node("tick_record") if cls is model.Tick else node
     assert required == set(least.get("required", least["properties"]))
@@ -245,11 +263,12 @@ TOP_ENDPOINT_BUNDLES = [p for p in ENDPOINT_BUNDLES if p.parent.parent == ROOT /
     "path", TOP_ENDPOINT_BUNDLES + MATRIX_BUNDLES, ids=lambda p: str(p.parent.relative_to(ROOT / "evidence"))
 )
 def test_every_committed_endpoint_and_matrix_bundle_verifies_with_today_s_code(path):
-    """(CI verifies them too; here a change that an older bundle's record no longer meets fails the tests: a
-    setting added since a matrix was made is its default in both its echo and its settings')"""
+    """(CI verifies them too, with the pins of evidence/OLDER.json; here a change that an older bundle's record no
+    longer meets fails the tests: a setting added since a matrix was made is its default in both its echo and its
+    settings')"""
     from typer.testing import CliRunner
 
     from meshbench.cli import app
 
-    r = CliRunner().invoke(app, ["verify", str(path.parent)])
+    r = CliRunner().invoke(app, ["verify", str(path.parent), "--older", str(ROOT / "evidence" / "OLDER.json")])
     assert r.exit_code == 0, r.output[-2000:]

@@ -24,7 +24,9 @@ from typing import Sequence
 from meshbench.analysis import latency, stats
 from meshbench.analysis.conversation import label
 from meshbench.engine import apis
+from meshbench.records import endpoint_figures
 from meshbench.records.documents import EndpointVerdicts, NeedleVerdict
+from meshbench.records.endpoint_figures import LevelFigures, PassFigures, Spread
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, JsonObject, NeedleTrial
 
 CONCLUSIONS = {
@@ -40,21 +42,7 @@ CONCLUSIONS = {
     "failed": "A session that failed (an HTTP error, a malformed or cut answer, the deadline) has no output to "
     "compare: every verdict of a run with failed sessions is False, and the failures are counted per level.",
 }
-FIGURES = (
-    "tokens_per_s",
-    "total_tokens_per_s",
-    "ttft_ms.p50",
-    "ttft_ms.p99",
-    "itl_ms.p50",
-    "itl_ms.p99",
-    "tpot_ms.p50",
-    "e2e_ms.p50",
-    "e2e_ms.p99",
-    "goodput_per_s",
-    "completed",
-    "failed",
-    "early_stops",
-)
+FIGURES = tuple(f.name for f in endpoint_figures.FIGURES)  # (by name, as results.json keys them)
 
 
 def output(c: Completion, compared: str) -> list[int] | str:
@@ -78,7 +66,7 @@ def pass_figures(
     prompt_lengths: dict[str, int],
     slo: JsonObject,
     new_tokens: dict[str, int],
-) -> JsonObject:
+) -> PassFigures:
     """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time): every
     answer, a conversation's later turns too (``prompt_lengths`` and ``new_tokens`` by the turn's name)."""
     answered = [c for c in sessions if c.error is None]
@@ -88,21 +76,21 @@ def pass_figures(
     generated = sum(_generated(c) for c in ok)
     prompt = sum(prompt_lengths[label(c)] for c in ok)
     good = sum(latency.within_slo(c.token_ns, c.submit_ns, slo) for c in ok)
-    return {
-        "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
-        "total_tokens_per_s": (generated + prompt) / wall_s if wall_s > 0 else 0.0,
-        "ttft_ms.p50": ttft["p50"],
-        "ttft_ms.p99": ttft["p99"],
-        "itl_ms.p50": itl["p50"],
-        "itl_ms.p99": itl["p99"],
-        "tpot_ms.p50": latency.percentiles(lat.tpot, (50,))["p50"],
-        "e2e_ms.p50": e2e["p50"],
-        "e2e_ms.p99": e2e["p99"],
-        "goodput_per_s": good / wall_s if wall_s > 0 else 0.0,
-        "completed": len(answered),
-        "failed": sum(c.error is not None for c in sessions),
-        "early_stops": sum(c.error is None and _generated(c) < new_tokens[label(c)] for c in sessions),
-    }
+    return PassFigures(
+        tokens_per_s=generated / wall_s if wall_s > 0 else 0.0,
+        total_tokens_per_s=(generated + prompt) / wall_s if wall_s > 0 else 0.0,
+        ttft_ms_p50=ttft["p50"],
+        ttft_ms_p99=ttft["p99"],
+        itl_ms_p50=itl["p50"],
+        itl_ms_p99=itl["p99"],
+        tpot_ms_p50=latency.percentiles(lat.tpot, (50,))["p50"],
+        e2e_ms_p50=e2e["p50"],
+        e2e_ms_p99=e2e["p99"],
+        goodput_per_s=good / wall_s if wall_s > 0 else 0.0,
+        completed=len(answered),
+        failed=sum(c.error is not None for c in sessions),
+        early_stops=sum(c.error is None and _generated(c) < new_tokens[label(c)] for c in sessions),
+    )
 
 
 def _generated(c: Completion) -> int:
@@ -111,13 +99,14 @@ def _generated(c: Completion) -> int:
     return len(c.token_ns)
 
 
-def summary(per_pass: Sequence[JsonObject]) -> JsonObject:
+def summary(per_pass: Sequence[PassFigures]) -> LevelFigures:
     """Each figure over the repetitions: median, min and max (None where no pass had it)."""
-    out = {}
-    for k in FIGURES:
-        xs = [p[k] for p in per_pass if p[k] is not None]
-        out[k] = {q: v for q, v in stats.summary(xs).items() if q in ("median", "min", "max")} if xs else None
-    return out
+    out: dict[str, Spread | None] = {}
+    for f in endpoint_figures.FIGURES:
+        xs = [x for p in per_pass if (x := getattr(p, f.attr)) is not None]
+        s = stats.summary(xs) if xs else None
+        out[f.attr] = Spread(median=s["median"], min=s["min"], max=s["max"]) if s is not None else None
+    return LevelFigures(**out)
 
 
 def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, compared: str) -> EndpointVerdicts:

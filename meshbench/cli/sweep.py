@@ -177,22 +177,19 @@ def _print_endpoint(b: EndpointBundle) -> None:
         ),
     )
     for lv in r.levels:
-        c = str(lv.concurrency)
+        c, f = str(lv.concurrency), lv.figures
         t.add_row(
             c,
             str(len(v.differing_sessions[c])),
             str(max(v.distinct_outputs[c].values(), default=0)),
             str(v.needle[c].distinct),
-            *(cell(lv.figures.get(k)) for k in ENDPOINT_COLUMNS),
+            *(cell(x) for x in (f.tokens_per_s, f.ttft_ms_p50, f.itl_ms_p50, f.itl_ms_p99)),
         )
     out.print(t)
     out.print(
         f"compared={v.compared} batch_invariant={v.batch_invariant} "
         f"run_to_run_deterministic={v.run_to_run_deterministic} needle_stable={v.needle_stable}"
     )
-
-
-ENDPOINT_COLUMNS = ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50", "itl_ms.p99")  # a level's figures, by name
 
 
 # Each kind of bundle (meshbench.results.kinds): how the CLI runs its sweep, and the summary it prints.

@@ -88,6 +88,7 @@ def verify(
         raise MeshbenchError("--threads chooses the threads of a rerun: give --rerun as well")
     if accept_other_kernels and not rerun:
         raise MeshbenchError("--accept-other-kernels accepts what a rerun could not reproduce: give --rerun as well")
+    kinds.PINNED.clear()  # (only what this command's --older pins: never what an earlier one in this process did)
     if older is not None:
         kinds.PINNED.update(pins.read(older))
     worst = 0

@@ -16,6 +16,7 @@ from meshbench.analysis import figures
 from meshbench.engine import kinds as engine_kinds
 from meshbench.records.context import PROMPTS_FILE
 from meshbench.records.documents import EndpointResults, NodeResults
+from meshbench.records.endpoint_figures import by_name
 from meshbench.records.model import LevelRecord
 from meshbench.records.turns import by_turn
 from meshbench.results import kinds
@@ -132,6 +133,11 @@ def _node(b: NodeBundle) -> Side:
     )
 
 
+def _samples(reps: list[dict[str, float | None]]) -> dict[str, list[float]]:
+    """Each figure both kinds may report, its value in each repetition that has one (an endpoint's, by name)."""
+    return {f: [x for rep in reps if (x := rep[f]) is not None] for f, _, _ in FIGURES if f in reps[0]}
+
+
 def _endpoint(b: EndpointBundle) -> Side:
     r = b.results
     compared = r.verdicts.compared
@@ -141,11 +147,7 @@ def _endpoint(b: EndpointBundle) -> Side:
                 turn_key(c.session_id, c.turn or 1): endpoint_figures.output(c, compared) if c.error is None else None
                 for c in endpoint_figures.pass_answers(lv.repetitions[0])
             },
-            samples={
-                f: [x for rep in lv.repetitions if (x := rep.figures.get(f)) is not None]
-                for f, _, _ in FIGURES
-                if f in endpoint_figures.FIGURES
-            },
+            samples=_samples([by_name(rep.figures) for rep in lv.repetitions]),
         )
         for lv in r.levels
     }

@@ -36,6 +36,7 @@ from meshbench.records.cancel import CancelRun
 from meshbench.records.context import EndpointInfo, EndpointWorkload, Environment
 from meshbench.records.conversation import ConversationCold
 from meshbench.records.documents import EndpointResults, Needle
+from meshbench.records.endpoint_figures import PassFigures
 from meshbench.records.margins import MarginPasses
 from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, NeedleTrial
 from meshbench.records.open_loop import EndpointRate
@@ -152,7 +153,7 @@ def _sweep(
     slo = dict(cfg.slo or {})
     turn_ids = conversations.turn_ids(wl.session_ids(), later)
 
-    def judged(answers: list[Completion], wall_s: float) -> dict:
+    def judged(answers: list[Completion], wall_s: float) -> PassFigures:
         by_turn = talk.prompt_lengths(lengths, turn_ids, answers)
         return figures.pass_figures(answers, wall_s, by_turn, slo, talk.new_tokens(new, answers))
 
@@ -175,7 +176,7 @@ def _open_loop(
     cfg: RunConfig,
     endpoint: Endpoint,
     jobs: list[Job],
-    judged: Callable[[list[Completion], float], dict],
+    judged: Callable[[list[Completion], float], PassFigures],
     progress: Callable[[str], None],
 ) -> list[EndpointRate] | None:
     """The open-loop passes at each rate (config.rates, sessions per second), ``repeat`` times each, the server's
@@ -306,7 +307,7 @@ def _pass(
     c: int,
     r: int,
     position: int,
-    judged: Callable[[list[Completion], float], dict],
+    judged: Callable[[list[Completion], float], PassFigures],
     sample: bool,
 ) -> EndpointRepetition:
     """One repetition of level ``c``: every job on ``c`` closed-loop clients, the metrics around it (and the

@@ -14,6 +14,7 @@ from meshbench.records.canary import CanaryRun
 from meshbench.records.cancel import CancelRun
 from meshbench.records.completion import Completion as Completion  # (re-exported: an endpoint answer)
 from meshbench.records.context import Budget
+from meshbench.records.endpoint_figures import LevelFigures, PassFigures
 from meshbench.records.perturbation import Perturbation
 from meshbench.records.sharing import CacheVerdict, PrefixStats
 
@@ -325,7 +326,7 @@ class EndpointRepetition:
     sessions: list[Completion]
     metrics_before: dict[str, float] | None
     metrics_after: dict[str, float] | None
-    figures: dict[str, float | None]  # by name, e.g. ttft_ms.p50 (meshbench.analysis.endpoint.FIGURES)
+    figures: PassFigures
     # the gauges sampled during the pass (absent: the server has none, or the bundle was made before sampling)
     gauges: list[GaugeSample] | None = None
     # conversations (workload.turns > 1): every session's later turns, session by session, each turn after the one
@@ -350,7 +351,7 @@ class EndpointLevel:
     concurrency: int
     repetitions: list[EndpointRepetition]
     needle: list[NeedleTrial]
-    figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions
+    figures: LevelFigures  # each figure's median, min and max over the repetitions
     perturbation: Perturbation | None = None  # (native API, C >= 2; absent from bundles made before it)
     # the same test through the server's prompt cache, each run primed with its neighbours' prompts (native API,
     # C >= 2, where the sweep's requests do not send cache_prompt false; absent from bundles made before it)

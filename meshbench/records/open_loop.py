@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshbench.records.endpoint_figures import LevelFigures
 from meshbench.records.model import EndpointRepetition
 
 
@@ -15,4 +16,4 @@ class EndpointRate:
     arrivals: str  # the process exactly (meshbench.workload.arrivals.Arrivals.label)
     arrival_s: list[float]  # each session's submission time, from the pass's start, in session order
     repetitions: list[EndpointRepetition]  # (position: the pass's place among the rates, ascending)
-    figures: dict[str, dict[str, float] | None]  # each figure's median, min and max over the repetitions
+    figures: LevelFigures  # each figure's median, min and max over the repetitions

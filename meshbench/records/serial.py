@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, TypeVar
 
 import cattrs
-from cattrs.gen import make_dict_structure_fn
+from cattrs.gen import make_dict_structure_fn, override
 from cattrs.v import format_exception
 
 from meshbench.errors import MeshbenchError
@@ -22,6 +22,7 @@ from meshbench.records import (
     context,
     conversation,
     documents,
+    endpoint_figures,
     hunt,
     margins,
     model,
@@ -56,12 +57,10 @@ def _converter() -> cattrs.Converter:
     conv.register_structure_hook(histories.History, lambda value, _: histories.from_json(value, "a history"))
     conv.register_unstructure_hook(histories.History, histories.to_json)
     conv.register_unstructure_hook(histories.Facts, _unstructure(conv, histories.Facts))
-    conv.register_structure_hook(
-        histories.Facts, make_dict_structure_fn(histories.Facts, conv, _cattrs_forbid_extra_keys=True)
-    )
+    conv.register_structure_hook(histories.Facts, _structure(conv, histories.Facts))
     for cls in _records():
         conv.register_unstructure_hook(cls, _unstructure(conv, cls))
-        conv.register_structure_hook(cls, make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True))
+        conv.register_structure_hook(cls, _structure(conv, cls))
     conv.register_structure_hook(ENGINE_INFO, _engine_info(conv))
     return conv
 
@@ -94,16 +93,24 @@ def _turn_tokens(conv: cattrs.Converter) -> Any:
     return structure
 
 
+def _structure(conv: cattrs.Converter, cls: type) -> Any:
+    """A record from its JSON object: every key one of its fields' (a field may name its own key: ``json``)."""
+    renamed = {f.name: override(rename=f.metadata["json"]) for f in dataclasses.fields(cls) if "json" in f.metadata}
+    # (cattrs takes the overrides as keyword arguments its stubs type as its own flags)
+    return make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True, **renamed)  # type: ignore[arg-type]
+
+
 def _unstructure(conv: cattrs.Converter, cls: type) -> Any:
-    """A record as a JSON object: its fields in order, an optional one (defaulting to None) left out when None."""
-    fields = [(f.name, f.default is None) for f in dataclasses.fields(cls)]
+    """A record as a JSON object: its fields in order, each under its own key (its name, or the ``json`` its field
+    says), an optional one (defaulting to None) left out when None."""
+    fields = [(f.name, f.metadata.get("json", f.name), f.default is None) for f in dataclasses.fields(cls)]
 
     def unstructure(record: Any) -> dict[str, Any]:
         out = {}
-        for name, optional in fields:
+        for name, key, optional in fields:
             value = getattr(record, name)
             if not (optional and value is None):
-                out[name] = conv.unstructure(value)
+                out[key] = conv.unstructure(value)
         return out
 
     return unstructure
@@ -119,7 +126,9 @@ def _records() -> list[type]:
     ]
 
 
+# (in the order their hooks are made: a record's hook takes its fields' hooks as they are when it is made)
 MODULES = (
+    endpoint_figures,
     model,
     answers,
     context,

@@ -4,12 +4,12 @@ compares)."""
 from __future__ import annotations
 
 import json
-from typing import Mapping
 
 from meshbench.analysis import endpoint_margins
 from meshbench.analysis.endpoint_margins import SHARED_MIN, common_prefix
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
+from meshbench.records.endpoint_figures import LevelFigures, Spread
 from meshbench.results import accounting_report, conversation_report, markdown, open_loop_report, perturbation_report
 from meshbench.results import endpoint_proofs_report as proofs_report
 from meshbench.results.endpoint_proofs_report import kinds, margin
@@ -23,7 +23,7 @@ TABLE_HEADER = (
 )
 
 
-def cell(spread: Mapping[str, float] | None, digits: int = 1) -> str:
+def cell(spread: Spread | None, digits: int = 1) -> str:
     """A figure over the repetitions: the median, and min..max when they differ."""
     return median_range(spread, f".{digits}f", sep="..", drop_equal=True)
 
@@ -81,18 +81,19 @@ def _dash(x: object) -> str:
     return "-" if x is None else str(x)
 
 
-# The per-level table's figures (a level's figures by name, meshbench.analysis.endpoint.FIGURES), with their digits.
-COLUMNS = (
-    ("tokens_per_s", 1),
-    ("total_tokens_per_s", 1),
-    ("ttft_ms.p50", 1),
-    ("ttft_ms.p99", 1),
-    ("itl_ms.p50", 2),
-    ("itl_ms.p99", 2),
-    ("e2e_ms.p50", 1),
-    ("failed", 0),
-    ("early_stops", 0),
-)
+def figure_cells(f: LevelFigures) -> list[str]:
+    """The per-level table's figures, in its columns' order, with their digits."""
+    return [
+        cell(f.tokens_per_s),
+        cell(f.total_tokens_per_s),
+        cell(f.ttft_ms_p50),
+        cell(f.ttft_ms_p99),
+        cell(f.itl_ms_p50, 2),
+        cell(f.itl_ms_p99, 2),
+        cell(f.e2e_ms_p50),
+        cell(f.failed, 0),
+        cell(f.early_stops, 0),
+    ]
 
 
 def table_rows(b: EndpointBundle) -> list[list[str]]:
@@ -107,7 +108,7 @@ def table_rows(b: EndpointBundle) -> list[list[str]]:
                 str(len(v.differing_sessions[c])),
                 str(max(v.distinct_outputs[c].values(), default=0)),
                 f"{needle.distinct} / {_dash(needle.differs_from_alone)}",
-                *(cell(lv.figures.get(k), digits) for k, digits in COLUMNS),
+                *figure_cells(lv.figures),
             ]
         )
     return rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
+from meshbench.records.endpoint_figures import Spread
 from meshbench.records.model import Summary
 
 _SPECIAL = re.compile(r"([\\`*<>\[\]|])")
@@ -30,7 +31,7 @@ SUMMARY_KEYS = ("median", "min", "max", "n")
 
 
 def median_range(
-    summary: Summary | Mapping[str, float] | None,
+    summary: Summary | Spread | Mapping[str, float] | None,
     fmt: str = ".1f",
     sep: str = "-",
     drop_single: bool = False,
@@ -45,6 +46,8 @@ def median_range(
     n: float | None
     if isinstance(summary, Summary):
         values, n = (summary.median, summary.min, summary.max), summary.n
+    elif isinstance(summary, Spread):
+        values, n = (summary.median, summary.min, summary.max), None
     else:  # (a summary a benchmark computed: stats.summary's keys)
         values, n = tuple(summary[k] for k in SUMMARY_KEYS[:3]), summary.get(SUMMARY_KEYS[3])
     med, lo, hi = (format(x, fmt) for x in values)

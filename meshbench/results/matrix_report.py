@@ -93,8 +93,8 @@ def _rows(s: Setting) -> list[list[str]]:
                 _hits(b, lv.concurrency),
                 warm if k == 0 else "",
                 _cancel(lv),
-                cell(lv.figures.get("tokens_per_s")),
-                cell(lv.figures.get("ttft_ms.p50")),
+                cell(lv.figures.tokens_per_s),
+                cell(lv.figures.ttft_ms_p50),
             ]
         )
     return rows

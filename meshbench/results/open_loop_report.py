@@ -7,12 +7,13 @@ import numpy as np
 
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins, latency
+from meshbench.records.endpoint_figures import LevelFigures, Spread
 from meshbench.results.markdown import median_range
 from meshbench.results.typed import EndpointBundle
 from meshbench.workload import open_loop
 
 
-def cell(spread: dict[str, float] | None, digits: int) -> str:
+def cell(spread: Spread | None, digits: int) -> str:
     return median_range(spread, f".{digits}f", sep="..", drop_equal=True)
 
 
@@ -31,7 +32,10 @@ def _p(values: list[float], q: int, digits: int = 1) -> str:
     return "-" if not values else f"{float(np.percentile(values, q)):.{digits}f}"
 
 
-COLUMNS = (("tokens_per_s", 1), ("ttft_ms.p50", 1), ("ttft_ms.p99", 1), ("e2e_ms.p50", 1), ("goodput_per_s", 2))
+def figure_cells(f: LevelFigures) -> list[str]:
+    """The open-loop table's figures, in its columns' order, with their digits."""
+    return [cell(f.tokens_per_s, 1), cell(f.ttft_ms_p50, 1), cell(f.ttft_ms_p99, 1), cell(f.e2e_ms_p50, 1),
+            cell(f.goodput_per_s, 2)]  # fmt: skip
 
 
 def section(b: EndpointBundle) -> list[str]:
@@ -56,7 +60,7 @@ def section(b: EndpointBundle) -> list[str]:
         rows.append(
             f"| {x.rate:g} | {'-' if rate is None else f'{rate:.2f}'} | {x.arrivals} | {max(x.arrival_s):.2f} | "
             f"{sum(a.error is None for a in answers)} of {len(answers)} | {refused} | {len(differ)} | {kinds} | "
-            + " | ".join(cell(x.figures.get(k), d) for k, d in COLUMNS)
+            + " | ".join(figure_cells(x.figures))
             + f" | {_p(from_arrival, 50)} | {_p(late, 99, 2)} / {_p(late, 100, 2)} |"
         )
     return [
