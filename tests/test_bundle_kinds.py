@@ -59,7 +59,15 @@ def test_a_document_s_kind_is_what_it_says_else_a_node_s(data, kind):
 def test_a_bundle_of_its_own_kind_is_not_read_as_one_sweep(kind):
     with pytest.raises(MeshbenchError) as e:
         kinds.check_version({"kind": kind, "schema_version": 1}, "results.json")
-    assert "not one sweep: verify it as a whole" in str(e.value) and "\n" not in str(e.value)
+    assert "not one sweep's bundle (meshbench verify FOLDER checks it whole" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("said", ["hunt ", "HUNT", ["hunt"], 7, {}, False])
+def test_a_kind_no_bundle_has_is_named_in_one_line(said):
+    with pytest.raises(MeshbenchError) as e:
+        kinds.check_version({"kind": said, "schema_version": 1}, "results.json")
+    assert "is no kind of meshbench bundle (node, endpoint, matrix, hunt" in str(e.value) and "\n" not in str(e.value)
 
 
 def _decides_by_bundle_kind(tree: ast.AST) -> list[int]:
@@ -115,5 +123,5 @@ def test_a_toy_kind_is_one_entry_in_each_table(tmp_path, monkeypatch):
     assert "| T | 3 toys |" in index.render(tmp_path)
     (tmp_path / "T" / "results.json").write_text(json.dumps({"kind": "toy", "toys": 4}))
     assert runner.invoke(app, ["verify", str(tmp_path / "T")]).exit_code == 1
-    with pytest.raises(MeshbenchError, match="a toy bundle, not one sweep"):
+    with pytest.raises(MeshbenchError, match="a toy bundle, not one sweep's bundle"):
         kinds.check_version({"kind": "toy"}, "results.json")

@@ -221,7 +221,7 @@ def test_a_differing_answer_is_traced_to_the_request_whose_content_it_continues(
                           predicted=None, evaluated=None, error=None)  # fmt: skip
 
     own = (2, 5, 6, 7, 5, 6, 7)
-    others = {"r0": (2, 9, 8, 11, 9, 8, 11), "r2": (2, 40, 41, 42)}
+    others = [("r0", (2, 9, 8, 11, 9, 8, 11)), ("r2", (2, 40, 41, 42))]
     assert donor(answer([5, 6, 9, 8, 11, 9]), 2, own, others) == "r0"
     assert donor(answer([5, 6, 7, 5, 6, 7]), 2, own, others) is None  # (its own content)
     assert donor(answer([5, 6, 99, 98, 97]), 2, own, others) is None  # (nobody's)

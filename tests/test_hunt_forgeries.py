@@ -16,6 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from meshbench.cli import app
+from meshbench.records import serial
+from meshbench.results import hunt_report
 from tests.forged_hunts import forged
 from tests.test_hunt_node import CONFIG, _leaking_setup
 
@@ -254,3 +256,47 @@ def test_a_hunt_whose_command_spells_its_flags_otherwise_verifies_and_reruns(tmp
     assert runner.invoke(app, [*args, "--budget", "12", f"--out={out}"]).exit_code == 0
     r = runner.invoke(app, ["verify", str(out), "--rerun"])
     assert r.exit_code == 0, r.output
+
+
+def _many_confident(doc: dict, n: int) -> None:
+    """The first finding's minimal history forged as ``n`` requests of one step, each answer confidently off its
+    cold answer (a history no shrink gives: verify fails it, after rendering its README in bounded time)."""
+    reqs = [{"name": f"q{k}", "prompt": [2] * 300, "new_tokens": 3, "carries": ""} for k in range(n)]
+    history = {"kind": "history", "version": 1, "strategy": "crowd", "seed": [0, 0], "steps": [{"requests": reqs}]}
+
+    def answer(k: int, tokens: list[int]) -> dict:
+        return {"session_id": f"q{k}", "submit_ns": k, "tokens": tokens, "text": "", "token_ns": [1, 2, 3],
+                "stop": "length", "predicted": 3, "evaluated": 300, "error": None, "computed": 300,
+                "margins": [5.0, 5.0, 5.0], "runner_up": [1, 1, 1]}  # fmt: skip
+
+    f = doc["findings"][0]
+    f["minimal"] = {"history": history, "answers": [answer(k, [7, 8, 9]) for k in range(n)],
+                    "cold": [answer(k, [4, 5, 6]) for k in range(n)]}  # fmt: skip
+
+
+def test_a_minimal_history_of_many_differences_says_the_first_and_counts_the_rest(found, tmp_path):
+    doc = json.loads((found / "results.json").read_text())
+    _many_confident(doc, hunt_report.SAID + 4)
+    text = hunt_report.readme(serial.hunt_document(doc), "H")
+    assert text.count("first differs from its cold answer") == hunt_report.SAID + sum(
+        f["minimal"] is not doc["findings"][0]["minimal"] for f in doc["findings"]
+    )
+    assert "and 4 more confident differences in the minimal history" in text
+    code, output = _forged(found, tmp_path, lambda d: _many_confident(d, hunt_report.SAID + 4))
+    assert code == 1 and "findings[0].minimal.history (one a shrink of its history could give)" in output
+
+
+def test_verify_refuses_threads_for_a_hunt_in_one_line(found):
+    r = runner.invoke(app, ["verify", str(found), "--rerun", "--threads", "1"])
+    assert r.exit_code == 2 and "its rerun runs the threads its node config names" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_the_evidence_index_names_a_bundle_it_cannot_read_in_one_line(found, tmp_path):
+    from meshbench.results import index
+
+    shutil.copytree(found, tmp_path / "H")
+    assert index.main([str(tmp_path)]) == 0
+    (tmp_path / "B").mkdir()
+    (tmp_path / "B" / "results.json").mkdir()  # (not a file: named, never left out)
+    assert index.main([str(tmp_path)]) == 2

@@ -24,8 +24,13 @@ SHOWN = 200  # characters of a value a failure's line shows: a whole history dif
 def clipped(value: object) -> str:
     """``value`` as a failure shows it: whole, or its first SHOWN characters and how long it is, on one line, every
     character a terminal would act on (a newline, an escape sequence that clears a line) written out as its escape."""
-    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
+    text = printable(value)
     return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
+
+
+def printable(value: object) -> str:
+    """``value`` on one line, every character a terminal would act on written out as its escape."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
 
 
 class Checks:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from meshbench.analysis import latency, stats
 from meshbench.engine import kinds
@@ -25,6 +25,7 @@ from meshbench.records.model import (
     Tick,
     Timing,
     WallFigures,
+    WallSummary,
 )
 from meshbench.records.turns import by_turn, turn_numbers
 
@@ -105,11 +106,39 @@ def scalar_figures(wall: WallFigures) -> dict[str, float]:
     return out
 
 
-def repetition_summary(walls: Sequence[WallFigures]) -> dict[str, Summary]:
-    """Per figure, over the repetitions: median, min, max and the median's confidence interval."""
-    per_rep = [scalar_figures(w) for w in walls]
-    names = [k for k in per_rep[0] if all(k in r for r in per_rep)]
-    return {k: Summary(**stats.summary([r[k] for r in per_rep])) for k in names}
+def repetition_summary(walls: Sequence[WallFigures]) -> WallSummary:
+    """Per figure, over the repetitions: median, min, max and the median's confidence interval (a percentile left
+    out where a repetition had no samples of it)."""
+
+    def over(each: Callable[[WallFigures], float | None]) -> Summary | None:
+        values = [each(w) for w in walls]
+        return None if None in values else Summary(**stats.summary([v for v in values if v is not None]))
+
+    def whole(each: Callable[[WallFigures], float]) -> Summary:
+        return Summary(**stats.summary([each(w) for w in walls]))
+
+    return WallSummary(
+        wall_s=whole(lambda w: w.wall_s),
+        tokens_per_s=whole(lambda w: w.tokens_per_s),
+        decode_tokens_per_s=whole(lambda w: w.decode_tokens_per_s),
+        prefill_tokens_per_s=whole(lambda w: w.prefill_tokens_per_s),
+        ttft_ms_p50=over(lambda w: w.ttft_ms.p50),
+        ttft_ms_p95=over(lambda w: w.ttft_ms.p95),
+        ttft_ms_p99=over(lambda w: w.ttft_ms.p99),
+        queue_ms_p50=over(lambda w: w.queue_ms.p50),
+        queue_ms_p95=over(lambda w: w.queue_ms.p95),
+        queue_ms_p99=over(lambda w: w.queue_ms.p99),
+        e2e_ms_p50=over(lambda w: w.e2e_ms.p50),
+        e2e_ms_p95=over(lambda w: w.e2e_ms.p95),
+        e2e_ms_p99=over(lambda w: w.e2e_ms.p99),
+        itl_ms_p50=over(lambda w: w.itl_ms.p50),
+        itl_ms_p95=over(lambda w: w.itl_ms.p95),
+        itl_ms_p99=over(lambda w: w.itl_ms.p99),
+        tpot_ms_p50=over(lambda w: w.tpot_ms.p50),
+        tpot_ms_p95=over(lambda w: w.tpot_ms.p95),
+        tpot_ms_p99=over(lambda w: w.tpot_ms.p99),
+        scheduler_share=whole(lambda w: w.scheduler_share),
+    )
 
 
 def token_digest(tokens: Sequence[int]) -> str:

@@ -5,6 +5,7 @@ or not (confident: a finding). A cancelled request, or one whose answer or cold 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.records.completion import Completion
@@ -71,14 +72,16 @@ def confident(judged: list[Judged]) -> list[Judged]:
 DONOR_MIN = 3  # ids of an answer, from where it differs, that must appear in another request's prompt to name it
 
 
-def donor(answer: Completion, at: int, own: tuple[int, ...], others: dict[str, tuple[int, ...]]) -> str | None:
+def donor(
+    answer: Completion, at: int, own: tuple[int, ...], others: Iterable[tuple[str, tuple[int, ...]]]
+) -> str | None:
     """The request whose content a differing answer continues: the first of ``others`` whose prompt holds the
     answer's ids from ``at`` on (DONOR_MIN of them at least, or all to the end), where its own prompt does not
     (None: no such request, or the answer continues its own content)."""
     run = tuple(answer.tokens[at : at + 2 * DONOR_MIN])
     if len(run) < DONOR_MIN or _holds(own, run):
         return None
-    return next((name for name, prompt in others.items() if _holds(prompt, run)), None)
+    return next((name for name, prompt in others if _holds(prompt, run)), None)
 
 
 def _holds(prompt: tuple[int, ...], run: tuple[int, ...]) -> bool:
@@ -136,7 +139,7 @@ def said(c: Checked, j: Judged) -> str:
     """One confident difference in words: the request, what it carried, where it differs, the cold margin there,
     what was sent beside it, and whose content its answer continues where another request's does."""
     r = next(x for x in c.history.requests() if x.name == j.name)
-    others = {x.name: _read(c, x) for x in c.history.requests() if x.name != j.name}
+    others = ((x.name, _read(c, x)) for x in c.history.requests() if x.name != j.name)  # (read as searched)
     answer, at = c.answers[j.name], j.token_index or 0
     src = donor(answer, at, (*r.sent(), *answer.tokens[:at]), others)
     margin = "unknown" if j.margin is None else f"{j.margin:.3g}"

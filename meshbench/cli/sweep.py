@@ -117,7 +117,10 @@ def _print_sweep(b: NodeBundle) -> None:
         ("level", "ticks", "avg occ", "max occ", "tok/tick", "peak KV B", "tok/s", "decode tok/s", "ITL p50 ms"),
     )
     for row, lv in zip(report.table_rows(b), levels):
-        t.add_row(*row, *(median_cell(lv.wall.get(k), digits) for k, digits in SWEEP_COLUMNS))
+        w = lv.wall
+        t.add_row(
+            *row, median_cell(w.tokens_per_s, 1), median_cell(w.decode_tokens_per_s, 1), median_cell(w.itl_ms_p50, 2)
+        )
     out.print(t)
     out.print(
         f"corruption_free={r.corruption_free} batch_invariant={r.batch_invariant} "
@@ -143,9 +146,6 @@ def _print_sweep(b: NodeBundle) -> None:
         )
     if r.first_divergence:
         out.print(f"first divergence: {serial.to_json(r.first_divergence)}")
-
-
-SWEEP_COLUMNS = (("tokens_per_s", 1), ("decode_tokens_per_s", 1), ("itl_ms.p50", 2))  # wall figures, by name
 
 
 def median_cell(s: Summary | None, digits: int) -> str:

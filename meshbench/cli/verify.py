@@ -10,7 +10,7 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from meshbench.analysis.checks import Checks
+from meshbench.analysis.checks import Checks, printable
 from meshbench.cli import exits, progress
 from meshbench.cli.common import err, out, print_json
 from meshbench.endpoint import retokenize
@@ -119,13 +119,15 @@ def _checked(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None
 
 
 def _hunt(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) -> Checks:
+    if threads is not None:
+        raise MeshbenchError(f"{path}: a hunt: its rerun runs the threads its node config names (drop --threads)")
     if not rerun:
         return verify_hunt.check(path)
     from meshbench.hunt import rerun as hunt_rerun  # noqa: PLC0415 - a rerun loads an engine; a check does not
 
     def again(doc: HuntDocument, c: Checks) -> None:
         try:
-            hunt_rerun.rerun(doc, c, lambda m: err.print(f"verify {path}: rerun: {m}", markup=False))
+            hunt_rerun.rerun(doc, c, lambda m: err.print(f"verify {printable(path)}: rerun: {m}", markup=False))
         except MeshbenchError as e:
             raise MeshbenchError(f"{path}: {e}") from None
 
@@ -145,7 +147,7 @@ def _sweep(path: Path, rerun: bool, trust_endpoints: bool, threads: int | None) 
     with contextlib.ExitStack() as stack:
         rerunner = None
         if rerun:
-            on_tick, on_pass = stack.enter_context(progress.passes(f"verify {path}: rerun"))
+            on_tick, on_pass = stack.enter_context(progress.passes(f"verify {printable(path)}: rerun"))
             rerunner = functools.partial(
                 run.rerun_results,
                 trust_endpoints=trust_endpoints,
@@ -192,8 +194,9 @@ def _status(checks: Checks, accept_other_kernels: bool) -> str:
 
 
 def _print(path: Path, checks: Checks, status: str, rerun: bool) -> None:
+    shown = printable(path)  # (a folder's name is the user's: never a line of its own, nor a colour)
     for f in checks.failures:
-        out.print(f"{path}/{f}", markup=False)
+        out.print(f"{shown}/{f}", markup=False)
     unconfirmed = ""
     if checks.kernel_bound:
         unconfirmed = (
@@ -201,13 +204,13 @@ def _print(path: Path, checks: Checks, status: str, rerun: bool) -> None:
             "confirmed" + {"ok": " (accepted: --accept-other-kernels)", "NOT REPRODUCED": " (exit 4)"}.get(status, "")
         )
     out.print(
-        f"{path}: {status}: {checks.count} checks, {len(checks.failures)} failed"
+        f"{shown}: {status}: {checks.count} checks, {len(checks.failures)} failed"
         + (" (rerun included)" if rerun else "")
         + unconfirmed,
         markup=False,
     )
     for note in checks.notes:
-        out.print(f"{path}: {note}", markup=False)
+        out.print(f"{shown}: {note}", markup=False)
 
 
 def _report(path: Path, checks: Checks, status: str, rerun: bool, seconds: float) -> dict:

@@ -7,7 +7,7 @@ back (tests/test_records.py holds every field to the results schema, both ways).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshbench.records.canary import CanaryRun
@@ -127,6 +127,38 @@ class Summary:
     ci_low: float | None
     ci_high: float | None
     ci_level: float | None
+
+
+def _percentile(name: str) -> Any:
+    """A level's summary of a percentile, keyed ``name`` in results.json, left out where no repetition had it."""
+    return field(default=None, metadata={"json": name})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WallSummary:
+    """Each figure of ``WallFigures`` over a level's repetitions (``meshbench.analysis.figures.repetition_summary``),
+    a percentile under its name in results.json (``ttft_ms.p50``); None where a repetition had no samples of it."""
+
+    wall_s: Summary
+    tokens_per_s: Summary
+    decode_tokens_per_s: Summary
+    prefill_tokens_per_s: Summary
+    ttft_ms_p50: Summary | None = _percentile("ttft_ms.p50")
+    ttft_ms_p95: Summary | None = _percentile("ttft_ms.p95")
+    ttft_ms_p99: Summary | None = _percentile("ttft_ms.p99")
+    queue_ms_p50: Summary | None = _percentile("queue_ms.p50")
+    queue_ms_p95: Summary | None = _percentile("queue_ms.p95")
+    queue_ms_p99: Summary | None = _percentile("queue_ms.p99")
+    e2e_ms_p50: Summary | None = _percentile("e2e_ms.p50")
+    e2e_ms_p95: Summary | None = _percentile("e2e_ms.p95")
+    e2e_ms_p99: Summary | None = _percentile("e2e_ms.p99")
+    itl_ms_p50: Summary | None = _percentile("itl_ms.p50")
+    itl_ms_p95: Summary | None = _percentile("itl_ms.p95")
+    itl_ms_p99: Summary | None = _percentile("itl_ms.p99")
+    tpot_ms_p50: Summary | None = _percentile("tpot_ms.p50")
+    tpot_ms_p95: Summary | None = _percentile("tpot_ms.p95")
+    tpot_ms_p99: Summary | None = _percentile("tpot_ms.p99")
+    scheduler_share: Summary
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -288,7 +320,7 @@ class LevelRecord:
     tick_records: list[Tick]
     backpressure: Backpressure
     repetitions: list[Repetition]
-    wall: dict[str, Summary]
+    wall: WallSummary
     isolation: IsolationRecords
     isolation_verdict: IsolationVerdict
     turn_events: list[SubmitEvent] | None = None  # conversations: one per later turn submitted, in order

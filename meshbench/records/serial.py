@@ -54,7 +54,8 @@ def _converter() -> cattrs.Converter:
         conv.register_structure_hook(kind, _exact(kind, name))
     conv.register_structure_hook(TURN_TOKENS, _turn_tokens(conv))  # (before the records' hooks, which look it up)
     # a request history is its own file's shape too (history.schema.json, its own checks): read and written as one
-    conv.register_structure_hook(histories.History, lambda value, _: histories.from_json(value, "a history"))
+    # (inside a document whose schema holds it to history.schema.json: a hunt's, checked before it is typed)
+    conv.register_structure_hook(histories.History, lambda v, _: histories.from_json(v, "a history", True))
     conv.register_unstructure_hook(histories.History, histories.to_json)
     conv.register_unstructure_hook(histories.Facts, _unstructure(conv, histories.Facts))
     conv.register_structure_hook(histories.Facts, _structure(conv, histories.Facts))

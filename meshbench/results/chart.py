@@ -7,8 +7,6 @@ from pathlib import Path
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
 
-DECODE = "decode_tokens_per_s"  # (a level's wall figures by name: analysis.figures.WALL_FIGURES)
-
 
 def write(b: NodeBundle, path: Path) -> bool:
     """Four panels against concurrency and throughput; False when matplotlib is absent."""
@@ -66,7 +64,7 @@ def _backpressure(plt, b: NodeBundle):
 
 def _concurrency(plt, levels: list[LevelRecord]):
     c = [lv.concurrency for lv in levels]
-    decode = [lv.wall[DECODE] for lv in levels]
+    decode = [lv.wall.decode_tokens_per_s for lv in levels]
     fig, ax = plt.subplots(2, 2, figsize=(10, 7))
     ax[0, 0].plot(c, [lv.avg_batch_occupancy for lv in levels], "o-", label="average")
     ax[0, 0].plot(c, [lv.max_batch_occupancy for lv in levels], "s--", label="max")
@@ -87,8 +85,8 @@ def _concurrency(plt, levels: list[LevelRecord]):
         a.set_xlabel("concurrency")
         a.set_xscale("log", base=2)
         a.set_xticks(c, [str(x) for x in c])
-    for q, style in (("p50", "o-"), ("p99", "s--")):
-        itl = [lv.wall.get(f"itl_ms.{q}") for lv in levels]
+    for q, style, itl in (("p50", "o-", [lv.wall.itl_ms_p50 for lv in levels]),
+                          ("p99", "s--", [lv.wall.itl_ms_p99 for lv in levels])):  # fmt: skip
         points = [(m, i.median) for m, i in zip(med, itl) if i is not None]
         if points:
             ax[1, 1].plot(*zip(*points), style, label=f"ITL {q}")

@@ -19,6 +19,9 @@ from meshbench.records.hunt import HuntDocument, HuntServer, Run
 from meshbench.results import kinds, markdown
 
 KIND = kinds.HUNT
+# A minimal history's confident differences said in words, at most (a shrink leaves few; the rest are counted: each
+# is said by searching every other request's prompt, so a forged history of thousands would take hours to render)
+SAID = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +100,10 @@ def lines(v: HuntView) -> list[str]:
             f"requests, {ids} prompt ids, shown in {shown(f.minimal_confirmations)} of "
             f"{len(f.minimal_confirmations)} runs on {v.doc.replays_on}"
         )
-        out += ["  " + judge.said(f.minimal, j) for j in f.minimal.judged if j.outcome == CONFIDENT]
+        confident = [j for j in f.minimal.judged if j.outcome == CONFIDENT]
+        out += ["  " + judge.said(f.minimal, j) for j in confident[:SAID]]
+        if len(confident) > SAID:
+            out.append(f"  and {len(confident) - SAID} more confident differences in the minimal history")
     if not any(reproduced(f) for f in v.findings):
         out.append("nothing confident found that showed again")
     o = judge.outcomes(v.checked)

@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from meshbench.analysis import figures
+from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.results import document, hunt_report, index_rows, kinds, matrix, matrix_report
@@ -29,17 +29,18 @@ ROWS: dict[str, Callable[[Path, Any], str]] = {
     kinds.NODE: kinds.index_row,
     kinds.ENDPOINT: kinds.index_row,
     kinds.MATRIX: _matrix_row,
-    kinds.HUNT: lambda folder, d: hunt_report.index_row(folder, serial.hunt_document(d)),
+    kinds.HUNT: lambda folder, d: hunt_report.index_row(folder, serial.hunt_document(d, str(folder / RESULTS))),
 }
 
 
 def _row(folder: Path) -> str:
-    d = json.loads((folder / RESULTS).read_text())
+    d = document.load(folder / RESULTS)  # (as verify reads one: a regular file, strict JSON)
     return ROWS[kinds.of(d)](folder, d)
 
 
 def _bundles(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if (p / RESULTS).is_file())
+    """Every folder with a results.json, whatever it is (one that is not a regular file is named, not left out)."""
+    return sorted(p for p in root.iterdir() if (p / RESULTS).exists() or (p / RESULTS).is_symlink())
 
 
 def readme_table(root: Path, link: str = "evidence") -> str:
@@ -73,8 +74,19 @@ def render(root: Path) -> str:
     )
 
 
-if __name__ == "__main__":
-    args = sys.argv[1:]
+def main(args: list[str]) -> int:
+    """Write the index (or with --readme, README.md's table) of the bundles in a folder; a bundle that cannot be
+    read is one line naming it, and exit 2."""
     readme = "--readme" in args
     folder = Path(next((a for a in args if a != "--readme"), "evidence"))
-    sys.stdout.write(readme_table(folder) if readme else render(folder))
+    try:
+        text = readme_table(folder) if readme else render(folder)
+    except (MeshbenchError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

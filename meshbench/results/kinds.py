@@ -141,11 +141,18 @@ def check_version(data: Any, where: str, digest: str | None = None) -> None:
     endpoint document of OLDER_ENDPOINT is read only where its ``digest`` is pinned: stripped of what schema 4
     requires, a forged bundle would read as an honest older one, so an older one is accepted by its digest alone."""
     v = data.get("schema_version") if isinstance(data, dict) else None
+    said = data.get("kind") if isinstance(data, dict) else None
+    if said is not None and not (isinstance(said, str) and said in FOLDERS):  # (a node's document says no kind)
+        raise MeshbenchError(
+            f"{where}: kind {str(said)[:40]!r} is no kind of meshbench bundle ({', '.join(FOLDERS)}; a node's says "
+            "none)"
+        )
     folder = FOLDERS[of(data)]
     if not folder.sweep:
         raise MeshbenchError(
-            f"{where}: {folder.what}, not one sweep: verify it as a whole (meshbench verify)"
-            + (", or use one setting's bundle, a folder beside it" if folder.name == MATRIX else "")
+            f"{where}: {folder.what}, not one sweep's bundle (meshbench verify FOLDER checks it whole"
+            + ("; one setting's bundle is a folder beside it" if folder.name == MATRIX else "")
+            + ")"
         )
     k = kind(data)
     if k.name == ENDPOINT:

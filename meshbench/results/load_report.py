@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from meshbench.records.model import LevelRecord
+from meshbench.records.model import LevelRecord, Summary, WallSummary
 from meshbench.results.markdown import median_range
 from meshbench.results.typed import NodeBundle
 
@@ -24,19 +24,41 @@ def row(cells: list[str]) -> str:
 
 # The wall figures of the bundle README, in the order of its table.
 WALL_COLUMNS = (
-    ("tokens_per_s", "tokens/s", 1),
-    ("decode_tokens_per_s", "decode tok/s", 1),
-    ("prefill_tokens_per_s", "prefill tok/s", 1),
-    ("ttft_ms.p50", "TTFT p50 ms", 2),
-    ("ttft_ms.p99", "TTFT p99 ms", 2),
-    ("queue_ms.p50", "queue p50 ms", 2),
-    ("itl_ms.p50", "ITL p50 ms", 2),
-    ("itl_ms.p99", "ITL p99 ms", 2),
-    ("tpot_ms.p50", "TPOT p50 ms", 2),
-    ("tpot_ms.p99", "TPOT p99 ms", 2),
-    ("e2e_ms.p50", "E2E p50 ms", 1),
-    ("scheduler_share", "scheduler share", None),
+    "tokens/s",
+    "decode tok/s",
+    "prefill tok/s",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+    "queue p50 ms",
+    "ITL p50 ms",
+    "ITL p99 ms",
+    "TPOT p50 ms",
+    "TPOT p99 ms",
+    "E2E p50 ms",
+    "scheduler share",
 )
+
+
+def wall_cells(w: WallSummary) -> list[str]:
+    """A level's row of the wall table, in WALL_COLUMNS' order: each figure's median and range at its digits."""
+
+    def at(s: Summary | None, digits: int | None) -> str:
+        return median_range(s, _spec(digits), drop_single=True)
+
+    return [
+        at(w.tokens_per_s, 1),
+        at(w.decode_tokens_per_s, 1),
+        at(w.prefill_tokens_per_s, 1),
+        at(w.ttft_ms_p50, 2),
+        at(w.ttft_ms_p99, 2),
+        at(w.queue_ms_p50, 2),
+        at(w.itl_ms_p50, 2),
+        at(w.itl_ms_p99, 2),
+        at(w.tpot_ms_p50, 2),
+        at(w.tpot_ms_p99, 2),
+        at(w.e2e_ms_p50, 1),
+        at(w.scheduler_share, None),
+    ]
 
 
 def _spec(digits: int | None) -> str:
@@ -151,12 +173,11 @@ def wall_section(b: NodeBundle) -> list[str]:
         "rotates each repetition). Each cell is the median over the repetitions"
         + (", with the min-max range." if repeat > 1 else "."),
         "",
-        row(["concurrency", *[name for _, name, _ in WALL_COLUMNS]]),
+        row(["concurrency", *WALL_COLUMNS]),
         "|" + "---|" * (len(WALL_COLUMNS) + 1),
     ]
     for lv in b.levels:
-        cells = [median_range(lv.wall.get(k), _spec(d), drop_single=True) for k, _, d in WALL_COLUMNS]
-        lines.append(row([str(lv.concurrency), *cells]))
+        lines.append(row([str(lv.concurrency), *wall_cells(lv.wall)]))
     return [
         *lines,
         "",
