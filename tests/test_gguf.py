@@ -14,7 +14,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from meshbench.cli import app  # noqa: E402
 from meshbench.engine.base import DecodeItem, PrefillChunk, SessionHandle, separate_step  # noqa: E402
-from meshbench.engine.gguf_engine import GgufEngine  # noqa: E402
+from meshbench.engine.gguf_engine import GgufEngine, plain  # noqa: E402
 from meshbench.engine.llama_model import LoadedModel  # noqa: E402
 from meshbench.engine.synthetic import SyntheticEngine  # noqa: E402
 from meshbench.model import gguf_io  # noqa: E402
@@ -78,7 +78,7 @@ def test_make_tiny_round_trips_the_synthetic_weights(models):
 
 
 def test_llama_cpp_reproduces_the_golden_stream_on_the_f32_model(loaded):
-    e = GgufEngine(loaded["f32"], 1, 32, threads=2, kv_type="f32")
+    e = GgufEngine(loaded["f32"], 1, 32, plain(loaded["f32"], threads=2, kv_type="f32"))
     toks = _run(e, {"g": [1, 2, 3, 4]}, 15)
     assert toks["g"] == GOLDEN_DGR012
 
@@ -97,7 +97,7 @@ def test_cross_engine_parity_on_f32_weights(loaded, models, monkeypatch, kv_type
     monkeypatch.setattr(se, "greedy_step", capture)
     cfg, w = gguf_io.read_weights(models["f32"])
     prompts = {"a": [1, 2, 3, 4], "b": [9], "c": [5, 6, 7, 8, 9, 10, 11]}
-    engine = GgufEngine(loaded["f32"], 4, 64, threads=2, kv_type=kv_type)
+    engine = GgufEngine(loaded["f32"], 4, 64, plain(loaded["f32"], threads=2, kv_type=kv_type))
     engine.tap = lambda sid, row: seen["gguf"].setdefault(sid, []).append(np.array(row, dtype=np.float64))
     t_gguf = _run(engine, prompts, 10)
     t_numpy = _run(SyntheticEngine(cfg, w, 1 << 30), prompts, 10)
@@ -125,7 +125,7 @@ def test_quantized_batch_1_and_batch_8_logits_are_bitwise_identical(loaded, monk
     seen: dict[str, list] = {"batched": [], "single": []}  # every sampled row: prefill and decode
 
     def run(tag: str, batched: bool):
-        engine = GgufEngine(loaded[qtype], 8, 64, threads=2)
+        engine = GgufEngine(loaded[qtype], 8, 64, plain(loaded[qtype], threads=2))
         engine.tap = lambda sid, row: seen[tag].append((sid, np.array(row)))
         return _run(engine, prompts, 12, batched=batched)
 
@@ -143,7 +143,7 @@ def test_quantized_batch_1_and_batch_8_logits_are_bitwise_identical(loaded, monk
 
 
 def test_each_tick_is_one_llama_decode_for_the_whole_batch(loaded):
-    e = GgufEngine(loaded["q8_0"], 4, 32, threads=2)
+    e = GgufEngine(loaded["q8_0"], 4, 32, plain(loaded["q8_0"], threads=2))
 
     class Counting:
         def __init__(self, inner):
@@ -168,7 +168,7 @@ def test_each_tick_is_one_llama_decode_for_the_whole_batch(loaded):
 
 
 def test_release_removes_the_sequence_and_a_stale_decode_is_a_miss(loaded):
-    e = GgufEngine(loaded["q8_0"], 2, 32, threads=2)
+    e = GgufEngine(loaded["q8_0"], 2, 32, plain(loaded["q8_0"], threads=2))
     r = e.prefill(SessionHandle("a", 0, 20), [1, 2, 3])
     seq_id = e._seq_ids["a"]
     assert llama_cpp.llama_memory_seq_pos_max(e.mem, seq_id) == 2
@@ -182,8 +182,12 @@ def test_release_removes_the_sequence_and_a_stale_decode_is_a_miss(loaded):
 def test_kv_bytes_per_token_comes_from_the_model_metadata(loaded):
     cfg, _ = f.weights()
     m = loaded["q8_0"]
-    assert GgufEngine(m, 1, 16, 1, kv_type="f16").kv_bytes_per_token == 2 * cfg.n_layers * cfg.kv_dim * 2
-    assert GgufEngine(m, 1, 16, 1, kv_type="f32").kv_bytes_per_token == 2 * cfg.n_layers * cfg.kv_dim * 4
+    assert (
+        GgufEngine(m, 1, 16, plain(m, threads=1, kv_type="f16")).kv_bytes_per_token == 2 * cfg.n_layers * cfg.kv_dim * 2
+    )
+    assert (
+        GgufEngine(m, 1, 16, plain(m, threads=1, kv_type="f32")).kv_bytes_per_token == 2 * cfg.n_layers * cfg.kv_dim * 4
+    )
     assert m.weight_bytes > 0
 
 
@@ -297,7 +301,7 @@ def test_values_that_would_crash_llama_cpp_are_refused_before_it_sees_them(model
         cwd_files=tmp_path,
     )
     with pytest.raises(MeshbenchError, match="llama.cpp takes 1 to 512 threads"):
-        GgufEngine(loaded["q8_0"], 1, 16, threads=100_000)
+        GgufEngine(loaded["q8_0"], 1, 16, plain(loaded["q8_0"], threads=100_000))
 
 
 def test_a_gguf_with_non_finite_weights_is_refused_by_the_gguf_engine(tmp_path):
@@ -317,13 +321,13 @@ def test_a_gguf_with_non_finite_weights_is_refused_by_the_gguf_engine(tmp_path):
 def test_a_tick_over_llama_cpps_micro_batch_is_computed_in_pieces_of_it(loaded):
     """n_ubatch is llama.cpp's own default (512) where a tick may be larger: one llama_decode, computed in pieces of
     512 as llama-server's, the compute buffer bounded by them; up to it a tick is one piece, as before."""
-    small = GgufEngine(loaded["q8_0"], 4, 64, threads=2, max_prompt=32, mixed=True)
+    small = GgufEngine(loaded["q8_0"], 4, 64, plain(loaded["q8_0"], threads=2, mixed_batch=True), max_prompt=32)
     assert small.n_batch == small.n_ubatch == 36
     small.close()
-    e = GgufEngine(loaded["q8_0"], 3, 504, threads=2, max_prompt=500, mixed=True)
+    e = GgufEngine(loaded["q8_0"], 3, 504, plain(loaded["q8_0"], threads=2, mixed_batch=True), max_prompt=500)
     assert e.n_batch == e.n_ubatch == 503
     e.close()
-    e = GgufEngine(loaded["q8_0"], 16, 504, threads=2, max_prompt=500, mixed=True)
+    e = GgufEngine(loaded["q8_0"], 16, 504, plain(loaded["q8_0"], threads=2, mixed_batch=True), max_prompt=500)
     assert (e.n_batch, e.n_ubatch) == (516, 512)
     toks = {sid: e.prefill(SessionHandle(sid, 0, 504), [1 + i, 2, 3]).token for i, sid in enumerate("ab")}
     long = [(7 * i) % 200 + 1 for i in range(500)]
@@ -332,7 +336,7 @@ def test_a_tick_over_llama_cpps_micro_batch_is_computed_in_pieces_of_it(loaded):
         [PrefillChunk(SessionHandle("c", 0, 504), tuple(long), 0, True)],
     )
     assert all(r.token is not None for r in out.decode) and out.prefill[0].token is not None  # 502 rows, in 2 pieces
-    alone = GgufEngine(loaded["q8_0"], 1, 504, threads=2, max_prompt=500)
+    alone = GgufEngine(loaded["q8_0"], 1, 504, plain(loaded["q8_0"], threads=2), max_prompt=500)
     assert alone.prefill(SessionHandle("c", 0, 504), long).token == out.prefill[0].token
     alone.close()
     e.close()

@@ -109,7 +109,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not imp
 from typer.testing import CliRunner  # noqa: E402
 
 from meshbench.cli import app  # noqa: E402
-from meshbench.engine.gguf_engine import GgufEngine  # noqa: E402
+from meshbench.engine.gguf_engine import GgufEngine, plain  # noqa: E402
 from meshbench.engine.gguf_prefix import LlamaMemory  # noqa: E402
 from meshbench.engine.llama_model import LoadedModel  # noqa: E402
 
@@ -155,8 +155,7 @@ def _engine(model, unified: bool, cls=GgufEngine):
             model,
             limits.max_active_sessions,
             SEQ,
-            threads=2,
-            kv_unified=unified,
+            plain(model, threads=2, kv_unified=unified),
             prefix_block_tokens=limits.prefix_block_tokens,
             kv_budget=limits.kv_bytes,
         )

@@ -21,7 +21,7 @@ from meshbench.workload.workload import Workload
 from tests.factories import budget
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not importable")
-from meshbench.engine.gguf_engine import GgufEngine  # noqa: E402
+from meshbench.engine.gguf_engine import GgufEngine, plain  # noqa: E402
 from meshbench.engine.llama_model import LoadedModel  # noqa: E402
 
 runner = CliRunner()
@@ -44,7 +44,7 @@ def _engine(model, cls=GgufEngine):
             model,
             limits.max_active_sessions,
             SEQ,
-            threads=2,
+            plain(model, threads=2),
             prefix_block_tokens=limits.prefix_block_tokens,
             kv_budget=limits.kv_bytes,
         )

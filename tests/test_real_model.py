@@ -15,7 +15,7 @@ from meshbench.engine import kv_geometry
 pytest.importorskip("llama_cpp")
 
 from meshbench.engine.base import DecodeItem, SessionHandle  # noqa: E402
-from meshbench.engine.gguf_engine import GgufEngine  # noqa: E402
+from meshbench.engine.gguf_engine import GgufEngine, plain  # noqa: E402
 from meshbench.engine.llama_model import LoadedModel, kv_cache_log, llama_cpp_lib  # noqa: E402
 
 needs_gemma = pytest.mark.skipif(
@@ -62,7 +62,7 @@ def _stored_per_token(model: LoadedModel) -> float:
     """llama.cpp's own per-token storage: a sequence's saved state grows by it per position (plus its cell
     header of 12 bytes per cache)."""
     lib = llama_cpp_lib()
-    e = GgufEngine(model, 2, 64, 2)
+    e = GgufEngine(model, 2, 64, plain(model, threads=2))
     try:
         e.prefill(SessionHandle("a", 1, 64), [2, 5, 6, 7])
         e.prefill(SessionHandle("b", 1, 64), [2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
@@ -99,7 +99,7 @@ def test_gemma_sliding_layers_come_from_llama_cpps_own_cache(gemma_path):
     model = LoadedModel(gemma_path, "cpu", False)
     try:
         with capture_log() as lines:
-            GgufEngine(model, 1, 64, 2).close()
+            GgufEngine(model, 1, 64, plain(model, threads=2)).close()
         log = kv_cache_log(lines)
         assert model.n_swa == 512
         assert log["swa_layers"] == [i for i in range(18) if i % 6 != 5]  # every sixth layer is global
@@ -116,7 +116,7 @@ def test_eos_ban_never_emits_and_stop_ends_there(gemma_path):
         prompt = [2, 818, 5279, 529, 7001, 563]  # a short real prompt ("The capital of France is")
         streams = {}
         for ban in (False, True):
-            e = GgufEngine(model, 1, 80, 2, ban_eog=ban)
+            e = GgufEngine(model, 1, 80, plain(model, threads=2, ban_eog=ban))
             r = e.prefill(SessionHandle("s", 1, 80), prompt)
             toks = [r.token]
             for i in range(40):
@@ -138,7 +138,7 @@ def _allocated_per_cell(model: LoadedModel) -> float:
     from meshbench.engine.llama_model import capture_log
 
     with capture_log() as lines:
-        GgufEngine(model, 4, 1024, 2).close()
+        GgufEngine(model, 4, 1024, plain(model, threads=2)).close()
     caches = kv_cache_log(lines)["caches"]
     return sum(c["k_mib"] + c["v_mib"] for c in caches) * (1 << 20) / caches[0]["cells"]
 

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from meshbench.engine.base import check_context
-from meshbench.engine.gguf_engine import GgufEngine
+from meshbench.engine.gguf_engine import GgufEngine, plain
 from meshbench.engine.llama_model import LoadedModel
 from meshbench.engine.process import workers
 from meshbench.scheduler.budget import NodeBudget
@@ -31,7 +31,7 @@ def _prompts(b: int, prompt: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None, seed: int) -> list[int]:
-    e = GgufEngine(model, b, prompt + steps + 4, threads, max_prompt=prompt)
+    e = GgufEngine(model, b, prompt + steps + 4, plain(model, threads=threads), max_prompt=prompt)
     lib, ctx, batch = e.lib, e.ctx, e.batch
     prompts = _prompts(b, prompt, model.vocab_size, seed)
     last = []
@@ -63,7 +63,7 @@ def raw_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: in
 def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threads: int | None, seed: int) -> list[int]:
     # The prompts are prefilled one a tick, so the first session has made b - 1 tokens when the batch is
     # first full: each session asks for b more, and every run has its ``steps`` full-batch ticks (never none).
-    e = GgufEngine(model, b, prompt + steps + b + 4, threads, max_prompt=prompt)
+    e = GgufEngine(model, b, prompt + steps + b + 4, plain(model, threads=threads), max_prompt=prompt)
     budget = NodeBudget(
         weight_bytes=1 << 40,
         kv_bytes=1 << 40,

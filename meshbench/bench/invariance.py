@@ -108,7 +108,7 @@ def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -
 
 def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: int | None, seed: int) -> dict:
     from meshbench.engine.base import DecodeItem, SessionHandle  # noqa: PLC0415 - the child's imports
-    from meshbench.engine.gguf_engine import GgufEngine  # noqa: PLC0415
+    from meshbench.engine.gguf_engine import GgufEngine, plain  # noqa: PLC0415
 
     n = max(batches)
     rng = np.random.default_rng(seed)
@@ -117,7 +117,7 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
 
     def decode(group: Sequence[int]) -> tuple[dict, float]:
         """The sessions ``group`` prefilled alone, then decoded together: each step's logits, and the time."""
-        e = GgufEngine(model, len(group), capacity, threads, max_prompt=capacity, **context)
+        e = GgufEngine(model, len(group), capacity, plain(model, threads=threads, **context), max_prompt=capacity)
         rows: dict[int, list[np.ndarray]] = {i: [] for i in group}
         try:
             first = {i: e.prefill(SessionHandle(f"s{i}", 0, capacity), prompts[i]).token for i in group}

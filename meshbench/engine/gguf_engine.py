@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -40,10 +40,16 @@ from meshbench.engine.llama_model import (
     llama_cpp_lib,
 )
 from meshbench.engine.profile import Profile
+from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.model.prefix import PrefixBlocks
 
 RETAINED_MIN = 16  # sequences a prefix cache keeps for ended sessions' blocks, at the fewest
+
+
+def plain(model: LoadedModel, **settings: Any) -> EngineSpec:
+    """A bench's or a test's GgufEngine settings: ``settings`` over a gguf engine's defaults, flash attention off."""
+    return EngineSpec(kind="gguf", model=str(model.path), **{"flash_attn": False, **settings})
 
 
 class GgufEngine:
@@ -52,50 +58,43 @@ class GgufEngine:
         model: LoadedModel,
         n_seq_max: int,
         seq_capacity: int,
-        threads: int | None,
-        flash_attn: bool | str = False,
-        kv_unified: bool = False,
-        kv_type: str = "f16",
+        spec: EngineSpec | None = None,  # its settings (engine.spec: each declared there once); None: plain()
         max_prompt: int = 512,
-        mixed: bool = False,
-        tiled_mm: str = "auto",
-        ban_eog: bool = False,
         prefix_block_tokens: int = 0,
         kv_budget: int = 0,
     ) -> None:
+        spec = spec if spec is not None else plain(model)
         lib = llama_cpp_lib()
-        check_native_sizes(model, n_seq_max, seq_capacity, threads)
+        check_native_sizes(model, n_seq_max, seq_capacity, spec.threads)
         if prefix_block_tokens and (lib.llama_model_is_recurrent(model.ptr) or lib.llama_model_is_hybrid(model.ptr)):
             raise MeshbenchError(
                 f"engine.prefix_cache: {model.arch} keeps a recurrent state, which llama.cpp copies whole "
                 "(never a prefix's): the prefix cache needs an attention-only model"
             )
         self.lib, self.model = lib, model
-        self.kv_type = kv_type
-        self.flash_attn, self.kv_unified = flash_attn, kv_unified
-        self.mixed = mixed  # a tick's decode items and prompt chunks in ONE llama_decode
-        self.tiled_mm = tiled_mm  # set in this process's environment by whoever started it (EngineProcess)
+        self.kv_type = kv_type = spec.kv_type
+        self.flash_attn, self.kv_unified = spec.flash_attn, spec.kv_unified
+        self.mixed = mixed = spec.mixed_batch  # a tick's decode items and prompt chunks in ONE llama_decode
+        self.tiled_mm = spec.tiled_mm  # set in this process's environment by whoever started it (EngineProcess)
         # eos: ban: end-of-generation tokens never win the argmax (llama-server's ignore_eos)
-        self.banned = np.asarray(model.eog, dtype=np.int64) if ban_eog and model.eog else None
+        self.banned = np.asarray(model.eog, dtype=np.int64) if spec.ban_eog and model.eog else None
         cp = lib.llama_context_default_params()
         # A prefix cache keeps ended sessions' sequences for their blocks (engine.gguf_prefix): as many again, and
         # at least 16 (with too few, it evicts cached blocks to free a sequence, not for want of KV).
         self.sessions_max = n_seq_max
         if prefix_block_tokens:
             n_seq_max = min(n_seq_max + max(n_seq_max, RETAINED_MIN), limits.MAX_LLAMA_SEQUENCES)
-        # With kv_unified off each sequence gets n_ctx / n_seq_max cells: size n_ctx so that
-        # every sequence can hold a whole session.
-        cp.n_seq_max = n_seq_max
-        cp.n_ctx = n_seq_max * seq_capacity
+        # Without kv_unified each sequence gets n_ctx / n_seq_max cells: n_ctx sized for each to hold a whole session
+        cp.n_seq_max, cp.n_ctx = n_seq_max, n_seq_max * seq_capacity
         # Mixed: a whole prompt (the first of a tick may exceed the prefill budget) beside every decode.
         self.n_batch = max(max_prompt + n_seq_max if mixed else max(max_prompt, n_seq_max), 32)
         cp.n_batch = self.n_batch
         # llama.cpp's own n_ubatch (512) where a tick is larger, as llama-server's: a bounded compute buffer
         self.n_ubatch = cp.n_ubatch = min(self.n_batch, int(cp.n_ubatch))
-        n_threads = threads or machine.usable_cpus()
+        n_threads = spec.threads or machine.usable_cpus()
         cp.n_threads = cp.n_threads_batch = n_threads
-        cp.flash_attn_type = recipe.flash_attn_type(lib, flash_attn)  # (auto: the setup reads llama.cpp's choice)
-        cp.kv_unified = kv_unified
+        cp.flash_attn_type = recipe.flash_attn_type(lib, spec.flash_attn)  # (auto: the setup reads llama.cpp's)
+        cp.kv_unified = spec.kv_unified
         cp.type_k = cp.type_v = KV_TYPES[kv_type][0]
         cp.no_perf = True
         self.ctx = lib.llama_init_from_model(model.ptr, cp)
@@ -116,7 +115,7 @@ class GgufEngine:
         self.prefix: PrefixHolders | None = None
         if prefix_block_tokens:
             memory = LlamaMemory(lib, self.mem)
-            self.prefix = PrefixHolders(PrefixBlocks(prefix_block_tokens), memory, kv_unified)
+            self.prefix = PrefixHolders(PrefixBlocks(prefix_block_tokens), memory, spec.kv_unified)
         self._ids: dict[str, list[int]] = {}  # session id -> the ids at its positions (its blocks' keys)
         self._budget_positions = kv_budget // self._kv_bytes_per_token if kv_budget else 0
         self.tap: Callable[[str, np.ndarray], None] | None = None  # sees every sampled row (meshbench.sweep.replay)

@@ -3,6 +3,7 @@ and the RPC topology recorded, and a factory of engines over the one loaded mode
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Sequence
 
@@ -38,7 +39,7 @@ def setup_gguf(
     """Load the model once (on the RPC workers' devices when ``endpoints`` are given). ``burst``: a tick may
     prefill every session's prompt at once (a mixed batch is sized for it)."""
     model = _load(spec, max_total_tokens, max_sessions, verbose, endpoints)
-    flash_attn = spec.flash_attn  # (auto: llama.cpp's choice in the probe context, then that for every engine)
+    settings = spec  # (flash_attn auto: llama.cpp's choice in the probe context, then that for every engine)
 
     def make(limits: EngineLimits) -> GgufEngine:
         # A tick prefills at most max(the longest prompt, the prefill budget) tokens (the first always runs), or in
@@ -50,14 +51,8 @@ def setup_gguf(
             model,
             limits.max_active_sessions,
             max_total_tokens,
-            spec.threads,
-            flash_attn,
-            spec.kv_unified,
-            spec.kv_type,
+            settings,
             prefill,
-            spec.mixed_batch,
-            spec.tiled_mm,
-            spec.ban_eog,
             limits.prefix_block_tokens,
             limits.kv_bytes,
         )
@@ -65,9 +60,10 @@ def setup_gguf(
     with capture_log() as context_log:
         probe = make(PROBE_LIMITS)
     auto = {"repack": model.repack_why} if model.repack_why else {}
-    if flash_attn == recipe.AUTO:
-        probe.flash_attn = flash_attn = recipe.flash_attn_chosen(context_log)
-        auto["flash_attn"] = f"{'on' if flash_attn else 'off'}: llama.cpp's own choice for this model and device"
+    if spec.flash_attn == recipe.AUTO:
+        probe.flash_attn = chosen = recipe.flash_attn_chosen(context_log)
+        settings = dataclasses.replace(spec, flash_attn=chosen)  # (every engine make() makes from here on)
+        auto["flash_attn"] = f"{'on' if chosen else 'off'}: llama.cpp's own choice for this model and device"
     kv_log = kv_cache_log(context_log)
     if model.n_swa:  # which layers slide is llama.cpp's architecture code: its SWA cache names them
         model.geometry = model.geometry.with_windows(model.n_swa, kv_log["swa_layers"])
