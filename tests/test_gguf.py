@@ -340,3 +340,28 @@ def test_a_tick_over_llama_cpps_micro_batch_is_computed_in_pieces_of_it(loaded):
     assert alone.prefill(SessionHandle("c", 0, 504), long).token == out.prefill[0].token
     alone.close()
     e.close()
+
+
+def test_engine_n_ubatch_sets_llama_cpp_s_micro_batch_from_the_flag_to_the_recorded_recipe(loaded, models, tmp_path):
+    """A real engine setting declared once (engine.spec): its flag, its schema and the engine that acts on it. Eight
+    sessions decoded in pieces of 2 rows give the recipe another fingerprint, and a sweep given --ubatch records it
+    in its config echo and verifies."""
+    m = loaded["q8_0"]
+    prompts = {f"s{i}": [1 + i, 7, 3 + i, 9] for i in range(8)}
+    whole = GgufEngine(m, 8, 32, plain(m, threads=2))
+    pieces = GgufEngine(m, 8, 32, plain(m, threads=2, n_ubatch=2))
+    try:
+        assert (whole.n_ubatch, pieces.n_ubatch) == (512, 2)  # (llama.cpp's own 512, the batch being 512)
+        assert whole.recipe_fingerprint != pieces.recipe_fingerprint
+        assert _run(whole, prompts, 4).keys() == _run(pieces, prompts, 4).keys()
+    finally:
+        whole.close()
+        pieces.close()
+    out = tmp_path / "U"
+    args = ["sweep", "--engine", "gguf", "--model", str(models["q8_0"]), "--levels", "1,2", "--sessions", "2"]
+    r = runner.invoke(app, [*args, "--new-tokens", "3", "--ubatch", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "results.json").read_text())["config"]["engine"]["n_ubatch"] == 2
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    bad = runner.invoke(app, [*args, "--ubatch", "0"])
+    assert bad.exit_code == 2 and "--ubatch" in bad.output

@@ -89,8 +89,8 @@ class GgufEngine:
         # Mixed: a whole prompt (the first of a tick may exceed the prefill budget) beside every decode.
         self.n_batch = max(max_prompt + n_seq_max if mixed else max(max_prompt, n_seq_max), 32)
         cp.n_batch = self.n_batch
-        # llama.cpp's own n_ubatch (512) where a tick is larger, as llama-server's: a bounded compute buffer
-        self.n_ubatch = cp.n_ubatch = min(self.n_batch, int(cp.n_ubatch))
+        # engine.n_ubatch, else llama.cpp's own (512), where a tick is larger: as llama-server's -ub, a bounded buffer
+        self.n_ubatch = cp.n_ubatch = min(self.n_batch, spec.n_ubatch or int(cp.n_ubatch))
         n_threads = spec.threads or machine.usable_cpus()
         cp.n_threads = cp.n_threads_batch = n_threads
         cp.flash_attn_type = recipe.flash_attn_type(lib, spec.flash_attn)  # (auto: the setup reads llama.cpp's)

@@ -195,6 +195,22 @@ class EngineSpec:
         "--tiled-mm",
         "GGUF engine: ggml's tiled K-quant matmul: auto (llama.cpp's choice, from 8 rows) | off | force.",
     )
+    n_ubatch: int | None = setting(
+        None,
+        GGUF,
+        {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": limits.MAX_TOKENS,
+            "description": "GGUF engine: llama.cpp's micro-batch (llama_context_params.n_ubatch, llama-server's -ub): "
+            "a tick's rows are computed in pieces of at most this many (null: llama.cpp's own, 512). The pieces "
+            "change the arithmetic, so whether outputs are batch-invariant depends on it.",
+        },
+        "--ubatch",
+        "GGUF engine: llama.cpp's micro-batch, the rows of a tick computed per piece (default: llama.cpp's 512, "
+        "as llama-server's -ub).",
+        added=True,
+    )
     package: str | None = setting(
         None,
         GGUF | ENDPOINT,
