@@ -38,6 +38,7 @@ from meshbench.endpoint.stream import (  # noqa: F401 - the answer, as the clien
     text_value,
 )
 from meshbench.engine import apis, servers
+from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target  # noqa: F401 - where an endpoint listens
@@ -56,6 +57,14 @@ class Endpoint:
         self.target, self.api, self.deadline_s, self.cache_prompt = target, api, deadline_s, cache_prompt
         self.flavour: servers.Flavour | None = None  # what server it is, found by probe()
         self.props: dict | None = None  # llama-server's /props as probe() read it (None: another server)
+        self.spec: EngineSpec | None = None  # the settings of the sweep it serves (Endpoint.of); None: a bench's
+
+    @classmethod
+    def of(cls, target: Target, spec: EngineSpec) -> Endpoint:
+        """The endpoint an endpoint sweep's settings (its ``engine`` section) describe, each read from them here."""
+        endpoint = cls(target, spec.api, spec.deadline_s, request.chosen_cache_prompt(spec.cache_prompt))
+        endpoint.spec = spec
+        return endpoint
 
     # --- plain requests ---------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None):

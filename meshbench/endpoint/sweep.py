@@ -44,7 +44,6 @@ from meshbench.results import document
 from meshbench.sweep.plan import level_orders
 from meshbench.workload import open_loop as open_loop_plan
 from meshbench.workload import prompts as prompts_mod
-from meshbench.workload import request
 from meshbench.workload.config import RunConfig, validate_levels
 
 NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
@@ -121,8 +120,7 @@ def _sweep(
             f"--target {target.url}: not on this machine (loopback); meshbench sends it load and prompts only with "
             "--allow-remote (engine.allow_remote), and only to a server you run"
         )
-    cache_prompt = request.chosen_cache_prompt(cfg.engine.cache_prompt)
-    endpoint = Endpoint(target, cfg.engine.api, cfg.engine.deadline_s, cache_prompt)
+    endpoint = Endpoint.of(target, cfg.engine)
     info = endpoint.probe()
     if launched is not None:
         info["launched"] = launched
