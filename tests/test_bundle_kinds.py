@@ -125,3 +125,11 @@ def test_a_toy_kind_is_one_entry_in_each_table(tmp_path, monkeypatch):
     assert runner.invoke(app, ["verify", str(tmp_path / "T")]).exit_code == 1
     with pytest.raises(MeshbenchError, match="a toy bundle, not one sweep's bundle"):
         kinds.check_version({"kind": "toy"}, "results.json")
+
+
+def test_verify_writes_a_folder_s_name_escaped_on_its_error_line(tmp_path):
+    """A folder's name is the user's: its control characters never start a line of their own or a colour."""
+    d = tmp_path / "Q\x1b[32m\nfake: ok"
+    d.mkdir()
+    r = runner.invoke(app, ["verify", str(d)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "\\x1b[32m\\nfake" in r.output

@@ -365,3 +365,19 @@ def test_engine_n_ubatch_sets_llama_cpp_s_micro_batch_from_the_flag_to_the_recor
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
     bad = runner.invoke(app, [*args, "--ubatch", "0"])
     assert bad.exit_code == 2 and "--ubatch" in bad.output
+
+
+def test_the_numpy_oracle_runs_a_gguf_sweep_s_weights_without_its_llama_cpp_settings(models):
+    """Every setting the synthetic engine has not (llama.cpp's micro-batch, repacking, tiled matmul, RPC, ...) is
+    at its default in the oracle's spec, whichever settings a later meshbench adds (a GGUF sweep given --ubatch
+    used to lose its oracle: the synthetic spec refused the micro-batch)."""
+    from meshbench.engine import spec as spec_mod
+    from meshbench.engine.spec import EngineSpec
+    from meshbench.sweep.prove import as_synthetic
+
+    gguf = EngineSpec(kind="gguf", model=str(models["q8_0"]), n_ubatch=2, tiled_mm="off", mixed_batch=True, threads=2)
+    numpy = as_synthetic(gguf)
+    assert numpy.kind == "synthetic" and numpy.model == gguf.model and numpy.threads == 2
+    for setting in spec_mod.settings():
+        if "synthetic" not in setting.metadata["kinds"]:
+            assert getattr(numpy, setting.name) == setting.default, setting.name

@@ -273,3 +273,21 @@ def test_every_committed_endpoint_and_matrix_bundle_verifies_with_today_s_code(p
 
     r = CliRunner().invoke(app, ["verify", str(path.parent), "--older", str(ROOT / "evidence" / "OLDER.json")])
     assert r.exit_code == 0, r.output[-2000:]
+
+
+def test_verify_holds_a_figures_record_field_by_field_floats_within_its_tolerance():
+    """A recomputed record against the recorded one: a float one ulp off is the same figure (as it was when figures
+    were dicts), another value, a None or another type is not."""
+    from meshbench.analysis.checks import Checks
+    from meshbench.records.endpoint_figures import LevelFigures, Spread
+
+    def level(median: float | None) -> LevelFigures:
+        spread = None if median is None else Spread(median=median, min=1.0, max=3.0)
+        return LevelFigures(**{f.name: spread for f in dataclasses.fields(LevelFigures)})
+
+    c = Checks()
+    c.equal("results.json", "close", level(2.0), level(2.0 + 2e-16))
+    assert c.failures == []
+    for other in (level(2.1), level(None)):
+        c.equal("results.json", "far", level(2.0), other)
+    assert len(c.failures) == 2

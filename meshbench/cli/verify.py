@@ -99,7 +99,7 @@ def verify(
             checks = _checked(path, rerun, trust_endpoints, threads)
         except MeshbenchError as e:
             if not as_json:
-                err.print(f"error: {e}", markup=False)
+                err.print(f"error: {printable(e)}", markup=False)
             reports.append({"bundle": str(path), "status": "error", "error": str(e)})
             worst = _worse(worst, exits.BAD_INPUT)
             continue

@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshbench import validation
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.hunt import CONFIDENT, Checked, shown
 from meshbench.errors import MeshbenchError
@@ -19,6 +20,7 @@ from meshbench.records.hunt import HuntDocument, HuntServer, Run
 from meshbench.results import kinds, markdown
 
 KIND = kinds.HUNT
+SCHEMA = "hunt.schema.json"
 # A minimal history's confident differences said in words, at most (a shrink leaves few; the rest are counted: each
 # is said by searching every other request's prompt, so a forged history of thousands would take hours to render)
 SAID = 8
@@ -54,6 +56,15 @@ class HuntView:
         for f in self.findings:
             judged += [*f.confirmations, f.minimal, *f.minimal_confirmations]
         return [(at, x) for (at, _), x in zip(self.doc.runs(), judged)]
+
+
+def load(data: object, where: str) -> HuntDocument:
+    """A hunt's results.json, held to its schema and typed (its histories checked by it), or one line naming what
+    is wrong."""
+    errors = validation.errors(data, SCHEMA)
+    if errors:
+        raise MeshbenchError(f"{where}: not a hunt bundle of this meshbench: {errors[0]}")
+    return serial.hunt_document(data, where)
 
 
 def run_of(run: Run, limit: float) -> Checked:

@@ -13,7 +13,6 @@ from typing import Any, Callable
 from meshbench.analysis import figures
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
-from meshbench.records import serial
 from meshbench.results import document, hunt_report, index_rows, kinds, matrix, matrix_report
 
 HEADER = index_rows.HEADER
@@ -29,7 +28,7 @@ ROWS: dict[str, Callable[[Path, Any], str]] = {
     kinds.NODE: kinds.index_row,
     kinds.ENDPOINT: kinds.index_row,
     kinds.MATRIX: _matrix_row,
-    kinds.HUNT: lambda folder, d: hunt_report.index_row(folder, serial.hunt_document(d, str(folder / RESULTS))),
+    kinds.HUNT: lambda folder, d: hunt_report.index_row(folder, hunt_report.load(d, str(folder / RESULTS))),
 }
 
 

@@ -57,7 +57,7 @@ def _engine_line(e: EngineInfo) -> str:
     )
 
 
-def _recipe_line(e: EngineInfo) -> list[str]:
+def _recipe_line(e: EngineInfo, n_ubatch: int | None) -> list[str]:
     """A GGUF engine's llama.cpp recipe as it ran (the kernels its tokens are bound to), and what decided an auto."""
     if not isinstance(e, GgufEngineInfo):
         return []
@@ -74,7 +74,7 @@ def _recipe_line(e: EngineInfo) -> list[str]:
     return [
         f"- llama.cpp recipe: {said('weight repacking', 'repack', e.repack)}, "
         f"{said('flash attention', 'flash_attn', e.flash_attn)}, unified KV {'on' if e.kv_unified else 'off'}, "
-        f"tiled K-quant matmul {e.tiled_mm}; {calls}"
+        f"tiled K-quant matmul {e.tiled_mm}{f', micro-batch of at most {n_ubatch} rows' if n_ubatch else ''}; {calls}"
     ]
 
 
@@ -143,7 +143,7 @@ def _what_ran(b: NodeBundle) -> list[str]:
         "## What ran",
         "",
         _engine_line(e),
-        *_recipe_line(e),
+        *_recipe_line(e, b.cfg.engine.n_ubatch),
         f"- recipe fingerprint: `{e.recipe_fingerprint}`",
         *_kv_line(e),
         f"- workload: {w.sessions} sessions, prompt tokens {','.join(map(str, prompts))}"

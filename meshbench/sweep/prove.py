@@ -9,6 +9,9 @@ from typing import Callable, Sequence
 
 from meshbench.analysis import isolation
 from meshbench.analysis.figures import deterministic_ticks
+from meshbench.engine import kinds
+from meshbench.engine import spec as spec_mod
+from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.records.documents import FirstDivergence
 from meshbench.records.model import IsolationPass, IsolationRecords
@@ -70,6 +73,13 @@ def isolation_record(
     return isolation_passes(run, requests, baseline, vocab, seed, rounds, groups, shared, family)
 
 
+def as_synthetic(engine: EngineSpec) -> EngineSpec:
+    """The same weights in numpy: every setting the synthetic engine has not (llama.cpp's repacking, tiled matmul,
+    micro-batch, RPC, a package) at its default, whichever settings a later meshbench adds."""
+    theirs = [f for f in spec_mod.settings() if kinds.SYNTHETIC.name not in f.metadata["kinds"]]
+    return dataclasses.replace(engine, kind=kinds.SYNTHETIC.name, **{f.name: f.default for f in theirs})
+
+
 def oracle(cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
     """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
     arch = engine_info.get("architecture")
@@ -83,18 +93,7 @@ def oracle(cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: C
         )
     levels = sorted({div.reference_concurrency, div.concurrency})
     try:
-        # the same weights in numpy: llama.cpp's own settings (repacking, tiled matmul, RPC) do not apply there
-        engine = dataclasses.replace(
-            cfg.engine,
-            kind="synthetic",
-            repack=False,
-            tiled_mm="auto",
-            mixed_batch=False,
-            rpc=None,
-            workers=0,
-            split=None,
-            package=None,
-        )
+        engine = as_synthetic(cfg.engine)
         other = run_sweep(dataclasses.replace(cfg, levels=tuple(levels), isolation=False, engine=engine))
     except MeshbenchError as e:
         return f"could not run these weights ({e})"

@@ -18,14 +18,13 @@ from typing import Callable
 
 import numpy as np
 
-from meshbench import files, validation
+from meshbench import files
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import README, RESULTS
 from meshbench.records import history as hist
-from meshbench.records import serial
 from meshbench.records.completion import Completion
 from meshbench.records.hunt import HuntBudget, HuntDocument
 from meshbench.records.margins import MarginPasses
@@ -39,11 +38,7 @@ SCHEMA = "hunt.schema.json"
 def load(path: Path) -> HuntDocument:
     """The hunt's results.json, schema-valid and typed, or one line naming what is wrong."""
     rj = path / RESULTS
-    data = document.load(rj)
-    errors = validation.errors(data, SCHEMA)
-    if errors:
-        raise MeshbenchError(f"{rj}: not a hunt bundle of this meshbench: {errors[0]}")
-    return serial.hunt_document(data, str(rj))
+    return hunt_report.load(document.load(rj), str(rj))
 
 
 def check(path: Path, rerun: Callable[[HuntDocument, Checks], None] | None = None) -> Checks:
