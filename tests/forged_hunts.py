@@ -28,9 +28,8 @@ def forged(bundle: Path, tmp_path: Path, edit: Callable[[dict[str, Any]], object
     edit(doc)
     (b / "results.json").write_text(json.dumps(doc))
     try:  # (a forgery the renderer cannot read, not even typed: verify says so itself)
-        for name, text in hunt_report.bundle_files(serial.hunt_document(doc), "H").items():
-            if name != "results.json":
-                (b / name).write_text(text)
+        for name, text in hunt_report.rendered_files(serial.hunt_document(doc), "H").items():
+            (b / name).write_text(text)
     except MeshbenchError:
         pass
     r = runner.invoke(app, ["verify", str(b)])

@@ -20,9 +20,8 @@ from meshbench.compare import sides
 from meshbench.errors import MeshbenchError
 from meshbench.results import index, kinds
 from meshbench.verify import bundle as verify_bundle
-from tests.test_engine_kinds import _kind_like
+from tests.test_engine_kinds import _kind_like, scan
 
-PACKAGE = Path(__file__).resolve().parent.parent / "meshbench"
 runner = CliRunner()
 
 
@@ -88,11 +87,7 @@ def _decides_by_bundle_kind(tree: ast.AST) -> list[int]:
 
 
 def test_no_code_outside_the_registry_decides_by_a_bundle_kind():
-    found = {
-        str(p.relative_to(PACKAGE.parent)): lines
-        for p in sorted(PACKAGE.rglob("*.py"))
-        if p.name != "kinds.py" and (lines := _decides_by_bundle_kind(ast.parse(p.read_text())))
-    }
+    found = scan(_decides_by_bundle_kind, skip="kinds.py")
     assert found == {}
 
 

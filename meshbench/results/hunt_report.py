@@ -163,9 +163,14 @@ def readme(doc: HuntDocument, name: str) -> str:
 
 
 def bundle_files(doc: HuntDocument, name: str) -> dict[str, str]:
-    """Every file of the bundle, by name, as ``doc`` renders it: results.json, the README and each finding's
-    minimal history (``finding-K.json``, replayable)."""
-    out = {RESULTS: json.dumps(serial.to_json(doc), indent=1) + "\n", README: readme(doc, name)}
+    """Every file of the bundle, by name, as ``doc`` renders it: results.json, then ``rendered_files``."""
+    return {RESULTS: json.dumps(serial.to_json(doc), indent=1) + "\n", **rendered_files(doc, name)}
+
+
+def rendered_files(doc: HuntDocument, name: str) -> dict[str, str]:
+    """The files rendered from results.json: the README and each finding's minimal history (``finding-K.json``,
+    replayable); what verify compares."""
+    out = {README: readme(doc, name)}
     for k, f in enumerate(doc.findings, 1):
         out[f"finding-{k}.json"] = json.dumps(hist.to_json(f.minimal.history), indent=1) + "\n"
     return out

@@ -249,8 +249,7 @@ def _findings(c: Checks, v: hunt_report.HuntView) -> None:
 
 
 def _files(c: Checks, path: Path, doc: HuntDocument) -> None:
-    expected = hunt_report.bundle_files(doc, written_as(path))
-    del expected[RESULTS]  # (results.json as read: its records were checked, not its layout)
+    expected = hunt_report.rendered_files(doc, written_as(path))  # (results.json's records were checked, as read)
     for name, text in expected.items():
         try:  # (a megabyte past the size it should have, at most: a file far larger is not read whole)
             found = files.read_text(path / name, name, len(text.encode()) + (1 << 20))
