@@ -99,7 +99,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return self._json({"build_info": "b1", "model_path": "m" * 5000, "total_slots": "many"})
             return self._json({"build_info": "bad-server 1", "model_path": "/models/tiny.gguf", "total_slots": 4})
         if self.path == "/v1/models":
-            return self._json({"object": "list", "data": [{"id": "tiny"}]})
+            return self._json({"object": "list", "data": [{"id": "tiny", "owned_by": "me"}]})  # (as llama_cpp.server)
         if self.path == "/metrics":
             value = "1e400" if mode == "metrics-1e400" else "3"
             return self._text(f"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing {value}\n")

@@ -117,7 +117,8 @@ def bundle(server, prompts, tmp_path_factory) -> Path:
 def test_an_endpoint_sweep_writes_a_bundle_that_verifies(bundle):
     data = json.loads((bundle / "results.json").read_text())
     assert data["kind"] == "endpoint" and data["endpoint"]["api"] == "openai"
-    assert data["endpoint"]["server"] == "openai-compatible" and data["endpoint"]["loopback"] is True
+    assert data["endpoint"]["server"] == "llama-cpp-python" and data["endpoint"]["loopback"] is True
+    assert data["endpoint"]["detected"] == "/v1/models says owned_by 'me', as llama-cpp-python's server does"
     v = data["verdicts"]
     assert v["compared"] == "text" and v["reference_concurrency"] == 1
     assert set(v["distinct_outputs"]) == {"1", "2"} and set(v["needle"]) == {"1", "2"}

@@ -204,7 +204,8 @@ def test_hunt_refuses_bad_flags_in_one_line_before_any_work(args, said):
     [
         ([], "hunt needs one server"),
         (["--serve", "llama-server"], "needs one model"),
-        (["--serve", "vllm"], "llama-server only"),
+        (["--serve", "vllm"], "--serve 'vllm': meshbench starts llama-server or transformers"),
+        (["--serve", "transformers"], "--serve transformers: hunt needs a server with llama-server's native API"),
     ],
 )
 def test_hunt_needs_one_server_it_can_start(args, said):

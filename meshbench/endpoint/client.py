@@ -28,6 +28,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from meshbench.endpoint import local_tokenizer
 from meshbench.endpoint.stream import (  # noqa: F401 - the answer, as the client reads it
     Completion,
     Malformed,
@@ -57,6 +58,7 @@ class Endpoint:
         self.target, self.api, self.deadline_s, self.cache_prompt = target, api, deadline_s, cache_prompt
         self.flavour: servers.Flavour | None = None  # what server it is, found by probe()
         self.props: dict | None = None  # llama-server's /props as probe() read it (None: another server)
+        self.models: list[str] = []  # the models /v1/models lists, as probe() read them
         self.spec: EngineSpec | None = None  # the settings of the sweep it serves (Endpoint.of); None: a bench's
 
     @classmethod
@@ -104,30 +106,43 @@ class Endpoint:
             raise MeshbenchError(f"{self.target.url}{path}: the answer is not JSON: {excerpt(raw, 80)!r}") from None
 
     def probe(self) -> dict:
-        """What the endpoint is: llama-server answers ``/props`` (its build and model); an OpenAI-compatible
-        server ``/v1/models``. Fixes ``api`` when it is ``auto``."""
-        status, raw = self._request("GET", "/props")
-        props = None
-        if status == 200:
-            try:
-                props = json.loads(raw)
-            except (ValueError, RecursionError):
-                props = None
-        self.props = props if isinstance(props, dict) else None
-        self.flavour = flavour = servers.detect(props)
-        if self.api == apis.AUTO:
-            self.api = flavour.apis[0]
+        """What the endpoint is: its flavour (meshbench.engine.servers), from what it answers to ``/props``,
+        ``/v1/models`` and ``/version``, or as ``engine.flavour`` names it; llama-server's build, model and slots
+        from ``/props``. Fixes ``api`` when it is ``auto``."""
+        self.props = self._object("/props")
         models = self._json("GET", "/v1/models")
         data = models.get("data") if isinstance(models, dict) else None
-        names = [text_value(m.get("id"), 200) for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        listed = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        names = [text_value(m.get("id"), 200) for m in listed]
+        self.models = [str(m.get("id"))[:4096] for m in listed if isinstance(m.get("id"), str)]
+        owners = tuple(str(m.get("owned_by", ""))[:200] for m in listed)
+        version = self._object("/version") if self.props is None else None
+        chosen = self.spec.flavour if self.spec is not None else servers.AUTO
+        self.flavour, why = servers.detect(servers.Answers(self.props, owners, version), chosen)
+        flavour = self.flavour
+        if self.api == apis.AUTO:
+            self.api = flavour.apis[0]
         info = {"url": self.target.url, "loopback": self.target.loopback, "api": self.api, "models": names[:16]}
         info["server"] = flavour.name
-        if flavour.props and isinstance(props, dict):
+        info["detected"] = why
+        if flavour.props and isinstance(self.props, dict):
+            props = self.props
             slots = props.get("total_slots")
             info["build_info"] = text_value(props.get("build_info"), 200)
             info["model_path"] = text_value(props.get("model_path"), 1000)
             info["total_slots"] = slots if is_count(slots) and slots <= 1 << 16 else None
         return info
+
+    def _object(self, path: str) -> dict | None:
+        """What the server answers to a GET of ``path`` where that is a JSON object, else None (a 404 included)."""
+        status, raw = self._request("GET", path)
+        if status != 200:
+            return None
+        try:
+            found = json.loads(raw)
+        except (ValueError, RecursionError):
+            return None
+        return found if isinstance(found, dict) else None
 
     def tokenize(self, texts: list[str], add_special: bool = True) -> list[list[int]]:
         """Each prompt's ids by the server's own tokenizer, whichever API the sweep uses: llama-server's
@@ -135,8 +150,10 @@ class Endpoint:
         (the one the probe found). Not ``add_special``: nothing added (a conversation's later turn); where the
         server has no such switch (``/extras/tokenize``), what it adds to an empty text is cut from each text's
         start."""
-        flavour = self.flavour or (servers.LLAMA_SERVER if apis.of(self.api).ids else servers.OPENAI_COMPATIBLE)
+        flavour = self.flavour or (servers.LLAMA_SERVER if apis.of(self.api).ids else servers.LLAMA_CPP_PYTHON)
         way = flavour.tokenizer
+        if way is None and flavour.local and self.models:
+            return local_tokenizer.tokenize(self.models[0], texts, add_special)
         if way is None:
             raise MeshbenchError(f"{self.target.url}: a {flavour.name} server has no tokenizer meshbench can ask")
         added = [] if add_special or way.switch else self._tokens(way, "", True)
@@ -206,7 +223,8 @@ class Endpoint:
             if resp.status != 200:
                 c.error = f"HTTP {resp.status}: {excerpt(resp.read(4096))}"
                 return c
-            Stream(self.api, body, c, t0, deadline, cancel_after).read(resp)
+            done = self.flavour.done if self.flavour is not None else True
+            Stream(self.api, body, c, t0, deadline, cancel_after, done).read(resp)
         except Malformed as e:
             c.error = f"malformed answer: {e}"
         except (OSError, http.client.HTTPException, ValueError, RecursionError, OverflowError) as e:

@@ -9,21 +9,18 @@ token identity across the two engines holds only where both versions compute ali
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
-import signal
 import subprocess
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from meshbench import files
-from meshbench.engine.process.children import die_with_parent
+from meshbench.endpoint import started
+from meshbench.engine import launchers
 from meshbench.engine.process.workers import free_port
 from meshbench.errors import MeshbenchError
-from meshbench.workload.target import own_flags
 
 READY_TIMEOUT_S = 120.0
 VERSION_TIMEOUT_S = 30.0  # for `llama-server --version`
@@ -104,65 +101,11 @@ def serving(server: Path, model: str, args: Sequence[str] = ()) -> Iterator[str]
     own flags; its defaults otherwise. meshbench adds only the model, the loopback host and port, and
     ``--metrics`` (its counters, scraped around every pass)."""
     port = free_port()
-    cmd = [str(server), "-m", model, "--host", "127.0.0.1", "--port", str(port), *own_flags(args), *args]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=die_with_parent(),
-    )
-    try:
-        _wait_healthy(proc, port)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(proc)
+    address = [str(server), "-m", model, "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [*address, *launchers.LLAMA_SERVER.own_flags(args), *args]
+    with started.serving(cmd, port, "llama-server", READY_TIMEOUT_S) as url:
+        yield url
 
 
-def exited(code: int) -> str:
-    """Why a server that died said nothing: its exit, and for SIGILL what it means."""
-    if code == -signal.SIGILL:
-        return (
-            "llama-server was killed by SIGILL (an instruction this CPU cannot run: llama.cpp's CPU weight "
-            "repacking picks kernels, e.g. AMX, that this machine reports but cannot execute) before it was ready; "
-            "the server's --no-repack runs it without them"
-        )
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"llama-server was killed by {name} before it was ready"
-    return f"llama-server exited with {code} before it was ready"
-
-
-class NotReady(MeshbenchError):
-    """The server died, or never answered /health, before it was ready: its settings do not run here."""
-
-
-def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise NotReady(exited(proc.returncode))
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise NotReady(f"llama-server did not become healthy within {READY_TIMEOUT_S:.0f} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Stop the server by the process id we started (SIGTERM, then SIGKILL after 10 s)."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+NotReady, stop, exited = started.NotReady, started.stop, started.exited  # (where callers have found them)
+program = binary  # (as every launcher's module names it: meshbench.engine.launchers)

@@ -1,13 +1,12 @@
-"""A matrix of server settings (``engine.server_settings``): llama-server started once per setting, with the
-matrix's flags and then the setting's, and swept alike (meshbench.endpoint.sweep). Every setting is first tried
-(the server started and stopped) so that a flag the server refuses is said in one line before any sweep runs,
-not after an hour of the others."""
+"""A matrix of server settings (``engine.server_settings``): the server ``engine.serve`` names started once per
+setting, with the matrix's flags and then the setting's, and swept alike (meshbench.endpoint.sweep). Every
+setting is first tried (the server started and stopped) so that a flag the server refuses is said in one line
+before any sweep runs, not after an hour of the others."""
 
 from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from meshbench.endpoint import llama_server
 from meshbench.endpoint import sweep as endpoint_sweep
 from meshbench.errors import MeshbenchError
 from meshbench.workload import matrix
@@ -23,11 +22,11 @@ def run(
     flags = list(cfg.engine.server_settings or ())
     configs = [setting_config(cfg, f) for f in flags]
     commands = [matrix.sub_command(command, cfg.engine.server_args, f) for f in flags]
-    server, model = endpoint_sweep.served(cfg)
+    launcher, server, model = endpoint_sweep.served(cfg)
     for f, sub in zip(flags, configs):
-        progress(f"setting {matrix.folder(f)}: does llama-server start with {sub.engine.server_args or 'no flags'}?")
+        progress(f"setting {matrix.folder(f)}: does {launcher.name} start with {sub.engine.server_args or 'no flags'}?")
         try:
-            with llama_server.serving(server, model, sub.engine.server_argv):
+            with launcher.serving(server, model, sub.engine.server_argv):
                 pass
         except MeshbenchError as e:
             raise MeshbenchError(f"engine.server_settings {f!r}: {e}") from None

@@ -33,7 +33,7 @@ class Completion:
     token_ns: list[int] = field(default_factory=list)  # one stamp per token, as its chunk arrived
     stop: str | None = None  # the server's reason: "limit" (all tokens), "eos", "word", ... (None: unsaid)
     predicted: int | None = None  # the tokens the server says it generated
-    evaluated: int | None = None  # the prompt tokens the server says it evaluated (native)
+    evaluated: int | None = None  # the prompt tokens the server says it evaluated (native; completions: usage)
     computed: int | None = None  # of them, the ones it computed, not taken from its prompt cache (timings.prompt_n)
     margins: list[float | None] | None = None  # per token, top-1 minus top-2 log-probability (asked: n_probs,
     # or an OpenAI API's logprobs)
@@ -74,9 +74,17 @@ class Stream:
     """One streamed answer read into a Completion, every chunk checked, within the deadline and the caps."""
 
     def __init__(
-        self, api: str, body: dict, c: Completion, t0: int, deadline: float, cancel_after: int | None = None
+        self,
+        api: str,
+        body: dict,
+        c: Completion,
+        t0: int,
+        deadline: float,
+        cancel_after: int | None = None,
+        done: bool = True,
     ) -> None:
         self.api, self.c, self.t0, self.deadline = api, c, t0, deadline
+        self.done = done  # the server ends a stream with [DONE] (else: a finish reason, then the body's clean end)
         self.cancel_after = cancel_after  # the client disconnects once this many tokens are in (None: never)
         self.asked = int(body.get("n_predict", body.get("max_tokens", 0)))
         self.ban = bool(body.get("ignore_eos") or body.get("min_tokens"))
@@ -108,8 +116,8 @@ class Stream:
             if remaining <= 0:
                 raise TimeoutError
             line = resp.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return False
+            if not line:  # (a body cut short raises instead: http.client reads a chunked body to its last chunk)
+                return self.finished and not self.done
             if len(line) > MAX_LINE_BYTES:
                 raise Malformed(f"a line over {MAX_LINE_BYTES} bytes")
             if not line.startswith(b"data: "):
@@ -223,6 +231,8 @@ def _openai_chunk(c: Completion, chunk, now: int, chat: bool = False) -> bool:
         if not isinstance(usage, dict):
             raise Malformed(f"'usage' is {type(usage).__name__}, not an object")
         c.predicted = _counted(usage.get("completion_tokens"), "usage.completion_tokens")
+        if not chat:  # (a chat prompt is the template's tokens too: only the completions API's count is the prompt's)
+            c.evaluated = _counted(usage.get("prompt_tokens"), "usage.prompt_tokens")
     return finished
 
 

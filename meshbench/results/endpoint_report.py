@@ -7,6 +7,7 @@ import json
 
 from meshbench.analysis import endpoint_margins
 from meshbench.analysis.endpoint_margins import SHARED_MIN, common_prefix
+from meshbench.engine import servers
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
 from meshbench.records.endpoint_figures import LevelFigures, Spread
@@ -114,6 +115,12 @@ def table_rows(b: EndpointBundle) -> list[list[str]]:
     return rows
 
 
+def _tokenizer(server: str) -> str:
+    if servers.recorded(server).local:
+        return "by meshbench with the model's own tokenizer (transformers, from the file the server loads)"
+    return "by the server"
+
+
 def render_readme(b: EndpointBundle, name: str) -> str:
     r = b.results
     e, wl, v, why = r.endpoint, r.workload, r.verdicts, r.conclusions
@@ -127,11 +134,12 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         f"({markdown.inline(e.api)} API"
         + (f", build {markdown.inline(e.build_info)}" if e.build_info else "")
         + f"), serving {', '.join(markdown.inline(str(m)) for m in e.models)}."
+        + (f" It is {markdown.inline(e.server)} because {markdown.inline(e.detected)}." if e.detected else "")
         + ("" if e.loopback else f" The endpoint is not on this machine: host {markdown.inline(e.url)}."),
         *_launched(e),
         f"{wl.sessions} sessions from {markdown.code(str(wl.prompts))} "
-        f"(sha256 {markdown.inline(wl.prompts_sha256[:12])}), tokenized by the "
-        f"server ({min(wl.prompt_tokens)}-{max(wl.prompt_tokens)} tokens), {min(wl.new_tokens)}-"
+        f"(sha256 {markdown.inline(wl.prompts_sha256[:12])}), tokenized {_tokenizer(e.server)} "
+        f"({min(wl.prompt_tokens)}-{max(wl.prompt_tokens)} tokens), {min(wl.new_tokens)}-"
         f"{max(wl.new_tokens)} new tokens each, greedy, eos {wl.eos}"
         + shared_prefixes(wl.prompt_ids)
         + "; at each level C, C closed-loop clients; "

@@ -8,7 +8,7 @@ from meshbench.analysis import conversation as talk
 from meshbench.analysis import endpoint as figures
 from meshbench.analysis import server_accounting as accounting
 from meshbench.analysis.checks import Checks
-from meshbench.engine import apis, servers
+from meshbench.engine import apis, launchers, servers
 from meshbench.engine import kinds as engine_kinds
 from meshbench.errors import MeshbenchError
 from meshbench.names import RESULTS
@@ -23,7 +23,7 @@ from meshbench.verify.endpoint_cancel import check_cancels
 from meshbench.verify.endpoint_gauges import check_gauges
 from meshbench.verify.endpoint_open_loop import check_rates
 from meshbench.workload import request
-from meshbench.workload.target import Target, own_flags, parse_target
+from meshbench.workload.target import Target, parse_target
 
 
 def check_endpoint(c: Checks, b: EndpointBundle) -> None:
@@ -157,10 +157,16 @@ def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
             True, e.api in servers.recorded(e.server).apis)  # fmt: skip
     c.equal(RESULTS, "endpoint.launched (exactly where config.engine.serve starts a server)", bool(eng.serve),
             e.launched is not None)  # fmt: skip
-    if e.launched is not None and eng.serve:
+    launcher = launchers.LAUNCHERS.get(eng.serve) if eng.serve else None  # (the schema allows only theirs)
+    if e.launched is not None and launcher is not None:
         argv = eng.server_argv
+        c.equal(RESULTS, "endpoint.launched.server (= config.engine.serve)", launcher.name, e.launched.server)
         c.equal(RESULTS, "endpoint.launched.args (meshbench's own flags, then config.engine.server_args)",
-                [*own_flags(argv), *argv], e.launched.args)  # fmt: skip
+                [*launcher.own_flags(argv), *argv], e.launched.args)  # fmt: skip
+    named = eng.flavour if eng.flavour != servers.AUTO else launcher.flavour.name if launcher else None
+    if named is not None:
+        c.equal(RESULTS, "endpoint.server (the flavour config.engine.flavour names, else the one it started)",
+                named, e.server)  # fmt: skip
 
 
 def _target(url) -> Target | None:

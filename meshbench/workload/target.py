@@ -4,18 +4,11 @@ a bundle's record of it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 from urllib.parse import urlsplit
 
 from meshbench.errors import MeshbenchError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def own_flags(args: Sequence[str]) -> list[str]:
-    """The flags meshbench adds to a server it starts beside the user's, model and address aside: ``--metrics``
-    unless given (its counters, scraped around every pass)."""
-    return [] if "--metrics" in args else ["--metrics"]
 
 
 @dataclass(frozen=True, slots=True)
