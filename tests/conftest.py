@@ -74,21 +74,24 @@ NEEDS = {
     "gguf": {
         "bench", "burst", "chunked", "cli_edges", "conversations", "endpoint", "endpoint_conversations",
         "endpoint_sibling", "faults_gguf", "gguf",
-        "gguf_prefix", "hostile", "hunt_live", "integrity", "kernels", "llama_server_defaults", "model", "own_kv",
+        "flavours_live", "gguf_prefix", "hostile", "hunt_live", "integrity", "kernels", "llama_server_defaults",
+        "model", "own_kv",
         "probe4_inputs", "prompts", "real_model", "recipe", "rpc", "server_bench", "server_matrix", "structure",
     },
     "server": {
-        "bad_server", "endpoint", "endpoint_conversations", "endpoint_sibling", "hunt", "hunt_corpus", "hunt_live",
-        "llama_server_defaults", "server_bench", "server_matrix",
+        "bad_server", "endpoint", "endpoint_conversations", "endpoint_sibling", "flavours_live", "hunt", "hunt_corpus",
+        "hunt_live", "llama_server_defaults", "server_bench", "server_matrix", "transformers_serve",
     },
     "process": {
         "bundle_files", "cli_edges", "faults", "faults_gguf", "hostile", "integrity", "recipe", "rpc", "endpoint",
+        "transformers_serve",
     },
     "slow": {
         "bad_server", "burst", "chunked", "conversations", "endpoint", "endpoint_conversations", "faults_gguf",
-        "fields", "gguf", "gguf_prefix", "hostile", "hunt_corpus", "hunt_live", "integrity", "llama_server_defaults",
+        "fields", "flavours_live", "gguf", "gguf_prefix", "hostile", "hunt_corpus", "hunt_live", "integrity",
+        "llama_server_defaults",
         "prompts", "readme_commands",
-        "real_model", "recipe", "records", "rpc", "server_bench", "server_matrix",
+        "real_model", "recipe", "records", "rpc", "server_bench", "server_matrix", "transformers_serve",
     },
 }  # fmt: skip
 
