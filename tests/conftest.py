@@ -80,7 +80,7 @@ NEEDS = {
     },
     "server": {
         "bad_server", "endpoint", "endpoint_conversations", "endpoint_sibling", "flavours_live", "hunt", "hunt_corpus",
-        "hunt_live", "llama_server_defaults", "server_bench", "server_matrix", "transformers_serve",
+        "hunt_live", "llama_server_defaults", "sampling", "server_bench", "server_matrix", "transformers_serve",
     },
     "process": {
         "bundle_files", "cli_edges", "faults", "faults_gguf", "hostile", "integrity", "recipe", "rpc", "endpoint",
@@ -91,7 +91,7 @@ NEEDS = {
         "fields", "flavours_live", "gguf", "gguf_prefix", "hostile", "hunt_corpus", "hunt_live", "integrity",
         "llama_server_defaults",
         "prompts", "readme_commands",
-        "real_model", "recipe", "records", "rpc", "server_bench", "server_matrix", "transformers_serve",
+        "real_model", "recipe", "records", "rpc", "sampling", "server_bench", "server_matrix", "transformers_serve",
     },
 }  # fmt: skip
 

@@ -134,10 +134,11 @@ def text_tokens_whole(text: str, token_bytes: list[int], predicted: int | None) 
     return None
 
 
-def compares(api: str, compared: str) -> bool:
-    """Are an endpoint's divergences classified? Token ids are compared, or text over an OpenAI API, whose margin
+def compares(api: str, compared: str, temperature: float = 0.0) -> bool:
+    """Are an endpoint's divergences classified? Under greedy decoding only (a sampled token is drawn: a small
+    margin does not explain a change), where token ids are compared, or text over an OpenAI API, whose margin
     passes record each token's bytes (a native answer compared by text held back ids: it is not placed)."""
-    return compared == "tokens" or not apis.recorded(api).ids
+    return not temperature and (compared == "tokens" or not apis.recorded(api).ids)
 
 
 def margin_changes(passes: MarginPasses) -> list[float]:

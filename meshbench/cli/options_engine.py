@@ -97,6 +97,8 @@ def _row(f: Any) -> Option:
         kind = Optional[bool]
     elif "integer" in types:
         kind = Optional[int]
+    elif "number" in types:
+        kind = Optional[float]
     else:
         kind = Optional[str]
     help_text = f.metadata["help"] or schema.get("description")

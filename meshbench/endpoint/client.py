@@ -193,7 +193,7 @@ class Endpoint:
     def body(self, prompt_ids: list[int], prompt_text: str, new_tokens: int, ban_eos: bool, seed: int) -> dict:
         """One request's body: the prompt and its token count, then the fields every request carries
         (meshbench.workload.request: greedy, the eos policy, ``cache_prompt`` only where the user chose it)."""
-        shared = request.shared_fields(self.api, ban_eos, seed, self.cache_prompt)
+        shared = request.shared_fields(self.api, ban_eos, seed, self.cache_prompt, self.spec)
         if apis.of(self.api).ids:
             return {"prompt": prompt_ids, "n_predict": new_tokens, **shared}
         text: dict = (

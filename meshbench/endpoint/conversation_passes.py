@@ -89,6 +89,6 @@ def cold_pass(
     later = rep.turns or []
     compared = figures.compared_by(endpoint.api, [*later, *cold])
     threshold = endpoint_margins.near_tie(margins)
-    classify = endpoint_margins.compares(endpoint.api, compared)
+    classify = endpoint_margins.compares(endpoint.api, compared, endpoint.spec.temperature if endpoint.spec else 0.0)
     differing, found = talk.cold_divergences(later, cold, ref.concurrency, threshold, classify)
     return ConversationCold(concurrency=ref.concurrency, cold=cold, differing=differing, divergences=found)

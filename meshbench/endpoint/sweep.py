@@ -43,6 +43,7 @@ from meshbench.results import document
 from meshbench.sweep.plan import level_orders
 from meshbench.workload import open_loop as open_loop_plan
 from meshbench.workload import prompts as prompts_mod
+from meshbench.workload import request
 from meshbench.workload.config import RunConfig, validate_levels
 
 NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
@@ -284,10 +285,10 @@ def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[i
 
 
 def _jobs(cfg: RunConfig, endpoint: Endpoint, texts: list[str], ids: list[list[int]]) -> list[Job]:
-    wl = cfg.workload
+    wl, seed, per_request = cfg.workload, request.session_seed, cfg.engine.seed_per_request
     ban = wl.eos == "ban"
     return [
-        Job(sid, endpoint.body(ids[i], texts[i], wl.new_tokens[i], ban, wl.seed))
+        Job(sid, endpoint.body(ids[i], texts[i], wl.new_tokens[i], ban, seed(wl.seed, i, per_request)))
         for i, sid in enumerate(wl.session_ids())
     ]
 
@@ -389,7 +390,7 @@ def _document(
             conclusions=figures.CONCLUSIONS,
             margins=margins,
             divergences=None
-            if margins is None or not endpoint_margins.compares(endpoint.api, compared)
+            if margins is None or not endpoint_margins.compares(endpoint.api, compared, cfg.engine.temperature)
             else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
             canaries=plant.search(levels, margins, alone, plant.open_loop_answers(rates)),
             rates=rates,

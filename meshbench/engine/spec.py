@@ -36,13 +36,17 @@ def setting(
     why: str = "",
     added: bool = False,
     inert: tuple = (),
+    sent: bool = False,
 ) -> Any:
     """One engine setting: its default, the engine kinds it belongs to, its schema, its flag (None: a config key
     only; ``--name/--no-name`` for a switch) and its help; ``why`` is said when another kind is given it.
     ``added``: a setting newer than results schema 3, which a bundle's config echo from before it lacks (meaning
     its default): a new setting is one. ``inert``: values besides the default that another kind may carry, meaning
-    nothing there (``repack: false`` in a synthetic bundle's echo, from when false was the default)."""
+    nothing there (``repack: false`` in a synthetic bundle's echo, from when false was the default). ``sent``: a
+    sampler every request of an endpoint sweep carries under the setting's name where it is not at its default,
+    which needs a temperature (meshbench.workload.request)."""
     meta = {"kinds": owners, "schema": schema, "flag": flag, "help": help, "why": why, "added": added, "inert": inert}
+    meta["sent"] = sent
     return field(default=default, metadata=meta)
 
 
@@ -285,56 +289,32 @@ class EngineSpec:
         },
         added=True,
     )
-    allow_remote: bool = setting(
-        False,
-        ENDPOINT,
-        {
-            "type": "boolean",
-            "description": "Endpoint: let --target name a host off this machine (not loopback); refused otherwise "
-            "(default false).",
-        },
-        "--allow-remote",
-        "Let --target name a host off this machine; without it only loopback is sent load and prompts.",
-        added=True,
-    )
-    gauges: bool = setting(
-        True,
-        ENDPOINT,
-        {
-            "type": "boolean",
-            "description": "Endpoint: read the server's request gauges (requests in a slot, requests waiting for "
-            "one) from /metrics every 0.1 s while each timed pass runs (default true; its cost is measured by "
-            "meshbench bench gauges: docs/guides/endpoint.md).",
-        },
-        "--gauges/--no-gauges",
-        "Endpoint: sample the server's queue (/metrics) every 0.1 s during each timed pass (default on).",
-        added=True,
-    )
-    prefix_cache: bool = setting(
-        False,
-        NODE,
-        {
-            "type": "boolean",
-            "description": "Reuse cached whole blocks of prompt positions across sessions, keyed by a chained "
-            "SHA-256 of their token ids (off by default).",
-        },
-        "--prefix-cache/--no-prefix-cache",
-        "Reuse cached whole blocks of prompt positions across sessions (chained SHA-256 keys of the ids).",
-        added=True,
-    )
-    block_tokens: int = setting(
-        16,
-        NODE,
-        {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 4096,
-            "description": "The prefix cache's block: this many positions (default 16).",
-        },
-        "--block-tokens",
-        "The prefix cache's block, in positions (default 16).",
-        added=True,
-    )
+    allow_remote: bool = setting(False, ENDPOINT, {"type": "boolean", "description": "Endpoint: let --target name "
+                                 "a host off this machine (not loopback); refused otherwise (default false)."},
+                                 "--allow-remote", "Let --target name a host off this machine; without it only "
+                                 "loopback is sent load and prompts.", added=True)  # fmt: skip
+    gauges: bool = setting(True, ENDPOINT, {"type": "boolean", "description": "Endpoint: read the server's request "
+                           "gauges (requests in a slot, requests waiting for one) from /metrics every 0.1 s while each "
+                           "timed pass runs (default true; its cost is measured by meshbench bench gauges: "
+                           "docs/guides/endpoint.md)."}, "--gauges/--no-gauges", "Endpoint: sample the server's queue "
+                           "(/metrics) every 0.1 s during each timed pass (default on).", added=True)  # fmt: skip
+    prefix_cache: bool = setting(False, NODE, {"type": "boolean", "description": "Reuse cached whole blocks of "
+                                 "prompt positions across sessions, keyed by a chained SHA-256 of their token ids (off "
+                                 "by default)."}, "--prefix-cache/--no-prefix-cache", "Reuse cached whole blocks of "
+                                 "prompt positions across sessions (chained SHA-256 keys of the ids).",
+                                 added=True)  # fmt: skip
+    block_tokens: int = setting(16, NODE, {"type": "integer", "minimum": 1, "maximum": 4096, "description": "The "
+                                "prefix cache's block: this many positions (default 16)."}, "--block-tokens", "The "
+                                "prefix cache's block, in positions (default 16).", added=True)  # fmt: skip
+    temperature: float = setting(0.0, ENDPOINT, {"type": "number", "minimum": 0, "maximum": 2}, "--temperature",
+                                 "Endpoint: sample at this temperature (default 0: greedy). Divergences are then "
+                                 "not classified by margins.", added=True)  # fmt: skip
+    top_p: float = setting(1.0, ENDPOINT, {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "--top-p",
+                           "Endpoint, with --temperature: nucleus sampling's p, sent only below 1.", added=True,
+                           sent=True)  # fmt: skip
+    seed_per_request: bool = setting(False, ENDPOINT, {"type": "boolean"}, "--seed-per-request/--one-seed",
+                                     "Endpoint: session k's requests carry seed workload.seed + k (default: every "
+                                     "request workload.seed).", added=True)  # fmt: skip
     # the workload's eos policy is ban: the engine masks end-of-generation tokens (derived, not a config key)
     ban_eog: bool = False
 
@@ -379,6 +359,13 @@ def settings(spec: type = EngineSpec) -> list[Any]:
 def properties(spec: type = EngineSpec) -> dict[str, Any]:
     """The config schema's engine section: each setting's schema, by name."""
     return {f.name: f.metadata["schema"] for f in settings(spec)}
+
+
+def samplers(spec: EngineSpec) -> dict[str, Any]:
+    """The samplers (``sent`` settings) not at their defaults, by name, as every request carries them."""
+    return {
+        f.name: getattr(spec, f.name) for f in settings() if f.metadata["sent"] and getattr(spec, f.name) != f.default
+    }
 
 
 def added(spec: type = EngineSpec) -> frozenset[str]:

@@ -83,6 +83,10 @@ def _endpoint(spec: EngineSpec) -> None:
     _settings(spec)
     if not (isinstance(spec.deadline_s, (int, float)) and 0 < spec.deadline_s <= 86400):
         raise MeshbenchError(f"engine.deadline_s {spec.deadline_s!r}: give seconds, above 0 and at most 86400")
+    for f in fields(spec):
+        if f.metadata.get("sent") and getattr(spec, f.name) != f.default and not spec.temperature:
+            value = getattr(spec, f.name)
+            raise MeshbenchError(f"engine.{f.name} {value!r:.20}: a sampler needs engine.temperature above 0")
 
 
 def _own_flags(where: str, argv: list[str]) -> None:

@@ -64,11 +64,13 @@ def _launched(e: EndpointInfo) -> list[str]:
     ]
 
 
-def _sent(request: dict | None) -> list[str]:
+def _sent(request: dict | None, per_request: bool = False) -> list[str]:
     """What every request asked of the server beside its prompt (absent from bundles made before it was
-    recorded)."""
+    recorded); with a seed per session, the first session's seed."""
     if request is None:
         return []
+    if per_request:
+        request = {**request, "seed": f"{request.get('seed')} + k (session k)"}
     cache = (
         f"cache_prompt {str(request['cache_prompt']).lower()}, as chosen (--cache-prompt)"
         if "cache_prompt" in request
@@ -115,6 +117,15 @@ def table_rows(b: EndpointBundle) -> list[list[str]]:
     return rows
 
 
+def _decoding(b: EndpointBundle) -> str:
+    eng, seed = b.cfg.engine, b.results.workload.seed
+    if not eng.temperature:
+        return "greedy"
+    nucleus = f", top_p {eng.top_p:g}" if eng.top_p != 1.0 else ""
+    seeds = f"session k's seed {seed} + k" if eng.seed_per_request else f"every request's seed {seed}"
+    return f"sampled (temperature {eng.temperature:g}{nucleus}; {seeds}; divergences not classified by margins)"
+
+
 def _tokenizer(server: str) -> str:
     if servers.recorded(server).local:
         return "by meshbench with the model's own tokenizer (transformers, from the file the server loads)"
@@ -140,11 +151,11 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         f"{wl.sessions} sessions from {markdown.code(str(wl.prompts))} "
         f"(sha256 {markdown.inline(wl.prompts_sha256[:12])}), tokenized {_tokenizer(e.server)} "
         f"({min(wl.prompt_tokens)}-{max(wl.prompt_tokens)} tokens), {min(wl.new_tokens)}-"
-        f"{max(wl.new_tokens)} new tokens each, greedy, eos {wl.eos}"
+        f"{max(wl.new_tokens)} new tokens each, {_decoding(b)}, eos {wl.eos}"
         + shared_prefixes(wl.prompt_ids)
         + "; at each level C, C closed-loop clients; "
         f"{reps} repetition(s), the level order rotated each time. Made by {markdown.code(r.command)}.",
-        *_sent(wl.request),
+        *_sent(wl.request, b.cfg.engine.seed_per_request),
         "",
         "```",
         f"meshbench verify {name}",

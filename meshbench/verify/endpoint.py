@@ -132,7 +132,7 @@ def _check_request(c: Checks, b: EndpointBundle) -> None:
         c.equal(
             RESULTS,
             "workload.request (what every request carried, as this config sends it)",
-            request.shared_fields(b.results.endpoint.api, wl.eos == "ban", wl.seed, chosen),
+            request.shared_fields(b.results.endpoint.api, wl.eos == "ban", wl.seed, chosen, b.cfg.engine),
             wl.request,
         )
 

@@ -122,7 +122,7 @@ def _check_cold(c: Checks, b: EndpointBundle) -> None:
         _check_cold_answer(c, b, x, by_turn.get(talk.label(x), 0), asked.get(talk.label(x), 0))
     compared = figures.compared_by(r.endpoint.api, [*warm, *cold.cold])
     threshold = endpoint_margins.near_tie(r.margins)
-    classify = endpoint_margins.compares(r.endpoint.api, compared)
+    classify = endpoint_margins.compares(r.endpoint.api, compared, b.cfg.engine.temperature)
     differing, found = talk.cold_divergences(warm, cold.cold, ref.concurrency, threshold, classify)
     c.equal(RESULTS, "conversations.differing (recomputed from the cold pass)", differing, cold.differing)
     c.equal(RESULTS, "conversations.divergences (recomputed from the cold pass)", found, cold.divergences)

