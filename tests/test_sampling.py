@@ -7,6 +7,7 @@ of requests that arrive together. Skips in one line without llama-server."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import factories as f
@@ -35,10 +36,16 @@ def test_a_sampled_request_carries_the_temperature_and_top_p_and_greedy_ones_are
     assert native["temperature"] == 0.8 and native["top_p"] == 0.9 and "top_k" not in native and native["seed"] == 7
     openai = request.shared_fields("openai", False, 7, None, spec)
     assert (openai["temperature"], openai["top_p"], openai["seed"]) == (0.8, 0.9, 7)
+    assert (
+        "min_p" not in native
+        and request.shared_fields("native", False, 7, None, replace(spec, min_p=0.05))["min_p"] == 0.05
+    )
     assert [request.session_seed(7, k, True) for k in range(3)] == [7, 8, 9]
     assert request.session_seed(7, 2, False) == 7
     with pytest.raises(MeshbenchError, match=r"^engine.top_p 0.9: a sampler needs engine.temperature above 0$"):
         EngineSpec(kind="endpoint", url="http://x:1", top_p=0.9)
+    with pytest.raises(MeshbenchError, match=r"^engine.min_p 0.05: a sampler needs engine.temperature above 0$"):
+        EngineSpec(kind="endpoint", url="http://x:1", min_p=0.05)
 
 
 @pytest.fixture(scope="module")

@@ -312,6 +312,9 @@ class EngineSpec:
     top_p: float = setting(1.0, ENDPOINT, {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "--top-p",
                            "Endpoint, with --temperature: nucleus sampling's p, sent only below 1.", added=True,
                            sent=True)  # fmt: skip
+    min_p: float = setting(0.0, ENDPOINT, {"type": "number", "minimum": 0, "maximum": 1}, "--min-p", "Endpoint, with "
+                           "--temperature: min-p sampling's p (llama-server, vLLM), sent only above 0.", added=True,
+                           sent=True)  # fmt: skip
     seed_per_request: bool = setting(False, ENDPOINT, {"type": "boolean"}, "--seed-per-request/--one-seed",
                                      "Endpoint: session k's requests carry seed workload.seed + k (default: every "
                                      "request workload.seed).", added=True)  # fmt: skip
