@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from meshbench.cli import app
 from meshbench.endpoint import retokenize
 from meshbench.endpoint.llama_server import stop
+from meshbench.engine import servers
 from meshbench.engine.process.workers import free_port
 from meshbench.results import kinds
 from meshbench.results.typed import EndpointBundle
@@ -118,7 +119,7 @@ def test_an_endpoint_sweep_writes_a_bundle_that_verifies(bundle):
     data = json.loads((bundle / "results.json").read_text())
     assert data["kind"] == "endpoint" and data["endpoint"]["api"] == "openai"
     assert data["endpoint"]["server"] == "llama-cpp-python" and data["endpoint"]["loopback"] is True
-    assert data["endpoint"]["detected"] == "/v1/models says owned_by 'me', as llama-cpp-python's server does"
+    assert data["endpoint"]["detected"] == servers.LLAMA_CPP_PYTHON.why
     v = data["verdicts"]
     assert v["compared"] == "text" and v["reference_concurrency"] == 1
     assert set(v["distinct_outputs"]) == {"1", "2"} and set(v["needle"]) == {"1", "2"}

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from meshbench.cli import app
 from meshbench.endpoint import llama_server
+from meshbench.engine import servers
 
 runner = CliRunner()
 PROMPTS = ["The cat sat on the mat", "A quick brown fox", "Numbers go up"]
@@ -44,7 +45,7 @@ def test_a_vllm_shaped_server_is_told_apart_tokenized_its_way_and_swept_to_a_bun
     data = json.loads((tmp_path / "B" / "results.json").read_text())
     e = data["endpoint"]
     assert (e["server"], e["api"]) == ("vllm", "openai")
-    assert e["detected"] == "/v1/models says owned_by 'vllm' and /version answers"
+    assert e["detected"] == servers.VLLM.why
     assert proxy.asked and all(
         path == "/tokenize" and set(body) == {"prompt", "add_special_tokens"} for path, body in proxy.asked
     )
@@ -69,5 +70,5 @@ def test_a_flavour_named_by_the_user_is_taken_and_recorded_as_named(upstream, tm
         r = _sweep(url, tmp_path, "--flavour", "vllm", "--api", "chat")
     assert r.exit_code == 0, r.output
     e = json.loads((tmp_path / "B" / "results.json").read_text())["endpoint"]
-    assert (e["server"], e["api"], e["detected"]) == ("vllm", "chat", "named by engine.flavour (--flavour)")
+    assert (e["server"], e["api"], e["detected"]) == ("vllm", "chat", servers.NAMED)
     assert runner.invoke(app, ["verify", str(tmp_path / "B")]).exit_code == 0

@@ -4,8 +4,10 @@ tokenizes, what a record of one is, and no code deciding by a flavour's name."""
 from __future__ import annotations
 
 import ast
-import io
+import http.client
 import json
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -26,23 +28,28 @@ def _answers(props=None, owners=(), version=None):
     ("answers", "flavour"),
     [
         (_answers({"total_slots": 4}, ["llamacpp"]), servers.LLAMA_SERVER),
-        (_answers({}, ["me"]), servers.LLAMA_SERVER),  # (/props outranks a model's owner)
+        (_answers({"build_info": "b1"}, ["me"]), servers.LLAMA_SERVER),  # (/props outranks a model's owner)
+        (_answers(None, ["llamacpp"]), servers.LLAMA_SERVER),  # (its /props hidden: its models' owner)
+        (_answers({}, ["me"]), servers.LLAMA_CPP_PYTHON),  # (a /props without llama-server's keys is not its)
         (_answers(None, ["me"]), servers.LLAMA_CPP_PYTHON),
-        (_answers(None, ["vllm"], {"version": "0.11.0"}), servers.VLLM),
+        (_answers(None, ["vllm", "vllm"], {"version": "0.11.0"}), servers.VLLM),
         (_answers(None, ["vllm"]), servers.OPENAI_COMPATIBLE),  # (an owner alone is not vLLM's whole mark)
+        (_answers(None, ["vllm"], {"version": None}), servers.OPENAI_COMPATIBLE),
         (_answers(None, ["local"]), servers.TRANSFORMERS),
+        (_answers(None, ["vllm", "local", "me"], {"version": "1"}), servers.OPENAI_COMPATIBLE),  # (owners disagree)
         (_answers(None, ["sglang"]), servers.OPENAI_COMPATIBLE),
         (_answers(None, []), servers.OPENAI_COMPATIBLE),
     ],
 )
 def test_each_server_is_the_first_flavour_whose_mark_it_carries_and_the_bundle_says_why(answers, flavour):
     found, why = servers.detect(answers)
-    assert found is flavour and why == flavour.mark(answers) and why
+    assert found is flavour and why == flavour.why and flavour.mark(answers)
+    assert len({f.why for f in servers.FLAVOURS.values()}) == len(servers.FLAVOURS)  # (a reason names one flavour)
 
 
 def test_a_flavour_named_by_the_config_is_taken_as_named_and_an_unknown_name_is_refused_in_one_line():
     found, why = servers.detect(_answers({"total_slots": 1}), "vllm")
-    assert found is servers.VLLM and "engine.flavour" in why
+    assert found is servers.VLLM and why == servers.NAMED
     with pytest.raises(MeshbenchError, match=r"^engine.flavour 'vllm2' is none of auto, llama-server, "):
         servers.detect(_answers(), "vllm2")
     assert servers.CHOICES == (servers.AUTO, *servers.FLAVOURS)
@@ -112,24 +119,116 @@ def test_no_code_decides_by_a_flavours_name():
     assert constants == set()
 
 
-def _streamed(chunks: list[dict], done: bool, marker: bool = False) -> Completion:
-    raw = b"".join(b"data: " + json.dumps(x).encode() + b"\n\n" for x in chunks) + (b"data: [DONE]\n\n" * marker)
+def _answered(raw_http: bytes, done: bool) -> Completion:
+    """``raw_http`` (a whole HTTP answer, as bytes) served once on a loopback socket and read as a stream."""
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        conn.sendall(raw_http)
+        conn.shutdown(socket.SHUT_WR)
+        time.sleep(0.2)
+        conn.close()
+        sock.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = http.client.HTTPConnection("127.0.0.1", sock.getsockname()[1], timeout=5)
+    client.request("POST", "/v1/completions", "{}")
     c = Completion("s0", 0)
-    Stream(apis.OPENAI.name, {"max_tokens": 2}, c, 0, time.monotonic() + 5, None, done).read(io.BytesIO(raw))
+    Stream(apis.OPENAI.name, {"max_tokens": 2}, c, 0, time.monotonic() + 5, None, done).read(client.getresponse())
     return c
+
+
+def _sse(chunks: list[dict], marker: bool = False) -> bytes:
+    return b"".join(b"data: " + json.dumps(x).encode() + b"\n\n" for x in chunks) + b"data: [DONE]\n\n" * marker
+
+
+def _chunked(body: bytes, whole: bool = True) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return head + b"%x\r\n%s\r\n" % (len(body), body) + (b"0\r\n\r\n" if whole else b"")
+
+
+def _sized(body: bytes, length: int) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % length + body
 
 
 PIECES = [{"choices": [{"text": "a"}]}, {"choices": [{"text": "b", "finish_reason": "length"}]}]
 USAGE = {"choices": [], "usage": {"completion_tokens": 2, "prompt_tokens": 3}}
 
 
-def test_a_stream_ends_with_done_where_the_flavour_sends_it_else_with_a_finish_reason_and_the_bodys_end():
-    c = _streamed([*PIECES, USAGE], done=False)  # (transformers serve: no [DONE])
-    assert (c.text, c.stop, c.predicted) == ("ab", "limit", 2)
-    assert _streamed([*PIECES, USAGE], done=True, marker=True).text == "ab"
-    with pytest.raises(Malformed, match="the stream closed before its end"):
-        _streamed([*PIECES, USAGE], done=True)  # (a flavour that ends with [DONE] and did not)
-    with pytest.raises(Malformed, match="the stream closed before its end"):
-        _streamed(PIECES[:1], done=False)  # (no finish reason: cut)
+def test_a_stream_ends_with_done_where_the_flavour_sends_it_else_with_its_finish_usage_and_the_bodys_whole_end():
+    body = _sse([*PIECES, USAGE])  # (transformers serve: no [DONE])
+    for whole in (_chunked(body), _sized(body, len(body))):
+        c = _answered(whole, done=False)
+        assert (c.text, c.stop, c.predicted, c.evaluated) == ("ab", "limit", 2, 3)
+    assert _answered(_chunked(_sse([*PIECES, USAGE], marker=True)), done=True).text == "ab"
+    cut = [
+        (_chunked(body), True),  # a flavour that ends with [DONE] and did not
+        (_chunked(body, whole=False), False),  # no last chunk: cut
+        (_sized(body, len(body) + 40), False),  # shorter than its length: cut
+        (b"HTTP/1.0 200 OK\r\n\r\n" + body, False),  # ends at close: cannot say it is whole
+        (_chunked(_sse(PIECES)), False),  # no usage
+        (_chunked(_sse(PIECES[:1])), False),  # no finish reason
+    ]
+    for raw, done in cut:
+        with pytest.raises(Malformed, match="the stream closed before its end"):
+            _answered(raw, done)
+    with pytest.raises(Malformed, match="text after the finish reason"):
+        _answered(_chunked(_sse([*PIECES, {"choices": [{"text": "X"}]}, USAGE])), done=False)
     assert all(f.done for f in (servers.LLAMA_SERVER, servers.LLAMA_CPP_PYTHON, servers.VLLM))
     assert not servers.TRANSFORMERS.done
+
+
+@pytest.mark.parametrize(
+    ("edit", "failed"),
+    [
+        ({"detected": servers.VLLM.why}, "endpoint.detected"),  # (another flavour's reason)
+        ({"detected": "it said so"}, "endpoint.detected"),
+        ({"server": "vllm", "detected": servers.VLLM.why}, "endpoint.server"),  # (not the flavour it started)
+    ],
+)
+def test_a_forged_flavour_or_reason_fails_verify_by_name(edit, failed, tmp_path):
+    from test_probe5 import _copy_defaults, _verify
+
+    src, b, data = _copy_defaults(tmp_path)
+    data["endpoint"].update(edit)
+    code, fields, _ = _verify(src, b, data)
+    assert code == 1 and any(f.startswith(failed) for f in fields), fields
+
+
+def test_the_reason_a_bundle_records_is_its_flavours_and_verify_holds_it(tmp_path):
+    from test_probe5 import _copy_defaults, _verify
+
+    src, b, data = _copy_defaults(tmp_path)
+    data["endpoint"]["detected"] = servers.LLAMA_SERVER.why
+    assert _verify(src, b, data)[0] == 0
+    data["config"]["engine"]["flavour"] = "llama-server"  # (named: its reason is the naming)
+    assert "endpoint.detected" in " ".join(_verify(src, b, data)[1])
+    data["endpoint"]["detected"] = servers.NAMED
+    assert _verify(src, b, data)[0] == 0
+
+
+def test_a_served_server_named_as_another_flavour_is_refused_in_one_line():
+    from meshbench.engine.spec import EngineSpec
+
+    with pytest.raises(MeshbenchError, match=r"^engine.flavour vllm: engine.serve starts llama-server, a llama-server"):
+        EngineSpec(kind="endpoint", serve="llama-server", model="m.gguf", flavour="vllm")
+    assert EngineSpec(kind="endpoint", serve="transformers", model="m.gguf", flavour="transformers").flavour
+
+
+def test_the_local_tokenizer_reads_a_path_only_on_loopback_and_says_a_bad_file_in_one_line(tmp_path):
+    from meshbench.endpoint import local_tokenizer
+    from meshbench.endpoint.client import Endpoint, parse_target
+
+    far = Endpoint(parse_target("http://10.0.0.1:8000"), "openai")
+    far.flavour, far.models = servers.TRANSFORMERS, [f"{tmp_path}:m.gguf"]
+    with pytest.raises(MeshbenchError, match=r"off this machine: meshbench reads a tokenizer .* only for a server on"):
+        far.tokenize(["a"])
+    with pytest.raises(MeshbenchError, match=r"no model file on this machine"):
+        local_tokenizer.tokenize(f"{tmp_path}:nope.gguf", ["a"], True)
+    pytest.importorskip("transformers")
+    (tmp_path / "cut.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    with pytest.raises(MeshbenchError, match=r"transformers cannot read its tokenizer \(") as e:
+        local_tokenizer.tokenize(f"{tmp_path}:cut.gguf", ["a"], True)
+    assert "\n" not in str(e.value)

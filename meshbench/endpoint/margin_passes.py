@@ -26,6 +26,9 @@ def run(
     each session whose prompt starts like an earlier one's right after that sibling (``ids``: the prompts' ids).
     Over an OpenAI API each answer also records its tokens' lengths in bytes, which place a text's first
     difference at a token."""
+    if endpoint.flavour is not None and not endpoint.flavour.logprobs:
+        progress(f"margins: a {endpoint.flavour.name} server gives no log-probabilities: no margin passes")
+        return None
     progress("margins: every session cold, warm, all at once, then after a sibling, with top-2 log-probabilities")
     asked = [Job(j.session_id, {**j.body, **request.logprobs(endpoint.api, MARGIN_PROBS)}) for j in jobs]
     cold, warm = [], []

@@ -84,7 +84,7 @@ class Stream:
         done: bool = True,
     ) -> None:
         self.api, self.c, self.t0, self.deadline = api, c, t0, deadline
-        self.done = done  # the server ends a stream with [DONE] (else: a finish reason, then the body's clean end)
+        self.done = done  # the server ends a stream with [DONE] (else: a finish reason, its usage, the body's end)
         self.cancel_after = cancel_after  # the client disconnects once this many tokens are in (None: never)
         self.asked = int(body.get("n_predict", body.get("max_tokens", 0)))
         self.ban = bool(body.get("ignore_eos") or body.get("min_tokens"))
@@ -116,8 +116,8 @@ class Stream:
             if remaining <= 0:
                 raise TimeoutError
             line = resp.readline(MAX_LINE_BYTES + 1)
-            if not line:  # (a body cut short raises instead: http.client reads a chunked body to its last chunk)
-                return self.finished and not self.done
+            if not line:
+                return not self.done and self.finished and self.c.predicted is not None and _whole(resp)
             if len(line) > MAX_LINE_BYTES:
                 raise Malformed(f"a line over {MAX_LINE_BYTES} bytes")
             if not line.startswith(b"data: "):
@@ -164,6 +164,15 @@ class Stream:
             why = text_tokens_whole(c.text, c.token_bytes, c.predicted)
             if why is not None:
                 raise Malformed(why)
+
+
+def _whole(resp) -> bool:
+    """Did the body end where it says it does: a chunked one at its last (empty) chunk, one with a length at that
+    length? (http.client's readline gives b"" for a body cut short too; a body that just ends at close cannot say.)
+    For a server that sends no ``[DONE]``, this, its finish reason and its usage are the stream's end."""
+    if getattr(resp, "chunked", False):
+        return resp.chunk_left is None and resp.isclosed()
+    return resp.length == 0
 
 
 def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
@@ -215,6 +224,8 @@ def _openai_chunk(c: Completion, chunk, now: int, chat: bool = False) -> bool:
             piece = ""
         if not isinstance(piece, str):
             raise Malformed(f"a choice's 'text' is {type(piece).__name__}, not text")
+        if piece and c.stop is not None:
+            raise Malformed("text after the finish reason")
         if piece:
             c.text += piece
             c.token_ns.append(now)

@@ -84,12 +84,9 @@ def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str
         return _sweep(cfg, cfg.engine.url, command, environment, progress)
     launcher, server, model = served(cfg)
     args = cfg.engine.server_argv
-    launched = {
-        "server": launcher.name,
-        "version": launcher.version(server),
-        "args": [*launcher.own_flags(args), *args],
-        "model": Path(model).name,
-    }
+    own = launcher.own_flags(args)
+    launched = {"server": launcher.name, "version": launcher.version(server), "args": [*own, *args]}
+    launched["model"] = Path(model).name
     progress(f"{launcher.name} {launched['version']} on {launched['model']} {' '.join(args)}")
     with launcher.serving(server, model, args) as url:
         return _sweep(cfg, url, command, environment, progress, launched)
@@ -125,6 +122,8 @@ def _sweep(
     endpoint = Endpoint.of(target, cfg.engine)
     info = endpoint.probe()
     if launched is not None:
+        if info["server"] != launchers.of(launched["server"]).flavour.name:  # (another process on its port)
+            raise MeshbenchError(f"{target.url}: meshbench started {launched['server']}; a {info['server']} answers")
         info["launched"] = launched
     texts, ids = _prompts(cfg, endpoint)
     if apis.of(endpoint.api).ids and max(levels) > 1:  # (the perturbation test replaces what follows a BOS)

@@ -20,6 +20,7 @@ from meshbench.engine import apis
 from meshbench.errors import MeshbenchError
 
 AUTO = "auto"  # engine.flavour's default: detected from the server's answers
+NAMED = "named by engine.flavour (--flavour)"  # why a flavour the user named is the server's
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,34 +36,37 @@ class Answers:
 
     props: dict[str, Any] | None  # GET /props (llama-server's build, model and slots)
     owners: tuple[str, ...]  # GET /v1/models: each model's owned_by, as a string ("" where absent)
+
+    def owned_by(self, owner: str) -> bool:
+        """Every model the server lists is ``owner``'s (and it lists one)."""
+        return bool(self.owners) and all(x == owner for x in self.owners)
+
     version: dict[str, Any] | None = None  # GET /version (vLLM's {"version": ...})
 
 
 @dataclass(frozen=True, slots=True)
 class Flavour:
     name: str  # as a bundle records it (endpoint.server)
-    mark: Callable[[Answers], str | None]  # how it is told apart: why these answers are its (None: they are not)
+    mark: Callable[[Answers], bool]  # how it is told apart: these answers are its (an owner: of every model listed)
+    why: str  # the mark in words, as a bundle records it (endpoint.detected)
     apis: tuple[str, ...]  # the APIs it serves; the first is the one --api auto takes
     tokenizer: Tokenizer | None  # None: it tokenizes nothing on request
     local: bool  # (no tokenizer) it names its model by a path here, whose tokenizer meshbench loads itself
     props: bool  # it answers /props: its build, its model's path, its slots
     cache_prompt: bool  # a request's cache_prompt false keeps its prompt out of the server's cache
     done: bool  # it ends a stream with "data: [DONE]" (else its end is a finish reason, then the body's clean end)
-    logprobs: bool  # it answers a request for top log-probabilities with them
+    logprobs: bool  # it may answer a request for top log-probabilities (False: it ignores one, so none is sent)
     metrics: str | None  # the prefix of its own gauges and counters in /metrics (None: it exposes none)
     seeds: str  # what it promises of a request's seed, in words
 
 
-def _owned_by(owner: str, what: str) -> Callable[[Answers], str | None]:
-    def mark(a: Answers) -> str | None:
-        return f"/v1/models says owned_by {owner!r}, as {what}" if owner in a.owners else None
-
-    return mark
+PROPS = ("total_slots", "build_info", "default_generation_settings")  # llama-server's own /props keys
 
 
 LLAMA_SERVER = Flavour(
     "llama-server",
-    mark=lambda a: "it answers /props with a JSON object" if a.props is not None else None,
+    mark=lambda a: (a.props is not None and any(k in a.props for k in PROPS)) or a.owned_by("llamacpp"),
+    why="it answers /props with llama-server's keys, or /v1/models says owned_by 'llamacpp'",
     apis=(apis.NATIVE.name, apis.OPENAI.name, apis.CHAT.name),
     tokenizer=Tokenizer("/tokenize", lambda text, special: {"content": text, "add_special": special}, switch=True),
     local=False,
@@ -75,7 +79,8 @@ LLAMA_SERVER = Flavour(
 )
 LLAMA_CPP_PYTHON = Flavour(
     "llama-cpp-python",
-    mark=_owned_by("me", "llama-cpp-python's server does"),
+    mark=lambda a: a.owned_by("me"),
+    why="/v1/models says owned_by 'me', as llama-cpp-python's server does",
     apis=(apis.OPENAI.name, apis.CHAT.name),
     tokenizer=Tokenizer("/extras/tokenize", lambda text, special: {"input": text}, switch=False),
     local=False,
@@ -88,11 +93,8 @@ LLAMA_CPP_PYTHON = Flavour(
 )
 VLLM = Flavour(
     "vllm",
-    mark=lambda a: (
-        "/v1/models says owned_by 'vllm' and /version answers"
-        if "vllm" in a.owners and a.version is not None and "version" in a.version
-        else None
-    ),
+    mark=lambda a: a.owned_by("vllm") and a.version is not None and isinstance(a.version.get("version"), str),
+    why="/v1/models says owned_by 'vllm' and /version answers",
     apis=(apis.OPENAI.name, apis.CHAT.name),
     tokenizer=Tokenizer(
         "/tokenize", lambda text, special: {"prompt": text, "add_special_tokens": special}, switch=True
@@ -107,7 +109,8 @@ VLLM = Flavour(
 )
 TRANSFORMERS = Flavour(
     "transformers",
-    mark=_owned_by("local", "transformers serve says of a model on its machine"),
+    mark=lambda a: a.owned_by("local"),
+    why="/v1/models says owned_by 'local', as transformers serve says of a model on its machine",
     apis=(apis.OPENAI.name, apis.CHAT.name),
     tokenizer=None,  # (it serves none: meshbench loads its model's own, from the path /v1/models names)
     local=True,
@@ -121,14 +124,15 @@ TRANSFORMERS = Flavour(
 )
 OPENAI_COMPATIBLE = Flavour(
     "openai-compatible",
-    mark=lambda a: "no other flavour's mark: a generic OpenAI-compatible server",
+    mark=lambda a: True,
+    why="no other flavour's mark: a generic OpenAI-compatible server",
     apis=(apis.OPENAI.name, apis.CHAT.name),
     tokenizer=None,
     local=False,
     props=False,
     cache_prompt=False,
     done=False,
-    logprobs=False,  # (not assumed: a proof that needs them says so)
+    logprobs=True,  # (asked; where none come, none are recorded)
     metrics=None,
     seeds="nothing assumed",
 )
@@ -145,16 +149,12 @@ def detect(answers: Answers, chosen: str = AUTO) -> tuple[Flavour, str]:
         flavour = FLAVOURS.get(chosen)
         if flavour is None:
             raise MeshbenchError(f"engine.flavour {chosen!r:.40} is none of {', '.join(CHOICES)}")
-        return flavour, "named by engine.flavour (--flavour)"
-    for flavour in FLAVOURS.values():
-        why = flavour.mark(answers)
-        if why is not None:
-            return flavour, why
-    raise AssertionError("the generic flavour's mark is every server's")
+        return flavour, NAMED
+    return next((f, f.why) for f in FLAVOURS.values() if f.mark(answers))  # (the generic one's mark is every server's)
 
 
 UNKNOWN = Flavour(
-    "unknown", mark=lambda a: None, apis=(), tokenizer=None, local=False, props=False, cache_prompt=False,
+    "unknown", mark=lambda a: False, why="", apis=(), tokenizer=None, local=False, props=False, cache_prompt=False,
     done=True, logprobs=False, metrics=None, seeds="nothing assumed",
 )  # fmt: skip
 

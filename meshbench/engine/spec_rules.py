@@ -10,7 +10,7 @@ import shlex
 from dataclasses import fields
 from typing import TYPE_CHECKING, Callable
 
-from meshbench.engine import kinds, rpc
+from meshbench.engine import kinds, launchers, rpc, servers
 from meshbench.errors import MeshbenchError
 
 if TYPE_CHECKING:
@@ -76,6 +76,11 @@ def _endpoint(spec: EngineSpec) -> None:
         given = "model" if spec.model else "package"
         raise MeshbenchError(
             f"engine.{given} builds an engine of meshbench's own; an endpoint (--target) is the server's"
+        )
+    started = launchers.LAUNCHERS.get(spec.serve) if spec.serve else None
+    if started is not None and spec.flavour not in (servers.AUTO, started.flavour.name):
+        raise MeshbenchError(
+            f"engine.flavour {spec.flavour}: engine.serve starts {started.name}, a {started.flavour.name} server"
         )
     if spec.server_args is not None and not spec.serve:
         raise MeshbenchError("engine.server_args are for a server meshbench starts (engine.serve)")

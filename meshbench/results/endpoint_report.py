@@ -123,12 +123,16 @@ def _decoding(b: EndpointBundle) -> str:
         return "greedy"
     nucleus = f", top_p {eng.top_p:g}" if eng.top_p != 1.0 else ""
     seeds = f"session k's seed {seed} + k" if eng.seed_per_request else f"every request's seed {seed}"
-    return f"sampled (temperature {eng.temperature:g}{nucleus}; {seeds}; divergences not classified by margins)"
+    promise = servers.recorded(b.results.endpoint.server).seeds
+    return (
+        f"sampled (temperature {eng.temperature:g}{nucleus}; {seeds}; what the server promises of a seed: "
+        f"{promise}; divergences not classified by margins)"
+    )
 
 
 def _tokenizer(server: str) -> str:
     if servers.recorded(server).local:
-        return "by meshbench with the model's own tokenizer (transformers, from the file the server loads)"
+        return "by meshbench with the model's own tokenizer, as transformers reads it from the file the server loads"
     return "by the server"
 
 

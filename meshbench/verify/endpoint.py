@@ -167,6 +167,9 @@ def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
     if named is not None:
         c.equal(RESULTS, "endpoint.server (the flavour config.engine.flavour names, else the one it started)",
                 named, e.server)  # fmt: skip
+    if e.detected is not None:  # (None: a bundle from before flavours said why)
+        why = servers.NAMED if eng.flavour != servers.AUTO else servers.recorded(e.server).why
+        c.equal(RESULTS, "endpoint.detected (why the server is its flavour, in that flavour's words)", why, e.detected)
 
 
 def _target(url) -> Target | None:
