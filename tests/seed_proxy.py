@@ -3,11 +3,13 @@ loopback port. Every route is passed through unchanged but the completion routes
 
 - ``shared``: every request gets the next value of one counter the proxy keeps, whatever seed it carried: the
   slots sharing one random generator (a bug llama.cpp once had), seen from outside.
+- ``overlap``: the same, but only for a request that arrives while another is in flight: a generator shared only
+  between concurrent requests (a request alone keeps its seed).
 - ``swap``: requests that arrive together (a cohort: each waits until no other has arrived for QUIET_S) get each
   other's seeds, rotated; a request alone keeps its own.
 
-Under sampling with a seed per session, the first must break run-to-run determinism, the second batch invariance
-and the needle."""
+Under sampling with a seed per session, ``shared`` must break run-to-run determinism, ``overlap`` and ``swap``
+batch invariance and the needle, on a server that is itself invariant (one slot)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.next_id = 0
         self.last_arrival = 0.0
         self.changed = 0  # requests whose seed the proxy changed
+        self.in_flight = 0
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -57,10 +60,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._forward(body)
         request = json.loads(body)
         seed = request.get("seed")
-        request["seed"] = self._shared() if self.server.mode == "shared" else self._swapped(seed)
         with self.server.lock:
-            self.server.changed += request["seed"] != seed
-        self._forward(json.dumps(request).encode())
+            crowded = self.server.in_flight > 0
+            self.server.in_flight += 1
+        try:
+            mode = self.server.mode
+            shared = mode == "shared" or (mode == "overlap" and crowded)
+            request["seed"] = self._shared() if shared else self._swapped(seed) if mode == "swap" else seed
+            with self.server.lock:
+                self.server.changed += request["seed"] != seed
+            self._forward(json.dumps(request).encode())
+        finally:
+            with self.server.lock:
+                self.server.in_flight -= 1
 
     def _shared(self) -> int:
         with self.server.lock:

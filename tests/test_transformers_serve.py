@@ -55,3 +55,5 @@ def test_meshbench_starts_transformers_serve_and_its_bundle_verifies(bundle):
     readme = (bundle / "README.md").read_text()
     assert f"It is transformers because {servers.TRANSFORMERS.why}." in readme
     assert "tokenized by meshbench with the model's own tokenizer, as transformers reads it" in readme
+    said = readme.split("## What this bundle could not prove")[1]
+    assert "the openai API carries no token ids" in said and "a transformers server gives no log-probabilities" in said

@@ -70,9 +70,11 @@ def verdict(
     cold: dict[str, Completion],
     seen: dict[str, set[Output]],
     threshold: float,
+    sampled: bool = False,
 ) -> CancelVerdict:
     """The run judged. ``seen``: each session's outputs at this level without a cancellation (the timed
-    repetitions; the reference run's are added here)."""
+    repetitions; the reference run's are added here). ``sampled``: the tokens were drawn, so a changed answer's
+    margin decides nothing: the run is unaffected where nothing changed, else not judged."""
     ref = {x.session_id: x for x in reference}
     cut_ids = {x.session_id for x in cut}
     null = {s: set(v) for s, v in seen.items()}
@@ -107,6 +109,10 @@ def verdict(
         others_differing=others,
         retries_differing=retries,
         failed=failed,
-        affected=True if "confident" in kinds else (False if judged else None),
+        affected=(None if kinds else False if judged else None)
+        if sampled
+        else True
+        if "confident" in kinds
+        else (False if judged else None),
         unjudged=unjudged or None,
     )

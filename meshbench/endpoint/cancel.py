@@ -27,6 +27,7 @@ def cancel_run(
     cold: dict[str, Completion],
     seen: dict[str, set[tuple[int, ...]]],
     threshold: float,
+    sampled: bool = False,
 ) -> CancelRun:
     """The level's run: the first C sessions, every second one cut at token ``at`` (meshbench.analysis.cancel.
     runs_at says where there is one)."""
@@ -41,7 +42,7 @@ def cancel_run(
         reference=reference,
         cut=cut,
         answers=answers,
-        verdict=judge.verdict(c, cut, reference, answers, cold, seen, threshold),
+        verdict=judge.verdict(c, cut, reference, answers, cold, seen, threshold, sampled),
     )
 
 

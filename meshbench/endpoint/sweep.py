@@ -269,7 +269,7 @@ def _cancel(
     progress(f"cancel and retry, concurrency {c}: every second session disconnects at token {at} and retries")
     seen = cancel_rule.seen_outputs([rep.sessions for rep in repetitions])
     cold, threshold = cancel_rule.cold_answers(margins), endpoint_margins.near_tie(margins)
-    return cancel_run(endpoint, jobs, c, at, cold, seen, threshold)
+    return cancel_run(endpoint, jobs, c, at, cold, seen, threshold, bool(cfg.engine.temperature))
 
 
 def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:

@@ -82,6 +82,8 @@ def cancels(b: EndpointBundle) -> list[str]:
         setting = b.cfg.workload.cancel
         return ["Cancel and retry: off (workload.cancel).", ""] if setting == "off" else []
     rows, named = [], []
+    sampled = bool(b.cfg.engine.temperature)  # (a drawn token's margin classifies nothing)
+    count = (lambda found: f"{len(found)} changed") if sampled else kinds
     for c, run in runs:
         v = run.verdict
         affected = (
@@ -91,21 +93,23 @@ def cancels(b: EndpointBundle) -> list[str]:
             if not v.cut
             else f"not judged ({v.unjudged} with no cold answer, reference or margins to judge by)"
             if v.affected is None and v.unjudged
+            else "not judged (sampled: an answer changed, and a drawn token's margin decides nothing)"
+            if v.affected is None and b.cfg.engine.temperature
             else "not judged (a margin unknown)"
             if v.affected is None
             else ("**yes**" if v.affected else "no")
         )
         rows.append(
             f"| {c} | {', '.join(run.cancelled)} | {run.at_token} | {v.cut} of {len(run.cancelled)} | "
-            f"{len(run.sessions) - len(run.cancelled)} | {kinds(v.others_differing) if v.others_differing else '0'} | "
-            f"{kinds(v.retries_differing) if v.retries_differing else '0'} | {affected} |"
+            f"{len(run.sessions) - len(run.cancelled)} | {count(v.others_differing) if v.others_differing else '0'} | "
+            f"{count(v.retries_differing) if v.retries_differing else '0'} | {affected} |"
         )
         named += [
             f"- C={c}: {markdown.inline(d.session_id)} ({'retried' if d.session_id in run.cancelled else 'ran through'}"
             f"), token {d.token_index}, margin {margin(d.margin)}; in flight beside it: "
             f"{', '.join(map(markdown.inline, d.beside)) or 'none'}"
             for d in [*v.others_differing, *v.retries_differing]
-            if d.kind == "confident"
+            if d.kind == "confident" and not sampled
         ]
     return [
         "## Cancel and retry",

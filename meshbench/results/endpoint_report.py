@@ -7,7 +7,8 @@ import json
 
 from meshbench.analysis import endpoint_margins
 from meshbench.analysis.endpoint_margins import SHARED_MIN, common_prefix
-from meshbench.engine import servers
+from meshbench.engine import apis, servers
+from meshbench.engine.spec import samplers
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
 from meshbench.records.endpoint_figures import LevelFigures, Spread
@@ -117,11 +118,52 @@ def table_rows(b: EndpointBundle) -> list[list[str]]:
     return rows
 
 
+def _named(b: EndpointBundle) -> list[str]:
+    """Where no divergence was classified (text without margins, or sampled), the sessions each verdict failed on,
+    by name (empty: none failed, or the divergences section names them)."""
+    r = b.results
+    v = r.verdicts
+    if r.divergences is not None:
+        return []
+    rows = []
+    for c, differing in v.differing_sessions.items():
+        many = [sid for sid, n in v.distinct_outputs.get(c, {}).items() if n > 1]
+        needle = v.needle.get(c)
+        moved = needle is not None and (needle.distinct > 1 or (needle.differs_from_alone or 0) > 0)
+        if differing or many or moved:
+            cells = [markdown.inline(", ".join(x)) if x else "-" for x in (differing, many)]
+            rows.append(f"| {markdown.inline(c)} | " + " | ".join(cells) + f" | {'yes' if moved else 'no'} |")
+    if not rows:
+        return []
+    head = "| C | output other than at the reference level | more than one output over the repetitions | needle moved |"
+    return ["## The sessions that changed", "", head, "|---|---|---|---|", *rows, ""]
+
+
+def _not_proved(b: EndpointBundle) -> list[str]:
+    """The proofs this server and API could not give, and why: from the API, the flavour and the decoding, never
+    from a record's absence (empty: every proof ran that the sweep's settings ask for)."""
+    e, eng = b.results.endpoint, b.cfg.engine
+    api, flavour = apis.recorded(e.api), servers.recorded(e.server)
+    out = []
+    if not api.ids:
+        out.append(f"- content dependence (the perturbation test) and cancel and retry: the {e.api} API carries "
+                   "no token ids, so a neighbour's prompt cannot be replaced by fresh ids, nor a cut answer "
+                   "judged.")  # fmt: skip
+    if not flavour.logprobs:
+        out.append(f"- margins (near-ties; cold, warm and after a sibling): a {e.server} server gives no "
+                   "log-probabilities, so no change could be classified, and none is excused.")  # fmt: skip
+    if eng.temperature:
+        out.append("- the classification of a divergence, and so the cancel-and-retry verdict: a sampled token is "
+                   "drawn, and its margin explains nothing; no change is excused as a near-tie (every one counts "
+                   "against the verdicts above), and none is judged a leak by its margin.")  # fmt: skip
+    return ["## What this bundle could not prove", "", *out, ""] if out else []
+
+
 def _decoding(b: EndpointBundle) -> str:
     eng, seed = b.cfg.engine, b.results.workload.seed
     if not eng.temperature:
         return "greedy"
-    nucleus = f", top_p {eng.top_p:g}" if eng.top_p != 1.0 else ""
+    nucleus = "".join(f", {name} {value:g}" for name, value in samplers(eng).items())
     seeds = f"session k's seed {seed} + k" if eng.seed_per_request else f"every request's seed {seed}"
     promise = servers.recorded(b.results.endpoint.server).seeds
     return (
@@ -190,6 +232,8 @@ def render_readme(b: EndpointBundle, name: str) -> str:
         *conversation_report.section(b),
         *accounting_report.section(b),
         *open_loop_report.section(b),
+        *_named(b),
+        *_not_proved(b),
         f"Everything here is computed from `{RESULTS}` by `meshbench verify`; a rerun needs the server.",
         "",
     ]

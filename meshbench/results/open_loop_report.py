@@ -51,7 +51,8 @@ def section(b: EndpointBundle) -> list[str]:
         answers = [a for rep in x.repetitions for a in rep.sessions]
         refused = sum(a.error is not None and a.error.startswith(("HTTP 429", "HTTP 503")) for a in answers)
         differ = figures.differing_from_reference(r.levels, answers, r.verdicts.compared)
-        kinds = _kinds(answers, cold, threshold) if r.verdicts.compared == "tokens" and cold else "-"
+        classify = cold and endpoint_margins.compares(r.endpoint.api, r.verdicts.compared, b.cfg.engine.temperature)
+        kinds = _kinds(answers, cold, threshold) if r.verdicts.compared == "tokens" and classify else "-"
         rate = open_loop.offered(x.arrival_s)
         due = [(a, t) for rep in x.repetitions for a, t in zip(rep.sessions, x.arrival_s)]
         late = [open_loop.lateness_s(a.submit_ns, t) * 1e3 for a, t in due]

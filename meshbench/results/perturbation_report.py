@@ -33,6 +33,7 @@ def section(b: EndpointBundle) -> list[str]:
         return []
     cached = [(lv.concurrency, lv.perturbation_cache) for lv in b.results.levels if lv.perturbation_cache is not None]
     cold, threshold = endpoint_margins.cold_answers(b.results.margins), endpoint_margins.near_tie(b.results.margins)
+    sampled = bool(b.cfg.engine.temperature)  # (a drawn token: its margin says nothing of why it changed)
     cache_words = (
         "the test runs the server's path without its prompt cache and says nothing of that cache (the warm "
         "answers, the canaries and the cancel runs go through it)"
@@ -57,9 +58,15 @@ def section(b: EndpointBundle) -> list[str]:
         "(null varied), a leak can hide in that noise. A dependence is not a leak of content by itself: where "
         "an output changes, the cold answer's margin says whether the choice was a near-tie (within the measured "
         "numerics: the neighbours' content changed how the server computed it, through which slot or cache path "
-        "it took) or confident. On a single-slot or batch-invariant server any dependence is conclusive.",
+        "it took) or confident. On a single-slot or batch-invariant server any dependence is conclusive."
+        + (
+            " Sampled here: a changed token was drawn, and its margin says nothing of why it changed, so only "
+            "where it changes is given."
+            if b.cfg.engine.temperature
+            else ""
+        ),
         "",
-        *_table(tested, cold, threshold),
+        *_table(tested, cold, threshold, sampled),
     ]
     if cached:
         lines += [
@@ -69,12 +76,12 @@ def section(b: EndpointBundle) -> list[str]:
             "null or perturbed, as a stale slot or a cache entry served to the wrong request would give it. The "
             "cache makes a target's later runs warm where its first was cold, so its null runs may vary by numerics.",
             "",
-            *_table(cached, cold, threshold),
+            *_table(cached, cold, threshold, sampled),
         ]
     return lines
 
 
-def _table(tested: list, cold: dict, threshold: float) -> list[str]:
+def _table(tested: list, cold: dict, threshold: float, sampled: bool) -> list[str]:
     rows = []
     for c, p in tested:
         v, kinds = p.verdict, [x.perturbed for x in p.runs]
@@ -88,7 +95,7 @@ def _table(tested: list, cold: dict, threshold: float) -> list[str]:
         rows.append(
             f"| {c} | {', '.join(p.targets)} | {', '.join(p.neighbours)} | {kinds.count(False)} + "
             f"{kinds.count(True)} | {v.statistic} | {v.p_value:.4g} | {depends} | {', '.join(v.changed) or '-'} | "
-            f"{', '.join(v.null_varied) or '-'} | {_flips(perturbation.flips(p.runs, cold, threshold))} |"
+            f"{', '.join(v.null_varied) or '-'} | {_flips(perturbation.flips(p.runs, cold, threshold), sampled)} |"
         )
     return [
         "| C | targets | neighbours | runs (null + perturbed) | statistic | p-value | depends on neighbours | "
@@ -99,11 +106,11 @@ def _table(tested: list, cold: dict, threshold: float) -> list[str]:
     ]
 
 
-def _flips(found: list) -> str:
+def _flips(found: list, sampled: bool = False) -> str:
     return (
         "; ".join(
-            f"{markdown.inline(f.session_id)}: token {f.token_index}, "
-            + (f"{margin(f.margin)} ({f.kind})" if f.margin is not None else "margin unknown")
+            f"{markdown.inline(f.session_id)}: token {f.token_index}"
+            + ("" if sampled else f", {margin(f.margin)} ({f.kind})" if f.margin is not None else ", margin unknown")
             for f in found
         )
         or "-"

@@ -36,7 +36,8 @@ def check_cancels(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
         _cuts(c, run, at, lengths, new, wl.eos)
         seen = judge.seen_outputs([rep.sessions for rep in lv.repetitions])
         c.equal(RESULTS, f"{at}.verdict (recomputed from the answers, the repetitions and the margin passes)",
-                judge.verdict(lv.concurrency, run.cut, run.reference, run.answers, cold, seen, threshold),
+                judge.verdict(lv.concurrency, run.cut, run.reference, run.answers, cold, seen, threshold,
+                              bool(b.cfg.engine.temperature)),
                 run.verdict)  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.scheduler.budget import NodeBudget
-from meshbench.workload import arrivals, faults, matrix
+from meshbench.workload import arrivals, faults, matrix, request
 from meshbench.workload.faults import Fault
 from meshbench.workload.workload import Workload, WorkloadSection
 from meshbench.workload.yaml_config import merge, read_yaml
@@ -105,6 +105,12 @@ class RunConfig:
             raise MeshbenchError(
                 f"workload.sessions {self.workload.sessions}: an endpoint sweep sends every session at once (its "
                 f"margin and canary passes), one client thread each: at most {limits.MAX_ENDPOINT_SESSIONS}"
+            )
+        last = request.session_seed(self.workload.seed, self.workload.sessions - 1, self.engine.seed_per_request)
+        if last > request.MAX_SEED:
+            raise MeshbenchError(
+                f"workload.seed {self.workload.seed}: requests carry seeds up to {last}, over {request.MAX_SEED} "
+                "(servers read a 32-bit seed, and llama-server takes 4294967295 for a random one)"
             )
         open_loop = self.rates is not None and self.clock == "wall"  # (sessions per second, on the wall clock)
         node_only = {

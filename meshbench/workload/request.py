@@ -34,6 +34,9 @@ def shared_fields(
     return body
 
 
+MAX_SEED = 2**32 - 2  # the largest seed a request carries: a 32-bit seed, and not llama.cpp's "random" 0xFFFFFFFF
+
+
 def session_seed(seed: int, k: int, per_request: bool) -> int:
     """The seed session ``k`` (0-based) carries: ``seed + k`` with ``engine.seed_per_request``, else ``seed``."""
     return seed + k if per_request else seed
