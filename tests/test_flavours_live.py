@@ -53,6 +53,8 @@ def test_a_vllm_shaped_server_is_told_apart_tokenized_its_way_and_swept_to_a_bun
     answers = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"]]
     assert all(c["evaluated"] == data["workload"]["prompt_tokens"][int(c["session_id"][1:])] for c in answers)
     assert runner.invoke(app, ["verify", str(tmp_path / "B")]).exit_code == 0
+    said = (tmp_path / "B" / "README.md").read_text().split("## What this bundle could not prove")[1]
+    assert "the openai API carries no token ids" in said  # (what a text API cannot prove, said in the bundle)
 
 
 def test_a_server_that_says_nothing_of_itself_is_generic_and_a_sweep_needing_its_tokenizer_is_refused(

@@ -24,7 +24,7 @@ from meshbench.workload import request
 runner = CliRunner()
 PROMPTS = ["The cat sat on the mat", "A quick brown fox", "Numbers go up", "Hello there"]
 WORKLOAD = ["--sessions", "4", "--new-tokens", "8", "--levels", "1,4", "--repeat", "2", "--warmup", "0"]
-SAMPLED = ["--api", "native", "--temperature", "1.0", "--top-p", "0.95", "--seed-per-request", "--cancel", "off"]
+SAMPLED = ["--temperature", "1.0", "--top-p", "0.95", "--seed-per-request", "--cancel", "off"]
 
 
 def test_a_sampled_request_carries_the_temperature_and_top_p_and_greedy_ones_are_unchanged():
@@ -66,24 +66,26 @@ def upstream(model):
         yield url
 
 
-def _sweep(url: str, tmp_path: Path) -> dict:
+def _sweep(url: str, tmp_path: Path, *extra: str) -> dict:
     prompts = f.prompts_file(tmp_path / "prompts.txt", PROMPTS)
     out = tmp_path / "B"
-    args = ["sweep", "--target", url, "--prompts", str(prompts), *WORKLOAD, *SAMPLED, "--out", str(out)]
+    args = ["sweep", "--target", url, "--prompts", str(prompts), *WORKLOAD, *SAMPLED, *extra, "--out", str(out)]
     r = runner.invoke(app, args)
     assert r.exit_code in (0, 1) and "Traceback" not in r.output, r.output
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0  # (a failed verdict is evidence, verified)
     return json.loads((out / "results.json").read_text())
 
 
-def test_an_honest_server_samples_each_session_alike_at_every_level_and_run(upstream, tmp_path):
-    data = _sweep(upstream, tmp_path)
+@pytest.mark.parametrize("api", ["native", "openai"])
+def test_an_honest_server_samples_each_session_alike_at_every_level_and_run(upstream, tmp_path, api):
+    data = _sweep(upstream, tmp_path, "--api", api)
     v = data["verdicts"]
     assert (v["batch_invariant"], v["run_to_run_deterministic"], v["needle_stable"]) == (True, True, True), v
     assert data["workload"]["request"]["temperature"] == 1.0 and data["workload"]["request"]["top_p"] == 0.95
     assert data["config"]["engine"]["seed_per_request"] is True and "divergences" not in data  # (not classified)
-    outputs = {c["session_id"]: c["tokens"] for c in data["levels"][0]["repetitions"][0]["sessions"]}
-    assert len({tuple(x) for x in outputs.values()}) == 4  # (each its own prompt and seed)
+    first = data["levels"][0]["repetitions"][0]["sessions"]
+    outputs = {c["session_id"]: (tuple(c["tokens"]), c["text"]) for c in first}
+    assert len(set(outputs.values())) == 4  # (each its own prompt and seed)
     readme = (tmp_path / "B" / "README.md").read_text()
     assert "sampled (temperature 1, top_p 0.95; session k's seed 0 + k" in readme
     assert "## The sessions that changed" not in readme and "- the classification of a divergence" in readme

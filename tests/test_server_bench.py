@@ -177,7 +177,7 @@ def test_bench_prefix_reads_what_llama_server_computed_with_and_without_its_prom
 
 
 def test_bench_gauges_needs_an_endpoint_config_that_starts_llama_server(tmp_path):
-    run_refused("bench", "gauges", expect="needs an endpoint config that starts llama-server")
+    run_refused("bench", "gauges", expect="needs an endpoint config that starts a server with metrics (llama-server)")
     run_refused("bench", "gauges", "--pairs", "0", expect="--pairs")
 
 

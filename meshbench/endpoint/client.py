@@ -116,7 +116,7 @@ class Endpoint:
         names = [text_value(m.get("id"), 200) for m in listed]
         self.models = [m["id"][:4096] for m in listed if isinstance(m.get("id"), str) and m.get("owned_by") == "local"]
         owners = tuple(str(m.get("owned_by", ""))[:200] for m in listed)
-        version = self._object("/version") if self.props is None else None
+        version = self._object("/version", lenient=True) if self.props is None else None
         chosen = self.spec.flavour if self.spec is not None else servers.AUTO
         self.flavour, why = servers.detect(servers.Answers(self.props, owners, version), chosen)
         flavour = self.flavour
@@ -133,12 +133,14 @@ class Endpoint:
             info["total_slots"] = slots if is_count(slots) and slots <= 1 << 16 else None
         return info
 
-    def _object(self, path: str) -> dict | None:
-        """What the server answers to a GET of ``path`` where that is a JSON object, else None (a 404, or no
-        answer at all, included)."""
+    def _object(self, path: str, lenient: bool = False) -> dict | None:
+        """What the server answers to a GET of ``path`` where that is a JSON object, else None (a 404 included;
+        ``lenient``: no answer at all too, where the question is optional, else that is the input's error)."""
         try:
             status, raw = self._request("GET", path)
         except MeshbenchError:
+            if not lenient:
+                raise
             return None
         if status != 200:
             return None
