@@ -115,6 +115,8 @@ def bundle(server, prompts, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.cell("llama-cpp-python", "openai", "verdicts")
+@pytest.mark.cell("llama-cpp-python", "openai", "margins")
 def test_an_endpoint_sweep_writes_a_bundle_that_verifies(bundle):
     data = json.loads((bundle / "results.json").read_text())
     assert data["kind"] == "endpoint" and data["endpoint"]["api"] == "openai"
@@ -131,12 +133,17 @@ def test_an_endpoint_sweep_writes_a_bundle_that_verifies(bundle):
             assert rep["figures"]["completed"] == 4 and rep["figures"]["tokens_per_s"] > 0
     # a server that runs one request at a time gives each session one output, whatever the load
     assert v["run_to_run_deterministic"] is True
+    # the margins: every session cold, warm and all at once, one margin per token (its logprobs, top 2)
+    m = data["margins"]
+    assert all(len(x["margins"]) == len(x["tokens"] or x["token_bytes"]) > 0 for x in [*m["cold"], *m["together"]])
     r = runner.invoke(app, ["verify", str(bundle)])
     assert r.exit_code == 0 and "0 failed" in r.output, r.output
     # a --target server chose its own model: its prompt ids cannot be held to a tokenizer here, and verify says so
     assert "prompt_ids: not held to the model's tokenizer here (the config names no model" in r.output, r.output
 
 
+@pytest.mark.cell("llama-cpp-python", "chat", "verdicts")
+@pytest.mark.cell("llama-cpp-python", "chat", "margins")
 def test_the_chat_api_works_against_llama_cpp_python_s_server(server, prompts, tmp_path):
     out = tmp_path / "CHAT"
     r = _sweep(server, prompts, out, "--api", "chat", "--eos", "ban")
@@ -146,6 +153,27 @@ def test_the_chat_api_works_against_llama_cpp_python_s_server(server, prompts, t
     every = [c for lv in data["levels"] for rep in lv["repetitions"] for c in rep["sessions"]]
     # (llama-cpp-python's chat stream sends no usage: one chunk per token, five of them)
     assert all(c["error"] is None and c["text"] and len(c["token_ns"]) == 5 for c in every)
+    assert all(len(x["margins"]) == len(x["token_bytes"]) == 5 for x in data["margins"]["cold"])  # (top_logprobs)
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+
+@pytest.mark.cell("llama-cpp-python", "openai", "sampling")
+@pytest.mark.cell("llama-cpp-python", "chat", "sampling")
+@pytest.mark.parametrize("api", ["openai", "chat"])
+def test_llama_cpp_python_s_server_samples_each_session_alike_at_every_level_with_its_seed(
+    server, prompts, tmp_path, api
+):
+    out = tmp_path / "SAMPLED"
+    # (at temperature 1 the tiny model draws its BOS, a control token with no text, for which llama-cpp-python's
+    # stream sends no chunk and no usage: a stream one chunk short, which the client cannot tell from a cut one)
+    sampled = ["--temperature", "0.6", "--top-p", "0.8", "--seed-per-request", "--eos", "ban"]
+    r = _sweep(server, prompts, out, "--api", api, *sampled)
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    v = data["verdicts"]
+    assert (v["batch_invariant"], v["run_to_run_deterministic"], v["needle_stable"]) == (True, True, True), v
+    first = data["levels"][0]["repetitions"][0]["sessions"]
+    assert len({c["text"] for c in first}) == len(first)  # (each its own prompt and seed)
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
 
 
@@ -291,6 +319,7 @@ def test_a_server_that_dies_mid_sweep_fails_its_sessions_and_the_sweep_goes_on(m
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 1
 
 
+@pytest.mark.cell("llama-server", "native", "verdicts")
 @f.needs_llama_server
 def test_llama_server_started_by_meshbench_gives_a_bundle_of_token_ids(model, prompts, tmp_path):
     out = tmp_path / "LS"

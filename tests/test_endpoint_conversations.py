@@ -52,6 +52,7 @@ def _forged(bundle: Path, tmp_path: Path, name: str, edit) -> Path:
 
 
 @f.needs_llama_server
+@pytest.mark.cell("llama-server", "native", "conversations")
 def test_native_conversations_on_llama_server_grow_their_prompt_and_verify(model, talks, tmp_path):
     out = tmp_path / "NATIVE"
     args = ["sweep", "--serve", "llama-server", "--model", str(model), "--server-args", SERVER, "--eos", "ban"]
@@ -136,6 +137,7 @@ def test_native_conversations_on_llama_server_grow_their_prompt_and_verify(model
         assert r.exit_code == 1 and says in r.output, (name, r.output)
 
 
+@pytest.mark.cell("llama-cpp-python", "chat", "conversations")
 def test_chat_conversations_on_llama_cpp_python_s_server_send_the_messages_so_far(model, talks, tmp_path):
     proc, url = _start(model)
     try:
@@ -150,6 +152,23 @@ def test_chat_conversations_on_llama_cpp_python_s_server_send_the_messages_so_fa
     cold = data["conversations"]
     assert len(cold["cold"]) == 4 and isinstance(cold["divergences"], list)  # (text, placed by each token's bytes)
     assert all(len(x["margins"]) == len(x["token_bytes"]) > 0 for x in cold["cold"])
+    assert _verify(out).exit_code == 0
+
+
+@f.needs_llama_server
+@pytest.mark.cell("llama-server", "chat", "conversations")
+def test_chat_conversations_on_llama_server_send_the_messages_so_far_and_verify(model, talks, tmp_path):
+    out = tmp_path / "CHAT"
+    args = ["sweep", "--serve", "llama-server", "--model", str(model), "--server-args", SERVER, "--eos", "ban"]
+    # (3 tokens, not 4: the 4th of s1's second turn is the tiny model's BOS, a control token with no text, for which
+    # llama-server's chat stream sends no chunk, so neither its log-probability; usage counts it, and verify then
+    # fails that answer as malformed, as docs/guides/endpoint.md says)
+    args += ["--api", "chat", "--prompts", str(talks), "--turns", "2", *WORKLOAD, "--new-tokens", "3"]
+    r = runner.invoke(app, [*args, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "results.json").read_text())
+    assert all(len(rep["turns"]) == 4 for lv in data["levels"] for rep in lv["repetitions"])
+    assert len(data["conversations"]["cold"]) == 4 and all(x["margins"] for x in data["conversations"]["cold"])
     assert _verify(out).exit_code == 0
 
 

@@ -9,6 +9,7 @@ import json
 import re
 
 import factories as f
+import pytest
 from typer.testing import CliRunner
 
 from meshbench.analysis import endpoint_margins
@@ -30,6 +31,7 @@ def test_a_sibling_is_the_earlier_prompt_sharing_the_most_leading_ids():
     assert endpoint_margins.siblings(ids[:1], prompts[:1]) == {}
 
 
+@pytest.mark.cell("llama-server", "native", "margins")
 @f.needs_llama_server
 def test_each_session_after_its_sibling_is_compared_with_its_cold_answer_and_verified(model, tmp_path):
     prompts = f.prompts_file(tmp_path / "p.txt", LINES)

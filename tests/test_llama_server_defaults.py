@@ -108,6 +108,10 @@ def test_cache_prompt_off_is_sent_and_recorded_and_verify_holds_the_record_to_th
         assert r.exit_code == 1 and "Traceback" not in r.output, name
 
 
+@pytest.mark.cell("llama-server", "openai", "verdicts")
+@pytest.mark.cell("llama-server", "chat", "verdicts")
+@pytest.mark.cell("llama-server", "openai", "margins")
+@pytest.mark.cell("llama-server", "chat", "margins")
 @needs_server
 @pytest.mark.parametrize("api", ["openai", "chat"])
 def test_the_openai_apis_work_against_llama_server(model, prompts, tmp_path, api):
@@ -169,6 +173,7 @@ LEAK_PROMPTS = [
 LEAK_WORKLOAD = ["--sessions", "8", "--new-tokens", "6", "--levels", "1,4,8", "--repeat", "5", "--warmup", "0"]
 
 
+@pytest.mark.cell("llama-server", "native", "perturbation")
 @needs_server
 def test_a_leaking_proxy_is_caught_at_every_level_of_four_or_more_and_the_clean_server_is_not(model, tmp_path):
     from leaky_proxy import serving as leaking
@@ -210,6 +215,7 @@ needs_gemma = pytest.mark.skipif(
 CANARY_WORKLOAD = ["--sessions", "4", "--new-tokens", "16", "--levels", "1,4", "--repeat", "1", "--warmup", "0"]
 
 
+@pytest.mark.cell("llama-server", "native", "verdicts")
 @needs_server
 @needs_gemma
 def test_canaries_name_both_sessions_behind_the_leaking_proxy_and_none_cross_on_the_clean_server(tmp_path):
@@ -246,6 +252,7 @@ def test_canaries_name_both_sessions_behind_the_leaking_proxy_and_none_cross_on_
     assert f"carried by {at4[0]['carrier']} at C=4, in {at4[0]['receiver']}'s answer" in readme
 
 
+@pytest.mark.cell("llama-server", "native", "perturbation")
 @needs_server
 def test_cancel_and_retry_cuts_every_second_client_and_verify_holds_the_run_to_its_record(model, prompts, tmp_path):
     out = tmp_path / "CANCEL"

@@ -13,6 +13,7 @@ from pathlib import Path
 import factories as f
 import pytest
 import seed_proxy
+import vllm_like_proxy
 from typer.testing import CliRunner
 
 from meshbench.cli import app
@@ -76,7 +77,10 @@ def _sweep(url: str, tmp_path: Path, *extra: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-@pytest.mark.parametrize("api", ["native", "openai"])
+@pytest.mark.cell("llama-server", "native", "sampling")
+@pytest.mark.cell("llama-server", "openai", "sampling")
+@pytest.mark.cell("llama-server", "chat", "sampling")
+@pytest.mark.parametrize("api", ["native", "openai", "chat"])
 def test_an_honest_server_samples_each_session_alike_at_every_level_and_run(upstream, tmp_path, api):
     data = _sweep(upstream, tmp_path, "--api", api)
     v = data["verdicts"]
@@ -89,6 +93,20 @@ def test_an_honest_server_samples_each_session_alike_at_every_level_and_run(upst
     readme = (tmp_path / "B" / "README.md").read_text()
     assert "sampled (temperature 1, top_p 0.95; session k's seed 0 + k" in readme
     assert "## The sessions that changed" not in readme and "- the classification of a divergence" in readme
+
+
+@pytest.mark.cell("vllm", "openai", "sampling")
+@pytest.mark.cell("vllm", "chat", "sampling")
+@pytest.mark.cell("openai-compatible", "openai", "sampling")
+@pytest.mark.cell("openai-compatible", "chat", "sampling")
+@pytest.mark.parametrize("api", ["openai", "chat"])
+@pytest.mark.parametrize("generic", [False, True], ids=["vllm", "openai-compatible"])
+def test_a_server_meshbench_knows_less_of_samples_alike_too(upstream, tmp_path, api, generic):
+    with vllm_like_proxy.serving(upstream, generic=generic) as (url, _):
+        data = _sweep(url, tmp_path, "--api", api)
+    assert data["endpoint"]["server"] == ("openai-compatible" if generic else "vllm")
+    v = data["verdicts"]
+    assert (v["batch_invariant"], v["run_to_run_deterministic"], v["needle_stable"]) == (True, True, True), v
 
 
 def test_a_shared_random_generator_breaks_run_to_run_determinism(upstream, tmp_path):

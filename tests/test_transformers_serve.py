@@ -38,6 +38,9 @@ def bundle(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.cell("transformers", "openai", "verdicts")
+@pytest.mark.cell("transformers", "openai", "margins", cannot=True)
+@pytest.mark.cell("transformers", "openai", "perturbation", cannot=True)
 def test_meshbench_starts_transformers_serve_and_its_bundle_verifies(bundle):
     data = json.loads((bundle / "results.json").read_text())
     e = data["endpoint"]

@@ -28,6 +28,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from meshbench import limits
 from meshbench.endpoint import local_tokenizer
 from meshbench.endpoint.stream import (  # noqa: F401 - the answer, as the client reads it
     Completion,
@@ -172,6 +173,30 @@ class Endpoint:
         for text in texts:
             tokens = self._tokens(way, text, add_special)
             out.append(tokens[len(added) :] if tokens[: len(added)] == added else tokens)
+        return out
+
+    @property
+    def counts_by_usage(self) -> bool:
+        """Whether this server tokenizes nothing meshbench can ask or load (the generic flavour): each prompt's
+        length is then the server's own count (``count``), and no prompt's ids are known."""
+        f = self.flavour
+        return f is not None and f.tokenizer is None and not (f.local and self.models)
+
+    def count(self, texts: list[str]) -> list[int]:
+        """Each prompt's length as the server counts it: ``usage.prompt_tokens`` of one unstreamed completions
+        request per prompt (one token asked, greedy), sent one at a time before any timed pass; as the completions
+        API counts a prompt, special tokens included, which is what a tokenizer with them added gives."""
+        out = []
+        for text in texts:
+            d = self._json("POST", apis.OPENAI.path, {"prompt": text, "max_tokens": 1, "temperature": 0.0})
+            usage = d.get("usage") if isinstance(d, dict) else None
+            n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            if not is_count(n) or n < 1 or n > limits.MAX_TOKENS:
+                raise MeshbenchError(
+                    f"{self.target.url}{apis.OPENAI.path}: the answer gives no count of the prompt's tokens "
+                    "(usage.prompt_tokens), the only way meshbench measures a prompt on a server with no tokenizer"
+                )
+            out.append(n)
         return out
 
     def _tokens(self, way: servers.Tokenizer, text: str, add_special: bool) -> list[int]:

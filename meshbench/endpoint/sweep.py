@@ -28,6 +28,7 @@ from meshbench.endpoint.cancel import cancel_run
 from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, at_once, closed_loop, open_loop
 from meshbench.endpoint.margin_passes import answer as _answer
+from meshbench.endpoint.record_size import check_record_size
 from meshbench.engine import apis, launchers, packaged
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
@@ -47,30 +48,6 @@ from meshbench.workload import request
 from meshbench.workload.config import RunConfig, validate_levels
 
 NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
-# Tokens an endpoint sweep may record (each an id, a stamp and its text, some 30 bytes): beyond this results.json
-# would grow past what verify loads, so such a sweep is refused before it sends anything.
-MAX_RECORDED_TOKENS = 4_000_000
-
-
-def check_record_size(cfg: RunConfig) -> None:
-    new = cfg.workload.new_tokens
-    passes = len(cfg.levels) * cfg.repeat
-    turns = cfg.workload.turns  # (a conversation's every turn each pass, and its later ones once more, cold)
-    bound = sum(new) * (passes * turns + turns - 1) + new[0] * (passes + 1)  # every session, the needle's trials
-    bound += 4 * sum(new)  # the margin passes (cold, warm, together, after a sibling)
-    tests = 1 if cfg.engine.cache_prompt == "off" else 2  # (again through the prompt cache where the sweep uses it)
-    bound += tests * sum(2 * perturb.RUNS * ((c + 1) // 2) * max(new) for c in cfg.levels if c > 1)  # perturbation
-    bound += sum(cfg.levels) * max(new)  # the canary runs
-    bound += sum(3 * c * max(new) for c in cfg.levels if c > 1)  # the cancel runs: reference, cut, answers
-    bound += sum(new) * cfg.repeat * len(cfg.rates or ())  # the open-loop passes
-    if cfg.rates is not None:  # (their arrivals drawn now: a rate too low for its sessions is refused at once)
-        open_loop_plan.plan(cfg.workload.arrivals, cfg.rates, cfg.workload.sessions, cfg.workload.seed)
-    if bound > MAX_RECORDED_TOKENS:
-        raise MeshbenchError(
-            f"this endpoint sweep could record up to {bound} tokens ({len(new)} sessions, {len(cfg.levels)} levels, "
-            f"{cfg.repeat} repetition(s)), more than the {MAX_RECORDED_TOKENS} a results.json can hold: sweep fewer "
-            "sessions, new tokens, levels or repetitions"
-        )
 
 
 def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None) -> dict:
@@ -125,7 +102,7 @@ def _sweep(
         if info["server"] != launchers.of(launched["server"]).flavour.name:  # (another process on its port)
             raise MeshbenchError(f"{target.url}: meshbench started {launched['server']}; a {info['server']} answers")
         info["launched"] = launched
-    texts, ids = _prompts(cfg, endpoint)
+    texts, ids, counts = _prompts(cfg, endpoint, progress)
     if apis.of(endpoint.api).ids and max(levels) > 1:  # (the perturbation test replaces what follows a BOS)
         head = perturbation.kept(ids)
         if short := [sid for sid, x in zip(cfg.workload.session_ids(), ids) if len(x) <= head]:
@@ -135,7 +112,8 @@ def _sweep(
                 "of it to replace; give prompts of a word or more"
             )
     # the prompts' lengths as the server tokenized them, in the config echo too (as a node run records its own)
-    wl = dataclasses.replace(cfg.workload, prompt_tokens=tuple(len(x) for x in ids), prompt_ids=tuple(map(tuple, ids)))
+    known = None if endpoint.counts_by_usage else tuple(map(tuple, ids))  # (no ids of a server counted by usage)
+    wl = dataclasses.replace(cfg.workload, prompt_tokens=tuple(counts), prompt_ids=known)
     cfg = dataclasses.replace(cfg, workload=wl)
     jobs = _jobs(cfg, endpoint, texts, ids)
     later = conversations.later_turns(cfg, endpoint)
@@ -272,15 +250,22 @@ def _cancel(
     return cancel_run(endpoint, jobs, c, at, cold, seen, threshold, bool(cfg.engine.temperature))
 
 
-def _prompts(cfg: RunConfig, endpoint: Endpoint) -> tuple[list[str], list[list[int]]]:
-    """The sessions' prompts, and their ids by the server's own tokenizer."""
+def _prompts(
+    cfg: RunConfig, endpoint: Endpoint, progress: Callable[[str], None]
+) -> tuple[list[str], list[list[int]], list[int]]:
+    """The sessions' prompts, their ids by the server's own tokenizer and their lengths; of a server with none,
+    no ids ([] each) and the lengths it counts (Endpoint.count)."""
     wl = cfg.workload
     assert wl.prompts is not None  # (the config: an endpoint sweep sends real prompts)
     texts = prompts_mod.read(wl.prompts, wl.turns)
     if len(texts) < wl.sessions:
         raise MeshbenchError(f"workload.prompts {wl.prompts}: {len(texts)} prompts for {wl.sessions} sessions")
     texts = texts[: wl.sessions]
-    return texts, endpoint.tokenize(texts)
+    if endpoint.counts_by_usage:
+        progress("prompt lengths: the server tokenizes nothing meshbench can ask; each counted by its usage, alone")
+        return texts, [[] for _ in texts], endpoint.count(texts)
+    ids = endpoint.tokenize(texts)
+    return texts, ids, [len(x) for x in ids]
 
 
 def _jobs(cfg: RunConfig, endpoint: Endpoint, texts: list[str], ids: list[list[int]]) -> list[Job]:
@@ -379,7 +364,7 @@ def _document(
                 eos=wl.eos,
                 seed=wl.seed,
                 request=request,
-                prompt_ids=[list(x) for x in wl.prompt_ids or ()],
+                prompt_ids=None if wl.prompt_ids is None else [list(x) for x in wl.prompt_ids],
                 turns=wl.turns if wl.turns > 1 else None,
                 turn_ids=None if turn_ids is None else [turn_ids[s] for s in wl.session_ids()],
             ),

@@ -152,6 +152,10 @@ def _not_proved(b: EndpointBundle) -> list[str]:
     if not flavour.logprobs:
         out.append(f"- margins (near-ties; cold, warm and after a sibling): a {e.server} server gives no "
                    "log-probabilities, so no change could be classified, and none is excused.")  # fmt: skip
+    if flavour.tokenizer is None and not flavour.local:
+        out.append(f"- each prompt's token ids: a {e.server} server tokenizes nothing meshbench can ask, so each "
+                   "prompt's length is its own count (usage), no prompt is found to start like another's (no "
+                   "margins after a sibling) and no conversation's turns are measured.")  # fmt: skip
     if eng.temperature:
         out.append("- the classification of a divergence, and so the cancel-and-retry verdict: a sampled token is "
                    "drawn, and its margin explains nothing; no change is excused as a near-tie (every one counts "
@@ -173,8 +177,11 @@ def _decoding(b: EndpointBundle) -> str:
 
 
 def _tokenizer(server: str) -> str:
-    if servers.recorded(server).local:
+    flavour = servers.recorded(server)
+    if flavour.local:
         return "by meshbench with the model's own tokenizer, as transformers reads it from the file the server loads"
+    if flavour.tokenizer is None:
+        return "by no one meshbench can ask, counted by the server (usage.prompt_tokens of one request each)"
     return "by the server"
 
 

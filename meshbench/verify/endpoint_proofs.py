@@ -112,7 +112,11 @@ def _check_siblings(c: Checks, b: EndpointBundle, ids: list[str], lengths: dict[
     ids), each once, in order, answered whole with one margin per token; none where no prompt has a sibling."""
     r = b.results
     assert r.margins is not None
-    prompt_ids = r.workload.prompt_ids or []
+    if r.workload.prompt_ids is None:  # (a server that tokenizes nothing: no prompt is known to start like another)
+        c.equal(RESULTS, "margins.sibling(s) (none: no prompt's ids are known)", (None, None),
+                (r.margins.siblings, r.margins.sibling))  # fmt: skip
+        return
+    prompt_ids = r.workload.prompt_ids
     if len(prompt_ids) != len(ids):  # (verify.endpoint fails the bundle on it: no siblings to recompute)
         c.equal(RESULTS, "margins.siblings: the prompt ids they come from", len(ids), len(prompt_ids))
         return
