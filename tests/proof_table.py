@@ -49,18 +49,36 @@ FLAVOURS = ("llama-server", "llama-cpp-python", "transformers", "vllm", "openai-
 
 
 def marks(tests: Path = ROOT / "tests") -> dict[tuple[str, str, str], list[tuple[str, bool]]]:
-    """Every ``cell`` mark in the tests: (server, api, proof) -> [(``file::test``, cannot), ...]."""
+    """Every ``cell`` mark on a test function: (server, api, proof) -> [(``file::test``, cannot), ...]."""
     out: dict[tuple[str, str, str], list[tuple[str, bool]]] = defaultdict(list)
     for path in sorted(tests.glob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.FunctionDef):
-                continue
-            for d in node.decorator_list:
-                if isinstance(d, ast.Call) and ast.unparse(d.func) == "pytest.mark.cell":
-                    key = tuple(ast.literal_eval(a) for a in d.args)
-                    cannot = any(k.arg == "cannot" and ast.literal_eval(k.value) for k in d.keywords)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
+                for d in filter(_is_cell, node.decorator_list):
+                    key = tuple(ast.literal_eval(a) for a in d.args)  # type: ignore[attr-defined]
+                    cannot = any(k.arg == "cannot" and ast.literal_eval(k.value) for k in d.keywords)  # type: ignore[attr-defined]
                     out[key].append((f"{path.name}::{node.name}", cannot))  # type: ignore[index]
     return dict(out)
+
+
+def stray(tests: Path = ROOT / "tests") -> list[str]:
+    """Every ``cell`` mark that is not a test function's decorator (a class's, a module's, a helper's): no cell
+    counts it, so it is an error, never silently dropped."""
+    out = []
+    for path in sorted(tests.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        held = {
+            id(d)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")
+            for d in node.decorator_list
+        }
+        out += [f"{path.name}:{n.lineno}" for n in ast.walk(tree) if _is_cell(n) and id(n) not in held]
+    return out
+
+
+def _is_cell(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func) == "pytest.mark.cell"
 
 
 def why(server: str, api: str, proof: str) -> str | None:
@@ -94,14 +112,18 @@ def table(found: dict | None = None) -> str:
 
 
 def problems(found: dict) -> list[str]:
-    """Marks no cell can hold: an unknown server, API or proof; a test that both runs a cell and shows it cannot."""
+    """Marks no cell can hold: an unknown server, API or proof; a test that runs a cell CANNOT says cannot run; a
+    test that shows a cell cannot run where CANNOT gives no reason."""
     out = []
     for (server, api, proof), tests in found.items():
         flavour = servers.FLAVOURS.get(server)
+        reason = why(server, api, proof)
         if flavour is None or api not in flavour.apis or proof not in PROOFS:
             out.append(f"{tests[0][0]}: no cell ({server}, {api}, {proof})")
-        elif any(not cannot for _, cannot in tests) and why(server, api, proof) is not None:
+        elif any(not cannot for _, cannot in tests) and reason is not None:
             out.append(f"{tests[0][0]}: runs ({server}, {api}, {proof}), which CANNOT says cannot run")
+        elif any(cannot for _, cannot in tests) and reason is None:
+            out.append(f"{tests[0][0]}: shows ({server}, {api}, {proof}) cannot run, and CANNOT gives no reason")
     return out
 
 

@@ -1,8 +1,9 @@
 """Server flavours against a real llama-server behind a proxy that makes it look like another server
 (tests/vllm_like_proxy.py): one shaped as vLLM's documentation describes is told apart as vLLM, tokenized through
-vLLM's ``/tokenize`` shape and swept over the completions API to a bundle that verifies; one that offers no
-tokenizer and says nothing of itself is the generic flavour, refused in one line before any load is sent; and
-``--flavour`` names a flavour the answers would not have given. Skips in one line without llama-server."""
+vLLM's ``/tokenize`` shape and swept over the completions and chat APIs to bundles that verify; one that offers no
+tokenizer and says nothing of itself is the generic flavour, each prompt counted by its usage, its bundle saying
+what it could not prove, and a conversation on it refused in one line before any request; and ``--flavour`` names
+a flavour the answers would not have given. Skips in one line without llama-server."""
 
 from __future__ import annotations
 
@@ -117,11 +118,12 @@ def test_a_conversation_on_a_vllm_shaped_server_counts_each_turn_by_its_tokenize
 @pytest.mark.cell("openai-compatible", "chat", "conversations", cannot=True)
 def test_a_conversation_on_a_server_with_no_tokenizer_is_refused_in_one_line(upstream, tmp_path):
     prompts = _talks(tmp_path)
-    with vllm_like_proxy.serving(upstream, generic=True) as (url, _):
+    with vllm_like_proxy.serving(upstream, generic=True) as (url, proxy):
         args = ["sweep", "--target", url, "--prompts", str(prompts), "--turns", "2", "--api", "chat", *WORKLOAD]
         r = runner.invoke(app, [*args, "--out", str(tmp_path / "B")])
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
-    assert "no tokenizer meshbench can ask" in r.output and not (tmp_path / "B").exists()
+    assert "no tokenizer meshbench can ask: sweep one turn" in r.output and not (tmp_path / "B").exists()
+    assert proxy.posted == []  # (refused before any request)
 
 
 def _talks(tmp_path: Path) -> Path:

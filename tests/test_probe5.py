@@ -398,7 +398,7 @@ def test_a_near_tie_flips_to_the_cold_answer_s_second_choice_or_it_is_not_judged
 
 
 def test_the_runner_up_is_read_from_llama_servers_top_logprobs():
-    from meshbench.endpoint.stream import runner_ups
+    from meshbench.endpoint.native_probs import runner_ups
 
     probs = [
         {"top_logprobs": [{"id": 5, "logprob": -2.0}, {"id": 4, "logprob": -0.1}]},
@@ -413,7 +413,7 @@ def test_the_runner_up_is_read_from_llama_servers_top_logprobs():
 def test_a_top_logprob_without_an_integer_id_is_the_answer_s_fault(bad):
     """A second review of probe 5: omitting the ids (or sending them as text) made every runner-up unknown, and the
     runner-up rule never applied."""
-    from meshbench.endpoint.stream import Malformed, runner_ups
+    from meshbench.endpoint.native_probs import Malformed, runner_ups
 
     with pytest.raises(Malformed, match="no integer 'id'"):
         runner_ups([{"top_logprobs": [{"id": 9, "logprob": -0.1}, bad]}], [9])

@@ -26,6 +26,7 @@ class _Proxy(http.server.ThreadingHTTPServer):
         self.upstream = (parts.hostname, parts.port)
         self.generic = generic
         self.asked: list[tuple[str, dict]] = []  # every tokenize request, as it came (its path and body)
+        self.posted: list[str] = []  # every other POST's path (completions: load and counts)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -59,6 +60,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             status, raw = self._upstream("POST", "/tokenize", json.dumps(native).encode())
             tokens = json.loads(raw)["tokens"]
             return self._json({"count": len(tokens), "max_model_len": 1024, "tokens": tokens}, status)
+        self.server.posted.append(self.path)
         self._forward(body)
 
     def _json(self, value: dict, status: int = 200) -> None:

@@ -29,6 +29,7 @@ import dataclasses
 import math
 from typing import Sequence
 
+from meshbench.analysis import draws
 from meshbench.analysis.figures import NEAR_TIE
 from meshbench.engine import apis
 from meshbench.records.margins import Divergence, Divergences, LevelDivergences, MarginPasses
@@ -134,11 +135,14 @@ def text_tokens_whole(text: str, token_bytes: list[int], predicted: int | None) 
     return None
 
 
-def compares(api: str, compared: str, temperature: float = 0.0) -> bool:
-    """Are an endpoint's divergences classified? Under greedy decoding only (a sampled token is drawn: a small
-    margin does not explain a change), where token ids are compared, or text over an OpenAI API, whose margin
-    passes record each token's bytes (a native answer compared by text held back ids: it is not placed)."""
-    return not temperature and (compared == "tokens" or not apis.recorded(api).ids)
+def compares(api: str, compared: str, temperature: float = 0.0, passes: MarginPasses | None = None) -> bool:
+    """Are an endpoint's divergences classified? Under greedy decoding, where token ids are compared, or text over
+    an OpenAI API, whose margin passes record each token's bytes (a native answer compared by text held back ids:
+    it is not placed). Sampled, only by the draw (meshbench.analysis.draws: a drawn token's margin explains
+    nothing): token ids compared, and cold answers that list their candidates."""
+    if temperature:
+        return compared == "tokens" and passes is not None and any(draws.sampled(c) for c in passes.cold)
+    return compared == "tokens" or not apis.recorded(api).ids
 
 
 def margin_changes(passes: MarginPasses) -> list[float]:
@@ -218,8 +222,9 @@ def near_tie(passes: MarginPasses | None) -> float:
 def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of: str) -> Divergences:
     """Every answer of the sweep against its session's cold answer, classified by the margin where it differs;
     and the warm answers against the cold."""
-    measured = numerics(passes)
-    threshold = near_tie(passes)
+    by_draw = any(draws.sampled(c) for c in passes.cold)
+    measured = draws.numerics(passes) if by_draw else numerics(passes)
+    threshold = draws.threshold(passes) if by_draw else near_tie(passes)
     cold = {c.session_id: c for c in passes.cold if c.error is None}
     warm = _against_cold(passes.warm, cold, 1, threshold, beside=False)
     together = _against_cold(passes.together, cold, len(passes.together), threshold, beside=True)
@@ -263,7 +268,8 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
         warm_differing=warm,
         together_differing=together,
         threshold=round(threshold, 6),
-        floor=FLOOR,
+        floor=0.0 if by_draw else FLOOR,
+        by_draw=by_draw or None,
         levels=per_level,
         confident=[d for d in found if d.kind == "confident"],
         near_ties=[d for d in found if d.kind == "near-tie"],
@@ -292,9 +298,13 @@ def divergence(
     if k is None:
         return None
     margin = a.margins[k] if a.margins is not None and k < len(a.margins) else None
-    kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
-    if kind == "near-tie" and not to_runner_up(a, x, k):
-        kind = "unknown"  # (to a third choice, whose margin was not asked for: neither proven close nor far)
+    distance = None
+    if draws.sampled(a):  # (sampled: by where the draw fell, meshbench.analysis.draws)
+        distance, kind = draws.classify(a, x, k, threshold)
+    else:
+        kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
+        if kind == "near-tie" and not to_runner_up(a, x, k):
+            kind = "unknown"  # (to a third choice, whose margin was not asked for: neither proven close nor far)
     return Divergence(
         concurrency=c,
         repetition=repetition,
@@ -303,6 +313,7 @@ def divergence(
         margin=margin,
         kind=kind,
         beside=beside,
+        distance=distance,
     )
 
 

@@ -70,13 +70,15 @@ class Endpoint:
         return endpoint
 
     # --- plain requests ---------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: dict | None = None):
-        """(status, body bytes), within PROBE_TIMEOUT_S from the request to the answer's last byte and at most
-        MAX_ANSWER_BYTES; a server that does not answer so is the input's error, in one line."""
-        conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=PROBE_TIMEOUT_S)
+    def _request(self, method: str, path: str, body: dict | None = None, timeout_s: float = 0.0):
+        """(status, body bytes), within PROBE_TIMEOUT_S (or ``timeout_s``: a request that computes) from the request
+        to the answer's last byte and at most MAX_ANSWER_BYTES; a server that does not answer so is the input's
+        error, in one line."""
+        limit = timeout_s or PROBE_TIMEOUT_S
+        conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=limit)
         cut = None
         try:
-            cut = _Deadline(conn, PROBE_TIMEOUT_S)
+            cut = _Deadline(conn, limit)
             payload = None if body is None else json.dumps(body)
             conn.request(method, path, payload, {"Content-Type": "application/json"} if payload else {})
             resp = conn.getresponse()
@@ -85,7 +87,7 @@ class Endpoint:
                 raise OSError("cut at the deadline")
         except (OSError, http.client.HTTPException) as e:
             late = cut is not None and cut.late()
-            why = f"no whole answer within {PROBE_TIMEOUT_S:g} s" if late else f"{type(e).__name__}: {e}"
+            why = f"no whole answer within {limit:g} s" if late else f"{type(e).__name__}: {e}"
             raise MeshbenchError(
                 f"{self.target.url}{path}: the endpoint does not answer ({excerpt(why.encode())})"
             ) from None
@@ -97,8 +99,8 @@ class Endpoint:
             raise MeshbenchError(f"{self.target.url}{path}: an answer over {MAX_ANSWER_BYTES} bytes")
         return resp.status, raw
 
-    def _json(self, method: str, path: str, body: dict | None = None) -> dict | list:
-        status, raw = self._request(method, path, body)
+    def _json(self, method: str, path: str, body: dict | None = None, timeout_s: float = 0.0) -> dict | list:
+        status, raw = self._request(method, path, body, timeout_s)
         if status != 200:
             raise MeshbenchError(f"{self.target.url}{path}: HTTP {status}: {excerpt(raw)}")
         try:
@@ -167,7 +169,7 @@ class Endpoint:
                 )
             return local_tokenizer.tokenize(self.models[0], texts, add_special)
         if way is None:
-            raise MeshbenchError(f"{self.target.url}: a {flavour.name} server has no tokenizer meshbench can ask")
+            raise MeshbenchError(f"{self.target.url}: the {flavour.name} server has no tokenizer meshbench can ask")
         added = [] if add_special or way.switch else self._tokens(way, "", True)
         out = []
         for text in texts:
@@ -177,10 +179,9 @@ class Endpoint:
 
     @property
     def counts_by_usage(self) -> bool:
-        """Whether this server tokenizes nothing meshbench can ask or load (the generic flavour): each prompt's
+        """Whether this server tokenizes nothing meshbench can ask or load (servers.Flavour.counted): each prompt's
         length is then the server's own count (``count``), and no prompt's ids are known."""
-        f = self.flavour
-        return f is not None and f.tokenizer is None and not (f.local and self.models)
+        return self.flavour is not None and self.flavour.counted
 
     def count(self, texts: list[str]) -> list[int]:
         """Each prompt's length as the server counts it: ``usage.prompt_tokens`` of one unstreamed completions
@@ -188,7 +189,12 @@ class Endpoint:
         API counts a prompt, special tokens included, which is what a tokenizer with them added gives."""
         out = []
         for text in texts:
-            d = self._json("POST", apis.OPENAI.path, {"prompt": text, "max_tokens": 1, "temperature": 0.0})
+            try:
+                d = self._json("POST", apis.OPENAI.path, {"prompt": text, "max_tokens": 1, "temperature": 0.0},
+                               timeout_s=self.deadline_s)  # fmt: skip
+            except MeshbenchError as e:
+                why = "a server with no tokenizer is counted through its completions API"
+                raise MeshbenchError(f"{e} ({why})") from None
             usage = d.get("usage") if isinstance(d, dict) else None
             n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
             if not is_count(n) or n < 1 or n > limits.MAX_TOKENS:

@@ -9,12 +9,14 @@ from meshbench.analysis import endpoint_margins
 from meshbench.endpoint import client
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.load import Job, at_once
+from meshbench.engine import apis
 from meshbench.records import serial
 from meshbench.records.margins import MarginPasses
 from meshbench.records.model import Completion
 from meshbench.workload import request
 
 MARGIN_PROBS = 2  # the top log-probabilities asked for per token in the margin passes
+DRAWN_PROBS = 32  # sampled over the native API: the candidates after the samplers asked for per token (the draw's)
 
 
 def run(
@@ -29,8 +31,15 @@ def run(
     if endpoint.flavour is not None and not endpoint.flavour.logprobs:
         progress(f"margins: a {endpoint.flavour.name} server gives no log-probabilities: no margin passes")
         return None
-    progress("margins: every session cold, warm, all at once, then after a sibling, with top-2 log-probabilities")
-    asked = [Job(j.session_id, {**j.body, **request.logprobs(endpoint.api, MARGIN_PROBS)}) for j in jobs]
+    drawn = bool(endpoint.spec and endpoint.spec.temperature) and endpoint.api == apis.NATIVE.name
+    if drawn:
+        progress(f"margins: every session cold, warm, all at once, then after a sibling, with its top {DRAWN_PROBS} "
+                 "candidates after the samplers (where each draw fell)")  # fmt: skip
+        probs = request.drawn_probs(DRAWN_PROBS)
+    else:
+        progress("margins: every session cold, warm, all at once, then after a sibling, with top-2 log-probabilities")
+        probs = request.logprobs(endpoint.api, MARGIN_PROBS)
+    asked = [Job(j.session_id, {**j.body, **probs}) for j in jobs]
     cold, warm = [], []
     for j in asked:
         cold.append(answer(at_once(endpoint, [Job(j.session_id, {**j.body, "cache_prompt": False})])[0]))

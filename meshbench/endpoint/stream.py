@@ -7,17 +7,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TypeGuard
 
 from meshbench.analysis.endpoint_margins import text_tokens_whole
+from meshbench.endpoint import native_probs
+from meshbench.endpoint.answer_shape import Malformed, is_count, is_token  # noqa: F401 - the answer's shape
 from meshbench.engine import apis
 from meshbench.records.completion import CANCELLED
 
 MAX_LINE_BYTES = 1 << 20  # one server-sent event line
 HOLD_BACK = 3  # token ids a stream may hold back at its end (an incomplete UTF-8 character spans up to 4 bytes)
 MAX_TEXT_PER_TOKEN = 64  # characters of text per asked token (a token's piece is a few bytes)
-MAX_LOGPROB = 1e-3  # a log-probability is at most 0 (rounding aside)
-MAX_MARGIN = 1000.0  # top-1 minus top-2 log-probability: beyond this, no server's arithmetic (results.json's bound)
 MAX_TOKEN_BYTES = 1024  # one token's text
 
 
@@ -40,6 +39,8 @@ class Completion:
     token_bytes: list[int] | None = None  # OpenAI APIs, where margins were asked: each token's length in bytes (its
     # text has no ids: where an answer first differs is found by byte, then the token there)
     runner_up: list[int | None] | None = None  # native, where margins were asked: each token's second choice's id
+    candidates: list[list[int]] | None = None  # native, sampled, post-sampling probabilities asked: each token's
+    candidate_probs: list[list[float]] | None = None  # candidates after the samplers, and their probabilities
     error: str | None = None  # the request failed: HTTP status, a closed stream, a timeout
     turn: int = 1  # a conversation's turn (meshbench.endpoint.conversation)
 
@@ -59,11 +60,8 @@ class Completion:
             "turn": self.turn if self.turn > 1 else None,
             "token_bytes": self.token_bytes,
             "runner_up": self.runner_up,
+            **({"candidates": self.candidates, "candidate_probs": self.candidate_probs} if self.candidates else {}),
         }
-
-
-class Malformed(Exception):
-    """A server's answer of the wrong shape or content: the session's failure, with what was wrong."""
 
 
 class _Cancelled(Exception):
@@ -191,11 +189,12 @@ def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
             c.token_ns.append(now)
     c.text += content
     if "completion_probabilities" in chunk:
-        margins = _margins(chunk["completion_probabilities"])
-        if len(margins) != len(tokens):
-            raise Malformed(f"{len(margins)} completion_probabilities for {len(tokens)} tokens in a chunk")
-        c.margins = (c.margins or []) + margins
-        c.runner_up = (c.runner_up or []) + runner_ups(chunk["completion_probabilities"], tokens)
+        probs = native_probs.parse(chunk["completion_probabilities"], tokens)
+        c.margins = (c.margins or []) + probs.margins
+        c.runner_up = (c.runner_up or []) + probs.runner_up
+        if probs.candidates is not None:  # (post_sampling_probs: the candidates the draw walked)
+            c.candidates = (c.candidates or []) + probs.candidates
+            c.candidate_probs = (c.candidate_probs or []) + (probs.candidate_probs or [])
     if chunk.get("stop"):
         timings = chunk.get("timings")
         c.stop = _reason(chunk.get("stop_type"), "stop_type")
@@ -247,44 +246,6 @@ def _openai_chunk(c: Completion, chunk, now: int, chat: bool = False) -> bool:
     return finished
 
 
-def _margins(probs) -> list[float | None]:
-    """Each token's top-1 minus top-2 log-probability from llama-server's ``completion_probabilities`` (None where
-    fewer than two are given, or one is not finite)."""
-    if not isinstance(probs, list) or not all(isinstance(p, dict) for p in probs):
-        raise Malformed("'completion_probabilities' is not a list of objects")
-    out: list[float | None] = []
-    for p in probs:
-        top = p.get("top_logprobs")
-        if not isinstance(top, list) or not all(isinstance(x, dict) for x in top):
-            raise Malformed("'top_logprobs' is not a list of objects (a llama-server older than its logprob API?)")
-        lps = [x.get("logprob") for x in top]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and -1e300 < v <= MAX_LOGPROB for v in lps):
-            raise Malformed("a 'logprob' is not a number at most 0")
-        finite = sorted((float(v) for v in lps), reverse=True)
-        margin = round(finite[0] - finite[1], 6) if len(finite) >= 2 else None
-        if margin is not None and margin > MAX_MARGIN:
-            raise Malformed(f"a margin of {margin:g} between the top two log-probabilities (over {MAX_MARGIN})")
-        out.append(margin)
-    return out
-
-
-def runner_ups(probs: list, tokens: list[int]) -> list[int | None]:
-    """Each token's second choice, by id, from llama-server's ``completion_probabilities``: the best-ranked entry
-    that is not the token emitted (with tied log-probabilities either order is the server's). llama-server gives
-    every entry an id: an entry of the top two without an integer one is the answer's fault, never a runner-up
-    unknown (which would let a near-tie excuse any flip). ``_margins`` checked their shape first."""
-    out: list[int | None] = []
-    for p, emitted in zip(probs, tokens):
-        ranked = sorted(p["top_logprobs"], key=lambda x: -float(x["logprob"]))
-        if len(ranked) < 2:
-            out.append(None)  # (no margin either: _margins gave None)
-            continue
-        if not all(is_token(x.get("id")) for x in ranked[:2]):
-            raise Malformed("an entry of 'top_logprobs' has no integer 'id' (llama-server gives every entry one)")
-        out.append(next((x["id"] for x in ranked if x["id"] != emitted), None))
-    return out
-
-
 def _openai_logprobs(lp) -> tuple[list[float | None], list[int]]:
     """A chunk's tokens' margins and lengths in bytes from an OpenAI ``logprobs``: the chat form (``content``, a
     list of tokens each with its ``top_logprobs``; llama-server answers so on both APIs) or the completions API's
@@ -298,14 +259,14 @@ def _openai_logprobs(lp) -> tuple[list[float | None], list[int]]:
         listed = [e.get("top_logprobs") for e in entries]
         if not all(isinstance(t, list) and all(isinstance(x, dict) for x in t) for t in listed):
             raise Malformed("a token's 'top_logprobs' is not a list of objects")
-        margins = _margins([{"top_logprobs": t} for t in listed])
+        margins = native_probs.margins([{"top_logprobs": t} for t in listed])
         return margins, [_size(e.get("token"), e.get("bytes")) for e in entries]
     tokens, tops = lp.get("tokens"), lp.get("top_logprobs")
     if not isinstance(tokens, list) or not isinstance(tops, list) or len(tokens) != len(tops):
         raise Malformed("'logprobs' has neither 'content' nor one 'top_logprobs' per token in 'tokens'")
     if not all(isinstance(t, dict) for t in tops):
         raise Malformed("a token's 'top_logprobs' is not an object")
-    margins = _margins([{"top_logprobs": [{"logprob": v} for v in t.values()]} for t in tops])
+    margins = native_probs.margins([{"top_logprobs": [{"logprob": v} for v in t.values()]} for t in tops])
     return margins, [_size(t, None) for t in tokens]
 
 
@@ -331,14 +292,6 @@ def _delta(choice: dict):
     if not isinstance(delta, dict):
         raise Malformed(f"a choice's 'delta' is {type(delta).__name__}, not an object")
     return delta.get("content", "")
-
-
-def is_token(t) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31
-
-
-def is_count(n: object) -> TypeGuard[int]:
-    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
 
 
 def _counted(n, name: str) -> int | None:

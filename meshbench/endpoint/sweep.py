@@ -90,18 +90,7 @@ def _sweep(
     launched: dict | None = None,
 ) -> dict:
     levels = sorted(cfg.levels)
-    target = parse_target(url)
-    if not target.loopback and not cfg.engine.allow_remote:
-        raise MeshbenchError(
-            f"--target {target.url}: not on this machine (loopback); meshbench sends it load and prompts only with "
-            "--allow-remote (engine.allow_remote), and only to a server you run"
-        )
-    endpoint = Endpoint.of(target, cfg.engine)
-    info = endpoint.probe()
-    if launched is not None:
-        if info["server"] != launchers.of(launched["server"]).flavour.name:  # (another process on its port)
-            raise MeshbenchError(f"{target.url}: meshbench started {launched['server']}; a {info['server']} answers")
-        info["launched"] = launched
+    endpoint, info = _probed(cfg, url, launched)
     texts, ids, counts = _prompts(cfg, endpoint, progress)
     if apis.of(endpoint.api).ids and max(levels) > 1:  # (the perturbation test replaces what follows a BOS)
         head = perturbation.kept(ids)
@@ -147,6 +136,29 @@ def _sweep(
     cold = conversations.cold_pass(endpoint, talks, records, margins, progress)
     return _document(cfg, command, environment, info, alone, records, sent(jobs[0].body), margins, rates, cold,
                      turn_ids)  # fmt: skip
+
+
+def _probed(cfg: RunConfig, url: str, launched: dict | None) -> tuple[Endpoint, dict]:
+    """The endpoint and what its probe found, once the sweep is known to be one it may send: a remote server only
+    with --allow-remote, the server meshbench started and no other, a conversation only where turns can be counted."""
+    target = parse_target(url)
+    if not target.loopback and not cfg.engine.allow_remote:
+        raise MeshbenchError(
+            f"--target {target.url}: not on this machine (loopback); meshbench sends it load and prompts only with "
+            "--allow-remote (engine.allow_remote), and only to a server you run"
+        )
+    endpoint = Endpoint.of(target, cfg.engine)
+    info = endpoint.probe()
+    if launched is not None:
+        if info["server"] != launchers.of(launched["server"]).flavour.name:  # (another process on its port)
+            raise MeshbenchError(f"{target.url}: meshbench started {launched['server']}; a {info['server']} answers")
+        info["launched"] = launched
+    if cfg.workload.turns > 1 and endpoint.counts_by_usage:  # (refused before any request is sent)
+        raise MeshbenchError(
+            f"{target.url}: a conversation needs each later turn's length, and the {info['server']} server has no "
+            "tokenizer meshbench can ask: sweep one turn (workload.turns 1)"
+        )
+    return endpoint, info
 
 
 def _open_loop(
@@ -374,7 +386,7 @@ def _document(
             conclusions=figures.CONCLUSIONS,
             margins=margins,
             divergences=None
-            if margins is None or not endpoint_margins.compares(endpoint.api, compared, cfg.engine.temperature)
+            if margins is None or not endpoint_margins.compares(endpoint.api, compared, cfg.engine.temperature, margins)
             else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
             canaries=plant.search(levels, margins, alone, plant.open_loop_answers(rates)),
             rates=rates,

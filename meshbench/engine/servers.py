@@ -59,6 +59,12 @@ class Flavour:
     metrics: str | None  # the prefix of its own gauges and counters in /metrics (None: it exposes none)
     seeds: str  # what it promises of a request's seed, in words
 
+    @property
+    def counted(self) -> bool:
+        """Does meshbench know a prompt only by the server's count of it (``usage.prompt_tokens``): no tokenizer
+        served, nor one loaded here? Then no prompt's ids are known (the generic flavour)."""
+        return self.tokenizer is None and not self.local
+
 
 PROPS = ("total_slots", "build_info", "default_generation_settings")  # llama-server's own /props keys
 

@@ -30,3 +30,6 @@ class Completion:
     # has no ids: where it first differs is found by byte, then the token there)
     runner_up: list[int | None] | None = None  # native margin passes: each token's second choice, by id (None in
     # bundles made before it was recorded): a near-tie flips to it
+    candidates: list[list[int]] | None = None  # native margin passes under sampling: each token's candidates after
+    # the samplers, by id, in the server's order (the order its draw walks: meshbench.analysis.draws)
+    candidate_probs: list[list[float]] | None = None  # their probabilities after the samplers, one per id

@@ -116,7 +116,7 @@ class EndpointWorkload:
     # cache_prompt only where the user chose it); None in a bundle made before it was recorded
     request: dict[str, Any] | None = None
     prompt_ids: list[list[int]] | None = None  # each session's prompt ids as the server tokenized them (None: a
-    # bundle made before they were recorded)
+    # server that tokenizes nothing, servers.Flavour.counted, or a bundle made before they were recorded)
     turns: int | None = None  # conversations: the turns each session runs (None: one)
     turn_ids: list[list[list[int]]] | None = None  # each session's later user turns as the server tokenized them,
     # nothing special added (a turn continues the conversation)

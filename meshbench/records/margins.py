@@ -37,6 +37,8 @@ class Divergence:
     margin: float | None  # top-1 minus top-2 log-probability of the cold answer at token_index (None: unknown)
     kind: str  # "near-tie" (margin within the server's own numerics), "confident", or "unknown"
     beside: list[str]
+    distance: float | None = None  # sampled, by the draw (meshbench.analysis.draws): how far the candidates'
+    # cumulative probabilities had to move for one draw to give both tokens (None: greedy, or unknown)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,3 +67,5 @@ class Divergences:
     near_ties: list[Divergence]
     sibling_differing: list[Divergence] | None = None  # answers right after a sibling that differ from cold (beside:
     # the sibling); None where there was no sibling pass
+    by_draw: bool | None = None  # sampled: classified by the draw, not the margin (meshbench.analysis.draws), so
+    # numerics, threshold and floor are moves in cumulative probability; None: greedy, by the margin

@@ -12,7 +12,14 @@ from meshbench.engine.spec import samplers
 from meshbench.names import RESULTS
 from meshbench.records.context import EndpointInfo
 from meshbench.records.endpoint_figures import LevelFigures, Spread
-from meshbench.results import accounting_report, conversation_report, markdown, open_loop_report, perturbation_report
+from meshbench.results import (
+    accounting_report,
+    conversation_report,
+    draws_report,
+    markdown,
+    open_loop_report,
+    perturbation_report,
+)
 from meshbench.results import endpoint_proofs_report as proofs_report
 from meshbench.results.endpoint_proofs_report import kinds, margin
 from meshbench.results.markdown import median_range
@@ -119,11 +126,11 @@ def table_rows(b: EndpointBundle) -> list[list[str]]:
 
 
 def _named(b: EndpointBundle) -> list[str]:
-    """Where no divergence was classified (text without margins, or sampled), the sessions each verdict failed on,
-    by name (empty: none failed, or the divergences section names them)."""
+    """Where no divergence was classified by its margin (text without margins, or sampled), the sessions each
+    verdict failed on, by name (empty: none failed, or the divergences section names them)."""
     r = b.results
     v = r.verdicts
-    if r.divergences is not None:
+    if r.divergences is not None and not r.divergences.by_draw:
         return []
     rows = []
     for c, differing in v.differing_sessions.items():
@@ -152,14 +159,18 @@ def _not_proved(b: EndpointBundle) -> list[str]:
     if not flavour.logprobs:
         out.append(f"- margins (near-ties; cold, warm and after a sibling): a {e.server} server gives no "
                    "log-probabilities, so no change could be classified, and none is excused.")  # fmt: skip
-    if flavour.tokenizer is None and not flavour.local:
+    if flavour.counted:
         out.append(f"- each prompt's token ids: a {e.server} server tokenizes nothing meshbench can ask, so each "
                    "prompt's length is its own count (usage), no prompt is found to start like another's (no "
                    "margins after a sibling) and no conversation's turns are measured.")  # fmt: skip
-    if eng.temperature:
+    if eng.temperature and not (b.results.divergences and b.results.divergences.by_draw):
         out.append("- the classification of a divergence, and so the cancel-and-retry verdict: a sampled token is "
                    "drawn, and its margin explains nothing; no change is excused as a near-tie (every one counts "
                    "against the verdicts above), and none is judged a leak by its margin.")  # fmt: skip
+    elif eng.temperature:
+        out.append("- the cancel-and-retry verdict, and the classification of the perturbation test's, the open "
+                   "loop's and the conversations' divergences: their answers list no candidates (only the margin "
+                   "passes do), so only the sweep's own divergences are placed by the draw.")  # fmt: skip
     return ["## What this bundle could not prove", "", *out, ""] if out else []
 
 
@@ -170,9 +181,11 @@ def _decoding(b: EndpointBundle) -> str:
     nucleus = "".join(f", {name} {value:g}" for name, value in samplers(eng).items())
     seeds = f"session k's seed {seed} + k" if eng.seed_per_request else f"every request's seed {seed}"
     promise = servers.recorded(b.results.endpoint.server).seeds
+    by_draw = b.results.divergences is not None and b.results.divergences.by_draw
+    how = "divergences classified by where each draw fell" if by_draw else "divergences not classified by margins"
     return (
         f"sampled (temperature {eng.temperature:g}{nucleus}; {seeds}; what the server promises of a seed: "
-        f"{promise}; divergences not classified by margins)"
+        f"{promise}; {how})"
     )
 
 
@@ -180,7 +193,7 @@ def _tokenizer(server: str) -> str:
     flavour = servers.recorded(server)
     if flavour.local:
         return "by meshbench with the model's own tokenizer, as transformers reads it from the file the server loads"
-    if flavour.tokenizer is None:
+    if flavour.counted:
         return "by no one meshbench can ask, counted by the server (usage.prompt_tokens of one request each)"
     return "by the server"
 
@@ -301,6 +314,8 @@ def _divergences(b: EndpointBundle) -> list[str]:
     d = b.results.divergences
     if d is None:
         return []
+    if d.by_draw:
+        return draws_report.section(b)
     numerics = "no token to measure it on" if d.numerics is None else f"{d.numerics:.3g}"
     if said := endpoint_margins.caveats(b.results.margins):
         numerics += f" ({said})"

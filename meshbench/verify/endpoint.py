@@ -93,10 +93,10 @@ def _check_proofs(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
     schema this meshbench reads records them all)."""
     wl = b.results.workload
     c.equal(RESULTS, "workload.request (what every request carried: recorded)", True, wl.request is not None)
-    flavour = servers.recorded(b.results.endpoint.server)
-    if flavour.tokenizer is None and not flavour.local:  # (no ids: each length as the server counted it, which
-        # every answer that counts its prompt is held to, _check_evaluated)
+    if servers.recorded(b.results.endpoint.server).counted:  # (no ids: each length as the server counted it, which
+        # every answer that counts its prompt is held to, _check_evaluated; no conversation, which needs them)
         c.equal(RESULTS, "workload.prompt_ids (none: the server tokenizes nothing)", None, wl.prompt_ids)
+        c.equal(RESULTS, "workload.turns (one: a conversation needs a tokenizer)", 1, b.cfg.workload.turns)
     else:
         c.equal(RESULTS, "workload.prompt_ids (one list per session, of its length)", list(wl.prompt_tokens),
                 [len(x) for x in wl.prompt_ids or []])  # fmt: skip
@@ -358,3 +358,4 @@ def _whole_accounting(c: Checks, where: str, x: Completion) -> None:
         whole = x.evaluated is not None and x.computed <= x.evaluated
         c.equal(RESULTS, f"{where}.computed (at most the evaluated)", True, whole)
     c.equal(RESULTS, f"{where}.margins (asked only in the margin passes)", None, x.margins)
+    c.equal(RESULTS, f"{where}.candidates (asked only in the margin passes)", None, x.candidates)

@@ -4,11 +4,14 @@ level's perturbation test (its sessions, its alternating runs, its perturbed pro
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from meshbench.analysis import endpoint_margins as margins
 from meshbench.analysis import perturbation
 from meshbench.analysis.checks import Checks
+from meshbench.analysis.draws import SUM_SLACK
 from meshbench.engine import apis
 from meshbench.names import RESULTS
 from meshbench.records.model import Completion, EndpointLevel
@@ -34,7 +37,7 @@ def check_margins(
         _check_siblings(c, b, ids, lengths, new)
     expected = (
         None
-        if r.margins is None or not margins.compares(r.endpoint.api, compared, b.cfg.engine.temperature)
+        if r.margins is None or not margins.compares(r.endpoint.api, compared, b.cfg.engine.temperature, r.margins)
         else margins.divergences(r.levels, r.margins, r.needle.prompt_of)
     )
     c.equal(RESULTS, "divergences (recomputed from the margin passes and the levels)", expected, r.divergences)
@@ -141,6 +144,7 @@ def _check_answer(
     c.equal(RESULTS, f"{where}: answered", "answered", "answered" if x.error is None else x.error)
     api = b.results.endpoint.api
     margined(c, where, x, api, older(b))
+    drawn(c, where, x, bool(b.cfg.engine.temperature) and apis.recorded(api).ids)
     if x.session_id in lengths:
         text = not apis.recorded(api).ids
         whole(c, where, x, lengths[x.session_id], new[x.session_id], b.results.workload.eos, text=text)
@@ -164,6 +168,19 @@ def margined(c: Checks, where: str, x: Completion, api: str, old: bool = False) 
             len(x.token_bytes or []))  # fmt: skip
     c.equal(RESULTS, f"{where}: its tokens are its text", None,
             margins.text_tokens_whole(x.text, x.token_bytes or [], x.predicted))  # fmt: skip
+
+
+def drawn(c: Checks, where: str, x: Completion, sampled_native: bool) -> None:
+    """A sampled margin pass over the native API may list each token's candidates after the samplers (a bundle made
+    before they were asked for lists none: its divergences are then not classified); where it does, one list per
+    token, one probability per id, each id once, adding up to at most 1. No other answer lists any."""
+    if x.candidates is None and x.candidate_probs is None:
+        return
+    c.equal(RESULTS, f"{where}.candidates (a sampled native margin pass's only)", True, sampled_native)
+    ids, probs = x.candidates or [], x.candidate_probs or []
+    c.equal(RESULTS, f"{where}: one list of candidates per token", [len(x.tokens)] * 2, [len(ids), len(probs)])
+    shaped = all(len(i) == len(p) == len(set(i)) and math.fsum(p) <= 1 + SUM_SLACK for i, p in zip(ids, probs))
+    c.equal(RESULTS, f"{where}.candidates (ids once each, a probability each, at most 1 in all)", True, shaped)
 
 
 def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str, ids: list[str]) -> None:

@@ -51,3 +51,9 @@ def logprobs(api: str, k: int) -> dict:
     """The fields that ask for the top ``k`` log-probabilities per token: native ``n_probs``, the OpenAI
     completions API's ``logprobs``, the chat API's ``logprobs`` and ``top_logprobs``."""
     return apis.of(api).probs(k)
+
+
+def drawn_probs(k: int) -> dict:
+    """The fields that ask llama-server's native API for each token's top ``k`` candidates after the samplers,
+    with their probabilities (the ones its draw walked: meshbench.analysis.draws)."""
+    return {**apis.NATIVE.probs(k), "post_sampling_probs": True}

@@ -1,0 +1,54 @@
+"""The README section of a sampled endpoint bundle's divergences, classified by where each draw fell
+(meshbench.analysis.draws) rather than by a margin."""
+
+from __future__ import annotations
+
+from meshbench.analysis import draws
+from meshbench.names import RESULTS
+from meshbench.results.endpoint_proofs_report import kinds
+from meshbench.results.typed import EndpointBundle
+
+MAX_LISTED = 20  # confident divergences listed (all are in results.json)
+
+
+def section(b: EndpointBundle) -> list[str]:
+    d = b.results.divergences
+    assert d is not None and d.by_draw  # (the caller's: a bundle classified by the draw)
+    measured = "no agreeing token to measure it on" if d.numerics is None else f"{d.numerics:.3g}"
+    rows = [
+        f"| {c} | {x.answers} | {x.differing} | {x.near_ties} | {x.confident} | {x.unknown} |"
+        for c, x in d.levels.items()
+    ]
+    lines = [
+        "## Divergences, by where each draw fell",
+        "",
+        "Every session was also sent with each token's candidates after the samplers (up to 32, with their "
+        "probabilities), outside the timed passes: alone and cold, alone and warm, and with every session at once. "
+        "With one seed per session an honest server makes the same draws for a session, token for token, while its "
+        "tokens agree; where two answers first differ, only the candidates' probabilities can have moved, past the "
+        "draw. So each answer of the sweep is placed against its session's cold answer: where both list candidates "
+        "(the margin passes), by how far apart the two tokens' intervals of cumulative probability lie (0: one draw "
+        "gives both); else by the probability between the two tokens in the cold answer's order (0: neighbours). "
+        f"Where a warm or batched answer agrees with the cold one, a drawn token's interval moved by at most "
+        f"{measured}: the server's own numerics here. A divergence within {d.threshold:.3g} (the numerics, never "
+        f"above {draws.CAP:g}) is a near-tie: the draw fell at a boundary the arithmetic moved. Beyond it, confident: "
+        "no arithmetic moves a boundary so far, so the draw itself was another, from a generator that is not the "
+        "request's own. Unknown: a token not among the listed candidates. "
+        f"All at once, {len(d.together_differing)} sessions differ from their cold answer "
+        f"({kinds(d.together_differing)}); warm, {len(d.warm_differing)} ({kinds(d.warm_differing)}).",
+        "",
+        "| C | answers | differ from cold | near-ties | confident | unknown |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    for x in d.confident[:MAX_LISTED]:
+        rep = "a needle trial" if x.repetition is None else f"repetition {x.repetition}"
+        apart = "unknown" if x.distance is None else f"{x.distance:.3g}"
+        lines.append(
+            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, distance {apart}; "
+            f"beside: {', '.join(x.beside) or 'none'}."
+        )
+    if len(d.confident) > MAX_LISTED:
+        lines.append(f"- ... and {len(d.confident) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
+    return lines + ([""] if d.confident else [])
