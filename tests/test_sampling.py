@@ -26,9 +26,8 @@ runner = CliRunner()
 PROMPTS = ["The cat sat on the mat", "A quick brown fox", "Numbers go up", "Hello there"]
 WORKLOAD = ["--sessions", "4", "--new-tokens", "8", "--levels", "1,4", "--repeat", "2", "--warmup", "0"]
 SAMPLED = ["--temperature", "1.0", "--top-p", "0.95", "--seed-per-request", "--cancel", "off"]
-# Over the native API, where the draws are placed: min_p 0.3 keeps the tiny model's flat distribution to a few
-# candidates, all within the 32 a margin pass lists. (Not over chat: with it the tiny model draws its BOS, whose
-# chunk llama-server's chat stream never sends: docs/guides/endpoint.md.)
+# Over the native API, where the draws are placed, a third sampler too. (Not over chat: with min_p the tiny model
+# draws its BOS, whose chunk llama-server's chat stream never sends: docs/guides/endpoint.md.)
 DRAWN = ["--min-p", "0.3"]
 
 
@@ -38,9 +37,10 @@ def test_a_sampled_request_carries_the_temperature_and_top_p_and_greedy_ones_are
     assert greedy["temperature"] == 0.0 and greedy["top_k"] == 1
     spec = EngineSpec(kind="endpoint", url="http://x:1", temperature=0.8, top_p=0.9, seed_per_request=True)
     native = request.shared_fields("native", False, 7, None, spec)
-    assert native["temperature"] == 0.8 and native["top_p"] == 0.9 and "top_k" not in native and native["seed"] == 7
+    assert (native["temperature"], native["top_p"], native["seed"]) == (0.8, 0.9, 7)
+    assert native["top_k"] == request.DRAW_TOP_K == 40  # (llama.cpp's default, pinned: its draw walks them sorted)
     openai = request.shared_fields("openai", False, 7, None, spec)
-    assert (openai["temperature"], openai["top_p"], openai["seed"]) == (0.8, 0.9, 7)
+    assert (openai["temperature"], openai["top_p"], openai["seed"]) == (0.8, 0.9, 7) and "top_k" not in openai
     assert (
         "min_p" not in native
         and request.shared_fields("native", False, 7, None, replace(spec, min_p=0.05))["min_p"] == 0.05
@@ -101,6 +101,8 @@ def test_an_honest_server_samples_each_session_alike_at_every_level_and_run(upst
         cold = data["margins"]["cold"]
         assert all(len(x["candidates"]) == len(x["candidate_probs"]) == len(x["tokens"]) for x in cold)
         assert all(sum(p) > 0.999 for x in cold for p in x["candidate_probs"])  # (every candidate listed)
+        assert data["workload"]["request"]["top_k"] == request.DRAW_TOP_K  # (pinned: the draw walks them sorted)
+        _forged_candidates_fail_verify(tmp_path / "B")
     else:
         assert "divergences" not in data  # (a text API: no ids to place a draw by, not classified)
     first = data["levels"][0]["repetitions"][0]["sessions"]
@@ -155,8 +157,25 @@ def test_seeds_swapped_or_shared_between_requests_in_flight_together_break_batch
         assert "divergences" not in data and "- the classification of a divergence" in readme
         return
     d = data["divergences"]
-    assert d["by_draw"] is True and d["confident"] and all(x["distance"] > d["threshold"] for x in d["confident"])
+    assert d["by_draw"] is True and d["confident"] and all(x["distance"] is not None for x in d["confident"])
     assert f"- Confident: {d['confident'][0]['session_id']} at C=" in readme
+
+
+def _forged_candidates_fail_verify(bundle: Path) -> None:
+    """A candidate list reordered, or a drawn token's probability moved, fails verify (the list's own order, and
+    the answer's margins recomputed from it)."""
+    genuine = (bundle / "results.json").read_text()
+    for edit, says in (
+        (lambda p: p.reverse(), "sorted, whole, the drawn token among them"),
+        (lambda p: p.__setitem__(0, p[0] - 0.01), "margins and runner-ups (the candidates' own)"),
+    ):
+        data = json.loads(genuine)
+        x = next(x for x in data["margins"]["cold"] if len(x["candidate_probs"][0]) > 1)
+        edit(x["candidate_probs"][0])
+        (bundle / "results.json").write_text(json.dumps(data))
+        r = runner.invoke(app, ["verify", str(bundle)])
+        assert r.exit_code == 1 and says in r.output, r.output
+    (bundle / "results.json").write_text(genuine)
 
 
 def _named(tmp_path: Path, column: str) -> set[str]:

@@ -1,23 +1,28 @@
 """Where a sampled token fell among its candidates, and whether a sampled divergence can be the server's
 numerics: the sampled counterpart of a greedy near-tie (meshbench.analysis.endpoint_margins).
 
-llama.cpp draws a token by walking its candidates in order (after the samplers; its default chain sorts them, best
-first, at top-k) and taking the first whose cumulative probability passes one uniform draw from the request's
-seeded generator. Two answers to one session with one seed make the same draws, token for token, as long as their
-tokens agree. Where they first differ, the draw was the same; only the candidates' probabilities can have moved.
-So a token drawn at ``u`` in one answer and another token in the other need the boundary between the two to have
-moved past ``u``:
+llama.cpp draws a token by walking its candidates in order (after the samplers; top-k sorts them, best first, and
+meshbench pins top-k under sampling, meshbench.workload.request) and taking the first whose cumulative probability
+passes one uniform draw from the request's seeded generator; a token left with a single candidate draws nothing.
+So two answers to one session with one seed make the same draws, token for token, while their tokens agree and
+no token had a single candidate in one answer and more in the other. Where they first differ, the draw was the
+same; only the candidates' probabilities can have moved, past it:
 
-- with both answers' candidates (the margin passes: cold against warm, all at once, after a sibling), the two
-  tokens' intervals of cumulative probability must share a point, the draw: their distance apart (0 where they
-  overlap) is what the server's arithmetic would have had to move;
-- with the cold answer's only (a timed pass asks for no probabilities), the probability between the two tokens in
-  the cold order is the least it had to move (0 where they are neighbours).
+- with both answers' candidates (the margin passes: cold against warm, all at once, after a sibling), one draw
+  gives both tokens only if their intervals of cumulative probability overlap, by as much as the boundary
+  between them moved. Overlapping by no more than the server's measured numerics (the largest move of a drawn
+  token's interval where answers agree, ``numerics``, never above CAP): a ``near-tie``, the draw fell where the
+  arithmetic moved a boundary. Apart: ``confident``, whatever the numerics: no single draw gives both, so the
+  draw itself was another (another random stream, or another count of draws before it). Overlapping by more
+  than the numerics: ``confident`` too, the probabilities moved more than arithmetic moves them. Within the
+  reported probabilities' rounding of touching: ``unknown``.
+- with the cold answer's only (a timed pass asks for no probabilities), the probability between the two tokens
+  in the cold order is the least the boundary had to move. More than the numerics: ``confident``. Else
+  ``unknown``: a neighbouring token is what another draw gives as often as numerics do, so the cold order alone
+  cannot tell them apart.
 
-Either is held to the measured numerics: the largest move of a drawn token's interval between answers that agree
-(``numerics``), never above CAP. Within it, the divergence is a ``near-tie`` (the draw fell at a boundary the
-arithmetic moved); beyond it, ``confident``: no arithmetic moves a boundary so far, so the draw itself was another,
-a generator that is not the request's own. ``unknown`` where a token is not among the listed candidates."""
+``unknown`` too where a token is not listed, or where a token before the divergence had a single candidate (the
+draw count may differ)."""
 
 from __future__ import annotations
 
@@ -27,10 +32,11 @@ from collections.abc import Sequence
 from meshbench.records.completion import Completion
 from meshbench.records.margins import MarginPasses
 
-CAP = 0.05  # the most a near-boundary draw is excused: a move in cumulative probability no arithmetic makes
+CAP = 0.05  # the most a drawn token's interval is taken to move by arithmetic alone (cumulative probability)
 TAIL = 3.0  # the measured numerics are at most this many times the 99th percentile of the moves (as margins')
 WHOLE = 1 - 1e-3  # candidates listing this much probability are all there were: an unlisted token had none
 SUM_SLACK = 1e-3  # a token's candidates' probabilities add up to at most 1, rounding aside
+ROUNDING = 1e-6  # the reported probabilities' rounding: intervals closer than this to touching are not told apart
 
 
 def sampled(a: Completion) -> bool:
@@ -49,32 +55,39 @@ def interval(ids: Sequence[int], probs: Sequence[float], token: int) -> tuple[fl
 
 def gap(a: Completion, k: int, other: int) -> float | None:
     """The least the cold answer ``a``'s candidates at token ``k`` must have moved for one draw to give ``other``:
-    the probability between the two tokens (1.0 where ``other`` had none; None: unknown)."""
+    the probability between the two tokens in the cold order; an unlisted ``other`` (where the list is whole: it
+    had none) lies after every listed one (None: unknown)."""
     if not sampled(a) or k >= len(a.candidates or []):
         return None
     ids, probs = (a.candidates or [])[k], (a.candidate_probs or [])[k]
     if a.tokens[k] not in ids:
         return None
+    i = list(ids).index(a.tokens[k])
     if other not in ids:
-        return 1.0 if math.fsum(probs) >= WHOLE else None
-    i, j = sorted((list(ids).index(a.tokens[k]), list(ids).index(other)))
-    return round(math.fsum(probs[i + 1 : j]), 6)
+        return round(math.fsum(probs[i + 1 :]), 6) if math.fsum(probs) >= WHOLE else None
+    lo, hi = sorted((i, list(ids).index(other)))
+    return round(math.fsum(probs[lo + 1 : hi]), 6)
 
 
-def apart(a: Completion, x: Completion, k: int) -> float | None:
-    """How far apart the intervals of ``a``'s and ``x``'s tokens ``k`` lie, each in its own answer's candidates (0:
-    they overlap, one draw gives both; None: a token not listed, or an answer without candidates)."""
+def overlap(a: Completion, x: Completion, k: int) -> float | None:
+    """How far the intervals of ``a``'s and ``x``'s tokens ``k`` overlap, each in its own answer's candidates
+    (negative: how far apart they lie; None: a token not listed, or an answer without candidates)."""
     ends = [_at(y, k) for y in (a, x)]
     if ends[0] is None or ends[1] is None:
         return None
     (lo_a, hi_a), (lo_x, hi_x) = ends[0], ends[1]
-    return round(max(0.0, max(lo_a, lo_x) - min(hi_a, hi_x)), 6)
+    return round(min(hi_a, hi_x) - max(lo_a, lo_x), 9)
 
 
 def _at(y: Completion, k: int) -> tuple[float, float] | None:
     if not sampled(y) or k >= len(y.candidates or []) or k >= len(y.tokens):
         return None
     return interval((y.candidates or [])[k], (y.candidate_probs or [])[k], y.tokens[k])
+
+
+def _singles(y: Completion, k: int) -> list[bool]:
+    """Before token ``k``, which tokens had a single candidate (drew nothing)."""
+    return [len(ids) == 1 for ids in (y.candidates or [])[:k]]
 
 
 def moves(passes: MarginPasses) -> list[float]:
@@ -105,18 +118,27 @@ def numerics(passes: MarginPasses) -> float | None:
 
 
 def threshold(passes: MarginPasses | None) -> float:
-    """How far a boundary may have moved by arithmetic: the measured numerics, never above CAP (0 unmeasured:
-    only neighbours, or overlapping intervals, are then excused)."""
+    """How far a boundary may have moved by arithmetic alone: the measured numerics, never above CAP (0
+    unmeasured)."""
     measured = None if passes is None else numerics(passes)
     return min(CAP, measured or 0.0)
 
 
 def classify(a: Completion, x: Completion, k: int, limit: float) -> tuple[float | None, str]:
-    """The distance a sampled divergence at token ``k`` needed (``apart`` where both answers list candidates, else
-    ``gap``) and its kind against ``limit``."""
-    distance = apart(a, x, k) if sampled(x) else None
-    if distance is None and k < len(x.tokens):
-        distance = gap(a, k, x.tokens[k])
+    """A sampled divergence at token ``k`` of ``x`` from the cold answer ``a``: how far the boundary between the two
+    tokens moved or had to move (``overlap``'s size, or ``gap``; None: not known) and its kind (module docstring)."""
+    if not sampled(a) or k >= len(x.tokens):
+        return None, "unknown"
+    if sampled(x):
+        if _singles(a, k) != _singles(x, k):
+            return None, "unknown"  # (one drew nothing where the other drew: their later draws differ anyway)
+        shared = overlap(a, x, k)
+        if shared is None or abs(shared) <= ROUNDING:
+            return None, "unknown"
+        return round(abs(shared), 6), "near-tie" if 0 < shared <= max(limit, ROUNDING) else "confident"
+    if any(len(ids) <= 2 for ids in (a.candidates or [])[:k]):
+        return None, "unknown"  # (the other answer may have had a single candidate there: unseen)
+    distance = gap(a, k, x.tokens[k])
     if distance is None:
         return None, "unknown"
-    return distance, "near-tie" if distance <= limit else "confident"
+    return distance, "confident" if distance > limit else "unknown"

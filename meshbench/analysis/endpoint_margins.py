@@ -226,12 +226,12 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
     measured = draws.numerics(passes) if by_draw else numerics(passes)
     threshold = draws.threshold(passes) if by_draw else near_tie(passes)
     cold = {c.session_id: c for c in passes.cold if c.error is None}
-    warm = _against_cold(passes.warm, cold, 1, threshold, beside=False)
-    together = _against_cold(passes.together, cold, len(passes.together), threshold, beside=True)
+    warm = _against_cold(passes.warm, cold, 1, threshold, False, by_draw)
+    together = _against_cold(passes.together, cold, len(passes.together), threshold, True, by_draw)
     sibling = None
     if passes.sibling is not None:  # (beside each: the sibling sent right before it)
         after = passes.siblings or {}
-        found_after = _against_cold(passes.sibling, cold, 1, threshold, beside=False)
+        found_after = _against_cold(passes.sibling, cold, 1, threshold, False, by_draw)
         sibling = [
             dataclasses.replace(d, beside=[after[d.session_id]] if d.session_id in after else []) for d in found_after
         ]
@@ -250,7 +250,7 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
             if x.error is not None or sid not in cold:
                 continue
             compared += 1
-            d = divergence(lv.concurrency, repetition, sid, x, cold[sid], beside, threshold)
+            d = divergence(lv.concurrency, repetition, sid, x, cold[sid], beside, threshold, by_draw)
             if d is not None:
                 here.append(d)
         kinds = [d.kind for d in here]
@@ -278,28 +278,38 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
 
 
 def _against_cold(
-    answers: Sequence[Completion], cold: dict[str, Completion], c: int, threshold: float, beside: bool
+    answers: Sequence[Completion], cold: dict[str, Completion], c: int, threshold: float, beside: bool, by_draw: bool
 ) -> list[Divergence]:
     """A margin pass's answers that differ from their cold ones (``beside``: every other session was in flight)."""
     out = []
     for x in answers:
         if x.error is None and x.session_id in cold:
             others = sorted(y.session_id for y in answers if y.session_id != x.session_id) if beside else []
-            d = divergence(c, None, x.session_id, x, cold[x.session_id], others, threshold)
+            d = divergence(c, None, x.session_id, x, cold[x.session_id], others, threshold, by_draw)
             if d is not None:
                 out.append(d)
     return out
 
 
 def divergence(
-    c: int, repetition: int | None, sid: str, x: Completion, a: Completion, beside: list[str], threshold: float
+    c: int,
+    repetition: int | None,
+    sid: str,
+    x: Completion,
+    a: Completion,
+    beside: list[str],
+    threshold: float,
+    by_draw: bool = False,
 ) -> Divergence | None:
+    """``x`` against its cold answer ``a``: where it first differs and its kind, by the cold margin there, or (a
+    sampled sweep, ``by_draw``) by where the draw fell (meshbench.analysis.draws; ``threshold`` then in cumulative
+    probability)."""
     k = token_difference(a, x)
     if k is None:
         return None
     margin = a.margins[k] if a.margins is not None and k < len(a.margins) else None
     distance = None
-    if draws.sampled(a):  # (sampled: by where the draw fell, meshbench.analysis.draws)
+    if by_draw:  # (sampled: by where the draw fell, never by a margin)
         distance, kind = draws.classify(a, x, k, threshold)
     else:
         kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"

@@ -16,7 +16,7 @@ from meshbench.records.model import Completion
 from meshbench.workload import request
 
 MARGIN_PROBS = 2  # the top log-probabilities asked for per token in the margin passes
-DRAWN_PROBS = 32  # sampled over the native API: the candidates after the samplers asked for per token (the draw's)
+DRAWN_PROBS = request.DRAW_TOP_K  # sampled over the native API: every candidate top-k leaves, after the samplers
 
 
 def run(

@@ -67,6 +67,8 @@ def _post(top: object) -> list[tuple[object, float]]:
         raise Malformed("a candidate of 'top_probs' has no integer 'id', or one id is listed twice")
     if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1 for p in ps):
         raise Malformed("a candidate's 'prob' is not a probability")
+    if not ps or any(p < q for p, q in zip(ps, ps[1:])):  # type: ignore[operator]
+        raise Malformed("'top_probs' is empty, or not sorted best first (as llama-server lists candidates)")
     if sum(ps) > 1 + SUM_SLACK:  # type: ignore[arg-type]
         raise Malformed(f"the candidates' probabilities add up to {sum(ps):.6g}, over 1")  # type: ignore[arg-type]
     found = [(i, math.log(p)) for i, p in zip(ids, ps) if p > 0]  # type: ignore[operator, arg-type]

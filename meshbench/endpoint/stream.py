@@ -190,6 +190,8 @@ def _native_chunk(c: Completion, chunk, now: int, stamped: bool = True) -> bool:
     c.text += content
     if "completion_probabilities" in chunk:
         probs = native_probs.parse(chunk["completion_probabilities"], tokens)
+        if c.margins and (c.candidates is None) != (probs.candidates is None):
+            raise Malformed("some chunks list their tokens' candidates after the samplers ('top_probs'), some not")
         c.margins = (c.margins or []) + probs.margins
         c.runner_up = (c.runner_up or []) + probs.runner_up
         if probs.candidates is not None:  # (post_sampling_probs: the candidates the draw walked)

@@ -37,8 +37,8 @@ class Divergence:
     margin: float | None  # top-1 minus top-2 log-probability of the cold answer at token_index (None: unknown)
     kind: str  # "near-tie" (margin within the server's own numerics), "confident", or "unknown"
     beside: list[str]
-    distance: float | None = None  # sampled, by the draw (meshbench.analysis.draws): how far the candidates'
-    # cumulative probabilities had to move for one draw to give both tokens (None: greedy, or unknown)
+    distance: float | None = None  # sampled, by the draw (meshbench.analysis.draws): how far the boundary between
+    # the two tokens moved or had to move, in cumulative probability (None: greedy, or unknown)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

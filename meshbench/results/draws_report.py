@@ -22,18 +22,22 @@ def section(b: EndpointBundle) -> list[str]:
     lines = [
         "## Divergences, by where each draw fell",
         "",
-        "Every session was also sent with each token's candidates after the samplers (up to 32, with their "
-        "probabilities), outside the timed passes: alone and cold, alone and warm, and with every session at once. "
-        "With one seed per session an honest server makes the same draws for a session, token for token, while its "
-        "tokens agree; where two answers first differ, only the candidates' probabilities can have moved, past the "
-        "draw. So each answer of the sweep is placed against its session's cold answer: where both list candidates "
-        "(the margin passes), by how far apart the two tokens' intervals of cumulative probability lie (0: one draw "
-        "gives both); else by the probability between the two tokens in the cold answer's order (0: neighbours). "
-        f"Where a warm or batched answer agrees with the cold one, a drawn token's interval moved by at most "
-        f"{measured}: the server's own numerics here. A divergence within {d.threshold:.3g} (the numerics, never "
-        f"above {draws.CAP:g}) is a near-tie: the draw fell at a boundary the arithmetic moved. Beyond it, confident: "
-        "no arithmetic moves a boundary so far, so the draw itself was another, from a generator that is not the "
-        "request's own. Unknown: a token not among the listed candidates. "
+        "Every session was also sent with each token's candidates after the samplers (every one top-k leaves, with "
+        "their probabilities), outside the timed passes: alone and cold, alone and warm, and with every session at "
+        "once. With one seed per session an honest llama.cpp makes the same draws for a session, token for token, "
+        "while its tokens agree (and no token had a single candidate, which draws nothing, in one answer and more "
+        "in the other); where two answers first differ, only the candidates' probabilities can have moved, past the "
+        "draw. Each answer is placed against its session's cold answer. Where both list candidates (the margin "
+        "passes), one draw gives both tokens only if their intervals of cumulative probability overlap: "
+        f"overlapping by at most {d.threshold:.3g} (the numerics: where a warm or batched answer agrees with the "
+        f"cold one, a drawn token's interval moved by at most {measured}; never above {draws.CAP:g}) is a near-tie, "
+        "the draw fell at a boundary the arithmetic moved; apart is confident, no single draw gives both, so the "
+        "draw itself was another (another random stream, or another count of draws before it); overlapping by "
+        "more is confident too, the probabilities moved more than arithmetic moves them. Where only the cold "
+        "answer lists them (the timed passes), more probability between the two tokens in the cold order than the "
+        "numerics is confident; less is unknown, since another draw lands on a neighbouring token as readily as "
+        "numerics move one. Unknown too: a token not listed, an earlier token with one or two candidates (the draw "
+        "count may differ), intervals within rounding of touching. "
         f"All at once, {len(d.together_differing)} sessions differ from their cold answer "
         f"({kinds(d.together_differing)}); warm, {len(d.warm_differing)} ({kinds(d.warm_differing)}).",
         "",
@@ -46,7 +50,7 @@ def section(b: EndpointBundle) -> list[str]:
         rep = "a needle trial" if x.repetition is None else f"repetition {x.repetition}"
         apart = "unknown" if x.distance is None else f"{x.distance:.3g}"
         lines.append(
-            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, distance {apart}; "
+            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, boundary {apart}; "
             f"beside: {', '.join(x.beside) or 'none'}."
         )
     if len(d.confident) > MAX_LISTED:

@@ -148,7 +148,15 @@ def _verdict(s: Setting) -> str:
     d = r.divergences
     confident = [] if d is None else d.confident
     alone = sum(not x.beside for x in confident)
-    threshold = "" if d is None else f" (a near-tie: a margin of at most {d.threshold:.3g}, this setting's numerics)"
+    threshold = (
+        ""
+        if d is None
+        else (
+            f" (placed by the draw: a boundary moved at most {d.threshold:.3g}, this setting's numerics)"
+            if d.by_draw
+            else f" (a near-tie: a margin of at most {d.threshold:.3g}, this setting's numerics)"
+        )
+    )
     leak = "not judged" if found is None or found.leak is None else ("**yes**" if found.leak else "no")
     launched = " ".join(r.endpoint.launched.args) if r.endpoint.launched else ""
     return (

@@ -171,16 +171,41 @@ def margined(c: Checks, where: str, x: Completion, api: str, old: bool = False) 
 
 
 def drawn(c: Checks, where: str, x: Completion, sampled_native: bool) -> None:
-    """A sampled margin pass over the native API may list each token's candidates after the samplers (a bundle made
-    before they were asked for lists none: its divergences are then not classified); where it does, one list per
-    token, one probability per id, each id once, adding up to at most 1. No other answer lists any."""
+    """Every answered margin-pass answer of a sampled sweep over the native API lists each token's candidates after
+    the samplers, and no other answer does. Each list as llama-server gives it: one probability per id, each id
+    once, sorted best first, adding up to at most 1 (a single candidate: 1), the token drawn among them (top-k's
+    every candidate is asked for); and the answer's margin and runner-up per token are the candidates' own (a
+    forged list moves them too)."""
     if x.candidates is None and x.candidate_probs is None:
+        asked = sampled_native and x.error is None and bool(x.tokens)
+        c.equal(RESULTS, f"{where}.candidates (every sampled native margin pass lists them)", False, asked)
         return
     c.equal(RESULTS, f"{where}.candidates (a sampled native margin pass's only)", True, sampled_native)
     ids, probs = x.candidates or [], x.candidate_probs or []
     c.equal(RESULTS, f"{where}: one list of candidates per token", [len(x.tokens)] * 2, [len(ids), len(probs)])
-    shaped = all(len(i) == len(p) == len(set(i)) and math.fsum(p) <= 1 + SUM_SLACK for i, p in zip(ids, probs))
-    c.equal(RESULTS, f"{where}.candidates (ids once each, a probability each, at most 1 in all)", True, shaped)
+    shaped = all(
+        len(i) == len(p) == len(set(i)) > 0
+        and math.fsum(p) <= 1 + SUM_SLACK
+        and all(u >= v for u, v in zip(p, p[1:]))
+        and (len(p) > 1 or abs(p[0] - 1) <= SUM_SLACK)
+        and t in i
+        for t, i, p in zip(x.tokens, ids, probs)
+    )
+    c.equal(RESULTS, f"{where}.candidates (sorted, whole, the drawn token among them)", True, shaped)
+    if shaped and len(ids) == len(x.tokens) == len(x.margins or []):
+        own = [_own(t, i, p) for t, i, p in zip(x.tokens, ids, probs)]
+        c.equal(RESULTS, f"{where}: margins and runner-ups (the candidates' own)", [m for m, _ in own],
+                list(x.margins or []))  # fmt: skip
+        c.equal(RESULTS, f"{where}.runner_up (the candidates' own)", [r for _, r in own], list(x.runner_up or []))
+
+
+def _own(token: int, ids: list[int], probs: list[float]) -> tuple[float | None, int | None]:
+    """A token's margin (top-1 minus top-2 log-probability) and runner-up from its candidates, as the client
+    derives them (meshbench.endpoint.native_probs)."""
+    ranked = sorted(((i, math.log(p)) for i, p in zip(ids, probs) if p > 0), key=lambda e: -e[1])
+    if len(ranked) < 2:
+        return None, None
+    return round(ranked[0][1] - ranked[1][1], 6), next((i for i, _ in ranked if i != token), None)
 
 
 def check_perturbation(c: Checks, b: EndpointBundle, lv: EndpointLevel, at: str, ids: list[str]) -> None:

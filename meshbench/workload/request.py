@@ -21,7 +21,7 @@ def shared_fields(
     temperature = sampling.temperature if sampling is not None else 0.0
     nucleus = spec.samplers(sampling) if sampling is not None and temperature else {}
     if apis.of(api).ids:
-        greedy = {} if temperature else {"top_k": 1}
+        greedy = {"top_k": DRAW_TOP_K} if temperature else {"top_k": 1}  # (sampled: llama.cpp's default, pinned)
         body: dict = {"temperature": temperature, **greedy, **nucleus, "ignore_eos": ban_eos, "return_tokens": True}
         body.update(stream=True, seed=seed)
     else:
@@ -34,6 +34,9 @@ def shared_fields(
     return body
 
 
+# Sampled over the native API, top-k is sent at llama.cpp's default, so that a token's candidates are sorted, best
+# first, when its draw walks them, and the margin passes ask for all of them (meshbench.analysis.draws).
+DRAW_TOP_K = 40
 MAX_SEED = 2**32 - 2  # the largest seed a request carries: a 32-bit seed, and not llama.cpp's "random" 0xFFFFFFFF
 
 
