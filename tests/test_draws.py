@@ -40,13 +40,16 @@ def test_the_cold_order_gives_the_least_move_between_two_tokens():
 def test_one_draw_gives_both_tokens_only_where_their_intervals_overlap():
     cold = _answer("s0", [10], [[0.500, 0.3, 0.1, 0.1]])
     moved = _answer("s0", [11], [[0.499, 0.301, 0.1, 0.1]])  # (the boundary moved by 0.001, past the draw)
-    assert draws.overlap(cold, moved, 0) == pytest.approx(0.001)
-    assert draws.classify(cold, moved, 0, 0.002) == (pytest.approx(0.001), "near-tie")
-    assert draws.classify(cold, moved, 0, 0.0005) == (pytest.approx(0.001), "confident")  # (moved past numerics)
+    assert draws.overlap(cold, moved, 0) == pytest.approx(0.001) and draws.shift(cold, moved, 0) == 0.001
+    assert draws.classify(cold, moved, 0, 0.002) == draws.Placed(pytest.approx(0.001), 0.001, "near-tie")
+    assert draws.classify(cold, moved, 0, 0.0005).kind == "confident"  # (moved past the numerics)
     other = _answer("s0", [13], [[0.5, 0.3, 0.1, 0.1]])  # (the same probabilities, another token: another draw)
-    assert draws.classify(cold, other, 0, 0.01) == (pytest.approx(0.4), "confident")
+    assert draws.classify(cold, other, 0, 0.01) == draws.Placed(pytest.approx(-0.4), 0.0, "confident")
     neighbour = _answer("s0", [11], [[0.5, 0.3, 0.1, 0.1]])  # (touching only: no draw gives both, within rounding)
-    assert draws.classify(cold, neighbour, 0, 0.01) == (None, "unknown")
+    assert draws.classify(cold, neighbour, 0, 0.01).kind == "unknown"
+    swapped = _answer("s0", [11], [[0.41, 0.39, 0.1, 0.1]], ids=[11, 10, 12, 13])  # (two swap places: moved 0.11)
+    assert draws.classify(cold, swapped, 0, 0.12) == draws.Placed(pytest.approx(0.41), 0.11, "near-tie")
+    assert draws.classify(cold, swapped, 0, 0.05).kind == "confident"  # (0.11 is more than these numerics)
 
 
 def test_a_single_candidate_before_the_divergence_leaves_it_unknown():
@@ -56,16 +59,16 @@ def test_a_single_candidate_before_the_divergence_leaves_it_unknown():
                       predicted=2, evaluated=3, error=None, margins=[None, 0.1], runner_up=[None, 11],
                       candidates=[[10], IDS], candidate_probs=[[1.0], [0.5, 0.3, 0.1, 0.1]])  # fmt: skip
     two = _answer("s0", [10, 13], [[0.9, 0.1, 0.0, 0.0], [0.5, 0.3, 0.1, 0.1]])
-    assert draws.classify(cold, two, 1, 0.01) == (None, "unknown")
+    assert draws.classify(cold, two, 1, 0.01).kind == "unknown"
     timed = _answer("s0", [10, 13], None)  # (a timed pass: its counts unseen, and cold had one candidate)
-    assert draws.classify(cold, timed, 1, 0.01) == (None, "unknown")
+    assert draws.classify(cold, timed, 1, 0.01).kind == "unknown"
 
 
 def test_the_numerics_are_the_largest_move_of_a_drawn_token_s_interval_where_the_answers_agree():
     cold = _answer("s0", [10, 11], [[0.5, 0.3, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1]])
     warm = _answer("s0", [10, 11], [[0.502, 0.298, 0.1, 0.1], [0.4, 0.3, 0.2, 0.1]])
     passes = MarginPasses(cold=[cold], warm=[warm], together=[warm])
-    assert draws.moves(passes) == pytest.approx([0.002, 0.0, 0.002, 0.0])  # (warm, then together)
+    assert draws.moves(passes) == pytest.approx([0.002, 0.0, 0.002, 0.0])  # (warm, then together: 0.502 vs 0.5)
     assert draws.threshold(passes) == pytest.approx(0.002)
     assert draws.threshold(None) == 0.0
 
@@ -79,9 +82,9 @@ def test_a_sampled_sweep_s_divergences_are_classified_by_the_draw_only_where_col
     assert not endpoint_margins.compares("native", "tokens", 0.7, None)
     level = _answer("s0", [10, 13], None)  # (a timed pass lists none: the cold order places it, 0.2 between)
     d = endpoint_margins.divergence(4, 0, "s0", level, cold, ["s1"], 0.01, by_draw=True)
-    assert d is not None and (d.kind, d.distance, d.token_index) == ("confident", pytest.approx(0.2), 1)
+    assert d is not None and (d.kind, d.overlap, d.token_index) == ("confident", pytest.approx(-0.2), 1)
     near = endpoint_margins.divergence(4, 0, "s0", _answer("s0", [10, 12], None), cold, ["s1"], 0.01, by_draw=True)
-    assert near is not None and (near.kind, near.distance) == ("unknown", 0.0)  # (neighbours: not told apart)
+    assert near is not None and (near.kind, near.overlap) == ("unknown", 0.0)  # (neighbours: not told apart)
     no_list = endpoint_margins.divergence(4, 0, "s0", level, _answer("s0", [10, 11], None), [], 0.01, by_draw=True)
     assert no_list is not None and no_list.kind == "unknown"  # (never the margin rule under sampling)
 

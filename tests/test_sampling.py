@@ -157,7 +157,7 @@ def test_seeds_swapped_or_shared_between_requests_in_flight_together_break_batch
         assert "divergences" not in data and "- the classification of a divergence" in readme
         return
     d = data["divergences"]
-    assert d["by_draw"] is True and d["confident"] and all(x["distance"] is not None for x in d["confident"])
+    assert d["by_draw"] is True and d["confident"] and all(x["overlap"] is not None for x in d["confident"])
     assert f"- Confident: {d['confident'][0]['session_id']} at C=" in readme
 
 

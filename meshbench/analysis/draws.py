@@ -9,13 +9,14 @@ no token had a single candidate in one answer and more in the other. Where they 
 same; only the candidates' probabilities can have moved, past it:
 
 - with both answers' candidates (the margin passes: cold against warm, all at once, after a sibling), one draw
-  gives both tokens only if their intervals of cumulative probability overlap, by as much as the boundary
-  between them moved. Overlapping by no more than the server's measured numerics (the largest move of a drawn
-  token's interval where answers agree, ``numerics``, never above CAP): a ``near-tie``, the draw fell where the
-  arithmetic moved a boundary. Apart: ``confident``, whatever the numerics: no single draw gives both, so the
-  draw itself was another (another random stream, or another count of draws before it). Overlapping by more
-  than the numerics: ``confident`` too, the probabilities moved more than arithmetic moves them. Within the
-  reported probabilities' rounding of touching: ``unknown``.
+  gives both tokens only if their intervals of cumulative probability overlap. Apart: ``confident``, whatever
+  the numerics: no single draw gives both, so the draw itself was another (another random stream, or another
+  count of draws before it). Overlapping, with no candidate's probability moved by more than the server's
+  measured numerics (the largest such move where answers agree, ``numerics``, never above CAP): a ``near-tie``,
+  the draw fell where the arithmetic moved a boundary (two candidates of nearly equal probability that swap
+  places move a boundary far on a small change). Overlapping, but moved by more: ``confident`` too, the
+  probabilities moved more than arithmetic moves them. Within the reported probabilities' rounding of touching:
+  ``unknown``.
 - with the cold answer's only (a timed pass asks for no probabilities), the probability between the two tokens
   in the cold order is the least the boundary had to move. More than the numerics: ``confident``. Else
   ``unknown``: a neighbouring token is what another draw gives as often as numerics do, so the cold order alone
@@ -28,11 +29,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from meshbench.records.completion import Completion
 from meshbench.records.margins import MarginPasses
 
-CAP = 0.05  # the most a drawn token's interval is taken to move by arithmetic alone (cumulative probability)
+CAP = 0.2  # the most a candidate's probability is taken to move by arithmetic alone
 TAIL = 3.0  # the measured numerics are at most this many times the 99th percentile of the moves (as margins')
 WHOLE = 1 - 1e-3  # candidates listing this much probability are all there were: an unlisted token had none
 SUM_SLACK = 1e-3  # a token's candidates' probabilities add up to at most 1, rounding aside
@@ -90,9 +92,19 @@ def _singles(y: Completion, k: int) -> list[bool]:
     return [len(ids) == 1 for ids in (y.candidates or [])[:k]]
 
 
+def shift(a: Completion, x: Completion, k: int) -> float | None:
+    """How far the candidates' probabilities moved from ``a``'s to ``x``'s at token ``k``: the largest change of one
+    candidate's probability (one listed in only one of them had none in the other; None: either lists none)."""
+    if not sampled(a) or not sampled(x) or k >= len(a.candidates or []) or k >= len(x.candidates or []):
+        return None
+    one = dict(zip((a.candidates or [])[k], (a.candidate_probs or [])[k]))
+    two = dict(zip((x.candidates or [])[k], (x.candidate_probs or [])[k]))
+    return round(max(abs(one.get(t, 0.0) - two.get(t, 0.0)) for t in {*one, *two}), 6) if one or two else None
+
+
 def moves(passes: MarginPasses) -> list[float]:
-    """Each move of a drawn token's interval between a session's cold answer and its warm, batched or
-    after-sibling one, over the tokens where the two agree (the same draw, the same token)."""
+    """Each ``shift`` between a session's cold answer and its warm, batched or after-sibling one, over the tokens
+    where the two agree (the same draw, the same token): the server's arithmetic, measured."""
     cold = {c.session_id: c for c in passes.cold if c.error is None and sampled(c)}
     out: list[float] = []
     for t in [*passes.warm, *passes.together, *(passes.sibling or [])]:
@@ -101,10 +113,7 @@ def moves(passes: MarginPasses) -> list[float]:
             continue
         shared = min(len(a.tokens), len(t.tokens))
         agree = next((i for i in range(shared) if a.tokens[i] != t.tokens[i]), shared)
-        for k in range(agree):
-            one, two = _at(a, k), _at(t, k)
-            if one is not None and two is not None:
-                out.append(max(abs(one[0] - two[0]), abs(one[1] - two[1])))
+        out += [m for k in range(agree) if (m := shift(a, t, k)) is not None]
     return out
 
 
@@ -124,21 +133,36 @@ def threshold(passes: MarginPasses | None) -> float:
     return min(CAP, measured or 0.0)
 
 
-def classify(a: Completion, x: Completion, k: int, limit: float) -> tuple[float | None, str]:
-    """A sampled divergence at token ``k`` of ``x`` from the cold answer ``a``: how far the boundary between the two
-    tokens moved or had to move (``overlap``'s size, or ``gap``; None: not known) and its kind (module docstring)."""
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where a sampled divergence's draw fell: ``overlap`` of the two tokens' intervals (negative: apart; the cold
+    order alone: minus the probability between them), how far the candidates' probabilities ``moved`` (``shift``;
+    both answers' candidates only), and the kind (module docstring)."""
+
+    overlap: float | None
+    moved: float | None
+    kind: str
+
+
+def classify(a: Completion, x: Completion, k: int, limit: float) -> Placed:
+    """A sampled divergence at token ``k`` of ``x`` from the cold answer ``a`` (module docstring)."""
+    unknown = Placed(None, None, "unknown")
     if not sampled(a) or k >= len(x.tokens):
-        return None, "unknown"
+        return unknown
     if sampled(x):
         if _singles(a, k) != _singles(x, k):
-            return None, "unknown"  # (one drew nothing where the other drew: their later draws differ anyway)
-        shared = overlap(a, x, k)
+            return unknown  # (one drew nothing where the other drew: their later draws differ anyway)
+        shared, move = overlap(a, x, k), shift(a, x, k)
         if shared is None or abs(shared) <= ROUNDING:
-            return None, "unknown"
-        return round(abs(shared), 6), "near-tie" if 0 < shared <= max(limit, ROUNDING) else "confident"
+            return unknown
+        if shared < 0:
+            return Placed(round(shared, 6), move, "confident")  # (no single draw gives both)
+        if move is None:
+            return Placed(round(shared, 6), None, "unknown")
+        return Placed(round(shared, 6), move, "near-tie" if move <= max(limit, ROUNDING) else "confident")
     if any(len(ids) <= 2 for ids in (a.candidates or [])[:k]):
-        return None, "unknown"  # (the other answer may have had a single candidate there: unseen)
-    distance = gap(a, k, x.tokens[k])
-    if distance is None:
-        return None, "unknown"
-    return distance, "confident" if distance > limit else "unknown"
+        return unknown  # (the other answer may have had a single candidate there: unseen)
+    between = gap(a, k, x.tokens[k])
+    if between is None:
+        return unknown
+    return Placed(-between, None, "confident" if between > limit else "unknown")

@@ -308,9 +308,10 @@ def divergence(
     if k is None:
         return None
     margin = a.margins[k] if a.margins is not None and k < len(a.margins) else None
-    distance = None
+    placed = None
     if by_draw:  # (sampled: by where the draw fell, never by a margin)
-        distance, kind = draws.classify(a, x, k, threshold)
+        placed = draws.classify(a, x, k, threshold)
+        kind = placed.kind
     else:
         kind = "unknown" if margin is None else "near-tie" if margin <= threshold else "confident"
         if kind == "near-tie" and not to_runner_up(a, x, k):
@@ -323,7 +324,8 @@ def divergence(
         margin=margin,
         kind=kind,
         beside=beside,
-        distance=distance,
+        overlap=None if placed is None else placed.overlap,
+        moved=None if placed is None else placed.moved,
     )
 
 

@@ -37,8 +37,10 @@ class Divergence:
     margin: float | None  # top-1 minus top-2 log-probability of the cold answer at token_index (None: unknown)
     kind: str  # "near-tie" (margin within the server's own numerics), "confident", or "unknown"
     beside: list[str]
-    distance: float | None = None  # sampled, by the draw (meshbench.analysis.draws): how far the boundary between
-    # the two tokens moved or had to move, in cumulative probability (None: greedy, or unknown)
+    overlap: float | None = None  # sampled, by the draw (meshbench.analysis.draws): how far the two tokens'
+    # intervals of cumulative probability overlap (negative: apart; the cold order alone: minus the probability
+    # between them); None: greedy, or unknown
+    moved: float | None = None  # sampled, both answers' candidates: the largest move of one candidate's probability
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from meshbench.analysis import draws
 from meshbench.names import RESULTS
+from meshbench.records.margins import Divergence
 from meshbench.results.endpoint_proofs_report import kinds
 from meshbench.results.typed import EndpointBundle
 
@@ -28,16 +29,17 @@ def section(b: EndpointBundle) -> list[str]:
         "while its tokens agree (and no token had a single candidate, which draws nothing, in one answer and more "
         "in the other); where two answers first differ, only the candidates' probabilities can have moved, past the "
         "draw. Each answer is placed against its session's cold answer. Where both list candidates (the margin "
-        "passes), one draw gives both tokens only if their intervals of cumulative probability overlap: "
-        f"overlapping by at most {d.threshold:.3g} (the numerics: where a warm or batched answer agrees with the "
-        f"cold one, a drawn token's interval moved by at most {measured}; never above {draws.CAP:g}) is a near-tie, "
-        "the draw fell at a boundary the arithmetic moved; apart is confident, no single draw gives both, so the "
-        "draw itself was another (another random stream, or another count of draws before it); overlapping by "
-        "more is confident too, the probabilities moved more than arithmetic moves them. Where only the cold "
-        "answer lists them (the timed passes), more probability between the two tokens in the cold order than the "
-        "numerics is confident; less is unknown, since another draw lands on a neighbouring token as readily as "
-        "numerics move one. Unknown too: a token not listed, an earlier token with one or two candidates (the draw "
-        "count may differ), intervals within rounding of touching. "
+        "passes), one draw gives both tokens only if their intervals of cumulative probability overlap. Apart is "
+        "confident, whatever the numerics: no single draw gives both, so the draw itself was another (another "
+        "random stream, or another count of draws before it). Overlapping, with no candidate's probability moved by "
+        f"more than {d.threshold:.3g} (the numerics: where a warm or batched answer agrees with the cold one, a "
+        f"candidate's probability moved by at most {measured}; never above {draws.CAP:g}) is a near-tie, the draw "
+        "fell at a boundary the arithmetic moved; moved by more is confident, the probabilities moved more than "
+        "arithmetic moves them. Where only the cold answer lists them (the timed passes), more probability between "
+        "the two tokens in the cold order than the numerics is confident; less is unknown, since another draw "
+        "lands on a neighbouring token as readily as numerics move one. Unknown too: a token not listed, an "
+        "earlier token with one or two candidates (the draw count may differ), intervals within rounding of "
+        "touching. "
         f"All at once, {len(d.together_differing)} sessions differ from their cold answer "
         f"({kinds(d.together_differing)}); warm, {len(d.warm_differing)} ({kinds(d.warm_differing)}).",
         "",
@@ -48,11 +50,17 @@ def section(b: EndpointBundle) -> list[str]:
     ]
     for x in d.confident[:MAX_LISTED]:
         rep = "a needle trial" if x.repetition is None else f"repetition {x.repetition}"
-        apart = "unknown" if x.distance is None else f"{x.distance:.3g}"
         lines.append(
-            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, boundary {apart}; "
+            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, {_why(x)}; "
             f"beside: {', '.join(x.beside) or 'none'}."
         )
     if len(d.confident) > MAX_LISTED:
         lines.append(f"- ... and {len(d.confident) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
     return lines + ([""] if d.confident else [])
+
+
+def _why(x: Divergence) -> str:
+    if x.overlap is not None and x.overlap < 0:
+        return (f"another draw (the intervals {-x.overlap:.3g} apart)" if x.moved is not None
+                else f"{-x.overlap:.3g} of probability between the tokens in the cold order")  # fmt: skip
+    return f"moved {x.moved:.3g}, more than the numerics" if x.moved is not None else "unknown"
