@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 from meshbench.analysis import draws
-from meshbench.names import RESULTS
 from meshbench.records.margins import Divergence
-from meshbench.results.endpoint_proofs_report import kinds
+from meshbench.results.endpoint_proofs_report import confident_lines, kinds
 from meshbench.results.typed import EndpointBundle
-
-MAX_LISTED = 20  # confident divergences listed (all are in results.json)
 
 
 def section(b: EndpointBundle) -> list[str]:
@@ -48,15 +45,7 @@ def section(b: EndpointBundle) -> list[str]:
         *rows,
         "",
     ]
-    for x in d.confident[:MAX_LISTED]:
-        rep = "a needle trial" if x.repetition is None else f"repetition {x.repetition}"
-        lines.append(
-            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, {_why(x)}; "
-            f"beside: {', '.join(x.beside) or 'none'}."
-        )
-    if len(d.confident) > MAX_LISTED:
-        lines.append(f"- ... and {len(d.confident) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
-    return lines + ([""] if d.confident else [])
+    return lines + confident_lines(d.confident, _why)
 
 
 def _why(x: Divergence) -> str:

@@ -3,6 +3,8 @@ searched for in every later answer) and the cancel-and-retry runs; and how a div
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from meshbench.analysis import canary as plant
 from meshbench.analysis import endpoint_margins
 from meshbench.engine import apis
@@ -135,6 +137,24 @@ def cancels(b: EndpointBundle) -> list[str]:
         *named,
         *([""] if named else []),
     ]
+
+
+MAX_LISTED = 20  # confident divergences listed in a README (all are in results.json)
+
+
+def confident_lines(found: list, why: Callable[[Any], str]) -> list[str]:
+    """The README's list of confident divergences (``why``: what makes each confident, in words), at most
+    MAX_LISTED, the rest counted; a blank line after any."""
+    lines = []
+    for x in found[:MAX_LISTED]:
+        rep = "a needle trial" if x.repetition is None else f"repetition {x.repetition}"
+        lines.append(
+            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, {why(x)}; "
+            f"beside: {', '.join(x.beside) or 'none'}."
+        )
+    if len(found) > MAX_LISTED:
+        lines.append(f"- ... and {len(found) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
+    return lines + ([""] if found else [])
 
 
 def kinds(found: list) -> str:

@@ -356,15 +356,7 @@ def _divergences(b: EndpointBundle) -> list[str]:
     if d.near_ties:
         lo, hi = min(x.margin or 0.0 for x in d.near_ties), max(x.margin or 0.0 for x in d.near_ties)
         lines += [f"Near-tie margins: {lo:.3g} to {hi:.3g}.", ""]
-    for x in d.confident[:MAX_LISTED]:
-        rep = "a needle trial" if x.repetition is None else f"repetition {x.repetition}"
-        lines.append(
-            f"- Confident: {x.session_id} at C={x.concurrency}, {rep}, token {x.token_index}, margin "
-            f"{margin(x.margin)}; beside: {', '.join(x.beside) or 'none'}."
-        )
-    if len(d.confident) > MAX_LISTED:
-        lines.append(f"- ... and {len(d.confident) - MAX_LISTED} more in `{RESULTS}` (divergences.confident).")
-    return lines + ([""] if d.confident else [])
+    return lines + proofs_report.confident_lines(d.confident, lambda x: f"margin {margin(x.margin)}")
 
 
 def _unjudged_and_inconsistent(b: EndpointBundle) -> list[str]:
@@ -385,7 +377,7 @@ def _unjudged_and_inconsistent(b: EndpointBundle) -> list[str]:
     return lines
 
 
-MAX_LISTED = 20  # confident divergences listed in the README (all are in results.json)
+MAX_LISTED = proofs_report.MAX_LISTED
 
 
 def render_commands(b: EndpointBundle, name: str) -> str:
