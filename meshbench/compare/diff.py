@@ -10,6 +10,7 @@ each side's own determinism compare across them; token identity holds only where
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from meshbench.compare import sides, verdicts
 from meshbench.compare.model import Comparison, Difference, LevelComparison, Verdicts
@@ -134,5 +135,5 @@ def differences(b: Side, c: Side) -> list[Difference]:
     ]
 
 
-def _machine(side: Side) -> tuple:
+def _machine(side: Side) -> tuple[Any, ...]:
     return tuple(side.facts.get(("machine", k)) for k in sides.MACHINE_FIELDS)

@@ -35,7 +35,7 @@ def setting(
     help: str | None = None,  # noqa: A002 - the flag's help (default: the schema's description)
     why: str = "",
     added: bool = False,
-    inert: tuple = (),
+    inert: tuple[Any, ...] = (),
     sent: bool = False,
 ) -> Any:
     """One engine setting: its default, the engine kinds it belongs to, its schema, its flag (None: a config key
@@ -89,7 +89,7 @@ class EngineSpec:
         "share cells instead of copying them.",
     )
     kv_type: str = setting("f16", NODE, {"enum": ["f16", "f32"]})
-    make_model: dict | None = setting(
+    make_model: dict[str, Any] | None = setting(
         None,
         NODE,
         {
@@ -344,7 +344,7 @@ class EngineSpec:
             return self.isolate
         return bool(self.rpc or self.workers or self.tiled_mm != "auto")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["split"] = None if self.split is None else list(self.split)
         d["server_settings"] = None if self.server_settings is None else list(self.server_settings)

@@ -20,6 +20,7 @@ import shutil
 import signal
 import stat
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,7 @@ def discard(staging: Path | None) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def commit(out: Path, data: dict, force: bool = False, typed: Any = None) -> list[str]:
+def commit(out: Path, data: dict[str, Any], force: bool = False, typed: Any = None) -> list[str]:
     """Validate ``data``, write the bundle into a staging folder beside ``out`` and rename it to ``out``.
 
     Returns the file names written. The staging folder is gone afterwards, whatever happens.
@@ -176,7 +177,7 @@ def commit(out: Path, data: dict, force: bool = False, typed: Any = None) -> lis
         discard(staging)
 
 
-def fill(folder: Path, data: dict, name: str, typed: Any = None) -> list[str]:
+def fill(folder: Path, data: dict[str, Any], name: str, typed: Any = None) -> list[str]:
     """A bundle's files written into ``folder`` (which exists), its README naming it ``name``: their names."""
     mode = files.umask_mode(0o666)
     written = [RESULTS, README, COMMANDS]
@@ -195,7 +196,9 @@ def fill(folder: Path, data: dict, name: str, typed: Any = None) -> list[str]:
     return written
 
 
-def commit_matrix(out: Path, top: dict[str, str], settings: list[tuple[str, dict]], force: bool = False) -> None:
+def commit_matrix(
+    out: Path, top: dict[str, str], settings: list[tuple[str, dict[str, Any]]], force: bool = False
+) -> None:
     """A settings matrix: each setting's bundle (folder, results) in a folder of a staging folder beside ``out``,
     the matrix's own files (``top``: name, text) beside them, then renamed to ``out`` as one bundle is."""
     staging = None
@@ -221,7 +224,7 @@ def commit_matrix(out: Path, top: dict[str, str], settings: list[tuple[str, dict
         discard(staging)
 
 
-def write(out: Path, data: dict, force: bool = False) -> list[str]:
+def write(out: Path, data: dict[str, Any], force: bool = False) -> list[str]:
     """prepare + commit, for callers that already have the results."""
     prepare(out, force)
     return commit(out, data, force)
@@ -255,7 +258,7 @@ def _rename_noreplace(src: Path, dst: Path) -> bool:
 
 
 @contextmanager
-def _signals_held():
+def _signals_held() -> Iterator[None]:
     """Hold SIGINT and SIGTERM while the old bundle is swapped for the new one."""
     held = {signal.SIGINT, signal.SIGTERM}
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from meshbench.records.model import LevelRecord
 from meshbench.results.typed import NodeBundle
@@ -31,7 +32,7 @@ def write(b: NodeBundle, path: Path) -> bool:
     return True
 
 
-def _backpressure(plt, b: NodeBundle):
+def _backpressure(plt: Any, b: NodeBundle) -> Any:
     """The backpressure curve, per concurrency: offered against accepted, rejected and goodput; queue wait."""
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for c in sorted({lv.concurrency for lv in b.levels}):
@@ -62,7 +63,7 @@ def _backpressure(plt, b: NodeBundle):
     return fig
 
 
-def _concurrency(plt, levels: list[LevelRecord]):
+def _concurrency(plt: Any, levels: list[LevelRecord]) -> Any:
     c = [lv.concurrency for lv in levels]
     decode = [lv.wall.decode_tokens_per_s for lv in levels]
     fig, ax = plt.subplots(2, 2, figsize=(10, 7))

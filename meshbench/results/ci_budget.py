@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from meshbench import machine
 from meshbench.errors import MeshbenchError
@@ -18,7 +19,7 @@ from meshbench.errors import MeshbenchError
 NAME = "RERUN-SECONDS.json"
 
 
-def from_verify(reports: list[dict], how: str) -> dict:
+def from_verify(reports: list[dict[str, Any]], how: str) -> dict[str, Any]:
     """The seconds of each bundle the `verify --rerun --json` reports hold, which must all have passed."""
     if not all(r.get("rerun") for r in reports):
         raise MeshbenchError("a verify report was not made with --rerun")

@@ -20,7 +20,7 @@ SCHEMA_VERSION = 4
 SCHEMA = "results.schema.json"
 
 
-def stamp(kind: str, schema_version: int, command: str) -> dict:
+def stamp(kind: str, schema_version: int, command: str) -> dict[str, Any]:
     """What a document of its own kind (a matrix, a hunt) opens with: its kind and schema, meshbench's version, the
     time and the command."""
     return {
@@ -37,7 +37,7 @@ def created_at() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def header(cfg: RunConfig, command: str, schema_version: int) -> dict:
+def header(cfg: RunConfig, command: str, schema_version: int) -> dict[str, Any]:
     """What every results.json opens with, a node's or an endpoint's: versions, time, command, the config echo."""
     return {
         "schema_version": schema_version,
@@ -53,15 +53,15 @@ def header(cfg: RunConfig, command: str, schema_version: int) -> dict:
 def build(
     cfg: RunConfig,
     sweep: ConcurrencySweep,
-    engine_info: dict,
-    environment: dict,
+    engine_info: dict[str, Any],
+    environment: dict[str, Any],
     command: str,
     first_divergence: FirstDivergence | None = None,
     inputs: dict[str, InputFile] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts (the
     first divergence as explained by the runner, when it was), and the input files' digests."""
-    return serial.to_json(
+    doc: dict[str, Any] = serial.to_json(  # (a JSON object, as NodeResults is a record)
         NodeResults(
             **header(cfg, command, SCHEMA_VERSION),
             engine=serial.engine_info(engine_info, "the engine's record"),
@@ -83,6 +83,7 @@ def build(
             inputs=inputs,
         )
     )
+    return doc
 
 
 ENDPOINT_SCHEMA = "endpoint.schema.json"
@@ -110,14 +111,14 @@ def check_node_version(v: Any, where: str) -> None:
         )
 
 
-def dumps(data: dict) -> str:
+def dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=1, sort_keys=False, allow_nan=False) + "\n"
 
 
 MAX_BYTES = 256 << 20  # a results.json of 100000 sessions is well under this
 
 
-def load(path: Path) -> dict:
+def load(path: Path) -> dict[str, Any]:
     """Parse a results.json strictly: a regular UTF-8 file, standard JSON only (no NaN or Infinity)."""
     text = files.read_text(path, "results", MAX_BYTES)
     data = files.strict_json(text, str(path), "a meshbench results file")

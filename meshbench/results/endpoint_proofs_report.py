@@ -9,6 +9,7 @@ from meshbench.analysis import canary as plant
 from meshbench.analysis import endpoint_margins
 from meshbench.engine import apis
 from meshbench.names import RESULTS
+from meshbench.records.margins import MarginPasses
 from meshbench.results import markdown
 from meshbench.results.typed import EndpointBundle
 
@@ -142,7 +143,7 @@ def cancels(b: EndpointBundle) -> list[str]:
 MAX_LISTED = 20  # confident divergences listed in a README (all are in results.json)
 
 
-def confident_lines(found: list, why: Callable[[Any], str]) -> list[str]:
+def confident_lines(found: list[Any], why: Callable[[Any], str]) -> list[str]:
     """The README's list of confident divergences (``why``: what makes each confident, in words), at most
     MAX_LISTED, the rest counted; a blank line after any."""
     lines = []
@@ -157,7 +158,7 @@ def confident_lines(found: list, why: Callable[[Any], str]) -> list[str]:
     return lines + ([""] if found else [])
 
 
-def kinds(found: list) -> str:
+def kinds(found: list[Any]) -> str:
     kinds = [x.kind for x in found]
     return ", ".join(f"{kinds.count(k)} {k}" for k in ("near-tie", "confident", "unknown") if k in kinds) or "none"
 
@@ -166,7 +167,7 @@ def margin(m: float | None) -> str:
     return "unknown" if m is None else f"{m:.3g}"
 
 
-def threshold_source(passes) -> str:
+def threshold_source(passes: MarginPasses | None) -> str:
     """Where a near-tie threshold came from, in words: measured, or the floor or the cap instead."""
     measured = None if passes is None else endpoint_margins.numerics(passes)
     if measured is None:

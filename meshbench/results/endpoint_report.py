@@ -4,6 +4,7 @@ compares)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from meshbench.analysis import endpoint_margins
 from meshbench.analysis.endpoint_margins import SHARED_MIN, common_prefix
@@ -72,7 +73,7 @@ def _launched(e: EndpointInfo) -> list[str]:
     ]
 
 
-def _sent(request: dict | None, per_request: bool = False) -> list[str]:
+def _sent(request: dict[str, Any] | None, per_request: bool = False) -> list[str]:
     """What every request asked of the server beside its prompt (absent from bundles made before it was
     recorded); with a seed per session, the first session's seed."""
     if request is None:
@@ -264,7 +265,7 @@ def render_readme(b: EndpointBundle, name: str) -> str:
 BATCH_INVARIANT, RUN_TO_RUN, NEEDLE = "batch_invariant", "run_to_run_deterministic", "needle"
 
 
-def _after_sibling(b: EndpointBundle, differing: list) -> str:
+def _after_sibling(b: EndpointBundle, differing: list[Any]) -> str:
     """The sibling pass in one sentence: each session whose prompt starts like an earlier one's, sent right after
     that sibling, where the server's prompt cache can serve the shared start from the sibling's KV; what the server
     says it reused (evaluated minus computed), against what the two prompts share; and its answer against cold."""

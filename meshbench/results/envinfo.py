@@ -7,11 +7,12 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from meshbench.machine import cpu_model
 from meshbench.results import fingerprint
-from meshbench.results.fingerprint import cpu_model
 
 
 def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
@@ -50,7 +51,7 @@ def llama_cpp_version() -> str | None:
         return None
 
 
-def environment() -> dict:
+def environment() -> dict[str, Any]:
     commit, dirty = git_state()
     return {
         "python": platform.python_version(),

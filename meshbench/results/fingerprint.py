@@ -13,11 +13,12 @@ import hashlib
 import json
 import os
 import re
+from typing import Any
 
 from meshbench.machine import KERNEL_FLAGS, cpu_model, llama_cpp_build, simd_flags  # noqa: F401 - re-exported
 
 
-def blas() -> dict | None:
+def blas() -> dict[str, Any] | None:
     """numpy's BLAS as threadpoolctl sees it loaded: library, version, the kernel it runs, threads."""
     try:
         import numpy  # noqa: F401, PLC0415 - loads the BLAS threadpoolctl inspects
@@ -37,7 +38,7 @@ def blas() -> dict | None:
     return None
 
 
-def llama_kernels(fp: dict | None) -> str | None:
+def llama_kernels(fp: dict[str, Any] | None) -> str | None:
     """llama.cpp's CPU kernel family on a fingerprint: its version and the CPU features its build reports on
     (``AVX2 = 1`` in system_info), e.g. ``0.3.36: AVX AVX2 AVX512 ...``; None without llama.cpp.
 
@@ -60,7 +61,7 @@ _RUNS_ON = {
 _VERSION = re.compile(r"\d+(\.\d+)+([.+-][0-9A-Za-z.]+)?")
 
 
-def contradictions(fp: dict) -> list[str]:
+def contradictions(fp: dict[str, Any]) -> list[str]:
     """What a fingerprint says of llama.cpp that the rest of it contradicts: a version that is not one, or
     kernels its own CPU's flags could not run (a build for features the CPU lacks dies at its first use)."""
     build = fp.get("llama_cpp")
@@ -83,7 +84,7 @@ def contradictions(fp: dict) -> list[str]:
     return out
 
 
-def fingerprint() -> dict:
+def fingerprint() -> dict[str, Any]:
     fp = {
         "cpu": cpu_model(),
         "simd": simd_flags(),
@@ -94,13 +95,13 @@ def fingerprint() -> dict:
     return {**fp, "digest": digest(fp)}
 
 
-def digest(fp: dict) -> str:
+def digest(fp: dict[str, Any]) -> str:
     """sha256 over every field but the digest itself: equal digests, same kernels."""
     body = {k: v for k, v in fp.items() if k != "digest"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def describe(fp: dict | None) -> str:
+def describe(fp: dict[str, Any] | None) -> str:
     """One phrase a reader can place: the CPU, and the BLAS kernel where there is one."""
     if not fp:
         return "an unrecorded machine"

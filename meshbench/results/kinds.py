@@ -117,17 +117,17 @@ def kind(data: Any) -> BundleKind:
     return KINDS[of(data)]
 
 
-def typed_results(data: dict) -> Any:
+def typed_results(data: dict[str, Any]) -> Any:
     """A schema-valid document typed as its kind's records (a NodeBundle or an EndpointBundle)."""
     return kind(data).typed(data)
 
 
-def readme(data: dict, bundle_name: str) -> str:
+def readme(data: dict[str, Any], bundle_name: str) -> str:
     """The bundle's README.md, as its kind renders it; the name is one shell word in the commands a reader pastes."""
     return kind(data).readme(typed_results(data), shlex.quote(bundle_name))
 
 
-def index_row(folder: Path, data: dict) -> str:
+def index_row(folder: Path, data: dict[str, Any]) -> str:
     """The bundle's row of evidence/INDEX.md."""
     return kind(data).index_row(folder, typed_results(data))
 
@@ -168,6 +168,6 @@ def check_version(data: Any, where: str, digest: str | None = None) -> None:
     document.check_node_version(v, where)
 
 
-def schema_errors(data: dict) -> list[str]:
+def schema_errors(data: dict[str, Any]) -> list[str]:
     """The document against its kind's schema."""
     return validation.errors(data, kind(data).schema)

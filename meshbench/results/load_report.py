@@ -160,7 +160,7 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _ticks(x) -> str:
+def _ticks(x: float | None) -> str:
     return "-" if x is None else f"{x:g}"
 
 

@@ -28,7 +28,7 @@ class Setting:
     flags: str
     folder: str
     results_sha256: str
-    data: dict
+    data: dict[str, Any]
     bundle: EndpointBundle
 
 
@@ -36,7 +36,7 @@ def is_matrix(data: Any) -> bool:
     return kinds.of(data) == kinds.MATRIX
 
 
-def build(command: str, config: dict, settings: list[tuple[str, dict]]) -> dict:
+def build(command: str, config: dict[str, Any], settings: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The matrix's results.json: its command and config echo (what ran), and each setting's flags, folder and
     the digest of its results.json as written."""
     return {
@@ -52,7 +52,7 @@ def build(command: str, config: dict, settings: list[tuple[str, dict]]) -> dict:
     }
 
 
-def load(path: Path) -> dict:
+def load(path: Path) -> dict[str, Any]:
     """A matrix's results.json, schema-valid and of this version, its folders each its flags' own (so no folder
     it names leads out of the bundle), or one line saying what is wrong."""
     rj = path / RESULTS
@@ -77,12 +77,12 @@ def load(path: Path) -> dict:
     return data
 
 
-def settings(path: Path, data: dict, load_bundle: Any) -> list[Setting]:
+def settings(path: Path, data: dict[str, Any], load_bundle: Any) -> list[Setting]:
     """Each setting's bundle, read by ``load_bundle`` (verify's: schema and version checked) and typed."""
     return [setting(s, load_bundle(path / s["folder"]), path) for s in data["settings"]]
 
 
-def setting(entry: dict, sub: dict, path: Path | None = None) -> Setting:
+def setting(entry: dict[str, Any], sub: dict[str, Any], path: Path | None = None) -> Setting:
     """A setting of the matrix (its entry in the matrix's results.json) with its bundle's results."""
     if kinds.of(sub) != kinds.ENDPOINT:
         where = entry["folder"] if path is None else path / entry["folder"]

@@ -5,6 +5,7 @@ record of that setting's bundle, whose own README has the proofs in full."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from meshbench.names import RESULTS
 from meshbench.records.margins import Divergences
@@ -22,7 +23,7 @@ HEADER = (
 )
 
 
-def render_readme(doc: dict, settings: list[Setting], name: str) -> str:
+def render_readme(doc: dict[str, Any], settings: list[Setting], name: str) -> str:
     first = settings[0].bundle.results
     e = first.endpoint
     # (every string a server or the matrix supplies is escaped, as in an endpoint bundle's README)
@@ -170,11 +171,11 @@ def _verdict(s: Setting) -> str:
     )
 
 
-def render_commands(doc: dict, name: str) -> str:
+def render_commands(doc: dict[str, Any], name: str) -> str:
     return f"# made by\n{doc['command']}\n# verify\nmeshbench verify {name}\n"
 
 
-def index_row(folder: Path, doc: dict, settings: list[Setting]) -> str:
+def index_row(folder: Path, doc: dict[str, Any], settings: list[Setting]) -> str:
     """The matrix's row of evidence/INDEX.md: per setting, its outputs' batch invariance."""
     r = settings[0].bundle.results
     e = r.endpoint

@@ -3,6 +3,8 @@ arrived on their own clock, whatever was in flight."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from meshbench.analysis import endpoint as figures
@@ -17,7 +19,7 @@ def cell(spread: Spread | None, digits: int) -> str:
     return median_range(spread, f".{digits}f", sep="..", drop_equal=True)
 
 
-def _kinds(answers: list, cold: dict, threshold: float) -> str:
+def _kinds(answers: list[Any], cold: dict[str, Any], threshold: float) -> str:
     found = [
         endpoint_margins.divergence(0, None, a.session_id, a, cold[a.session_id], [], threshold)
         for a in answers

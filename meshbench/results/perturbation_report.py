@@ -3,6 +3,8 @@ test through the server's prompt cache where it ran (meshbench.analysis.perturba
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshbench.analysis import endpoint_margins, perturbation
 from meshbench.results import markdown
 from meshbench.results.endpoint_proofs_report import margin
@@ -81,7 +83,7 @@ def section(b: EndpointBundle) -> list[str]:
     return lines
 
 
-def _table(tested: list, cold: dict, threshold: float, sampled: bool) -> list[str]:
+def _table(tested: list[Any], cold: dict[str, Any], threshold: float, sampled: bool) -> list[str]:
     rows = []
     for c, p in tested:
         v, kinds = p.verdict, [x.perturbed for x in p.runs]
@@ -106,7 +108,7 @@ def _table(tested: list, cold: dict, threshold: float, sampled: bool) -> list[st
     ]
 
 
-def _flips(found: list, sampled: bool = False) -> str:
+def _flips(found: list[Any], sampled: bool = False) -> str:
     return (
         "; ".join(
             f"{markdown.inline(f.session_id)}: token {f.token_index}"

@@ -21,6 +21,7 @@ from meshbench.analysis.checks import Checks, Failure
 from meshbench.engine import kinds as engine_kinds
 from meshbench.engine.spec import AUTO, EngineSpec
 from meshbench.errors import MeshbenchError
+from meshbench.names import CHART, README, RESULTS
 from meshbench.records import serial
 from meshbench.results import bundle, fault_report, fingerprint, kinds, report
 from meshbench.results import document as results
@@ -36,14 +37,14 @@ Tokens = Callable[[EndpointBundle], "list[list[int]] | str"]  # its prompts as t
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def load_bundle(path: Path) -> dict:
+def load_bundle(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise MeshbenchError(f"{path}: no such directory")
     if not path.is_dir():
         raise MeshbenchError(f"{path}: not a directory (a bundle is a folder holding results.json)")
-    rj = path / bundle.RESULTS
+    rj = path / RESULTS
     if not rj.exists():
-        raise MeshbenchError(f"{path}: not a bundle: no {bundle.RESULTS}")
+        raise MeshbenchError(f"{path}: not a bundle: no {RESULTS}")
     data = results.load(rj)
     kinds.check_version(data, str(rj), files.sha256(rj) if kinds.PINNED else None)
     try:
@@ -56,7 +57,7 @@ def load_bundle(path: Path) -> dict:
     return data
 
 
-def config_echo_errors(echo: dict) -> list[str]:
+def config_echo_errors(echo: dict[str, Any]) -> list[str]:
     """The config echo must be a whole config: valid against the config schema, every key present (but those
     added since the bundle's schema, which mean their defaults)."""
     errors = [f"config.{e}" for e in validation.errors(echo, "config.schema.json")]
@@ -85,7 +86,7 @@ def checked_bundle(
     resolve: Resolve | None = None,
     tokens: Tokens | None = None,
     threads: int | None = None,
-) -> tuple[dict, NodeBundle | EndpointBundle, Checks]:
+) -> tuple[dict[str, Any], NodeBundle | EndpointBundle, Checks]:
     """The bundle's results (as read, and typed) and every check of it; with ``rerun`` (the runner, injected:
     checking a file never loads an engine), its deterministic records compared with a fresh run's; ``resolve``
     (injected too) gives a node bundle's config its real prompts' ids, where the model is here; ``tokens``
@@ -110,48 +111,48 @@ def checked_bundle(
     return data, typed, c
 
 
-def check_fresh(data: dict, resolve: Resolve | None = None) -> Checks:
+def check_fresh(data: dict[str, Any], resolve: Resolve | None = None) -> Checks:
     """A rerun's own results (never written to a bundle) checked as a bundle's: its schema and config echo, then
     every check of its records, its config given its real prompts' ids by ``resolve`` where it has some."""
     errors = kinds.schema_errors(data) or config_echo_errors(data["config"])
     if errors:
         c = Checks()
         c.count += 1
-        c.failures.append(Failure(bundle.RESULTS, "the schema", "valid", errors[0]))
+        c.failures.append(Failure(RESULTS, "the schema", "valid", errors[0]))
         return c
     return check_typed(data, VERIFIES[kinds.of(data)].concrete(kinds.typed_results(data), resolve))
 
 
-def check_data(data: dict) -> Checks:
+def check_data(data: dict[str, Any]) -> Checks:
     """Every check that needs only the results: ``data`` passed the schema, and is typed once here (``sweep``,
     which has typed its own output already, calls ``check_typed``)."""
     return check_typed(data, kinds.typed_results(data))
 
 
-def check_typed(data: dict, typed: NodeBundle | EndpointBundle) -> Checks:
+def check_typed(data: dict[str, Any], typed: NodeBundle | EndpointBundle) -> Checks:
     """Every check of a results document, on its records (``typed``, built from ``data`` once)."""
     c = Checks()
     r, cfg = typed.results, typed.cfg
-    c.equal(bundle.RESULTS, "config.engine.kind (the records' kind)", kinds.of_engine(cfg.engine.kind), kinds.of(data))
-    c.equal(bundle.RESULTS, "command (one meshbench command line, its words quoted)", True, plain_command(r.command))
+    c.equal(RESULTS, "config.engine.kind (the records' kind)", kinds.of_engine(cfg.engine.kind), kinds.of(data))
+    c.equal(RESULTS, "command (one meshbench command line, its words quoted)", True, plain_command(r.command))
     flags = command_disagreements(r.command, cfg)
-    c.equal(bundle.RESULTS, "command (its flags = the config echo's)", [], flags)
+    c.equal(RESULTS, "command (its flags = the config echo's)", [], flags)
     VERIFIES[kinds.of(data)].records(c, typed)
     compute = r.environment.compute  # a rerun trusts it to say whether floats must agree bit for bit
-    c.equal(bundle.RESULTS, "environment.compute.digest", fingerprint.digest(serial.to_json(compute)), compute.digest)
+    c.equal(RESULTS, "environment.compute.digest", fingerprint.digest(serial.to_json(compute)), compute.digest)
     # (a rerun on other llama.cpp kernels reports the tokens they bind rather than failing them: the claim must hold)
-    c.equal(bundle.RESULTS, "environment.compute (its llama.cpp against its CPU)", [],
+    c.equal(RESULTS, "environment.compute (its llama.cpp against its CPU)", [],
             fingerprint.contradictions(serial.to_json(compute)))  # fmt: skip
     engine = typed.engine
     if engine is not None:
-        c.equal(bundle.RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, engine.kind)
+        c.equal(RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, engine.kind)
     if engine is not None and engine_kinds.recorded(engine.kind).llama:
-        c.equal(bundle.RESULTS, "environment.compute.llama_cpp (the GGUF engine runs llama.cpp)", True,
+        c.equal(RESULTS, "environment.compute.llama_cpp (the GGUF engine runs llama.cpp)", True,
                 compute.llama_cpp is not None)  # fmt: skip
-        c.equal(bundle.RESULTS, "engine recipe (repack, flash_attn, recipe_auto: = the config echo's settings)", [],
+        c.equal(RESULTS, "engine recipe (repack, flash_attn, recipe_auto: = the config echo's settings)", [],
                 recipe_disagreements(cfg.engine, engine))  # fmt: skip
         if cfg.engine.threads is not None:  # (a rerun on other threads rests on it: verify --threads)
-            c.equal(bundle.RESULTS, "engine.threads (= config.engine.threads)", cfg.engine.threads,
+            c.equal(RESULTS, "engine.threads (= config.engine.threads)", cfg.engine.threads,
                     getattr(engine, "threads", None))  # fmt: skip
     return c
 
@@ -265,10 +266,10 @@ def command_disagreements(command: str, echo: RunConfig) -> list[str]:
     return out
 
 
-def check_readme(c: Checks, data: dict, typed: NodeBundle | EndpointBundle, path: Path) -> None:
-    readme = path / bundle.README
+def check_readme(c: Checks, data: dict[str, Any], typed: NodeBundle | EndpointBundle, path: Path) -> None:
+    readme = path / README
     if not readme.is_file():
-        c.equal(bundle.README, "(file)", "present", "missing")
+        c.equal(README, "(file)", "present", "missing")
         return
     text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
     name = bundle_name(text, path)
@@ -278,7 +279,7 @@ def check_readme(c: Checks, data: dict, typed: NodeBundle | EndpointBundle, path
         want, got = expected.split("\n"), text.split("\n")
         k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
         c.equal(
-            bundle.README,
+            README,
             f"line {k + 1} (the README as results.json renders it)",
             repr(want[k]) if k < len(want) else "(end of file)",
             repr(got[k]) if k < len(got) else "(end of file)",
@@ -302,7 +303,9 @@ def _check_node_tables(c: Checks, b: NodeBundle, text: str) -> None:
         )
 
 
-def check_other_files(c: Checks, data: dict, typed: NodeBundle | EndpointBundle, path: Path, name: str) -> None:
+def check_other_files(
+    c: Checks, data: dict[str, Any], typed: NodeBundle | EndpointBundle, path: Path, name: str
+) -> None:
     """commands.txt as results.json renders it; the chart a regular PNG file, drawn from results.json but not
     compared (matplotlib's bytes differ by version), said so; any other file, said to be unchecked."""
     commands = path / bundle.COMMANDS
@@ -313,11 +316,11 @@ def check_other_files(c: Checks, data: dict, typed: NodeBundle | EndpointBundle,
         c.equal(
             bundle.COMMANDS, "(as results.json renders it)", kinds.kind(data).commands(typed, shlex.quote(name)), text
         )
-    chart = path / bundle.CHART
+    chart = path / CHART
     if chart.exists() or chart.is_symlink():
         regular = chart.is_file() and not chart.is_symlink()
-        c.equal(bundle.CHART, "(a regular PNG file)", True, regular and chart.open("rb").read(8) == PNG_MAGIC)
-        c.notes.append(f"{bundle.CHART}: drawn from {bundle.RESULTS}, not compared with it (unchecked)")
+        c.equal(CHART, "(a regular PNG file)", True, regular and chart.open("rb").read(8) == PNG_MAGIC)
+        c.notes.append(f"{CHART}: drawn from {RESULTS}, not compared with it (unchecked)")
     for entry in sorted(os.listdir(path)):
         if entry not in bundle.BUNDLE_FILES:
             c.notes.append(f"{entry}: not a file meshbench writes; unchecked")
@@ -337,14 +340,21 @@ def bundle_name(text: str, path: Path) -> str:
     return path.name
 
 
-def _check_table(c: Checks, name: str, rows: list[list[str]] | None, expected: list[list[str]], fields, at: str):
+def _check_table(
+    c: Checks,
+    name: str,
+    rows: list[list[str]] | None,
+    expected: list[list[str]],
+    fields: list[str],
+    at: str,
+) -> None:
     if rows is None:
-        c.equal(bundle.README, name, "present", "missing")
+        c.equal(README, name, "present", "missing")
         return
-    c.equal(bundle.README, f"{name} rows", len(expected), len(rows))
+    c.equal(README, f"{name} rows", len(expected), len(rows))
     for i, (e_row, f_row) in enumerate(zip(expected, rows)):
         for field, e, f in zip(fields, e_row, f_row + [""] * (len(e_row) - len(f_row))):
-            c.equal(bundle.README, f"{at}[{i}].{field}", e, f)
+            c.equal(README, f"{at}[{i}].{field}", e, f)
 
 
 @dataclass(frozen=True, slots=True)

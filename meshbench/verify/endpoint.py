@@ -177,7 +177,7 @@ def _check_endpoint_record(c: Checks, b: EndpointBundle) -> None:
         c.equal(RESULTS, "endpoint.detected (why the server is its flavour, in that flavour's words)", why, e.detected)
 
 
-def _target(url) -> Target | None:
+def _target(url: str) -> Target | None:
     try:
         return parse_target(url)
     except MeshbenchError:
@@ -214,7 +214,7 @@ def _check_passes(c: Checks, lv: EndpointLevel, at: str, ids: list[str], repeat:
                 "the stamps)", True, most <= lv.concurrency)  # fmt: skip
 
 
-def most_in_flight(answers) -> int:
+def most_in_flight(answers: list[Completion]) -> int:
     """The most requests in flight at once, each from its submission to its last token (an answer with none: its
     submission alone). A closed-loop client sends its next request after its last answer's last token, so C
     clients never have more than C: a pass shifted to overlap more was not run so."""

@@ -3,6 +3,8 @@ the prompts that carry them, every answer whole) and the search of every answer 
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshbench.analysis import canary as plant
 from meshbench.analysis.checks import Checks
 from meshbench.engine import apis
@@ -53,7 +55,7 @@ def _check_run(
     codes: list[str],
     native: bool,
     use_ids: bool,
-    new: dict,
+    new: dict[str, Any],
     eos: str,
 ) -> None:
     c.equal(RESULTS, f"{at}.sessions (the first C)", sessions, run.sessions)

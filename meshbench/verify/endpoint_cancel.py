@@ -8,6 +8,8 @@ margins are the server's own numbers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshbench.analysis import cancel as judge
 from meshbench.analysis import endpoint_margins
 from meshbench.analysis.checks import Checks
@@ -41,7 +43,7 @@ def check_cancels(c: Checks, b: EndpointBundle, ids: list[str]) -> None:
                 run.verdict)  # fmt: skip
 
 
-def _answers(c: Checks, run: CancelRun, at: str, lengths: dict, new: dict, eos: str) -> None:
+def _answers(c: Checks, run: CancelRun, at: str, lengths: dict[str, Any], new: dict[str, Any], eos: str) -> None:
     """The reference and the run answer every session in order, whole, with a margin per token."""
     for side, answers in (("reference", run.reference), ("answers", run.answers)):
         c.equal(RESULTS, f"{at}.{side} (every session once, in order)", run.sessions, [x.session_id for x in answers])
@@ -53,7 +55,7 @@ def _answers(c: Checks, run: CancelRun, at: str, lengths: dict, new: dict, eos: 
                         True, x.margins is None or len(x.margins) == len(x.tokens))  # fmt: skip
 
 
-def _cuts(c: Checks, run: CancelRun, at: str, lengths: dict, new: dict, eos: str) -> None:
+def _cuts(c: Checks, run: CancelRun, at: str, lengths: dict[str, Any], new: dict[str, Any], eos: str) -> None:
     """Each cancelled session's first attempt: cut at the first chunk that reached the token (its stamps say where
     each chunk ended), or a whole answer that ended before it; its retry sent after it."""
     c.equal(RESULTS, f"{at}.cut (each cancelled session once, in order)", run.cancelled,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import Any
 
 from meshbench.analysis import backpressure, figures, isolation, verdicts
 from meshbench.analysis.checks import Checks
@@ -244,7 +245,7 @@ def workload_ids(b: NodeBundle) -> list[str]:
 
 
 # --- the second way: plain loops over the raw records, nothing from figures.py ----------------
-def _plain_tick_figures(ticks: list[Tick]) -> dict:
+def _plain_tick_figures(ticks: list[Tick]) -> dict[str, Any]:
     count = batch_ticks = batch_members = largest = prompt = generated = peak = 0
     for t in ticks:
         count += 1

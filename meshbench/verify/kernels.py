@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from meshbench.analysis import figures
 from meshbench.engine import kinds
@@ -49,7 +50,9 @@ def recipe(engine: EngineInfo) -> str | None:
     return f"repack {on[bool(repack)]}, flash attention {on[bool(flash)]}"
 
 
-def differ(recorded: dict | None, here: dict | None, engine: EngineInfo, rerun: EngineInfo) -> KernelReport | None:
+def differ(
+    recorded: dict[str, Any] | None, here: dict[str, Any] | None, engine: EngineInfo, rerun: EngineInfo
+) -> KernelReport | None:
     """Where a GGUF engine's llama.cpp kernels differ between the two fingerprints, or the recipe that picks
     among them does (a bundle made with repacking, rerun where its repacked kernels die), else None."""
     if not kinds.recorded(engine.kind).llama:
@@ -77,7 +80,7 @@ def held_corruption(b: NodeBundle) -> bool:
     return b.results.isolation.holds is not False and figures.unfinished_sessions(b.levels) == 0
 
 
-def tokens_moved(old: dict, new: dict) -> bool:
+def tokens_moved(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """Some session's tokens differ between the two views."""
     return any(old.get(k) != new.get(k) for k in set(old) | set(new) if k.endswith(".tokens"))
 
@@ -156,6 +159,6 @@ def _session(k: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _natural(k: str) -> list:
+def _natural(k: str) -> list[Any]:
     """levels[2] before levels[10]; sessions before cache_off at one level."""
     return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", k.replace("cache_off", "~cache_off"))]

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 from pathlib import Path
+from typing import Any, Callable
 
 from meshbench import files
 from meshbench.analysis.checks import Checks
@@ -70,7 +71,7 @@ def _check_alike(c: Checks, settings: list[matrix_doc.Setting]) -> None:
             c.equal(at, f"{name} (the first setting's: one server, model and machine)", get(first), get(r))
 
 
-ALIKE = {  # what every setting of a matrix shares, by where it is recorded
+ALIKE: dict[str, Callable[[Any], object]] = {  # what every setting of a matrix shares, by where it is recorded
     "endpoint.launched.version": lambda r: r.endpoint.launched and r.endpoint.launched.version,
     "endpoint.launched.model": lambda r: r.endpoint.launched and r.endpoint.launched.model,
     "endpoint.models": lambda r: r.endpoint.models,
@@ -82,7 +83,7 @@ def json_key(value: object) -> str:
     return json.dumps(value)
 
 
-def _check_what_ran(c: Checks, data: dict, cfg: RunConfig) -> None:
+def _check_what_ran(c: Checks, data: dict[str, Any], cfg: RunConfig) -> None:
     """The matrix's command is one meshbench command whose flags are its config echo's; its settings, flags,
     story and title are the echo's."""
     c.equal(
@@ -108,7 +109,9 @@ def _check_what_ran(c: Checks, data: dict, cfg: RunConfig) -> None:
     c.equal(RESULTS, "server_args (the config echo's engine.server_args)", cfg.engine.server_args, data["server_args"])
 
 
-def _check_setting(c: Checks, path: Path, cfg: RunConfig, made_by: str, entry: dict) -> matrix_doc.Setting | None:
+def _check_setting(
+    c: Checks, path: Path, cfg: RunConfig, made_by: str, entry: dict[str, Any]
+) -> matrix_doc.Setting | None:
     """One setting's bundle, as verify checks any, and as the matrix says it ran."""
     folder = path / entry["folder"]
     at = f"{entry['folder']}/{RESULTS}"
@@ -142,7 +145,7 @@ def _check_setting(c: Checks, path: Path, cfg: RunConfig, made_by: str, entry: d
     return s
 
 
-def _check_files(c: Checks, path: Path, data: dict, settings: list[matrix_doc.Setting]) -> None:
+def _check_files(c: Checks, path: Path, data: dict[str, Any], settings: list[matrix_doc.Setting]) -> None:
     """README.md and commands.txt as the matrix renders them; nothing else in the folder but the settings'."""
     readme = path / README
     if not readme.is_file() or readme.is_symlink():

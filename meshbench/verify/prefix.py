@@ -142,7 +142,9 @@ class _Replay:
     """The replayed store (it never evicts), each session's replayed hit, and the blocks each live session
     references."""
 
-    def __init__(self, prompts: dict[tuple[str, int], tuple[int, ...]], bt: int, cached: dict) -> None:
+    def __init__(
+        self, prompts: dict[tuple[str, int], tuple[int, ...]], bt: int, cached: dict[tuple[str, int], int]
+    ) -> None:
         self.prompts, self.bt, self.cached = prompts, bt, cached
         self.store: set[bytes] = set()
         self.replayed: dict[tuple[str, int], int] = {}

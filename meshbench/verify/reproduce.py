@@ -19,21 +19,21 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from meshbench.analysis import figures
 from meshbench.analysis.checks import Checks, Failure
 from meshbench.engine import kinds
+from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.context import EngineInfo
 from meshbench.records.model import IsolationRecords, PassSession
 from meshbench.results import fingerprint, typed
-from meshbench.results.bundle import RESULTS
 from meshbench.results.fields import DETERMINISTIC_LEVEL_FIELDS
 from meshbench.results.typed import NodeBundle
 from meshbench.verify import kernels
 
-Rerun = Callable[[dict], dict]  # a bundle's results -> the same configuration's results, run again
+Rerun = Callable[[dict[str, Any]], dict[str, Any]]  # a bundle's results -> the same configuration's results, run again
 
 FILE = f"{RESULTS} (rerun)"
 # Float records: a margins list, a digest of margins, a logit deviation or a margin inside a divergence.
@@ -49,7 +49,7 @@ def tolerance(engine: EngineInfo) -> float:
     return 1e-9 if figures.float64(engine) else 1e-3
 
 
-def deterministic_view(data: dict) -> dict:
+def deterministic_view(data: dict[str, Any]) -> dict[str, Any]:
     """Every field a rerun must reproduce, flattened to one key each (``view``, of the records typed once)."""
     return view(typed.node(data))
 
@@ -58,7 +58,7 @@ _ENGINE_APART = ("rpc", "model", "vocab_size", "recipe_auto")
 _RECIPE = ("repack", "flash_attn", "recipe_fingerprint")  # a GGUF engine's: the kernels they pick
 
 
-def view(b: NodeBundle, split_tokens: bool = False) -> dict:
+def view(b: NodeBundle, split_tokens: bool = False) -> dict[str, Any]:
     """Every field a rerun must reproduce, flattened to one key each; wall-clock and environment excluded.
 
     On the wall clock admission depends on speed: only the engine, the verdict and the sessions run
@@ -109,7 +109,7 @@ def view(b: NodeBundle, split_tokens: bool = False) -> dict:
     return out
 
 
-def _split(at: str, record: object | None, floats: tuple[str, ...]) -> dict:
+def _split(at: str, record: object | None, floats: tuple[str, ...]) -> dict[str, Any]:
     """A record as one entry without its float fields, and each float field as its own entry."""
     if record is None:
         return {at: None}
@@ -119,7 +119,7 @@ def _split(at: str, record: object | None, floats: tuple[str, ...]) -> dict:
     return out
 
 
-def _isolation(at: str, iso: IsolationRecords, split_tokens: bool = False) -> dict:
+def _isolation(at: str, iso: IsolationRecords, split_tokens: bool = False) -> dict[str, Any]:
     """A level's isolation records, the margin digests (floats, hashed) each its own entry, and with
     ``split_tokens`` the token digests too."""
     passes = iso.passes or []
@@ -184,12 +184,12 @@ class Outcome:
         return text + ("" if self.kernels is None else str(self.kernels))
 
 
-Own = Callable[[dict], Checks]  # a results document -> verify's checks of it
+Own = Callable[[dict[str, Any]], Checks]  # a results document -> verify's checks of it
 RERUN_COMMAND = "meshbench verify --rerun"
 
 
 def check_rerun(
-    c: Checks, data: dict, rerun: Rerun, check_own: Own | None = None, threads: int | None = None
+    c: Checks, data: dict[str, Any], rerun: Rerun, check_own: Own | None = None, threads: int | None = None
 ) -> Outcome:
     """The rerun's records held to the recorded ones; where llama.cpp's kernels differ, ``check_own`` (verify's
     checks of a results document) holds the rerun's own records, whose verdicts then stand for this machine.
@@ -251,7 +251,7 @@ def check_rerun(
     return outcome
 
 
-def _bound(c: Checks, o: Outcome, report: kernels.KernelReport, k: str, was, now) -> None:
+def _bound(c: Checks, o: Outcome, report: kernels.KernelReport, k: str, was: Any, now: Any) -> None:
     """A record bound to the recording kernels: compared, and a difference reported, not failed; numbers within
     the tolerance are as elsewhere on another fingerprint."""
     c.count += 1
@@ -266,14 +266,14 @@ def _bound(c: Checks, o: Outcome, report: kernels.KernelReport, k: str, was, now
     report.bound.append(k)
 
 
-def _digest(c: Checks, o: Outcome, k: str, was, now) -> None:
+def _digest(c: Checks, o: Outcome, k: str, was: Any, now: Any) -> None:
     if was == now or o.same_fingerprint:
         c.equal(FILE, k, was, now)
     else:
         o.digests_skipped += 1
 
 
-def _numbers(c: Checks, o: Outcome, k: str, was, now) -> None:
+def _numbers(c: Checks, o: Outcome, k: str, was: Any, now: Any) -> None:
     c.count += 1
     if _bits(was) == _bits(now):
         return
@@ -296,7 +296,7 @@ def _numbers(c: Checks, o: Outcome, k: str, was, now) -> None:
         o.deviation = max(o.deviation, worst[0])
 
 
-def _bits(v):
+def _bits(v: Any) -> Any:
     """Exact comparison, floats by their representation (so 0.1 and 0.1+1ulp differ, and NaN equals NaN)."""
     if isinstance(v, float):
         return ("f", v.hex())
@@ -307,7 +307,7 @@ def _bits(v):
     return v
 
 
-def _deviation(was, now, tol: float) -> tuple[float, bool] | None:
+def _deviation(was: Any, now: Any, tol: float) -> tuple[float, bool] | None:
     """(largest absolute deviation, whether any number is outside tol relative to max(1, |recorded|)), or None
     where the two are not the same shape of numbers."""
     if isinstance(was, bool) or isinstance(now, bool):
@@ -328,7 +328,7 @@ def _deviation(was, now, tol: float) -> tuple[float, bool] | None:
     return max((p[0] for p in parts), default=0.0), any(p[1] for p in parts)  # type: ignore[index]
 
 
-def _session(c: Checks, o: Outcome, b: NodeBundle, k: str, was: dict, now: dict) -> None:
+def _session(c: Checks, o: Outcome, b: NodeBundle, k: str, was: dict[str, Any], now: dict[str, Any]) -> None:
     """A session's exact record differs: name the first token that differs and the margin it had."""
     c.count += 1
     a, z = was.get(TOKENS) or [], now.get(TOKENS) or []
@@ -350,7 +350,7 @@ def _session(c: Checks, o: Outcome, b: NodeBundle, k: str, was: dict, now: dict)
     )
 
 
-def _margins_of(b: NodeBundle, k: str) -> list:
+def _margins_of(b: NodeBundle, k: str) -> list[Any]:
     m = re.fullmatch(r"levels\[(\d+)\]\.sessions\[(\d+)\]", k)
     if not m:
         return []

@@ -4,6 +4,7 @@ tick, repetitions whose deterministic records equal the first)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from meshbench.analysis import figures
 from meshbench.analysis.checks import Checks
@@ -161,7 +162,7 @@ def _check_stamps_after_ticks(c: Checks, lv: LevelRecord, at: str) -> None:
         c.equal(RESULTS, f"{at}.repetitions[{i}] token stamps (none before the ticks that preceded it)", [], early[:5])
 
 
-def _ordered(stamps: list) -> bool:
+def _ordered(stamps: list[Any]) -> bool:
     present = [x for x in stamps if x is not None]
     return all(a <= b for a, b in zip(present, present[1:]))
 
