@@ -134,7 +134,7 @@ def make_bundle(path: Path, scale=1.0, seed=0, edit=None, sessions=4, repeat=5) 
     clock, rng = Clock(), random.Random(seed)
     plan = SweepPlan(list(cfg.levels), cfg.workload, cfg.budget, repeat=cfg.repeat, warmup=cfg.warmup)
     sweep = run_concurrency_sweep(plan, lambda b: TimedEngine(setup.make(b), clock, scale, rng, edit), clock=clock)
-    bundle.write(path, results.build(cfg, sweep, setup.info, envinfo.environment(), "meshbench sweep"))
+    bundle.write(path, serial.to_json(results.build(cfg, sweep, setup.info, envinfo.environment(), "meshbench sweep")))
     return path
 
 

@@ -19,6 +19,7 @@ from meshbench.cli.common import (
 from meshbench.endpoint import sweep as endpoint_sweep
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
+from meshbench.records.documents import EndpointResults, NodeResults
 from meshbench.records.model import Summary
 from meshbench.results import bundle, envinfo, kinds, report
 from meshbench.results.endpoint_report import cell
@@ -82,8 +83,10 @@ def _sweep(cfg: config_mod.RunConfig, out_dir: Path | None, force: bool, as_json
         return
     if out_dir is not None:
         bundle.prepare(out_dir, force)
-    data = RUNS[kinds.of_engine(cfg.engine.kind)](cfg, verbose)
-    typed = kinds.typed_results(data)  # once: the bundle, the summary and the evidence check read it
+    kind = kinds.of_engine(cfg.engine.kind)
+    record = RUNS[kind](cfg, verbose)
+    typed = kinds.KINDS[kind].bundled(record)  # the sweep's own records, read by the bundle, summary and check
+    data: dict[str, Any] = serial.to_json(record)  # results.json's text, and --json's
     if out_dir is not None:
         err.print(f"wrote {out_dir}: {', '.join(bundle.commit(out_dir, data, force, typed))}", markup=False)
     if as_json:
@@ -104,7 +107,7 @@ def _check_own_evidence(data: dict, typed: NodeBundle | EndpointBundle) -> None:
         raise typer.Exit(1)
 
 
-def _run_with_progress(cfg, verbose: bool) -> dict:
+def _run_with_progress(cfg: config_mod.RunConfig, verbose: bool) -> NodeResults:
     """The node's sweep, with its passes' progress on stderr (meshbench.cli.progress)."""
     with progress.passes("sweep") as (on_tick, on_pass):
         return run.sweep_on_node(cfg, command_line(), on_tick, verbose, on_pass)
@@ -152,7 +155,7 @@ def median_cell(s: Summary | None, digits: int) -> str:
     return "-" if s is None else f"{s.median:.{digits}f}"
 
 
-def _run_endpoint(cfg: config_mod.RunConfig) -> dict:
+def _run_endpoint(cfg: config_mod.RunConfig) -> EndpointResults:
     """The endpoint sweep, one progress line per pass on stderr."""
     return endpoint_sweep.run(
         cfg, command_line(), envinfo.environment(), lambda m: err.print(f"sweep: {m}", markup=False)
@@ -193,7 +196,7 @@ def _print_endpoint(b: EndpointBundle) -> None:
 
 
 # Each kind of bundle (meshbench.results.kinds): how the CLI runs its sweep, and the summary it prints.
-RUNS: dict[str, Callable[[config_mod.RunConfig, bool], dict]] = {
+RUNS: dict[str, Callable[[config_mod.RunConfig, bool], NodeResults | EndpointResults]] = {
     kinds.NODE: lambda cfg, verbose: _run_with_progress(cfg, verbose),
     kinds.ENDPOINT: lambda cfg, verbose: _run_endpoint(cfg),
 }

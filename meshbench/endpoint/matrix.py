@@ -9,6 +9,7 @@ from typing import Callable, Iterator
 
 from meshbench.endpoint import sweep as endpoint_sweep
 from meshbench.errors import MeshbenchError
+from meshbench.records import serial
 from meshbench.workload import matrix
 from meshbench.workload.config import RunConfig
 from meshbench.workload.matrix_config import setting_config
@@ -32,4 +33,4 @@ def run(
             raise MeshbenchError(f"engine.server_settings {f!r}: {e}") from None
     for k, (f, sub, sub_command) in enumerate(zip(flags, configs, commands)):
         progress(f"setting {k + 1} of {len(flags)}: {matrix.folder(f)} ({sub.engine.server_args or 'no flags'})")
-        yield f, endpoint_sweep.run(sub, sub_command, environment, progress)
+        yield f, serial.to_json(endpoint_sweep.run(sub, sub_command, environment, progress))  # (written to files)

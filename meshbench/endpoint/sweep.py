@@ -50,7 +50,9 @@ from meshbench.workload.config import RunConfig, validate_levels
 NEEDLE = "needle"  # the needle's session id: the first prompt, sent again beside other sessions
 
 
-def run(cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None) -> dict:
+def run(
+    cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None
+) -> EndpointResults:
     """The endpoint sweep of ``cfg`` (engine.kind endpoint): its results.json. With ``engine.serve``, that server
     (meshbench.endpoint.launchers) is started on the config's model for the sweep and stopped after it."""
     validate_levels(list(cfg.levels), cfg.workload.sessions)
@@ -88,7 +90,7 @@ def _sweep(
     environment: dict,
     progress: Callable[[str], None],
     launched: dict | None = None,
-) -> dict:
+) -> EndpointResults:
     levels = sorted(cfg.levels)
     endpoint, info = _probed(cfg, url, launched)
     texts, ids, counts = _prompts(cfg, endpoint, progress)
@@ -354,42 +356,40 @@ def _document(
     rates: list[EndpointRate] | None = None,
     cold: ConversationCold | None = None,
     turn_ids: dict[str, list[list[int]]] | None = None,
-) -> dict:
+) -> EndpointResults:
     wl = cfg.workload
     assert wl.prompts is not None
     every = [c for lv in levels for rep in lv.repetitions for c in figures.pass_answers(rep)]
     every += [t.completion for lv in levels for t in lv.needle] + [alone]
     endpoint = serial.from_json(info, EndpointInfo, "the endpoint's record")
     compared = figures.compared_by(endpoint.api, every)
-    return serial.to_json(
-        EndpointResults(
-            kind="endpoint",
-            **document.header(cfg, command, document.ENDPOINT_VERSION),
-            endpoint=endpoint,
-            environment=serial.from_json(environment, Environment, "the environment"),
-            workload=EndpointWorkload(
-                sessions=wl.sessions,
-                prompts=wl.prompts,
-                prompts_sha256=files.sha256(Path(wl.prompts)),
-                prompt_tokens=list(wl.prompt_tokens),
-                new_tokens=list(wl.new_tokens),
-                eos=wl.eos,
-                seed=wl.seed,
-                request=request,
-                prompt_ids=None if wl.prompt_ids is None else [list(x) for x in wl.prompt_ids],
-                turns=wl.turns if wl.turns > 1 else None,
-                turn_ids=None if turn_ids is None else [turn_ids[s] for s in wl.session_ids()],
-            ),
-            needle=Needle(prompt_of=wl.session_ids()[0], alone=alone),
-            levels=levels,
-            verdicts=figures.verdicts(levels, alone, compared),
-            conclusions=figures.CONCLUSIONS,
-            margins=margins,
-            divergences=None
-            if margins is None or not endpoint_margins.compares(endpoint.api, compared, cfg.engine.temperature, margins)
-            else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
-            canaries=plant.search(levels, margins, alone, plant.open_loop_answers(rates)),
-            rates=rates,
-            conversations=cold,
-        )
+    return EndpointResults(
+        kind="endpoint",
+        **document.header(cfg, command, document.ENDPOINT_VERSION),
+        endpoint=endpoint,
+        environment=serial.from_json(environment, Environment, "the environment"),
+        workload=EndpointWorkload(
+            sessions=wl.sessions,
+            prompts=wl.prompts,
+            prompts_sha256=files.sha256(Path(wl.prompts)),
+            prompt_tokens=list(wl.prompt_tokens),
+            new_tokens=list(wl.new_tokens),
+            eos=wl.eos,
+            seed=wl.seed,
+            request=request,
+            prompt_ids=None if wl.prompt_ids is None else [list(x) for x in wl.prompt_ids],
+            turns=wl.turns if wl.turns > 1 else None,
+            turn_ids=None if turn_ids is None else [turn_ids[s] for s in wl.session_ids()],
+        ),
+        needle=Needle(prompt_of=wl.session_ids()[0], alone=alone),
+        levels=levels,
+        verdicts=figures.verdicts(levels, alone, compared),
+        conclusions=figures.CONCLUSIONS,
+        margins=margins,
+        divergences=None
+        if margins is None or not endpoint_margins.compares(endpoint.api, compared, cfg.engine.temperature, margins)
+        else endpoint_margins.divergences(levels, margins, wl.session_ids()[0]),
+        canaries=plant.search(levels, margins, alone, plant.open_loop_answers(rates)),
+        rates=rates,
+        conversations=cold,
     )

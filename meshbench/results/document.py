@@ -58,32 +58,29 @@ def build(
     command: str,
     first_divergence: FirstDivergence | None = None,
     inputs: dict[str, InputFile] | None = None,
-) -> dict[str, Any]:
-    """results.json: the config echo, the engine and environment, the level records, the sweep's verdicts (the
-    first divergence as explained by the runner, when it was), and the input files' digests."""
-    doc: dict[str, Any] = serial.to_json(  # (a JSON object, as NodeResults is a record)
-        NodeResults(
-            **header(cfg, command, SCHEMA_VERSION),
-            engine=serial.engine_info(engine_info, "the engine's record"),
-            workload=serial.from_json(
-                cfg.workload.to_dict(), Workload, "the workload"
-            ),  # copies of the config echo's, checked equal by verify
-            budget=Budget(**cfg.budget.to_dict()),
-            environment=serial.from_json(environment, Environment, "the environment"),
-            levels=sweep.levels,
-            corruption_free=sweep.corruption_free,
-            batch_invariant=sweep.batch_invariant,
-            isolation=sweep.isolation,
-            first_divergence=first_divergence or sweep.first_divergence,
-            saturation_concurrency=sweep.saturation_concurrency,
-            saturation_margin=SATURATION_MARGIN,
-            reference_concurrency=sweep.reference_concurrency,
-            reference=sweep.reference,
-            saturation_rates=sweep.saturation_rates,
-            inputs=inputs,
-        )
+) -> NodeResults:
+    """results.json's record, complete when built: the config echo, the engine and environment, the level records,
+    the sweep's verdicts (the first divergence as explained by the runner, when it was), the input files' digests."""
+    return NodeResults(
+        **header(cfg, command, SCHEMA_VERSION),
+        engine=serial.engine_info(engine_info, "the engine's record"),
+        workload=serial.from_json(
+            cfg.workload.to_dict(), Workload, "the workload"
+        ),  # copies of the config echo's, checked equal by verify
+        budget=Budget(**cfg.budget.to_dict()),
+        environment=serial.from_json(environment, Environment, "the environment"),
+        levels=sweep.levels,
+        corruption_free=sweep.corruption_free,
+        batch_invariant=sweep.batch_invariant,
+        isolation=sweep.isolation,
+        first_divergence=first_divergence or sweep.first_divergence,
+        saturation_concurrency=sweep.saturation_concurrency,
+        saturation_margin=SATURATION_MARGIN,
+        reference_concurrency=sweep.reference_concurrency,
+        reference=sweep.reference,
+        saturation_rates=sweep.saturation_rates,
+        inputs=inputs,
     )
-    return doc
 
 
 ENDPOINT_SCHEMA = "endpoint.schema.json"

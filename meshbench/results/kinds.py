@@ -79,6 +79,7 @@ class BundleKind:
     schema: str  # the schema file in meshbench.schemas
     version: int  # the schema_version this meshbench writes and reads
     typed: Callable[[Any], Any]  # results.json (schema-valid) -> its records and config (meshbench.results.typed)
+    bundled: Callable[[Any], Any]  # a sweep's document record, as built -> the same typed bundle, no JSON between
     readme: Callable[[Any, str], str]  # (typed results, quoted bundle name) -> README.md
     commands: Callable[[Any, str], str]  # (typed results, quoted bundle name) -> commands.txt
     index_row: Callable[[Path, Any], str]  # (bundle folder, typed results) -> its row of evidence/INDEX.md
@@ -92,6 +93,7 @@ KINDS = {
         schema=document.SCHEMA,
         version=document.SCHEMA_VERSION,
         typed=typed.node,
+        bundled=typed.node_bundle,
         readme=report.render_readme,
         commands=report.render_commands,
         index_row=index_rows.node_row,
@@ -103,6 +105,7 @@ KINDS = {
         schema=document.ENDPOINT_SCHEMA,
         version=document.ENDPOINT_VERSION,
         typed=typed.endpoint,
+        bundled=typed.endpoint_bundle,
         readme=endpoint_report.render_readme,
         commands=endpoint_report.render_commands,
         index_row=index_rows.endpoint_row,

@@ -62,10 +62,18 @@ class EndpointBundle:
 
 
 def node(data: Any) -> NodeBundle:
-    results = serial.node_results(data)
-    return NodeBundle(results, config.from_mapping(results.config, "results.json config"))
+    return node_bundle(serial.node_results(data))
 
 
 def endpoint(data: Any) -> EndpointBundle:
-    results = serial.endpoint_results(data)
+    return endpoint_bundle(serial.endpoint_results(data))
+
+
+# A sweep's own records, as it built them (no trip through JSON within the process that ran it), with its config
+# echo read as a RunConfig as a results.json's is.
+def node_bundle(results: NodeResults) -> NodeBundle:
+    return NodeBundle(results, config.from_mapping(results.config, "results.json config"))
+
+
+def endpoint_bundle(results: EndpointResults) -> EndpointBundle:
     return EndpointBundle(results, config.from_mapping(results.config, "results.json config"))

@@ -13,7 +13,7 @@ from meshbench.engine import kinds
 from meshbench.engine import spec as spec_mod
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
-from meshbench.records.documents import FirstDivergence
+from meshbench.records.documents import FirstDivergence, NodeResults
 from meshbench.records.model import IsolationPass, IsolationRecords
 from meshbench.records.turns import by_turn
 from meshbench.scheduler.session import GenerationRequest
@@ -80,7 +80,9 @@ def as_synthetic(engine: EngineSpec) -> EngineSpec:
     return dataclasses.replace(engine, kind=kinds.SYNTHETIC.name, **{f.name: f.default for f in theirs})
 
 
-def oracle(cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: Callable[[RunConfig], dict]) -> str:
+def oracle(
+    cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: Callable[[RunConfig], NodeResults]
+) -> str:
     """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
     arch = engine_info.get("architecture")
     if arch != "llama" or cfg.workload.prompts is not None or cfg.workload.eos != "continue":
@@ -97,6 +99,6 @@ def oracle(cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: C
         other = run_sweep(dataclasses.replace(cfg, levels=tuple(levels), isolation=False, engine=engine))
     except MeshbenchError as e:
         return f"could not run these weights ({e})"
-    if other["batch_invariant"]:
+    if other.batch_invariant:
         return f"agrees across levels {levels} on the same weights"
     return f"diverges across levels {levels} on the same weights too: the scheduler, not the kernels"

@@ -6,7 +6,7 @@ import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from meshbench import files
 from meshbench.analysis import divergence, figures
@@ -22,8 +22,8 @@ from meshbench.errors import MeshbenchError
 from meshbench.model import gguf_io
 from meshbench.records import serial
 from meshbench.records.context import PROMPTS_FILE as PROMPTS
-from meshbench.records.context import InputFile
-from meshbench.records.documents import FirstDivergence, LogitDeviation
+from meshbench.records.context import GgufEngineInfo, InputFile
+from meshbench.records.documents import FirstDivergence, LogitDeviation, NodeResults
 from meshbench.results import document as results
 from meshbench.results import envinfo, fingerprint, kinds, typed
 from meshbench.results.typed import NodeBundle
@@ -99,7 +99,7 @@ def sweep_on_node(
     on_tick: Callable[[int, TickRecord], None] | None = None,
     verbose: bool = False,
     on_pass: Callable[[PassDone], None] | None = None,
-) -> dict:
+) -> NodeResults:
     """Start the node's workers, load the engine, sweep, and free the engine before the workers stop
     (llama.cpp aborts when it frees buffers on a worker that is gone)."""
     cfg = prompts.apply(cfg)  # real prompts: tokenized by the model before anything runs
@@ -117,7 +117,7 @@ def run_sweep(
     on_tick: Callable[[int, TickRecord], None] | None = None,
     setup: EngineSetup | None = None,
     on_pass: Callable[[PassDone], None] | None = None,
-) -> dict:
+) -> NodeResults:
     setup = setup or prepare(cfg)
     engine = serial.engine_info(setup.info, "the engine's record")
     plan = dataclasses.replace(SweepPlan.of(cfg), near_tie=figures.near_tie(engine))  # type: ignore[arg-type]
@@ -269,11 +269,12 @@ def rerun_results(
     if model is not None:  # an early refusal only, before anything runs: the check after the sweep judges
         _check_repack_here(b, model, fingerprint.fingerprint().get("digest"))
     rerun = sweep_on_node(cfg, b.results.command, on_tick, on_pass=on_pass)
-    e = rerun["engine"]
-    if engine_kinds.recorded(e["kind"]).llama and e.get("repack") is False:
-        ran = str((e.get("recipe_auto") or {}).get("repack", "off"))
-        _check_repack_here(b, Path(e["model"]), rerun["environment"]["compute"]["digest"], ran)
-    return rerun
+    e = rerun.engine
+    if isinstance(e, GgufEngineInfo) and e.repack is False and e.model is not None:  # (llama.cpp's record)
+        ran = str((e.recipe_auto or {}).get("repack", "off"))
+        _check_repack_here(b, Path(e.model), rerun.environment.compute.digest, ran)
+    doc: dict[str, Any] = serial.to_json(rerun)  # (compared with the recorded file, key by key)
+    return doc
 
 
 def _model_at_hand(cfg: RunConfig) -> Path | None:
