@@ -500,7 +500,7 @@ def test_a_near_tie_a_confident_divergence_and_the_margins_that_tell_them_apart(
     rep = EndpointRepetition(repetition=0, position=0, wall_s=1.0, metrics_before=None, metrics_after=None,
                              figures={}, sessions=sessions)  # fmt: skip
     d = m.divergences([EndpointLevel(concurrency=2, repetitions=[rep], needle=[], figures={})], passes, "s0")
-    assert d.threshold == pytest.approx(0.2) and d.levels["2"].differing == 2
+    assert d.threshold == pytest.approx(0.2) and d.levels[2].differing == 2
     assert [(x.session_id, x.token_index) for x in d.near_ties] == [("s0", 1)]
     assert [(x.session_id, x.token_index, x.margin, x.beside) for x in d.confident] == [("s1", 2, 1.0, ["s0"])]
 

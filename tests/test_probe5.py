@@ -98,7 +98,7 @@ def test_an_answer_whose_cold_answer_is_missing_is_counted_unjudged_at_its_level
     rep = EndpointRepetition(repetition=0, position=0, wall_s=1.0, metrics_before=None, metrics_after=None,
                              figures={}, sessions=sessions)  # fmt: skip
     d = m.divergences([EndpointLevel(concurrency=2, repetitions=[rep], needle=[], figures={})], passes, "s0")
-    assert (d.levels["2"].answers, d.levels["2"].differing, d.levels["2"].unjudged) == (1, 0, 1)
+    assert (d.levels[2].answers, d.levels[2].differing, d.levels[2].unjudged) == (1, 0, 1)
 
 
 def test_a_server_reading_the_sum_of_its_neighbours_ids_is_found_dependent():

@@ -256,6 +256,20 @@ def test_an_optional_key_is_left_out_when_none_and_numbers_keep_their_type():
     assert wall.arrival_ms == 0 and type(wall.arrival_ms) is int and wall.submit_ms == 0.5
 
 
+def test_a_map_by_concurrency_is_keyed_by_integers_and_written_by_their_digits():
+    data = json.loads(ENDPOINT_BUNDLES[0].read_text())
+    v = serial.endpoint_results(data).verdicts
+    levels = [lv["concurrency"] for lv in data["levels"]]
+    for by_level in (v.failed, v.differing_sessions, v.distinct_outputs, v.needle):
+        assert list(by_level) == levels and all(type(c) is int for c in by_level)
+    assert serial.to_json(v)["needle"].keys() == data["verdicts"]["needle"].keys()
+    for key in ("01", "0", "-1", "1.0", "\u0661", " 1"):  # (one a non-ASCII digit)
+        bad = json.loads(json.dumps(data))
+        bad["verdicts"]["failed"] = {key: 0}
+        with pytest.raises(MeshbenchError, match="is not a concurrency"):
+            serial.endpoint_results(bad)
+
+
 MATRIX_BUNDLES = _committed(("matrix",))
 TOP_ENDPOINT_BUNDLES = [p for p in ENDPOINT_BUNDLES if p.parent.parent == ROOT / "evidence"]
 

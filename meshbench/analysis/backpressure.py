@@ -162,11 +162,11 @@ def _on_wall(
     }
 
 
-def saturation_rates(levels: Sequence[LevelRecord]) -> dict[str, float | None]:
+def saturation_rates(levels: Sequence[LevelRecord]) -> dict[int, float | None]:
     """Per concurrency, the lowest offered rate at which a full queue refused a session (None: never)."""
-    out: dict[str, float | None] = {}
+    out: dict[int, float | None] = {}
     for lv in sorted((lv for lv in levels if lv.rate is not None), key=lambda lv: lv.rate or 0.0):
-        key = str(lv.concurrency)
+        key = lv.concurrency
         out.setdefault(key, None)
         if out[key] is None and lv.backpressure.rejected_by_reason.get("REJECTED_QUEUE_FULL"):
             out[key] = lv.rate

@@ -113,12 +113,12 @@ def verdicts(levels: Sequence[EndpointLevel], needle_alone: Completion | None, c
     """The three verdicts from the recorded outputs."""
     ref = min(levels, key=lambda lv: lv.concurrency)
     reference = {label(c): output(c, compared) for c in pass_answers(ref.repetitions[0]) if c.error is None}
-    differing: dict[str, list[str]] = {}
-    distinct: dict[str, dict[str, int]] = {}
-    needles: dict[str, NeedleVerdict] = {}
-    failed: dict[str, int] = {}
+    differing: dict[int, list[str]] = {}
+    distinct: dict[int, dict[str, int]] = {}
+    needles: dict[int, NeedleVerdict] = {}
+    failed: dict[int, int] = {}
     for lv in levels:
-        c_ = str(lv.concurrency)
+        c_ = lv.concurrency
         answers = [c for rep in lv.repetitions for c in pass_answers(rep)] + [t.completion for t in lv.needle]
         failed[c_] = sum(c.error is not None for c in answers)
         first = {label(c): output(c, compared) for c in pass_answers(lv.repetitions[0]) if c.error is None}

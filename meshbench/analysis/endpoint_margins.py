@@ -235,7 +235,7 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
         sibling = [
             dataclasses.replace(d, beside=[after[d.session_id]] if d.session_id in after else []) for d in found_after
         ]
-    per_level: dict[str, LevelDivergences] = {}
+    per_level: dict[int, LevelDivergences] = {}
     found: list[Divergence] = []
     for lv in levels:
         answers = [
@@ -254,7 +254,7 @@ def divergences(levels: Sequence[EndpointLevel], passes: MarginPasses, needle_of
             if d is not None:
                 here.append(d)
         kinds = [d.kind for d in here]
-        per_level[str(lv.concurrency)] = LevelDivergences(
+        per_level[lv.concurrency] = LevelDivergences(
             answers=compared,
             differing=len(here),
             near_ties=kinds.count("near-tie"),

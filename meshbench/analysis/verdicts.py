@@ -29,7 +29,7 @@ class ConcurrencySweep:
     saturation_concurrency: int | None  # None for a sweep of arrival rates
     reference_concurrency: int
     reference: Reference | None = None  # arrival sweeps: every session run alone
-    saturation_rates: dict[str, float | None] | None = (
+    saturation_rates: dict[int, float | None] | None = (
         None  # arrival sweeps: per concurrency, the first rate a full queue refused
     )
 

@@ -180,9 +180,9 @@ def _print_endpoint(b: EndpointBundle) -> None:
         ),
     )
     for lv in r.levels:
-        c, f = str(lv.concurrency), lv.figures
+        c, f = lv.concurrency, lv.figures
         t.add_row(
-            c,
+            str(c),
             str(len(v.differing_sessions[c])),
             str(max(v.distinct_outputs[c].values(), default=0)),
             str(v.needle[c].distinct),

@@ -86,7 +86,7 @@ class NodeResults:
     saturation_margin: float
     reference_concurrency: int
     reference: Reference | None
-    saturation_rates: dict[str, float | None] | None
+    saturation_rates: dict[int, float | None] | None  # by concurrency
     inputs: dict[str, InputFile] | None = None  # input files by config key (workload.prompts), as they were
 
 
@@ -105,12 +105,12 @@ class EndpointVerdicts:
 
     compared: str  # tokens or text
     reference_concurrency: int
-    failed: dict[str, int]
+    failed: dict[int, int]  # each map here by concurrency (results.json's keys: its decimal digits)
     batch_invariant: bool
-    differing_sessions: dict[str, list[str]]
+    differing_sessions: dict[int, list[str]]
     run_to_run_deterministic: bool
-    distinct_outputs: dict[str, dict[str, int]]
-    needle: dict[str, NeedleVerdict]
+    distinct_outputs: dict[int, dict[str, int]]
+    needle: dict[int, NeedleVerdict]
     needle_stable: bool
 
 

@@ -64,7 +64,7 @@ class Divergences:
     together_differing: list[Divergence]  # sessions whose answer among all the others differs from their cold one
     threshold: float  # a divergence whose margin is at most this is a near-tie: max(numerics, floor)
     floor: float
-    levels: dict[str, LevelDivergences]
+    levels: dict[int, LevelDivergences]  # by concurrency
     confident: list[Divergence]  # every confident divergence, with its neighbours: suspected leaks
     near_ties: list[Divergence]
     sibling_differing: list[Divergence] | None = None  # answers right after a sibling that differ from cold (beside:

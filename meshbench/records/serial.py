@@ -9,6 +9,7 @@ does not have, or a value of the wrong type, is a MeshbenchError naming the reco
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any, TypeVar
 
 import cattrs
@@ -52,6 +53,7 @@ def _converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
     for kind, name in ((int, "an integer"), (float, "a number"), (str, "a string"), (bool, "a boolean")):
         conv.register_structure_hook(kind, _exact(kind, name))
+    conv.register_structure_hook_func(_by_level, _levels(conv))  # (before the records' hooks, which look it up)
     conv.register_structure_hook(TURN_TOKENS, _turn_tokens(conv))  # (before the records' hooks, which look it up)
     # a request history is its own file's shape too (history.schema.json, its own checks): read and written as one
     # (inside a document whose schema holds it to history.schema.json: a hunt's, checked before it is typed)
@@ -111,10 +113,39 @@ def _unstructure(conv: cattrs.Converter, cls: type) -> Any:
         for name, key, optional in fields:
             value = getattr(record, name)
             if not (optional and value is None):
-                out[key] = conv.unstructure(value)
+                out[key] = _level_keys(conv.unstructure(value))
         return out
 
     return unstructure
+
+
+def _by_level(t: Any) -> bool:
+    """A map by concurrency (``dict[int, X]``): results.json keys it by the level's decimal digits."""
+    return typing.get_origin(t) is dict and typing.get_args(t)[:1] == (int,)
+
+
+def _levels(conv: cattrs.Converter) -> Any:
+    """A map by concurrency from its JSON object: each key a positive integer's digits as Python writes them."""
+
+    def structure(value: Any, t: Any) -> dict[int, Any]:
+        if not isinstance(value, dict):
+            raise TypeError(f"{value!r} is not an object")
+        inner = typing.get_args(t)[1]
+        out = {}
+        for k, x in value.items():
+            if not (isinstance(k, str) and k.isascii() and k.isdecimal() and k == str(int(k)) and int(k) > 0):
+                raise MeshbenchError(f"{k!r} is not a concurrency (a positive integer's decimal digits)")
+            out[int(k)] = conv.structure(x, inner)
+        return out
+
+    return structure
+
+
+def _level_keys(value: Any) -> Any:
+    """A map by concurrency as JSON keys it: by its digits (JSON's keys are strings)."""
+    if isinstance(value, dict) and any(type(k) is int for k in value):
+        return {str(k): x for k, x in value.items()}
+    return value
 
 
 def _records() -> list[type]:

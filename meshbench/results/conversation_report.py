@@ -23,8 +23,8 @@ def section(b: EndpointBundle) -> list[str]:
     rows = []
     for lv in r.levels:
         later = [x for rep in lv.repetitions for x in rep.turns or ()]
-        differing = [s for s in r.verdicts.differing_sessions.get(str(lv.concurrency), []) if "#t" in s]
-        inherited = [s for s in differing if _after_a_difference(s, r.verdicts.differing_sessions[str(lv.concurrency)])]
+        differing = [s for s in r.verdicts.differing_sessions.get(lv.concurrency, []) if "#t" in s]
+        inherited = [s for s in differing if _after_a_difference(s, r.verdicts.differing_sessions[lv.concurrency])]
         failed = sum(x.error is not None for x in later)
         rows.append(f"| {lv.concurrency} | {len(later)} | {failed} | {len(differing)} | {len(inherited)} | "
                     f"{', '.join(differing[:8]) + (' ...' if len(differing) > 8 else '') or '-'} |")  # fmt: skip

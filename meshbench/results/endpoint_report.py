@@ -112,11 +112,11 @@ def table_rows(b: EndpointBundle) -> list[list[str]]:
     v = b.results.verdicts
     rows = []
     for lv in b.results.levels:
-        c = str(lv.concurrency)
+        c = lv.concurrency
         needle = v.needle[c]
         rows.append(
             [
-                c,
+                str(c),
                 str(len(v.differing_sessions[c])),
                 str(max(v.distinct_outputs[c].values(), default=0)),
                 f"{needle.distinct} / {_dash(needle.differs_from_alone)}",
@@ -140,7 +140,7 @@ def _named(b: EndpointBundle) -> list[str]:
         moved = needle is not None and (needle.distinct > 1 or (needle.differs_from_alone or 0) > 0)
         if differing or many or moved:
             cells = [markdown.inline(", ".join(x)) if x else "-" for x in (differing, many)]
-            rows.append(f"| {markdown.inline(c)} | " + " | ".join(cells) + f" | {'yes' if moved else 'no'} |")
+            rows.append(f"| {markdown.inline(str(c))} | " + " | ".join(cells) + f" | {'yes' if moved else 'no'} |")
     if not rows:
         return []
     head = "| C | output other than at the reference level | more than one output over the repetitions | needle moved |"

@@ -82,12 +82,12 @@ def _rows(s: Setting) -> list[list[str]]:
     warm = "-" if d is None else str(len(d.warm_differing))
     rows = []
     for k, lv in enumerate(b.results.levels):
-        c = str(lv.concurrency)
+        c = lv.concurrency
         cold = "-" if d is None or c not in d.levels else f"{d.levels[c].near_ties} / {d.levels[c].confident}"
         rows.append(
             [
                 _setting(s) if k == 0 else "",
-                c,
+                str(c),
                 str(len(v.differing_sessions[c])),
                 cold,
                 _depends(lv),
