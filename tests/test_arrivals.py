@@ -88,9 +88,9 @@ def test_a_burst_larger_than_slots_and_queue():
         (5, "s5", R.REJECTED_QUEUE_FULL),
     ]
     # s0: prefill at tick 0, seven decodes (ticks 1-7), ends at tick 7; s2 takes its slot then.
-    assert recs[0].prefill_sessions == ("s0",) and recs[1].prefill_sessions == ("s1",)
-    assert recs[7].completed == ("s0",) and recs[7].admitted == ("s2",)
-    assert recs[8].prefill_sessions == ("s2",)
+    assert recs[0].prefill_sessions == ["s0"] and recs[1].prefill_sessions == ["s1"]
+    assert recs[7].completed == ["s0"] and recs[7].admitted == ["s2"]
+    assert recs[8].prefill_sessions == ["s2"]
     assert [r.queued for r in recs[:9]] == [1] * 7 + [0, 0]
     assert len(recs) == 16  # s2 prefilled at 8, last token at 15
     assert s.telemetry().rejected_by_reason == {"REJECTED_QUEUE_FULL": 3}
@@ -99,10 +99,10 @@ def test_a_burst_larger_than_slots_and_queue():
 def test_an_idle_gap_between_arrivals_still_ticks():
     s, events, recs = _run([0, 20], max_active_sessions=1, max_batch_size=1)
     assert [(t, r) for t, _, r in events] == [(0, R.ADMITTED), (20, R.ADMITTED)]
-    assert recs[7].completed == ("s0",)
+    assert recs[7].completed == ["s0"]
     idle = recs[8:20]
     assert all(r.decode_batch == 0 and not r.prefill_sessions and r.active == 0 for r in idle)
-    assert recs[20].prefill_sessions == ("s1",) and len(recs) == 28
+    assert recs[20].prefill_sessions == ["s1"] and len(recs) == 28
 
 
 def test_an_arrival_in_the_tick_a_slot_frees_is_refused_the_next_is_admitted():
@@ -114,7 +114,7 @@ def test_an_arrival_in_the_tick_a_slot_frees_is_refused_the_next_is_admitted():
         (7, "s1", R.REJECTED_QUEUE_FULL),
         (8, "s2", R.ADMITTED),
     ]
-    assert recs[7].completed == ("s0",) and recs[8].prefill_sessions == ("s2",)
+    assert recs[7].completed == ["s0"] and recs[8].prefill_sessions == ["s2"]
 
 
 # --- properties -----------------------------------------------------------------------------------

@@ -177,16 +177,16 @@ def test_prefill_budget_is_fifo_and_stops_at_the_first_that_does_not_fit():
     s.submit(f.request("big", tuple(range(10)), 2))  # first of a tick always runs
     s.submit(f.request("small1", (1, 2), 2))
     s.submit(f.request("small2", (1, 2), 2))
-    assert s.run_tick().prefill_sessions == ("big",)  # 10 > 6 but first; then 12 > 6 stops
-    assert s.run_tick().prefill_sessions == ("small1", "small2")  # 2 + 2 <= 6
+    assert s.run_tick().prefill_sessions == ["big"]  # 10 > 6 but first; then 12 > 6 stops
+    assert s.run_tick().prefill_sessions == ["small1", "small2"]  # 2 + 2 <= 6
 
 
 def test_more_decoders_than_batch_slots_rotate_least_recently_decoded_first():
     s = f.scheduler(max_active_sessions=3, max_batch_size=2, max_prefill_tokens_per_tick=12)
     for sid in "abc":
         s.submit(f.request(sid, new=5))
-    assert s.run_tick().prefill_sessions == ("a", "b", "c")
-    batches = [s.run_tick().decode_sessions for _ in range(4)]
+    assert s.run_tick().prefill_sessions == ["a", "b", "c"]
+    batches = [tuple(s.run_tick().decode_sessions) for _ in range(4)]
     assert batches == [("a", "b"), ("a", "c"), ("b", "c"), ("a", "b")]  # each decodes 3 of 4 ticks
 
 
@@ -196,7 +196,7 @@ def test_exact_schedule_of_a_small_workload():
     s.submit(f.request("b", new=2))
     s.submit(f.request("c", new=1))
     recs = s.run_to_completion()
-    got = [(r.decode_sessions, r.prefill_sessions, r.completed) for r in recs]
+    got = [(tuple(r.decode_sessions), tuple(r.prefill_sessions), tuple(r.completed)) for r in recs]
     assert got == [
         ((), ("a",), ()),
         (("a",), ("b",), ()),
@@ -369,13 +369,13 @@ def test_the_scheduler_plans_a_tick_and_applies_an_answer_without_any_engine():
     assert (plan.tick, plan.decode, [c.session.session_id for c in plan.chunks]) == (0, [], ["a"])
     assert s.apply(plan, _answer(plan)) == []  # nothing ended: nothing to release
     rec = s.record(plan, kv_bytes=4 * BPT)
-    assert rec.prefill_sessions == ("a",) and rec.kv_bytes == 4 * BPT and rec.stored_tokens == 4
+    assert rec.prefill_sessions == ["a"] and rec.kv_bytes == 4 * BPT and rec.stored_tokens == 4
     plan = s.schedule()  # tick 1: a decodes its last token, b prefills
     assert [it.session_id for it in plan.feed] == ["a"] and plan.feed[0].position == 4
     assert [c.session.session_id for c in plan.chunks] == ["b"]
     assert s.apply(plan, _answer(plan)) == ["a"]  # a completed: the driver must release its KV
     rec = s.record(plan, kv_bytes=4 * BPT)
-    assert rec.completed == ("a",) and rec.admitted == ("c",)
+    assert rec.completed == ["a"] and rec.admitted == ["c"]
     assert s.session("a").tokens == [7, 7]
 
 
@@ -391,6 +391,6 @@ def test_a_lost_engine_fails_its_sessions_and_the_resubmission_starts_a_new_epoc
     s.resubmit(lost)
     assert s.apply(plan, None) == []
     rec = s.record(plan, 0)
-    assert rec.ended == ("a",) and rec.resubmitted == ("a",) and s.session("a").epoch == 2
+    assert rec.ended == ["a"] and rec.resubmitted == ["a"] and s.session("a").epoch == 2
     assert s.losses()[0]["resubmitted"] == [{"session_id": "a", "epoch": 2, "decision": "ADMITTED"}]
     assert s.telemetry(kv_bytes=0).failed_by_cause == {"engine lost: SIGKILL": 1}

@@ -79,7 +79,7 @@ def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threa
     timed = []
     while sched.has_work():
         rec = sched.run_tick()
-        if rec.decode_batch == b and not rec.prefill_sessions and not rec.completed:
+        if rec.tick_ns is not None and rec.decode_batch == b and not rec.prefill_sessions and not rec.completed:
             timed.append(rec.tick_ns)
     e.close()
     assert len(timed) > steps, (len(timed), steps)

@@ -7,9 +7,10 @@ import threading
 from collections import Counter, OrderedDict
 
 from meshbench.engine.base import EngineFigures
+from meshbench.records.model import Tick
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import DoneReason, Session
-from meshbench.scheduler.telemetry import SchedulerTelemetry, TickRecord
+from meshbench.scheduler.telemetry import SchedulerTelemetry
 
 
 class SchedulerReadouts:
@@ -22,7 +23,7 @@ class SchedulerReadouts:
     _done: list[Session]
     _last_done: dict[str, Session]
     _done_counts: Counter[str]
-    _ticks: list[TickRecord]
+    _ticks: list[Tick]
     _rejected: Counter[str]
     _failed_by_cause: Counter[str]
     _prefill_tokens: int
@@ -56,7 +57,7 @@ class SchedulerReadouts:
         with self._lock:
             return sorted([*self._done, *self._live.values()], key=lambda s: s.arrival)
 
-    def ticks(self) -> list[TickRecord]:
+    def ticks(self) -> list[Tick]:
         with self._lock:
             return list(self._ticks)
 

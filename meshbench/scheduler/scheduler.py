@@ -23,12 +23,12 @@ from typing import Callable, Sequence
 
 from meshbench.engine.base import DecodeItem, EngineFigures, PrefillChunk, SessionHandle, TickResult
 from meshbench.errors import MeshbenchError
+from meshbench.records.model import Tick
 from meshbench.scheduler import telemetry
 from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason, NodeBudget
 from meshbench.scheduler.plan import PREFILL_POLICIES, CancelResult, TickPlan, bursts, chunks
 from meshbench.scheduler.readouts import SchedulerReadouts
 from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
-from meshbench.scheduler.telemetry import TickRecord
 
 
 class ContinuousBatchScheduler(SchedulerReadouts):
@@ -62,7 +62,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         self._done_counts: Counter[str] = Counter()  # by DoneReason value
         self._arrivals = 0
         self._epochs: Counter[str] = Counter()
-        self._ticks: list[TickRecord] = []
+        self._ticks: list[Tick] = []
         self._rejected: Counter[str] = Counter()
         self._failed_by_cause: Counter[str] = Counter()
         self._prefill_tokens = 0
@@ -162,7 +162,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
             plan.finished, plan.promoted = self._end_of_tick(plan.tick, [*plan.decode, *plan.prefilled])
             return self.take_releases()
 
-    def record(self, plan: TickPlan, kv_bytes: int, kv_bytes_shared: int | None = None) -> TickRecord:
+    def record(self, plan: TickPlan, kv_bytes: int, kv_bytes_shared: int | None = None) -> Tick:
         """The tick's record, with the KV the engine holds after its releases (and of it, its prefix cache's)."""
         with self._lock:
             rec = self._record(plan, kv_bytes, kv_bytes_shared)
@@ -278,7 +278,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
             self._end(s, DoneReason.COMPLETED)
         return finished, self._promote(next_tick=tick + 1)
 
-    def _record(self, plan: TickPlan, kv_bytes: int, kv_bytes_shared: int | None) -> TickRecord:
+    def _record(self, plan: TickPlan, kv_bytes: int, kv_bytes_shared: int | None) -> Tick:
         t1 = self.clock()
         self._last_tick_end_ns = t1
         ended, self._ended = self._ended, []

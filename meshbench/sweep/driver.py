@@ -17,11 +17,12 @@ from typing import Callable, Sequence
 
 from meshbench.engine.base import BatchEngine, EngineFigures, EngineLost, TickResult, failure, raised
 from meshbench.errors import MeshbenchError
+from meshbench.records.model import Tick
 from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
 from meshbench.scheduler.plan import CancelResult, TickPlan
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest, Session
-from meshbench.scheduler.telemetry import SchedulerTelemetry, TickRecord
+from meshbench.scheduler.telemetry import SchedulerTelemetry
 
 # on_submit(tick, decision, arrival, now): arrival and now in ticks, or in seconds on the wall clock
 OnSubmit = Callable[[int, AdmissionDecision, float, float], None]
@@ -66,7 +67,7 @@ class NodeDriver:
             self._release(self.sched.take_releases())
             return result
 
-    def run_tick(self) -> TickRecord:
+    def run_tick(self) -> Tick:
         """One tick: the scheduler's plan, its one engine call, the answers, the releases, the record."""
         with self._lock:
             plan = self.sched.schedule()
@@ -77,13 +78,13 @@ class NodeDriver:
     def run_to_completion(
         self,
         max_ticks: int | None = None,
-        on_tick: Callable[[TickRecord], None] | None = None,
+        on_tick: Callable[[Tick], None] | None = None,
         arrivals: Sequence[tuple[float, GenerationRequest]] = (),
         on_submit: OnSubmit | None = None,
         before_tick: Callable[[int], None] | None = None,
         wall: WallClock | None = None,
         on_turn: OnSubmit | None = None,
-    ) -> list[TickRecord]:
+    ) -> list[Tick]:
         """Tick until no session waits, runs or is still to arrive; ``on_tick`` sees every tick's record.
 
         ``arrivals`` are (time, request) pairs: on the tick clock, the tick counted from this call's first,
@@ -123,7 +124,7 @@ class NodeDriver:
             self._next_turns(self._progressing_tick(on_tick), tick + 1, on_turn)
         return self.sched.ticks()[start:]
 
-    def _next_turns(self, rec: TickRecord, tick: int, on_turn: OnSubmit | None) -> None:
+    def _next_turns(self, rec: Tick, tick: int, on_turn: OnSubmit | None) -> None:
         """Each conversation that completed a turn in ``rec`` gets its next turn submitted (before ``tick``)."""
         for sid in rec.completed:
             s = self.sched.session(sid)
@@ -133,7 +134,7 @@ class NodeDriver:
                 if on_turn is not None:
                     on_turn(tick, decision, tick, tick)
 
-    def _progressing_tick(self, on_tick: Callable[[TickRecord], None] | None) -> TickRecord:
+    def _progressing_tick(self, on_tick: Callable[[Tick], None] | None) -> Tick:
         live_before = self.sched.live_count()
         rec = self.run_tick()
         assert (
@@ -219,7 +220,7 @@ class NodeDriver:
     def session(self, session_id: str) -> Session | None:
         return self.sched.session(session_id)
 
-    def ticks(self) -> list[TickRecord]:
+    def ticks(self) -> list[Tick]:
         return self.sched.ticks()
 
     def running_ids(self) -> list[str]:

@@ -19,11 +19,10 @@ from meshbench.analysis import isolation, prefix
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine.base import BatchEngine, EngineLimits
 from meshbench.engine.setup import EngineSetup, close_engine
-from meshbench.records.model import Reference
+from meshbench.records.model import Reference, Tick
 from meshbench.records.sharing import OwnKvReplay
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
-from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import own_kv
 from meshbench.sweep.inject import FaultPlan
 from meshbench.sweep.level_record import concurrency_sweep, level_record
@@ -58,7 +57,7 @@ def run_concurrency_sweep(
     node: EngineSetup | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], None] = time.sleep,
-    on_tick: Callable[[int, TickRecord], None] | None = None,
+    on_tick: Callable[[int, Tick], None] | None = None,
     on_pass: Callable[[PassDone], None] | None = None,
 ) -> ConcurrencySweep:
     """``warmup`` unrecorded passes of every level, then ``repeat`` recorded ones, interleaved; then each level's

@@ -15,7 +15,6 @@ from meshbench.records import serial
 from meshbench.records.model import EngineLoss, FaultEvent, JsonObject, SessionRecord, SubmitEvent, Tick, Timing
 from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
 from meshbench.scheduler.session import GenerationRequest, Session
-from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep.driver import NodeDriver, WallClock
 from meshbench.sweep.inject import FaultPlan
 
@@ -58,33 +57,6 @@ def session_timing(s: Session, t0: int) -> Timing:
     )
 
 
-def tick_record(t: TickRecord) -> Tick:
-    """The scheduler's record of a tick as results.json holds it (timed)."""
-    return Tick(
-        tick=t.tick,
-        decode_batch=t.decode_batch,
-        decode_sessions=list(t.decode_sessions),
-        decode_tokens=t.decode_tokens,
-        prefill_tokens=t.prefill_tokens,
-        prefill_sessions=list(t.prefill_sessions),
-        prefill_chunks=[list(c) for c in t.prefill_chunks],
-        kv_bytes=t.kv_bytes,
-        stored_tokens=t.stored_tokens,
-        active=t.active,
-        queued=t.queued,
-        completed=list(t.completed),
-        admitted=list(t.admitted),
-        ended=list(t.ended),
-        resubmitted=list(t.resubmitted),
-        tick_ns=t.tick_ns,
-        decode_ns=t.decode_ns,
-        prefill_ns=t.prefill_ns,
-        decode_feed=[list(f) for f in t.decode_feed],
-        prefix_hit_tokens=t.prefix_hit_tokens,
-        kv_bytes_shared=t.kv_bytes_shared,
-    )
-
-
 @dataclass(slots=True)
 class Pass:
     """One run of one level: its deterministic records and its timing."""
@@ -108,7 +80,7 @@ def run_pass(
     budget: NodeBudget,
     engine: BatchEngine,
     clock: Callable[[], int] = time.monotonic_ns,
-    on_tick: Callable[[TickRecord], None] | None = None,
+    on_tick: Callable[[Tick], None] | None = None,
     plan: FaultPlan | None = None,
     recover: Callable[[], BatchEngine] | None = None,
     prefill: str = "whole",
@@ -170,7 +142,7 @@ def finished_pass(
     tel = node.telemetry().to_dict()
     return Pass(
         [session_record(s, node.sched.prefix_cache) for s in ended],
-        [tick_record(t) for t in node.ticks()],
+        node.ticks(),
         [session_timing(s, t0) for s in ended],
         events,
         (t1 - t0) / 1e9,
@@ -189,7 +161,7 @@ def run_pass_wall(
     budget: NodeBudget,
     engine: BatchEngine,
     clock: Callable[[], int] = time.monotonic_ns,
-    on_tick: Callable[[TickRecord], None] | None = None,
+    on_tick: Callable[[Tick], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     prefill: str = "whole",
 ) -> Pass:

@@ -24,12 +24,12 @@ from meshbench.records import serial
 from meshbench.records.context import PROMPTS_FILE as PROMPTS
 from meshbench.records.context import GgufEngineInfo, InputFile
 from meshbench.records.documents import FirstDivergence, LogitDeviation, NodeResults
+from meshbench.records.model import Tick
 from meshbench.results import document as results
 from meshbench.results import envinfo, fingerprint, kinds, typed
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.plan import bursts
-from meshbench.scheduler.telemetry import TickRecord
 from meshbench.sweep import prove, replay
 from meshbench.sweep.levels import PassDone, SweepPlan, run_concurrency_sweep
 from meshbench.workload import prompts
@@ -96,7 +96,7 @@ def node(cfg: RunConfig) -> Iterator[Node]:
 def sweep_on_node(
     cfg: RunConfig,
     command: str,
-    on_tick: Callable[[int, TickRecord], None] | None = None,
+    on_tick: Callable[[int, Tick], None] | None = None,
     verbose: bool = False,
     on_pass: Callable[[PassDone], None] | None = None,
 ) -> NodeResults:
@@ -114,7 +114,7 @@ def sweep_on_node(
 def run_sweep(
     cfg: RunConfig,
     command: str,
-    on_tick: Callable[[int, TickRecord], None] | None = None,
+    on_tick: Callable[[int, Tick], None] | None = None,
     setup: EngineSetup | None = None,
     on_pass: Callable[[PassDone], None] | None = None,
 ) -> NodeResults:
@@ -241,7 +241,7 @@ def rerun_results(
     bundle: Path | None = None,
     on_pass: Callable[[PassDone], None] | None = None,
     threads: int | None = None,
-    on_tick: Callable[[int, TickRecord], None] | None = None,
+    on_tick: Callable[[int, Tick], None] | None = None,
 ) -> dict:
     """The deterministic part again: one pass per level is enough, every repetition being identical. A bundle
     can come from anyone: RPC endpoints it names are connected to only when the verifier says so. A relative
