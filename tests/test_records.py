@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from pathlib import Path
 
 import factories as f
@@ -268,6 +270,26 @@ def test_a_map_by_concurrency_is_keyed_by_integers_and_written_by_their_digits()
         bad["verdicts"]["failed"] = {key: 0}
         with pytest.raises(MeshbenchError, match="is not a concurrency"):
             serial.endpoint_results(bad)
+
+
+def test_a_map_by_concurrency_is_only_a_fields_own_value_so_it_is_written_by_its_digits():
+    """serial writes a dict[int, X] field's keys as digits where the field holds it (not inside a list or another
+    map), and a map whose levels are not the document's is refused in one line."""
+
+    def nested(t, top):
+        args = typing.get_args(t)
+        here = typing.get_origin(t) is dict and args[:1] == (int,)
+        inner = [nested(a, top and typing.get_origin(t) in (typing.Union, types.UnionType)) for a in args]
+        return (here and not top) or any(inner)
+
+    for cls in serial._records():
+        for name, t in typing.get_type_hints(cls).items():
+            assert not nested(t, True), f"{cls.__name__}.{name}: a map by concurrency inside another value"
+    data = json.loads(ENDPOINT_BUNDLES[0].read_text())
+    del data["verdicts"]["needle"][str(data["levels"][0]["concurrency"])]
+    with pytest.raises(MeshbenchError, match=r"verdicts.needle: by concurrency \[.*\], not the levels") as e:
+        serial.endpoint_results(data)
+    assert "\n" not in str(e.value)
 
 
 MATRIX_BUNDLES = _committed(("matrix",))

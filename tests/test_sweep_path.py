@@ -4,6 +4,7 @@ and of the same types, or the README it renders from the one would not be the RE
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,7 +19,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _read_back(record):
-    return serial.node_results(json.loads(document.dumps(serial.to_json(record))))
+    back = serial.node_results(json.loads(document.dumps(serial.to_json(record))))
+    _same_types(record, back, "results")
+    return back
+
+
+def _same_types(a, b, at):
+    """Equal is not enough: a str enum equals its value, True equals 1, numpy's float64 equals a float, and each
+    renders otherwise in a README."""
+    assert type(a) is type(b), f"{at}: {type(a).__name__} as built, {type(b).__name__} read back"
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _same_types(getattr(a, f.name), getattr(b, f.name), f"{at}.{f.name}")
+    elif isinstance(a, (list, tuple)):
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_types(x, y, f"{at}[{i}]")
+    elif isinstance(a, dict):
+        for (k, x), (m, y) in zip(a.items(), b.items()):
+            _same_types(k, m, f"{at} key {k!r}")
+            _same_types(x, y, f"{at}[{k!r}]")
 
 
 def test_the_default_sweeps_records_are_what_its_results_json_reads_back_as():

@@ -5,7 +5,9 @@ into JSON and back."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
+from meshbench.errors import MeshbenchError
 from meshbench.records.canary import CanarySearch
 from meshbench.records.context import (
     Budget,
@@ -89,6 +91,9 @@ class NodeResults:
     saturation_rates: dict[int, float | None] | None  # by concurrency
     inputs: dict[str, InputFile] | None = None  # input files by config key (workload.prompts), as they were
 
+    def __post_init__(self) -> None:
+        by_level("saturation_rates", self.saturation_rates, [lv.concurrency for lv in self.levels], every=False)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NeedleVerdict:
@@ -146,3 +151,22 @@ class EndpointResults:
     canaries: CanarySearch | None = None  # recomputed by verify from every answer (absent before canaries)
     rates: list[EndpointRate] | None = None  # the open-loop passes, where config.rates asks for them
     conversations: ConversationCold | None = None  # workload.turns > 1: the later turns sent again cold
+
+    def __post_init__(self) -> None:
+        levels = [lv.concurrency for lv in self.levels]
+        v = self.verdicts
+        for name, m in (("failed", v.failed), ("differing_sessions", v.differing_sessions),
+                        ("distinct_outputs", v.distinct_outputs), ("needle", v.needle)):  # fmt: skip
+            by_level(f"verdicts.{name}", m, levels)
+        if self.divergences is not None:
+            by_level("divergences.levels", self.divergences.levels, levels)
+
+
+def by_level(name: str, keys: Iterable[int] | None, levels: list[int], every: bool = True) -> None:
+    """A map by concurrency holds the document's levels: every one in their order (``every``), or some of them."""
+    if keys is None:
+        return
+    got = list(keys)
+    if got != levels if every else not set(got) <= set(levels):
+        said = "the levels {} in order" if every else "some of the levels {}"
+        raise MeshbenchError(f"{name}: by concurrency {got}, not " + said.format(levels))

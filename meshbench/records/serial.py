@@ -133,9 +133,12 @@ def _levels(conv: cattrs.Converter) -> Any:
         inner = typing.get_args(t)[1]
         out = {}
         for k, x in value.items():
-            if not (isinstance(k, str) and k.isascii() and k.isdecimal() and k == str(int(k)) and int(k) > 0):
-                raise MeshbenchError(f"{k!r} is not a concurrency (a positive integer's decimal digits)")
-            out[int(k)] = conv.structure(x, inner)
+            if not (isinstance(k, str) and 0 < len(k) <= 9 and k.isascii() and k.isdecimal() and k[0] != "0"):
+                raise MeshbenchError(f"{str(k)[:20]!r} is not a concurrency (a positive integer's decimal digits)")
+            try:
+                out[int(k)] = conv.structure(x, inner)
+            except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, MeshbenchError) as e:
+                raise MeshbenchError(f"[{k!r}]: {_reason(e)}") from None
         return out
 
     return structure
