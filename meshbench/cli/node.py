@@ -15,6 +15,7 @@ import typer
 
 from meshbench import machine
 from meshbench.cli.common import err
+from meshbench.cli.options import flag
 from meshbench.engine import rpc
 from meshbench.errors import MeshbenchError
 
@@ -29,18 +30,18 @@ def serve(
         str, typer.Option("--host", help="Address to listen on (loopback unless --allow-remote).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 50052,
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, max=512, help="CPU threads.")] = None,
+    threads: Annotated[Optional[int], flag("--threads", min=1, max=512, help="CPU threads.")] = None,
     cache: Annotated[Optional[str], typer.Option("--cache", help="Folder for llama.cpp's tensor cache.")] = None,
     allow_remote: Annotated[
         bool,
-        typer.Option(
+        flag(
             "--allow-remote",
             help="Listen on a non-loopback address. ggml-rpc is unauthenticated: only on a network you trust.",
         ),
     ] = False,
     as_json: Annotated[
         bool,
-        typer.Option(
+        flag(
             "--json",
             help="One JSON line on stdout as it starts listening (endpoint, pid, threads) and one as it stops, for "
             "a script that starts workers; the messages on stderr are the same.",

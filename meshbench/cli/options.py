@@ -8,16 +8,38 @@ sweep its config overrides (``overrides``): adding an option is one row, plus th
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from meshbench.cli.flags import Option, float_list, int_list, per_session  # noqa: F401 - the shared parsers
 from meshbench.cli.options_engine import ENGINE
 from meshbench.cli.options_run import RUN
+from meshbench.cli.options_shared import SHARED
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 OPTIONS: dict[str, Option] = {o.name: o for o in (*ENGINE, *RUN)}
+# every flag of every command, by its name: the sweep's table, then the rows other commands share
+BY_FLAG: dict[str, Option] = {o.flag: o for o in (*ENGINE, *RUN, *SHARED)}
+_WORDS = {"help", "rich_help_panel", "show_default"}  # what a command may say its own way; bounds only narrow
+
+
+def flag(name: str, **changes: Any) -> Any:
+    """The table's option ``name`` (``--levels``) for a command's own signature, ``Annotated[type, flag(...)]``:
+    the same flag, type and bounds, with the command's own words for it (``help``) and bounds no wider than the
+    table's (``min``, ``max``). Anything else is the table's to change."""
+    row = BY_FLAG[name]
+    option = copy.copy(row.option)
+    for key, value in changes.items():
+        if key in ("min", "max"):
+            limit = getattr(row.option, key)
+            if limit is not None and (value < limit if key == "min" else value > limit):
+                raise AssertionError(f"{name}: {key}={value} is wider than the table's {limit}")
+        elif key not in _WORDS:
+            raise AssertionError(f"{name}: {key} is the table's to declare (meshbench.cli.options)")
+        setattr(option, key, value)
+    return option
 
 
 def overrides(values: Mapping[str, Any]) -> dict:

@@ -13,6 +13,7 @@ import typer
 from meshbench.analysis.checks import Checks, printable
 from meshbench.cli import exits, progress
 from meshbench.cli.common import err, out, print_json
+from meshbench.cli.options import flag
 from meshbench.endpoint import retokenize
 from meshbench.errors import MeshbenchError
 from meshbench.records.hunt import HuntDocument
@@ -43,7 +44,7 @@ def verify(
     ] = False,
     threads: Annotated[
         Optional[int],
-        typer.Option(
+        flag(
             "--threads",
             min=1,
             max=512,
@@ -63,7 +64,7 @@ def verify(
     ] = False,
     as_json: Annotated[
         bool,
-        typer.Option(
+        flag(
             "--json",
             help="Print one JSON document on stdout (per bundle: status, checks, failures, notes, seconds) instead "
             "of lines; the exit code is the same.",
