@@ -250,6 +250,7 @@ def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
     import dataclasses
 
     from meshbench.analysis.divergence import NEAR_TIE, classify
+    from meshbench.records import serial
     from meshbench.records.documents import FirstDivergence, SweepIsolation
     from meshbench.sweep import prove
     from meshbench.sweep.run import run_sweep
@@ -266,7 +267,11 @@ def test_a_divergence_on_a_near_tie_is_classified_as_kernel_variance(models):
         reference_margin=1e-4,
     )
     isolation = SweepIsolation(method="m", levels_run=2, every_level=True, holds=True)
-    oracle = prove.oracle(cfg, div, {"architecture": "llama"}, lambda c: run_sweep(c, "test"))
+    bundle = Path(__file__).resolve().parents[1] / "evidence" / "DGR-012-gguf"
+    recorded = json.loads((bundle / "results.json").read_text())["engine"]
+    llama = serial.engine_info(recorded)  # (a llama-architecture model's engine record)
+    assert llama.architecture == "llama"
+    oracle = prove.oracle(cfg, div, llama, lambda c: run_sweep(c, "test"))
     assert oracle == "agrees across levels [1, 8] on the same weights"
     text = classify(div, isolation, oracle)
     assert text.startswith("engine batch variance (shape-dependent numerics)") and "(a near-tie)" in text

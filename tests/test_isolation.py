@@ -292,7 +292,7 @@ def _bundle_data(factory) -> dict:
 
     cfg = config.load(None, {"levels": [2], "isolation": False})
     sw = run_concurrency_sweep(SweepPlan([2], cfg.workload, cfg.budget), factory)
-    info = f.engine_info(kv_bytes_per_token=1536, weight_bytes=1, scratch_bytes_per_session=1)
+    info = serial.engine_info(f.engine_info(kv_bytes_per_token=1536, weight_bytes=1, scratch_bytes_per_session=1))
     data = serial.to_json(results.build(cfg, sw, info, envinfo.environment(), "meshbench sweep"))
     return json.loads(results.dumps(data))
 

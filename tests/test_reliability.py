@@ -79,7 +79,9 @@ def test_a_sweep_records_failures_and_verify_fails_the_bundle(tmp_path):
     sweep = run_concurrency_sweep(SweepPlan([1, 2], Workload.uniform(4, 4, 4), f.budget()), factory)
     assert [lv["failed"] for lv in serial.to_json(sweep.levels)] == [1, 2]
     cfg = load(overrides={"workload": {"sessions": 4, "new_tokens": 4}, "levels": [1, 2]})
-    data = serial.to_json(results.build(cfg, sweep, f.engine_info(), envinfo.environment(), "meshbench sweep"))
+    data = serial.to_json(
+        results.build(cfg, sweep, serial.engine_info(f.engine_info()), envinfo.environment(), "meshbench sweep")
+    )
     out = tmp_path / "b"
     bundle.write(out, data)
     r = CliRunner().invoke(app, ["verify", str(out)])

@@ -44,7 +44,7 @@ def run(cfg: RunConfig, levels: list[int], repeat: int, progress: Callable[[str]
         setup.close()
     return {
         "config": cfg.source,
-        "model": setup.info.get("model_name") or cfg.engine.model,
+        "model": getattr(setup.info, "model_name", None) or cfg.engine.model,
         "repeat": repeat,
         "levels": [_summary(c, samples[c]) for c in levels],
     }

@@ -59,7 +59,7 @@ def run(
         u: prepare(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, kv_unified=bool(u)))) for u in (0, 1)
     }
     sides = [*NODE_SIDES, *(SERVER_SIDES if server is not None else ())]
-    sliding = any(w is not None for w in setups[False].info["kv_geometry"]["window"])
+    sliding = server_bench.has_sliding_layers(setups[False].info)
     try:
         requests = cfg.workload.requests(setups[False].vocab_size)
         _node(cfg, setups[False], requests, levels[0], False)  # warm-up: the first pass of a process is slower

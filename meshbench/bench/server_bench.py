@@ -24,8 +24,9 @@ from meshbench.endpoint.client import Endpoint, parse_target
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.stream import Completion
 from meshbench.engine import apis
-from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.engine.setup import EngineRecord, EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
+from meshbench.records.context import GgufEngineInfo
 from meshbench.records.model import SessionRecord
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
@@ -55,7 +56,7 @@ def run(
     sides = ["meshbench", *(f"llama-server {s}" for s in settings)]
     setup = prepare(cfg)  # checks every level against the workload and the model first
     cfg = _as_resolved(cfg, setup.info)
-    sliding = any(w is not None for w in setup.info["kv_geometry"]["window"])
+    sliding = has_sliding_layers(setup.info)
     failed: dict[str, str] = {}
 
     def serve(c: int, setting: str, stream: bool) -> dict | None:
@@ -104,20 +105,25 @@ def run(
         "server": str(server),
         "server_version": llama_server.version(server),
         "repeat": repeat,
-        "recipe": {**{k: setup.info[k] for k in RECIPE}, "auto": setup.info.get("recipe_auto") or {}},
+        "recipe": _recipe(setup.info),
         "settings": {s: server_args(cfg, s, 1, 0, sliding) for s in settings},
         "failed": failed,
         "levels": [_level(c, runs[c], served[c], failed) for c in levels],
     }
 
 
-RECIPE = ("repack", "flash_attn")
+def _recipe(info: EngineRecord) -> dict[str, object]:
+    """The recipe meshbench's llama.cpp engine ran here: each auto setting resolved, and what decided it."""
+    assert isinstance(info, GgufEngineInfo), info.kind  # (llama-server is measured beside the gguf engine only)
+    return {"repack": info.repack, "flash_attn": info.flash_attn, "auto": info.recipe_auto or {}}
 
 
-def _as_resolved(cfg: RunConfig, engine_info: dict) -> RunConfig:
+def _as_resolved(cfg: RunConfig, engine_info: EngineRecord) -> RunConfig:
     """The config with the recipe meshbench's engine runs here (each auto setting resolved): the aligned and
     matched servers follow it."""
-    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **{k: engine_info[k] for k in RECIPE}))
+    assert isinstance(engine_info, GgufEngineInfo), engine_info.kind
+    resolved = dataclasses.replace(cfg.engine, repack=engine_info.repack, flash_attn=engine_info.flash_attn)
+    return dataclasses.replace(cfg, engine=resolved)
 
 
 def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict:
@@ -297,3 +303,9 @@ def _level(c: int, runs: dict[str, list[dict]], served: dict[str, dict | None], 
             out[k][side] = stats.summary(b)
             out[k][f"ratio vs {side}"] = stats.summary([x / y for x, y in zip(a, b)])
     return out
+
+
+def has_sliding_layers(info: EngineRecord) -> bool:
+    """Whether the model has sliding-window layers (llama.cpp's engine record says; meshbench's own has none)."""
+    geometry = info.kv_geometry if isinstance(info, GgufEngineInfo) else None
+    return geometry is not None and any(w is not None for w in geometry.window)

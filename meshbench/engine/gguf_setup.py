@@ -22,7 +22,7 @@ from meshbench.engine.llama_model import (
     kv_cache_log,
     topology,
 )
-from meshbench.engine.setup import EngineSetup, describe
+from meshbench.engine.setup import EngineRecord, EngineSetup, describe
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
 
@@ -74,7 +74,7 @@ def setup_gguf(
 
 def _record(
     probe: GgufEngine, spec: EngineSpec, model: LoadedModel, kv_log: dict, context_log: list[str], auto: dict
-) -> dict:
+) -> EngineRecord:
     """The engine record of results.json: the model, the recipe (each auto choice resolved, and what decided it),
     the KV geometry and llama.cpp's allocation."""
     return describe(

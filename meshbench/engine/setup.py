@@ -6,6 +6,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from meshbench.engine.base import BatchEngine, EngineLimits
+from meshbench.records import serial
+from meshbench.records.context import GgufEngineInfo, SyntheticEngineInfo
+
+EngineRecord = SyntheticEngineInfo | GgufEngineInfo  # results.json's engine record, of whichever kind ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +26,7 @@ class EngineSizing:
 @dataclass(slots=True)
 class EngineSetup:
     make: Callable[[EngineLimits], BatchEngine]  # one fresh engine (fresh KV) per call
-    info: dict  # what results.json records about the engine
+    info: EngineRecord  # what results.json records about the engine, typed when described
     vocab_size: int
     context_length: int
     resource: object = None  # what must stay alive while engines run (a loaded model)
@@ -45,13 +49,17 @@ def close_engine(engine: BatchEngine) -> None:
     engine.close()
 
 
-def describe(probe: BatchEngine, kind: str, **facts) -> dict:
-    """The engine record of results.json: the kind's own ``facts`` plus the figures every engine reports."""
-    return {
-        "kind": kind,
-        **facts,
-        "recipe_fingerprint": probe.recipe_fingerprint,
-        "kv_bytes_per_token": probe.kv_bytes_per_token,
-        "weight_bytes": probe.weight_bytes,
-        "scratch_bytes_per_session": probe.scratch_bytes_per_session,
-    }
+def describe(probe: BatchEngine, kind: str, **facts: object) -> EngineRecord:
+    """The engine record of results.json: the kind's own ``facts`` plus the figures every engine reports, typed
+    once, here (a fact the record has no field for is refused)."""
+    return serial.engine_info(
+        {
+            "kind": kind,
+            **facts,
+            "recipe_fingerprint": probe.recipe_fingerprint,
+            "kv_bytes_per_token": probe.kv_bytes_per_token,
+            "weight_bytes": probe.weight_bytes,
+            "scratch_bytes_per_session": probe.scratch_bytes_per_session,
+        },
+        "the engine's record",
+    )

@@ -162,7 +162,7 @@ class NodeServer:
         sizing = EngineSizing(want, slots, want, burst=bursts(cfg.prefill))
         self._setup = setup = Supervisor(spec, sizing).setup() if spec.isolated else factory.setup(spec, sizing)
         n_ctx = min(want, setup.context_length)
-        per_token = setup.info["kv_bytes_per_token"]
+        per_token = setup.info.kv_bytes_per_token
         budget = dataclasses.replace(
             cfg.budget,
             max_active_sessions=slots,

@@ -12,7 +12,7 @@ from meshbench.analysis.figures import SATURATION_MARGIN
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
-from meshbench.records.context import Budget, Environment, InputFile, Workload
+from meshbench.records.context import Budget, Environment, GgufEngineInfo, InputFile, SyntheticEngineInfo, Workload
 from meshbench.records.documents import FirstDivergence, NodeResults
 from meshbench.workload.config import RunConfig
 
@@ -53,7 +53,7 @@ def header(cfg: RunConfig, command: str, schema_version: int) -> dict[str, Any]:
 def build(
     cfg: RunConfig,
     sweep: ConcurrencySweep,
-    engine_info: dict[str, Any],
+    engine_info: SyntheticEngineInfo | GgufEngineInfo,
     environment: dict[str, Any],
     command: str,
     first_divergence: FirstDivergence | None = None,
@@ -63,7 +63,7 @@ def build(
     the sweep's verdicts (the first divergence as explained by the runner, when it was), the input files' digests."""
     return NodeResults(
         **header(cfg, command, SCHEMA_VERSION),
-        engine=serial.engine_info(engine_info, "the engine's record"),
+        engine=engine_info,
         workload=serial.from_json(
             cfg.workload.to_dict(), Workload, "the workload"
         ),  # copies of the config echo's, checked equal by verify

@@ -70,7 +70,10 @@ def _report(setup, budget, process, wl: Workload, node: NodeDriver) -> dict:
         )
     return {
         "engine": {
-            k: setup.info[k] for k in ("kind", "kv_bytes_per_token", "weight_bytes", "scratch_bytes_per_session")
+            "kind": setup.info.kind,
+            "kv_bytes_per_token": setup.info.kv_bytes_per_token,
+            "weight_bytes": setup.info.weight_bytes,
+            "scratch_bytes_per_session": setup.info.scratch_bytes_per_session,
         },
         "budget": budget.to_dict(),
         "effective_active_cap": node.sched.active_cap,

@@ -11,8 +11,10 @@ from meshbench.analysis import isolation
 from meshbench.analysis.figures import deterministic_ticks
 from meshbench.engine import kinds
 from meshbench.engine import spec as spec_mod
+from meshbench.engine.setup import EngineRecord
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
+from meshbench.records.context import GgufEngineInfo
 from meshbench.records.documents import FirstDivergence, NodeResults
 from meshbench.records.model import IsolationPass, IsolationRecords
 from meshbench.records.turns import by_turn
@@ -81,10 +83,10 @@ def as_synthetic(engine: EngineSpec) -> EngineSpec:
 
 
 def oracle(
-    cfg: RunConfig, div: FirstDivergence, engine_info: dict, run_sweep: Callable[[RunConfig], NodeResults]
+    cfg: RunConfig, div: FirstDivergence, engine_info: EngineRecord, run_sweep: Callable[[RunConfig], NodeResults]
 ) -> str:
     """Rerun the two diverging levels on the synthetic engine over the same weights (exactly order-independent)."""
-    arch = engine_info.get("architecture")
+    arch = engine_info.architecture if isinstance(engine_info, GgufEngineInfo) else None
     if arch != "llama" or cfg.workload.prompts is not None or cfg.workload.eos != "continue":
         return (
             f"not applicable (it runs llama-architecture weights on synthetic prompts with eos continue; "

@@ -55,7 +55,7 @@ def prepare(cfg: RunConfig, verbose: bool = False, on: Node | None = None) -> En
         setup = Supervisor(cfg.engine, sizing, verbose, on.pool, on.endpoints).setup()
     else:
         setup = factory.setup(cfg.engine, sizing, verbose, on.endpoints)
-        setup.info["isolated"] = False
+        setup.info = dataclasses.replace(setup.info, isolated=False)
     try:
         check_context(longest, setup.context_length)  # one rule for sweep and admit
         check_budget_fits_one_session(cfg, setup, longest)
@@ -67,14 +67,14 @@ def prepare(cfg: RunConfig, verbose: bool = False, on: Node | None = None) -> En
 
 def check_budget_fits_one_session(cfg: RunConfig, setup: EngineSetup, longest: int) -> None:
     """A budget that cannot hold even one session would refuse everything: say which one."""
-    per_token = setup.info["kv_bytes_per_token"]
+    per_token = setup.info.kv_bytes_per_token
     need = longest * per_token
     if cfg.budget.kv_bytes < need:
         raise MeshbenchError(
             f"budget.kv_bytes {cfg.budget.kv_bytes} cannot hold a single session: the longest needs {need} "
             f"bytes ({longest} tokens x {per_token} bytes per token)"
         )
-    scratch = setup.info["scratch_bytes_per_session"]
+    scratch = setup.info.scratch_bytes_per_session
     if cfg.budget.scratch_bytes < scratch:
         raise MeshbenchError(
             f"budget.scratch_bytes {cfg.budget.scratch_bytes} cannot hold a single session's scratch of {scratch} bytes"
@@ -119,7 +119,7 @@ def run_sweep(
     on_pass: Callable[[PassDone], None] | None = None,
 ) -> NodeResults:
     setup = setup or prepare(cfg)
-    engine = serial.engine_info(setup.info, "the engine's record")
+    engine = setup.info
     plan = dataclasses.replace(SweepPlan.of(cfg), near_tie=figures.near_tie(engine))  # type: ignore[arg-type]
     sweep = run_concurrency_sweep(plan, setup.make, node=setup, on_tick=on_tick, on_pass=on_pass)
     # an input file: its content as it was, so a rerun can tell an edit of it from a forgery

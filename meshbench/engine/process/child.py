@@ -24,6 +24,7 @@ from meshbench.engine.base import (
 from meshbench.engine.rpc import Endpoint
 from meshbench.engine.setup import EngineSizing
 from meshbench.engine.spec import EngineSpec
+from meshbench.records import serial
 
 
 def serve(conn, spec: EngineSpec, sizing: EngineSizing, verbose: bool, endpoints: list[Endpoint]) -> None:
@@ -40,7 +41,7 @@ def serve(conn, spec: EngineSpec, sizing: EngineSizing, verbose: bool, endpoints
         (
             "ok",
             {
-                "info": setup.info,
+                "info": serial.to_json(setup.info),  # (a pipe between processes: the record as JSON)
                 "vocab_size": setup.vocab_size,
                 "context_length": setup.context_length,
                 "eog": sorted(setup.eog),

@@ -38,6 +38,7 @@ from meshbench.engine.rpc import Endpoint
 from meshbench.engine.setup import EngineSizing
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import EngineUnavailable, MeshbenchError
+from meshbench.records import serial
 
 START_TIMEOUT_S = 300.0  # loading a model onto RPC workers sends every weight over the network
 CALL_TIMEOUT_S = 300.0  # one engine call; beyond it the child is killed and counted as lost
@@ -124,7 +125,8 @@ class EngineProcess:
         except BaseException:
             self.stop()
             raise
-        self.info, self.vocab_size, self.context_length = hello["info"], hello["vocab_size"], hello["context_length"]
+        self.info = serial.engine_info(hello["info"], "the engine process's record")
+        self.vocab_size, self.context_length = hello["vocab_size"], hello["context_length"]
         self.eog = frozenset(hello["eog"])
 
     @property

@@ -8,6 +8,7 @@ in the middle of a pass; ``kill_engine`` and ``kill_worker`` are the fault plan'
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from meshbench.engine.base import EngineLimits
@@ -32,13 +33,13 @@ class Supervisor:
         self.pool, self._endpoints = pool, list(endpoints)
         self.starts = 0
         self.process = self._start()
-        self.info = dict(self.process.info, isolated=True)
+        self.info = dataclasses.replace(self.process.info, isolated=True)
 
     def _start(self) -> EngineProcess:
         endpoints = self.pool.endpoints if self.pool is not None else self._endpoints
         process = EngineProcess(self.spec, self.sizing, self.verbose, endpoints)
         self.starts += 1
-        if self.starts > 1 and process.info["recipe_fingerprint"] != self.info["recipe_fingerprint"]:
+        if self.starts > 1 and process.info.recipe_fingerprint != self.info.recipe_fingerprint:
             process.stop()
             raise MeshbenchError(
                 "the restarted engine is not the one the run started with (recipe fingerprint "
