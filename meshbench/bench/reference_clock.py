@@ -44,6 +44,56 @@ class _Stamps:
     token_ns: list[int]
 
 
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """A distribution's median, 99th percentile (numpy's linear interpolation) and largest value, in ms."""
+
+    p50: float
+    p99: float
+    max: float
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Tail:
+        a = np.asarray(values, dtype=np.float64)
+        return Tail(p50=float(np.percentile(a, 50)), p99=float(np.percentile(a, 99)), max=float(a.max()))
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One latency figure (FIGURES names it), the median over the rounds from each side's stamps (ms)."""
+
+    name: str
+    server: float  # from the server's send stamps
+    meshbench: float  # from meshbench's client's stamps
+
+
+@dataclass(frozen=True, slots=True)
+class ClockLevel:
+    concurrency: int
+    figures: list[Figure]  # in FIGURES' order
+    delay_ms: Tail  # a token: its send to its stamp
+    request_ms: Tail  # a request: its stamp to its receipt
+
+
+@dataclass(frozen=True, slots=True)
+class ClockResult:
+    """``meshbench bench clock``'s figures (``--json``: this record's fields, as they are named here)."""
+
+    sessions: int
+    tokens: int
+    seed: int
+    rounds: int
+    levels: list[ClockLevel]
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    server: tuple[float, ...]  # FIGURES, in order
+    meshbench: tuple[float, ...]
+    delay_ms: list[float]
+    request_ms: list[float]
+
+
 def schedule(sessions: int, tokens: int, seed: int) -> list[dict]:
     """Each session's wait before its first token and its gaps after it (ms), drawn from ``seed``."""
     rng = np.random.default_rng(seed)
@@ -55,19 +105,18 @@ def schedule(sessions: int, tokens: int, seed: int) -> list[dict]:
 
 
 def run(levels: Sequence[int], sessions: int, tokens: int, seed: int, rounds: int,
-        progress: Callable[[str], None] = lambda m: None) -> dict:  # fmt: skip
+        progress: Callable[[str], None] = lambda m: None) -> ClockResult:  # fmt: skip
     """Per level, every figure from the server's stamps and from meshbench's, over ``rounds`` passes."""
     with serving() as (endpoint, _):
         plan = schedule(sessions, tokens, seed)
-        figures: list[dict] = []
-        result = {"sessions": sessions, "tokens": tokens, "seed": seed, "rounds": rounds, "levels": figures}
+        done: list[ClockLevel] = []
         for c in levels:
             passes = []
             for r in range(rounds):
                 progress(f"reference clock: {c} clients, round {r + 1} of {rounds}")
                 passes.append(_pass(endpoint, plan, c, f"{c}-{r}"))
-            figures.append({"concurrency": c, **_summary(passes)})
-        return result
+            done.append(_summary(c, passes))
+        return ClockResult(sessions=sessions, tokens=tokens, seed=seed, rounds=rounds, levels=done)
 
 
 @contextlib.contextmanager
@@ -90,7 +139,7 @@ def serving() -> Iterator[tuple[Endpoint, subprocess.Popen]]:
         llama_server.stop(proc)
 
 
-def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> dict:
+def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> _Pass:
     jobs = []
     for k, ref in enumerate(plan):
         body = endpoint.body([1, 2, 3], "", len(ref["gaps_ms"]) + 1, False, 0)
@@ -106,30 +155,33 @@ def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> dict:
         raise MeshbenchError("reference clock: the client saw another number of tokens than the server sent")
     delays = [(a - b) / latency.MS for x, s in zip(done, server) for a, b in zip(x.token_ns, s.token_ns)]
     requests = [(sent[f"{tag}-{k}"]["received_ns"] - t0 - x.submit_ns) / latency.MS for k, x in enumerate(done)]
-    return {"server": _figures(server), "meshbench": _figures(done), "delay_ms": delays, "request_ms": requests}
+    return _Pass(server=_figures(server), meshbench=_figures(done), delay_ms=delays, request_ms=requests)
 
 
-def _figures(stamps: Sequence[latency.Stamped]) -> dict[str, float]:
+def _figures(stamps: Sequence[latency.Stamped]) -> tuple[float, ...]:
+    """FIGURES, in order, from these stamps."""
     lat = latency.samples(stamps)
-    p = latency.percentiles
-    values = (p(lat.ttft, (50, 99)), p(lat.itl, (50, 99)), p(lat.tpot, (50, 99)), p(lat.e2e, (50,)))
-    flat = [values[0]["p50"], values[0]["p99"], values[1]["p50"], values[1]["p99"], values[2]["p50"],
-            values[2]["p99"], values[3]["p50"]]  # fmt: skip
-    return dict(zip(FIGURES, flat))
+    ttft, itl, tpot, e2e = (np.asarray(x, dtype=np.float64) for x in (lat.ttft, lat.itl, lat.tpot, lat.e2e))
+    pairs = ((ttft, 50), (ttft, 99), (itl, 50), (itl, 99), (tpot, 50), (tpot, 99), (e2e, 50))
+    return tuple(float(np.percentile(a, q)) for a, q in pairs)
 
 
-def _summary(passes: list[dict]) -> dict:
+def _summary(c: int, passes: list[_Pass]) -> ClockLevel:
     """Each figure's median over the rounds, from either side's stamps, and the per-token delivery delay."""
-    delays = [d for p in passes for d in p["delay_ms"]]
-    requests = [d for p in passes for d in p["request_ms"]]
-    figures = {
-        f: {side: statistics.median(p[side][f] for p in passes) for side in ("server", "meshbench")} for f in FIGURES
-    }
-    return {
-        "figures": figures,
-        "delay_ms": latency.percentiles(delays, (50, 99), with_max=True),  # a token: its send to its stamp
-        "request_ms": latency.percentiles(requests, (50, 99), with_max=True),  # a request: its stamp to its receipt
-    }
+    figures = [
+        Figure(
+            name=name,
+            server=statistics.median(p.server[k] for p in passes),
+            meshbench=statistics.median(p.meshbench[k] for p in passes),
+        )
+        for k, name in enumerate(FIGURES)
+    ]
+    return ClockLevel(
+        concurrency=c,
+        figures=figures,
+        delay_ms=Tail.of([d for p in passes for d in p.delay_ms]),
+        request_ms=Tail.of([d for p in passes for d in p.request_ms]),
+    )
 
 
 def log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict:

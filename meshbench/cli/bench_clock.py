@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -26,20 +27,18 @@ def bench_clock(
     chosen = int_list(levels, "--levels", unique=True, maximum=sessions)  # (more clients than requests: idle)
     res = reference_clock.run(chosen, sessions, tokens, seed, rounds, progress=lambda m: err.print(m, markup=False))
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
         f"a reference clock: {sessions} requests of {tokens} tokens per pass, medians of {rounds} passes (ms)",
         ("C", "figure", "server's send stamps", "meshbench's client", "difference"),
     )
-    for lv in res["levels"]:
-        for name, v in lv["figures"].items():
-            t.add_row(str(lv["concurrency"]), name, f"{v['server']:.2f}", f"{v['meshbench']:.2f}",
-                      f"{v['meshbench'] - v['server']:+.2f}")  # fmt: skip
-        for key, name in (("delay_ms", "a token: sent to stamped"), ("request_ms", "a request: stamped to received")):
-            d = lv[key]
-            t.add_row(str(lv["concurrency"]), f"{name}, p50 / p99 / max", "",
-                      f"{d['p50']:.2f} / {d['p99']:.2f} / {d['max']:.2f}", "")  # fmt: skip
+    for lv in res.levels:
+        c = str(lv.concurrency)
+        for v in lv.figures:
+            t.add_row(c, v.name, f"{v.server:.2f}", f"{v.meshbench:.2f}", f"{v.meshbench - v.server:+.2f}")
+        for d, name in ((lv.delay_ms, "a token: sent to stamped"), (lv.request_ms, "a request: stamped to received")):
+            t.add_row(c, f"{name}, p50 / p99 / max", "", f"{d.p50:.2f} / {d.p99:.2f} / {d.max:.2f}", "")
     out.print(t)
 
 
