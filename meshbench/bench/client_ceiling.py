@@ -28,14 +28,16 @@ import http.client
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from meshbench.analysis import latency
 from meshbench.bench import async_client
-from meshbench.bench.reference_clock import log, serving
+from meshbench.bench.reference_clock import Tail, log, serving
 from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.errors import MeshbenchError
+from meshbench.records.endpoint_figures import Spread
 
 MAX_PASS_TOKENS = 1 << 21  # every token's two stamps are held until the pass ends
 
@@ -43,8 +45,44 @@ MAX_PASS_TOKENS = 1 << 21  # every token's two stamps are held until the pass en
 CLIENTS = ("threads", "asyncio")  # meshbench's client (a thread per client), and the reference beside it
 
 
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    tokens_per_s: float
+    client_cpu_us_per_token: float
+    server_cpu_us_per_token: float
+    delay_ms: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientFigures:
+    """One client's figures at one level: each a median (min, max) over the rounds; the delays pooled."""
+
+    client: str  # CLIENTS
+    tokens_per_s: Spread
+    client_cpu_us_per_token: Spread
+    server_cpu_us_per_token: Spread
+    client_ceiling_tokens_per_s: float | None  # 1e6 / the median client CPU per token (None: no CPU measured)
+    delay_ms: Tail  # a token: the server's send stamp to the client's
+
+
+@dataclass(frozen=True, slots=True)
+class CeilingLevel:
+    concurrency: int
+    clients: list[ClientFigures]  # in CLIENTS' order
+
+
+@dataclass(frozen=True, slots=True)
+class CeilingResult:
+    """``meshbench bench client``'s figures (``--json``: this record's fields, as they are named here)."""
+
+    requests: int
+    tokens: int
+    rounds: int
+    levels: list[CeilingLevel]
+
+
 def run(levels: Sequence[int], requests: int, tokens: int, rounds: int,
-        progress: Callable[[str], None] = lambda m: None) -> dict:  # fmt: skip
+        progress: Callable[[str], None] = lambda m: None) -> CeilingResult:  # fmt: skip
     """Per level of C clients and per client, each figure's median (min, max) over ``rounds`` passes, and the
     delays pooled; the two clients' passes interleaved, their order alternating round by round."""
     if requests * tokens > MAX_PASS_TOKENS:
@@ -52,19 +90,19 @@ def run(levels: Sequence[int], requests: int, tokens: int, rounds: int,
             f"client ceiling: {requests * tokens} tokens in a pass (requests x tokens) is over the "
             f"{MAX_PASS_TOKENS} a pass may stamp"
         )
-    result: dict = {"requests": requests, "tokens": tokens, "rounds": rounds, "levels": []}
+    done: list[CeilingLevel] = []
     with serving() as (endpoint, _):
         for c in levels:
-            passes: dict[str, list[dict]] = {name: [] for name in CLIENTS}
+            passes: dict[str, list[_Pass]] = {name: [] for name in CLIENTS}
             for r in range(rounds):
                 for name in CLIENTS if r % 2 == 0 else CLIENTS[::-1]:
                     progress(f"client ceiling: {c} clients, {name}, round {r + 1} of {rounds}")
                     passes[name].append(_pass(endpoint, name, c, requests, tokens, f"ceiling-{name}-{c}-{r}"))
-            result["levels"].append({"concurrency": c, "clients": {k: _summary(v) for k, v in passes.items()}})
-    return result
+            done.append(CeilingLevel(concurrency=c, clients=[_summary(name, passes[name]) for name in CLIENTS]))
+    return CeilingResult(requests=requests, tokens=tokens, rounds=rounds, levels=done)
 
 
-def _pass(endpoint: Endpoint, client: str, c: int, requests: int, tokens: int, tag: str) -> dict:
+def _pass(endpoint: Endpoint, client: str, c: int, requests: int, tokens: int, tag: str) -> _Pass:
     ids = [f"{tag}-{k}" for k in range(requests)]
     reference = {"first_ms": 0.0, "gaps_ms": [0.0] * (tokens - 1)}
     body = endpoint.body([1, 2, 3], "", tokens, False, 0)
@@ -88,23 +126,28 @@ def _pass(endpoint: Endpoint, client: str, c: int, requests: int, tokens: int, t
     sent = log(endpoint, tag, ids)
     delays = [(a - (s - t0)) / latency.MS for x, i in zip(stamps, ids) for a, s in zip(x, sent[i]["sent_ns"])]
     server = (server_after - server_cpu) / received * 1e6
-    return {
-        "tokens_per_s": received / wall_s,
-        "client_cpu_us_per_token": cpu / received * 1e6,
-        "server_cpu_us_per_token": server,
-        "delay_ms": delays,
-    }
+    return _Pass(
+        tokens_per_s=received / wall_s,
+        client_cpu_us_per_token=cpu / received * 1e6,
+        server_cpu_us_per_token=server,
+        delay_ms=delays,
+    )
 
 
-def _summary(passes: list[dict]) -> dict:
-    out: dict = {}
-    for name in ("tokens_per_s", "client_cpu_us_per_token", "server_cpu_us_per_token"):
-        values = [p[name] for p in passes if p[name] is not None]
-        out[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
-    client = out["client_cpu_us_per_token"]
-    out["client_ceiling_tokens_per_s"] = 1e6 / client["median"] if client and client["median"] > 0 else None
-    out["delay_ms"] = latency.percentiles([d for p in passes for d in p["delay_ms"]], (50, 99), with_max=True)
-    return out
+def _spread(values: Sequence[float]) -> Spread:
+    return Spread(median=statistics.median(values), min=min(values), max=max(values))
+
+
+def _summary(client: str, passes: list[_Pass]) -> ClientFigures:
+    cpu = _spread([p.client_cpu_us_per_token for p in passes])
+    return ClientFigures(
+        client=client,
+        tokens_per_s=_spread([p.tokens_per_s for p in passes]),
+        client_cpu_us_per_token=cpu,
+        server_cpu_us_per_token=_spread([p.server_cpu_us_per_token for p in passes]),
+        client_ceiling_tokens_per_s=1e6 / cpu.median if cpu.median > 0 else None,
+        delay_ms=Tail.of([d for p in passes for d in p.delay_ms]),
+    )
 
 
 def _cpu_s(endpoint: Endpoint) -> float:

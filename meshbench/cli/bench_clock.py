@@ -11,6 +11,7 @@ from meshbench.bench import client_ceiling, reference_clock
 from meshbench.cli.bench import bench_app
 from meshbench.cli.common import JsonOpt, err, int_list, out, print_json, table
 from meshbench.cli.options import flag
+from meshbench.records.endpoint_figures import Spread
 
 
 @bench_app.command("clock")
@@ -57,7 +58,7 @@ def bench_client(
     chosen = int_list(levels, "--levels", unique=True, maximum=requests)  # (more clients than requests: idle)
     res = client_ceiling.run(chosen, requests, tokens, rounds, progress=lambda m: err.print(m, markup=False))
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
         f"the client's own cost: {requests} requests of {tokens} tokens per pass, medians (min..max) of {rounds} "
@@ -72,15 +73,15 @@ def bench_client(
             "send to stamp ms p50 / p99 / max",
         ),  # fmt: skip
     )
-    for lv in res["levels"]:
-        for name, x in lv["clients"].items():
-            d, ceiling = x["delay_ms"], x["client_ceiling_tokens_per_s"]
-            t.add_row(str(lv["concurrency"]), name, _spread(x["tokens_per_s"], ".0f"),
-                      _spread(x["client_cpu_us_per_token"]), _spread(x["server_cpu_us_per_token"]),
+    for lv in res.levels:
+        for x in lv.clients:
+            d, ceiling = x.delay_ms, x.client_ceiling_tokens_per_s
+            t.add_row(str(lv.concurrency), x.client, _spread(x.tokens_per_s, ".0f"),
+                      _spread(x.client_cpu_us_per_token), _spread(x.server_cpu_us_per_token),
                       "-" if ceiling is None else f"{ceiling:.0f}",
-                      f"{d['p50']:.2f} / {d['p99']:.2f} / {d['max']:.2f}")  # fmt: skip
+                      f"{d.p50:.2f} / {d.p99:.2f} / {d.max:.2f}")  # fmt: skip
     out.print(t)
 
 
-def _spread(s: dict | None, fmt: str = ".1f") -> str:
-    return "-" if s is None else f"{s['median']:{fmt}} ({s['min']:{fmt}}..{s['max']:{fmt}})"
+def _spread(s: Spread, fmt: str = ".1f") -> str:
+    return f"{s.median:{fmt}} ({s.min:{fmt}}..{s.max:{fmt}})"
