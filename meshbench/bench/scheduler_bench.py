@@ -10,11 +10,11 @@ finishes); the other live sessions wait in the queue. Figures are medians over
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from meshbench.analysis import latency
 from meshbench.engine.base import DecodeItem, PrefillChunk, StepResult, TickResult
 from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import GenerationRequest
@@ -80,7 +80,7 @@ def run(
     ticks: int = 50,
     rounds: int = 5,
     progress: Callable[[str], None] = lambda msg: None,
-) -> dict:
+) -> SchedulerBench:
     scheds = {}
     for n in live_counts:
         progress(f"submitting {n} sessions")
@@ -95,15 +95,37 @@ def run(
     rows = []
     for n in live_counts:
         med = float(np.median(samples[n]))
-        spread = latency.percentiles(samples[n], (10, 90))
         rows.append(
-            {
-                "live": n,
-                "ms_per_tick_median": med,
-                "ms_per_tick_p10": spread["p10"],
-                "ms_per_tick_p90": spread["p90"],
-                "vs_first": med / base,
-                "samples": len(samples[n]),
-            }
+            LiveSize(
+                live=n,
+                ms_per_tick_median=med,
+                ms_per_tick_p10=float(np.percentile(samples[n], 10)),
+                ms_per_tick_p90=float(np.percentile(samples[n], 90)),
+                vs_first=med / base,
+                samples=len(samples[n]),
+            )
         )
-    return {"batch": batch, "prompt_tokens": len(PROMPT), "ticks_per_round": ticks, "rounds": rounds, "sizes": rows}
+    return SchedulerBench(batch=batch, prompt_tokens=len(PROMPT), ticks_per_round=ticks, rounds=rounds, sizes=rows)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSize:
+    """One number of live sessions: a tick's time, median and spread over every timed tick (ms)."""
+
+    live: int
+    ms_per_tick_median: float
+    ms_per_tick_p10: float
+    ms_per_tick_p90: float
+    vs_first: float  # the median over the first size's
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerBench:
+    """``meshbench bench scheduler``'s figures (``--json``: this record's fields)."""
+
+    batch: int
+    prompt_tokens: int
+    ticks_per_round: int
+    rounds: int
+    sizes: list[LiveSize]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -135,20 +136,20 @@ def bench_scheduler(
         raise MeshbenchError(f"--live {min(sizes)}: fewer live sessions than the batch of {batch}")
     res = scheduler_bench.run(sizes, batch, ticks, rounds, progress=lambda msg: err.print(msg))
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
-        f"scheduler tick over a do-nothing engine: batch {batch}, {res['prompt_tokens']}-token prompts, "
+        f"scheduler tick over a do-nothing engine: batch {batch}, {res.prompt_tokens}-token prompts, "
         f"median of {rounds} x {ticks} ticks",
         ("live sessions", "ms/tick", "p10", "p90", "vs first"),
     )
-    for r in res["sizes"]:
+    for r in res.sizes:
         t.add_row(
-            str(r["live"]),
-            f"{r['ms_per_tick_median']:.3f}",
-            f"{r['ms_per_tick_p10']:.3f}",
-            f"{r['ms_per_tick_p90']:.3f}",
-            f"{r['vs_first']:.2f}x",
+            str(r.live),
+            f"{r.ms_per_tick_median:.3f}",
+            f"{r.ms_per_tick_p10:.3f}",
+            f"{r.ms_per_tick_p90:.3f}",
+            f"{r.vs_first:.2f}x",
         )
     out.print(t)
 
