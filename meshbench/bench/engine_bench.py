@@ -7,8 +7,10 @@ both ceilings measured in the same run.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -64,7 +66,7 @@ def run(
     repeats: int,
     seed: int,
     progress: Callable[[str], None] = lambda msg: None,
-) -> dict:
+) -> EngineBench:
     cfg = get_preset(preset)
     if context + repeats + 2 > cfg.context_length:
         raise MeshbenchError(f"--context {context}: exceeds the preset's context_length {cfg.context_length}")
@@ -81,25 +83,54 @@ def run(
     for b in batches:
         progress(f"batch {b}")
         rows.append(_batch_row(cfg, w, kv, rng, b, context, repeats, max(weight_bytes / bandwidth, b * flops / peak)))
-    one = next((r for r in rows if r["batch"] == 1), rows[0])
-    for r in rows:
-        r["speedup_vs_batch1"] = r["tokens_per_s"] / one["tokens_per_s"]
-    return {
-        "preset": preset,
-        "params": cfg.n_params,
-        "dtype": cfg.dtype,
-        "weight_bytes": weight_bytes,
-        "decode_flops_per_token": flops,
-        "context": context,
-        "repeats": repeats,
-        "threads": os.cpu_count(),
-        "bandwidth_gb_s": bandwidth,
-        "peak_gflop_s": peak,
-        "batches": rows,
-    }
+    one = next((r for r in rows if r.batch == 1), rows[0])
+    return EngineBench(
+        preset=preset,
+        params=cfg.n_params,
+        dtype=cfg.dtype,
+        weight_bytes=weight_bytes,
+        decode_flops_per_token=flops,
+        context=context,
+        repeats=repeats,
+        threads=os.cpu_count(),
+        bandwidth_gb_s=bandwidth,
+        peak_gflop_s=peak,
+        batches=[dataclasses.replace(r, speedup_vs_batch1=r.tokens_per_s / one.tokens_per_s) for r in rows],
+    )
 
 
-def _batch_row(cfg, w, kv: HotKvStateManager, rng, b: int, context: int, repeats: int, floor_ns: float) -> dict:
+@dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One batch size: a batched decode step against the same sessions one at a time, and this machine's floor."""
+
+    batch: int
+    step_ms: float
+    tokens_per_s: float
+    loop_step_ms: float
+    loop_tokens_per_s: float
+    floor_ms: float
+    step_over_floor: float
+    speedup_vs_batch1: float | None = None  # tokens/s over batch 1's (or the first batch's), once every batch ran
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBench:
+    """``meshbench bench engine``'s figures (``--json``: this record's fields)."""
+
+    preset: str
+    params: int
+    dtype: str
+    weight_bytes: int
+    decode_flops_per_token: float
+    context: int
+    repeats: int
+    threads: int | None
+    bandwidth_gb_s: float
+    peak_gflop_s: float
+    batches: list[BatchRow]
+
+
+def _batch_row(cfg, w, kv: HotKvStateManager, rng, b: int, context: int, repeats: int, floor_ns: float) -> BatchRow:
     """One batch size: a decode step of ``b`` warm sessions batched, and the same ``b`` one at a time."""
     slots = []
     for i in range(b):
@@ -114,12 +145,12 @@ def _batch_row(cfg, w, kv: HotKvStateManager, rng, b: int, context: int, repeats
     for i in range(b):
         kv.release(f"b{b}s{i}")
     floor_ms = floor_ns / 1e6
-    return {
-        "batch": b,
-        "step_ms": step_ms,
-        "tokens_per_s": b / (step_ms / 1e3),
-        "loop_step_ms": loop_ms,
-        "loop_tokens_per_s": b / (loop_ms / 1e3),
-        "floor_ms": floor_ms,
-        "step_over_floor": step_ms / floor_ms,
-    }
+    return BatchRow(
+        batch=b,
+        step_ms=step_ms,
+        tokens_per_s=b / (step_ms / 1e3),
+        loop_step_ms=loop_ms,
+        loop_tokens_per_s=b / (loop_ms / 1e3),
+        floor_ms=floor_ms,
+        step_over_floor=step_ms / floor_ms,
+    )

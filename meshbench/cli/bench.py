@@ -67,23 +67,23 @@ def bench_engine(
         progress=lambda msg: err.print(msg),
     )
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
-        f"engine benchmark: preset {preset}, {res['threads']} BLAS threads; bandwidth "
-        f"{res['bandwidth_gb_s']:.1f} GB/s, peak {res['peak_gflop_s']:.1f} GFLOP/s",
+        f"engine benchmark: preset {preset}, {res.threads} BLAS threads; bandwidth "
+        f"{res.bandwidth_gb_s:.1f} GB/s, peak {res.peak_gflop_s:.1f} GFLOP/s",
         ("batch", "step ms", "tokens/s", "loop step ms", "loop tokens/s", "floor ms", "step/floor", "vs batch 1"),
     )
-    for b in res["batches"]:
+    for b in res.batches:
         t.add_row(
-            str(b["batch"]),
-            f"{b['step_ms']:.2f}",
-            f"{b['tokens_per_s']:.1f}",
-            f"{b['loop_step_ms']:.2f}",
-            f"{b['loop_tokens_per_s']:.1f}",
-            f"{b['floor_ms']:.2f}",
-            f"{b['step_over_floor']:.2f}",
-            f"{b['speedup_vs_batch1']:.2f}x",
+            str(b.batch),
+            f"{b.step_ms:.2f}",
+            f"{b.tokens_per_s:.1f}",
+            f"{b.loop_step_ms:.2f}",
+            f"{b.loop_tokens_per_s:.1f}",
+            f"{b.floor_ms:.2f}",
+            f"{b.step_over_floor:.2f}",
+            f"{b.speedup_vs_batch1:.2f}x",
         )
     out.print(t)
 
