@@ -76,11 +76,11 @@ def admit(
     cfg = config_mod.load(config, overrides)
     result = admission.run(cfg, burst)
     if as_json:
-        print_json(result)
+        print_json(result.to_json())
         return
     t = table(
-        f"admission on a node with {result['effective_active_cap']} active slots, "
-        f"queue depth {cfg.budget.max_queue_depth}, arrivals {result['arrivals']}",
+        f"admission on a node with {result.effective_active_cap} active slots, "
+        f"queue depth {cfg.budget.max_queue_depth}, arrivals {result.arrivals}",
         (
             "tick",
             "session",
@@ -93,19 +93,19 @@ def admit(
             "queued",
         ),
     )
-    for d in result["decisions"]:
-        color = "green" if d["reason"] == "ADMITTED" else "yellow" if d["reason"] == "QUEUED" else "red"
+    for x in result.decisions:
+        d, reason = x.decision, x.decision.reason.value
+        color = "green" if reason == "ADMITTED" else "yellow" if reason == "QUEUED" else "red"
         t.add_row(
-            str(d["tick"]),
-            d["session_id"],
-            f"[{color}]{d['reason']}[/]",
-            str(d["kv_needed_bytes"]),
-            str(d["kv_budget_bytes"]),
-            str(d["scratch_needed_bytes"]),
-            str(d["scratch_budget_bytes"]),
-            f"{d['active_sessions']}/{d['active_cap']}",
-            f"{d['queue_depth']}/{d['max_queue_depth']}",
+            str(x.tick),
+            d.session_id,
+            f"[{color}]{reason}[/]",
+            str(d.kv_needed_bytes),
+            str(d.kv_budget_bytes),
+            str(d.scratch_needed_bytes),
+            str(d.scratch_budget_bytes),
+            f"{d.active_sessions}/{d.active_cap}",
+            f"{d.queue_depth}/{d.max_queue_depth}",
         )
     out.print(t)
-    tel = result["telemetry"]
-    out.print(" ".join(f"{k}={v}" for k, v in tel.items()))
+    out.print(" ".join(f"{k}={v}" for k, v in result.telemetry.to_dict().items()))
