@@ -270,9 +270,11 @@ def rerun_results(
         _check_repack_here(b, model, fingerprint.fingerprint().get("digest"))
     rerun = sweep_on_node(cfg, b.results.command, on_tick, on_pass=on_pass)
     e = rerun.engine
-    if isinstance(e, GgufEngineInfo) and e.repack is False and e.model is not None:  # (llama.cpp's record)
-        ran = str((e.recipe_auto or {}).get("repack", "off"))
-        _check_repack_here(b, Path(e.model), rerun.environment.compute.digest, ran)
+    if engine_kinds.recorded(e.kind).llama:
+        assert isinstance(e, GgufEngineInfo) and e.model is not None, e  # (llama.cpp's record names its file)
+        if e.repack is False:
+            ran = str((e.recipe_auto or {}).get("repack", "off"))
+            _check_repack_here(b, Path(e.model), rerun.environment.compute.digest, ran)
     doc: dict[str, Any] = serial.to_json(rerun)  # (compared with the recorded file, key by key)
     return doc
 
