@@ -18,15 +18,15 @@ def test_a_burst_prefills_every_waiting_prompt_only_where_no_session_decodes():
     for sid, n, new in (("a", 5, 2), ("b", 5, 4), ("c", 5, 4)):
         s.submit(f.request(sid, tuple(range(1, n + 1)), new))
     first = s.run_tick()
-    assert first.decode_batch == 0 and first.prefill_sessions == ("a", "b", "c")  # 15 > 6: nobody decodes
+    assert first.decode_batch == 0 and first.prefill_sessions == ["a", "b", "c"]  # 15 > 6: nobody decodes
     s.submit(f.request("d", (1, 2, 3, 4), 2))
     s.submit(f.request("e", (1, 2, 3, 4), 2))
     second = s.run_tick()
-    assert second.decode_batch == 3 and second.prefill_sessions == ("d",)  # decoding: the budget (4 + 4 > 6)
+    assert second.decode_batch == 3 and second.prefill_sessions == ["d"]  # decoding: the budget (4 + 4 > 6)
     whole = f.scheduler(max_prefill_tokens_per_tick=6, max_active_sessions=4, max_batch_size=4)
     for sid in "abc":
         whole.submit(f.request(sid, tuple(range(1, 6)), 2))
-    assert whole.run_tick().prefill_sessions == ("a",)  # whole: the budget even with no decoder
+    assert whole.run_tick().prefill_sessions == ["a"]  # whole: the budget even with no decoder
 
 
 def test_chunked_burst_fills_the_budget_exactly_while_sessions_decode():
@@ -40,8 +40,8 @@ def test_chunked_burst_fills_the_budget_exactly_while_sessions_decode():
     s.submit(f.request("c", tuple(range(1, 6)), 2))
     s.submit(f.request("d", tuple(range(1, 6)), 2))
     second = s.run_tick()
-    assert second.decode_batch == 2 and list(second.prefill_chunks) == [("c", 0, 5), ("d", 0, 1)]  # 6 exactly
-    assert list(s.run_tick().prefill_chunks) == [("d", 1, 4)]  # d continues at its next position
+    assert second.decode_batch == 2 and second.prefill_chunks == [["c", 0, 5], ["d", 0, 1]]  # 6 exactly
+    assert s.run_tick().prefill_chunks == [["d", 1, 4]]  # d continues at its next position
 
 
 def bundle(tmp_path, *flags, policy="burst"):

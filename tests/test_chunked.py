@@ -23,12 +23,12 @@ def test_chunked_fills_the_budget_exactly_and_continues_at_the_next_position():
     for sid, n in (("a", 7), ("b", 4), ("c", 2)):
         s.submit(f.request(sid, tuple(range(1, n + 1)), 3))
     recs = s.run_to_completion()
-    assert [list(r.prefill_chunks) for r in recs[:3]] == [
+    assert [[tuple(c) for c in r.prefill_chunks] for r in recs[:3]] == [
         [("a", 0, 5)],  # a's first 5 positions: the budget, exactly
         [("a", 5, 2), ("b", 0, 3)],  # a continues at 5; b takes the rest of the budget
         [("b", 3, 1), ("c", 0, 2)],  # b continues at 3; c fits whole (2 of the 5 left unused: no more work)
     ]
-    assert [r.prefill_sessions for r in recs[:3]] == [(), ("a",), ("b", "c")]  # first token after the last piece
+    assert [r.prefill_sessions for r in recs[:3]] == [[], ["a"], ["b", "c"]]  # first token after the last piece
     assert e.chunks[:5] == [
         ("a", 0, 5, False),
         ("a", 5, 2, True),
@@ -48,7 +48,7 @@ def test_whole_never_splits_and_the_first_prompt_always_runs():
     for sid, n in (("a", 7), ("b", 4)):
         s.submit(f.request(sid, tuple(range(1, n + 1)), 3))
     recs = s.run_to_completion()
-    assert list(recs[0].prefill_chunks) == [("a", 0, 7)] and list(recs[1].prefill_chunks) == [("b", 0, 4)]
+    assert recs[0].prefill_chunks == [["a", 0, 7]] and recs[1].prefill_chunks == [["b", 0, 4]]
 
 
 def test_a_session_cancelled_mid_prompt_releases_its_partial_kv():
@@ -67,7 +67,7 @@ def test_a_prompt_evicted_between_its_pieces_ends_as_a_cache_miss():
     s.run_tick()
     s.engine.release("a")  # KV pressure took it
     rec = s.run_tick()
-    assert rec.ended == ("a",) and s.session("a").done_reason.value == "CACHE_MISS" and rec.prefill_chunks == ()
+    assert rec.ended == ["a"] and s.session("a").done_reason.value == "CACHE_MISS" and rec.prefill_chunks == []
 
 
 def test_chunked_sweep_is_byte_identical_across_levels_and_verifies(tmp_path):
