@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from meshbench.records import serial
 from meshbench.results import endpoint_report, fault_report, kinds, matrix_report, report
 from meshbench.results import index as evidence_index
 from meshbench.results import matrix as settings_matrix
@@ -95,7 +96,9 @@ def test_readme_table_equals_the_committed_bundle(bundle):
     section = text.split(marker, 1)[1]
     if settings_matrix.is_matrix(data):  # a matrix of server settings: its table, from its settings' bundles
         rows = matrix_report.table_rows(
-            settings_matrix.settings(bundle, data, lambda p: json.loads((p / "results.json").read_text()))
+            settings_matrix.settings(
+                bundle, serial.matrix_document(data), lambda p: json.loads((p / "results.json").read_text())
+            )
         )
         # (a guide links each setting's README from where it sits: ../../evidence/MATRIX/FOLDER/README.md)
         shown = [[cell.replace(f"../../evidence/{bundle.name}/", "") for cell in row]

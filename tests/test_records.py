@@ -24,6 +24,7 @@ from meshbench.records import (
     endpoint_figures,
     hunt,
     margins,
+    matrix,
     model,
     open_loop,
     perturbation,
@@ -35,6 +36,7 @@ ROOT = Path(__file__).parent.parent
 SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
 ENDPOINT = json.loads((ROOT / "schemas" / "endpoint.schema.json").read_text())
 HUNT = json.loads((ROOT / "schemas" / "hunt.schema.json").read_text())
+MATRIX = json.loads((ROOT / "schemas" / "matrix.schema.json").read_text())
 
 
 def _node(path: str) -> dict:
@@ -44,13 +46,16 @@ def _node(path: str) -> dict:
     schema, rest = (ENDPOINT, path.removeprefix("endpoint:")) if path.startswith("endpoint:") else (SCHEMA, path)
     if path.startswith("hunt:"):
         schema, rest = HUNT, path.removeprefix("hunt:")
+    if path.startswith("matrix:"):
+        schema, rest = MATRIX, path.removeprefix("matrix:")
     top = rest.startswith("results:")  # (a node's top-level property, where a $defs name is the same)
     rest = rest.removeprefix("results:")
     if not rest:
         return schema
     parts = rest.split(".")
     node = _resolve(
-        schema, schema["properties"][parts[0]] if top or parts[0] not in schema["$defs"] else schema["$defs"][parts[0]]
+        schema,
+        schema["properties"][parts[0]] if top or parts[0] not in schema.get("$defs", {}) else schema["$defs"][parts[0]],
     )
     for p in parts[1:]:
         if p == "[]":
@@ -149,6 +154,8 @@ RECORDS = {
     hunt.FindingRecord: "hunt:findings.[]",
     hunt.HuntSummary: "hunt:summary",
     hunt.Coverage: "hunt:summary.coverage.*",
+    matrix.MatrixDocument: "matrix:",
+    matrix.MatrixEntry: "matrix:settings.[]",
 }
 
 

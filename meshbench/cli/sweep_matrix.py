@@ -13,6 +13,7 @@ from meshbench.cli.common import command_line, err, out, print_json, table
 from meshbench.endpoint import matrix as run_matrix
 from meshbench.errors import MeshbenchError
 from meshbench.names import README, RESULTS
+from meshbench.records import serial
 from meshbench.results import bundle, document, envinfo, matrix_report
 from meshbench.results import matrix as matrix_doc
 from meshbench.verify import matrix as verify_matrix
@@ -32,15 +33,19 @@ def sweep(cfg: RunConfig, out_dir: Path | None, force: bool, as_json: bool) -> N
     except (MeshbenchError, KeyboardInterrupt):
         _keep(out_dir, done)
         raise
-    doc = matrix_doc.build(command, cfg.to_dict(), done)
-    settings = [matrix_doc.setting(entry, data) for (_, data), entry in zip(done, doc["settings"])]
+    doc = matrix_doc.build(command, cfg, done)
+    settings = [matrix_doc.setting(entry, data) for (_, data), entry in zip(done, doc.settings)]
     name = shlex.quote(bundle.display_name(out_dir))
     readme = matrix_report.render_readme(doc, settings, name)
-    top = {RESULTS: document.dumps(doc), README: readme, bundle.COMMANDS: matrix_report.render_commands(doc, name)}
+    top = {
+        RESULTS: document.dumps(serial.to_json(doc)),
+        README: readme,
+        bundle.COMMANDS: matrix_report.render_commands(doc, name),
+    }
     bundle.commit_matrix(out_dir, top, [(s.folder, s.data) for s in settings], force)
     err.print(f"wrote {out_dir}: {len(settings)} settings' bundles, {', '.join(top)}", markup=False)
     if as_json:
-        print_json(doc)
+        print_json(serial.to_json(doc))
     else:
         columns = [c.strip() for c in matrix_report.HEADER.strip("|").split("|")]
         t = table(f"{name}: {len(settings)} server settings, medians", tuple(columns))

@@ -26,6 +26,7 @@ from meshbench.records import (
     endpoint_figures,
     hunt,
     margins,
+    matrix,
     model,
     open_loop,
     perturbation,
@@ -176,6 +177,7 @@ MODULES = (
     open_loop,
     conversation,
     hunt,
+    matrix,
 )
 
 
@@ -212,6 +214,11 @@ def _reason(e: BaseException) -> str:
 def _said(e: BaseException, kind: type | None) -> str:
     """A leaf error in words: a MeshbenchError's own (a record's own checks), else cattrs'."""
     return str(e) if isinstance(e, MeshbenchError) else format_exception(e, kind)
+
+
+def matrix_document(value: Any, where: str = "results.json") -> matrix.MatrixDocument:
+    """A settings matrix's results.json, typed whole (the file already checked against the schema)."""
+    return from_json(value, matrix.MatrixDocument, where)
 
 
 def hunt_document(value: Any, where: str = "results.json") -> hunt.HuntDocument:

@@ -5,10 +5,10 @@ record of that setting's bundle, whose own README has the proofs in full."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from meshbench.names import RESULTS
 from meshbench.records.margins import Divergences
+from meshbench.records.matrix import MatrixDocument
 from meshbench.records.model import EndpointLevel
 from meshbench.results import markdown
 from meshbench.results.endpoint_proofs_report import kinds
@@ -23,7 +23,7 @@ HEADER = (
 )
 
 
-def render_readme(doc: dict[str, Any], settings: list[Setting], name: str) -> str:
+def render_readme(doc: MatrixDocument, settings: list[Setting], name: str) -> str:
     first = settings[0].bundle.results
     e = first.endpoint
     # (every string a server or the matrix supplies is escaped, as in an endpoint bundle's README)
@@ -31,16 +31,16 @@ def render_readme(doc: dict[str, Any], settings: list[Setting], name: str) -> st
     model = markdown.inline(e.launched.model if e.launched else ", ".join(map(str, e.models)))
     return "\n".join(
         [
-            f"# {markdown.inline(doc['story'])}: {markdown.inline(doc['title'])}, a matrix of server settings",
+            f"# {markdown.inline(doc.story)}: {markdown.inline(doc.title)}, a matrix of server settings",
             "",
             f"{server} on {model}, started by meshbench "
             "once per setting, each setting's flags added to "
-            + (f"the matrix's own ({markdown.code(doc['server_args'])})" if doc["server_args"] else "nothing else")
+            + (f"the matrix's own ({markdown.code(doc.server_args)})" if doc.server_args else "nothing else")
             + ", and swept alike: the same prompts, levels and "
             "proofs. Each setting's sweep is an endpoint bundle of its own in the folder named below, with its "
             "proofs in full in its README; `meshbench verify` checks "
             f"each of them, their digests recorded in `{RESULTS}`, and this README. Made by "
-            f"{markdown.code(doc['command'])}.",
+            f"{markdown.code(doc.command)}.",
             "",
             "```",
             f"meshbench verify {name}",
@@ -171,18 +171,18 @@ def _verdict(s: Setting) -> str:
     )
 
 
-def render_commands(doc: dict[str, Any], name: str) -> str:
-    return f"# made by\n{doc['command']}\n# verify\nmeshbench verify {name}\n"
+def render_commands(doc: MatrixDocument, name: str) -> str:
+    return f"# made by\n{doc.command}\n# verify\nmeshbench verify {name}\n"
 
 
-def index_row(folder: Path, doc: dict[str, Any], settings: list[Setting]) -> str:
+def index_row(folder: Path, doc: MatrixDocument, settings: list[Setting]) -> str:
     """The matrix's row of evidence/INDEX.md: per setting, its outputs' batch invariance."""
     r = settings[0].bundle.results
     e = r.endpoint
     model = e.launched.model if e.launched else ", ".join(map(str, e.models))
     invariant = ", ".join(f"{s.folder} {s.bundle.results.verdicts.batch_invariant}" for s in settings)
     return (
-        f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(doc['title'])} | endpoint ({e.name}), {model}, "
+        f"| [{folder.name}]({folder.name}/README.md) | {markdown.inline(doc.title)} | endpoint ({e.name}), {model}, "
         f"{len(settings)} settings | {','.join(str(lv.concurrency) for lv in r.levels)} | n/a (over HTTP) | "
-        f"{invariant} | not provable over HTTP | {cpu(r.environment)} | - | `{doc['command'].split(' --out')[0]}` |"
+        f"{invariant} | not provable over HTTP | {cpu(r.environment)} | - | `{doc.command.split(' --out')[0]}` |"
     )

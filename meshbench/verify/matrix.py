@@ -16,6 +16,7 @@ from meshbench import files
 from meshbench.analysis.checks import Checks
 from meshbench.errors import MeshbenchError
 from meshbench.names import README, RESULTS
+from meshbench.records.matrix import MatrixDocument, MatrixEntry
 from meshbench.results import bundle, matrix_report
 from meshbench.results import matrix as matrix_doc
 from meshbench.verify import bundle as verify_bundle
@@ -28,16 +29,16 @@ from meshbench.workload.matrix_config import as_run, setting_config
 def check(path: Path, tokens: verify_bundle.Tokens | None = None) -> Checks:
     """The matrix and every setting's bundle; with ``tokens`` (injected, as verify_bundle's), the prompt ids the
     settings share held to the model's tokenizer here (once: every setting's are the first's)."""
-    data = matrix_doc.load(path)
-    errors = verify_bundle.config_echo_errors(data["config"])
+    doc = matrix_doc.load(path)
+    errors = verify_bundle.config_echo_errors(doc.config)
     if errors:
         raise MeshbenchError(f"{path / RESULTS}: its config echo fails the config schema: {errors[0]}")
-    cfg = config.from_mapping(data["config"], f"{path / RESULTS} config")
+    cfg = config.from_mapping(doc.config, f"{path / RESULTS} config")
     c = Checks()
-    _check_what_ran(c, data, cfg)
+    _check_what_ran(c, doc, cfg)
     settings = []
-    for entry in data["settings"]:
-        found = _check_setting(c, path, cfg, data["command"], entry)
+    for entry in doc.settings:
+        found = _check_setting(c, path, cfg, doc.command, entry)
         if found is not None:
             settings.append(found)
     _check_alike(c, settings)
@@ -45,8 +46,8 @@ def check(path: Path, tokens: verify_bundle.Tokens | None = None) -> Checks:
     c.equal(RESULTS, "the prompts' ids (one server's tokenizer, every setting alike)", 1, len(ids))
     if tokens is not None and settings:
         _check_prompt_ids(c, settings, tokens(settings[0].bundle))
-    if len(settings) == len(data["settings"]):
-        _check_files(c, path, data, settings)
+    if len(settings) == len(doc.settings):
+        _check_files(c, path, doc, settings)
     return c
 
 
@@ -83,41 +84,41 @@ def json_key(value: object) -> str:
     return json.dumps(value)
 
 
-def _check_what_ran(c: Checks, data: dict[str, Any], cfg: RunConfig) -> None:
+def _check_what_ran(c: Checks, doc: MatrixDocument, cfg: RunConfig) -> None:
     """The matrix's command is one meshbench command whose flags are its config echo's; its settings, flags,
     story and title are the echo's."""
     c.equal(
         RESULTS,
         "command (one meshbench command line, its words quoted)",
         True,
-        verify_bundle.plain_command(data["command"]),
+        verify_bundle.plain_command(doc.command),
     )
     c.equal(
         RESULTS,
         "command (its flags = the config echo's)",
         [],
-        verify_bundle.command_disagreements(data["command"], cfg),
+        verify_bundle.command_disagreements(doc.command, cfg),
     )
     c.equal(
         RESULTS,
         "settings (the config echo's engine.server_settings)",
         list(cfg.engine.server_settings or ()),
-        [s["flags"] for s in data["settings"]],
+        [s.flags for s in doc.settings],
     )
-    for key in ("story", "title"):
-        c.equal(RESULTS, f"{key} (the config echo's)", getattr(cfg, key), data[key])
-    c.equal(RESULTS, "server_args (the config echo's engine.server_args)", cfg.engine.server_args, data["server_args"])
+    c.equal(RESULTS, "story (the config echo's)", cfg.story, doc.story)
+    c.equal(RESULTS, "title (the config echo's)", cfg.title, doc.title)
+    c.equal(RESULTS, "server_args (the config echo's engine.server_args)", cfg.engine.server_args, doc.server_args)
 
 
 def _check_setting(
-    c: Checks, path: Path, cfg: RunConfig, made_by: str, entry: dict[str, Any]
+    c: Checks, path: Path, cfg: RunConfig, made_by: str, entry: MatrixEntry
 ) -> matrix_doc.Setting | None:
     """One setting's bundle, as verify checks any, and as the matrix says it ran."""
-    folder = path / entry["folder"]
-    at = f"{entry['folder']}/{RESULTS}"
+    folder = path / entry.folder
+    at = f"{entry.folder}/{RESULTS}"
     if folder.is_symlink() or not folder.is_dir():
         c.equal(
-            entry["folder"],
+            entry.folder,
             "(a folder of the matrix, not a link)",
             "a folder",
             "a link" if folder.is_symlink() else "missing",
@@ -145,7 +146,7 @@ def _check_setting(
     return s
 
 
-def _check_files(c: Checks, path: Path, data: dict[str, Any], settings: list[matrix_doc.Setting]) -> None:
+def _check_files(c: Checks, path: Path, doc: MatrixDocument, settings: list[matrix_doc.Setting]) -> None:
     """README.md and commands.txt as the matrix renders them; nothing else in the folder but the settings'."""
     readme = path / README
     if not readme.is_file() or readme.is_symlink():
@@ -153,7 +154,7 @@ def _check_files(c: Checks, path: Path, data: dict[str, Any], settings: list[mat
         return
     text = files.read_text(readme, "README", bundle.MAX_RESULTS_BYTES)
     name = shlex.quote(verify_bundle.bundle_name(text, path))
-    want, got = matrix_report.render_readme(data, settings, name).split("\n"), text.split("\n")
+    want, got = matrix_report.render_readme(doc, settings, name).split("\n"), text.split("\n")
     if want != got:
         k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
         c.equal(
@@ -168,7 +169,7 @@ def _check_files(c: Checks, path: Path, data: dict[str, Any], settings: list[mat
         if commands.is_file() and not commands.is_symlink()
         else "(missing)"
     )
-    c.equal(bundle.COMMANDS, "(as results.json renders it)", matrix_report.render_commands(data, name), found)
+    c.equal(bundle.COMMANDS, "(as results.json renders it)", matrix_report.render_commands(doc, name), found)
     folders = {s.folder for s in settings}
     for entry in sorted(os.listdir(path)):
         if entry in (RESULTS, README, bundle.COMMANDS) or entry in folders:
