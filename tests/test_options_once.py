@@ -5,6 +5,8 @@ rows other commands share (options_shared). A command that takes one of them tak
 from __future__ import annotations
 
 import ast
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "meshbench"
 TABLES = {"options_engine.py", "options_run.py", "options_shared.py"}
 # the same name, another option: bench gguf's --workers is a list of worker counts compared, the table's one count
 OWN = {("bench.py", "--workers")}
+# the table's flag, typed otherwise by one command: bench gguf's prompt is one length for every session, where the
+# sweep's is one length or one per session
+RETYPED = {("bench gguf", "--prompt-tokens"), ("bench gguf", "--workers")}  # (and OWN's, by its command)
 
 
 def _typed_out() -> list[tuple[str, int, str]]:
@@ -64,3 +69,34 @@ def test_a_command_words_a_flag_its_own_way_but_cannot_widen_or_retype_it():
         options.flag("--sessions", min=0)
     with pytest.raises(AssertionError, match="the table's to declare"):
         options.flag("--levels", callback=print)
+
+
+def _commands(group, prefix=""):
+    for c in group.registered_commands:
+        yield f"{prefix}{c.name or c.callback.__name__}", c.callback
+    for g in group.registered_groups:
+        yield from _commands(g.typer_instance, f"{prefix}{g.name} ")
+
+
+def _plain(t):
+    """A type without its None, a path as the text it is typed as."""
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    t = args[0] if len(args) == 1 and typing.get_origin(t) in (typing.Union, types.UnionType) else t
+    return str if t is Path else t
+
+
+def test_a_command_takes_a_table_flag_as_the_tables_type():
+    from meshbench.cli.app import app
+
+    retyped = set()
+    for name, callback in _commands(app):
+        for hint in typing.get_type_hints(callback, include_extras=True).values():
+            if typing.get_origin(hint) is not typing.Annotated:
+                continue
+            kind, *meta = typing.get_args(hint)
+            for m in meta:
+                decl = getattr(m, "default", None)
+                row = options.BY_FLAG.get(decl.split("/")[0]) if isinstance(decl, str) else None
+                if row is not None and _plain(kind) != _plain(row.kind) and (name, row.flag) not in RETYPED:
+                    retyped.add(f"{name} {row.flag}: {_plain(kind)}, the table's {_plain(row.kind)}")
+    assert not retyped

@@ -27,10 +27,12 @@ _WORDS = {"help", "rich_help_panel", "show_default"}  # what a command may say i
 
 def flag(name: str, **changes: Any) -> Any:
     """The table's option ``name`` (``--levels``) for a command's own signature, ``Annotated[type, flag(...)]``:
-    the same flag, type and bounds, with the command's own words for it (``help``) and bounds no wider than the
-    table's (``min``, ``max``). Anything else is the table's to change."""
+    the same flag and bounds, with the command's own words for it (``help``) and bounds no wider than the table's
+    (``min``, ``max``). Anything else is the table's to change. The type is the command's annotation, which
+    tests/test_options_once.py holds to the row's."""
     row = BY_FLAG[name]
     option = copy.copy(row.option)
+    option.rich_help_panel = None  # (the sweep's panels are the sweep's: a command groups its own, if it says so)
     for key, value in changes.items():
         if key in ("min", "max"):
             limit = getattr(row.option, key)
