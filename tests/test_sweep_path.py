@@ -50,10 +50,18 @@ def test_the_default_sweeps_records_are_what_its_results_json_reads_back_as():
 
 
 # each a sweep that builds records the default does not: faults and losses, a prefix cache's, conversations'
-# turns, arrivals over time with a bounded queue's refusals
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["faults", "shared-prefix", "conversations", "backpressure"])
+# turns, arrivals over time with a bounded queue's refusals; each config cut to what still builds those records (a
+# level or two, fewer repetitions, rates), so the test costs seconds, not the bundle's minute
+SMALLER = {
+    "faults": {"levels": [2], "repeat": 1},
+    "shared-prefix": {"levels": [1, 4], "workload": {"new_tokens": 4}},
+    "conversations": {"levels": [2], "workload": {"new_tokens": 4}},
+    "backpressure": {"rates": [0.2, 2.0], "workload": {"sessions": 12}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALLER))
 def test_other_sweeps_records_are_what_their_results_json_reads_back_as(name):
-    cfg = config.load(ROOT / "configs" / f"{name}.yaml", {})
+    cfg = config.load(ROOT / "configs" / f"{name}.yaml", SMALLER[name])
     record = run.sweep_on_node(cfg, f"meshbench sweep --config configs/{name}.yaml")
     assert record == _read_back(record)
