@@ -9,7 +9,7 @@ from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.model.config import ModelConfig, preset
 from meshbench.model.weights import Weights, init_weights
 from meshbench.records import model
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.records.context import Budget
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.driver import NodeDriver
 
@@ -46,7 +46,7 @@ def engine(kv_bytes: int = BIG, name: str = "dgr-012") -> SyntheticEngine:
     return SyntheticEngine(cfg, w, kv_bytes)
 
 
-def budget(**overrides) -> NodeBudget:
+def budget(**overrides) -> Budget:
     values = dict(
         weight_bytes=BIG,
         kv_bytes=BIG,
@@ -57,7 +57,7 @@ def budget(**overrides) -> NodeBudget:
         max_prefill_tokens_per_tick=4,
     )
     values.update(overrides)
-    return NodeBudget(**values)
+    return Budget(**values)
 
 
 def scheduler(engine_=None, clock=None, prefill_policy="whole", **overrides) -> NodeDriver:

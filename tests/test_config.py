@@ -11,7 +11,7 @@ from meshbench import validation
 from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.records.context import Budget
 from meshbench.workload import config
 
 SCHEMA = validation.load("config.schema.json")
@@ -28,7 +28,7 @@ def names(cls, skip=()) -> set[str]:
         (None, config.RunConfig, ("source",)),  # where the config came from: not a key anyone writes
         ("engine", EngineSpec, ("ban_eog",)),  # derived from workload.eos
         ("workload", config.WorkloadSection, ()),
-        ("budget", NodeBudget, ()),
+        ("budget", Budget, ()),
     ],
 )
 def test_the_schema_names_exactly_the_dataclass_fields(section, cls, skip):

@@ -19,13 +19,14 @@ from meshbench.engine.process import proxy as isolated
 from meshbench.engine.process.proxy import EngineProcess, ProxyEngine
 from meshbench.engine.setup import EngineSizing
 from meshbench.engine.spec import EngineSpec
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.records.context import Budget
+from meshbench.scheduler.budget import engine_limits
 from meshbench.workload import faults
 
 runner = CliRunner()
 SPEC = EngineSpec("synthetic", "dgr-012", None, 0, "cpu", None)
-BUDGET = NodeBudget(1 << 30, 1 << 24, 1 << 26, 4, 8, 4, 4)
-LIMITS = BUDGET.engine_limits()
+BUDGET = Budget(1 << 30, 1 << 24, 1 << 26, 4, 8, 4, 4)
+LIMITS = engine_limits(BUDGET)
 
 
 def sweep(*args) -> dict:

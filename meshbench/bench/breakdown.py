@@ -18,6 +18,7 @@ import numpy as np
 from meshbench.engine import kinds
 from meshbench.engine.setup import close_engine
 from meshbench.errors import MeshbenchError
+from meshbench.scheduler.budget import engine_limits
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
@@ -54,7 +55,7 @@ def _pass(cfg: RunConfig, setup, requests, c: int) -> dict:
     from meshbench.engine.profile import Profile  # noqa: PLC0415
 
     budget = level_budget(cfg.budget, c, len(requests))
-    engine = setup.make(budget.engine_limits())
+    engine = setup.make(engine_limits(budget))
     engine.profile = profile = Profile()
     try:
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)

@@ -20,7 +20,7 @@ from meshbench.engine.base import check_context
 from meshbench.engine.gguf_engine import GgufEngine, plain
 from meshbench.engine.llama_model import LoadedModel
 from meshbench.engine.process import workers
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.records.context import Budget
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.driver import NodeDriver
 
@@ -64,7 +64,7 @@ def scheduler_step_ns(model: LoadedModel, b: int, prompt: int, steps: int, threa
     # The prompts are prefilled one a tick, so the first session has made b - 1 tokens when the batch is
     # first full: each session asks for b more, and every run has its ``steps`` full-batch ticks (never none).
     e = GgufEngine(model, b, prompt + steps + b + 4, plain(model, threads=threads), max_prompt=prompt)
-    budget = NodeBudget(
+    budget = Budget(
         weight_bytes=1 << 40,
         kv_bytes=1 << 40,
         scratch_bytes=1 << 40,

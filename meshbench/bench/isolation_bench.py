@@ -13,6 +13,7 @@ from typing import Callable
 
 from meshbench.analysis import figures, stats
 from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.scheduler.budget import engine_limits
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget
 from meshbench.sweep.run import prepare
@@ -23,7 +24,7 @@ MODES = ("in-process", "isolated")
 
 def _one_pass(setup: EngineSetup, cfg: RunConfig, c: int) -> dict:
     budget = level_budget(cfg.budget, c, cfg.workload.sessions)
-    engine = setup.make(budget.engine_limits())
+    engine = setup.make(engine_limits(budget))
     process = getattr(engine, "process", None)
     before = (process.round_trip_ns, process.engine_ns) if process else (0, 0)
     try:

@@ -24,6 +24,7 @@ from meshbench.analysis import stats
 from meshbench.bench import server_bench
 from meshbench.endpoint import llama_server
 from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.scheduler.budget import engine_limits
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
@@ -91,7 +92,7 @@ def run(
 
 def _node(cfg: RunConfig, setup: EngineSetup, requests, c: int, cache: bool) -> dict:
     budget = level_budget(cfg.budget, c, len(requests))
-    limits = dataclasses.replace(budget.engine_limits(), prefix_block_tokens=cfg.engine.block_tokens if cache else 0)
+    limits = dataclasses.replace(engine_limits(budget), prefix_block_tokens=cfg.engine.block_tokens if cache else 0)
     engine = setup.make(limits)
     try:
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)

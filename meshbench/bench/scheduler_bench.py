@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from meshbench.engine.base import DecodeItem, PrefillChunk, StepResult, TickResult
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.records.context import Budget
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.driver import NodeDriver
 
@@ -49,7 +49,7 @@ class NullEngine:
 
 
 def _scheduler(live: int, batch: int) -> NodeDriver:
-    budget = NodeBudget(
+    budget = Budget(
         weight_bytes=1,
         kv_bytes=1 << 50,
         scratch_bytes=1 << 50,

@@ -28,6 +28,7 @@ from meshbench.engine.setup import EngineRecord, EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.records.context import GgufEngineInfo
 from meshbench.records.model import SessionRecord
+from meshbench.scheduler.budget import engine_limits
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
@@ -128,7 +129,7 @@ def _as_resolved(cfg: RunConfig, engine_info: EngineRecord) -> RunConfig:
 
 def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict:
     budget = level_budget(cfg.budget, c, len(requests))
-    engine = setup.make(budget.engine_limits())
+    engine = setup.make(engine_limits(budget))
     try:
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)
     finally:

@@ -8,6 +8,7 @@ level record (the exact divergence, the scheduler's figures)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -187,7 +188,7 @@ def _engine(r: NodeResults) -> dict[tuple[str, str], Any]:
 
 
 def _budget(b: NodeBundle) -> dict[tuple[str, str], Any]:
-    return {("budget", k): v for k, v in b.cfg.budget.to_dict().items()}
+    return {("budget", k): v for k, v in dataclasses.asdict(b.cfg.budget).items()}
 
 
 def _run(b: NodeBundle | EndpointBundle) -> dict[tuple[str, str], Any]:

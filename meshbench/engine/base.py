@@ -18,7 +18,8 @@ SAMPLING_CONTRACT = "greedy:argmax:lowest-id-wins-ties"
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
     """What an engine is built for: this many sessions at once, this much KV, prompt pieces of this many tokens
-    in one call. The node derives them from its budget (``NodeBudget.engine_limits``); engines never see it."""
+    in one call. The node derives them from its budget (``meshbench.scheduler.budget.engine_limits``); engines
+    never see it."""
 
     max_active_sessions: int
     kv_bytes: int

@@ -22,10 +22,11 @@ from meshbench.errors import MeshbenchError
 from meshbench.hunt.execute import joined
 from meshbench.model import gguf_io
 from meshbench.records.completion import CANCELLED, Completion
+from meshbench.records.context import Budget
 from meshbench.records.history import NODE_COLD as COLD
 from meshbench.records.history import NODE_REPLAYS as REPLAYS
 from meshbench.records.history import Request
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.budget import engine_limits
 from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
 from meshbench.sweep.driver import NodeDriver
 
@@ -38,11 +39,11 @@ class NodeTarget:
     ``n_ctx`` positions; ``tokenizer`` turns texts into ids (the model's own, or the synthetic engine's bytes)."""
 
     def __init__(
-        self, setup: EngineSetup, budget: NodeBudget, block_tokens: int, prefill: str, n_ctx: int, tokenizer: Tokenizer
+        self, setup: EngineSetup, budget: Budget, block_tokens: int, prefill: str, n_ctx: int, tokenizer: Tokenizer
     ) -> None:
         self.setup, self.prefill, self.tokenizer = setup, prefill, tokenizer
         self.budget = dataclasses.replace(budget, max_queue_depth=max(budget.max_queue_depth, QUEUE))
-        self.limits = dataclasses.replace(self.budget.engine_limits(), prefix_block_tokens=block_tokens)
+        self.limits = dataclasses.replace(engine_limits(self.budget), prefix_block_tokens=block_tokens)
         self.props: dict[str, object] | None = {
             "total_slots": self.budget.max_active_sessions,
             "default_generation_settings": {"n_ctx": n_ctx},
@@ -77,7 +78,7 @@ class NodeTarget:
             self.engine = None
 
 
-def _run(engine: BatchEngine, budget: NodeBudget, prefill: str, requests: list[Request]) -> dict[str, Completion]:
+def _run(engine: BatchEngine, budget: Budget, prefill: str, requests: list[Request]) -> dict[str, Completion]:
     """One node driver over ``engine``: every request submitted before the first tick, a client's disconnect
     (``cancel_at``) a cancel once that many tokens are in, run until every session has ended."""
     node = NodeDriver(engine, budget, prefill_policy=prefill)

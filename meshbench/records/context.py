@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from meshbench.errors import MeshbenchError
+
 JsonObject = dict[str, Any]
 
 
@@ -134,8 +136,11 @@ class InputFile:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """The node's budgets as configured (a level's own is in its record); the scheduler's NodeBudget is one,
-    checked."""
+    """What one node may hold: the scheduler's budget, the config's and the record's, one class, checked when built
+    (a level's own is in its level record). Byte budgets are totals for the node.
+
+    weight_bytes is reported beside the engine's resident weights, not enforced: a node that loaded the model has
+    already paid it."""
 
     weight_bytes: int
     kv_bytes: int
@@ -144,6 +149,35 @@ class Budget:
     max_queue_depth: int
     max_batch_size: int
     max_prefill_tokens_per_tick: int
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise MeshbenchError(f"budget: {name} must be a positive integer, got {value!r}")
+        q = self.max_queue_depth
+        if not isinstance(q, int) or isinstance(q, bool) or q < 0:
+            raise MeshbenchError(f"budget: max_queue_depth must be an integer >= 0, got {q!r}")
+        if self.max_batch_size > self.max_active_sessions:
+            raise MeshbenchError(
+                f"budget: max_batch_size {self.max_batch_size} exceeds max_active_sessions "
+                f"{self.max_active_sessions}: no tick could ever fill such a batch"
+            )
+
+    def effective_active_cap(self, scratch_bytes_per_session: int) -> int:
+        """Active slots: the tighter of max_active_sessions and the scratch envelope."""
+        assert scratch_bytes_per_session > 0, scratch_bytes_per_session
+        return min(self.max_active_sessions, self.scratch_bytes // scratch_bytes_per_session)
+
+
+_POSITIVE = (
+    "weight_bytes",
+    "kv_bytes",
+    "scratch_bytes",
+    "max_active_sessions",
+    "max_batch_size",
+    "max_prefill_tokens_per_tick",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,7 @@ from meshbench.analysis.figures import SATURATION_MARGIN
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
-from meshbench.records.context import Budget, Environment, GgufEngineInfo, InputFile, SyntheticEngineInfo, Workload
+from meshbench.records.context import Environment, GgufEngineInfo, InputFile, SyntheticEngineInfo, Workload
 from meshbench.records.documents import FirstDivergence, NodeResults
 from meshbench.workload.config import RunConfig
 
@@ -67,7 +67,7 @@ def build(
         workload=serial.from_json(
             cfg.workload.to_dict(), Workload, "the workload"
         ),  # copies of the config echo's, checked equal by verify
-        budget=Budget(**cfg.budget.to_dict()),
+        budget=cfg.budget,
         environment=serial.from_json(environment, Environment, "the environment"),
         levels=sweep.levels,
         corruption_free=sweep.corruption_free,

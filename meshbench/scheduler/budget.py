@@ -6,54 +6,16 @@ import enum
 from dataclasses import asdict, dataclass
 
 from meshbench.engine.base import EngineLimits
-from meshbench.errors import MeshbenchError
 from meshbench.records.context import Budget
 
 
-@dataclass(frozen=True, slots=True)
-class NodeBudget(Budget):
-    """What one node may hold (the fields are the budget record's, meshbench.records.context.Budget), checked,
-    with what the scheduler derives from it. Byte budgets are totals for the node.
-
-    weight_bytes is reported beside the engine's resident weights, not enforced: a node
-    that loaded the model has already paid it.
-    """
-
-    def __post_init__(self) -> None:
-        for name in (
-            "weight_bytes",
-            "kv_bytes",
-            "scratch_bytes",
-            "max_active_sessions",
-            "max_batch_size",
-            "max_prefill_tokens_per_tick",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise MeshbenchError(f"budget: {name} must be a positive integer, got {value!r}")
-        if not isinstance(self.max_queue_depth, int) or self.max_queue_depth < 0:
-            raise MeshbenchError(f"budget: max_queue_depth must be an integer >= 0, got {self.max_queue_depth!r}")
-        if self.max_batch_size > self.max_active_sessions:
-            raise MeshbenchError(
-                f"budget: max_batch_size {self.max_batch_size} exceeds max_active_sessions "
-                f"{self.max_active_sessions}: no tick could ever fill such a batch"
-            )
-
-    def effective_active_cap(self, scratch_bytes_per_session: int) -> int:
-        """Active slots: the tighter of max_active_sessions and the scratch envelope."""
-        assert scratch_bytes_per_session > 0, scratch_bytes_per_session
-        return min(self.max_active_sessions, self.scratch_bytes // scratch_bytes_per_session)
-
-    def engine_limits(self) -> EngineLimits:
-        """What an engine for this node is built for (the engine never sees the budget itself)."""
-        return EngineLimits(
-            max_active_sessions=self.max_active_sessions,
-            kv_bytes=self.kv_bytes,
-            max_prefill_tokens_per_tick=self.max_prefill_tokens_per_tick,
-        )
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+def engine_limits(budget: Budget) -> EngineLimits:
+    """What an engine for this node's budget is built for (the engine never sees the budget itself)."""
+    return EngineLimits(
+        max_active_sessions=budget.max_active_sessions,
+        kv_bytes=budget.kv_bytes,
+        max_prefill_tokens_per_tick=budget.max_prefill_tokens_per_tick,
+    )
 
 
 class AdmissionReason(str, enum.Enum):

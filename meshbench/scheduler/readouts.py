@@ -7,8 +7,8 @@ import threading
 from collections import Counter, OrderedDict
 
 from meshbench.engine.base import EngineFigures
+from meshbench.records.context import Budget
 from meshbench.records.model import Tick
-from meshbench.scheduler.budget import NodeBudget
 from meshbench.scheduler.session import DoneReason, Session
 from meshbench.scheduler.telemetry import SchedulerTelemetry
 
@@ -32,7 +32,7 @@ class SchedulerReadouts:
     _last_tick_end_ns: int | None
     _losses: list[dict]
     figures: EngineFigures
-    budget: NodeBudget
+    budget: Budget
     scratch_per_session: int
     active_cap: int
 

@@ -23,9 +23,10 @@ from typing import Callable, Sequence
 
 from meshbench.engine.base import DecodeItem, EngineFigures, PrefillChunk, SessionHandle, TickResult
 from meshbench.errors import MeshbenchError
+from meshbench.records.context import Budget
 from meshbench.records.model import Tick
 from meshbench.scheduler import telemetry
-from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason, NodeBudget
+from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason
 from meshbench.scheduler.plan import PREFILL_POLICIES, CancelResult, TickPlan, bursts, chunks
 from meshbench.scheduler.readouts import SchedulerReadouts
 from meshbench.scheduler.session import DoneReason, GenerationRequest, Session, SessionStatus
@@ -35,7 +36,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
     def __init__(
         self,
         figures: EngineFigures,
-        budget: NodeBudget,
+        budget: Budget,
         clock: Callable[[], int] = time.monotonic_ns,
         prefill_policy: str = "whole",
         prefix_cache: bool = False,

@@ -15,7 +15,8 @@ from meshbench.engine import factory, kinds
 from meshbench.engine.base import check_context
 from meshbench.engine.setup import EngineSizing, close_engine
 from meshbench.errors import MeshbenchError
-from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
+from meshbench.records.context import Budget
+from meshbench.scheduler.budget import AdmissionDecision, engine_limits
 from meshbench.scheduler.plan import bursts
 from meshbench.scheduler.telemetry import SchedulerTelemetry
 from meshbench.sweep.driver import NodeDriver
@@ -48,7 +49,7 @@ class Admission:
     """``meshbench admit``'s report: every decision in order, with the node's budget and telemetry."""
 
     engine: AdmitEngine
-    budget: NodeBudget
+    budget: Budget
     effective_active_cap: int
     arrivals: str
     ticks: int
@@ -64,7 +65,7 @@ class Admission:
         """--json: each decision with its tick, a summary by reason."""
         return {
             "engine": dataclasses.asdict(self.engine),
-            "budget": self.budget.to_dict(),
+            "budget": dataclasses.asdict(self.budget),
             "effective_active_cap": self.effective_active_cap,
             "arrivals": self.arrivals,
             "ticks": self.ticks,
@@ -106,14 +107,14 @@ def _run(cfg: RunConfig, burst: int | None, endpoints) -> Admission:
 def _decide(cfg: RunConfig, wl: Workload, process, setup) -> Admission:
     budget = cfg.budget
     check_context(wl.longest, setup.context_length)  # one rule for admit and sweep
-    engine = setup.make(budget.engine_limits())
+    engine = setup.make(engine_limits(budget))
     try:
         return _report(setup, budget, process, wl, NodeDriver(engine, budget, prefill_policy=cfg.prefill))
     finally:
         close_engine(engine)
 
 
-def _report(setup, budget: NodeBudget, process, wl: Workload, node: NodeDriver) -> Admission:
+def _report(setup, budget: Budget, process, wl: Workload, node: NodeDriver) -> Admission:
     requests = wl.requests(setup.vocab_size)
     if process.all_at_once:
         decisions = [Decided(0, node.submit(r)) for r in requests]

@@ -17,8 +17,9 @@ from typing import Callable, Sequence
 
 from meshbench.engine.base import BatchEngine, EngineFigures, EngineLost, TickResult, failure, raised
 from meshbench.errors import MeshbenchError
+from meshbench.records.context import Budget
 from meshbench.records.model import Tick
-from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
+from meshbench.scheduler.budget import AdmissionDecision
 from meshbench.scheduler.plan import CancelResult, TickPlan
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
 from meshbench.scheduler.session import GenerationRequest, Session
@@ -40,7 +41,7 @@ class NodeDriver:
     def __init__(
         self,
         engine: BatchEngine,
-        budget: NodeBudget,
+        budget: Budget,
         clock: Callable[[], int] = time.monotonic_ns,
         recover: Callable[[], BatchEngine] | None = None,
         prefill_policy: str = "whole",

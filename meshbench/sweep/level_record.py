@@ -10,14 +10,14 @@ from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.records.context import Budget
 from meshbench.records.model import IsolationRecords, JsonObject, LevelRecord, Reference, Repetition
 from meshbench.records.sharing import OwnKvReplay
-from meshbench.scheduler.budget import ACCEPTED, NodeBudget
+from meshbench.scheduler.budget import ACCEPTED
 from meshbench.sweep.passes import Pass
 from meshbench.sweep.plan import Level
 
 
 def level_record(
     level: Level,
-    budget: NodeBudget,
+    budget: Budget,
     arrival_times: list[float],
     slo: JsonObject,
     passes: Sequence[tuple[int, int, Pass]],
@@ -55,7 +55,7 @@ def level_record(
         concurrency=level.concurrency,
         arrivals=level.arrivals.label(),
         rate=level.rate,
-        budget=Budget(**budget.to_dict()),
+        budget=budget,
         **figures.summarize_ticks(ticks),
         rejected_admissions=sum(e.decision not in ACCEPTED for e in first.events),
         cache_misses=first.cache_misses,

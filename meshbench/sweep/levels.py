@@ -19,9 +19,10 @@ from meshbench.analysis import isolation, prefix
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine.base import BatchEngine, EngineLimits
 from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.records.context import Budget
 from meshbench.records.model import Reference, Tick
 from meshbench.records.sharing import OwnKvReplay
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.budget import engine_limits
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep import own_kv
 from meshbench.sweep.inject import FaultPlan
@@ -73,7 +74,7 @@ def run_concurrency_sweep(
     def one_pass(
         i: int, requests: Sequence[GenerationRequest] | None = None, cache: bool = True, kind: str = "timed"
     ) -> Pass:
-        limits = sweep.limits(budgets[i]) if cache else budgets[i].engine_limits()
+        limits = sweep.limits(budgets[i]) if cache else engine_limits(budgets[i])
         engine = engine_factory(limits)  # a fresh KV manager per pass
         c = plan[i].concurrency
         per_level = (lambda rec, c=c: on_tick(c, rec)) if on_tick else None
@@ -161,7 +162,7 @@ def _planned_passes(sweep: SweepPlan, lv: Level) -> int:
 
 
 def _own_kv(
-    first: Pass, cache_off: Pass, factory: Callable[[EngineLimits], BatchEngine], budget: NodeBudget, wl: Workload
+    first: Pass, cache_off: Pass, factory: Callable[[EngineLimits], BatchEngine], budget: Budget, wl: Workload
 ) -> OwnKvReplay | None:
     """Where a conversation's turns differ with the cache on and off: the level replayed on each session's own KV
     (meshbench.sweep.own_kv), on an engine that can (llama.cpp's, one stream per sequence: kv_unified off; a
@@ -170,7 +171,7 @@ def _own_kv(
         return None
     if not prefix.replayable(first.sessions, first.ticks):
         return None
-    engine = factory(dataclasses.replace(budget.engine_limits(), max_active_sessions=wl.sessions))
+    engine = factory(dataclasses.replace(engine_limits(budget), max_active_sessions=wl.sessions))
     try:
         if not hasattr(engine, "resume") or getattr(engine, "kv_unified", True):
             return None
@@ -190,9 +191,9 @@ def _restarter(node: EngineSetup | None, limits: EngineLimits) -> Callable[[], B
     return lambda: restart(limits)
 
 
-def _vocab(engine_factory: Callable[[EngineLimits], BatchEngine], budget: NodeBudget) -> int:
+def _vocab(engine_factory: Callable[[EngineLimits], BatchEngine], budget: Budget) -> int:
     """A bare engine factory's vocabulary (one engine, made and closed)."""
-    probe = engine_factory(budget.engine_limits())
+    probe = engine_factory(engine_limits(budget))
     try:
         return probe.vocab_size
     finally:
@@ -201,7 +202,7 @@ def _vocab(engine_factory: Callable[[EngineLimits], BatchEngine], budget: NodeBu
 
 def alone_reference(
     workload: Workload,
-    budget: NodeBudget,
+    budget: Budget,
     engine_factory: Callable[[EngineLimits], BatchEngine],
     clock: Callable[[], int],
     prefill: str = "whole",
@@ -210,7 +211,7 @@ def alone_reference(
 ) -> Reference:
     """Each session run alone: the reference every completed session of an arrival sweep must equal."""
     alone = level_budget(budget, 1, workload.sessions)
-    engine = engine_factory(dataclasses.replace(alone.engine_limits(), prefix_block_tokens=prefix_block_tokens))
+    engine = engine_factory(dataclasses.replace(engine_limits(alone), prefix_block_tokens=prefix_block_tokens))
     try:
         first = run_pass(
             workload.requests(engine.vocab_size, eog), [0] * workload.sessions, alone, engine, clock, prefill=prefill

@@ -12,8 +12,9 @@ from meshbench.analysis import figures
 from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import close_engine
 from meshbench.records import serial
+from meshbench.records.context import Budget
 from meshbench.records.model import EngineLoss, FaultEvent, JsonObject, SessionRecord, SubmitEvent, Tick, Timing
-from meshbench.scheduler.budget import AdmissionDecision, NodeBudget
+from meshbench.scheduler.budget import AdmissionDecision
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.sweep.driver import NodeDriver, WallClock
 from meshbench.sweep.inject import FaultPlan
@@ -77,7 +78,7 @@ class Pass:
 def run_pass(
     requests: Sequence[GenerationRequest],
     arrival_ticks: Sequence[int],
-    budget: NodeBudget,
+    budget: Budget,
     engine: BatchEngine,
     clock: Callable[[], int] = time.monotonic_ns,
     on_tick: Callable[[Tick], None] | None = None,
@@ -158,7 +159,7 @@ def finished_pass(
 def run_pass_wall(
     requests: Sequence[GenerationRequest],
     arrival_s: Sequence[float],
-    budget: NodeBudget,
+    budget: Budget,
     engine: BatchEngine,
     clock: Callable[[], int] = time.monotonic_ns,
     on_tick: Callable[[Tick], None] | None = None,

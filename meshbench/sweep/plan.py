@@ -10,7 +10,8 @@ from typing import Sequence
 from meshbench.analysis.figures import NEAR_TIE
 from meshbench.engine.base import EngineLimits
 from meshbench.errors import MeshbenchError
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.records.context import Budget
+from meshbench.scheduler.budget import engine_limits
 from meshbench.workload import arrivals as arrivals_mod
 from meshbench.workload.arrivals import Arrivals
 from meshbench.workload.config import RunConfig
@@ -18,7 +19,7 @@ from meshbench.workload.faults import Fault
 from meshbench.workload.workload import Workload
 
 
-def level_budget(base: NodeBudget, concurrency: int, sessions: int, all_at_once: bool = True) -> NodeBudget:
+def level_budget(base: Budget, concurrency: int, sessions: int, all_at_once: bool = True) -> Budget:
     """At level c: c active sessions and a batch of c. With every session submitted at once the queue is
     raised to hold them all (the DGR-012 rule); with arrivals over time the configured queue is measured."""
     return dataclasses.replace(
@@ -69,7 +70,7 @@ class SweepPlan:
 
     levels: Sequence[int]
     workload: Workload
-    budget: NodeBudget
+    budget: Budget
     repeat: int = 1  # recorded passes per level
     warmup: int = 0  # unrecorded passes per level first
     rates: Sequence[float] | None = None  # arrival rates crossed with the levels
@@ -104,9 +105,9 @@ class SweepPlan:
             cfg.engine.block_tokens if cfg.engine.prefix_cache else 0,
         )
 
-    def limits(self, budget: NodeBudget) -> EngineLimits:
+    def limits(self, budget: Budget) -> EngineLimits:
         """What a pass's engine is built for: the level's budget, and the run's prefix cache."""
-        return dataclasses.replace(budget.engine_limits(), prefix_block_tokens=self.prefix_block_tokens)
+        return dataclasses.replace(engine_limits(budget), prefix_block_tokens=self.prefix_block_tokens)
 
 
 def arrival_times(plan: Sequence[Level], workload: Workload, wall: bool, repeat: int) -> list[list]:

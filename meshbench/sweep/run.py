@@ -28,7 +28,7 @@ from meshbench.records.model import Tick
 from meshbench.results import document as results
 from meshbench.results import envinfo, fingerprint, kinds, typed
 from meshbench.results.typed import NodeBundle
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.scheduler.budget import engine_limits
 from meshbench.scheduler.plan import bursts
 from meshbench.sweep import prove, replay
 from meshbench.sweep.levels import PassDone, SweepPlan, run_concurrency_sweep
@@ -151,7 +151,7 @@ def _logit_deviation(
         return None
     by_c = {lv.concurrency: lv for lv in sweep.levels}
     prompts = {r.session_id: r.prompt_tokens for r in cfg.workload.requests(setup.vocab_size, setup.eog)}
-    make = lambda lv: setup.make(NodeBudget(**serial.to_json(lv.budget)).engine_limits())  # noqa: E731
+    make = lambda lv: setup.make(engine_limits(lv.budget))  # noqa: E731
     return replay.deviation(
         make,
         by_c[div.reference_concurrency],

@@ -16,7 +16,7 @@ from meshbench.analysis import backpressure, figures, isolation, verdicts
 from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
 from meshbench.records import serial
-from meshbench.records.context import Budget, GgufEngineInfo
+from meshbench.records.context import GgufEngineInfo
 from meshbench.records.model import LevelRecord, Reference, SessionRecord, Tick
 from meshbench.records.turns import by_turn, turn_numbers
 from meshbench.results.typed import NodeBundle
@@ -27,7 +27,7 @@ from meshbench.verify import turns
 def check_config_copies(c: Checks, b: NodeBundle) -> None:
     """The top-level workload and budget are copies of the config echo's."""
     c.equal(RESULTS, "workload (= config.workload)", b.cfg.workload.to_dict(), serial.to_json(b.results.workload))
-    c.equal(RESULTS, "budget (= config.budget)", b.cfg.budget.to_dict(), serial.to_json(b.results.budget))
+    c.equal(RESULTS, "budget (= config.budget)", b.cfg.budget, b.results.budget)
     cfg = b.cfg
     groups = len(cfg.faults) or len(cfg.rates or ()) or 1  # each fault row or rate runs every level
     c.equal(
@@ -171,7 +171,7 @@ def check_level_budget(c: Checks, b: NodeBundle, lv: LevelRecord, at: str) -> No
     if lv.arrivals == "all-at-once":
         queue = max(queue, b.results.workload.sessions)
     expected = dataclasses.replace(
-        serial.from_json(base.to_dict(), Budget, "config.budget"),
+        base,
         max_active_sessions=lv.concurrency,
         max_batch_size=lv.concurrency,
         max_queue_depth=queue,

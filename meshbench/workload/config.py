@@ -16,14 +16,14 @@ from meshbench.engine import apis, kinds
 from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
-from meshbench.scheduler.budget import NodeBudget
+from meshbench.records.context import Budget
 from meshbench.workload import arrivals, faults, matrix, request
 from meshbench.workload.faults import Fault
 from meshbench.workload.workload import Workload, WorkloadSection
 from meshbench.workload.yaml_config import merge, read_yaml
 
 # The DGR-012 run's budgets: sized so KV never evicts (the corruption check is then unambiguous).
-DGR_012_BUDGET = NodeBudget(
+DGR_012_BUDGET = Budget(
     weight_bytes=1 << 30,
     kv_bytes=1 << 24,
     scratch_bytes=1 << 26,
@@ -56,7 +56,7 @@ class RunConfig:
     faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows (meshbench.workload.faults), each run at every level
     restart_engine: bool = False  # after an engine loss: a fresh engine, the lost sessions resubmitted
     prefill: str = "whole"  # or chunked (the budget filled exactly, prompts split) or burst (meshbench.scheduler.plan)
-    budget: NodeBudget = DGR_012_BUDGET  # max_active_sessions/max_batch_size are set per level by a sweep
+    budget: Budget = DGR_012_BUDGET  # max_active_sessions/max_batch_size are set per level by a sweep
     source: str = "defaults"  # where the config came from, for messages and the results echo
 
     def __post_init__(self) -> None:
@@ -171,7 +171,7 @@ class RunConfig:
             "isolation_family": self.isolation_family,
             "engine": self.engine.to_dict(),
             "workload": self.workload.to_dict(),
-            "budget": self.budget.to_dict(),
+            "budget": asdict(self.budget),
         }
 
 
@@ -205,7 +205,7 @@ def _defaults() -> dict:
         **top,
         "engine": EngineSpec().to_dict(),
         "workload": {k: _plain(v) for k, v in asdict(WorkloadSection()).items()},
-        "budget": DGR_012_BUDGET.to_dict(),
+        "budget": asdict(DGR_012_BUDGET),
     }
 
 
@@ -295,7 +295,7 @@ def from_mapping(data: dict, source: str) -> RunConfig:
             faults=rows,
             restart_engine=data["restart_engine"],
             prefill=data["prefill"],
-            budget=NodeBudget(**data["budget"]),
+            budget=Budget(**data["budget"]),
             source=source,
         )
     except MeshbenchError as e:
