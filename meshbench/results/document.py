@@ -12,7 +12,7 @@ from meshbench.analysis.figures import SATURATION_MARGIN
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
-from meshbench.records.context import Environment, GgufEngineInfo, InputFile, SyntheticEngineInfo, Workload
+from meshbench.records.context import Environment, GgufEngineInfo, InputFile, SyntheticEngineInfo
 from meshbench.records.documents import FirstDivergence, NodeResults
 from meshbench.workload.config import RunConfig
 
@@ -64,9 +64,7 @@ def build(
     return NodeResults(
         **header(cfg, command, SCHEMA_VERSION),
         engine=engine_info,
-        workload=serial.from_json(
-            cfg.workload.to_dict(), Workload, "the workload"
-        ),  # copies of the config echo's, checked equal by verify
+        workload=cfg.workload.record(),  # the config echo's, checked equal by verify
         budget=cfg.budget,
         environment=serial.from_json(environment, Environment, "the environment"),
         levels=sweep.levels,

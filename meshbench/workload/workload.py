@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshbench.errors import MeshbenchError
+from meshbench.records import context as records
+from meshbench.records import serial
 from meshbench.scheduler.session import GenerationRequest
 
 CANCEL_WORDS = ("auto", "off")  # workload.cancel: at half the shortest answer, or no cancel-and-retry run
@@ -167,27 +169,31 @@ class Workload:
             tuple(int(t) for t in rng.integers(0, vocab_size, self.turn_tokens)) for _ in range(self.turns - 1)
         )
 
-    def to_dict(self) -> dict:
-        own = [p - self.prefix_tokens for p in self.prompt_tokens]
-        prefix = {"prefix": {"groups": list(self.prefix_groups), "tokens": self.prefix_tokens}}
-        return {
-            "sessions": self.sessions,
-            "prompt_tokens": own,
-            "new_tokens": list(self.new_tokens),
-            "seed": self.seed,
-            "arrivals": self.arrivals,
-            "prompts": self.prompts,
-            "eos": self.eos,
-            **(prefix if self.prefix_groups else {}),
-            **({"turns": self.turns, "turn_tokens": self._turn_tokens_echo()} if self.turns > 1 else {}),
-            **({"cancel": self.cancel} if self.cancel != "auto" else {}),
-        }
+    def record(self) -> records.Workload:
+        """The workload as results.json records it: each session's own prompt tokens (after a shared prefix), the
+        prefix groups, and turns where a session has more than one."""
+        talk = self.turns > 1
+        return records.Workload(
+            sessions=self.sessions,
+            prompt_tokens=[p - self.prefix_tokens for p in self.prompt_tokens],
+            new_tokens=list(self.new_tokens),
+            seed=self.seed,
+            arrivals=self.arrivals,
+            prompts=self.prompts,
+            eos=self.eos,
+            prefix=records.SharedPrefix(groups=list(self.prefix_groups), tokens=self.prefix_tokens)
+            if self.prefix_groups
+            else None,
+            turns=self.turns if talk else None,
+            # the real turns' lengths per session, else the synthetic count
+            turn_tokens=(self.turn_tokens if self.turn_lengths is None else [list(x) for x in self.turn_lengths])
+            if talk
+            else None,
+        )
 
-    def _turn_tokens_echo(self) -> int | list[list[int]]:
-        """turn_tokens as results.json echoes it: the real turns' lengths per session, else the synthetic count."""
-        if self.turn_lengths is not None:
-            return [list(x) for x in self.turn_lengths]
-        return self.turn_tokens
+    def to_dict(self) -> dict:
+        """The config echo's workload section: the record's, and cancel where it is not auto."""
+        return {**serial.to_json(self.record()), **({"cancel": self.cancel} if self.cancel != "auto" else {})}
 
 
 @dataclass(frozen=True, slots=True)
