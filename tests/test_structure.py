@@ -238,11 +238,22 @@ def test_the_lookup_count_finds_every_kind_a_grep_misses(tmp_path):
         "    c = d.get('x') or d.get(k) or getattr(rec, k) or getattr(rec, 'name')\n"
         "    names = ('ttft_ms.p50', 'plain', \"tpot_ms.p99\")\n"
         "    return Record(**d, other=1), a, b, c, names\n"
+        "def g(rows, sid):\n"
+        "    by_id = {r.id: r for r in rows}\n"
+        "    def inner(k):\n"
+        "        return by_id.get(k)\n"  # (a closure over the map its function built: an index)
+        "    return by_id.get(sid), rows.get(sid), inner\n"  # (rows was given: counted)
+        "class C:\n"
+        "    def __init__(self):\n"
+        "        self.seen = defaultdict(int)\n"
+        "    def has(self, k):\n"
+        "        return self.seen.get(k), self.other.get(k)\n"
     )
     (tmp_path / "top.py").write_text("x = {}['k']\n")
     parts = lookups.by_part(tmp_path)
     pkg = parts["pkg"]
-    assert [pkg[k] for k in lookups.KINDS] == [2, 2, 1, 1, 1, 2, 1]
+    assert [pkg[k] for k in lookups.KINDS] == [2, 2, 1, 3, 1, 2, 1]
+    assert pkg[lookups.INDEX] == 3
     assert parts["."][lookups.KINDS[0]] == 1
-    assert "| total | 3 | 2 | 1 | 1 | 1 | 2 | 1 | 11 |" in lookups.table(parts)
+    assert "| total | 3 | 2 | 1 | 3 | 1 | 2 | 1 | 13 | 3 |" in lookups.table(parts)
     assert lookups.main([str(tmp_path / "missing")]) == 2

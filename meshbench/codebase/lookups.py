@@ -12,6 +12,10 @@ each kind it finds:
   as ``"ttft_ms.p50"`` listed for lookups elsewhere);
 - ``**splat``: a mapping splatted into a call's keywords.
 
+Reported beside them, not in ``all``: ``.get(var)`` on a map the same function (or, for ``self.x``, the same
+class) built itself, from ``{}``, a dict comprehension, ``dict()``, ``defaultdict()`` or ``Counter()``: an index a
+check builds (sessions by id, counts by tick), read by a key that is data, not a field's name.
+
 A subscript by an integer or a slice is not counted; neither is a ``get`` on something that is not a mapping
 (the count cannot tell, and says so by naming the category, not the type)."""
 
@@ -24,6 +28,8 @@ from collections import Counter
 from pathlib import Path
 
 KINDS = ('["key"]', "f\"{x['key']}\"", '.get("key")', ".get(var)", "getattr(x, var)", '"a.b" names', "**splat")
+INDEX = ".get(var) on a map it built"
+_BUILDERS = frozenset({"dict", "defaultdict", "Counter", "OrderedDict"})
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*\.[A-Za-z_0-9]+$")
 
 
@@ -31,10 +37,52 @@ def _is_str(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
+def _builds_map(node: ast.AST | None) -> bool:
+    if isinstance(node, (ast.Dict, ast.DictComp)):
+        return True
+    if isinstance(node, ast.Call):
+        f = node.func
+        return (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None) in _BUILDERS
+    return False
+
+
+def _holder(node: ast.AST) -> str | None:
+    """``name`` or ``self.name``: what an assignment binds, or what a ``get`` is called on."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return f"self.{node.attr}"
+    return None
+
+
+def _built_maps(scope: ast.AST) -> set[str]:
+    """The names (and ``self.`` attributes) ``scope`` assigns a new map to, anywhere in it."""
+    out = set()
+    for n in ast.walk(scope):
+        pairs: list[tuple[ast.expr, ast.expr | None]] = []
+        if isinstance(n, ast.Assign):
+            pairs = [(t, n.value) for t in n.targets]
+        if isinstance(n, ast.AnnAssign):
+            pairs = [(n.target, n.value)]
+        out |= {h for t, v in pairs if _builds_map(v) and (h := _holder(t))}
+    return out
+
+
 class _Counter(ast.NodeVisitor):
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self._fstring = 0
+        self._built: list[set[str]] = [set()]  # the maps built in each enclosing class or function
+
+    def _scope(self, node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        built = _built_maps(node)
+        if isinstance(node, ast.ClassDef):  # (a class's own: the maps its methods keep on self)
+            built = {h for h in built if h.startswith("self.")}
+        self._built.append(built)
+        self.generic_visit(node)
+        self._built.pop()
+
+    visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = _scope
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         self._fstring += 1
@@ -49,7 +97,11 @@ class _Counter(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "get" and node.args:
-            self.counts[KINDS[2] if _is_str(node.args[0]) else KINDS[3]] += 1
+            if _is_str(node.args[0]):
+                self.counts[KINDS[2]] += 1
+            else:
+                held = _holder(f.value)
+                self.counts[INDEX if held and any(held in b for b in self._built) else KINDS[3]] += 1
         if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and not _is_str(node.args[1]):
             self.counts[KINDS[4]] += 1
         self.counts[KINDS[6]] += sum(k.arg is None for k in node.keywords)
@@ -85,10 +137,11 @@ def table(parts: dict[str, Counter[str]]) -> str:
     for c in parts.values():
         total.update(c)
     rows = [*parts.items(), ("total", total)]
-    head = "| part | " + " | ".join(f"`{k}`" for k in KINDS) + " | all |"
-    lines = [head, "|" + "---|" * (len(KINDS) + 2)]
+    head = "| part | " + " | ".join(f"`{k}`" for k in KINDS) + f" | all | not in all: `{INDEX}` |"
+    lines = [head, "|" + "---|" * (len(KINDS) + 3)]
     for name, c in rows:
-        lines.append(f"| {name} | " + " | ".join(str(c[k]) for k in KINDS) + f" | {sum(c[k] for k in KINDS)} |")
+        counts = " | ".join(str(c[k]) for k in KINDS)
+        lines.append(f"| {name} | {counts} | {sum(c[k] for k in KINDS)} | {c[INDEX]} |")
     return "\n".join(lines)
 
 
