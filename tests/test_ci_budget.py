@@ -13,13 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = ROOT / "evidence"
 TIMES = json.loads((EVIDENCE / "RERUN-SECONDS.json").read_text())
 
-# .ci/run's other stages on this 2-core machine with pip's cache warm, as a clean clone's run of 2069351 printed
-# them: the fresh virtualenv 4, README's first command 19, its second (install, then the whole suite) 312, the other
-# extras 46 and their tests 275, the llama-server tests 590, the hunt's corpus 77, lint and types 34, the endpoint and
-# hunt bundles 24, the DGR-012 comparisons 16 (docs/development.md).
+# .ci/run's other stages on this 2-core machine with pip's cache warm, as a clean clone's run of c545685 printed
+# them: the fresh virtualenv 5, README's first command 21, its second (install, then the whole suite) 469, the other
+# extras 54 and their tests 363, the llama-server tests 674, the hunt's corpus 109, lint and types 55, the endpoint
+# and hunt bundles 24, the DGR-012 comparisons 15 (docs/development.md).
 CI_LIMIT_S = 90 * 60
 CI_AFFORD_S = CI_LIMIT_S * 2 // 3
-OTHER_STAGES_S = 4 + 19 + 312 + 46 + 275 + 590 + 77 + 34 + 24 + 16
+OTHER_STAGES_S = 5 + 21 + 469 + 54 + 363 + 674 + 109 + 55 + 24 + 15
 RERUN_BUDGET_S = CI_AFFORD_S - OTHER_STAGES_S
 
 
