@@ -257,3 +257,40 @@ def test_the_lookup_count_finds_every_kind_a_grep_misses(tmp_path):
     assert parts["."][lookups.KINDS[0]] == 1
     assert "| total | 3 | 2 | 1 | 3 | 1 | 2 | 1 | 13 | 3 |" in lookups.table(parts)
     assert lookups.main([str(tmp_path / "missing")]) == 2
+
+
+# maps a function did not build, though a name like theirs was bound to a new map somewhere near: each counted
+NOT_INDEXES = """
+def rebound(given, k):
+    d = {}
+    d = given
+    return d.get(k)
+def shadowed_by_a_parameter(k):
+    m = {}
+    def g(m, key):
+        return m.get(key)
+    return g, [m.get(k) for m in ()], lambda m: m.get(k)
+def built_only_inside(cache, k):
+    def inner():
+        cache = {}
+        return cache
+    return cache.get(k)
+def copies_and_records(record, obj, name):
+    row, data, d = dict(record), obj.dict(), {"ttft_ms": 1, "tpot_ms": 2}
+    return row.get(name), data.get(name), d.get(name)
+class C:
+    def __init__(self):
+        self.x = {}
+    def load(self, given):
+        self.x = given
+    def read(self, k):
+        return self.x.get(k)
+"""
+
+
+def test_the_lookup_count_sets_aside_only_maps_built_where_they_are_read(tmp_path):
+    from meshbench.codebase import lookups
+
+    (tmp_path / "m.py").write_text(NOT_INDEXES)
+    counts = lookups.counted(tmp_path / "m.py")
+    assert (counts[lookups.KINDS[3]], counts[lookups.INDEX]) == (9, 0)

@@ -54,9 +54,21 @@ def test_the_default_sweeps_records_are_what_its_results_json_reads_back_as():
 # level or two, fewer repetitions, rates), so the test costs seconds, not the bundle's minute
 SMALLER = {
     "faults": {"levels": [2], "repeat": 1},
-    "shared-prefix": {"levels": [1, 4], "workload": {"new_tokens": 4}},
-    "conversations": {"levels": [2], "workload": {"new_tokens": 4}},
+    "shared-prefix": {"levels": [4], "workload": {"new_tokens": 4}},
+    # (a KV budget of 224 positions: turns are still evicted and prefilled again with 4-token answers)
+    "conversations": {"levels": [2], "workload": {"new_tokens": 4}, "budget": {"kv_bytes": 344064}},
     "backpressure": {"rates": [0.2, 2.0], "workload": {"sessions": 12}},
+}
+
+
+# what each cut must still build, or the test would check less than it says
+BUILDS = {
+    "faults": lambda lvs: any(lv.fault_events for lv in lvs) and any(lv.engine_losses for lv in lvs),
+    "shared-prefix": lambda lvs: all(lv.prefix and lv.prefix.hits for lv in lvs),
+    "conversations": lambda lvs: (
+        any(lv.turn_events for lv in lvs) and any(lv.prefix and lv.prefix.conversation_misses for lv in lvs)
+    ),
+    "backpressure": lambda lvs: any(lv.rejected_admissions for lv in lvs),
 }
 
 
@@ -65,3 +77,4 @@ def test_other_sweeps_records_are_what_their_results_json_reads_back_as(name):
     cfg = config.load(ROOT / "configs" / f"{name}.yaml", SMALLER[name])
     record = run.sweep_on_node(cfg, f"meshbench sweep --config configs/{name}.yaml")
     assert record == _read_back(record)
+    assert BUILDS[name](record.levels), f"the cut {name} config no longer builds what it is here for"

@@ -37,13 +37,27 @@ def _is_str(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
+_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp, ast.DictComp,
+           ast.GeneratorExp)  # fmt: skip
+
+
 def _builds_map(node: ast.AST | None) -> bool:
-    if isinstance(node, (ast.Dict, ast.DictComp)):
+    """A new, empty or computed map: ``{}`` (or a display keyed by anything but string constants, which is a
+    record), a dict comprehension, ``defaultdict()``, ``Counter()``, ``dict()`` of no name (``dict(given)`` copies
+    what it was given)."""
+    if isinstance(node, ast.DictComp):
         return True
-    if isinstance(node, ast.Call):
-        f = node.func
-        return (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None) in _BUILDERS
-    return False
+    if isinstance(node, ast.Dict):
+        return not node.keys or not all(k is not None and _is_str(k) for k in node.keys)
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else None
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "collections":
+        name = f.attr
+    if name == "dict":
+        return not any(isinstance(a, ast.Name) for a in node.args)
+    return name in _BUILDERS
 
 
 def _holder(node: ast.AST) -> str | None:
@@ -55,34 +69,74 @@ def _holder(node: ast.AST) -> str | None:
     return None
 
 
-def _built_maps(scope: ast.AST) -> set[str]:
-    """The names (and ``self.`` attributes) ``scope`` assigns a new map to, anywhere in it."""
-    out = set()
-    for n in ast.walk(scope):
-        pairs: list[tuple[ast.expr, ast.expr | None]] = []
-        if isinstance(n, ast.Assign):
-            pairs = [(t, n.value) for t in n.targets]
-        if isinstance(n, ast.AnnAssign):
-            pairs = [(n.target, n.value)]
-        out |= {h for t, v in pairs if _builds_map(v) and (h := _holder(t))}
+def _own(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of ``scope``'s own body: nothing inside a nested function, lambda, class or comprehension."""
+    out, todo = [], list(ast.iter_child_nodes(scope))
+    while todo:
+        n = todo.pop()
+        out.append(n)
+        if not isinstance(n, _NESTED):
+            todo.extend(ast.iter_child_nodes(n))
     return out
+
+
+def _params(scope: ast.AST) -> set[str]:
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = scope.args
+        return {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x is not None}
+    if isinstance(scope, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        return {n.id for g in scope.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _bindings(nodes: list[ast.AST]) -> list[tuple[str, bool]]:
+    """Every (name or ``self.name``, whether to a new map) that these nodes bind."""
+    out: list[tuple[str, bool]] = []
+    for n in nodes:
+        if isinstance(n, ast.Assign):
+            out += [(h, _builds_map(n.value)) for t in n.targets for x in ast.walk(t) if (h := _holder(x))]
+        elif isinstance(n, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and (h := _holder(n.target)):
+            out.append((h, isinstance(n, ast.AnnAssign) and _builds_map(n.value)))
+        elif isinstance(n, (ast.For, ast.AsyncFor, ast.withitem)):
+            target = n.target if isinstance(n, (ast.For, ast.AsyncFor)) else n.optional_vars
+            out += [(x.id, False) for x in ast.walk(target) if isinstance(x, ast.Name)] if target else []
+    return out
+
+
+def _scope_maps(scope: ast.AST) -> tuple[set[str], set[str]]:
+    """(what ``scope`` binds, which of those it only ever binds to a new map: its indexes). A class's are the
+    ``self.`` attributes its methods bind."""
+    if isinstance(scope, ast.ClassDef):
+        methods = [m for m in scope.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        pairs = [(h, b) for m in methods for h, b in _bindings(list(ast.walk(m))) if h.startswith("self.")]
+    else:
+        pairs = [(h, b) for h, b in _bindings(_own(scope)) if not h.startswith("self.")]
+        pairs += [(x, False) for x in _params(scope)]
+    bound = {h for h, _ in pairs}
+    return bound, {h for h in bound if all(b for x, b in pairs if x == h)}
 
 
 class _Counter(ast.NodeVisitor):
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self._fstring = 0
-        self._built: list[set[str]] = [set()]  # the maps built in each enclosing class or function
+        self._scopes: list[tuple[bool, set[str], set[str]]] = []  # (a class?, bound, indexes), innermost last
 
-    def _scope(self, node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        built = _built_maps(node)
-        if isinstance(node, ast.ClassDef):  # (a class's own: the maps its methods keep on self)
-            built = {h for h in built if h.startswith("self.")}
-        self._built.append(built)
+    def _scope(self, node: ast.AST) -> None:
+        self._scopes.append((isinstance(node, ast.ClassDef), *_scope_maps(node)))
         self.generic_visit(node)
-        self._built.pop()
+        self._scopes.pop()
 
-    visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = _scope
+    visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _scope
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
+
+    def _index(self, held: str | None) -> bool:
+        """Whether ``held`` is, where it is read, a map its scope built (the innermost scope binding it decides;
+        ``self.x``: the innermost class)."""
+        for is_class, bound, built in reversed(self._scopes):
+            if held and is_class == held.startswith("self.") and held in bound:
+                return held in built
+        return False
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
         self._fstring += 1
@@ -100,8 +154,7 @@ class _Counter(ast.NodeVisitor):
             if _is_str(node.args[0]):
                 self.counts[KINDS[2]] += 1
             else:
-                held = _holder(f.value)
-                self.counts[INDEX if held and any(held in b for b in self._built) else KINDS[3]] += 1
+                self.counts[INDEX if self._index(_holder(f.value)) else KINDS[3]] += 1
         if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and not _is_str(node.args[1]):
             self.counts[KINDS[4]] += 1
         self.counts[KINDS[6]] += sum(k.arg is None for k in node.keywords)

@@ -93,7 +93,10 @@ def checked_bundle(
     (injected) an endpoint bundle's prompts as the model here tokenizes them, or why it could not."""
     data = load_bundle(path)
     verifies = VERIFIES[kinds.of(data)]
-    typed = verifies.concrete(kinds.typed_results(data), resolve)
+    try:
+        typed = verifies.concrete(kinds.typed_results(data), resolve)
+    except MeshbenchError as e:  # (a record its own checks refuse: which bundle's, named)
+        raise MeshbenchError(f"{path}: {e}") from None
     c = check_typed(data, typed)
     verifies.here(c, typed, tokens)
     check_readme(c, data, typed, path)
