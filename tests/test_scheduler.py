@@ -7,6 +7,7 @@ import pytest
 
 from meshbench.engine.base import separate_step
 from meshbench.errors import MeshbenchError
+from meshbench.records.model import Resubmission
 from meshbench.scheduler.budget import AdmissionReason as R
 from meshbench.scheduler.session import DoneReason
 
@@ -392,5 +393,5 @@ def test_a_lost_engine_fails_its_sessions_and_the_resubmission_starts_a_new_epoc
     assert s.apply(plan, None) == []
     rec = s.record(plan, 0)
     assert rec.ended == ["a"] and rec.resubmitted == ["a"] and s.session("a").epoch == 2
-    assert s.losses()[0]["resubmitted"] == [{"session_id": "a", "epoch": 2, "decision": "ADMITTED"}]
+    assert s.losses()[0].resubmitted == [Resubmission(session_id="a", epoch=2, decision="ADMITTED")]
     assert s.telemetry(kv_bytes=0).failed_by_cause == {"engine lost: SIGKILL": 1}

@@ -8,7 +8,7 @@ from collections import Counter, OrderedDict
 
 from meshbench.engine.base import EngineFigures
 from meshbench.records.context import Budget
-from meshbench.records.model import Tick
+from meshbench.records.model import EngineLoss, Tick
 from meshbench.scheduler.session import DoneReason, Session
 from meshbench.scheduler.telemetry import SchedulerTelemetry
 
@@ -30,7 +30,7 @@ class SchedulerReadouts:
     _decode_tokens: int
     _first_tick_ns: int | None
     _last_tick_end_ns: int | None
-    _losses: list[dict]
+    _losses: list[EngineLoss]
     figures: EngineFigures
     budget: Budget
     scratch_per_session: int
@@ -75,11 +75,11 @@ class SchedulerReadouts:
         with self._lock:
             return list(self._running)
 
-    def losses(self) -> list[dict]:
+    def losses(self) -> list[EngineLoss]:
         """One record per engine loss: the tick, the cause, the sessions lost (id, epoch), and the
         resubmissions (id, epoch, decision) when the engine was restarted."""
         with self._lock:
-            return [dict(r) for r in self._losses]
+            return list(self._losses)
 
     def telemetry(self, kv_bytes: int) -> SchedulerTelemetry:
         """The node's figures, with the KV the engine holds now."""
@@ -120,5 +120,5 @@ class SchedulerReadouts:
                 failed=done.get(DoneReason.FAILED.value, 0),
                 failed_by_cause=dict(sorted(self._failed_by_cause.items())),
                 engine_losses=len(self._losses),
-                resubmitted=sum(len(r["resubmitted"]) for r in self._losses),
+                resubmitted=sum(len(r.resubmitted) for r in self._losses),
             )

@@ -16,6 +16,7 @@ fails too.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -24,7 +25,7 @@ from typing import Callable, Sequence
 from meshbench.engine.base import DecodeItem, EngineFigures, PrefillChunk, SessionHandle, TickResult
 from meshbench.errors import MeshbenchError
 from meshbench.records.context import Budget
-from meshbench.records.model import Tick
+from meshbench.records.model import EngineLoss, Resubmission, Tick
 from meshbench.scheduler import telemetry
 from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason
 from meshbench.scheduler.plan import PREFILL_POLICIES, CancelResult, TickPlan, bursts, chunks
@@ -70,7 +71,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         self._decode_tokens = 0
         self._first_tick_ns: int | None = None
         self._last_tick_end_ns: int | None = None
-        self._losses: list[dict] = []  # one record per engine loss: tick, cause, lost, resubmitted
+        self._losses: list[EngineLoss] = []  # one record per engine loss: tick, cause, lost, resubmitted
         self._down: str | None = None  # the cause, once an engine was lost and not restarted
         self._ended: list[Session] = []  # ended otherwise than completing since the last tick record
         self._resubmitted: list[Session] = []  # resubmitted since the last tick record
@@ -305,7 +306,7 @@ class ContinuousBatchScheduler(SchedulerReadouts):
                 self._failed_by_cause[cause] += 1
                 self._end(s, DoneReason.FAILED, cause)
             self._losses.append(
-                {"tick": plan.tick, "cause": cause, "lost": [[s.session_id, s.epoch] for s in lost], "resubmitted": []}
+                EngineLoss(tick=plan.tick, cause=cause, lost=[[s.session_id, s.epoch] for s in lost], resubmitted=[])
             )
             return lost
 
@@ -314,18 +315,20 @@ class ContinuousBatchScheduler(SchedulerReadouts):
         with self._lock:
             self._down = cause
             if restart_error is not None:
-                self._losses[-1]["restart_error"] = restart_error
+                self._losses[-1] = dataclasses.replace(self._losses[-1], restart_error=restart_error)
 
     def resubmit(self, lost: Sequence[Session]) -> None:
         """The lost sessions again, from their prompts, under a new epoch, through admission like any arrival."""
         with self._lock:
-            record = self._losses[-1]
+            done = []
             for s in lost:
                 d = self.submit(s.request)
-                record["resubmitted"].append({"session_id": s.session_id, "epoch": d.epoch, "decision": d.reason.value})
+                done.append(Resubmission(session_id=s.session_id, epoch=d.epoch, decision=d.reason.value))
                 if d.reason.accepted:
                     self._resubmitted.append(self._live[s.session_id])
                     self.resubmitted_work += s.request.total_tokens
+            record = self._losses[-1]
+            self._losses[-1] = dataclasses.replace(record, resubmitted=[*record.resubmitted, *done])
 
     def take_releases(self) -> list[str]:
         """The sessions that ended holding KV since the last call, in the order they ended."""

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from meshbench.engine.base import BatchEngine, EngineFigures, EngineLost, TickResult, failure, raised
 from meshbench.errors import MeshbenchError
 from meshbench.records.context import Budget
-from meshbench.records.model import Tick
+from meshbench.records.model import EngineLoss, Tick
 from meshbench.scheduler.budget import AdmissionDecision
 from meshbench.scheduler.plan import CancelResult, TickPlan
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler
@@ -227,7 +227,7 @@ class NodeDriver:
     def running_ids(self) -> list[str]:
         return self.sched.running_ids()
 
-    def losses(self) -> list[dict]:
+    def losses(self) -> list[EngineLoss]:
         return self.sched.losses()
 
     def telemetry(self) -> SchedulerTelemetry:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from meshbench.engine.base import DecodeItem, PrefillChunk, TickResult, step_with_faults
 from meshbench.engine.process.proxy import ProxyEngine
 from meshbench.errors import MeshbenchError
+from meshbench.records.model import EngineLoss, FaultEvent, FaultSession, Resubmission
 from meshbench.scheduler.session import Session, SessionStatus
 from meshbench.workload.faults import Fault, FaultKind
 
@@ -87,11 +88,12 @@ class FaultPlan:
                 return f
         return None
 
-    def events(self, concurrency: int, ticks: int) -> list[dict]:
+    def events(self, concurrency: int, ticks: int) -> list[FaultEvent]:
         """One event per fault, in the row's order; a fault that never fired is the input's error."""
         assert self.node is not None
         sessions = self.node.sessions()
         losses = self.node.losses()
+        claimed: set[int] = set()  # the losses a fault has claimed, by index
         out = {}
         for i in self._order:  # in tick order, so each lost engine is claimed by the fault that lost it
             f = self.faults[i]
@@ -102,12 +104,15 @@ class FaultPlan:
                     f"fault {f.label}: at concurrency {concurrency} the pass ran {ticks} ticks: "
                     f"{what} (no session reaches it)"
                 )
-            out[i] = {
-                "fault": f.label,
-                "tick": fired["tick"],
-                "hit": fired["hit"],
-                **_outcome(f, fired, sessions, losses),
-            }
+            ended, cause, resubmitted = _outcome(f, fired, sessions, losses, claimed)
+            out[i] = FaultEvent(
+                fault=f.label,
+                tick=fired["tick"],
+                hit=fired["hit"],
+                sessions=ended,
+                cause=cause,
+                resubmitted=resubmitted,
+            )
         return [out[i] for i in range(len(self.faults))]
 
 
@@ -123,41 +128,42 @@ def _state(s: Session | None) -> str:
     }[s.status]
 
 
-def _outcome(f: Fault, fired: dict, sessions: list[Session], losses: list[dict]) -> dict:
+Outcome = tuple[list[FaultSession], str | None, list[Resubmission]]
+
+
+def _outcome(f: Fault, fired: dict, sessions: list[Session], losses: list[EngineLoss], claimed: set[int]) -> Outcome:
     """The sessions the fault ended (id, epoch, done reason, error) and, for a lost engine, the cause and
     the resubmissions."""
     ends = {(s.session_id, s.epoch): s for s in sessions}
     if f.kind.on_session:
         hit = [ends[tuple(fired["target"])]] if fired["target"] else []
-        return {"sessions": [_end(s) for s in hit], "cause": None, "resubmitted": []}
+        return [_end(s) for s in hit], None, []
     if f.kind is FaultKind.RAISE:
         hit = [s for s in sessions if s.end_tick == fired["tick"] and s.error and "InjectedFault" in s.error]
-        return {"sessions": [_end(s) for s in hit], "cause": None, "resubmitted": []}
-    loss = next((x for x in losses if x["tick"] >= fired["tick"] and not x.get("claimed")), None)
-    if loss is None:
-        return {"sessions": [], "cause": None, "resubmitted": []}
-    loss["claimed"] = True
-    lost = {tuple(x) for x in loss["lost"]}
+        return [_end(s) for s in hit], None, []
+    at = next((k for k, x in enumerate(losses) if x.tick >= fired["tick"] and k not in claimed), None)
+    if at is None:
+        return [], None, []
+    claimed.add(at)
+    loss = losses[at]
+    lost = {tuple(x) for x in loss.lost}
     later = [
         s
         for s in sessions
         if (s.session_id, s.epoch) not in lost
         and s.error
-        and s.error.startswith(loss["cause"])
-        and s.end_tick >= loss["tick"]
+        and s.error.startswith(loss.cause)
+        and s.end_tick is not None
+        and s.end_tick >= loss.tick
     ]  # failed without an engine
     hit = sorted([ends[k] for k in lost] + later, key=lambda s: s.arrival)
-    return {"sessions": [_end(s) for s in hit], "cause": loss["cause"], "resubmitted": loss["resubmitted"]}
+    return [_end(s) for s in hit], loss.cause, list(loss.resubmitted)
 
 
-def _end(s: Session) -> dict:
-    return {
-        "session_id": s.session_id,
-        "epoch": s.epoch,
-        "done_reason": _reason(s),
-        "end_tick": s.end_tick,
-        "error": s.error,
-    }
+def _end(s: Session) -> FaultSession:
+    reason = _reason(s)
+    assert reason is not None, s  # (a fault's sessions have ended)
+    return FaultSession(session_id=s.session_id, epoch=s.epoch, done_reason=reason, end_tick=s.end_tick, error=s.error)
 
 
 class FaultyEngine:

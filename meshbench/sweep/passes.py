@@ -11,9 +11,8 @@ from typing import Callable, Sequence
 from meshbench.analysis import figures
 from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import close_engine
-from meshbench.records import serial
 from meshbench.records.context import Budget
-from meshbench.records.model import EngineLoss, FaultEvent, JsonObject, SessionRecord, SubmitEvent, Tick, Timing
+from meshbench.records.model import EngineLoss, FaultEvent, SessionRecord, SubmitEvent, Tick, Timing
 from meshbench.scheduler.budget import AdmissionDecision
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.sweep.driver import NodeDriver, WallClock
@@ -135,7 +134,7 @@ def finished_pass(
     events: list[SubmitEvent],
     t0: int,
     t1: int,
-    fault_events: list[JsonObject] | None = None,
+    fault_events: list[FaultEvent] | None = None,
     turn_events: list[SubmitEvent] | None = None,
 ) -> Pass:
     """The raw records of a pass that started at ``t0`` and ended at ``t1`` (clock nanoseconds)."""
@@ -150,8 +149,8 @@ def finished_pass(
         tel["cache_misses"],
         tel["failed"],
         {k: tel[k] for k in COUNTERS},
-        [serial.from_json(e, FaultEvent, "a fault event") for e in fault_events or []],
-        [serial.from_json(x, EngineLoss, "an engine loss") for x in node.losses()],
+        fault_events or [],
+        node.losses(),
         turn_events,
     )
 
