@@ -1,6 +1,7 @@
 """llama.cpp's machine-dependent recipe (weight repacking, flash attention): auto resolved on this machine, the
 probe's answer cached by the CPU's fingerprint, what was used recorded, and a rerun held to it."""
 
+import dataclasses
 import json
 
 import pytest
@@ -15,6 +16,7 @@ from meshbench.cli import app  # noqa: E402
 from meshbench.engine import recipe  # noqa: E402
 from meshbench.engine.spec import EngineSpec  # noqa: E402
 from meshbench.errors import MeshbenchError  # noqa: E402
+from meshbench.records import serial  # noqa: E402
 from meshbench.results import fingerprint  # noqa: E402
 from meshbench.sweep import run  # noqa: E402
 
@@ -192,9 +194,9 @@ def test_the_bundle_records_what_auto_resolved_to_and_a_rerun_is_held_to_it(cach
     said = " ".join(r.output.split())
     assert "weight repacking on this same CPU and llama.cpp build (its compute fingerprint)" in said
     # on another machine where the repacked kernels die, it runs without them and is judged as on other kernels
-    real = fingerprint.fingerprint()
-    other = {**real, "cpu": "Another CPU"}
-    monkeypatch.setattr(fingerprint, "fingerprint", lambda: {**other, "digest": fingerprint.digest(other)})
+    other = dataclasses.replace(fingerprint.fingerprint(), cpu="Another CPU")
+    other = dataclasses.replace(other, digest=fingerprint.digest(serial.to_json(other)))
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda: other)
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
     assert r.exit_code == 0, r.output
     said = " ".join(r.output.split())
@@ -260,9 +262,9 @@ def test_a_rerun_whose_model_make_model_writes_is_judged_after_its_sweep(cache, 
     r = runner.invoke(app, ["sweep", "--config", str(cfg), "--out", str(tmp_path / "b")])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "b" / "results.json").read_text())["engine"]["repack"] is True
-    real = fingerprint.fingerprint()
-    other = {**real, "cpu": "Another CPU"}
-    monkeypatch.setattr(fingerprint, "fingerprint", lambda: {**other, "digest": fingerprint.digest(other)})
+    other = dataclasses.replace(fingerprint.fingerprint(), cpu="Another CPU")
+    other = dataclasses.replace(other, digest=fingerprint.digest(serial.to_json(other)))
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda: other)
 
     def rerun(answers):
         for made in (cache.parent / "models").glob("*.gguf"):

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from meshbench.analysis.checks import Checks
 from meshbench.cli import app
+from meshbench.records import serial
 from meshbench.results import fingerprint
 from meshbench.sweep import run
 from meshbench.verify import bundle as verify
@@ -57,10 +58,10 @@ def _check(data: dict) -> tuple[Checks, reproduce.Outcome]:
 
 def test_the_fingerprint_names_the_kernels_and_its_digest_covers_them():
     fp = fingerprint.fingerprint()
-    assert fp["digest"] == fingerprint.digest(fp)
-    assert fp["cpu"] and isinstance(fp["simd"], list)
-    assert fp["blas"] is None or fp["blas"]["library"]
-    assert fingerprint.digest(dict(fp, simd=fp["simd"] + ["avx512f_forged"])) != fp["digest"]
+    assert fp.digest == fingerprint.digest(serial.to_json(fp))
+    assert fp.cpu and isinstance(fp.simd, list)
+    assert fp.blas is None or fp.blas.library
+    assert fingerprint.digest(dict(serial.to_json(fp), simd=[*fp.simd, "avx512f_forged"])) != fp.digest
     assert fingerprint.simd_flags("processor: 0\nflags\t: fpu sse4_2 avx2 fma ht avx512f\n") == [
         "avx2",
         "avx512f",
@@ -133,9 +134,8 @@ def test_verify_rerun_prints_the_outcome(tmp_path):
     assert runner.invoke(app, ["sweep", "--levels", "1,2", "--out", str(out)]).exit_code == 0
     r = runner.invoke(app, ["verify", str(out), "--rerun"])
     assert r.exit_code == 0, r.output
-    assert f"{out}: reproduced here bit for bit (recorded on {fingerprint.describe(fingerprint.fingerprint())}" in (
-        r.output.replace("\n", "")
-    )
+    here = fingerprint.describe(serial.to_json(fingerprint.fingerprint()))
+    assert f"{out}: reproduced here bit for bit (recorded on {here}" in r.output.replace("\n", "")
 
 
 def test_a_bundle_without_a_fingerprint_fails_the_schema_in_one_line(recorded, tmp_path):
@@ -156,7 +156,7 @@ def test_the_fingerprint_names_numpys_blas_whatever_was_loaded_first():
     import subprocess
     import sys
 
-    code = "from meshbench.results import fingerprint; print(fingerprint.fingerprint()['digest'])"
+    code = "from meshbench.results import fingerprint; print(fingerprint.fingerprint().digest)"
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     scipy_first = subprocess.run(
         [sys.executable, "-c", "import scipy.linalg; " + code], capture_output=True, text=True, check=True

@@ -10,13 +10,14 @@ from typing import Callable, Iterator
 from meshbench.endpoint import sweep as endpoint_sweep
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
+from meshbench.records.context import Environment
 from meshbench.workload import matrix
 from meshbench.workload.config import RunConfig
 from meshbench.workload.matrix_config import setting_config
 
 
 def run(
-    cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None
+    cfg: RunConfig, command: str, environment: Environment, progress: Callable[[str], None] = lambda m: None
 ) -> Iterator[tuple[str, dict]]:
     """Each setting's flags and its sweep's results.json, in the order given, as each sweep ends (so a caller
     keeps the finished ones when a later one fails)."""

@@ -51,7 +51,7 @@ NEEDLE = "needle"  # the needle's session id: the first prompt, sent again besid
 
 
 def run(
-    cfg: RunConfig, command: str, environment: dict, progress: Callable[[str], None] = lambda m: None
+    cfg: RunConfig, command: str, environment: Environment, progress: Callable[[str], None] = lambda m: None
 ) -> EndpointResults:
     """The endpoint sweep of ``cfg`` (engine.kind endpoint): its results.json. With ``engine.serve``, that server
     (meshbench.endpoint.launchers) is started on the config's model for the sweep and stopped after it."""
@@ -87,7 +87,7 @@ def _sweep(
     cfg: RunConfig,
     url: str,
     command: str,
-    environment: dict,
+    environment: Environment,
     progress: Callable[[str], None],
     launched: dict | None = None,
 ) -> EndpointResults:
@@ -347,7 +347,7 @@ def _needle(endpoint: Endpoint, jobs: list[Job], c: int, r: int, rng) -> NeedleT
 def _document(
     cfg: RunConfig,
     command: str,
-    environment: dict,
+    environment: Environment,
     info: dict,
     alone: Completion,
     levels: list[EndpointLevel],
@@ -367,7 +367,7 @@ def _document(
         kind="endpoint",
         **document.header(cfg, command, document.ENDPOINT_VERSION),
         endpoint=endpoint,
-        environment=serial.from_json(environment, Environment, "the environment"),
+        environment=environment,
         workload=EndpointWorkload(
             sessions=wl.sessions,
             prompts=wl.prompts,

@@ -9,8 +9,6 @@ from meshbench import __version__
 from meshbench.analysis import hunt as judge
 from meshbench.analysis.hunt import Checked
 from meshbench.hunt.run import Finding, Hunt
-from meshbench.records import serial
-from meshbench.records.context import Environment
 from meshbench.records.hunt import (
     Calibration,
     FindingRecord,
@@ -35,7 +33,7 @@ def document(h: Hunt, server: HuntServer, command: str, budget: HuntBudget) -> H
         meshbench_version=__version__,
         created_at=created_at(),
         command=command,
-        environment=serial.from_json(environment(), Environment, "the environment"),
+        environment=environment(),
         server=server,
         seed=h.seed,
         strategies=h.strategies,

@@ -11,7 +11,6 @@ from meshbench import __version__, files, validation
 from meshbench.analysis.figures import SATURATION_MARGIN
 from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.errors import MeshbenchError
-from meshbench.records import serial
 from meshbench.records.context import Environment, GgufEngineInfo, InputFile, SyntheticEngineInfo
 from meshbench.records.documents import FirstDivergence, NodeResults
 from meshbench.workload.config import RunConfig
@@ -54,7 +53,7 @@ def build(
     cfg: RunConfig,
     sweep: ConcurrencySweep,
     engine_info: SyntheticEngineInfo | GgufEngineInfo,
-    environment: dict[str, Any],
+    environment: Environment,
     command: str,
     first_divergence: FirstDivergence | None = None,
     inputs: dict[str, InputFile] | None = None,
@@ -66,7 +65,7 @@ def build(
         engine=engine_info,
         workload=cfg.workload.record(),  # the config echo's, checked equal by verify
         budget=cfg.budget,
-        environment=serial.from_json(environment, Environment, "the environment"),
+        environment=environment,
         levels=sweep.levels,
         corruption_free=sweep.corruption_free,
         batch_invariant=sweep.batch_invariant,

@@ -7,11 +7,11 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from meshbench.machine import cpu_model
+from meshbench.records.context import Environment
 from meshbench.results import fingerprint
 
 
@@ -51,18 +51,18 @@ def llama_cpp_version() -> str | None:
         return None
 
 
-def environment() -> dict[str, Any]:
+def environment() -> Environment:
     commit, dirty = git_state()
-    return {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "llama_cpp": llama_cpp_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "argv0": Path(sys.argv[0]).name if sys.argv else None,
-        "compute": fingerprint.fingerprint(),
-    }
+    return Environment(
+        python=platform.python_version(),
+        numpy=np.__version__,
+        llama_cpp=llama_cpp_version(),
+        platform=platform.platform(),
+        machine=platform.machine(),
+        cpu=cpu_model(),
+        cpu_count=os.cpu_count(),
+        git_commit=commit,
+        git_dirty=dirty,
+        argv0=Path(sys.argv[0]).name if sys.argv else None,
+        compute=fingerprint.fingerprint(),
+    )

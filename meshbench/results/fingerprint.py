@@ -9,6 +9,7 @@ model, the SIMD flags that select kernels, numpy's BLAS with the kernel it runs 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -16,9 +17,11 @@ import re
 from typing import Any
 
 from meshbench.machine import KERNEL_FLAGS, cpu_model, llama_cpp_build, simd_flags  # noqa: F401 - re-exported
+from meshbench.records import serial
+from meshbench.records.context import Blas, Compute, LlamaCppBuild
 
 
-def blas() -> dict[str, Any] | None:
+def blas() -> Blas | None:
     """numpy's BLAS as threadpoolctl sees it loaded: library, version, the kernel it runs, threads."""
     try:
         import numpy  # noqa: F401, PLC0415 - loads the BLAS threadpoolctl inspects
@@ -29,12 +32,13 @@ def blas() -> dict[str, Any] | None:
     # numpy's own, whichever other library (scipy's) was loaded before it: the one the synthetic engine runs
     libs.sort(key=lambda lib: "numpy" not in str(lib.get("filepath", "")))
     for lib in libs[:1]:
-        return {
-            "library": str(lib.get("internal_api")),
-            "version": None if lib.get("version") is None else str(lib["version"]),
-            "kernel": None if lib.get("architecture") is None else str(lib["architecture"]),
-            "threads": int(lib.get("num_threads") or 0),
-        }
+        version, kernel = lib.get("version"), lib.get("architecture")
+        return Blas(
+            library=str(lib.get("internal_api")),
+            version=None if version is None else str(version),
+            kernel=None if kernel is None else str(kernel),
+            threads=int(lib.get("num_threads") or 0),
+        )
     return None
 
 
@@ -84,15 +88,18 @@ def contradictions(fp: dict[str, Any]) -> list[str]:
     return out
 
 
-def fingerprint() -> dict[str, Any]:
-    fp = {
-        "cpu": cpu_model(),
-        "simd": simd_flags(),
-        "blas": blas(),
-        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
-        "llama_cpp": llama_cpp_build(),
-    }
-    return {**fp, "digest": digest(fp)}
+def fingerprint() -> Compute:
+    """This machine's compute fingerprint, its digest over the rest of it as results.json writes it."""
+    build = llama_cpp_build()
+    fp = Compute(
+        cpu=cpu_model(),
+        simd=simd_flags(),
+        blas=blas(),
+        openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
+        llama_cpp=None if build is None else LlamaCppBuild(version=build["version"], system_info=build["system_info"]),
+        digest="",
+    )
+    return dataclasses.replace(fp, digest=digest(serial.to_json(fp)))
 
 
 def digest(fp: dict[str, Any]) -> str:

@@ -267,7 +267,7 @@ def rerun_results(
     cfg = _recorded_recipe(cfg, b)
     model = _model_at_hand(cfg)
     if model is not None:  # an early refusal only, before anything runs: the check after the sweep judges
-        _check_repack_here(b, model, fingerprint.fingerprint().get("digest"))
+        _check_repack_here(b, model, fingerprint.fingerprint().digest)
     rerun = sweep_on_node(cfg, b.results.command, on_tick, on_pass=on_pass)
     e = rerun.engine
     if engine_kinds.recorded(e.kind).llama:
