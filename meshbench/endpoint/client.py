@@ -19,6 +19,7 @@ Each request has a deadline (``deadline_s``) and each streamed line a size cap.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import math
@@ -42,6 +43,7 @@ from meshbench.endpoint.stream import (  # noqa: F401 - the answer, as the clien
 from meshbench.engine import apis, servers
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
+from meshbench.records.context import EndpointInfo
 from meshbench.workload import request
 from meshbench.workload.target import Target, parse_target  # noqa: F401 - where an endpoint listens
 
@@ -108,7 +110,7 @@ class Endpoint:
         except (ValueError, RecursionError):
             raise MeshbenchError(f"{self.target.url}{path}: the answer is not JSON: {excerpt(raw, 80)!r}") from None
 
-    def probe(self) -> dict:
+    def probe(self) -> EndpointInfo:
         """What the endpoint is: its flavour (meshbench.engine.servers), from what it answers to ``/props``,
         ``/v1/models`` and ``/version``, or as ``engine.flavour`` names it; llama-server's build, model and slots
         from ``/props``. Fixes ``api`` when it is ``auto``."""
@@ -125,15 +127,23 @@ class Endpoint:
         flavour = self.flavour
         if self.api == apis.AUTO:
             self.api = flavour.apis[0]
-        info = {"url": self.target.url, "loopback": self.target.loopback, "api": self.api, "models": names[:16]}
-        info["server"] = flavour.name
-        info["detected"] = why
+        info = EndpointInfo(
+            url=self.target.url,
+            loopback=self.target.loopback,
+            api=self.api,
+            models=names[:16],
+            server=flavour.name,
+            detected=why,
+        )
         if flavour.props and isinstance(self.props, dict):
             props = self.props
             slots = props.get("total_slots")
-            info["build_info"] = text_value(props.get("build_info"), 200)
-            info["model_path"] = text_value(props.get("model_path"), 1000)
-            info["total_slots"] = slots if is_count(slots) and slots <= 1 << 16 else None
+            info = dataclasses.replace(
+                info,
+                build_info=text_value(props.get("build_info"), 200),
+                model_path=text_value(props.get("model_path"), 1000),
+                total_slots=slots if is_count(slots) and slots <= 1 << 16 else None,
+            )
         return info
 
     def _object(self, path: str, lenient: bool = False) -> dict | None:

@@ -31,9 +31,8 @@ from meshbench.endpoint.margin_passes import answer as _answer
 from meshbench.endpoint.record_size import check_record_size
 from meshbench.engine import apis, launchers, packaged
 from meshbench.errors import MeshbenchError
-from meshbench.records import serial
 from meshbench.records.cancel import CancelRun
-from meshbench.records.context import EndpointInfo, EndpointWorkload, Environment
+from meshbench.records.context import EndpointInfo, EndpointWorkload, Environment, Launched
 from meshbench.records.conversation import ConversationCold
 from meshbench.records.documents import EndpointResults, Needle
 from meshbench.records.endpoint_figures import PassFigures
@@ -64,9 +63,10 @@ def run(
     launcher, server, model = served(cfg)
     args = cfg.engine.server_argv
     own = launcher.own_flags(args)
-    launched = {"server": launcher.name, "version": launcher.version(server), "args": [*own, *args]}
-    launched["model"] = Path(model).name
-    progress(f"{launcher.name} {launched['version']} on {launched['model']} {' '.join(args)}")
+    launched = Launched(
+        server=launcher.name, version=launcher.version(server), args=[*own, *args], model=Path(model).name
+    )
+    progress(f"{launcher.name} {launched.version} on {launched.model} {' '.join(args)}")
     with launcher.serving(server, model, args) as url:
         return _sweep(cfg, url, command, environment, progress, launched)
 
@@ -89,7 +89,7 @@ def _sweep(
     command: str,
     environment: Environment,
     progress: Callable[[str], None],
-    launched: dict | None = None,
+    launched: Launched | None = None,
 ) -> EndpointResults:
     levels = sorted(cfg.levels)
     endpoint, info = _probed(cfg, url, launched)
@@ -140,7 +140,7 @@ def _sweep(
                      turn_ids)  # fmt: skip
 
 
-def _probed(cfg: RunConfig, url: str, launched: dict | None) -> tuple[Endpoint, dict]:
+def _probed(cfg: RunConfig, url: str, launched: Launched | None) -> tuple[Endpoint, EndpointInfo]:
     """The endpoint and what its probe found, once the sweep is known to be one it may send: a remote server only
     with --allow-remote, the server meshbench started and no other, a conversation only where turns can be counted."""
     target = parse_target(url)
@@ -152,12 +152,12 @@ def _probed(cfg: RunConfig, url: str, launched: dict | None) -> tuple[Endpoint, 
     endpoint = Endpoint.of(target, cfg.engine)
     info = endpoint.probe()
     if launched is not None:
-        if info["server"] != launchers.of(launched["server"]).flavour.name:  # (another process on its port)
-            raise MeshbenchError(f"{target.url}: meshbench started {launched['server']}; a {info['server']} answers")
-        info["launched"] = launched
+        if info.server != launchers.of(launched.server).flavour.name:  # (another process on its port)
+            raise MeshbenchError(f"{target.url}: meshbench started {launched.server}; a {info.server} answers")
+        info = dataclasses.replace(info, launched=launched)
     if cfg.workload.turns > 1 and endpoint.counts_by_usage:  # (refused before any request is sent)
         raise MeshbenchError(
-            f"{target.url}: a conversation needs each later turn's length, and the {info['server']} server has no "
+            f"{target.url}: a conversation needs each later turn's length, and the {info.server} server has no "
             "tokenizer meshbench can ask: sweep one turn (workload.turns 1)"
         )
     return endpoint, info
@@ -348,7 +348,7 @@ def _document(
     cfg: RunConfig,
     command: str,
     environment: Environment,
-    info: dict,
+    endpoint: EndpointInfo,
     alone: Completion,
     levels: list[EndpointLevel],
     request: dict,
@@ -361,7 +361,6 @@ def _document(
     assert wl.prompts is not None
     every = [c for lv in levels for rep in lv.repetitions for c in figures.pass_answers(rep)]
     every += [t.completion for lv in levels for t in lv.needle] + [alone]
-    endpoint = serial.from_json(info, EndpointInfo, "the endpoint's record")
     compared = figures.compared_by(endpoint.api, every)
     return EndpointResults(
         kind="endpoint",

@@ -64,7 +64,7 @@ class Server:
         if not apis.of(ep.api).ids:
             raise MeshbenchError(
                 f"{url}: hunt needs llama-server's native /completion API (token ids and per-token probabilities); "
-                f"this server answers {info.get('server')}'s"
+                f"this server answers {info.server}'s"
             )
         self.props = ep.props
         self.target = Http(ep)
