@@ -334,3 +334,25 @@ def test_verify_holds_a_figures_record_field_by_field_floats_within_its_toleranc
     for other in (level(2.1), level(None)):
         c.equal("results.json", "far", level(2.0), other)
     assert len(c.failures) == 2
+
+
+def test_the_schema_sections_written_from_records_are_the_files():
+    """The budget's section in both schema files is what its fields give (``meshbench.records.schemas``)."""
+    from meshbench.records import schemas
+
+    assert schemas.stale() == [], "a schema file is stale: python -m meshbench.records.schemas"
+
+
+def test_a_stale_section_is_named(tmp_path):
+    import json
+
+    from meshbench.records import schemas
+
+    for name, _, _ in schemas.SECTIONS:
+        (tmp_path / name).write_text((schemas.SCHEMAS / name).read_text())
+    schemas.write(tmp_path)
+    assert schemas.stale(tmp_path) == []
+    data = json.loads((tmp_path / "results.schema.json").read_text())
+    data["$defs"]["budget"]["properties"]["kv_bytes"]["minimum"] = 0
+    (tmp_path / "results.schema.json").write_text(json.dumps(data))
+    assert schemas.stale(tmp_path) == ["results.schema.json: $defs/budget"]

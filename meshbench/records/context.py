@@ -3,7 +3,7 @@ a served endpoint), typed. Only ``meshbench.records.serial`` turns them into JSO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from meshbench.errors import MeshbenchError
@@ -134,6 +134,14 @@ class InputFile:
     sha256: str
 
 
+_BYTES, _SESSIONS, _TOKENS = 1 << 50, 100_000, 1 << 20  # a budget's largest values, as configs may set them
+
+
+def _bounded(least: int, most: int) -> Any:
+    """A budget field: an integer, required, in [least, most] (its schema, in both schema files: ``schema``)."""
+    return field(metadata={"schema": {"type": "integer", "minimum": least, "maximum": most}})
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """What one node may hold: the scheduler's budget, the config's and the record's, one class, checked when built
@@ -142,22 +150,20 @@ class Budget:
     weight_bytes is reported beside the engine's resident weights, not enforced: a node that loaded the model has
     already paid it."""
 
-    weight_bytes: int
-    kv_bytes: int
-    scratch_bytes: int
-    max_active_sessions: int
-    max_queue_depth: int
-    max_batch_size: int
-    max_prefill_tokens_per_tick: int
+    weight_bytes: int = _bounded(1, _BYTES)
+    kv_bytes: int = _bounded(1, _BYTES)
+    scratch_bytes: int = _bounded(1, _BYTES)
+    max_active_sessions: int = _bounded(1, _SESSIONS)
+    max_queue_depth: int = _bounded(0, _SESSIONS)
+    max_batch_size: int = _bounded(1, _SESSIONS)
+    max_prefill_tokens_per_tick: int = _bounded(1, _TOKENS)
 
     def __post_init__(self) -> None:
-        for name in _POSITIVE:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise MeshbenchError(f"budget: {name} must be a positive integer, got {value!r}")
-        q = self.max_queue_depth
-        if not isinstance(q, int) or isinstance(q, bool) or q < 0:
-            raise MeshbenchError(f"budget: max_queue_depth must be an integer >= 0, got {q!r}")
+        for f in fields(self):  # (the bounds below the schema's: a budget built in code is checked as a config)
+            value, least = getattr(self, f.name), f.metadata["schema"]["minimum"]
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                what = "a positive integer" if least == 1 else f"an integer >= {least}"
+                raise MeshbenchError(f"budget: {f.name} must be {what}, got {value!r}")
         if self.max_batch_size > self.max_active_sessions:
             raise MeshbenchError(
                 f"budget: max_batch_size {self.max_batch_size} exceeds max_active_sessions "
@@ -170,14 +176,14 @@ class Budget:
         return min(self.max_active_sessions, self.scratch_bytes // scratch_bytes_per_session)
 
 
-_POSITIVE = (
-    "weight_bytes",
-    "kv_bytes",
-    "scratch_bytes",
-    "max_active_sessions",
-    "max_batch_size",
-    "max_prefill_tokens_per_tick",
-)
+def budget_schema(required: bool) -> JsonObject:
+    """The budget's JSON schema, from its fields: a record's (every field ``required``), or a config's section
+    (each optional, the defaults' for the rest). ``python -m meshbench.records.schemas`` writes both files'."""
+    props = {f.name: f.metadata["schema"] for f in fields(Budget)}
+    head: JsonObject = {"type": "object"}
+    if required:
+        head["required"] = list(props)
+    return {**head, "additionalProperties": False, "properties": props}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
