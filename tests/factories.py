@@ -8,7 +8,7 @@ from pathlib import Path
 from meshbench.engine.synthetic import SyntheticEngine
 from meshbench.model.config import ModelConfig, preset
 from meshbench.model.weights import Weights, init_weights
-from meshbench.records import model
+from meshbench.records import model, tick
 from meshbench.records.context import Budget
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.driver import NodeDriver
@@ -144,7 +144,7 @@ def prompts_file(path: Path, lines: list[str]) -> Path:
 
 
 # Typed records (meshbench.records.model): every field a neutral default, a test names only what it is about.
-def tick_record(**kw) -> model.Tick:
+def tick_record(**kw) -> tick.Tick:
     base = dict(
         tick=0,
         decode_batch=0,
@@ -163,7 +163,7 @@ def tick_record(**kw) -> model.Tick:
         resubmitted=[],
         decode_feed=[],
     )
-    return model.Tick(**{**base, **kw})
+    return tick.Tick(**{**base, **kw})
 
 
 def session_record(**kw) -> model.SessionRecord:

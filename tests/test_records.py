@@ -30,6 +30,7 @@ from meshbench.records import (
     perturbation,
     serial,
     sharing,
+    tick,
 )
 
 ROOT = Path(__file__).parent.parent
@@ -79,7 +80,7 @@ def _resolve(schema: dict, node: dict) -> dict:
 RECORDS = {
     model.SessionRecord: "session",
     model.Timing: "session_timing",
-    model.Tick: "timed_tick_record",
+    tick.Tick: "timed_tick_record",
     model.SubmitEvent: "level.submit_events.[]",
     model.Percentiles: "percentiles",
     model.WallFigures: "wall",
@@ -180,7 +181,7 @@ def test_a_record_has_exactly_its_schema_keys(cls):
     missing = dataclasses.MISSING
     required = {k for k, f in keys.items() if f.default is missing and f.default_factory is missing}
     # (a tick's times are required where a tick is timed, and absent where it is not: the next test)
-    least = _node("tick_record") if cls is model.Tick else node
+    least = _node("tick_record") if cls is tick.Tick else node
     assert required == set(least.get("required", least["properties"]))
 
 
@@ -192,13 +193,13 @@ def test_the_schema_refuses_every_key_a_record_does_not_have(cls):
 
 def test_a_record_is_written_in_its_field_order():
     timed = f.tick_record(tick_ns=5, decode_ns=1, prefill_ns=2, prefix_hit_tokens=0, kv_bytes_shared=0)
-    assert list(serial.to_json(timed)) == [field.name for field in dataclasses.fields(model.Tick)]
+    assert list(serial.to_json(timed)) == [field.name for field in dataclasses.fields(tick.Tick)]
     assert "tick_ns" not in serial.to_json(f.tick_record())
 
 
 def test_a_deterministic_tick_is_a_timed_one_without_its_times():
     timed, plain = _node("timed_tick_record"), _node("tick_record")
-    optional = {f.name for f in dataclasses.fields(model.Tick) if f.default is None}
+    optional = {f.name for f in dataclasses.fields(tick.Tick) if f.default is None}
     shared = {"prefix_hit_tokens", "kv_bytes_shared"}  # (a prefix cache's: in both, where there is one)
     assert set(timed["properties"]) - set(plain["properties"]) == optional - shared
 
@@ -230,7 +231,7 @@ def test_every_committed_level_goes_to_records_and_back_unchanged(path):
     data = json.loads(path.read_text())
     for level in data["levels"]:
         record = serial.from_json(level, model.LevelRecord)
-        assert isinstance(record.tick_records[0], model.Tick)
+        assert isinstance(record.tick_records[0], tick.Tick)
         assert serial.to_json(record) == level
 
 

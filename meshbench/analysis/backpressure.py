@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 
 from meshbench.analysis import latency
-from meshbench.records.model import Backpressure, JsonObject, LevelRecord, SessionRecord, SubmitEvent, Tick, Timing
+from meshbench.records.model import Backpressure, JsonObject, LevelRecord, SessionRecord, SubmitEvent, Timing
+from meshbench.records.tick import Tick
 from meshbench.records.turns import turn_numbers
 from meshbench.scheduler.budget import ACCEPTED
 

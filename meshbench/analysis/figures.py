@@ -22,11 +22,11 @@ from meshbench.records.model import (
     Percentiles,
     SessionRecord,
     Summary,
-    Tick,
     Timing,
     WallFigures,
     WallSummary,
 )
+from meshbench.records.tick import Tick
 from meshbench.records.turns import by_turn, turn_numbers
 
 SATURATION_MARGIN = 0.05  # occupancy must rise by more than 5% to count as still rising

@@ -50,8 +50,8 @@ from meshbench.records.model import (
     LevelRecord,
     PassSession,
     SessionRecord,
-    Tick,
 )
+from meshbench.records.tick import Tick
 from meshbench.scheduler.session import GenerationRequest
 
 Groups = dict[str, list[str]]  # a shared prefix's unit name ("prefix:G") -> the sessions whose prompts start with it

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence, TypeVar
 
-from meshbench.records.model import SessionRecord, Tick
+from meshbench.records.model import SessionRecord
 from meshbench.records.sharing import CacheDivergence, CacheVerdict, OwnKvReplay, PrefixStats
+from meshbench.records.tick import Tick
 
 T = TypeVar("T")
 

@@ -17,6 +17,7 @@ from meshbench.records.context import Budget
 from meshbench.records.endpoint_figures import LevelFigures, PassFigures
 from meshbench.records.perturbation import Perturbation
 from meshbench.records.sharing import CacheVerdict, PrefixStats
+from meshbench.records.tick import Tick
 
 JsonObject = dict[str, Any]  # what is typed by its own owner: the config echo (a RunConfig's), a model's config
 
@@ -50,33 +51,6 @@ class Timing:
     submit_ns: int
     admit_ns: int | None  # None: no slot ever took it
     token_ns: list[int]  # one stamp per token received
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Tick:
-    """One tick. A level's ``tick_records`` are deterministic (no times); a repetition's are timed."""
-
-    tick: int
-    decode_batch: int
-    decode_sessions: list[str]
-    decode_tokens: int
-    prefill_tokens: int
-    prefill_sessions: list[str]
-    prefill_chunks: list[list[Any]]  # [session, first position, tokens]
-    kv_bytes: int
-    stored_tokens: int
-    active: int
-    queued: int
-    completed: list[str]
-    admitted: list[str]
-    ended: list[str]
-    resubmitted: list[str]
-    tick_ns: int | None = None
-    decode_ns: int | None = None
-    prefill_ns: int | None = None
-    decode_feed: list[list[Any]]  # [session, position, token]
-    prefix_hit_tokens: int | None = None  # with a prefix cache: prompt positions taken from it in this tick
-    kv_bytes_shared: int | None = None  # with a prefix cache: its blocks' bytes at the end of the tick (of kv_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

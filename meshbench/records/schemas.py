@@ -1,5 +1,6 @@
 """The schema sections written from the records' own fields: the config schema's budget section and the results
-schema's budget record (``meshbench.records.context.budget_schema``). ``python -m meshbench.records.schemas``
+schema's budget record (``meshbench.records.context.budget_schema``), and its two tick records
+(``meshbench.records.tick.tick_schema``). ``python -m meshbench.records.schemas``
 writes them into schemas/; ``tests/test_records.py`` fails where a file is not what this would write."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from meshbench.records.context import budget_schema
+from meshbench.records.tick import tick_schema
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -16,6 +18,8 @@ SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[[], dict[str, Any]]]] = [
     ("config.schema.json", ("properties", "budget"), lambda: budget_schema(required=False)),
     ("results.schema.json", ("$defs", "budget"), lambda: budget_schema(required=True)),
+    ("results.schema.json", ("$defs", "tick_record"), lambda: tick_schema(timed=False)),
+    ("results.schema.json", ("$defs", "timed_tick_record"), lambda: tick_schema(timed=True)),
 ]
 
 

@@ -31,6 +31,7 @@ from meshbench.records import (
     open_loop,
     perturbation,
     sharing,
+    tick,
 )
 from meshbench.records import completion as answers
 from meshbench.records import history as histories
@@ -165,6 +166,7 @@ def _records() -> list[type]:
 # (in the order their hooks are made: a record's hook takes its fields' hooks as they are when it is made)
 MODULES = (
     endpoint_figures,
+    tick,
     model,
     answers,
     context,

@@ -8,7 +8,8 @@ from collections import Counter, OrderedDict
 
 from meshbench.engine.base import EngineFigures
 from meshbench.records.context import Budget
-from meshbench.records.model import EngineLoss, Tick
+from meshbench.records.model import EngineLoss
+from meshbench.records.tick import Tick
 from meshbench.scheduler.session import DoneReason, Session
 from meshbench.scheduler.telemetry import SchedulerTelemetry
 

@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 from meshbench.engine.base import DecodeItem, EngineFigures, PrefillChunk, SessionHandle, TickResult
 from meshbench.errors import MeshbenchError
 from meshbench.records.context import Budget
-from meshbench.records.model import EngineLoss, Resubmission, Tick
+from meshbench.records.model import EngineLoss, Resubmission
+from meshbench.records.tick import Tick
 from meshbench.scheduler import telemetry
 from meshbench.scheduler.budget import AdmissionDecision, AdmissionReason
 from meshbench.scheduler.plan import PREFILL_POLICIES, CancelResult, TickPlan, bursts, chunks

@@ -1,4 +1,4 @@
-"""What a node reports upward about its scheduler, and what one tick did (``records.model.Tick``, the one record of
+"""What a node reports upward about its scheduler, and what one tick did (``records.tick.Tick``, the one record of
 a tick: the scheduler builds it, the sweep keeps it, results.json holds it)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from meshbench.records.model import Tick
+from meshbench.records.tick import Tick
 
 if TYPE_CHECKING:
     from meshbench.scheduler.plan import TickPlan

@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 from meshbench.engine.base import BatchEngine, EngineFigures, EngineLost, TickResult, failure, raised
 from meshbench.errors import MeshbenchError
 from meshbench.records.context import Budget
-from meshbench.records.model import EngineLoss, Tick
+from meshbench.records.model import EngineLoss
+from meshbench.records.tick import Tick
 from meshbench.scheduler.budget import AdmissionDecision
 from meshbench.scheduler.plan import CancelResult, TickPlan
 from meshbench.scheduler.scheduler import ContinuousBatchScheduler

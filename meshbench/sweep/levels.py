@@ -20,8 +20,9 @@ from meshbench.analysis.verdicts import ConcurrencySweep
 from meshbench.engine.base import BatchEngine, EngineLimits
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.records.context import Budget
-from meshbench.records.model import Reference, Tick
+from meshbench.records.model import Reference
 from meshbench.records.sharing import OwnKvReplay
+from meshbench.records.tick import Tick
 from meshbench.scheduler.budget import engine_limits
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep import own_kv

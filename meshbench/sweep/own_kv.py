@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from meshbench.engine.base import DecodeItem, PrefillChunk, SessionHandle, StepResult
-from meshbench.records.model import SessionRecord, Tick
+from meshbench.records.model import SessionRecord
 from meshbench.records.sharing import OwnKvReplay
+from meshbench.records.tick import Tick
 from meshbench.scheduler.session import GenerationRequest
 
 

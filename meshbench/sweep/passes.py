@@ -12,7 +12,8 @@ from meshbench.analysis import figures
 from meshbench.engine.base import BatchEngine
 from meshbench.engine.setup import close_engine
 from meshbench.records.context import Budget
-from meshbench.records.model import EngineLoss, FaultEvent, SessionRecord, SubmitEvent, Tick, Timing
+from meshbench.records.model import EngineLoss, FaultEvent, SessionRecord, SubmitEvent, Timing
+from meshbench.records.tick import Tick
 from meshbench.scheduler.budget import AdmissionDecision
 from meshbench.scheduler.session import GenerationRequest, Session
 from meshbench.sweep.driver import NodeDriver, WallClock

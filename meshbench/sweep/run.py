@@ -24,7 +24,7 @@ from meshbench.records import serial
 from meshbench.records.context import PROMPTS_FILE as PROMPTS
 from meshbench.records.context import GgufEngineInfo, InputFile
 from meshbench.records.documents import FirstDivergence, LogitDeviation, NodeResults
-from meshbench.records.model import Tick
+from meshbench.records.tick import Tick
 from meshbench.results import document as results
 from meshbench.results import envinfo, fingerprint, kinds, typed
 from meshbench.results.typed import NodeBundle

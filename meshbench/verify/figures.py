@@ -17,7 +17,8 @@ from meshbench.analysis.checks import Checks
 from meshbench.names import RESULTS
 from meshbench.records import serial
 from meshbench.records.context import GgufEngineInfo
-from meshbench.records.model import LevelRecord, Reference, SessionRecord, Tick
+from meshbench.records.model import LevelRecord, Reference, SessionRecord
+from meshbench.records.tick import Tick
 from meshbench.records.turns import by_turn, turn_numbers
 from meshbench.results.typed import NodeBundle
 from meshbench.scheduler.budget import ACCEPTED
