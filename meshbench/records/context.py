@@ -3,6 +3,7 @@ a served endpoint), typed. Only ``meshbench.records.serial`` turns them into JSO
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -183,7 +184,7 @@ def budget_schema(required: bool) -> JsonObject:
     head: JsonObject = {"type": "object"}
     if required:
         head["required"] = list(props)
-    return {**head, "additionalProperties": False, "properties": props}
+    return copy.deepcopy({**head, "additionalProperties": False, "properties": props})  # (the fields' own kept)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,7 @@ repetition's)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -74,9 +75,6 @@ def tick_schema(timed: bool) -> JsonObject:
     where ``timed``), the times left out of a deterministic one."""
     kept = [f for f in fields(Tick) if timed or f.name not in TIMES]
     required = [f.name for f in kept if f.default is not None or f.name in TIMES]
-    return {
-        "type": "object",
-        "required": required,
-        "additionalProperties": False,
-        "properties": {f.name: f.metadata["schema"] for f in kept},
-    }
+    properties = {f.name: f.metadata["schema"] for f in kept}
+    schema = {"type": "object", "required": required, "additionalProperties": False, "properties": properties}
+    return copy.deepcopy(schema)  # (the fields' own, and the lists of ids they share, kept as they are)

@@ -3,6 +3,7 @@ node's telemetry. A mixin of ``ContinuousBatchScheduler``, which owns the state;
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import Counter, OrderedDict
 
@@ -80,7 +81,7 @@ class SchedulerReadouts:
         """One record per engine loss: the tick, the cause, the sessions lost (id, epoch), and the
         resubmissions (id, epoch, decision) when the engine was restarted."""
         with self._lock:
-            return list(self._losses)
+            return copy.deepcopy(self._losses)  # (a record's lists are its own: no holder changes another's)
 
     def telemetry(self, kv_bytes: int) -> SchedulerTelemetry:
         """The node's figures, with the KV the engine holds now."""
