@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from meshbench.errors import MeshbenchError
+from meshbench.limits import MAX_BYTES, MAX_SESSIONS, MAX_TOKENS
 
 JsonObject = dict[str, Any]
 
@@ -135,9 +136,6 @@ class InputFile:
     sha256: str
 
 
-_BYTES, _SESSIONS, _TOKENS = 1 << 50, 100_000, 1 << 20  # a budget's largest values, as configs may set them
-
-
 def _bounded(least: int, most: int) -> Any:
     """A budget field: an integer, required, in [least, most] (its schema, in both schema files: ``schema``)."""
     return field(metadata={"schema": {"type": "integer", "minimum": least, "maximum": most}})
@@ -151,13 +149,13 @@ class Budget:
     weight_bytes is reported beside the engine's resident weights, not enforced: a node that loaded the model has
     already paid it."""
 
-    weight_bytes: int = _bounded(1, _BYTES)
-    kv_bytes: int = _bounded(1, _BYTES)
-    scratch_bytes: int = _bounded(1, _BYTES)
-    max_active_sessions: int = _bounded(1, _SESSIONS)
-    max_queue_depth: int = _bounded(0, _SESSIONS)
-    max_batch_size: int = _bounded(1, _SESSIONS)
-    max_prefill_tokens_per_tick: int = _bounded(1, _TOKENS)
+    weight_bytes: int = _bounded(1, MAX_BYTES)
+    kv_bytes: int = _bounded(1, MAX_BYTES)
+    scratch_bytes: int = _bounded(1, MAX_BYTES)
+    max_active_sessions: int = _bounded(1, MAX_SESSIONS)
+    max_queue_depth: int = _bounded(0, MAX_SESSIONS)
+    max_batch_size: int = _bounded(1, MAX_SESSIONS)
+    max_prefill_tokens_per_tick: int = _bounded(1, MAX_TOKENS)
 
     def __post_init__(self) -> None:
         for f in fields(self):  # (the bounds below the schema's: a budget built in code is checked as a config)

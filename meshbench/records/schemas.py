@@ -38,13 +38,13 @@ def stale(root: Path = SCHEMAS) -> list[str]:
 def write(root: Path = SCHEMAS) -> None:
     for name, at, section in SECTIONS:
         path = root / name
-        schema = json.loads(path.read_text())
-        node = schema
+        text = path.read_text()
+        schema = node = json.loads(text)
         for key in at[:-1]:
             node = node[key]
         node[at[-1]] = section()
-        text = path.read_text()
-        indent = len(text.split("\n", 2)[1]) - len(text.split("\n", 2)[1].lstrip(" "))  # (the file's own)
+        second = text.split("\n", 2)[1]
+        indent = len(second) - len(second.lstrip(" "))  # (the file's own)
         path.write_text(json.dumps(schema, indent=indent, ensure_ascii=False) + "\n")
 
 

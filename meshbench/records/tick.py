@@ -15,10 +15,10 @@ _IDS: JsonObject = {"type": "array", "items": {"type": "string"}}
 TIMES = ("tick_ns", "decode_ns", "prefill_ns")  # what a deterministic tick leaves out
 
 
-def _is(schema: JsonObject, why: str | None = None, default: Any = None, required: bool = True) -> Any:
+def _is(schema: JsonObject, why: str | None = None, required: bool = True) -> Any:
     """A field whose value ``schema`` describes (with ``why``, its description); not required: None by default."""
     meta = {"schema": {**schema, **({"description": why} if why else {})}}
-    return field(metadata=meta) if required else field(default=default, metadata=meta)
+    return field(metadata=meta) if required else field(default=None, metadata=meta)
 
 
 def _triples(least_last: int) -> JsonObject:
