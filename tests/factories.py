@@ -218,3 +218,13 @@ def engine_info(**overrides) -> dict:
         "scratch_bytes_per_session": e.scratch_bytes_per_session,
         **overrides,
     }
+
+
+def compute_digest(fp: dict) -> dict:
+    """A compute fingerprint as results.json holds it, its digest made over its (perhaps forged) fields."""
+    from meshbench.records import serial
+    from meshbench.records.context import Compute
+    from meshbench.results import fingerprint
+
+    body = {**fp, "digest": ""}
+    return {**body, "digest": fingerprint.digest(serial.from_json(body, Compute))}

@@ -60,6 +60,8 @@ def test_every_gguf_node_bundle_s_recorded_kernels_are_pinned_for_ci():
     """CI holds each GGUF bundle's recorded kernel family to the one pinned in evidence/KERNELS.json before its
     rerun (which must then reproduce every record): a bundle regenerated (or its fingerprint changed) must change
     the pin in the same commit, where it shows."""
+    from meshbench.records import serial
+    from meshbench.records.context import Compute
     from meshbench.results import fingerprint
 
     pinned = json.loads((EVIDENCE / "KERNELS.json").read_text())["kernels"]
@@ -67,5 +69,5 @@ def test_every_gguf_node_bundle_s_recorded_kernels_are_pinned_for_ci():
     for name in node_bundles():
         data = json.loads((EVIDENCE / name / "results.json").read_text())
         if data["config"]["engine"]["kind"] == "gguf":
-            recorded[name] = fingerprint.llama_kernels(data["environment"]["compute"])
+            recorded[name] = fingerprint.llama_kernels(serial.from_json(data["environment"]["compute"], Compute))
     assert recorded == pinned

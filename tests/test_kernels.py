@@ -6,6 +6,7 @@ checked in full. On the recording kernels a changed token still fails."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shlex
 import shutil
@@ -21,12 +22,15 @@ from typer.testing import CliRunner  # noqa: E402
 from meshbench.analysis import figures  # noqa: E402
 from meshbench.analysis.checks import Checks  # noqa: E402
 from meshbench.cli import app  # noqa: E402
+from meshbench.records import serial  # noqa: E402
+from meshbench.records.context import Compute, LlamaCppBuild  # noqa: E402
 from meshbench.results import fingerprint, kinds  # noqa: E402
 from meshbench.verify import bundle as verify  # noqa: E402
 from meshbench.verify import kernels, reproduce  # noqa: E402
 
 runner = CliRunner()
 AVX2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | OPENMP = 1 |"
+AVX512 = AVX2 + " AVX512 = 1 |"
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +46,20 @@ def made(tmp_path_factory):
 
 
 def _on(data: dict, system_info: str) -> dict:
-    """The same records, as if llama.cpp had reported these CPU features."""
+    """The same records, as if llama.cpp had reported these CPU features (on a CPU with the flags they need)."""
     compute = dict(data["environment"]["compute"])
     compute["llama_cpp"] = dict(compute["llama_cpp"], system_info=system_info)
-    compute.pop("digest")
-    data["environment"]["compute"] = {**compute, "digest": fingerprint.digest(compute)}
+    if "AVX512 = 1" in system_info and compute["simd"]:
+        compute["simd"] = sorted({*compute["simd"], "avx512f"})
+    data["environment"]["compute"] = f.compute_digest(compute)
     return data
+
+
+def _other_than_here() -> tuple[str, str]:
+    """Kernels other than this machine's, and how verify says where AVX-512 is: AVX2 where this machine's llama.cpp
+    runs AVX-512 (it is then only here), else AVX-512 (only recorded)."""
+    here = fingerprint.llama_kernels(fingerprint.fingerprint()) or ""
+    return (AVX2, "only here: AVX512") if "AVX512" in here.split() else (AVX512, "only recorded: AVX512")
 
 
 def _flip_token(data: dict, level: int = 1, session: int = 0, token: int = 3) -> str:
@@ -67,16 +79,17 @@ def _rerun_as(fresh: dict):
 
 
 def test_the_kernel_family_is_llama_cpps_version_and_the_features_it_reports():
-    fp = {"llama_cpp": {"version": "0.3.36", "system_info": AVX2}}
-    assert fingerprint.llama_kernels(fp) == "0.3.36: AVX AVX2 BMI2 F16C FMA LLAMAFILE OPENMP SSE3 SSSE3"
-    assert fingerprint.llama_kernels({"llama_cpp": None}) is None
-    assert fingerprint.llama_kernels({"llama_cpp": {"version": "0.3.36", "system_info": "CPU : AVX2 = 0 |"}}) == (
-        "0.3.36: no CPU features reported"
-    )
+    fp = fingerprint.fingerprint()
+    built = dataclasses.replace(fp, llama_cpp=LlamaCppBuild(version="0.3.36", system_info=AVX2))
+    assert fingerprint.llama_kernels(built) == "0.3.36: AVX AVX2 BMI2 F16C FMA LLAMAFILE OPENMP SSE3 SSSE3"
+    assert fingerprint.llama_kernels(dataclasses.replace(fp, llama_cpp=None)) is None
+    assert fingerprint.llama_kernels(None) is None
+    off = LlamaCppBuild(version="0.3.36", system_info="CPU : AVX2 = 0 |")
+    assert fingerprint.llama_kernels(dataclasses.replace(fp, llama_cpp=off)) == "0.3.36: no CPU features reported"
 
 
 def test_a_token_that_differs_on_other_kernels_is_reported_bound_to_them_not_failed(made):
-    recorded = json.loads((made / "results.json").read_text())
+    recorded = _on(json.loads((made / "results.json").read_text()), AVX512)
     fresh = _on(copy.deepcopy(recorded), AVX2)
     _flip_token(fresh)
     c = Checks()
@@ -171,7 +184,9 @@ def test_a_fingerprint_whose_llama_cpp_its_cpu_contradicts_fails_plain_verify(ma
     compute = data["environment"]["compute"]
     forge(compute["llama_cpp"])
     _on(data, compute["llama_cpp"]["system_info"])
-    assert any(named in x for x in fingerprint.contradictions(data["environment"]["compute"]))
+    assert any(
+        named in x for x in fingerprint.contradictions(serial.from_json(data["environment"]["compute"], Compute))
+    )
     c = verify.check_data(data)
     assert [x.field for x in c.failures] == ["environment.compute (its llama.cpp against its CPU)"]
 
@@ -180,7 +195,7 @@ def test_a_gguf_bundle_without_llama_cpp_in_its_fingerprint_fails_plain_verify(m
     data = json.loads((made / "results.json").read_text())
     compute = {k: v for k, v in data["environment"]["compute"].items() if k != "digest"}
     compute["llama_cpp"] = None
-    data["environment"]["compute"] = {**compute, "digest": fingerprint.digest(compute)}
+    data["environment"]["compute"] = f.compute_digest(compute)
     c = verify.check_data(data)
     assert [x.field for x in c.failures] == ["environment.compute.llama_cpp (the GGUF engine runs llama.cpp)"]
 
@@ -197,15 +212,17 @@ def test_the_reruns_own_records_are_checked_where_the_kernels_differ(made):
 
 
 def test_verify_rerun_of_a_bundle_recorded_on_other_kernels_passes_and_says_so(made, tmp_path):
-    """The bundle says it was made on AVX2 kernels (its README rendered to match): a real rerun here."""
+    """The bundle says it was made on other kernels than this machine's (its README rendered to match): a real
+    rerun here."""
     b = tmp_path / "B"
     shutil.copytree(made, b)
-    data = _on(json.loads((made / "results.json").read_text()), AVX2)
+    other, said = _other_than_here()
+    data = _on(json.loads((made / "results.json").read_text()), other)
     (b / "results.json").write_text(json.dumps(data, indent=1))
     (b / "README.md").write_text(kinds.readme(data, verify.bundle_name((made / "README.md").read_text(), made)))
     r = runner.invoke(app, ["verify", str(b), "--rerun"])
     assert r.exit_code == 0, r.output
-    assert "the rerun's own records" in r.output and "only here: AVX512" in r.output, r.output
+    assert "the rerun's own records" in r.output and said in r.output, r.output
     assert "records bound to llama.cpp's kernels, which differ" in r.output and "reproduced nonetheless" in r.output
 
 

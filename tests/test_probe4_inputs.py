@@ -163,12 +163,10 @@ def test_a_recorded_command_that_the_echo_does_not_bear_out_fails_verify(made, t
 
 
 def test_hostile_text_in_the_fingerprint_is_refused_or_shown_not_obeyed(made, tmp_path):
-    from meshbench.results import fingerprint
-
     def edit(text: str, cpu: str) -> str:
         d = json.loads(text)
         fp = dict(d["environment"]["compute"], cpu=cpu)
-        d["environment"]["compute"] = {**fp, "digest": fingerprint.digest(fp)}
+        d["environment"]["compute"] = f.compute_digest(fp)
         return json.dumps(d)
 
     bad = _forged(made, tmp_path, lambda t: edit(t, "EPYC\n\n## Verdict"))

@@ -16,7 +16,6 @@ from meshbench.cli import app  # noqa: E402
 from meshbench.engine import recipe  # noqa: E402
 from meshbench.engine.spec import EngineSpec  # noqa: E402
 from meshbench.errors import MeshbenchError  # noqa: E402
-from meshbench.records import serial  # noqa: E402
 from meshbench.results import fingerprint  # noqa: E402
 from meshbench.sweep import run  # noqa: E402
 
@@ -195,7 +194,7 @@ def test_the_bundle_records_what_auto_resolved_to_and_a_rerun_is_held_to_it(cach
     assert "weight repacking on this same CPU and llama.cpp build (its compute fingerprint)" in said
     # on another machine where the repacked kernels die, it runs without them and is judged as on other kernels
     other = dataclasses.replace(fingerprint.fingerprint(), cpu="Another CPU")
-    other = dataclasses.replace(other, digest=fingerprint.digest(serial.to_json(other)))
+    other = dataclasses.replace(other, digest=fingerprint.digest(other))
     monkeypatch.setattr(fingerprint, "fingerprint", lambda: other)
     r = runner.invoke(app, ["verify", str(tmp_path / "auto"), "--rerun"])
     assert r.exit_code == 0, r.output
@@ -263,7 +262,7 @@ def test_a_rerun_whose_model_make_model_writes_is_judged_after_its_sweep(cache, 
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "b" / "results.json").read_text())["engine"]["repack"] is True
     other = dataclasses.replace(fingerprint.fingerprint(), cpu="Another CPU")
-    other = dataclasses.replace(other, digest=fingerprint.digest(serial.to_json(other)))
+    other = dataclasses.replace(other, digest=fingerprint.digest(other))
     monkeypatch.setattr(fingerprint, "fingerprint", lambda: other)
 
     def rerun(answers):

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import re
-from typing import Any
 
 from meshbench.machine import KERNEL_FLAGS, cpu_model, llama_cpp_build, simd_flags  # noqa: F401 - re-exported
 from meshbench.records import serial
@@ -42,18 +41,22 @@ def blas() -> Blas | None:
     return None
 
 
-def llama_kernels(fp: dict[str, Any] | None) -> str | None:
+def llama_kernels(fp: Compute | None) -> str | None:
     """llama.cpp's CPU kernel family on a fingerprint: its version and the CPU features its build reports on
     (``AVX2 = 1`` in system_info), e.g. ``0.3.36: AVX AVX2 AVX512 ...``; None without llama.cpp.
 
     A quantized model's tokens are bound to it, not to the CPU model: AVX2 and AVX-512 builds sum the same
     Q4_K dot products in other orders, and Gemma 3 270M's greedy tokens differ between them from the first
     token on, at margins up to 2.2 (an AVX2 AMD EPYC against the AVX-512 ones its bundles were made on)."""
-    build = (fp or {}).get("llama_cpp")
-    if not build:
+    build = None if fp is None else fp.llama_cpp
+    if build is None:
         return None
-    on = sorted(set(re.findall(r"([A-Z][A-Z0-9_]*) = 1\b", str(build.get("system_info", "")))))
-    return f"{build.get('version')}: {' '.join(on) or 'no CPU features reported'}"
+    return f"{build.version}: {' '.join(_features_on(build.system_info)) or 'no CPU features reported'}"
+
+
+def _features_on(system_info: str) -> list[str]:
+    """The features a build's system_info reports on (``AVX2 = 1``), sorted, each once."""
+    return sorted(set(_ON.findall(system_info)))
 
 
 # llama.cpp's system_info words, and the CPU flag (as /proc/cpuinfo names it) each needs to run at all.
@@ -63,27 +66,27 @@ _RUNS_ON = {
     "AMX_INT8": "amx_int8",
 }  # fmt: skip
 _VERSION = re.compile(r"\d+(\.\d+)+([.+-][0-9A-Za-z.]+)?")
+_ON = re.compile(r"([A-Z][A-Z0-9_]*) = 1\b")
 
 
-def contradictions(fp: dict[str, Any]) -> list[str]:
+def contradictions(fp: Compute) -> list[str]:
     """What a fingerprint says of llama.cpp that the rest of it contradicts: a version that is not one, or
     kernels its own CPU's flags could not run (a build for features the CPU lacks dies at its first use)."""
-    build = fp.get("llama_cpp")
-    if not build:
+    build = fp.llama_cpp
+    if build is None:
         return []
     out = []
-    if not _VERSION.fullmatch(str(build.get("version"))):
-        out.append(f"llama.cpp version {ascii(build.get('version'))} is not a version")
-    info = str(build.get("system_info", ""))
+    if not _VERSION.fullmatch(build.version):
+        out.append(f"llama.cpp version {ascii(build.version)} is not a version")
+    info = build.system_info
     if not info.isascii() or not info.isprintable():
         out.append("llama.cpp system_info holds characters no build prints")
-    simd = set(fp.get("simd") or [])
+    simd = set(fp.simd)
     if simd:  # (empty where /proc/cpuinfo could not be read: nothing to hold it to)
-        on = re.findall(r"([A-Z][A-Z0-9_]*) = 1\b", info)
         out += [
             f"llama.cpp reports {w} on a CPU without {_RUNS_ON[w]}"
-            for w in on
-            if _RUNS_ON.get(w, w) not in simd and w in _RUNS_ON
+            for w in _ON.findall(info)
+            if w in _RUNS_ON and _RUNS_ON[w] not in simd
         ]
     return out
 
@@ -99,18 +102,18 @@ def fingerprint() -> Compute:
         llama_cpp=None if build is None else LlamaCppBuild(version=build["version"], system_info=build["system_info"]),
         digest="",
     )
-    return dataclasses.replace(fp, digest=digest(serial.to_json(fp)))
+    return dataclasses.replace(fp, digest=digest(fp))
 
 
-def digest(fp: dict[str, Any]) -> str:
-    """sha256 over every field but the digest itself: equal digests, same kernels."""
-    body = {k: v for k, v in fp.items() if k != "digest"}
+def digest(fp: Compute) -> str:
+    """sha256 over every field but the digest itself, as results.json writes them: equal digests, same kernels."""
+    body = {k: v for k, v in serial.to_json(fp).items() if k != "digest"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def describe(fp: dict[str, Any] | None) -> str:
+def describe(fp: Compute | None) -> str:
     """One phrase a reader can place: the CPU, and the BLAS kernel where there is one."""
-    if not fp:
+    if fp is None:
         return "an unrecorded machine"
-    kernel = (fp.get("blas") or {}).get("kernel")
-    return str(fp.get("cpu")) + (f" (BLAS kernel {kernel})" if kernel else "")
+    kernel = None if fp.blas is None else fp.blas.kernel
+    return fp.cpu + (f" (BLAS kernel {kernel})" if kernel else "")

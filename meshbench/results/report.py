@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from meshbench.analysis import figures
 from meshbench.engine import kinds
-from meshbench.records import serial
 from meshbench.records.context import EngineInfo, Environment, GgufEngineInfo, SyntheticEngineInfo
 from meshbench.records.documents import LogitDeviation
 from meshbench.results import fault_report, fingerprint, load_report, markdown, prefix_report
@@ -350,7 +349,7 @@ def _reproduction(b: NodeBundle) -> list[str]:
         + f"; OPENBLAS_CORETYPE {text(fp.openblas_coretype or 'unset')}; "
         + (text(f"llama.cpp {fp.llama_cpp.version}") if fp.llama_cpp else "no llama.cpp"),
     ]
-    kernels = fingerprint.llama_kernels(serial.to_json(fp)) if kinds.recorded(b.results.engine.kind).llama else None
+    kernels = fingerprint.llama_kernels(fp) if kinds.recorded(b.results.engine.kind).llama else None
     if kernels is not None:
         lines.append(f"- llama.cpp's kernels, which this bundle's tokens are bound to: {text(kernels)}")
     if low is not None:

@@ -22,7 +22,6 @@ from meshbench.engine import kinds as engine_kinds
 from meshbench.engine.spec import AUTO, EngineSpec
 from meshbench.errors import MeshbenchError
 from meshbench.names import CHART, README, RESULTS
-from meshbench.records import serial
 from meshbench.results import bundle, fault_report, fingerprint, kinds, report
 from meshbench.results import document as results
 from meshbench.results.typed import EndpointBundle, NodeBundle
@@ -142,10 +141,10 @@ def check_typed(data: dict[str, Any], typed: NodeBundle | EndpointBundle) -> Che
     c.equal(RESULTS, "command (its flags = the config echo's)", [], flags)
     VERIFIES[kinds.of(data)].records(c, typed)
     compute = r.environment.compute  # a rerun trusts it to say whether floats must agree bit for bit
-    c.equal(RESULTS, "environment.compute.digest", fingerprint.digest(serial.to_json(compute)), compute.digest)
+    c.equal(RESULTS, "environment.compute.digest", fingerprint.digest(compute), compute.digest)
     # (a rerun on other llama.cpp kernels reports the tokens they bind rather than failing them: the claim must hold)
     c.equal(RESULTS, "environment.compute (its llama.cpp against its CPU)", [],
-            fingerprint.contradictions(serial.to_json(compute)))  # fmt: skip
+            fingerprint.contradictions(compute))  # fmt: skip
     engine = typed.engine
     if engine is not None:
         c.equal(RESULTS, "engine.kind (= config.engine.kind)", cfg.engine.kind, engine.kind)

@@ -21,7 +21,7 @@ from typing import Any
 
 from meshbench.analysis import figures
 from meshbench.engine import kinds
-from meshbench.records.context import EngineInfo
+from meshbench.records.context import Compute, EngineInfo
 from meshbench.results import fingerprint
 from meshbench.results.typed import NodeBundle
 
@@ -51,7 +51,7 @@ def recipe(engine: EngineInfo) -> str | None:
 
 
 def differ(
-    recorded: dict[str, Any] | None, here: dict[str, Any] | None, engine: EngineInfo, rerun: EngineInfo
+    recorded: Compute | None, here: Compute | None, engine: EngineInfo, rerun: EngineInfo
 ) -> KernelReport | None:
     """Where a GGUF engine's llama.cpp kernels differ between the two fingerprints, or the recipe that picks
     among them does (a bundle made with repacking, rerun where its repacked kernels die), else None."""

@@ -198,10 +198,10 @@ def check_rerun(
     and the engine record's thread count is held to that choice instead."""
     fresh_data = rerun(data)
     b, fresh = typed.node(data), typed.node(fresh_data)
-    recorded, here = serial.to_json(b.results.environment.compute), serial.to_json(fresh.results.environment.compute)
+    recorded, here = b.results.environment.compute, fresh.results.environment.compute
     report = kernels.differ(recorded, here, b.results.engine, fresh.results.engine)
     outcome = Outcome(
-        same_fingerprint=recorded["digest"] == here["digest"],
+        same_fingerprint=recorded.digest == here.digest,
         recorded_on=fingerprint.describe(recorded),
         rerun_on=fingerprint.describe(here),
         tolerance=tolerance(b.results.engine),
