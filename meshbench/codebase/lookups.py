@@ -1,7 +1,7 @@
 """Data read by name rather than by attribute, counted from the syntax tree of every module under a folder.
 
-``python -m meshbench.codebase.lookups [FOLDER] [--modules]`` prints, per package (or per module), how many of
-each kind it finds:
+``python -m meshbench.codebase.lookups [FOLDER] [--modules | --sites]`` prints, per package (or per module), how
+many of each kind it finds (``--sites``: each one found, as ``path:line: kind``):
 
 - ``["key"]``: a subscript by a string constant, outside an f-string;
 - ``f"{x['key']}"``: the same inside an f-string (which a grep for double quotes misses);
@@ -119,6 +119,7 @@ def _scope_maps(scope: ast.AST) -> tuple[set[str], set[str]]:
 class _Counter(ast.NodeVisitor):
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self.sites: list[tuple[int, str]] = []  # (line, kind), one per lookup counted
         self._fstring = 0
         self._scopes: list[tuple[bool, set[str], set[str]]] = []  # (a class?, bound, indexes), innermost last
 
@@ -129,6 +130,10 @@ class _Counter(ast.NodeVisitor):
 
     visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _scope
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
+
+    def _add(self, kind: str, node: ast.AST, n: int = 1) -> None:
+        self.counts[kind] += n
+        self.sites += [(getattr(node, "lineno", 0), kind)] * n
 
     def _index(self, held: str | None) -> bool:
         """Whether ``held`` is, where it is read, a map its scope built (the innermost scope binding it decides;
@@ -145,33 +150,46 @@ class _Counter(ast.NodeVisitor):
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if _is_str(node.slice):
-            self.counts[KINDS[1] if self._fstring else KINDS[0]] += 1
+            self._add(KINDS[1] if self._fstring else KINDS[0], node)
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "get" and node.args:
             if _is_str(node.args[0]):
-                self.counts[KINDS[2]] += 1
+                self._add(KINDS[2], node)
             else:
-                self.counts[INDEX if self._index(_holder(f.value)) else KINDS[3]] += 1
+                self._add(INDEX if self._index(_holder(f.value)) else KINDS[3], node)
         if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and not _is_str(node.args[1]):
-            self.counts[KINDS[4]] += 1
-        self.counts[KINDS[6]] += sum(k.arg is None for k in node.keywords)
+            self._add(KINDS[4], node)
+        self._add(KINDS[6], node, sum(k.arg is None for k in node.keywords))
         self.generic_visit(node)
 
     def _names(self, node: ast.Tuple | ast.List | ast.Set) -> None:
-        self.counts[KINDS[5]] += sum(_is_str(e) and bool(_DOTTED.match(e.value)) for e in node.elts)  # type: ignore[attr-defined]
+        self._add(KINDS[5], node, sum(_is_str(e) and bool(_DOTTED.match(e.value)) for e in node.elts))  # type: ignore[attr-defined]
         self.generic_visit(node)
 
     visit_Tuple = visit_List = visit_Set = _names
 
 
-def counted(path: Path) -> Counter[str]:
-    """Each kind's count in one module."""
+def _visited(path: Path) -> _Counter:
     c = _Counter()
     c.visit(ast.parse(path.read_text(), str(path)))
-    return c.counts
+    return c
+
+
+def counted(path: Path) -> Counter[str]:
+    """Each kind's count in one module."""
+    return _visited(path).counts
+
+
+def sites(root: Path) -> list[str]:
+    """Each lookup under ``root`` as ``path:line: kind``, the indexes set aside included (so marked)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for line, kind in sorted(_visited(path).sites):
+            out.append(f"{path}:{line}: {kind}" + (" (not in all)" if kind == INDEX else ""))
+    return out
 
 
 def by_part(root: Path, modules: bool = False) -> dict[str, Counter[str]]:
@@ -205,7 +223,7 @@ def main(argv: list[str]) -> int:
     if not root.is_dir():
         print(f"error: {root}: not a folder", file=sys.stderr)
         return 2
-    print(table(by_part(root, modules)))
+    print("\n".join(sites(root)) if "--sites" in argv else table(by_part(root, modules)))
     return 0
 
 
