@@ -60,8 +60,11 @@ def test_bench_gguf_and_invariance(tmp_path):
         assert b["samples"] == 8  # two rounds of four steps
     inv = _json("bench", "invariance", "--model", m, "--threads", "2", "--steps", "3", "--batches", "1,2,8", "--json")
     default = next(
-        r for r in inv["recipes"] if not r["repack"] and r["tiled_mm"] == "auto" and r["context"] == "default"
+        r["measured"]
+        for r in inv["recipes"]
+        if not r["repack"] and r["tiled_mm"] == "auto" and r["context"] == "default"
     )
+    assert all(r["error"] is None for r in inv["recipes"])
     assert default["largest_invariant_batch"] == 8 and default["first_variant_batch"] is None  # Q8_0: no tiled path
     assert [b["batch"] for b in default["per_batch"]] == [1, 2, 8]
     assert all(b["bitwise"] and b["tokens_identical"] for b in default["per_batch"])

@@ -32,12 +32,12 @@ def invoke(*args):
 # --- statistics on constructed data -----------------------------------------------------------
 def test_summary_of_known_values():
     s = stats.summary([5.0, 1.0, 3.0, 2.0, 4.0])
-    assert (s["n"], s["median"], s["min"], s["max"]) == (5, 3.0, 1.0, 5.0)
-    assert (s["ci_low"], s["ci_high"], s["ci_level"]) == (1.0, 5.0, 0.9375)  # min-max is all 5 can give
-    assert stats.summary([2.0, 1.0])["ci_low"] is None  # too few for an interval
+    assert (s.n, s.median, s.min, s.max) == (5, 3.0, 1.0, 5.0)
+    assert (s.ci_low, s.ci_high, s.ci_level) == (1.0, 5.0, 0.9375)  # min-max is all 5 can give
+    assert stats.summary([2.0, 1.0]).ci_low is None  # too few for an interval
     s = stats.summary([float(x) for x in range(1, 21)])
-    assert (s["ci_low"], s["ci_high"]) == (6.0, 15.0)  # ranks 6 and 15 of 20
-    assert s["ci_level"] == pytest.approx(0.9586, abs=1e-4)
+    assert (s.ci_low, s.ci_high) == (6.0, 15.0)  # ranks 6 and 15 of 20
+    assert s.ci_level == pytest.approx(0.9586, abs=1e-4)
 
 
 def test_median_interval_ranks_are_the_largest_with_95_percent_coverage():

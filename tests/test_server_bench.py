@@ -2,6 +2,7 @@
 $MESHBENCH_LLAMA_SERVER one small run checks that the tokens match; without one it is skipped
 (nothing is built by the tests). Bad input is refused in one line either way."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -66,9 +67,10 @@ def test_llama_server_gives_meshbench_s_tokens(tmp_path):
     )
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
-    assert [lv["tokens_identical"] for lv in res["levels"]] == [{"aligned": True, "matched": True}] * 2
+    identical = [{v["setting"]: v["tokens_identical"] for v in lv["settings"]} for lv in res["levels"]]
+    assert identical == [{"aligned": True, "matched": True}] * 2
     assert set(res["settings"]) == {"aligned", "matched"} and res["settings"]["aligned"][:2] == ["-np", "1"]
-    assert all("ratio vs llama-server aligned" in lv["tokens_per_s"] for lv in res["levels"])
+    assert all(v["ratio"]["tokens_per_s"]["median"] > 0 for lv in res["levels"] for v in lv["settings"])
     assert Path(f.llama_server_binary()).is_file()
 
 
@@ -127,7 +129,7 @@ def test_llama_server_gives_meshbench_s_tokens_on_gemma_at_one_client(tmp_path):
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert "--swa-full" in res["settings"]["aligned"]
-    assert res["levels"][0]["tokens_identical"] == {"aligned": True}
+    assert [(v["setting"], v["tokens_identical"]) for v in res["levels"][0]["settings"]] == [("aligned", True)]
 
 
 def _prefix_config(tmp_path: Path) -> Path:
@@ -225,10 +227,11 @@ def test_a_setting_whose_server_dies_is_reported_as_failed_and_nothing_takes_its
     assert set(res["failed"]) == {"defaults"} and "SIGILL" in res["failed"]["defaults"]
     assert res["settings"]["defaults"] == ["-np", "1"]
     (lv,) = res["levels"]
-    assert lv["tokens_identical"]["defaults"] is None and isinstance(lv["tokens_identical"]["aligned"], bool)
-    assert lv["tokens_per_s"]["llama-server defaults"] is None
-    assert lv["tokens_per_s"]["ratio vs llama-server defaults"] is None
-    assert lv["tokens_per_s"]["ratio vs llama-server aligned"]["median"] > 0
+    defaults, aligned = lv["settings"]
+    assert (defaults["setting"], aligned["setting"]) == ("defaults", "aligned")
+    assert defaults["tokens_identical"] is None and isinstance(aligned["tokens_identical"], bool)
+    assert defaults["server"] is None and defaults["ratio"] is None
+    assert aligned["ratio"]["tokens_per_s"]["median"] > 0
     table = runner.invoke(app, [*argv, "--repeat", "1", "--settings", "defaults,aligned"])
     assert table.exit_code == 0, table.output
     assert "llama-server defaults failed, not run again, nothing put in its place: concurrency 2" in table.stdout
@@ -268,17 +271,29 @@ def test_the_table_is_followed_by_each_ratio_median_s_interval():
 
     pairs = [0.95, 0.97, 0.99, 1.01, 1.03, 0.96, 0.98, 1.00, 1.02, 0.94, 0.93, 0.92, 0.91, 0.90, 0.89]
     ratio = stats.summary(pairs)
-    side = {"meshbench": ratio, "ratio vs llama-server defaults": ratio}
-    level = {"concurrency": 4, "tokens_per_s": side, "ttft_ms.p50": side, "itl_ms.p99": side}
-    (line,) = _ratio_intervals({"settings": {"defaults": ["-np", "4"]}, "levels": [level]})
-    lo, hi = ratio["ci_low"], ratio["ci_high"]
-    assert min(pairs) < lo < ratio["median"] < hi < max(pairs)  # (narrower than the spread)
+
+    def bench(figures: server_bench.Figures) -> server_bench.ServerBench:
+        vs = server_bench.VsSetting(setting="defaults", tokens_identical=True, server=figures, ratio=figures)
+        level = server_bench.ServerLevel(concurrency=4, meshbench=figures, settings=[vs])
+        recipe = server_bench.RecipeUsed(repack=False, flash_attn=False, auto={})
+        return server_bench.ServerBench(
+            config="c.yaml", server="llama-server", server_version="b1", repeat=15, recipe=recipe,
+            settings={"defaults": ["-np", "4"]}, failed={}, levels=[level],
+        )  # fmt: skip
+
+    every = server_bench.Figures(tokens_per_s=ratio, ttft_ms_p50=ratio, ttft_ms_p99=ratio, itl_ms_p50=ratio,
+                                 itl_ms_p95=ratio, itl_ms_p99=ratio)  # fmt: skip
+    (line,) = _ratio_intervals(bench(every))
+    lo, hi = ratio.ci_low, ratio.ci_high
+    assert lo is not None and hi is not None and ratio.ci_level is not None
+    assert min(pairs) < lo < ratio.median < hi < max(pairs)  # (narrower than the spread)
     assert line == (
-        f"C=4 vs llama-server defaults, each ratio's median, its {ratio['ci_level']:.1%} interval: "
+        f"C=4 vs llama-server defaults, each ratio's median, its {ratio.ci_level:.1%} interval: "
         f"tok/s {lo:.3f}-{hi:.3f}, TTFT p50 {lo:.3f}-{hi:.3f}, ITL p99 {lo:.3f}-{hi:.3f}"
     )
-    level["ttft_ms.p50"] = {"meshbench": ratio, "ratio vs llama-server defaults": None}  # (its server failed)
-    assert "TTFT" not in _ratio_intervals({"settings": {"defaults": []}, "levels": [level]})[0]
+    no_ttft = dataclasses.replace(every, ttft_ms_p50=None)  # (a pass with no TTFT sample)
+    assert "TTFT" not in _ratio_intervals(bench(no_ttft))[0]
     few = stats.summary(pairs[:3])  # (under 5 pairs a median has no interval: nothing is said)
-    level.update({k: {"ratio vs llama-server defaults": few} for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p99")})
-    assert _ratio_intervals({"settings": {"defaults": []}, "levels": [level]}) == []
+    short = server_bench.Figures(tokens_per_s=few, ttft_ms_p50=few, ttft_ms_p99=few, itl_ms_p50=few,
+                                 itl_ms_p95=few, itl_ms_p99=few)  # fmt: skip
+    assert _ratio_intervals(bench(short)) == []

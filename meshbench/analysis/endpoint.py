@@ -105,7 +105,7 @@ def summary(per_pass: Sequence[PassFigures]) -> LevelFigures:
     for f in endpoint_figures.FIGURES:
         xs = [x for p in per_pass if (x := getattr(p, f.attr)) is not None]
         s = stats.summary(xs) if xs else None
-        out[f.attr] = Spread(median=s["median"], min=s["min"], max=s["max"]) if s is not None else None
+        out[f.attr] = Spread(median=s.median, min=s.min, max=s.max) if s is not None else None
     return LevelFigures(**out)
 
 

@@ -112,10 +112,10 @@ def repetition_summary(walls: Sequence[WallFigures]) -> WallSummary:
 
     def over(each: Callable[[WallFigures], float | None]) -> Summary | None:
         values = [each(w) for w in walls]
-        return None if None in values else Summary(**stats.summary([v for v in values if v is not None]))
+        return None if None in values else stats.summary([v for v in values if v is not None])
 
     def whole(each: Callable[[WallFigures], float]) -> Summary:
-        return Summary(**stats.summary([each(w) for w in walls]))
+        return stats.summary([each(w) for w in walls])
 
     return WallSummary(
         wall_s=whole(lambda w: w.wall_s),

@@ -18,29 +18,24 @@ import numpy as np
 from scipy import stats as sps  # type: ignore[import-untyped]
 
 from meshbench.records import JsonObject
+from meshbench.records.model import Summary
 
 MIN_STRONG = 5  # repetitions on each side before a performance verdict is more than weak
 ALPHA = 0.01
 CI_TARGET = 0.95
 
 
-def summary(values: Sequence[float]) -> JsonObject:
+def summary(values: Sequence[float]) -> Summary:
     """Median, min, max and (n >= 5) the order-statistics confidence interval of the median."""
     a = np.sort(np.asarray(values, dtype=np.float64))  # (n,)
     n = int(a.size)
-    out = {
-        "n": n,
-        "median": float(np.median(a)),
-        "min": float(a[0]),
-        "max": float(a[-1]),
-        "ci_low": None,
-        "ci_high": None,
-        "ci_level": None,
-    }
+    low = high = level = None
     if n >= MIN_STRONG:
         k, level = median_ci_rank(n)
-        out.update(ci_low=float(a[k - 1]), ci_high=float(a[n - k]), ci_level=level)
-    return out
+        low, high = float(a[k - 1]), float(a[n - k])
+    return Summary(
+        n=n, median=float(np.median(a)), min=float(a[0]), max=float(a[-1]), ci_low=low, ci_high=high, ci_level=level
+    )
 
 
 def median_ci_rank(n: int) -> tuple[int, float]:

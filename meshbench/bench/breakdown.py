@@ -11,13 +11,13 @@ Levels alternate within each repetition; each figure is the median over the repe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
-
-import numpy as np
 
 from meshbench.engine import kinds
 from meshbench.engine.setup import close_engine
 from meshbench.errors import MeshbenchError
+from meshbench.records.endpoint_figures import Spread
 from meshbench.scheduler.budget import engine_limits
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
@@ -25,10 +25,49 @@ from meshbench.sweep.run import prepare
 from meshbench.workload import prompts
 from meshbench.workload.config import RunConfig
 
-PARTS = ("tick_ms", "decode_llama_ms", "prefill_llama_ms", "sample_ms", "engine_python_ms", "scheduler_ms")
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Pass:
+    """One pass's figures, per tick in ms (``sample_us_per_row``: per sampled row, in us)."""
+
+    ticks: int
+    tick_ms: float
+    decode_llama_ms: float
+    prefill_llama_ms: float
+    sample_ms: float
+    sample_us_per_row: float
+    engine_python_ms: float
+    scheduler_ms: float
+    tokens_per_s: float
 
 
-def run(cfg: RunConfig, levels: list[int], repeat: int, progress: Callable[[str], None] = lambda m: None) -> dict:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakdownLevel:
+    """One level: each figure of its passes, median and range (``ticks``: the first pass's)."""
+
+    concurrency: int
+    ticks: int
+    tick_ms: Spread
+    decode_llama_ms: Spread
+    prefill_llama_ms: Spread
+    sample_ms: Spread
+    sample_us_per_row: Spread
+    engine_python_ms: Spread
+    scheduler_ms: Spread
+    tokens_per_s: Spread
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """``meshbench bench breakdown``'s figures (``--json``: this record's fields)."""
+
+    config: str
+    model: str | None
+    repeat: int
+    levels: list[BreakdownLevel]
+
+
+def run(cfg: RunConfig, levels: list[int], repeat: int, progress: Callable[[str], None] = lambda m: None) -> Breakdown:
     if not kinds.of(cfg.engine.kind).llama or cfg.engine.isolated:
         raise MeshbenchError("bench breakdown needs a gguf engine in meshbench's own process (not isolated)")
     cfg = prompts.apply(cfg)
@@ -36,22 +75,22 @@ def run(cfg: RunConfig, levels: list[int], repeat: int, progress: Callable[[str]
     try:
         requests = cfg.workload.requests(setup.vocab_size, setup.eog)
         _pass(cfg, setup, requests, levels[0])  # warm-up: a process's first pass is slower
-        samples: dict[int, list[dict]] = {c: [] for c in levels}
+        samples: dict[int, list[_Pass]] = {c: [] for c in levels}
         for r, order in enumerate(level_orders(len(levels), repeat)):
             for i in order:
                 progress(f"repetition {r + 1}/{repeat}, concurrency {levels[i]}")
                 samples[levels[i]].append(_pass(cfg, setup, requests, levels[i]))
     finally:
         setup.close()
-    return {
-        "config": cfg.source,
-        "model": getattr(setup.info, "model_name", None) or cfg.engine.model,
-        "repeat": repeat,
-        "levels": [_summary(c, samples[c]) for c in levels],
-    }
+    return Breakdown(
+        config=cfg.source,
+        model=getattr(setup.info, "model_name", None) or cfg.engine.model,
+        repeat=repeat,
+        levels=[_summary(c, samples[c]) for c in levels],
+    )
 
 
-def _pass(cfg: RunConfig, setup, requests, c: int) -> dict:
+def _pass(cfg: RunConfig, setup, requests, c: int) -> _Pass:
     from meshbench.engine.profile import Profile  # noqa: PLC0415
 
     budget = level_budget(cfg.budget, c, len(requests))
@@ -67,22 +106,34 @@ def _pass(cfg: RunConfig, setup, requests, c: int) -> dict:
     step = sum((t.decode_ns or 0) + (t.prefill_ns or 0) for t in ticks)
     llama = profile.decode_llama_ns + profile.prefill_llama_ns
     tokens = sum(len(s.tokens) for s in p.sessions)
-    return {
-        "ticks": n,
-        "tokens_per_s": tokens / p.wall_s,
-        "tick_ms": tick / n / 1e6,
-        "decode_llama_ms": profile.decode_llama_ns / n / 1e6,
-        "prefill_llama_ms": profile.prefill_llama_ns / n / 1e6,
-        "sample_ms": profile.sample_ns / n / 1e6,
-        "engine_python_ms": (step - llama - profile.sample_ns) / n / 1e6,
-        "scheduler_ms": (tick - step) / n / 1e6,
-        "sample_us_per_row": profile.sample_ns / max(profile.rows, 1) / 1e3,
-    }
+    return _Pass(
+        ticks=n,
+        tokens_per_s=tokens / p.wall_s,
+        tick_ms=tick / n / 1e6,
+        decode_llama_ms=profile.decode_llama_ns / n / 1e6,
+        prefill_llama_ms=profile.prefill_llama_ns / n / 1e6,
+        sample_ms=profile.sample_ns / n / 1e6,
+        engine_python_ms=(step - llama - profile.sample_ns) / n / 1e6,
+        scheduler_ms=(tick - step) / n / 1e6,
+        sample_us_per_row=profile.sample_ns / max(profile.rows, 1) / 1e3,
+    )
 
 
-def _summary(c: int, passes: list[dict]) -> dict:
-    out = {"concurrency": c, "ticks": passes[0]["ticks"]}
-    for k in (*PARTS, "sample_us_per_row", "tokens_per_s"):
-        xs = [p[k] for p in passes]
-        out[k] = {"median": float(np.median(xs)), "min": float(min(xs)), "max": float(max(xs))}
-    return out
+def _summary(c: int, passes: list[_Pass]) -> BreakdownLevel:
+    """Each figure's median and range over the passes."""
+
+    def over(figure: Callable[[_Pass], float]) -> Spread:
+        return Spread.of([figure(p) for p in passes])
+
+    return BreakdownLevel(
+        concurrency=c,
+        ticks=passes[0].ticks,
+        tick_ms=over(lambda p: p.tick_ms),
+        decode_llama_ms=over(lambda p: p.decode_llama_ms),
+        prefill_llama_ms=over(lambda p: p.prefill_llama_ms),
+        sample_ms=over(lambda p: p.sample_ms),
+        sample_us_per_row=over(lambda p: p.sample_us_per_row),
+        engine_python_ms=over(lambda p: p.engine_python_ms),
+        scheduler_ms=over(lambda p: p.scheduler_ms),
+        tokens_per_s=over(lambda p: p.tokens_per_s),
+    )

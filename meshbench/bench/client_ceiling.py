@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -135,7 +134,7 @@ def _pass(endpoint: Endpoint, client: str, c: int, requests: int, tokens: int, t
 
 
 def _spread(values: Sequence[float]) -> Spread:
-    return Spread(median=statistics.median(values), min=min(values), max=max(values))
+    return Spread.of(values)
 
 
 def _summary(client: str, passes: list[_Pass]) -> ClientFigures:

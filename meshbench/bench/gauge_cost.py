@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from meshbench.analysis import latency
@@ -18,36 +19,79 @@ from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.sweep import served
 from meshbench.engine import apis, kinds, launchers
 from meshbench.errors import MeshbenchError
+from meshbench.records.endpoint_figures import Spread
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig
 
 
-def _pass(endpoint: Endpoint, jobs: list[Job], c: int, sampled: bool) -> dict:
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    tokens_per_s: float
+    itl_p99_ms: float | None
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sides:
+    """One figure at one level: each side's median over the pairs, and the ratio sampled / unsampled per pair."""
+
+    sampled: float | None
+    unsampled: float | None
+    ratio: Spread | None
+
+    @staticmethod
+    def of(both: list[tuple[float, float]]) -> Sides:
+        ratios = [a / b for a, b in both if b]
+        return Sides(
+            sampled=statistics.median(a for a, _ in both) if both else None,
+            unsampled=statistics.median(b for _, b in both) if both else None,
+            ratio=Spread.of(ratios) if ratios else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GaugeLevel:
+    concurrency: int
+    pairs: int
+    tokens_per_s: Sides
+    itl_p99_ms: Sides
+    samples_per_pass: float
+
+
+@dataclass(frozen=True, slots=True)
+class GaugeCost:
+    """``meshbench bench gauges``'s figures (``--json``: this record's fields)."""
+
+    config: str
+    server_version: str
+    server_args: list[str]
+    interval_s: float
+    levels: list[GaugeLevel]
+
+
+def _pass(endpoint: Endpoint, jobs: list[Job], c: int, sampled: bool) -> _Pass:
     with gauges.sampled(endpoint, t0 := time.monotonic_ns(), sampled) as samples:
         done, wall_s = closed_loop(endpoint, jobs, c, t0)
     bad = [x for x in done if x.error]
     if bad:
         raise MeshbenchError(f"llama-server: {bad[0].session_id}: {bad[0].error}")
     gaps = [g for x in done for g in latency.itl_ms(x.token_ns)]
-    return {
-        "tokens_per_s": sum(len(x.tokens) for x in done) / wall_s,
-        "itl_p99_ms": latency.percentiles(gaps)["p99"],
-        "samples": len(samples.within(wall_s) or []),
-    }
+    return _Pass(
+        tokens_per_s=sum(len(x.tokens) for x in done) / wall_s,
+        itl_p99_ms=latency.percentiles(gaps)["p99"],
+        samples=len(samples.within(wall_s) or []),
+    )
 
 
-def _level(c: int, pairs: list[tuple[dict, dict]]) -> dict:
-    out: dict = {"concurrency": c, "pairs": len(pairs)}
-    for key in ("tokens_per_s", "itl_p99_ms"):
-        both = [(on[key], off[key]) for on, off in pairs if on[key] is not None and off[key] is not None]
-        ratios = [a / b for a, b in both if b]
-        out[key] = {
-            "sampled": statistics.median(a for a, _ in both) if both else None,
-            "unsampled": statistics.median(b for _, b in both) if both else None,
-            "ratio": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)} if ratios else None,
-        }
-    out["samples_per_pass"] = statistics.median(on["samples"] for on, _ in pairs)
-    return out
+def _level(c: int, pairs: list[tuple[_Pass, _Pass]]) -> GaugeLevel:
+    itl = [(on.itl_p99_ms, off.itl_p99_ms) for on, off in pairs]
+    return GaugeLevel(
+        concurrency=c,
+        pairs=len(pairs),
+        tokens_per_s=Sides.of([(on.tokens_per_s, off.tokens_per_s) for on, off in pairs]),
+        itl_p99_ms=Sides.of([(a, b) for a, b in itl if a is not None and b is not None]),
+        samples_per_pass=statistics.median(on.samples for on, _ in pairs),
+    )
 
 
 def check(cfg: RunConfig) -> None:
@@ -58,7 +102,7 @@ def check(cfg: RunConfig) -> None:
         )
 
 
-def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str], None] = lambda m: None) -> dict:
+def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str], None] = lambda m: None) -> GaugeCost:
     """Every level's pairs, the levels' order the same each round, after one unsampled warm-up pass per level."""
     check(cfg)
     assert cfg.workload.prompts is not None  # (check)
@@ -69,7 +113,7 @@ def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str],
         )
     launcher, server, model = served(cfg)
     args = [*launcher.own_flags(cfg.engine.server_argv), *cfg.engine.server_argv]
-    found: dict[int, list[tuple[dict, dict]]] = {c: [] for c in levels}
+    found: dict[int, list[tuple[_Pass, _Pass]]] = {c: [] for c in levels}
     with launcher.serving(server, model, cfg.engine.server_argv) as url:
         endpoint = Endpoint(parse_target(url), apis.NATIVE.name, cfg.engine.deadline_s)
         endpoint.probe()
@@ -84,10 +128,10 @@ def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str],
                 first = _pass(endpoint, jobs, c, r % 2 == 0)
                 second = _pass(endpoint, jobs, c, r % 2 == 1)
                 found[c].append((first, second) if r % 2 == 0 else (second, first))
-    return {
-        "config": cfg.source,
-        "server_version": launcher.version(server),
-        "server_args": args,
-        "interval_s": gauges.SAMPLE_INTERVAL_S,
-        "levels": [_level(c, found[c]) for c in levels],
-    }
+    return GaugeCost(
+        config=cfg.source,
+        server_version=launcher.version(server),
+        server_args=args,
+        interval_s=gauges.SAMPLE_INTERVAL_S,
+        levels=[_level(c, found[c]) for c in levels],
+    )

@@ -11,6 +11,7 @@ Figures are medians of per-step times over two interleaved rounds of each side.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +24,62 @@ from meshbench.engine.process import workers
 from meshbench.records.context import Budget
 from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.driver import NodeDriver
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GgufRow:
+    """One batch size: per-step medians of the scheduler's and the raw loop's full-batch decode steps."""
+
+    batch: int
+    scheduler_tokens_per_s: float
+    raw_tokens_per_s: float
+    ratio: float  # raw step / scheduler step
+    raw_step_ms: float
+    scheduler_step_ms: float
+    samples: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GgufBench:
+    """``meshbench bench gguf``'s figures (``--json``: this record's fields)."""
+
+    model: str
+    model_sha256: str
+    weight_bytes: int
+    prompt_tokens: int
+    steps: int
+    threads: int | None
+    rpc: list[str] | None
+    batches: list[GgufRow]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OnWorkers:
+    """One batch size on one worker count (0: the layers local)."""
+
+    workers: int
+    tokens_per_s: float
+    step_ms: float
+    samples: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkersRow:
+    batch: int
+    on: list[OnWorkers]  # in the order of ``worker_counts``
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkersBench:
+    """``meshbench bench gguf --workers``'s figures (``--json``: this record's fields)."""
+
+    model: str
+    prompt_tokens: int
+    steps: int
+    threads: int | None
+    rounds: int
+    worker_counts: list[int]
+    batches: list[WorkersRow]
 
 
 def _prompts(b: int, prompt: int, vocab: int, seed: int) -> list[list[int]]:
@@ -95,7 +152,7 @@ def run(
     seed: int,
     progress: Callable[[str], None] = lambda msg: None,
     endpoints=(),
-) -> dict:
+) -> GgufBench:
     model = LoadedModel(model_path, "cpu", False, endpoints)
     check_context(prompt + steps + max(batches) + 4, model.n_ctx_train)
     rows = []
@@ -110,26 +167,26 @@ def run(
                 out += fn(model, b, prompt, steps, threads, seed)
         raw_ms, sch_ms = float(np.median(raw)) / 1e6, float(np.median(sch)) / 1e6
         rows.append(
-            {
-                "batch": b,
-                "scheduler_tokens_per_s": b / sch_ms * 1e3,
-                "raw_tokens_per_s": b / raw_ms * 1e3,
-                "ratio": raw_ms / sch_ms,
-                "raw_step_ms": raw_ms,
-                "scheduler_step_ms": sch_ms,
-                "samples": len(raw),
-            }
+            GgufRow(
+                batch=b,
+                scheduler_tokens_per_s=b / sch_ms * 1e3,
+                raw_tokens_per_s=b / raw_ms * 1e3,
+                ratio=raw_ms / sch_ms,
+                raw_step_ms=raw_ms,
+                scheduler_step_ms=sch_ms,
+                samples=len(raw),
+            )
         )
-    info = {
-        "model": str(model_path),
-        "model_sha256": model.sha256,
-        "weight_bytes": model.weight_bytes,
-        "prompt_tokens": prompt,
-        "steps": steps,
-        "threads": threads,
-        "rpc": [str(e) for e in endpoints] or None,
-        "batches": rows,
-    }
+    info = GgufBench(
+        model=str(model_path),
+        model_sha256=model.sha256,
+        weight_bytes=model.weight_bytes,
+        prompt_tokens=prompt,
+        steps=steps,
+        threads=threads,
+        rpc=[str(e) for e in endpoints] or None,
+        batches=rows,
+    )
     model.close()
     return info
 
@@ -144,7 +201,7 @@ def run_workers(
     seed: int,
     rounds: int = 2,
     progress: Callable[[str], None] = lambda msg: None,
-) -> dict:
+) -> WorkersBench:
     """Decode tokens/s through the scheduler with the layers local (0) or on 1, 2, ... spawned RPC workers.
 
     Rounds alternate the worker counts (0, 1, 2, then 2, 1, 0, ...) so drift hits each alike; each
@@ -164,17 +221,17 @@ def run_workers(
                     model.close()
     rows = []
     for b in batches:
-        row: dict[str, object] = {"batch": b}
+        on = []
         for w in worker_counts:
             ms = float(np.median(samples[w][b])) / 1e6
-            row[f"workers_{w}"] = {"tokens_per_s": b / ms * 1e3, "step_ms": ms, "samples": len(samples[w][b])}
-        rows.append(row)
-    return {
-        "model": str(model_path),
-        "prompt_tokens": prompt,
-        "steps": steps,
-        "threads": threads,
-        "rounds": rounds,
-        "worker_counts": worker_counts,
-        "batches": rows,
-    }
+            on.append(OnWorkers(workers=w, tokens_per_s=b / ms * 1e3, step_ms=ms, samples=len(samples[w][b])))
+        rows.append(WorkersRow(batch=b, on=on))
+    return WorkersBench(
+        model=str(model_path),
+        prompt_tokens=prompt,
+        steps=steps,
+        threads=threads,
+        rounds=rounds,
+        worker_counts=worker_counts,
+        batches=rows,
+    )

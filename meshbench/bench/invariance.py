@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -46,6 +47,59 @@ GROUPS = (
 CHILD_TIMEOUT_S = 3600
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchCompare:
+    """Batch ``batch``'s logits against each session's decoded alone, step by step."""
+
+    batch: int
+    bitwise: bool
+    max_abs_logit_diff: float
+    first_differing_step: int | None
+    diff_at_first_differing_step: float | None  # (the kernels' own: every stream was still fed the same tokens)
+    tokens_identical: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measured:
+    largest_invariant_batch: int
+    first_variant_batch: int | None
+    per_batch: list[BatchCompare]
+    decode_tokens_per_s: dict[int, float]  # by batch (1, 8, 16 where measured)
+
+    @staticmethod
+    def parse(d: dict) -> Measured:
+        """From the JSON a recipe's child process printed."""
+        return Measured(
+            largest_invariant_batch=d["largest_invariant_batch"],
+            first_variant_batch=d["first_variant_batch"],
+            per_batch=[BatchCompare(**x) for x in d["per_batch"]],
+            decode_tokens_per_s={int(b): r for b, r in d["decode_tokens_per_s"].items()},
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recipe:
+    """One recipe and context: measured, or the error its process ended with."""
+
+    repack: bool
+    tiled_mm: str
+    context: str
+    error: str | None = None
+    measured: Measured | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InvarianceBench:
+    """``meshbench bench invariance``'s figures (``--json``: this record's fields)."""
+
+    model: str
+    batches: list[int]
+    steps: int
+    threads: int | None
+    seed: int
+    recipes: list[Recipe]
+
+
 def run(
     model_path: Path,
     batches: Sequence[int],
@@ -53,23 +107,18 @@ def run(
     threads: int | None,
     seed: int,
     progress: Callable[[str], None] = lambda msg: None,
-) -> dict:
+) -> InvarianceBench:
     gguf_io.check_model_file(files.regular_file(str(model_path), "--model"))  # once, before any recipe's process
     recipes = []
     for repack, tiled, contexts in GROUPS:
         progress(f"repack {'on' if repack else 'off'}, tiled_mm {tiled}: {', '.join(contexts)}")
         recipes += _group(model_path, repack, tiled, contexts, batches, steps, threads, seed)
-    return {
-        "model": str(model_path),
-        "batches": list(batches),
-        "steps": steps,
-        "threads": threads,
-        "seed": seed,
-        "recipes": recipes,
-    }
+    return InvarianceBench(
+        model=str(model_path), batches=list(batches), steps=steps, threads=threads, seed=seed, recipes=recipes
+    )
 
 
-def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -> list[dict]:
+def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -> list[Recipe]:
     args = json.dumps(
         {
             "model": str(model_path),
@@ -95,7 +144,10 @@ def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -
     except subprocess.TimeoutExpired:
         code, text = None, ""
     if code == 0:
-        return json.loads(text)
+        return [
+            Recipe(repack=repack, tiled_mm=tiled, context=c, measured=Measured.parse(m))
+            for c, m in zip(contexts, json.loads(text), strict=True)
+        ]
     why = (
         f"timed out after {CHILD_TIMEOUT_S} s"
         if code is None
@@ -103,10 +155,10 @@ def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -
         if code < 0
         else f"exited {code}"
     )
-    return [{"repack": repack, "tiled_mm": tiled, "context": c, "error": why} for c in contexts]
+    return [Recipe(repack=repack, tiled_mm=tiled, context=c, error=why) for c in contexts]
 
 
-def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: int | None, seed: int) -> dict:
+def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: int | None, seed: int) -> Measured:
     from meshbench.engine.base import DecodeItem, SessionHandle  # noqa: PLC0415 - the child's imports
     from meshbench.engine.gguf_engine import GgufEngine, plain  # noqa: PLC0415
 
@@ -147,19 +199,18 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
             rates[b] = b * steps / s
     largest = 0
     for r in per_batch:
-        if not r["bitwise"]:
+        if not r.bitwise:
             break
-        largest = r["batch"]
-    broken = next((r["batch"] for r in per_batch if not r["bitwise"]), None)
-    return {
-        "largest_invariant_batch": largest,
-        "first_variant_batch": broken,
-        "per_batch": per_batch,
-        "decode_tokens_per_s": {str(b): rates[b] for b in (1, 8, 16) if b in rates},
-    }
+        largest = r.batch
+    return Measured(
+        largest_invariant_batch=largest,
+        first_variant_batch=next((r.batch for r in per_batch if not r.bitwise), None),
+        per_batch=per_batch,
+        decode_tokens_per_s={b: rates[b] for b in (1, 8, 16) if b in rates},
+    )
 
 
-def _compare_batch(b: int, rows: dict, alone: dict) -> dict:
+def _compare_batch(b: int, rows: dict, alone: dict) -> BatchCompare:
     """Batch ``b``'s logits against each session's alone, step by step."""
     diffs = [[float(np.max(np.abs(x - y))) for x, y in zip(rows[i], alone[i])] for i in range(b)]
     worst = max((max(d) for d in diffs), default=0.0)
@@ -167,28 +218,29 @@ def _compare_batch(b: int, rows: dict, alone: dict) -> dict:
     # at the first step that differs the sessions were still fed the same tokens: that difference is the
     # kernels'; later steps may compare streams that already took different tokens
     at_first = None if first is None else max(d[first] for d in diffs)
-    return {
-        "batch": b,
-        "bitwise": worst == 0.0,
-        "max_abs_logit_diff": worst,
-        "first_differing_step": first,
-        "diff_at_first_differing_step": at_first,
-        "tokens_identical": all(
+    return BatchCompare(
+        batch=b,
+        bitwise=worst == 0.0,
+        max_abs_logit_diff=worst,
+        first_differing_step=first,
+        diff_at_first_differing_step=at_first,
+        tokens_identical=all(
             int(np.argmax(x)) == int(np.argmax(y)) for i in range(b) for x, y in zip(rows[i], alone[i])
         ),
-    }
+    )
 
 
 def _child(args: dict) -> None:
-    """One (repack, tiled_mm) group in this process: every context's measurement, as JSON on stdout."""
+    """One (repack, tiled_mm) group in this process: every context's measurement, in order, as JSON on stdout."""
     from meshbench.engine.llama_model import LoadedModel  # noqa: PLC0415
 
     model = LoadedModel(Path(args["model"]), "cpu", False, repack=args["repack"])
     contexts = dict(CONTEXTS)
     out = []
     for name in args["contexts"]:
-        m = _measure(model, contexts[name], args["batches"], args["steps"], args["threads"], args["seed"])
-        out.append({"repack": args["repack"], "tiled_mm": args["tiled_mm"], "context": name, "error": None, **m})
+        out.append(
+            asdict(_measure(model, contexts[name], args["batches"], args["steps"], args["threads"], args["seed"]))
+        )
     model.close()
     print(json.dumps(out))
 

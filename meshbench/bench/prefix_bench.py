@@ -17,13 +17,15 @@ every side generates exactly the new tokens asked for. Repetitions rotate the le
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from meshbench.analysis import stats
 from meshbench.bench import server_bench
 from meshbench.endpoint import llama_server
 from meshbench.engine.setup import EngineSetup, close_engine
+from meshbench.records.model import Summary
 from meshbench.scheduler.budget import engine_limits
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
@@ -42,7 +44,37 @@ SERVER_SIDES = {  # side -> cache_prompt sent (None: nothing, the server's own d
 }
 BOTH = (False, True)  # kv_unified off, on
 REFERENCE = "node, cache off, kv_unified off"
-FIGURES = ("computed", "ttft_ms.p50", "ttft_ms.p99", "tokens_per_s")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Side:
+    """One side at one level over the repetitions (None: a figure no repetition had: a server that does not say
+    what it computed)."""
+
+    tokens_identical: bool  # every repetition's tokens are the reference side's (REFERENCE)
+    computed: Summary | None  # prompt positions computed
+    ttft_ms_p50: Summary | None
+    ttft_ms_p99: Summary | None
+    tokens_per_s: Summary
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixLevel:
+    concurrency: int
+    sides: dict[str, Side]  # by side (NODE_SIDES, SERVER_SIDES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixBench:
+    """``meshbench bench prefix``'s figures (``--json``: this record's fields)."""
+
+    config: str
+    server: str | None
+    server_version: str | None
+    server_args: list[str] | None
+    repeat: int
+    block_tokens: int
+    levels: list[PrefixLevel]
 
 
 def run(
@@ -51,7 +83,7 @@ def run(
     levels: list[int],
     repeat: int,
     progress: Callable[[str], None] = lambda m: None,
-) -> dict:
+) -> PrefixBench:
     """Every side at every level, ``repeat`` times, interleaved; ``server`` None: the node's sides only."""
     cfg = dataclasses.replace(
         cfg, workload=dataclasses.replace(cfg.workload, eos="ban"), engine=dataclasses.replace(cfg.engine, ban_eog=True)
@@ -64,7 +96,7 @@ def run(
     try:
         requests = cfg.workload.requests(setups[False].vocab_size)
         _node(cfg, setups[False], requests, levels[0], False)  # warm-up: the first pass of a process is slower
-        runs: dict[int, dict[str, list[dict]]] = {c: {s: [] for s in sides} for c in levels}
+        runs: dict[int, dict[str, list[server_bench.Pass]]] = {c: {s: [] for s in sides} for c in levels}
         for r, order in enumerate(level_orders(len(levels), repeat)):
             for i in order:
                 c = levels[i]
@@ -79,18 +111,18 @@ def run(
     finally:
         for s in setups.values():
             s.close()
-    return {
-        "config": cfg.source,
-        "server": None if server is None else str(server),
-        "server_version": None if server is None else llama_server.version(server),
-        "server_args": None if server is None else server_bench.server_args(cfg, "aligned", 1, 0, sliding),
-        "repeat": repeat,
-        "block_tokens": cfg.engine.block_tokens,
-        "levels": [_level(c, runs[c]) for c in levels],
-    }
+    return PrefixBench(
+        config=cfg.source,
+        server=None if server is None else str(server),
+        server_version=None if server is None else llama_server.version(server),
+        server_args=None if server is None else server_bench.server_args(cfg, "aligned", 1, 0, sliding),
+        repeat=repeat,
+        block_tokens=cfg.engine.block_tokens,
+        levels=[_level(c, runs[c]) for c in levels],
+    )
 
 
-def _node(cfg: RunConfig, setup: EngineSetup, requests, c: int, cache: bool) -> dict:
+def _node(cfg: RunConfig, setup: EngineSetup, requests, c: int, cache: bool) -> server_bench.Pass:
     budget = level_budget(cfg.budget, c, len(requests))
     limits = dataclasses.replace(engine_limits(budget), prefix_block_tokens=cfg.engine.block_tokens if cache else 0)
     engine = setup.make(limits)
@@ -101,25 +133,34 @@ def _node(cfg: RunConfig, setup: EngineSetup, requests, c: int, cache: bool) -> 
     server_bench.check_completed(p.sessions)
     slots = [t.submit_ns if t.admit_ns is None else t.admit_ns for t in p.timing]
     out = server_bench.figures({s.session_id: s.tokens for s in p.sessions}, p.timing, slots, p.wall_s, requests)
-    out["computed"] = sum(s.prompt_tokens - (s.cached_tokens or 0) for s in p.sessions)
-    return out
+    return dataclasses.replace(out, computed=sum(s.prompt_tokens - (s.cached_tokens or 0) for s in p.sessions))
 
 
-def _server(cfg: RunConfig, server: Path, requests, c: int, cache_prompt: bool | None, sliding: bool) -> dict:
+def _server(
+    cfg: RunConfig, server: Path, requests, c: int, cache_prompt: bool | None, sliding: bool
+) -> server_bench.Pass:
     out, done = server_bench.one_server(cfg, server, requests, c, "aligned", sliding, cache_prompt=cache_prompt)
     computed = [x.computed for x in done]
-    out["computed"] = None if None in computed else sum(x for x in computed if x is not None)
-    return out
+    return dataclasses.replace(out, computed=None if None in computed else sum(x for x in computed if x is not None))
 
 
-def _level(c: int, runs: dict[str, list[dict]]) -> dict:
+def _level(c: int, runs: dict[str, list[server_bench.Pass]]) -> PrefixLevel:
     """Each side's figures (median, min, max over the repetitions) and whether its tokens are the reference's."""
-    ref = runs[REFERENCE][0]["tokens"]
+    ref = runs[REFERENCE][0].tokens
+
+    def over(values: list[float | None]) -> Summary | None:
+        known = [x for x in values if x is not None]
+        return stats.summary(known) if known else None
+
     sides = {}
     for side, got in runs.items():
-        row: dict = {"tokens_identical": all(x["tokens"] == ref for x in got)}
-        for k in FIGURES:
-            values: Sequence[float] = [x[k] for x in got if x[k] is not None]
-            row[k] = stats.summary(values) if values else None
-        sides[side] = row
-    return {"concurrency": c, "sides": sides}
+        rate = over([x.tokens_per_s for x in got])
+        assert rate is not None  # (every pass has a rate)
+        sides[side] = Side(
+            tokens_identical=all(x.tokens == ref for x in got),
+            computed=over([x.computed for x in got]),
+            ttft_ms_p50=over([x.ttft_ms.p50 for x in got]),
+            ttft_ms_p99=over([x.ttft_ms.p99 for x in got]),
+            tokens_per_s=rate,
+        )
+    return PrefixLevel(concurrency=c, sides=sides)

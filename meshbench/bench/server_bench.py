@@ -14,6 +14,7 @@ server's. Repetitions rotate the level order, and within a level the sides rotat
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -27,7 +28,7 @@ from meshbench.engine import apis
 from meshbench.engine.setup import EngineRecord, EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.records.context import GgufEngineInfo
-from meshbench.records.model import SessionRecord
+from meshbench.records.model import Percentiles, SessionRecord, Summary
 from meshbench.scheduler.budget import engine_limits
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
@@ -37,6 +38,92 @@ from meshbench.workload.config import RunConfig
 SETTINGS = ("defaults", "aligned", "matched")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pass:
+    """One side's pass at one level: its tokens by session, total tokens/s, TTFT and ITL percentiles (ms), and
+    (``bench prefix``) the prompt positions it computed."""
+
+    tokens: dict[str, list[int]]
+    tokens_per_s: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    computed: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figures:
+    """Each figure over the repetitions (None: a percentile some pass had no sample for)."""
+
+    tokens_per_s: Summary
+    ttft_ms_p50: Summary | None
+    ttft_ms_p99: Summary | None
+    itl_ms_p50: Summary | None
+    itl_ms_p95: Summary | None
+    itl_ms_p99: Summary | None
+
+    @staticmethod
+    def of(passes: Sequence[Pass], over: Sequence[Pass] | None = None) -> Figures:
+        """Each figure's summary over ``passes``; with ``over``, of the ratios ``passes`` / ``over``, paired by
+        repetition."""
+
+        def each(figure: Callable[[Pass], float | None]) -> Summary | None:
+            a = [figure(p) for p in passes]
+            b = [figure(p) for p in over] if over is not None else [1.0] * len(a)
+            pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+            return stats.summary([x / y for x, y in pairs]) if pairs and len(pairs) == len(a) else None
+
+        rate = each(lambda p: p.tokens_per_s)
+        assert rate is not None  # (every pass has a rate)
+        return Figures(
+            tokens_per_s=rate,
+            ttft_ms_p50=each(lambda p: p.ttft_ms.p50),
+            ttft_ms_p99=each(lambda p: p.ttft_ms.p99),
+            itl_ms_p50=each(lambda p: p.itl_ms.p50),
+            itl_ms_p95=each(lambda p: p.itl_ms.p95),
+            itl_ms_p99=each(lambda p: p.itl_ms.p99),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VsSetting:
+    """meshbench against one server setting at one level; None throughout where that setting's server failed."""
+
+    setting: str
+    tokens_identical: bool | None  # meshbench's tokens, every repetition, are this setting's (whole answers)
+    server: Figures | None
+    ratio: Figures | None  # meshbench / the server, paired by repetition
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerLevel:
+    concurrency: int
+    meshbench: Figures
+    settings: list[VsSetting]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecipeUsed:
+    """The recipe meshbench's llama.cpp engine ran here: each auto setting resolved, and what decided it."""
+
+    repack: bool
+    flash_attn: bool
+    auto: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerBench:
+    """``meshbench bench server``'s figures (``--json``: this record's fields)."""
+
+    config: str
+    server: str
+    server_version: str
+    repeat: int
+    recipe: RecipeUsed
+    settings: dict[str, list[str]]  # each setting's flags at one client
+    failed: dict[str, str]  # each setting whose server failed, and why
+    levels: list[ServerLevel]
+
+
 def run(
     cfg: RunConfig,
     server: Path,
@@ -44,7 +131,7 @@ def run(
     repeat: int,
     progress: Callable[[str], None] = lambda m: None,
     settings: tuple[str, ...] = ("defaults", "matched"),
-) -> dict:
+) -> ServerBench:
     """meshbench's node and llama-server at each of ``settings`` (``server_args``), interleaved: within a
     repetition every side runs each level, the order of the sides rotated by the repetition. A setting whose
     server fails (its defaults may crash on this CPU) is reported with why, measured, and not run again; no
@@ -60,7 +147,7 @@ def run(
     sliding = has_sliding_layers(setup.info)
     failed: dict[str, str] = {}
 
-    def serve(c: int, setting: str, stream: bool) -> dict | None:
+    def serve(c: int, setting: str, stream: bool) -> Pass | None:
         if setting in failed:
             return None
         try:
@@ -73,16 +160,16 @@ def run(
     try:
         requests = cfg.workload.requests(setup.vocab_size)
         _one_meshbench(cfg, setup, requests, levels[0])  # warm-up: the first pass of a process is slower
-        runs: dict[int, dict[str, list[dict]]] = {c: {s: [] for s in sides} for c in levels}
+        runs: dict[int, dict[str, list[Pass]]] = {c: {s: [] for s in sides} for c in levels}
         # Each setting's tokens, from whole (not streamed) answers: a streamed answer that holds back an
         # incomplete UTF-8 byte token drops that token's id from its "tokens" (measured).
-        served: dict[int, dict[str, dict | None]] = {}
+        served: dict[int, dict[str, dict[str, list[int]] | None]] = {}
         for c in levels:
             progress(f"llama-server tokens, concurrency {c}")
             served[c] = {}
             for s in settings:
                 whole = serve(c, s, stream=False)
-                served[c][s] = None if whole is None else whole["tokens"]
+                served[c][s] = None if whole is None else whole.tokens
         if len(failed) == len(settings):
             raise MeshbenchError(
                 "llama-server did not run at any setting: " + "; ".join(f"{s}: {why}" for s, why in failed.items())
@@ -101,22 +188,22 @@ def run(
                             runs[c][side].append(got)
     finally:
         setup.close()
-    return {
-        "config": cfg.source,
-        "server": str(server),
-        "server_version": llama_server.version(server),
-        "repeat": repeat,
-        "recipe": _recipe(setup.info),
-        "settings": {s: server_args(cfg, s, 1, 0, sliding) for s in settings},
-        "failed": failed,
-        "levels": [_level(c, runs[c], served[c], failed) for c in levels],
-    }
+    return ServerBench(
+        config=cfg.source,
+        server=str(server),
+        server_version=llama_server.version(server),
+        repeat=repeat,
+        recipe=_recipe(setup.info),
+        settings={s: server_args(cfg, s, 1, 0, sliding) for s in settings},
+        failed=failed,
+        levels=[_level(c, runs[c], served[c], failed) for c in levels],
+    )
 
 
-def _recipe(info: EngineRecord) -> dict[str, object]:
+def _recipe(info: EngineRecord) -> RecipeUsed:
     """The recipe meshbench's llama.cpp engine ran here: each auto setting resolved, and what decided it."""
     assert isinstance(info, GgufEngineInfo), info.kind  # (llama-server is measured beside the gguf engine only)
-    return {"repack": info.repack, "flash_attn": info.flash_attn, "auto": info.recipe_auto or {}}
+    return RecipeUsed(repack=info.repack, flash_attn=info.flash_attn, auto=dict(info.recipe_auto or {}))
 
 
 def _as_resolved(cfg: RunConfig, engine_info: EngineRecord) -> RunConfig:
@@ -127,7 +214,7 @@ def _as_resolved(cfg: RunConfig, engine_info: EngineRecord) -> RunConfig:
     return dataclasses.replace(cfg, engine=resolved)
 
 
-def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> dict:
+def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> Pass:
     budget = level_budget(cfg.budget, c, len(requests))
     engine = setup.make(engine_limits(budget))
     try:
@@ -150,7 +237,7 @@ def one_server(
     sliding: bool,
     stream: bool = True,
     cache_prompt: bool | None = False,
-) -> tuple[dict, list[Completion]]:
+) -> tuple[Pass, list[Completion]]:
     """The server at ``-np C`` on a free loopback port, C closed-loop clients of meshbench's endpoint client:
     its figures, and the completions. ``cache_prompt`` None: not sent (the server's own default)."""
     longest = max(r.total_tokens for r in requests)
@@ -262,48 +349,46 @@ def _matched_args(cfg: RunConfig, c: int, longest: int) -> list[str]:
     ]
 
 
-def figures(tokens: dict, stamps: Sequence[latency.Stamped], slots: Sequence[int], wall_s: float, requests) -> dict:
+def figures(
+    tokens: dict[str, list[int]], stamps: Sequence[latency.Stamped], slots: Sequence[int], wall_s: float, requests
+) -> Pass:
     """A side's tokens, total tokens/s, and TTFT (from the moment a slot took the session) and ITL."""
     # Both sides generate exactly max_new_tokens per session (the server ignores EOS; one_server checks what
     # it says it generated, and meshbench bans EOS).
     total = sum(r.total_tokens for r in requests)
     lat = latency.samples(stamps, slots)
-    ttft, itl = latency.percentiles(lat.ttft), latency.percentiles(lat.itl)
-    return {
-        "tokens": tokens,
-        "tokens_per_s": total / wall_s if wall_s > 0 else 0.0,
-        "ttft_ms.p50": ttft["p50"],
-        "ttft_ms.p99": ttft["p99"],
-        "itl_ms.p50": itl["p50"],
-        "itl_ms.p95": itl["p95"],
-        "itl_ms.p99": itl["p99"],
-    }
+    return Pass(
+        tokens=tokens,
+        tokens_per_s=total / wall_s if wall_s > 0 else 0.0,
+        ttft_ms=_percentiles(lat.ttft),
+        itl_ms=_percentiles(lat.itl),
+    )
 
 
-def _level(c: int, runs: dict[str, list[dict]], served: dict[str, dict | None], failed: dict[str, str]) -> dict:
-    """Each side's figures, and meshbench over each server setting (paired by repetition); whether meshbench's
-    tokens are each setting's (None: that setting's server failed)."""
+def _percentiles(values: Sequence[float]) -> Percentiles:
+    p = latency.percentiles(values)
+    return Percentiles(p50=p["p50"], p95=p["p95"], p99=p["p99"])
+
+
+def _level(
+    c: int, runs: dict[str, list[Pass]], served: dict[str, dict[str, list[int]] | None], failed: dict[str, str]
+) -> ServerLevel:
+    """meshbench's figures, and against each server setting: whether meshbench's tokens are that setting's, the
+    server's figures, and meshbench over the server's (paired by repetition); None where the setting failed."""
     mesh = runs["meshbench"]
-    out: dict = {
-        "concurrency": c,
-        "tokens_identical": {
-            s: None if ref is None or s in failed else all(m["tokens"] == ref for m in mesh)
-            for s, ref in served.items()
-        },
-    }
-    for k in ("tokens_per_s", "ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p95", "itl_ms.p99"):
-        a = [x[k] for x in mesh]
-        out[k] = {"meshbench": stats.summary(a)}
-        for side, srv in runs.items():
-            if side == "meshbench":
-                continue
-            if side.split()[1] in failed or len(srv) != len(a):  # (a failed setting: no pairs to compare)
-                out[k][side] = out[k][f"ratio vs {side}"] = None
-                continue
-            b = [x[k] for x in srv]
-            out[k][side] = stats.summary(b)
-            out[k][f"ratio vs {side}"] = stats.summary([x / y for x, y in zip(a, b)])
-    return out
+    vs = []
+    for s, ref in served.items():
+        srv = runs[f"llama-server {s}"]
+        ran = s not in failed and len(srv) == len(mesh)  # (a failed setting: no pairs to compare)
+        vs.append(
+            VsSetting(
+                setting=s,
+                tokens_identical=None if ref is None or s in failed else all(m.tokens == ref for m in mesh),
+                server=Figures.of(srv) if ran else None,
+                ratio=Figures.of(mesh, over=srv) if ran else None,
+            )
+        )
+    return ServerLevel(concurrency=c, meshbench=Figures.of(mesh), settings=vs)
 
 
 def has_sliding_layers(info: EngineRecord) -> bool:

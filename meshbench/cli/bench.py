@@ -105,16 +105,16 @@ def bench_layouts(
         int_list(batches, "--batches", unique=True, maximum=limits.MAX_BENCH_BATCH), weights, (dims[0], dims[1])
     )
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
-    names = list(res["batches"][0]["ms"])
+    names = list(res.batches[0].ms)
     t = table(
-        f"{res['weights']} float32 weights of {res['shape'][0]} x {res['shape'][1]} "
-        f"({res['bytes'] / 1e6:.0f} MB): ms per pass, best of 5",
+        f"{res.weights} float32 weights of {res.shape[0]} x {res.shape[1]} "
+        f"({res.bytes / 1e6:.0f} MB): ms per pass, best of 5",
         ("rows", *names),
     )
-    for b in res["batches"]:
-        t.add_row(str(b["batch"]), *[f"{b['ms'][n]:.2f}" for n in names])
+    for b in res.batches:
+        t.add_row(str(b.batch), *[f"{b.ms[n]:.2f}" for n in names])
     out.print(t)
 
 
@@ -184,21 +184,21 @@ def bench_gguf(
     sizes = int_list(batches, "--batches", unique=True, maximum=limits.MAX_LLAMA_SEQUENCES)
     if worker_counts is not None:
         counts = int_list(worker_counts, "--workers", minimum=0, unique=True, maximum=16)
-        res = gguf_bench.run_workers(
+        spread = gguf_bench.run_workers(
             path, counts, sizes, prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg)
         )
         if as_json:
-            print_json(res)
+            print_json(dataclasses.asdict(spread))
             return
         t = table(
             f"decode tokens/s through the scheduler, layers local or on RPC workers (loopback): {model}",
             ("batch", *[f"{w} workers tok/s" for w in counts], *[f"{w} workers step ms" for w in counts]),
         )
-        for row in res["batches"]:
+        for row in spread.batches:
             t.add_row(
-                str(row["batch"]),
-                *[f"{row[f'workers_{w}']['tokens_per_s']:.1f}" for w in counts],
-                *[f"{row[f'workers_{w}']['step_ms']:.2f}" for w in counts],
+                str(row.batch),
+                *[f"{x.tokens_per_s:.1f}" for x in row.on],
+                *[f"{x.step_ms:.2f}" for x in row.on],
             )
         out.print(t)
         return
@@ -207,19 +207,19 @@ def bench_gguf(
         path, sizes, prompt_tokens, steps, threads, seed or 0, progress=lambda msg: err.print(msg), endpoints=endpoints
     )
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
         f"GGUF engine through the scheduler vs raw llama_decode: {model}",
         ("batch", "scheduler tok/s", "raw tok/s", "ratio", "raw step ms"),
     )
-    for b in res["batches"]:
+    for b in res.batches:
         t.add_row(
-            str(b["batch"]),
-            f"{b['scheduler_tokens_per_s']:.1f}",
-            f"{b['raw_tokens_per_s']:.1f}",
-            f"{b['ratio']:.3f}",
-            f"{b['raw_step_ms']:.2f}",
+            str(b.batch),
+            f"{b.scheduler_tokens_per_s:.1f}",
+            f"{b.raw_tokens_per_s:.1f}",
+            f"{b.ratio:.3f}",
+            f"{b.raw_step_ms:.2f}",
         )
     out.print(t)
 
@@ -239,7 +239,7 @@ def bench_isolation(
     cfg = config.load(config_path, overrides)
     res = isolation_bench.run(cfg, list(cfg.levels), rounds, progress=lambda msg: err.print(msg))
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
         f"the engine in its own process vs in the node's ({cfg.source}; median (min-max) of {rounds} rounds)",
@@ -252,19 +252,14 @@ def bench_isolation(
             "proxy share of tick",
         ),
     )
-    for lv in res["levels"]:
+    for lv in res.levels:
         t.add_row(
-            str(lv["concurrency"]),
-            *[
-                median_range(lv[k], f)
-                for k, f in (
-                    ("in_process_decode_tokens_per_s", ".1f"),
-                    ("isolated_decode_tokens_per_s", ".1f"),
-                    ("isolated_over_in_process", ".3f"),
-                    ("proxy_us_per_tick", ".0f"),
-                    ("proxy_share_of_tick", ".2%"),
-                )
-            ],
+            str(lv.concurrency),
+            median_range(lv.in_process_decode_tokens_per_s, ".1f"),
+            median_range(lv.isolated_decode_tokens_per_s, ".1f"),
+            median_range(lv.isolated_over_in_process, ".3f"),
+            median_range(lv.proxy_us_per_tick, ".0f"),
+            median_range(lv.proxy_share_of_tick, ".2%"),
         )
     out.print(t)
 
@@ -297,18 +292,18 @@ def bench_hunt(
 
     res = hunt_bench.run(make, chosen, seed_list, hunt_cli.until(seconds, requests), lambda m: err.print(m))
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(f"time to find ({budget_} a seed, strategies {strategies_})",
               ("seed", "found", "seconds", "histories", "requests", "by strategy", "near-tie"))  # fmt: skip
-    for r in res["seeds"]:
-        t.add_row(str(r["seed"]), "yes" if r["found"] else "no", f"{r['seconds']:.0f}", str(r["histories"]),
-                  str(r["requests"]), r["strategy"] or "-", f"{r['near_tie']:.3g}")  # fmt: skip
+    for r in res.seeds:
+        t.add_row(str(r.seed), "yes" if r.found else "no", f"{r.seconds:.0f}", str(r.histories),
+                  str(r.requests), r.strategy or "-", f"{r.near_tie:.3g}")  # fmt: skip
     out.print(t)
-    ttf = res["time_to_find_s"]
+    ttf = res.time_to_find_s
     out.print(
-        f"found in {res['found']} of {len(seed_list)} seeds"
-        + (f"; time to find median {ttf['median']:.0f} s (min {ttf['min']:.0f}, max {ttf['max']:.0f})" if ttf else "")
+        f"found in {res.found} of {len(seed_list)} seeds"
+        + (f"; time to find median {ttf.median:.0f} s (min {ttf.min:.0f}, max {ttf.max:.0f})" if ttf else "")
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
@@ -10,6 +11,7 @@ from meshbench.bench import gauge_cost
 from meshbench.cli.bench import bench_app
 from meshbench.cli.common import ConfigOpt, JsonOpt, err, int_list, out, print_json, table
 from meshbench.cli.options import flag
+from meshbench.results.markdown import median_range
 from meshbench.workload import config
 
 
@@ -29,18 +31,17 @@ def bench_gauges(
     chosen = int_list(levels, "--levels", unique=True, maximum=cfg.workload.sessions)
     res = gauge_cost.run(cfg, chosen, pairs, progress=lambda m: err.print(m, markup=False))
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
-        f"the gauge sampler's cost: {pairs} pairs per level, every {res['interval_s']:g} s, medians",
+        f"the gauge sampler's cost: {pairs} pairs per level, every {res.interval_s:g} s, medians",
         ("C", "figure", "sampled", "unsampled", "sampled / unsampled, per pair: median (min-max)"),
     )
-    for lv in res["levels"]:
-        for key, name in (("tokens_per_s", "tokens/s"), ("itl_p99_ms", "ITL p99 ms")):
-            v, ratio = lv[key], lv[key]["ratio"]
-            spread = "-" if ratio is None else f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})"
-            t.add_row(str(lv["concurrency"]), name, _cell(v["sampled"]), _cell(v["unsampled"]), spread)
-        t.add_row(str(lv["concurrency"]), "samples per sampled pass", f"{lv['samples_per_pass']:g}", "", "")
+    for lv in res.levels:
+        for v, name in ((lv.tokens_per_s, "tokens/s"), (lv.itl_p99_ms, "ITL p99 ms")):
+            spread = "-" if v.ratio is None else median_range(v.ratio, ".3f")
+            t.add_row(str(lv.concurrency), name, _cell(v.sampled), _cell(v.unsampled), spread)
+        t.add_row(str(lv.concurrency), "samples per sampled pass", f"{lv.samples_per_pass:g}", "", "")
     out.print(t)
 
 

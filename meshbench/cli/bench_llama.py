@@ -4,6 +4,7 @@ its users run it (and its prompt cache beside the node's prefix cache), tick by 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -91,11 +92,11 @@ def bench_server(
     cfg = prompts.apply(cfg)  # a packaged model's file, and real prompts tokenized by the model
     res = server_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg), settings=chosen)
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
-        f"meshbench vs llama-server {res['server_version']} ({cfg.source}, prefill {cfg.prefill}, mixed batch "
-        f"{cfg.engine.mixed_batch}, {_recipe(cfg, res['recipe'])}; median (min-max) of {repeat}; ratios are "
+        f"meshbench vs llama-server {res.server_version} ({cfg.source}, prefill {cfg.prefill}, mixed batch "
+        f"{cfg.engine.mixed_batch}, {_recipe(cfg, res.recipe)}; median (min-max) of {repeat}; ratios are "
         "meshbench / the server)",
         (
             "C",
@@ -109,49 +110,48 @@ def bench_server(
             "ITL p99 ratio",
         ),
     )
-    for lv in res["levels"]:
-        for s in res["settings"]:
-            side = f"llama-server {s}"
-            if lv["tokens_per_s"][side] is None:
-                t.add_row(str(lv["concurrency"]), "", s, "failed (below)", "", "", "", "", "")
+    for lv in res.levels:
+        for v in lv.settings:
+            if v.server is None or v.ratio is None:
+                t.add_row(str(lv.concurrency), "", v.setting, "failed (below)", "", "", "", "", "")
                 continue
+            r = v.ratio
             t.add_row(
-                str(lv["concurrency"]),
-                str(lv["tokens_identical"][s]),
-                s,
-                median_range(lv["tokens_per_s"]["meshbench"], ".1f"),
-                median_range(lv["tokens_per_s"][side], ".1f"),
-                *[
-                    median_range(lv[k][f"ratio vs {side}"], ".3f")
-                    for k in ("tokens_per_s", "ttft_ms.p50", "itl_ms.p50", "itl_ms.p99")
-                ],
+                str(lv.concurrency),
+                str(v.tokens_identical),
+                v.setting,
+                median_range(lv.meshbench.tokens_per_s, ".1f"),
+                median_range(v.server.tokens_per_s, ".1f"),
+                *[median_range(x, ".3f") for x in (r.tokens_per_s, r.ttft_ms_p50, r.itl_ms_p50, r.itl_ms_p99)],
             )
     out.print(t)
     for line in _ratio_intervals(res):
         out.print(line, markup=False)
-    for s, args in res["settings"].items():
+    for s, args in res.settings.items():
         out.print(f"llama-server {s}: {' '.join(args)}", markup=False)
-    for s, why in res["failed"].items():
+    for s, why in res.failed.items():
         out.print(f"llama-server {s} failed, not run again, nothing put in its place: {why}", markup=False)
 
 
-_INTERVALS = (("tokens_per_s", "tok/s"), ("ttft_ms.p50", "TTFT p50"), ("itl_ms.p99", "ITL p99"))
-
-
-def _ratio_intervals(res: dict) -> list[str]:
+def _ratio_intervals(res: server_bench.ServerBench) -> list[str]:
     """Per level and server setting, the confidence interval of each ratio's median (order statistics over the
     paired repetitions; at 5 pairs it is their min-max): where it holds 1.0 the two sides are not told apart."""
     out = []
-    for lv in res["levels"]:
-        for s in res["settings"]:
-            side = f"llama-server {s}"
-            cells = [(name, lv[k].get(f"ratio vs {side}")) for k, name in _INTERVALS]
-            known = [(name, r) for name, r in cells if r and r.get("ci_low") is not None]  # (none under 5 pairs)
-            said = [f"{name} {r['ci_low']:.3f}-{r['ci_high']:.3f}" for name, r in known]
+    for lv in res.levels:
+        for v in lv.settings:
+            if v.ratio is None:
+                continue
+            cells = (
+                ("tok/s", v.ratio.tokens_per_s),
+                ("TTFT p50", v.ratio.ttft_ms_p50),
+                ("ITL p99", v.ratio.itl_ms_p99),
+            )
+            known = [(name, r) for name, r in cells if r is not None and r.ci_low is not None]  # (none under 5 pairs)
+            said = [f"{name} {r.ci_low:.3f}-{r.ci_high:.3f}" for name, r in known]
             if said:
-                level = known[0][1]["ci_level"]
+                level = known[0][1].ci_level or 0.0
                 out.append(
-                    f"C={lv['concurrency']} vs llama-server {s}, each ratio's median, its {level:.1%} interval: "
+                    f"C={lv.concurrency} vs llama-server {v.setting}, each ratio's median, its {level:.1%} interval: "
                     + ", ".join(said)
                 )
     return out
@@ -201,22 +201,24 @@ def bench_prefix(
     cfg = prompts.apply(cfg)
     res = prefix_bench.run(cfg, binary, list(cfg.levels), repeat, progress=lambda msg: err.print(msg))
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
-        f"prefix caches on {cfg.source}: blocks of {res['block_tokens']}; median (min-max) of {repeat}, interleaved",
+        f"prefix caches on {cfg.source}: blocks of {res.block_tokens}; median (min-max) of {repeat}, interleaved",
         ("C", "side", "prompt positions computed", "TTFT p50 ms", "TTFT p99 ms", "tokens/s", "tokens identical"),
     )
-    for lv in res["levels"]:
-        for side, row in lv["sides"].items():
+    for lv in res.levels:
+        for side, row in lv.sides.items():
             cells = [
-                median_range(row[k], f) if row[k] else "-"
-                for k, f in zip(prefix_bench.FIGURES, ".0f,.1f,.1f,.1f".split(","))
+                median_range(row.computed, ".0f"),
+                median_range(row.ttft_ms_p50, ".1f"),
+                median_range(row.ttft_ms_p99, ".1f"),
+                median_range(row.tokens_per_s, ".1f"),
             ]
-            t.add_row(str(lv["concurrency"]), side, *cells, str(row["tokens_identical"]))
+            t.add_row(str(lv.concurrency), side, *cells, str(row.tokens_identical))
     out.print(t)
-    if res["server_args"] is not None:
-        out.print(f"llama-server {res['server_version']}: -np C {' '.join(res['server_args'][2:])}", markup=False)
+    if res.server_args is not None:
+        out.print(f"llama-server {res.server_version}: -np C {' '.join(res.server_args[2:])}", markup=False)
 
 
 @bench_app.command("breakdown")
@@ -232,10 +234,10 @@ def bench_breakdown(
     cfg = config.load(config_path, overrides)
     res = breakdown.run(cfg, list(cfg.levels), repeat, progress=lambda m: err.print(m))
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
-        f"where a tick's time goes: {res['model']} ({res['config']}); ms per tick, median (min-max) of {repeat}",
+        f"where a tick's time goes: {res.model} ({res.config}); ms per tick, median (min-max) of {repeat}",
         (
             "C",
             "ticks",
@@ -249,14 +251,14 @@ def bench_breakdown(
             "tok/s",
         ),
     )
-    for lv in res["levels"]:
+    for lv in res.levels:
         t.add_row(
-            str(lv["concurrency"]),
-            str(lv["ticks"]),
-            *(median_range(lv[k], ".2f") for k in breakdown.PARTS[:4]),
-            median_range(lv["sample_us_per_row"], ".0f"),
-            *(median_range(lv[k], ".2f") for k in breakdown.PARTS[4:]),
-            median_range(lv["tokens_per_s"], ".1f"),
+            str(lv.concurrency),
+            str(lv.ticks),
+            *(median_range(x, ".2f") for x in (lv.tick_ms, lv.decode_llama_ms, lv.prefill_llama_ms, lv.sample_ms)),
+            median_range(lv.sample_us_per_row, ".0f"),
+            *(median_range(x, ".2f") for x in (lv.engine_python_ms, lv.scheduler_ms)),
+            median_range(lv.tokens_per_s, ".1f"),
         )
     out.print(t)
 
@@ -280,10 +282,10 @@ def bench_invariance(
         regular_file(model, "model"), sizes, steps, threads, seed or 0, progress=lambda m: err.print(m)
     )
     if as_json:
-        print_json(res)
+        print_json(dataclasses.asdict(res))
         return
     t = table(
-        f"logits bitwise equal to batch 1: {model} ({res['steps']} decode steps, batches {batches})",
+        f"logits bitwise equal to batch 1: {model} ({res.steps} decode steps, batches {batches})",
         (
             "repack",
             "tiled_mm",
@@ -296,31 +298,35 @@ def bench_invariance(
             "tok/s b16",
         ),
     )
-    for r in res["recipes"]:
-        if r["error"]:
-            t.add_row("on" if r["repack"] else "off", r["tiled_mm"], r["context"], r["error"], "", "", "", "", "")
+    for r in res.recipes:
+        m = r.measured
+        if m is None:
+            t.add_row("on" if r.repack else "off", r.tiled_mm, r.context, r.error or "-", "", "", "", "", "")
             continue
-        rates = r["decode_tokens_per_s"]
-        broken = next((b for b in r["per_batch"] if not b["bitwise"]), None)
+        rates = m.decode_tokens_per_s
+        broken = next((b for b in m.per_batch if not b.bitwise), None)
         t.add_row(
-            "on" if r["repack"] else "off",
-            r["tiled_mm"],
-            r["context"],
-            str(r["largest_invariant_batch"]),
-            str(r["first_variant_batch"] or "-"),
+            "on" if r.repack else "off",
+            r.tiled_mm,
+            r.context,
+            str(m.largest_invariant_batch),
+            str(m.first_variant_batch or "-"),
             "-"
             if broken is None
-            else f"{broken['diff_at_first_differing_step']:.3g} (step {broken['first_differing_step']})",
-            *[f"{rates[k]:.1f}" if k in rates else "-" for k in ("1", "8", "16")],
+            else f"{broken.diff_at_first_differing_step:.3g} (step {broken.first_differing_step})",
+            *[f"{rates[k]:.1f}" if k in rates else "-" for k in (1, 8, 16)],
         )
     out.print(t)
 
 
-def _recipe(cfg, used: dict) -> str:
+def _recipe(cfg, used: server_bench.RecipeUsed) -> str:
     """meshbench's recipe as it ran: repacking and flash attention, each marked auto where llama.cpp chose it."""
     return ", ".join(
-        f"{name} {'on' if used[key] else 'off'}" + (" (auto)" if getattr(cfg.engine, key) == "auto" else "")
-        for key, name in (("repack", "repack"), ("flash_attn", "flash attention"))
+        f"{name} {'on' if on else 'off'}" + (" (auto)" if asked == "auto" else "")
+        for name, on, asked in (
+            ("repack", used.repack, cfg.engine.repack),
+            ("flash attention", used.flash_attn, cfg.engine.flash_attn),
+        )
     )
 
 

@@ -16,7 +16,7 @@ import dataclasses
 from meshbench.analysis import figures, stats
 from meshbench.compare.model import Change, Divergence, FigureVerdict, OutputsVerdict, SchedulerVerdict
 from meshbench.compare.sides import FIGURES, Side, SideLevel
-from meshbench.records.model import LevelRecord, Summary
+from meshbench.records.model import LevelRecord
 
 SCHEDULER_FIELDS = (*figures.TICK_FIGURES, "rejected_admissions", "cache_misses", "failed")
 
@@ -121,7 +121,7 @@ def performance(bl: SideLevel, cl: SideLevel, tolerance: float, names: list[str]
         if figure not in names or not xs or not ys:
             continue
         v = stats.judge(xs, ys, higher, tolerance)
-        base, cand = Summary(**stats.summary(xs)), Summary(**stats.summary(ys))
+        base, cand = stats.summary(xs), stats.summary(ys)
         out[figure] = FigureVerdict(
             verdict=v.verdict,
             strong=v.strong,

@@ -5,6 +5,8 @@ client's stamps alone; ``FIGURES`` lists them in order)."""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -60,6 +62,11 @@ class Spread:
     median: float
     min: float
     max: float
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Spread:
+        """The median and range of some values (at least one)."""
+        return Spread(median=statistics.median(values), min=min(values), max=max(values))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping
 
 from meshbench.records.endpoint_figures import Spread
 from meshbench.records.model import Summary
@@ -27,11 +26,8 @@ def code(text: str) -> str:
     return f"{fence}{pad}{one_line}{pad}{fence}"
 
 
-SUMMARY_KEYS = ("median", "min", "max", "n")
-
-
 def median_range(
-    summary: Summary | Spread | Mapping[str, float] | None,
+    summary: Summary | Spread | None,
     fmt: str = ".1f",
     sep: str = "-",
     drop_single: bool = False,
@@ -42,15 +38,8 @@ def median_range(
     precision; "-" for none. ``fmt`` is a format spec (``.1f``, ``.1%``)."""
     if summary is None:
         return "-"
-    values: tuple[float, ...]
-    n: float | None
-    if isinstance(summary, Summary):
-        values, n = (summary.median, summary.min, summary.max), summary.n
-    elif isinstance(summary, Spread):
-        values, n = (summary.median, summary.min, summary.max), None
-    else:  # (a summary a benchmark computed: stats.summary's keys)
-        values, n = tuple(summary[k] for k in SUMMARY_KEYS[:3]), summary.get(SUMMARY_KEYS[3])
-    med, lo, hi = (format(x, fmt) for x in values)
+    n = summary.n if isinstance(summary, Summary) else None
+    med, lo, hi = (format(x, fmt) for x in (summary.median, summary.min, summary.max))
     if (drop_single and n == 1) or (drop_equal and lo == hi):
         return med
     return f"{med} ({lo}{sep}{hi})"
