@@ -240,12 +240,15 @@ def test_the_lookup_count_finds_every_kind_a_grep_misses(tmp_path):
         "    return Record(**d, other=1), a, b, c, names\n"
         "def g(rows, sid):\n"
         "    by_id = {r.id: r for r in rows}\n"
+        "    by_id[sid] = None\n"  # (an item set in a map does not bind its name again)
         "    def inner(k):\n"
         "        return by_id.get(k)\n"  # (a closure over the map its function built: an index)
         "    return by_id.get(sid), rows.get(sid), inner\n"  # (rows was given: counted)
         "class C:\n"
         "    def __init__(self):\n"
         "        self.seen = defaultdict(int)\n"
+        "    def add(self, k):\n"
+        "        self.seen[k] += 1\n"
         "    def has(self, k):\n"
         "        return self.seen.get(k), self.other.get(k)\n"
     )

@@ -89,12 +89,23 @@ def _params(scope: ast.AST) -> set[str]:
     return set()
 
 
+def _bound(target: ast.AST) -> list[str]:
+    """The names (and ``self.name``s) an assignment target binds: ``d[k] = v`` and ``x.y = v`` bind none (they
+    change what ``d`` or ``x`` holds), a tuple or starred target binds each of its own."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [h for e in target.elts for h in _bound(e)]
+    if isinstance(target, ast.Starred):
+        return _bound(target.value)
+    h = _holder(target)
+    return [h] if h else []
+
+
 def _bindings(nodes: list[ast.AST]) -> list[tuple[str, bool]]:
     """Every (name or ``self.name``, whether to a new map) that these nodes bind."""
     out: list[tuple[str, bool]] = []
     for n in nodes:
         if isinstance(n, ast.Assign):
-            out += [(h, _builds_map(n.value)) for t in n.targets for x in ast.walk(t) if (h := _holder(x))]
+            out += [(h, _builds_map(n.value)) for t in n.targets for h in _bound(t)]
         elif isinstance(n, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and (h := _holder(n.target)):
             out.append((h, isinstance(n, ast.AnnAssign) and _builds_map(n.value)))
         elif isinstance(n, (ast.For, ast.AsyncFor, ast.withitem)):
