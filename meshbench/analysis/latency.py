@@ -15,6 +15,11 @@ import numpy as np
 from meshbench.records.model import JsonObject, Percentiles, Timing
 
 
+def percentile(values: Sequence[float], q: int) -> float | None:
+    """The q-th percentile (numpy's linear interpolation); None when there are no values."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else None
+
+
 def percentiles(values: Sequence[float], qs: Sequence[int] = (50, 95, 99), with_max: bool = False) -> JsonObject:
     """``p<q>`` for each q (numpy's linear interpolation), and ``max`` if asked; None for each when empty."""
     if not values:
@@ -29,8 +34,7 @@ MS = 1e6
 
 def percentile_record(values: Sequence[float]) -> Percentiles:
     """p50, p95 and p99 as the record results.json holds."""
-    p = percentiles(values)
-    return Percentiles(p50=p["p50"], p95=p["p95"], p99=p["p99"])
+    return Percentiles(p50=percentile(values, 50), p95=percentile(values, 95), p99=percentile(values, 99))
 
 
 def ttft_ms(token_ns: Sequence[int], start_ns: int, unit: float = MS) -> float:

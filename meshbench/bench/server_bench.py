@@ -360,14 +360,9 @@ def figures(
     return Pass(
         tokens=tokens,
         tokens_per_s=total / wall_s if wall_s > 0 else 0.0,
-        ttft_ms=_percentiles(lat.ttft),
-        itl_ms=_percentiles(lat.itl),
+        ttft_ms=latency.percentile_record(lat.ttft),
+        itl_ms=latency.percentile_record(lat.itl),
     )
-
-
-def _percentiles(values: Sequence[float]) -> Percentiles:
-    p = latency.percentiles(values)
-    return Percentiles(p50=p["p50"], p95=p["p95"], p99=p["p99"])
 
 
 def _level(
