@@ -15,6 +15,7 @@ from meshbench.cli import app
 from meshbench.engine.base import separate_step
 from meshbench.errors import MeshbenchError
 from meshbench.records import serial
+from meshbench.records.context import Slo
 from meshbench.scheduler.budget import AdmissionReason as R
 from meshbench.workload import arrivals
 
@@ -234,7 +235,7 @@ def test_backpressure_figures_by_hand():
         f.tick_record(tick=3, decode_sessions=["b"]),
     ]
     sessions = [f.session_record(session_id="a"), f.session_record(session_id="b")]
-    b = backpressure.figures(events, ticks, sessions, {"ttft": 2, "tpot": None})
+    b = backpressure.figures(events, ticks, sessions, Slo(ttft=2))
     assert (b.offered, b.admitted_at_once, b.queued, b.completed) == (3, 1, 1, 2)
     assert b.rejected_by_reason == {"REJECTED_QUEUE_FULL": 1}
     assert b.queue_wait_ticks == {"p50": 1.0, "p95": 1.9, "max": 2.0}  # a: 0, b: admitted for tick 2

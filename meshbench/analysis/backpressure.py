@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from meshbench.analysis import latency
+from meshbench.records.context import Slo
 from meshbench.records.model import Backpressure, JsonObject, LevelRecord, SessionRecord, SubmitEvent, Timing
 from meshbench.records.tick import Tick
 from meshbench.records.turns import turn_numbers
@@ -60,18 +61,18 @@ def figures(
     events: Sequence[SubmitEvent],
     ticks: Sequence[Tick],
     sessions: Sequence[SessionRecord],
-    slo: JsonObject,
+    slo: Slo,
     wall: tuple[Sequence[Timing], float] | None = None,
 ) -> Backpressure:
     """A level's backpressure record: on the tick clock, or (``wall``: the first repetition's session stamps and
     its wall time) on the wall clock too, where the SLO is in ms and goodput is per second."""
-    on_ticks = _on_ticks(events, ticks, sessions, {} if wall else slo)
+    on_ticks = _on_ticks(events, ticks, sessions, Slo() if wall else slo)
     on_wall = _on_wall(events, sessions, wall[0], wall[1], slo) if wall else {}
     return Backpressure(**on_ticks, **on_wall)
 
 
 def _on_ticks(
-    events: Sequence[SubmitEvent], ticks: Sequence[Tick], sessions: Sequence[SessionRecord], slo: JsonObject
+    events: Sequence[SubmitEvent], ticks: Sequence[Tick], sessions: Sequence[SessionRecord], slo: Slo
 ) -> JsonObject:
     """A level's admissions, queue, waits, TTFT and TPOT in ticks, and goodput per 100 ticks."""
     decisions = Counter(e.decision for e in events)
@@ -122,7 +123,7 @@ def _on_wall(
     sessions: Sequence[SessionRecord],
     timing: Sequence[Timing],
     wall_s: float,
-    slo: JsonObject,
+    slo: Slo,
 ) -> JsonObject:
     """The wall clock: waits and TTFT in ms from each session's arrival time, and rates per second. A
     conversation counts once, as on the tick clock: by its first turn's wait and TTFT, good if it completed.
@@ -144,7 +145,7 @@ def _on_wall(
             continue
         first = s.token_ns[0] / 1e6 - a  # from the arrival, on the ms clock the arrivals were drawn on
         ttft.append(first)
-        if ended.get(s.session_id) == "COMPLETED" and latency.meets(slo, first, latency.tpot_ms(s.token_ns)):
+        if ended.get(s.session_id) == "COMPLETED" and slo.meets(first, latency.tpot_ms(s.token_ns)):
             good += 1
     decisions = Counter(e.decision for e in events)
 

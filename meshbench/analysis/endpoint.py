@@ -25,9 +25,10 @@ from meshbench.analysis import latency, stats
 from meshbench.analysis.conversation import label
 from meshbench.engine import apis
 from meshbench.records import endpoint_figures
+from meshbench.records.context import Slo
 from meshbench.records.documents import EndpointVerdicts, NeedleVerdict
 from meshbench.records.endpoint_figures import LevelFigures, PassFigures, Spread
-from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, JsonObject, NeedleTrial
+from meshbench.records.model import Completion, EndpointLevel, EndpointRepetition, NeedleTrial
 
 CONCLUSIONS = {
     "batch_invariant": "True: every session's output was the same at every level, in these runs. False: a "
@@ -64,7 +65,7 @@ def pass_figures(
     sessions: Sequence[Completion],
     wall_s: float,
     prompt_lengths: dict[str, int],
-    slo: JsonObject,
+    slo: Slo,
     new_tokens: dict[str, int],
 ) -> PassFigures:
     """One pass's figures from its completions' stamps (ms; tokens per second of the pass's wall time): every

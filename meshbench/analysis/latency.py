@@ -8,10 +8,11 @@ reports is computed here, from those stamps, in ms; every percentile too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
+from meshbench.records.context import Slo
 from meshbench.records.model import JsonObject, Percentiles, Timing
 
 
@@ -98,13 +99,6 @@ def queue_ms(timing: Sequence[Timing]) -> list[float]:
     return [(t.admit_ns - t.submit_ns) / MS for t in timing if t.admit_ns is not None]
 
 
-def within_slo(token_ns: Sequence[int], start_ns: int, slo: Mapping[str, Any], unit: float = MS) -> bool:
+def within_slo(token_ns: Sequence[int], start_ns: int, slo: Slo, unit: float = MS) -> bool:
     """TTFT and TPOT within the SLO's limits (in ``unit``; a limit of None holds)."""
-    return meets(slo, ttft_ms(token_ns, start_ns, unit), tpot_ms(token_ns, unit))
-
-
-def meets(slo: Mapping[str, Any], ttft: float, tpot: float | None) -> bool:
-    """A session's TTFT and TPOT (None: one token) within the SLO's limits (a limit of None holds)."""
-    return (slo.get("ttft") is None or ttft <= slo["ttft"]) and (
-        slo.get("tpot") is None or tpot is None or tpot <= slo["tpot"]
-    )
+    return slo.meets(ttft_ms(token_ns, start_ns, unit), tpot_ms(token_ns, unit))

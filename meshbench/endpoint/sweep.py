@@ -118,7 +118,7 @@ def _sweep(
     margins = margin_passes.run(endpoint, jobs, ids, progress)
     wl = cfg.workload
     lengths, new = dict(zip(wl.session_ids(), wl.prompt_tokens)), dict(zip(wl.session_ids(), wl.new_tokens))
-    slo = dict(cfg.slo or {})
+    slo = cfg.slo
     turn_ids = conversations.turn_ids(wl.session_ids(), later)
 
     def judged(answers: list[Completion], wall_s: float) -> PassFigures:

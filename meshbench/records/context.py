@@ -141,6 +141,19 @@ def _bounded(least: int, most: int) -> Any:
     return field(metadata={"schema": {"type": "integer", "minimum": least, "maximum": most}})
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slo:
+    """A service-level objective: a session's TTFT and TPOT bounds (ticks, or ms on the wall clock; None: no
+    bound), as a config's ``slo`` section gives them."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+
+    def meets(self, ttft: float, tpot: float | None) -> bool:
+        """A session's TTFT and TPOT (None: one token) within the bounds (a bound of None holds)."""
+        return (self.ttft is None or ttft <= self.ttft) and (self.tpot is None or tpot is None or tpot <= self.tpot)
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """What one node may hold: the scheduler's budget, the config's and the record's, one class, checked when built

@@ -71,7 +71,8 @@ def backpressure_section(b: NodeBundle) -> list[str]:
         return []
     slo, clock = b.cfg.slo, b.cfg.clock
     unit = "ms" if b.wall else "ticks"
-    slos = " and ".join(f"{name} <= {bound:g} {unit}" for name, key in SLOS if (bound := slo.get(key)) is not None)
+    bounds = (("TTFT", slo.ttft), ("TPOT", slo.tpot))
+    slos = " and ".join(f"{name} <= {bound:g} {unit}" for name, bound in bounds if bound is not None)
     lines = [
         "## Backpressure (deterministic, in ticks)",
         "",
@@ -113,9 +114,6 @@ def backpressure_section(b: NodeBundle) -> list[str]:
     if b.wall:
         lines += _wall_backpressure(b)
     return lines
-
-
-SLOS = (("TTFT", "ttft"), ("TPOT", "tpot"))  # the SLO's bounds by name (the config's slo section)
 
 
 def _spread(p: dict[str, float | None] | None, qs: tuple[str, ...], fmt: Callable[[float | None], str]) -> str:

@@ -44,8 +44,9 @@ def section(b: EndpointBundle) -> list[str]:
     r = b.results
     if not r.rates:
         return []
-    slo = b.cfg.slo or {}
-    within = ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items() if v is not None) or "none set: every session"
+    slo = b.cfg.slo
+    bounds = (("ttft", slo.ttft), ("tpot", slo.tpot))
+    within = ", ".join(f"{k} <= {v:g} ms" for k, v in bounds if v is not None) or "none set: every session"
     rows = []
     cold = endpoint_margins.cold_answers(r.margins)
     threshold = endpoint_margins.near_tie(r.margins)

@@ -7,8 +7,8 @@ from typing import Sequence
 
 from meshbench.analysis import backpressure, figures, isolation, prefix, verdicts
 from meshbench.analysis.verdicts import ConcurrencySweep
-from meshbench.records.context import Budget
-from meshbench.records.model import IsolationRecords, JsonObject, LevelRecord, Reference, Repetition
+from meshbench.records.context import Budget, Slo
+from meshbench.records.model import IsolationRecords, LevelRecord, Reference, Repetition
 from meshbench.records.sharing import OwnKvReplay
 from meshbench.scheduler.budget import ACCEPTED
 from meshbench.sweep.passes import Pass
@@ -19,7 +19,7 @@ def level_record(
     level: Level,
     budget: Budget,
     arrival_times: list[float],
-    slo: JsonObject,
+    slo: Slo,
     passes: Sequence[tuple[int, int, Pass]],
     proof: IsolationRecords,
     wall: bool = False,

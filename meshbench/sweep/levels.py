@@ -66,7 +66,7 @@ def run_concurrency_sweep(
     isolation passes. Faults act on ``node``'s processes, and a lost engine is replaced by ``node.restart``."""
     workload, wall = sweep.workload, sweep.wall
     plan = plan_levels(sweep.levels, workload, sweep.rates, sweep.fault_rows)
-    slo = sweep.slo or {"ttft": None, "tpot": None}
+    slo = sweep.slo
     budgets = [level_budget(sweep.budget, lv.concurrency, workload.sessions, lv.arrivals.all_at_once) for lv in plan]
     times_of = arrival_times(plan, workload, wall, sweep.repeat)
     eog = node.eog if node is not None else frozenset()

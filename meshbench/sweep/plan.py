@@ -10,7 +10,7 @@ from typing import Sequence
 from meshbench.analysis.figures import NEAR_TIE
 from meshbench.engine.base import EngineLimits
 from meshbench.errors import MeshbenchError
-from meshbench.records.context import Budget
+from meshbench.records.context import Budget, Slo
 from meshbench.scheduler.budget import engine_limits
 from meshbench.workload import arrivals as arrivals_mod
 from meshbench.workload.arrivals import Arrivals
@@ -74,7 +74,7 @@ class SweepPlan:
     repeat: int = 1  # recorded passes per level
     warmup: int = 0  # unrecorded passes per level first
     rates: Sequence[float] | None = None  # arrival rates crossed with the levels
-    slo: dict | None = None
+    slo: Slo = Slo()
     wall: bool = False  # arrivals on the wall clock (rates per second): admission depends on speed
     fault_rows: Sequence[tuple[Fault, ...]] = ()  # each row of faults is run at every level
     restart: bool = False  # a lost engine is replaced and its sessions resubmitted

@@ -209,8 +209,8 @@ COMMAND_FLAGS: dict[str, Callable[[RunConfig], object]] = {
     "--rates": lambda cfg: None if cfg.rates is None else _numbers(",".join(map(str, cfg.rates))),
     "--clock": lambda cfg: cfg.clock,
     "--arrivals": lambda cfg: cfg.workload.arrivals,
-    "--slo-ttft": lambda cfg: _numbers(str(cfg.slo.get("ttft"))),
-    "--slo-tpot": lambda cfg: _numbers(str(cfg.slo.get("tpot"))),
+    "--slo-ttft": lambda cfg: _numbers(str(cfg.slo.ttft)),
+    "--slo-tpot": lambda cfg: _numbers(str(cfg.slo.tpot)),
 }
 # A flag whose value is compared as what it means, not as it was typed (a JSON list's spacing, 2 or 2.0).
 COMMAND_VALUES: dict[str, Callable[[str], str]] = {

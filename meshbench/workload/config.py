@@ -16,7 +16,7 @@ from meshbench.engine import apis, kinds
 from meshbench.engine import spec as engine_spec
 from meshbench.engine.spec import EngineSpec
 from meshbench.errors import MeshbenchError
-from meshbench.records.context import Budget
+from meshbench.records.context import Budget, Slo
 from meshbench.workload import arrivals, faults, matrix, request
 from meshbench.workload.faults import Fault
 from meshbench.workload.workload import Workload, WorkloadSection
@@ -52,7 +52,7 @@ class RunConfig:
     isolation_rounds: int = 4  # every ordered pair of sessions tested this many times, fresh content in every pass
     isolation_family: str = "constant-weight"  # or repeated (meshbench.analysis.isolation.FAMILIES)
     clock: str = "tick"  # or "wall": arrivals at rates per second, reported rather than compared
-    slo: dict = field(default_factory=lambda: {"ttft": None, "tpot": None})  # ticks, or ms on the wall clock
+    slo: Slo = Slo()  # ticks, or ms on the wall clock
     faults: tuple[tuple[Fault, ...], ...] = ()  # fault rows (meshbench.workload.faults), each run at every level
     restart_engine: bool = False  # after an engine loss: a fresh engine, the lost sessions resubmitted
     prefill: str = "whole"  # or chunked (the budget filled exactly, prompts split) or burst (meshbench.scheduler.plan)
@@ -161,7 +161,7 @@ class RunConfig:
             "rates": None if self.rates is None else list(self.rates),
             "repeat": self.repeat,
             "warmup": self.warmup,
-            "slo": dict(self.slo or {"ttft": None, "tpot": None}),
+            "slo": {"ttft": self.slo.ttft, "tpot": self.slo.tpot},
             "clock": self.clock,
             "faults": [",".join(f.label for f in row) for row in self.faults],
             "restart_engine": self.restart_engine,
@@ -291,7 +291,7 @@ def from_mapping(data: dict, source: str) -> RunConfig:
             isolation_rounds=data["isolation_rounds"],
             isolation_family=data.get("isolation_family", LEGACY_TOP["isolation_family"]),
             clock=data["clock"],
-            slo=dict(data["slo"]),
+            slo=Slo(**data["slo"]),
             faults=rows,
             restart_engine=data["restart_engine"],
             prefill=data["prefill"],
