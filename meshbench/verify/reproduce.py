@@ -58,12 +58,13 @@ _ENGINE_APART = ("rpc", "model", "vocab_size", "recipe_auto")
 _RECIPE = ("repack", "flash_attn", "recipe_fingerprint")  # a GGUF engine's: the kernels they pick
 
 
-def view(b: NodeBundle, split_tokens: bool = False) -> dict[str, Any]:
+def view(b: NodeBundle, split_tokens: bool = False, threads: bool = True) -> dict[str, Any]:
     """Every field a rerun must reproduce, flattened to one key each; wall-clock and environment excluded.
 
     On the wall clock admission depends on speed: only the engine, the verdict and the sessions run
     alone (the reference every completed session was checked against) must be reproduced. ``split_tokens``
-    gives each session's tokens and digest, and each isolation pass's token digests, keys of their own."""
+    gives each session's tokens and digest, and each isolation pass's token digests, keys of their own.
+    ``threads`` False: the engine's thread count is left out (a rerun on the thread count the verifier chose)."""
     r = b.results
     # The engine record whole, but for where things were: RPC endpoints (free ports, new every run) and the model's
     # path (a rerun builds or assembles it in its own cache); the model's sha256 is compared, and with it what the
@@ -71,7 +72,8 @@ def view(b: NodeBundle, split_tokens: bool = False) -> dict[str, Any]:
     # A GGUF engine's recipe (repacking, flash attention, and so its fingerprint) is a key of its own, compared
     # exactly unless the rerun ran another recipe (allowed only where the repacked kernels die here: meshbench.sweep.
     # run); what decided an auto setting is this machine's word (plain verify holds it to the record and the echo).
-    engine = {k: v for k, v in serial.to_json(r.engine).items() if k not in _ENGINE_APART}
+    left_out = _ENGINE_APART if threads else (*_ENGINE_APART, "threads")
+    engine = {k: v for k, v in serial.to_json(r.engine).items() if k not in left_out}
     made_with = kernels.recipe(r.engine)
     out = {
         "engine": {k: v for k, v in engine.items() if made_with is None or k not in _RECIPE},
@@ -208,14 +210,12 @@ def check_rerun(
         kernels=report,
     )
     split = outcome.kernels is not None
-    old, new = view(b, split), view(fresh, split)
-    if (
-        threads is not None and kinds.recorded(b.results.engine.kind).llama
-    ):  # (the synthetic engine has no thread setting)
-        outcome.threads = (old["engine"].get("threads"), threads)
-        c.equal(FILE, "engine.threads (as --threads asked)", threads, new["engine"].get("threads"))
-        old["engine"] = {k: v for k, v in old["engine"].items() if k != "threads"}
-        new["engine"] = {k: v for k, v in new["engine"].items() if k != "threads"}
+    # (the synthetic engine has no thread setting; a GGUF engine rerun on the verifier's count is held to it instead)
+    chosen = threads is not None and kinds.recorded(b.results.engine.kind).llama
+    if threads is not None and chosen:
+        outcome.threads = (b.results.engine.threads, threads)
+        c.equal(FILE, "engine.threads (as --threads asked)", threads, fresh.results.engine.threads)
+    old, new = view(b, split, threads=not chosen), view(fresh, split, threads=not chosen)
     if outcome.kernels is not None:
         old[kernels.CORRUPTION_HELD] = kernels.held_corruption(b)
         new[kernels.CORRUPTION_HELD] = kernels.held_corruption(fresh)

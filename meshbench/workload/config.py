@@ -190,7 +190,9 @@ SECTIONS = ("engine", "workload", "budget")
 
 
 def _plain(value):
-    """A default as YAML would write it: tuples as lists."""
+    """A default as YAML would write it: tuples as lists, a record (the SLO) as its mapping."""
+    if isinstance(value, Slo):
+        return asdict(value)
     return list(value) if isinstance(value, tuple) else value
 
 
