@@ -321,3 +321,11 @@ def test_several_bundles_exit_with_a_failure_before_what_other_kernels_left_unco
     assert f"{failing}: FAIL:" in r.output and "(exit 4)" not in r.output.split(f"{failing}: FAIL:")[1].split("\n")[0]
     r = runner.invoke(app, ["verify", str(forged), str(tmp_path / "absent"), "--rerun"])
     assert r.exit_code == 2, r.output
+
+
+def test_a_kernel_family_s_vector_width_is_its_widest_simd():
+    """CI verifies a bundle from its records, not rerun, only where this CPU's kernels are narrower than its."""
+    assert fingerprint.vector_bits("0.3.36: AVX AVX2 AVX512 AVX512_VNNI BMI2 F16C FMA") == 512
+    assert fingerprint.vector_bits("0.3.36: AVX AVX2 AVX_VNNI BMI2 F16C FMA") == 256  # (AVX_VNNI is not AVX-512)
+    assert fingerprint.vector_bits("0.3.36: AVX F16C") == 128
+    assert fingerprint.vector_bits("0.3.36: no CPU features reported") == fingerprint.vector_bits(None) == 0

@@ -54,6 +54,19 @@ def llama_kernels(fp: Compute | None) -> str | None:
     return f"{build.version}: {' '.join(_features_on(build.system_info)) or 'no CPU features reported'}"
 
 
+_WIDTHS = (("AVX512", 512), ("AVX2", 256), ("AVX", 128))
+
+
+def vector_bits(family: str | None) -> int:
+    """The widest vector unit a kernel family (``llama_kernels``) reports: 512 (AVX512), 256 (AVX2), 128 (AVX),
+    else 0. llama.cpp writes its quantized dot products once per width, and a quantized model's greedy tokens
+    differ between AVX2 and AVX-512 kernels (docs/concepts/determinism.md); kernels of one width that differ
+    in a lesser feature (AVX_VNNI) have reproduced every record. A CPU narrower than a bundle's kernels cannot
+    run them: its rerun cannot confirm the tokens."""
+    features = set((family or "").partition(": ")[2].split())
+    return next((bits for name, bits in _WIDTHS if name in features), 0)
+
+
 def _features_on(system_info: str) -> list[str]:
     """The features a build's system_info reports on (``AVX2 = 1``), sorted, each once."""
     return sorted(set(_ON.findall(system_info)))
