@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from meshbench.errors import MeshbenchError
 
 PASS_TIMEOUT_S = 600.0
 
 
-def closed_loop(host: str, port: int, bodies: Sequence[dict], clients: int, t0: int) -> list[list[int]]:
+def closed_loop(host: str, port: int, bodies: Sequence[dict[str, Any]], clients: int, t0: int) -> list[list[int]]:
     """Each body's token stamps (ns from ``t0``), the bodies taken in order by ``clients`` tasks."""
     try:
         return asyncio.run(asyncio.wait_for(_run(host, port, bodies, clients, t0), PASS_TIMEOUT_S))
@@ -27,7 +27,7 @@ def closed_loop(host: str, port: int, bodies: Sequence[dict], clients: int, t0: 
         raise MeshbenchError(f"async client: {type(e).__name__}: {e}") from None
 
 
-async def _run(host: str, port: int, bodies: Sequence[dict], clients: int, t0: int) -> list[list[int]]:
+async def _run(host: str, port: int, bodies: Sequence[dict[str, Any]], clients: int, t0: int) -> list[list[int]]:
     stamps: list[list[int]] = [[] for _ in bodies]
     todo = list(range(len(bodies)))[::-1]
 
@@ -40,7 +40,7 @@ async def _run(host: str, port: int, bodies: Sequence[dict], clients: int, t0: i
     return stamps
 
 
-async def _one(host: str, port: int, body: dict, stamps: list[int], t0: int) -> None:
+async def _one(host: str, port: int, body: dict[str, Any], stamps: list[int], t0: int) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         raw = json.dumps(body).encode()

@@ -12,13 +12,14 @@ Levels alternate within each repetition; each figure is the median over the repe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from meshbench.engine import kinds
-from meshbench.engine.setup import close_engine
+from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.errors import MeshbenchError
 from meshbench.records.endpoint_figures import Spread
 from meshbench.scheduler.budget import engine_limits
+from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
@@ -90,11 +91,13 @@ def run(cfg: RunConfig, levels: list[int], repeat: int, progress: Callable[[str]
     )
 
 
-def _pass(cfg: RunConfig, setup, requests, c: int) -> _Pass:
+def _pass(cfg: RunConfig, setup: EngineSetup, requests: Sequence[GenerationRequest], c: int) -> _Pass:
+    from meshbench.engine.gguf_engine import GgufEngine  # noqa: PLC0415 - llama.cpp's, where it is used
     from meshbench.engine.profile import Profile  # noqa: PLC0415
 
     budget = level_budget(cfg.budget, c, len(requests))
     engine = setup.make(engine_limits(budget))
+    assert isinstance(engine, GgufEngine)  # (run: a gguf engine in this process)
     engine.profile = profile = Profile()
     try:
         p = run_pass(requests, [0] * len(requests), budget, engine, prefill=cfg.prefill)

@@ -18,6 +18,7 @@ import json
 import sys
 import threading
 import time
+from typing import Any
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -27,7 +28,7 @@ class _Server(http.server.ThreadingHTTPServer):
     def __init__(self, port: int) -> None:
         super().__init__(("127.0.0.1", port), _Handler)
         self.lock = threading.Lock()
-        self.log: dict[str, dict] = {}
+        self.log: dict[str, dict[str, Any]] = {}
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from meshbench.errors import MeshbenchError
 from meshbench.model import llama
+from meshbench.model.config import ModelConfig
 from meshbench.model.config import preset as get_preset
 from meshbench.model.kv import HotKvStateManager
-from meshbench.model.weights import init_weights
+from meshbench.model.weights import Weights, init_weights
 
 GIB = 1 << 30
 
@@ -46,7 +48,7 @@ def read_bandwidth_gb_s(nbytes: int = GIB, repeats: int = 3) -> float:
     return nbytes / best  # bytes per ns == GB/s
 
 
-def peak_gflop_s(dtype, n: int = 2048, repeats: int = 3) -> float:
+def peak_gflop_s(dtype: DTypeLike, n: int = 2048, repeats: int = 3) -> float:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)  # (n, n)
     b = rng.standard_normal((n, n)).astype(dtype)  # (n, n)
@@ -130,7 +132,16 @@ class EngineBench:
     batches: list[BatchRow]
 
 
-def _batch_row(cfg, w, kv: HotKvStateManager, rng, b: int, context: int, repeats: int, floor_ns: float) -> BatchRow:
+def _batch_row(
+    cfg: ModelConfig,
+    w: Weights,
+    kv: HotKvStateManager,
+    rng: np.random.Generator,
+    b: int,
+    context: int,
+    repeats: int,
+    floor_ns: float,
+) -> BatchRow:
     """One batch size: a decode step of ``b`` warm sessions batched, and the same ``b`` one at a time."""
     slots = []
     for i in range(b):

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from meshbench.analysis import latency
+from meshbench.analysis.server_accounting import SAMPLE_INTERVAL_S
 from meshbench.endpoint import gauges
-from meshbench.endpoint.client import Endpoint, parse_target
+from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.sweep import served
 from meshbench.engine import apis, kinds, launchers
@@ -22,6 +23,7 @@ from meshbench.errors import MeshbenchError
 from meshbench.records.endpoint_figures import Spread
 from meshbench.workload import prompts as prompts_mod
 from meshbench.workload.config import RunConfig
+from meshbench.workload.target import parse_target
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,6 @@ def run(cfg: RunConfig, levels: list[int], pairs: int, progress: Callable[[str],
         config=cfg.source,
         server_version=launcher.version(server),
         server_args=args,
-        interval_s=gauges.SAMPLE_INTERVAL_S,
+        interval_s=SAMPLE_INTERVAL_S,
         levels=[_level(c, found[c]) for c in levels],
     )

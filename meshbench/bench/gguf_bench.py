@@ -13,10 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
+from meshbench.engine import rpc
 from meshbench.engine.base import check_context
 from meshbench.engine.gguf_engine import GgufEngine, plain
 from meshbench.engine.llama_model import LoadedModel
@@ -151,7 +152,7 @@ def run(
     threads: int | None,
     seed: int,
     progress: Callable[[str], None] = lambda msg: None,
-    endpoints=(),
+    endpoints: Sequence[rpc.Endpoint] = (),
 ) -> GgufBench:
     model = LoadedModel(model_path, "cpu", False, endpoints)
     check_context(prompt + steps + max(batches) + 4, model.n_ctx_train)

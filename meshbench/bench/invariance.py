@@ -21,11 +21,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from meshbench import files
+from meshbench.engine.llama_model import LoadedModel
 from meshbench.engine.process.proxy import child_environment
 from meshbench.model import gguf_io
 
@@ -67,7 +68,7 @@ class Measured:
     decode_tokens_per_s: dict[int, float]  # by batch (1, 8, 16 where measured)
 
     @staticmethod
-    def parse(d: dict) -> Measured:
+    def parse(d: dict[str, Any]) -> Measured:
         """From the JSON a recipe's child process printed."""
         return Measured(
             largest_invariant_batch=d["largest_invariant_batch"],
@@ -118,7 +119,16 @@ def run(
     )
 
 
-def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -> list[Recipe]:
+def _group(
+    model_path: Path,
+    repack: bool,
+    tiled: str,
+    contexts: list[str],
+    batches: Sequence[int],
+    steps: int,
+    threads: int | None,
+    seed: int,
+) -> list[Recipe]:
     args = json.dumps(
         {
             "model": str(model_path),
@@ -158,7 +168,9 @@ def _group(model_path, repack, tiled, contexts, batches, steps, threads, seed) -
     return [Recipe(repack=repack, tiled_mm=tiled, context=c, error=why) for c in contexts]
 
 
-def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: int | None, seed: int) -> Measured:
+def _measure(
+    model: LoadedModel, context: dict[str, bool], batches: Sequence[int], steps: int, threads: int | None, seed: int
+) -> Measured:
     from meshbench.engine.base import DecodeItem, SessionHandle  # noqa: PLC0415 - the child's imports
     from meshbench.engine.gguf_engine import GgufEngine, plain  # noqa: PLC0415
 
@@ -167,7 +179,7 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
     prompts = [[int(t) for t in rng.integers(0, model.vocab_size, int(k))] for k in rng.integers(4, 33, n)]
     capacity = max(map(len, prompts)) + steps + 1
 
-    def decode(group: Sequence[int]) -> tuple[dict, float]:
+    def decode(group: Sequence[int]) -> tuple[dict[int, list[np.ndarray]], float]:
         """The sessions ``group`` prefilled alone, then decoded together: each step's logits, and the time."""
         e = GgufEngine(model, len(group), capacity, plain(model, threads=threads, **context), max_prompt=capacity)
         rows: dict[int, list[np.ndarray]] = {i: [] for i in group}
@@ -210,7 +222,7 @@ def _measure(model, context: dict, batches: Sequence[int], steps: int, threads: 
     )
 
 
-def _compare_batch(b: int, rows: dict, alone: dict) -> BatchCompare:
+def _compare_batch(b: int, rows: dict[int, list[np.ndarray]], alone: dict[int, list[np.ndarray]]) -> BatchCompare:
     """Batch ``b``'s logits against each session's alone, step by step."""
     diffs = [[float(np.max(np.abs(x - y))) for x, y in zip(rows[i], alone[i])] for i in range(b)]
     worst = max((max(d) for d in diffs), default=0.0)
@@ -230,7 +242,7 @@ def _compare_batch(b: int, rows: dict, alone: dict) -> BatchCompare:
     )
 
 
-def _child(args: dict) -> None:
+def _child(args: dict[str, Any]) -> None:
     """One (repack, tiled_mm) group in this process: every context's measurement, in order, as JSON on stdout."""
     from meshbench.engine.llama_model import LoadedModel  # noqa: PLC0415
 

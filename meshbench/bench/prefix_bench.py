@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from meshbench.analysis import stats
 from meshbench.bench import server_bench
@@ -27,6 +27,7 @@ from meshbench.endpoint import llama_server
 from meshbench.engine.setup import EngineSetup, close_engine
 from meshbench.records.model import Summary
 from meshbench.scheduler.budget import engine_limits
+from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
@@ -122,7 +123,9 @@ def run(
     )
 
 
-def _node(cfg: RunConfig, setup: EngineSetup, requests, c: int, cache: bool) -> server_bench.Pass:
+def _node(
+    cfg: RunConfig, setup: EngineSetup, requests: Sequence[GenerationRequest], c: int, cache: bool
+) -> server_bench.Pass:
     budget = level_budget(cfg.budget, c, len(requests))
     limits = dataclasses.replace(engine_limits(budget), prefix_block_tokens=cfg.engine.block_tokens if cache else 0)
     engine = setup.make(limits)
@@ -137,7 +140,12 @@ def _node(cfg: RunConfig, setup: EngineSetup, requests, c: int, cache: bool) -> 
 
 
 def _server(
-    cfg: RunConfig, server: Path, requests, c: int, cache_prompt: bool | None, sliding: bool
+    cfg: RunConfig,
+    server: Path,
+    requests: Sequence[GenerationRequest],
+    c: int,
+    cache_prompt: bool | None,
+    sliding: bool,
 ) -> server_bench.Pass:
     out, done = server_bench.one_server(cfg, server, requests, c, "aligned", sliding, cache_prompt=cache_prompt)
     computed = [x.computed for x in done]

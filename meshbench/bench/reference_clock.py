@@ -18,18 +18,19 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from meshbench.analysis import latency
 from meshbench.endpoint import llama_server
-from meshbench.endpoint.client import Endpoint, parse_target
+from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.engine import apis
 from meshbench.engine.process.children import die_with_parent
 from meshbench.engine.process.workers import free_port
 from meshbench.errors import MeshbenchError
+from meshbench.workload.target import parse_target
 
 READY_S = 20.0
 GAPS_MS = (8.0, 12.0, 16.0)  # a token's usual gap
@@ -94,7 +95,7 @@ class _Pass:
     request_ms: list[float]
 
 
-def schedule(sessions: int, tokens: int, seed: int) -> list[dict]:
+def schedule(sessions: int, tokens: int, seed: int) -> list[dict[str, Any]]:
     """Each session's wait before its first token and its gaps after it (ms), drawn from ``seed``."""
     rng = np.random.default_rng(seed)
     out = []
@@ -120,7 +121,7 @@ def run(levels: Sequence[int], sessions: int, tokens: int, seed: int, rounds: in
 
 
 @contextlib.contextmanager
-def serving() -> Iterator[tuple[Endpoint, subprocess.Popen]]:
+def serving() -> Iterator[tuple[Endpoint, subprocess.Popen[bytes]]]:
     """The reference clock's server on a free loopback port, and meshbench's client for it; stopped on leaving,
     by the process id started here (SIGTERM, then SIGKILL after 10 s)."""
     port = free_port()
@@ -139,7 +140,7 @@ def serving() -> Iterator[tuple[Endpoint, subprocess.Popen]]:
         llama_server.stop(proc)
 
 
-def _pass(endpoint: Endpoint, plan: list[dict], c: int, tag: str) -> _Pass:
+def _pass(endpoint: Endpoint, plan: list[dict[str, Any]], c: int, tag: str) -> _Pass:
     jobs = []
     for k, ref in enumerate(plan):
         body = endpoint.body([1, 2, 3], "", len(ref["gaps_ms"]) + 1, False, 0)
@@ -184,7 +185,7 @@ def _summary(c: int, passes: list[_Pass]) -> ClockLevel:
     )
 
 
-def log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict:
+def log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict[str, Any]:
     """The server's stamps of this pass's requests, once each has all of them (the last is taken just after the
     client may have read it)."""
     deadline = time.monotonic() + READY_S
@@ -192,7 +193,7 @@ def log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict:
         conn = http.client.HTTPConnection(endpoint.target.host, endpoint.target.port, timeout=10)
         try:
             conn.request("GET", f"/clock/{tag}")
-            stamps = json.loads(conn.getresponse().read())
+            stamps: dict[str, Any] = json.loads(conn.getresponse().read())
         finally:
             conn.close()
         if all(i in stamps and len(stamps[i]["sent_ns"]) == stamps[i]["tokens"] for i in ids):
@@ -202,7 +203,7 @@ def log(endpoint: Endpoint, tag: str, ids: list[str]) -> dict:
         time.sleep(0.01)
 
 
-def _wait_ready(proc: subprocess.Popen, port: int) -> None:
+def _wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         time.sleep(0.05)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from meshbench import machine
 from meshbench.analysis import latency, stats
 from meshbench.endpoint import llama_server
-from meshbench.endpoint.client import Endpoint, parse_target
+from meshbench.endpoint.client import Endpoint
 from meshbench.endpoint.load import Job, closed_loop
 from meshbench.endpoint.stream import Completion
 from meshbench.engine import apis
@@ -30,10 +30,12 @@ from meshbench.errors import MeshbenchError
 from meshbench.records.context import GgufEngineInfo
 from meshbench.records.model import Percentiles, SessionRecord, Summary
 from meshbench.scheduler.budget import engine_limits
+from meshbench.scheduler.session import GenerationRequest
 from meshbench.sweep.passes import run_pass
 from meshbench.sweep.plan import level_budget, level_orders
 from meshbench.sweep.run import prepare
 from meshbench.workload.config import RunConfig
+from meshbench.workload.target import parse_target
 
 SETTINGS = ("defaults", "aligned", "matched")
 
@@ -214,7 +216,7 @@ def _as_resolved(cfg: RunConfig, engine_info: EngineRecord) -> RunConfig:
     return dataclasses.replace(cfg, engine=resolved)
 
 
-def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> Pass:
+def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests: Sequence[GenerationRequest], c: int) -> Pass:
     budget = level_budget(cfg.budget, c, len(requests))
     engine = setup.make(engine_limits(budget))
     try:
@@ -231,7 +233,7 @@ def _one_meshbench(cfg: RunConfig, setup: EngineSetup, requests, c: int) -> Pass
 def one_server(
     cfg: RunConfig,
     server: Path,
-    requests,
+    requests: Sequence[GenerationRequest],
     c: int,
     setting: str,
     sliding: bool,
@@ -264,7 +266,7 @@ def check_completed(sessions: Sequence[SessionRecord]) -> None:
         raise MeshbenchError(f"meshbench: {x.session_id} ended {x.done_reason} after {len(x.tokens)} tokens")
 
 
-def check_served(done: Sequence[Completion], requests, setting: str) -> None:
+def check_served(done: Sequence[Completion], requests: Sequence[GenerationRequest], setting: str) -> None:
     """The server ran exactly our prompt ids (it adds no BOS to ids) and says it generated every token asked for:
     tokens/s counts every requested token on both sides. (Under ignore_eos the client already refuses a short
     answer that says how long it is; this also refuses one that says nothing.)"""
@@ -278,7 +280,7 @@ def check_served(done: Sequence[Completion], requests, setting: str) -> None:
             )
 
 
-def _body(endpoint: Endpoint, r, stream: bool, cache_prompt: bool | None = False) -> dict:
+def _body(endpoint: Endpoint, r: GenerationRequest, stream: bool, cache_prompt: bool | None = False) -> dict[str, Any]:
     """The endpoint client's native body: greedy, no prompt cache (``cache_prompt``: sent as given, None: not
     sent), every token generated (end-of-generation ignored, as meshbench bans it); streamed, or whole for the
     token comparison."""
@@ -350,7 +352,11 @@ def _matched_args(cfg: RunConfig, c: int, longest: int) -> list[str]:
 
 
 def figures(
-    tokens: dict[str, list[int]], stamps: Sequence[latency.Stamped], slots: Sequence[int], wall_s: float, requests
+    tokens: dict[str, list[int]],
+    stamps: Sequence[latency.Stamped],
+    slots: Sequence[int],
+    wall_s: float,
+    requests: Sequence[GenerationRequest],
 ) -> Pass:
     """A side's tokens, total tokens/s, and TTFT (from the moment a slot took the session) and ITL."""
     # Both sides generate exactly max_new_tokens per session (the server ignores EOS; one_server checks what
