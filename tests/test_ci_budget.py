@@ -71,3 +71,13 @@ def test_every_gguf_node_bundle_s_recorded_kernels_are_pinned_for_ci():
         if data["config"]["engine"]["kind"] == "gguf":
             recorded[name] = fingerprint.llama_kernels(serial.from_json(data["environment"]["compute"], Compute))
     assert recorded == pinned
+
+
+def test_the_bundles_ci_reruns_on_narrower_kernels_are_pinned_ones_with_their_measurement():
+    """On a CPU narrower than a bundle's recorded llama.cpp kernels, CI reruns it only where a rerun at that width
+    reproduced it in full (evidence/KERNELS.json, with the command that measured it); every other is verified from
+    its records. Each name there is a pinned GGUF bundle, and each width says how it was measured."""
+    kernels = json.loads((EVIDENCE / "KERNELS.json").read_text())
+    for width, entry in kernels["reproduced_narrower"].items():
+        assert int(width) in (128, 256) and entry["measured"].startswith("meshbench verify ")
+        assert entry["bundles"] and set(entry["bundles"]) <= set(kernels["kernels"])
