@@ -89,15 +89,20 @@ def _params(scope: ast.AST) -> set[str]:
     return set()
 
 
-def _bound(target: ast.AST) -> list[str]:
-    """The names (and ``self.name``s) an assignment target binds: ``d[k] = v`` and ``x.y = v`` bind none (they
-    change what ``d`` or ``x`` holds), a tuple or starred target binds each of its own."""
+def _bound(target: ast.AST) -> list[tuple[str, bool]]:
+    """What an assignment target binds, and whether it may still be a new map: a name (or ``self.name``); each of
+    a tuple's or a starred target's own; ``d["key"] = v`` binds ``d`` as a record (a field set by its name, as a
+    display keyed by string constants is one); ``d[k] = v`` and ``x.y = v`` bind nothing (an item or attribute
+    changes what the name holds, not what it is)."""
     if isinstance(target, (ast.Tuple, ast.List)):
-        return [h for e in target.elts for h in _bound(e)]
+        return [b for e in target.elts for b in _bound(e)]
     if isinstance(target, ast.Starred):
         return _bound(target.value)
+    if isinstance(target, ast.Subscript):
+        h = _holder(target.value) if _is_str(target.slice) else None
+        return [(h, False)] if h else []
     h = _holder(target)
-    return [h] if h else []
+    return [(h, True)] if h else []
 
 
 def _bindings(nodes: list[ast.AST]) -> list[tuple[str, bool]]:
@@ -105,9 +110,10 @@ def _bindings(nodes: list[ast.AST]) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
     for n in nodes:
         if isinstance(n, ast.Assign):
-            out += [(h, _builds_map(n.value)) for t in n.targets for h in _bound(t)]
-        elif isinstance(n, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and (h := _holder(n.target)):
-            out.append((h, isinstance(n, ast.AnnAssign) and _builds_map(n.value)))
+            out += [(h, may and _builds_map(n.value)) for t in n.targets for h, may in _bound(t)]
+        elif isinstance(n, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+            value = n.value if isinstance(n, ast.AnnAssign) else None  # (x += ..., x := ...: not a new map)
+            out += [(h, may and _builds_map(value)) for h, may in _bound(n.target)]
         elif isinstance(n, (ast.For, ast.AsyncFor, ast.withitem)):
             target = n.target if isinstance(n, (ast.For, ast.AsyncFor)) else n.optional_vars
             out += [(x.id, False) for x in ast.walk(target) if isinstance(x, ast.Name)] if target else []
