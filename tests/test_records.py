@@ -38,6 +38,7 @@ SCHEMA = json.loads((ROOT / "schemas" / "results.schema.json").read_text())
 ENDPOINT = json.loads((ROOT / "schemas" / "endpoint.schema.json").read_text())
 HUNT = json.loads((ROOT / "schemas" / "hunt.schema.json").read_text())
 MATRIX = json.loads((ROOT / "schemas" / "matrix.schema.json").read_text())
+CONFIG = json.loads((ROOT / "schemas" / "config.schema.json").read_text())
 
 
 def _node(path: str) -> dict:
@@ -49,6 +50,8 @@ def _node(path: str) -> dict:
         schema, rest = HUNT, path.removeprefix("hunt:")
     if path.startswith("matrix:"):
         schema, rest = MATRIX, path.removeprefix("matrix:")
+    if path.startswith("config:"):  # (a config section's record: config.schema.json)
+        schema, rest = CONFIG, path.removeprefix("config:")
     top = rest.startswith("results:")  # (a node's top-level property, where a $defs name is the same)
     rest = rest.removeprefix("results:")
     if not rest:
@@ -104,6 +107,7 @@ RECORDS = {
     context.KvAllocation: "gguf_engine.kv_allocated",
     context.Workload: "results:workload",
     context.Budget: "budget",
+    context.Slo: "config:slo",
     context.InputFile: "results:inputs.*",
     context.Environment: "results:environment",
     context.Compute: "results:environment.compute",
