@@ -54,6 +54,8 @@ def _forged(bundle: Path, tmp_path: Path, name: str, edit) -> Path:
 @f.needs_llama_server
 @pytest.mark.cell("llama-server", "native", "conversations")
 def test_native_conversations_on_llama_server_grow_their_prompt_and_verify(model, talks, tmp_path):
+    if f.narrower_than_avx512():
+        pytest.skip(f.AVX2_TOKENS)
     out = tmp_path / "NATIVE"
     args = ["sweep", "--serve", "llama-server", "--model", str(model), "--server-args", SERVER, "--eos", "ban"]
     r = runner.invoke(app, [*args, "--prompts", str(talks), "--turns", "3", *WORKLOAD, "--out", str(out)])
